@@ -1,0 +1,1 @@
+"""decomp: parameter decomposition (SPD) on a GLU transformer and toy targets."""

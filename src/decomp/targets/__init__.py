@@ -1,0 +1,1 @@
+"""Targets to decompose: the GLU transformer and toy models."""

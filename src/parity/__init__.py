@@ -1,0 +1,1 @@
+"""parity: differential equivalence testing for JAX model refactors."""

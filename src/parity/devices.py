@@ -1,0 +1,82 @@
+"""Simulated CPU device counts and the XLA flags that make goldens reproducible.
+
+XLA's CPU backend reads its device count once, when jax initialises its backends, so the
+count must be fixed before the first array is made: one count per process.
+"""
+
+from __future__ import annotations
+
+import os
+import sys
+
+#: The ISA cap every pinning or checking run uses, so that bitwise goldens reproduce on any
+#: x86 host with at least AVX2 (see DESIGN.md, "Reproducing bits across hosts").
+DEFAULT_ISA_CAP = "AVX2"
+
+_DEVICE_FLAG = "--xla_force_host_platform_device_count"
+_ISA_FLAG = "--xla_cpu_max_isa"
+
+
+class DeviceCountError(RuntimeError):
+    """jax already started with a different device count than the one asked for."""
+
+
+def _set_flag(flags: str, name: str, value: str) -> str:
+    kept = [f for f in flags.split() if not f.startswith(name + "=")]
+    kept.append(f"{name}={value}")
+    return " ".join(kept)
+
+
+def xla_flags_for(n_devices: int, *, isa_cap: str | None = DEFAULT_ISA_CAP, base: str = "") -> str:
+    """Return ``base`` XLA flags with the device count and ISA cap set (replacing any old ones).
+
+    **Arguments:**
+
+    - `n_devices`: number of simulated host (CPU) devices, at least 1.
+    - `isa_cap`: value for `--xla_cpu_max_isa`, or `None` to leave the ISA alone.
+    - `base`: existing flags, for example `os.environ.get("XLA_FLAGS", "")`.
+
+    **Returns:** the flag string, for `XLA_FLAGS`.
+    """
+    if n_devices < 1:
+        raise ValueError(f"device count must be at least 1, got {n_devices}")
+    flags = _set_flag(base, _DEVICE_FLAG, str(n_devices))
+    if isa_cap is not None:
+        flags = _set_flag(flags, _ISA_FLAG, isa_cap)
+    return flags.strip()
+
+
+def jax_backend_started() -> bool:
+    """Whether jax has initialised its backends in this process (so the count is fixed)."""
+    if "jax" not in sys.modules:
+        return False
+    from jax._src import xla_bridge
+
+    return bool(xla_bridge.backends_are_initialized())
+
+
+def set_cpu_device_count(n_devices: int, *, isa_cap: str | None = DEFAULT_ISA_CAP) -> None:
+    """Fix the number of simulated CPU devices (and the ISA cap) for this process.
+
+    Must run before jax initialises its backends. If it already did with the same count,
+    this is a no-op; with another count it raises `DeviceCountError` saying how to fix it.
+    """
+    if jax_backend_started():
+        import jax
+
+        have = jax.device_count()
+        if have != n_devices:
+            raise DeviceCountError(
+                f"jax already started with {have} device(s) in this process, but {n_devices} "
+                "were asked for. The count is fixed when jax first creates an array: set it "
+                "before that (the pytest option --parity-devices, or PARITY_DEVICES, or "
+                f"XLA_FLAGS={_DEVICE_FLAG}={n_devices}) and run one count per process."
+            )
+        return
+    os.environ["XLA_FLAGS"] = xla_flags_for(
+        n_devices, isa_cap=isa_cap, base=os.environ.get("XLA_FLAGS", "")
+    )
+    if "jax" in sys.modules:
+        import jax
+
+        jax.config.update("jax_num_cpu_devices", n_devices)
