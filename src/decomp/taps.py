@@ -75,7 +75,9 @@ def parse_site(name: str) -> tuple[int, str]:
     """`layers.3.mlp.up_proj` -> `(3, "up")`; a `ValueError` for anything else."""
     m = _SITE_RE.match(name)
     if m is None:
-        raise ValueError(f"not a site name: {name!r}; expected one of {', '.join(VALID_KEY_FORMS[1:])}")
+        raise ValueError(
+            f"not a site name: {name!r}; expected one of {', '.join(VALID_KEY_FORMS[1:])}"
+        )
     return int(m.group(1)), _PATH_KIND[m.group(2)]
 
 
@@ -96,7 +98,9 @@ def parse_wanted(wanted: Iterable[str], n_layer: int) -> tuple[Tap, ...]:
         )
     keys = list(wanted)
     if not keys:
-        raise ValueError(f"wanted is empty: ask for at least one tap. {_valid_forms_message(n_layer)}")
+        raise ValueError(
+            f"wanted is empty: ask for at least one tap. {_valid_forms_message(n_layer)}"
+        )
     taps = []
     for key in dict.fromkeys(keys):
         m = _RESID_RE.match(key) if isinstance(key, str) else None

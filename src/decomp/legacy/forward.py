@@ -13,8 +13,8 @@ from collections.abc import Iterable
 from jax import Array
 
 from decomp import nn
-from decomp.targets.glu_transformer import GLUTransformer, _block
 from decomp.taps import parse_wanted
+from decomp.targets.glu_transformer import GLUTransformer, _block
 
 
 def _run_layers(
@@ -46,7 +46,9 @@ def clean_output(model: GLUTransformer, inputs: Array) -> Array:
     return logits
 
 
-def read_activations(model: GLUTransformer, inputs: Array, wanted: Iterable[str]) -> dict[str, Array]:
+def read_activations(
+    model: GLUTransformer, inputs: Array, wanted: Iterable[str]
+) -> dict[str, Array]:
     """Taps `{key: [batch, seq, width]}` from the unrolled forward, stopping after the last
     tapped layer."""
     _, taps = _run_layers(model, inputs, wanted, False)

@@ -67,14 +67,16 @@ def load_state_dict(
                 problems.append(f"{key} has shape {a.shape}, expected {shape}")
             elif not np.issubdtype(a.dtype, np.floating) and a.dtype.name != "bfloat16":
                 problems.append(f"{key} has dtype {a.dtype}, expected a float dtype")
-    if tied_head is not None and "model.embed_tokens.weight" in arrays:
-        if tied_head.shape != arrays["model.embed_tokens.weight"].shape or not np.array_equal(
-            tied_head, arrays["model.embed_tokens.weight"]
-        ):
-            problems.append(
-                "lm_head.weight differs from model.embed_tokens.weight, but the config ties them "
-                "(tie_word_embeddings=True): drop lm_head.weight or set tie_word_embeddings=False"
-            )
+    embed = arrays.get("model.embed_tokens.weight")
+    if (
+        tied_head is not None
+        and embed is not None
+        and (tied_head.shape != embed.shape or not np.array_equal(tied_head, embed))
+    ):
+        problems.append(
+            "lm_head.weight differs from model.embed_tokens.weight, but the config ties them "
+            "(tie_word_embeddings=True): drop lm_head.weight or set tie_word_embeddings=False"
+        )
     if problems:
         raise ValueError(
             f"state dict does not fit GLUConfig(family={cfg.family!r}, n_layer={cfg.n_layer}, "
@@ -86,7 +88,11 @@ def load_state_dict(
 
     layer_fields = sorted({field for field, layer, _ in expected.values() if layer is not None})
     layers = {
-        field: f32(np.stack([arrays[f"model.layers.{i}.{_LAYER_PATHS[field]}"] for i in range(cfg.n_layer)]))
+        field: f32(
+            np.stack(
+                [arrays[f"model.layers.{i}.{_LAYER_PATHS[field]}"] for i in range(cfg.n_layer)]
+            )
+        )
         for field in layer_fields
     }
     return cls(

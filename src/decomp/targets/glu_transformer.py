@@ -18,7 +18,17 @@ import numpy as np
 from jax import Array
 
 from decomp import nn
-from decomp.taps import KIND_CLASS, SITE_KINDS, TAP_CLASSES, Tap, parse_wanted, site_names
+from decomp.components import SiteComponents, SiteMask, site_output, weight_delta
+from decomp.taps import (
+    KIND_CLASS,
+    SITE_KINDS,
+    TAP_CLASSES,
+    Tap,
+    parse_site,
+    parse_wanted,
+    site_name,
+    site_names,
+)
 
 Family = Literal["llama", "qwen3"]
 Remat = Literal["nothing", "dots"] | None
@@ -56,13 +66,22 @@ class GLUConfig:
     def __post_init__(self) -> None:
         if self.family not in ("llama", "qwen3"):
             raise ValueError(f"family must be 'llama' or 'qwen3', got {self.family!r}")
-        for name in ("n_layer", "d_model", "n_head", "n_kv_head", "head_dim", "d_mlp", "vocab_size"):
+        for name in (
+            "n_layer",
+            "d_model",
+            "n_head",
+            "n_kv_head",
+            "head_dim",
+            "d_mlp",
+            "vocab_size",
+        ):
             value = getattr(self, name)
             if not isinstance(value, int) or value < 1:
                 raise ValueError(f"{name} must be a positive int, got {value!r}")
         if self.n_head % self.n_kv_head:
             raise ValueError(
-                f"n_kv_head ({self.n_kv_head}) must divide n_head ({self.n_head}) for grouped-query attention"
+                f"n_kv_head ({self.n_kv_head}) must divide n_head ({self.n_head}) "
+                "for grouped-query attention"
             )
         if self.head_dim % 2:
             raise ValueError(f"head_dim must be even for rotate-half RoPE, got {self.head_dim}")
@@ -130,6 +149,30 @@ def _layer_slice(tree: Any, start: int, stop: int | None) -> Any:
     return jax.tree.map(lambda a: a[start:stop], tree)
 
 
+def _stack_by_kind(
+    n_layer: int, components: Mapping[str, SiteComponents], masks: Mapping[str, SiteMask]
+) -> dict[str, tuple[SiteComponents, SiteMask]]:
+    """Per-site components and masks, stacked per kind on a leading layer axis for the scan."""
+    expected = site_names(n_layer)
+    for what, given in (("components", components), ("masks", masks)):
+        missing = [s for s in expected if s not in given]
+        if missing:
+            raise ValueError(
+                f"{what} must cover every site; missing {len(missing)}: {', '.join(missing[:8])}"
+                + (" ..." if len(missing) > 8 else "")
+            )
+    out = {}
+    for kind in SITE_KINDS:
+        names = [site_name(i, kind) for i in range(n_layer)]
+        comps = [components[n] for n in names]
+        ms = [masks[n] for n in names]
+        out[kind] = (
+            jax.tree.map(lambda *xs: jnp.stack(xs), *comps),
+            jax.tree.map(lambda *xs: jnp.stack(xs), *ms),
+        )
+    return out
+
+
 class GLUTransformer(eqx.Module):
     """A llama or qwen3 decoder with per-layer weights stacked on a leading `n_layer` axis.
 
@@ -162,8 +205,12 @@ class GLUTransformer(eqx.Module):
         layers["ln1"] = 1 + 0.1 * jax.random.normal(norm_keys[0], (cfg.n_layer, cfg.d_model))
         layers["ln2"] = 1 + 0.1 * jax.random.normal(norm_keys[1], (cfg.n_layer, cfg.d_model))
         if cfg.family == "qwen3":
-            layers["q_norm"] = 1 + 0.1 * jax.random.normal(norm_keys[2], (cfg.n_layer, cfg.head_dim))
-            layers["k_norm"] = 1 + 0.1 * jax.random.normal(norm_keys[3], (cfg.n_layer, cfg.head_dim))
+            layers["q_norm"] = 1 + 0.1 * jax.random.normal(
+                norm_keys[2], (cfg.n_layer, cfg.head_dim)
+            )
+            layers["k_norm"] = 1 + 0.1 * jax.random.normal(
+                norm_keys[3], (cfg.n_layer, cfg.head_dim)
+            )
         embed = jax.random.normal(k_embed, (cfg.vocab_size, cfg.d_model))
         lm_head = (
             None
@@ -174,9 +221,7 @@ class GLUTransformer(eqx.Module):
         return cls(config=cfg, embed=embed, layers=layers, norm=norm, lm_head=lm_head)
 
     @classmethod
-    def from_hf_state_dict(
-        cls, config: GLUConfig, state_dict: Mapping[str, Any]
-    ) -> GLUTransformer:
+    def from_hf_state_dict(cls, config: GLUConfig, state_dict: Mapping[str, Any]) -> GLUTransformer:
         """Load Hugging Face `LlamaForCausalLM` / `Qwen3ForCausalLM` weights.
 
         **Arguments:**
@@ -315,10 +360,51 @@ class GLUTransformer(eqx.Module):
         assert logits is not None
         return logits, taps
 
+    def masked_output(
+        self,
+        inputs: Array,
+        components: Mapping[str, SiteComponents],
+        masks: Mapping[str, SiteMask],
+        *,
+        remat: Remat = None,
+    ) -> Array:
+        """Logits with every site run through its components under its mask.
+
+        **Arguments:**
+
+        - `inputs`: int32 tokens `[batch, seq]`.
+        - `components`: `{site: SiteComponents}` for every site.
+        - `masks`: `{site: SiteMask}` for every site (mask `[batch, seq, C]`, optional delta
+          and routing `[batch, seq]`).
+        - `remat`: `None`, or checkpoint the scan body saving `"nothing"` or `"dots"`.
+
+        **Returns:** logits `[batch, seq, vocab]`.
+        """
+        site_xs = _stack_by_kind(self.config.n_layer, components, masks)
+
+        def site_apply(kind: str, w: Array, site_x: Any, x: Array) -> Array:
+            comp, site_mask = site_x[kind]
+            return site_output(x, w, comp, site_mask)
+
+        logits, _ = self._clean_forward(
+            inputs, None, True, site_apply=site_apply, site_xs=site_xs, remat=remat
+        )
+        assert logits is not None
+        return logits
+
+    def weight_deltas(self, components: Mapping[str, SiteComponents]) -> dict[str, Array]:
+        """`{site: W - (V @ U).T}` for every site."""
+        return {
+            name: weight_delta(self.site_weight(name), components[name]) for name in self.site_names
+        }
+
+    def site_shapes(self) -> dict[str, tuple[int, int]]:
+        """`{site: (d_in, d_out)}` in canonical order."""
+        shapes = self.config.site_shapes()
+        return {name: shapes[parse_site(name)[1]] for name in self.site_names}
+
     def site_weight(self, name: str) -> Array:
         """The weight `[d_out, d_in]` of one site."""
-        from decomp.taps import parse_site
-
         layer, kind = parse_site(name)
         if layer >= self.config.n_layer:
             raise ValueError(f"site {name!r} is out of range for {self.config.n_layer} layers")

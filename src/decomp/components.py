@@ -1,0 +1,97 @@
+"""SPD components: per site, `V [d_in, C]` and `U [C, d_out]` in fp32.
+
+A site's weight `W [d_out, d_in]` is approximated by `(V @ U).T`; the remainder
+`dW = W - (V @ U).T` is the weight delta. Under a component mask `m [..., C]`, a
+weight-delta mask `d [...]` and a routing flag `r [...]`:
+
+    out = ((x @ V) * m) @ U + d[..., None] * (x @ dW.T)     where r
+    out = x @ W.T                                            elsewhere
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from typing import NamedTuple
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+from jax import Array
+
+
+class SiteComponents(NamedTuple):
+    """Components of one site: `V [d_in, C]`, `U [C, d_out]`."""
+
+    V: Array
+    U: Array
+
+
+Components = dict[str, SiteComponents]
+
+
+class SiteMask(NamedTuple):
+    """How one site runs in a masked forward.
+
+    `mask [..., C]` scales components; `delta [...]` (or `None`: 0) scales the weight-delta
+    path; `routing [...]` bool (or `None`: everywhere) marks the positions that use the
+    components at all; elsewhere the site applies its original weight.
+    """
+
+    mask: Array
+    delta: Array | None = None
+    routing: Array | None = None
+
+
+def init_components(
+    site_shapes: Mapping[str, tuple[int, int]], n_components: int | Mapping[str, int], *, key: Array
+) -> Components:
+    """Initialise components for every site.
+
+    One key per V and one per U from a single split, in the order of `site_shapes`:
+    `V ~ N(0, 1) / sqrt(d_in)`, `U ~ N(0, 1) / sqrt(C)`.
+
+    **Arguments:**
+
+    - `site_shapes`: `{site: (d_in, d_out)}` in canonical order.
+    - `n_components`: `C` for every site, or per site.
+    - `key`: a PRNG key (keyword-only).
+
+    **Returns:** `{site: SiteComponents(V [d_in, C], U [C, d_out])}` in fp32.
+    """
+    names = list(site_shapes)
+    keys = jax.random.split(key, 2 * len(names))
+    out: Components = {}
+    for i, name in enumerate(names):
+        d_in, d_out = site_shapes[name]
+        c = n_components if isinstance(n_components, int) else n_components[name]
+        if c < 1:
+            raise ValueError(f"site {name!r}: the number of components C must be >= 1, got {c}")
+        v = jax.random.normal(keys[2 * i], (d_in, c), jnp.float32) / np.sqrt(d_in)
+        u = jax.random.normal(keys[2 * i + 1], (c, d_out), jnp.float32) / np.sqrt(c)
+        out[name] = SiteComponents(v, u)
+    return out
+
+
+def weight_delta(w: Array, comp: SiteComponents) -> Array:
+    """`dW = W - (V @ U).T`, `[d_out, d_in]`."""
+    return w - (comp.V @ comp.U).T
+
+
+def site_output(x: Array, w: Array, comp: SiteComponents, site_mask: SiteMask) -> Array:
+    """Output of one site under a mask.
+
+    **Arguments:**
+
+    - `x`: input `[..., d_in]`.
+    - `w`: the original weight `[d_out, d_in]`.
+    - `comp`: the site's components.
+    - `site_mask`: mask `[..., C]`, delta mask `[...]`, routing `[...]`.
+
+    **Returns:** `[..., d_out]`.
+    """
+    out = ((x @ comp.V) * site_mask.mask) @ comp.U
+    if site_mask.delta is not None:
+        out = out + site_mask.delta[..., None] * (x @ weight_delta(w, comp).T)
+    if site_mask.routing is not None:
+        out = jnp.where(site_mask.routing[..., None], out, x @ w.T)
+    return out
