@@ -1,0 +1,103 @@
+"""Run a producers file against another checkout's code and save what it returns.
+
+Started by `parity.repin` in a subprocess, by path, so that it imports nothing of the
+current checkout's `parity`: the code under test comes from `--src` (the base commit's
+worktree), the producers from the current tree. Arrays go to `OUT/<group>.npz` with a
+manifest `OUT/<group>.json` (key order, dtype names; ml_dtypes are saved as same-width
+unsigned ints). Exit codes: 0 ok, 1 a producer raised, 3 the base lacks a needed symbol.
+"""
+
+from __future__ import annotations
+
+import argparse
+import importlib.util
+import json
+import os
+import sys
+import time
+import traceback
+from pathlib import Path
+
+EXIT_PRODUCER_FAILED = 1
+EXIT_MISSING_SYMBOL = 3
+
+
+def _log(msg: str) -> None:
+    print(f"[producers] {msg}", file=sys.stderr, flush=True)
+
+
+def _missing_symbol(exc: BaseException, src: str) -> str | None:
+    if isinstance(exc, ImportError) and exc.name:
+        what = f"module {exc.name!r}" if isinstance(exc, ModuleNotFoundError) else str(exc)
+        return f"the code at the base commit ({src}) lacks {what}, which the producers need"
+    if isinstance(exc, (ImportError, AttributeError)):
+        return f"the code at the base commit ({src}) lacks a symbol the producers need: {exc}"
+    return None
+
+
+def main(argv: list[str] | None = None) -> int:
+    p = argparse.ArgumentParser()
+    p.add_argument("--src", required=True, help="folder to import the code under test from")
+    p.add_argument("--drop-path", action="append", default=[], help="sys.path entries to remove")
+    p.add_argument("--producers", required=True)
+    p.add_argument("--out", required=True)
+    p.add_argument("--groups", default="", help="comma-separated subset of groups")
+    args = p.parse_args(argv)
+
+    drop = {os.path.realpath(d) for d in args.drop_path}
+    sys.path[:] = [e for e in sys.path if os.path.realpath(e or ".") not in drop]
+    sys.path.insert(0, os.path.realpath(args.src))
+
+    import numpy as np
+
+    try:
+        spec = importlib.util.spec_from_file_location("parity_producers", args.producers)
+        assert spec is not None and spec.loader is not None
+        module = importlib.util.module_from_spec(spec)
+        sys.modules["parity_producers"] = module
+        spec.loader.exec_module(module)
+    except Exception as exc:
+        msg = _missing_symbol(exc, args.src)
+        traceback.print_exc()
+        if msg:
+            _log(msg)
+            return EXIT_MISSING_SYMBOL
+        return EXIT_PRODUCER_FAILED
+    groups: dict = module.GROUPS
+    class_map = [list(rule) for rule in getattr(module, "CLASS_MAP", [])]
+    wanted = [g for g in args.groups.split(",") if g] or list(groups)
+    unknown = [g for g in wanted if g not in groups]
+    if unknown:
+        _log(f"unknown group(s) {unknown}; the producers define {list(groups)}")
+        return EXIT_PRODUCER_FAILED
+    out = Path(args.out)
+    for i, name in enumerate(wanted, 1):
+        t0 = time.perf_counter()
+        _log(f"[{i}/{len(wanted)}] {name}: running")
+        try:
+            arrays = dict(groups[name]())
+        except Exception as exc:
+            traceback.print_exc()
+            msg = _missing_symbol(exc, args.src)
+            if msg:
+                _log(f"group {name!r}: {msg}")
+                return EXIT_MISSING_SYMBOL
+            _log(f"group {name!r} raised {type(exc).__name__}: {exc}")
+            return EXIT_PRODUCER_FAILED
+        raw: dict[str, np.ndarray] = {}
+        dtypes: dict[str, str] = {}
+        for j, (key, value) in enumerate(arrays.items()):
+            a = np.asarray(value)
+            dtypes[key] = a.dtype.name
+            if a.dtype.kind == "V" or type(a.dtype).__module__.startswith("ml_dtypes"):
+                a = a.view(f"u{a.dtype.itemsize}")
+            raw[f"a{j}"] = np.ascontiguousarray(a)
+        np.savez(out / f"{name}.npz", **raw)  # pyright: ignore[reportArgumentType]
+        manifest = {"keys": list(arrays), "dtypes": dtypes, "class_map": class_map}
+        (out / f"{name}.json").write_text(json.dumps(manifest))
+        _log(f"[{i}/{len(wanted)}] {name}: {len(arrays)} arrays in {time.perf_counter() - t0:.1f}s")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,310 @@
+"""Repin goldens at a git base commit, without touching the user's checkout.
+
+Steps (DESIGN.md, "Repin"): resolve and verify the SHA; add a detached worktree at it in a
+temporary folder; run the producers (from the *current* tree, public API only) in a
+subprocess against that worktree's code, with the device count and XLA flags fixed; write
+the new golden files atomically; report what changed against the old ones; remove the
+worktree on success, failure and interrupt.
+
+A producers file defines `GROUPS`, a mapping of group name to a zero-argument callable
+returning `{key: array}` in forward order (the order first-divergence reports follow), and
+`CLASS_MAP`, a sequence of `(glob pattern, class name)` rules. Each group becomes one file,
+`<out>/<group>.h5`.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import os
+import signal
+import subprocess
+import sys
+import tempfile
+from collections.abc import Callable, Iterator, Mapping, Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from parity.devices import DEFAULT_ISA_CAP, xla_flags_for
+from parity.provenance import collect_provenance, digest_sources
+from parity.store import GoldenStoreError, open_goldens, write_goldens
+from parity.tolerance import ClassMap
+from parity.worktree import repo_root, resolve_sha, temporary_worktree
+
+_RUNNER = Path(__file__).with_name("_producer_runner.py")
+EXIT_MISSING_SYMBOL = 3
+
+
+class RepinError(RuntimeError):
+    """Repinning failed; the old goldens are untouched."""
+
+
+@dataclass(frozen=True)
+class GroupChange:
+    """What a repin changed in one golden file."""
+
+    group: str
+    path: Path
+    n_arrays: int
+    added: tuple[str, ...] = ()
+    removed: tuple[str, ...] = ()
+    changed: tuple[tuple[str, str], ...] = ()  # (key, how much)
+    new_file: bool = False
+
+    @property
+    def unchanged(self) -> bool:
+        return not (self.added or self.removed or self.changed or self.new_file)
+
+    def describe(self, limit: int = 10) -> str:
+        if self.new_file:
+            return f"{self.group}: new file, {self.n_arrays} arrays"
+        if self.unchanged:
+            return f"{self.group}: {self.n_arrays} arrays, unchanged"
+        lines = [
+            f"{self.group}: {self.n_arrays} arrays; {len(self.added)} added, "
+            f"{len(self.removed)} removed, {len(self.changed)} changed"
+        ]
+        lines += [f"  + {k}" for k in self.added[:limit]]
+        lines += [f"  - {k}" for k in self.removed[:limit]]
+        lines += [f"  ~ {k}: {how}" for k, how in self.changed[:limit]]
+        hidden = sum(max(0, len(x) - limit) for x in (self.added, self.removed, self.changed))
+        if hidden:
+            lines.append(f"  ... and {hidden} more")
+        return "\n".join(lines)
+
+
+@dataclass(frozen=True)
+class RepinResult:
+    sha: str
+    out_dir: Path
+    changes: tuple[GroupChange, ...] = field(default_factory=tuple)
+
+
+def _restore_dtype(raw: np.ndarray, name: str) -> np.ndarray:
+    if raw.dtype.name == name:
+        return raw
+    import ml_dtypes
+
+    return raw.view(getattr(ml_dtypes, name))
+
+
+def load_runner_output(out: Path, group: str) -> tuple[dict[str, np.ndarray], list[list[str]]]:
+    """Arrays `{key: array}` (in producer order) and the class map a runner saved."""
+    manifest = json.loads((out / f"{group}.json").read_text())
+    with np.load(out / f"{group}.npz") as npz:
+        arrays = {
+            key: _restore_dtype(npz[f"a{j}"], manifest["dtypes"][key])
+            for j, key in enumerate(manifest["keys"])
+        }
+    return arrays, manifest["class_map"]
+
+
+def _describe_change(old: np.ndarray, new: np.ndarray) -> str | None:
+    if old.dtype != new.dtype or old.shape != new.shape:
+        return f"{old.dtype}{list(old.shape)} -> {new.dtype}{list(new.shape)}"
+    if old.tobytes() == new.tobytes():
+        return None
+    if old.dtype.kind in "fcV":
+        a = old.astype(np.float64)
+        b = new.astype(np.float64)
+        with np.errstate(invalid="ignore"):
+            diff = np.abs(a - b)
+        n = int(np.sum(~((a == b) | (np.isnan(a) & np.isnan(b)))))
+        finite = diff[np.isfinite(diff)]
+        worst = float(finite.max()) if finite.size else float("nan")
+        return f"{n}/{old.size} elements differ, max abs {worst:.3g}"
+    return f"{int(np.sum(old != new))}/{old.size} elements differ"
+
+
+def summarize_change(group: str, path: Path, new: Mapping[str, np.ndarray]) -> GroupChange:
+    """Compare freshly produced arrays with the golden file at `path` (if any)."""
+    if not path.exists():
+        return GroupChange(group, path, len(new), new_file=True)
+    try:
+        old_file = open_goldens(path)
+    except GoldenStoreError as e:
+        return GroupChange(group, path, len(new), changed=(("<file>", f"unreadable: {e}"),))
+    with old_file as old:
+        old_keys = set(old.keys())
+        changed = []
+        for key in sorted(old_keys & set(new)):
+            how = _describe_change(np.asarray(old[key]), np.asarray(new[key]))
+            if how:
+                changed.append((key, how))
+        return GroupChange(
+            group,
+            path,
+            len(new),
+            added=tuple(sorted(set(new) - old_keys)),
+            removed=tuple(sorted(old_keys - set(new))),
+            changed=tuple(changed),
+        )
+
+
+@contextlib.contextmanager
+def _child(cmd: Sequence[str], env: Mapping[str, str]) -> Iterator[subprocess.Popen[str]]:
+    """A subprocess that is stopped (SIGINT, then kill) if we leave early."""
+    proc = subprocess.Popen(
+        list(cmd),
+        env=dict(env),
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
+        text=True,
+        start_new_session=True,  # our Ctrl-C handling decides when the child stops
+    )
+    try:
+        yield proc
+    finally:
+        if proc.poll() is None:
+            with contextlib.suppress(ProcessLookupError):
+                proc.send_signal(signal.SIGINT)
+            try:
+                proc.wait(timeout=10)
+            except subprocess.TimeoutExpired:
+                proc.kill()
+                proc.wait()
+        if proc.stdout is not None:
+            proc.stdout.close()
+
+
+def run_producers(
+    code_root: Path,
+    producers: Path,
+    out: Path,
+    *,
+    device_count: int = 1,
+    isa_cap: str | None = DEFAULT_ISA_CAP,
+    groups: Sequence[str] = (),
+    drop_paths: Sequence[Path] = (),
+    progress: Callable[[str], None] = print,
+) -> str:
+    """Run `producers` in a subprocess importing code from `code_root/src`.
+
+    **Returns:** the XLA flags the subprocess ran under. Raises `RepinError` with the
+    producer's output (traceback included) if it fails.
+    """
+    env = {k: v for k, v in os.environ.items() if not k.startswith(("JAX_", "PARITY_"))}
+    flags = xla_flags_for(device_count, isa_cap=isa_cap)
+    env.update(XLA_FLAGS=flags, PYTHONHASHSEED="0", JAX_ENABLE_COMPILATION_CACHE="false")
+    cmd = [sys.executable, str(_RUNNER), "--src", str(code_root / "src"), "--producers"]
+    cmd += [str(producers), "--out", str(out)]
+    for p in drop_paths:
+        cmd += ["--drop-path", str(p)]
+    if groups:
+        cmd += ["--groups", ",".join(groups)]
+    tail: list[str] = []
+    with _child(cmd, env) as proc:
+        assert proc.stdout is not None
+        for line in proc.stdout:
+            line = line.rstrip("\n")
+            tail.append(line)
+            del tail[:-200]
+            if line.startswith("[producers]"):
+                progress(line)
+        rc = proc.wait()
+    if rc != 0:
+        output = "\n".join(tail)
+        reason = (
+            "the base commit lacks a symbol the producers need"
+            if rc == EXIT_MISSING_SYMBOL
+            else f"the producers failed (exit {rc})"
+        )
+        raise RepinError(f"{reason}; old goldens are untouched. Producer output:\n{output}")
+    return flags
+
+
+def repin(
+    base: str,
+    *,
+    producers: Path | str,
+    out_dir: Path | str,
+    repo: Path | str = ".",
+    device_count: int = 1,
+    isa_cap: str | None = DEFAULT_ISA_CAP,
+    groups: Sequence[str] = (),
+    keep_worktree: bool = False,
+    progress: Callable[[str], None] = print,
+) -> RepinResult:
+    """Pin goldens at commit `base`.
+
+    **Arguments:**
+
+    - `base`: a revision naming a commit of the repository (resolved to a SHA).
+    - `producers`: the producers file, from the current tree.
+    - `out_dir`: where `<group>.h5` files go (created if missing).
+    - `repo`: a folder inside the repository.
+    - `device_count`, `isa_cap`: fixed for the producer run and recorded in provenance.
+    - `groups`: a subset of the producer groups (default: all).
+    - `keep_worktree`: leave the worktree for inspection (its path is reported).
+    - `progress`: receives one line per step.
+
+    **Returns:** a `RepinResult` with what changed per file.
+    """
+    root = repo_root(repo)
+    sha = resolve_sha(root, base)
+    producers = Path(producers).resolve()
+    if not producers.is_file():
+        raise RepinError(f"producers file not found: {producers}")
+    out = Path(out_dir).resolve()
+    out.mkdir(parents=True, exist_ok=True)
+    progress(f"repin at {sha[:12]}: adding a temporary worktree")
+    with (
+        tempfile.TemporaryDirectory(prefix="parity-repin-") as tmp,
+        temporary_worktree(root, sha, keep=keep_worktree) as wt,
+    ):
+        if keep_worktree:
+            progress(f"worktree kept at {wt}")
+        flags = run_producers(
+            wt,
+            producers,
+            Path(tmp),
+            device_count=device_count,
+            isa_cap=isa_cap,
+            groups=groups,
+            drop_paths=[root / "src"],
+            progress=progress,
+        )
+        provenance = collect_provenance(
+            base_sha=sha,
+            producer_digest=digest_sources([producers]),
+            device_count=device_count,
+        )
+        provenance["xla_flags"] = flags
+        provenance["isa_cap"] = isa_cap
+        names = sorted(p.stem for p in Path(tmp).glob("*.json"))
+        staged: list[tuple[Path, Path]] = []
+        changes = []
+        try:
+            for name in names:
+                arrays, rules = load_runner_output(Path(tmp), name)
+                class_map = ClassMap(rules=tuple((p, c) for p, c in rules))
+                classes = {k: class_map.class_for(k) for k in arrays}
+                dest = out / f"{name}.h5"
+                changes.append(summarize_change(name, dest, arrays))
+                new = out / f".{name}.h5.new"
+                write_goldens(
+                    new,
+                    arrays,
+                    classes=classes,
+                    class_map_json=class_map.to_json(),
+                    provenance=provenance,
+                    order=list(arrays),
+                )
+                staged.append((new, dest))
+            # Every file is written before any replaces an old one.
+            for new, dest in staged:
+                os.replace(new, dest)
+        finally:
+            for new, _ in staged:
+                with contextlib.suppress(FileNotFoundError):
+                    new.unlink()
+    return RepinResult(sha, out, tuple(changes))
+
+
+def golden_provenance(path: Path) -> dict[str, Any]:
+    """The provenance recorded in a golden file."""
+    with open_goldens(path) as g:
+        return dict(g.provenance)

@@ -1,0 +1,647 @@
+"""The golden store: pinned arrays in one HDF5 file, written atomically, read with checks.
+
+**Layout.** Each key is split on "." into segments and stored as a group path with a
+fixed dataset name at its end:
+
+    "taps.llama.layers.3.mlp"   ->   /taps/llama/layers/3/mlp/%value
+
+A fixed leaf name is what makes the mapping safe when one key is a prefix of another:
+`a.b` and `a.b.c` become `/a/b/%value` and `/a/b/c/%value`, so the group `/a/b` holds both
+the dataset of `a.b` and the subgroup of `a.b.c`. Inside a segment, "%" and "/" are written
+as "%25" and "%2F" (upper-case hex); no escaped segment can equal `%value` (the "%" of an
+escape is always followed by two hex digits, and "v" is not one), so keys round-trip
+exactly. Keys that are empty, contain NUL, or have an empty segment (`a..b`, `.a`, `a.`)
+are refused: HDF5 names cannot hold them.
+
+**Per dataset** attributes: `class` (tolerance class name, may be ""), `dtype` (the
+array's dtype name, e.g. "bfloat16"), `sha256` (hex digest of the stored C-order bytes,
+little-endian; for ml_dtypes the bytes of the unsigned-int view) and `order` (index in the
+declared forward order, or -1). **At the root:** `schema_version`, `class_map` (JSON text),
+`provenance` (JSON text, sorted keys) and `n_arrays`.
+
+**Dtypes.** bool, int8..64, uint8..64, float16/32/64 and complex64/128 are stored natively.
+ml_dtypes (bfloat16, the float8 kinds, int4, ...) are stored as unsigned ints of the same
+width and viewed back on read, so every bit (NaN payloads included) survives. Object,
+string, datetime and other dtypes are refused.
+
+**Determinism.** The same inputs give the same bytes: no object timestamps, keys written
+in sorted order, a fixed HDF5 format range (`libver=("v110", "v110")`), contiguous storage
+without filters.
+
+**Reading.** `open_goldens` opens read-only without HDF5 file locking (safe for many
+readers, pytest-xdist and read-only filesystems), refuses files that could pull data from
+elsewhere (external links, external storage, virtual datasets, dangling soft links) and
+verifies each array's checksum when it is loaded. Plain HDF5 files without parity's
+attributes are readable too: every dataset is a key (its path with "/" -> "."), with class
+"" and no checksum.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import dataclasses
+import hashlib
+import json
+import os
+import re
+import tempfile
+from collections.abc import Iterator, Mapping, Sequence
+from pathlib import Path
+from typing import Any
+
+import h5py
+import numpy as np
+
+__all__ = [
+    "SCHEMA_VERSION",
+    "ArrayInfo",
+    "GoldenCorruptError",
+    "GoldenFile",
+    "GoldenFormatError",
+    "GoldenKeyError",
+    "GoldenMissingError",
+    "GoldenSchemaError",
+    "GoldenStoreError",
+    "GoldenUnsafeError",
+    "UnsupportedDtypeError",
+    "decode_path",
+    "encode_key",
+    "open_goldens",
+    "write_goldens",
+]
+
+#: Version of the layout above. Readers refuse files with a newer version.
+SCHEMA_VERSION = 1
+
+#: Name of the dataset at the end of each key's group path.
+VALUE_NAME = "%value"
+
+# Fixed so the file format (and hence its bytes) does not move with the HDF5 release;
+# v110 also allows dense attribute storage, so a large provenance or class map still fits.
+_LIBVER = ("v110", "v110")
+
+_REPIN_HINT = "repin with `python tools/repin_goldens.py --base SHA`"
+
+# Standard numpy dtypes h5py stores natively and every HDF5 reader understands.
+_NATIVE_DTYPES = frozenset(
+    np.dtype(name).name
+    for name in (
+        "bool",
+        "int8",
+        "int16",
+        "int32",
+        "int64",
+        "uint8",
+        "uint16",
+        "uint32",
+        "uint64",
+        "float16",
+        "float32",
+        "float64",
+        "complex64",
+        "complex128",
+    )
+)
+
+
+# --------------------------------------------------------------------------- errors
+
+
+class GoldenStoreError(Exception):
+    """Base class of every refusal of the golden store."""
+
+
+class GoldenMissingError(GoldenStoreError, FileNotFoundError):
+    """The golden file does not exist."""
+
+
+class GoldenFormatError(GoldenStoreError):
+    """The file is not a readable HDF5 file (not HDF5, truncated) or its layout is malformed."""
+
+
+class GoldenSchemaError(GoldenStoreError):
+    """The file was written with a newer schema than this parity reads."""
+
+
+class GoldenUnsafeError(GoldenStoreError):
+    """The file can pull data from outside itself (external links or storage, virtual data)."""
+
+
+class GoldenCorruptError(GoldenStoreError):
+    """An array's bytes do not match the checksum recorded when it was written."""
+
+
+class GoldenKeyError(GoldenStoreError, KeyError):
+    """A key is not in the golden file, or cannot be stored as one."""
+
+    def __str__(self) -> str:
+        # KeyError's str() repr-quotes its message; these messages are sentences.
+        return str(self.args[0]) if self.args else ""
+
+
+class UnsupportedDtypeError(GoldenStoreError, TypeError):
+    """An array's dtype cannot be stored exactly (object, string, datetime, ...)."""
+
+
+# --------------------------------------------------------------------------- key mapping
+
+
+_ESCAPE_RE = re.compile(r"%(25|2F)")
+
+
+def _escape_segment(segment: str) -> str:
+    return segment.replace("%", "%25").replace("/", "%2F")
+
+
+def _unescape_segment(segment: str) -> str:
+    return _ESCAPE_RE.sub(lambda m: "%" if m.group(1) == "25" else "/", segment)
+
+
+def encode_key(key: str) -> str:
+    """Return the HDF5 group path (without the leaf dataset) that stores `key`.
+
+    **Arguments:**
+
+    - `key`: a dotted key such as `"taps.llama.layers.3.mlp"`.
+
+    **Returns:** the path, such as `"taps/llama/layers/3/mlp"`; the dataset itself is
+    `path + "/" + VALUE_NAME`.
+
+    Raises `GoldenKeyError` for an empty key, a key with NUL, or an empty segment.
+    """
+    if not isinstance(key, str):
+        raise GoldenKeyError(f"golden keys must be str, got {type(key).__name__} {key!r}")
+    if "\x00" in key:
+        raise GoldenKeyError(f"golden key {key!r} contains NUL, which HDF5 names cannot hold")
+    segments = key.split(".")
+    if any(s == "" for s in segments):
+        raise GoldenKeyError(
+            f"golden key {key!r} has an empty segment (leading, trailing or doubled '.'); "
+            "use non-empty dot-separated names such as 'taps.llama.layers.3'"
+        )
+    return "/".join(_escape_segment(s) for s in segments)
+
+
+def decode_path(path: str) -> str:
+    """Invert `encode_key`: the key stored at the group path `path`.
+
+    **Arguments:**
+
+    - `path`: a group path as written by `encode_key` (leading "/" allowed).
+
+    **Returns:** the dotted key.
+    """
+    return ".".join(_unescape_segment(s) for s in path.strip("/").split("/"))
+
+
+# --------------------------------------------------------------------------- dtypes
+
+
+def _ml_dtype(name: str) -> np.dtype | None:
+    """The ml_dtypes dtype called `name`, or None if ml_dtypes has none by that name."""
+    import ml_dtypes
+
+    obj = getattr(ml_dtypes, name, None)
+    if obj is None:
+        return None
+    try:
+        dt = np.dtype(obj)
+    except TypeError:
+        return None
+    return dt if _is_ml_dtype(dt) else None
+
+
+def _is_ml_dtype(dt: np.dtype) -> bool:
+    return getattr(dt.type, "__module__", "").split(".")[0] == "ml_dtypes"
+
+
+def _uint_of_width(itemsize: int) -> np.dtype:
+    if itemsize not in (1, 2, 4, 8):
+        raise UnsupportedDtypeError(f"no unsigned int of {itemsize} bytes to store this dtype")
+    return np.dtype(f"<u{itemsize}")
+
+
+def _to_storage(key: str, value: Any) -> tuple[np.ndarray, str]:
+    """Convert an array-like to (C-order little-endian storage array, logical dtype name)."""
+    arr = np.asarray(value)
+    dt = arr.dtype
+    if _is_ml_dtype(dt):
+        stored = _c_order(arr).view(_uint_of_width(dt.itemsize))
+        return stored, dt.name
+    if dt.name not in _NATIVE_DTYPES or dt.fields is not None:
+        raise UnsupportedDtypeError(
+            f"golden {key!r}: dtype {dt} (kind {dt.kind!r}) cannot be stored exactly; expected "
+            "bool, (u)int8..64, float16/32/64, complex64/128 or an ml_dtypes type such as "
+            "bfloat16. Convert it to a numeric array before pinning."
+        )
+    # Little-endian on disk whatever the host, so the digest names the same bytes everywhere.
+    stored = _c_order(arr.astype(dt.newbyteorder("<"), copy=False))
+    return stored, dt.name
+
+
+def _c_order(arr: np.ndarray) -> np.ndarray:
+    # Not np.ascontiguousarray: it turns 0-d arrays into shape (1,).
+    return np.require(arr, requirements="C")
+
+
+def _digest(stored: np.ndarray) -> str:
+    little = _c_order(stored.astype(stored.dtype.newbyteorder("<"), copy=False))
+    return hashlib.sha256(little.reshape(-1).view(np.uint8).data).hexdigest()
+
+
+def _logical_dtype(name: str, *, path: Path, key: str) -> np.dtype:
+    if name in _NATIVE_DTYPES:
+        return np.dtype(name)
+    dt = _ml_dtype(name)
+    if dt is None:
+        raise GoldenFormatError(
+            f"{path}: golden {key!r} has dtype {name!r}, which neither numpy nor the installed "
+            "ml_dtypes knows; upgrade ml_dtypes (or parity) to read this file"
+        )
+    return dt
+
+
+# --------------------------------------------------------------------------- writing
+
+
+def write_goldens(
+    path: str | os.PathLike[str],
+    arrays: Mapping[str, Any],
+    *,
+    classes: Mapping[str, str] | None = None,
+    class_map_json: str = "",
+    provenance: Mapping[str, Any] | None = None,
+    order: Sequence[str] | None = None,
+) -> Path:
+    """Write `arrays` to a golden file at `path`, atomically and byte-reproducibly.
+
+    The file is written to a temporary file in the same directory, flushed, fsynced and
+    moved over `path` with `os.replace`; if anything fails, the temporary file is removed
+    and an existing `path` is left as it was.
+
+    **Arguments:**
+
+    - `path`: destination file; its directory must exist.
+    - `arrays`: key -> array-like (numpy or jax arrays, any shape including 0-d and empty).
+    - `classes`: key -> tolerance class name; keys not named get "". Every key named here
+      must be in `arrays`.
+    - `class_map_json`: the pattern -> class map as JSON text, stored at the root.
+    - `provenance`: JSON-serialisable mapping, stored at the root with sorted keys.
+    - `order`: the declared forward order (taps by layer, trajectory leaves by step); each
+      key's index is stored as `order`, -1 for keys not in it. Every key must be in `arrays`.
+
+    **Returns:** `path` as a `Path`.
+    """
+    dest = Path(path)
+    classes = dict(classes or {})
+    order_list = list(order or [])
+    keys = sorted(arrays)
+    # Validate everything cheap before touching the disk, so typos fail fast.
+    groups = {k: encode_key(k) for k in keys}
+    unknown = sorted(set(classes) - set(arrays))
+    if unknown:
+        raise GoldenKeyError(f"classes names keys that are not in arrays: {unknown[:10]}")
+    unknown = sorted(set(order_list) - set(arrays))
+    if unknown:
+        raise GoldenKeyError(f"order names keys that are not in arrays: {unknown[:10]}")
+    if len(set(order_list)) != len(order_list):
+        dup = sorted({k for k in order_list if order_list.count(k) > 1})
+        raise GoldenKeyError(f"order lists keys more than once: {dup[:10]}")
+    order_index = {k: i for i, k in enumerate(order_list)}
+    prov_json = json.dumps(dict(provenance or {}), sort_keys=True, allow_nan=False)
+
+    dest_dir = dest.parent if str(dest.parent) else Path(".")
+    fd, tmp_name = tempfile.mkstemp(dir=dest_dir, prefix=f".{dest.name}.", suffix=".tmp")
+    os.close(fd)
+    tmp = Path(tmp_name)
+    try:
+        with h5py.File(
+            tmp, "w", libver=_LIBVER, track_order=False, track_times=False, locking=False
+        ) as f:
+            f.attrs["schema_version"] = np.int64(SCHEMA_VERSION)
+            f.attrs["class_map"] = class_map_json
+            f.attrs["provenance"] = prov_json
+            f.attrs["n_arrays"] = np.int64(len(keys))
+            for key in keys:
+                # Converted one at a time so device arrays are fetched one at a time.
+                stored, dtype_name = _to_storage(key, arrays[key])
+                group = _require_group(f, groups[key])
+                dset = group.create_dataset(VALUE_NAME, data=stored, track_times=False)
+                dset.attrs["class"] = str(classes.get(key, ""))
+                dset.attrs["dtype"] = dtype_name
+                dset.attrs["sha256"] = _digest(stored)
+                dset.attrs["order"] = np.int64(order_index.get(key, -1))
+            f.flush()
+        with open(tmp, "rb+") as fh:
+            os.fsync(fh.fileno())
+        os.chmod(tmp, _mode_for(dest))
+        os.replace(tmp, dest)
+    except BaseException:
+        with contextlib.suppress(FileNotFoundError):
+            tmp.unlink()
+        raise
+    _fsync_dir(dest_dir)
+    return dest
+
+
+def _require_group(f: h5py.File, group_path: str) -> h5py.Group:
+    group: h5py.Group = f
+    for segment in group_path.split("/"):
+        sub = group.get(segment)
+        if sub is None:
+            sub = group.create_group(segment, track_order=False, track_times=False)
+        group = sub  # pyright: ignore[reportAssignmentType]
+    return group
+
+
+def _mode_for(dest: Path) -> int:
+    # mkstemp creates 0600; goldens are shared data, so keep an existing file's mode or 0644.
+    try:
+        return dest.stat().st_mode & 0o777
+    except FileNotFoundError:
+        return 0o644
+
+
+def _fsync_dir(directory: Path) -> None:
+    # Makes the rename itself durable; not every platform can open a directory.
+    try:
+        fd = os.open(directory, os.O_RDONLY)
+    except OSError:
+        return
+    try:
+        os.fsync(fd)
+    except OSError:
+        pass
+    finally:
+        os.close(fd)
+
+
+# --------------------------------------------------------------------------- reading
+
+
+@dataclasses.dataclass(frozen=True)
+class ArrayInfo:
+    """What the golden file says about one array, without loading it.
+
+    - `key`: the dotted key.
+    - `shape`: the array's shape.
+    - `dtype`: the logical dtype (for example bfloat16, not the stored uint16).
+    - `class_name`: its tolerance class, "" if none was recorded.
+    - `sha256`: hex digest of the stored bytes, or None for plain HDF5 files.
+    - `order`: index in the declared forward order, -1 if none.
+    """
+
+    key: str
+    shape: tuple[int, ...]
+    dtype: np.dtype
+    class_name: str
+    sha256: str | None
+    order: int
+
+
+def _attr_str(value: Any) -> str:
+    return value.decode("utf-8") if isinstance(value, bytes) else str(value)
+
+
+class GoldenFile:
+    """A golden file opened read-only; arrays are loaded lazily and checked on load.
+
+    Use as a context manager, or call `close()`. See `open_goldens`.
+    """
+
+    def __init__(self, path: str | os.PathLike[str]):
+        self.path = Path(path)
+        if not self.path.exists():
+            raise GoldenMissingError(
+                f"golden file {self.path} does not exist; pin it first ({_REPIN_HINT})"
+            )
+        try:
+            self._f = h5py.File(self.path, "r", locking=False)
+        except OSError as e:
+            raise GoldenFormatError(
+                f"{self.path} is not a readable HDF5 file (not HDF5, or truncated: {e}); "
+                f"restore it from version control or {_REPIN_HINT}"
+            ) from None
+        try:
+            self._load_header()
+            self._index: dict[str, str] = self._scan()
+        except BaseException:
+            self._f.close()
+            raise
+
+    # -- opening
+
+    def _load_header(self) -> None:
+        attrs = self._f.attrs
+        self.is_parity_file: bool = "schema_version" in attrs
+        self.schema_version: int | None = None
+        self.class_map_json: str = ""
+        self.provenance: dict[str, Any] = {}
+        if not self.is_parity_file:
+            return
+        try:
+            version = int(attrs["schema_version"])  # pyright: ignore[reportArgumentType]
+        except (TypeError, ValueError):
+            raise GoldenFormatError(
+                f"{self.path}: schema_version is {attrs['schema_version']!r}, expected an int"
+            ) from None
+        if version > SCHEMA_VERSION:
+            raise GoldenSchemaError(
+                f"{self.path} has schema_version {version}, but this parity reads up to "
+                f"{SCHEMA_VERSION}: it was written by a newer parity; upgrade parity"
+            )
+        if version < 1:
+            raise GoldenFormatError(f"{self.path}: schema_version {version} is not valid (>= 1)")
+        self.schema_version = version
+        self.class_map_json = _attr_str(attrs.get("class_map", ""))
+        try:
+            prov = json.loads(_attr_str(attrs.get("provenance", "{}")) or "{}")
+        except json.JSONDecodeError as e:
+            raise GoldenFormatError(
+                f"{self.path}: the provenance attribute is not JSON ({e}); {_REPIN_HINT}"
+            ) from None
+        self.provenance = prov if isinstance(prov, dict) else {}
+
+    def _scan(self) -> dict[str, str]:
+        """Check every link for outside references and map key -> dataset path."""
+        index: dict[str, str] = {}
+        problems: list[str] = []
+        datasets: list[str] = []
+        soft: list[tuple[str, str]] = []
+        links: list[tuple[str, Any]] = []
+        # Collect first and check after: an exception raised inside h5py's C-level visit
+        # callback surfaces as a SystemError, not as itself.
+        self._f.visititems_links(lambda name, link: links.append((name, link)))
+        for name, link in links:
+            if isinstance(link, h5py.ExternalLink):
+                problems.append(f"external link {name!r} -> {link.filename}:{link.path}")
+                continue
+            if isinstance(link, h5py.SoftLink):
+                soft.append((name, link.path))
+                continue
+            if not isinstance(link, h5py.HardLink):
+                problems.append(f"link {name!r} of unsupported type {type(link).__name__}")
+                continue
+            obj = self._f[name]
+            if not isinstance(obj, h5py.Dataset):
+                continue
+            if obj.is_virtual:
+                problems.append(f"virtual dataset {name!r}")
+                continue
+            if obj.external:
+                problems.append(f"dataset {name!r} with external storage {obj.external[0][0]!r}")
+                continue
+            datasets.append(name)
+        if not problems:
+            # Resolved only when nothing external is present, since resolving a soft link
+            # that leads into an external link would open the other file. A resolvable soft
+            # link's target is listed under its own hard path, so it adds no key.
+            for name, target in soft:
+                parent = self._f[name.rpartition("/")[0] or "/"]
+                if parent.get(target) is None:  # pyright: ignore[reportAttributeAccessIssue]
+                    problems.append(f"soft link {name!r} -> {target!r} resolves to nothing")
+        if problems:
+            raise GoldenUnsafeError(
+                f"{self.path} refers to data outside itself ({'; '.join(problems[:5])}"
+                f"{'; ...' if len(problems) > 5 else ''}); expected self-contained datasets. "
+                f"Rewrite it with parity.store.write_goldens or {_REPIN_HINT}"
+            )
+        for name in datasets:
+            key = self._key_for(name)
+            if key in index:
+                raise GoldenFormatError(
+                    f"{self.path}: datasets {index[key]!r} and {name!r} both map to key {key!r}; "
+                    "rename one of them"
+                )
+            index[key] = name
+        return index
+
+    def _key_for(self, name: str) -> str:
+        if not self.is_parity_file:
+            return name.replace("/", ".")
+        group, _, leaf = name.rpartition("/")
+        if leaf != VALUE_NAME or not group:
+            raise GoldenFormatError(
+                f"{self.path}: dataset {name!r} is not where parity puts arrays "
+                f"('<key path>/{VALUE_NAME}'); the file was edited by hand. {_REPIN_HINT}"
+            )
+        return decode_path(group)
+
+    # -- mapping interface
+
+    def keys(self) -> list[str]:
+        """The keys in the file, sorted."""
+        return sorted(self._index)
+
+    def __iter__(self) -> Iterator[str]:
+        return iter(self.keys())
+
+    def __len__(self) -> int:
+        return len(self._index)
+
+    def __contains__(self, key: object) -> bool:
+        return key in self._index
+
+    def _dataset(self, key: str) -> h5py.Dataset:
+        try:
+            name = self._index[key]
+        except KeyError:
+            near = [k for k in self.keys() if k.split(".")[0] == key.split(".")[0]][:5]
+            raise GoldenKeyError(
+                f"{self.path} has no golden {key!r}"
+                + (f" (keys with the same prefix: {near})" if near else "")
+                + f"; if the key is new, {_REPIN_HINT}"
+            ) from None
+        return self._f[name]  # pyright: ignore[reportReturnType]
+
+    def info(self, key: str) -> ArrayInfo:
+        """Shape, dtype, class, checksum and order of `key`, without reading its data.
+
+        **Arguments:**
+
+        - `key`: a key in the file.
+
+        **Returns:** an `ArrayInfo`.
+        """
+        dset = self._dataset(key)
+        if not self.is_parity_file:
+            return ArrayInfo(key, tuple(dset.shape), dset.dtype, "", None, -1)
+        attrs = dset.attrs
+        if "dtype" not in attrs or "sha256" not in attrs:
+            raise GoldenFormatError(
+                f"{self.path}: golden {key!r} lacks its dtype or sha256 attribute; {_REPIN_HINT}"
+            )
+        dtype = _logical_dtype(_attr_str(attrs["dtype"]), path=self.path, key=key)
+        return ArrayInfo(
+            key=key,
+            shape=tuple(dset.shape),
+            dtype=dtype,
+            class_name=_attr_str(attrs.get("class", "")),
+            sha256=_attr_str(attrs["sha256"]),
+            order=int(attrs.get("order", -1)),  # pyright: ignore[reportArgumentType]
+        )
+
+    def __getitem__(self, key: str) -> np.ndarray:
+        """Load `key`, verify its checksum, and return it with its logical dtype.
+
+        Raises `GoldenCorruptError` if the bytes differ from those pinned.
+        """
+        info = self.info(key)
+        dset = self._dataset(key)
+        stored = np.asarray(dset[()])
+        if not self.is_parity_file:
+            return stored
+        if stored.dtype.itemsize != info.dtype.itemsize:
+            raise GoldenFormatError(
+                f"{self.path}: golden {key!r} is stored as {stored.dtype} but declared "
+                f"{info.dtype}; the widths differ. {_REPIN_HINT}"
+            )
+        found = _digest(stored)
+        if found != info.sha256:
+            raise GoldenCorruptError(
+                f"{self.path}: golden {key!r} is corrupt: expected sha256 {info.sha256}, found "
+                f"{found}. Restore the file from version control or {_REPIN_HINT}"
+            )
+        if _is_ml_dtype(info.dtype):
+            return _c_order(stored).view(info.dtype)
+        return stored.astype(info.dtype, copy=False)
+
+    def get(self, key: str, default: Any = None) -> Any:
+        """`self[key]` if the key is present, else `default`."""
+        return self[key] if key in self._index else default
+
+    def load_all(self) -> dict[str, np.ndarray]:
+        """Load and verify every array. **Returns:** key -> array, in sorted key order."""
+        return {key: self[key] for key in self.keys()}
+
+    # -- lifetime
+
+    def close(self) -> None:
+        """Close the underlying HDF5 file (idempotent)."""
+        self._f.close()
+
+    def __enter__(self) -> GoldenFile:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+    def __repr__(self) -> str:
+        kind = f"schema {self.schema_version}" if self.is_parity_file else "plain HDF5"
+        return f"GoldenFile({str(self.path)!r}, {len(self)} arrays, {kind})"
+
+
+def open_goldens(path: str | os.PathLike[str]) -> GoldenFile:
+    """Open a golden file read-only.
+
+    **Arguments:**
+
+    - `path`: the HDF5 file (parity-written or plain).
+
+    **Returns:** a `GoldenFile`; use it as a context manager.
+
+    Raises `GoldenMissingError`, `GoldenFormatError` (not HDF5, truncated, malformed),
+    `GoldenSchemaError` (written by a newer parity) or `GoldenUnsafeError` (external links,
+    external storage, virtual datasets, dangling soft links).
+    """
+    return GoldenFile(path)

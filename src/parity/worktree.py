@@ -1,0 +1,122 @@
+"""A detached git worktree of a base commit, in a temporary folder, removed on every exit.
+
+The user's working tree, index and branches are never touched: `git worktree add --detach`
+only writes the new folder and a bookkeeping entry under `.git/worktrees`, which is removed
+again (`git worktree remove --force`, then `git worktree prune`) on success, on failure and
+on Ctrl-C or SIGTERM.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import shutil
+import signal
+import subprocess
+import tempfile
+from collections.abc import Iterator
+from pathlib import Path
+from types import FrameType
+
+
+class GitError(RuntimeError):
+    """A git command failed, or a revision does not name a commit of the repository."""
+
+
+def _git(repo: Path, *args: str) -> str:
+    try:
+        proc = subprocess.run(
+            ["git", "-C", str(repo), *args],
+            capture_output=True,
+            text=True,
+            check=False,
+            # Never refresh the user's index as a side effect of a read.
+            env={**os.environ, "GIT_OPTIONAL_LOCKS": "0"},
+        )
+    except FileNotFoundError:
+        raise GitError("git is not installed or not on PATH; install git to repin") from None
+    if proc.returncode != 0:
+        raise GitError(f"git {' '.join(args)} failed in {repo}: {proc.stderr.strip()}")
+    return proc.stdout.strip()
+
+
+def repo_root(path: Path | str = ".") -> Path:
+    """The top folder of the git repository holding `path`."""
+    return Path(_git(Path(path), "rev-parse", "--show-toplevel"))
+
+
+def resolve_sha(repo: Path | str, rev: str) -> str:
+    """Resolve `rev` to a full 40-hex commit SHA, or raise `GitError` saying what to do."""
+    if not rev or rev.startswith("-"):
+        raise GitError(
+            f"not a revision: {rev!r}; pass a commit SHA, e.g. --base $(git rev-parse HEAD~1)"
+        )
+    try:
+        return _git(Path(repo), "rev-parse", "--verify", "--quiet", f"{rev}^{{commit}}")
+    except GitError:
+        raise GitError(
+            f"{rev!r} is not a commit of the repository at {repo}; list candidates with "
+            "`git log --oneline` (a shallow clone may need `git fetch --unshallow`)"
+        ) from None
+
+
+class _Interrupted(BaseException):
+    """SIGTERM, turned into an exception so that cleanup runs."""
+
+
+@contextlib.contextmanager
+def _sigterm_as_exception() -> Iterator[None]:
+    def handler(signum: int, frame: FrameType | None) -> None:
+        raise _Interrupted(f"signal {signum}")
+
+    try:
+        old = signal.signal(signal.SIGTERM, handler)
+    except ValueError:  # not the main thread: leave signals alone
+        yield
+        return
+    try:
+        yield
+    finally:
+        signal.signal(signal.SIGTERM, old)
+
+
+@contextlib.contextmanager
+def temporary_worktree(repo: Path | str, sha: str, *, keep: bool = False) -> Iterator[Path]:
+    """Check out `sha` as a detached worktree in a new temporary folder.
+
+    **Arguments:**
+
+    - `repo`: any folder inside the repository.
+    - `sha`: a commit (resolved with `resolve_sha` first).
+    - `keep`: leave the worktree in place afterwards (for debugging); its path is printed
+      by the caller.
+
+    **Returns:** (as a context manager) the worktree's path; it is removed on exit, whatever
+    the exit, unless `keep`.
+    """
+    root = repo_root(repo)
+    full = resolve_sha(root, sha)
+    tmp = Path(tempfile.mkdtemp(prefix="parity-worktree-"))
+    path = tmp / full[:12]
+    added = False
+    try:
+        with _sigterm_as_exception():
+            _git(root, "worktree", "add", "--detach", "--quiet", str(path), full)
+            added = True
+            yield path
+    finally:
+        if not keep:
+            # Block Ctrl-C while cleaning up so that a second interrupt cannot leave debris.
+            old = signal.getsignal(signal.SIGINT)
+            with contextlib.suppress(ValueError):
+                signal.signal(signal.SIGINT, signal.SIG_IGN)
+            try:
+                if added:
+                    with contextlib.suppress(GitError):
+                        _git(root, "worktree", "remove", "--force", str(path))
+                shutil.rmtree(tmp, ignore_errors=True)
+                with contextlib.suppress(GitError):
+                    _git(root, "worktree", "prune")
+            finally:
+                with contextlib.suppress(ValueError, TypeError):
+                    signal.signal(signal.SIGINT, old)
