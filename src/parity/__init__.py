@@ -1,1 +1,37 @@
-"""parity: differential equivalence testing for JAX model refactors."""
+"""parity: differential equivalence testing for JAX model refactors.
+
+Tolerance classes as data, comparison of arrays and pytrees with a finding per key and the
+first divergence named, an HDF5 golden store with provenance and checksums, repin at a git
+base commit, compile statistics, reports, a CLI (`python -m parity`) and a pytest plugin.
+`import parity` does not import jax.
+"""
+
+from parity.compare import Comparison, Finding, compare_arrays, compare_trees, flatten
+from parity.provenance import bitwise_policy, collect_provenance, drift
+from parity.report import format_table, to_json, write_html, write_json
+from parity.store import GoldenFile, GoldenStoreError, open_goldens, write_goldens
+from parity.tolerance import REGISTRY, ClassMap, ToleranceClass, get_class, ulp_distance
+
+__all__ = [
+    "REGISTRY",
+    "ClassMap",
+    "Comparison",
+    "Finding",
+    "GoldenFile",
+    "GoldenStoreError",
+    "ToleranceClass",
+    "bitwise_policy",
+    "collect_provenance",
+    "compare_arrays",
+    "compare_trees",
+    "drift",
+    "flatten",
+    "format_table",
+    "get_class",
+    "open_goldens",
+    "to_json",
+    "ulp_distance",
+    "write_goldens",
+    "write_html",
+    "write_json",
+]

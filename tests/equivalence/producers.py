@@ -1,0 +1,140 @@
+"""Producers of the pinned arrays: the subject run through its public API on fixed seeds.
+
+`tools/repin_goldens.py` runs this file (from the current tree) in a subprocess against the
+code of a base commit; the equivalence suite runs it in-process against the current code.
+Each group becomes one golden file `goldens/<group>.h5`; arrays are returned in forward
+order (taps by layer then tap class, trajectory leaves by step), the order that
+first-divergence reports follow.
+
+Only public names of `decomp` are used, so a base commit that lacks one is named by repin.
+The batch is sharded over a `dp` mesh of all visible devices, so the same producers run on
+1 and on 4 simulated devices.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Mapping
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+from jax.sharding import Mesh, NamedSharding, PartitionSpec
+
+from decomp.targets.glu_transformer import GLUConfig, GLUTransformer
+
+#: Key pattern -> tolerance class; first match wins. Pinned into every golden file.
+CLASS_MAP: list[tuple[str, str]] = [
+    ("logits.*", "bitwise"),
+    ("taps.*", "fp32_reassoc"),
+    ("traj.*", "trajectory"),
+    ("eval.*", "trajectory"),
+]
+
+BATCH, SEQ = 4, 12
+TAP_CLASS_ORDER = (
+    "resid",
+    "q_proj",
+    "k_proj",
+    "v_proj",
+    "o_proj",
+    "gate_proj",
+    "up_proj",
+    "down_proj",
+)
+
+
+def glu_config(family: str) -> GLUConfig:
+    """The structure every GLU golden is pinned at: 4 layers at toy width."""
+    return GLUConfig(
+        family=family,  # type: ignore[arg-type]
+        n_layer=4,
+        d_model=32,
+        n_head=4,
+        n_kv_head=2,
+        head_dim=8,
+        d_mlp=64,
+        vocab_size=64,
+    )
+
+
+def dp_mesh() -> Mesh:
+    return Mesh(np.array(jax.devices()), ("dp",))
+
+
+def tokens(vocab: int, *, seed: int = 1) -> jax.Array:
+    """Int32 tokens `[BATCH, SEQ]`, batch sharded over the `dp` mesh."""
+    x = jax.random.randint(jax.random.key(seed), (BATCH, SEQ), 0, vocab, dtype=jnp.int32)
+    return jax.device_put(x, NamedSharding(dp_mesh(), PartitionSpec("dp")))
+
+
+def tap_sort_key(key: str) -> tuple[int, int]:
+    """Forward order of a tap key: by layer, then by where its class occurs in a block."""
+    parts = key.split(".")
+    layer = int(parts[1])
+    kind = "resid" if parts[0] == "resid" else parts[-1]
+    return layer, TAP_CLASS_ORDER.index(kind)
+
+
+def wanted_sets(n_layer: int) -> dict[str, list[str]]:
+    """Four wanted shapes: one early residual, the last layer's site inputs, a sparse mix,
+    and every key at full depth."""
+    kinds = (
+        "self_attn.q_proj",
+        "self_attn.k_proj",
+        "self_attn.v_proj",
+        "self_attn.o_proj",
+        "mlp.gate_proj",
+        "mlp.up_proj",
+        "mlp.down_proj",
+    )
+    last = n_layer - 1
+    full = [f"resid.{i}" for i in range(n_layer)]
+    full += [f"layers.{i}.{k}" for i in range(n_layer) for k in kinds]
+    sets = {
+        "early_resid": ["resid.1"],
+        "last_layer_sites": [f"layers.{last}.{k}" for k in kinds],
+        "sparse_mixed": [
+            "layers.2.mlp.gate_proj",
+            "resid.2",
+            "layers.0.self_attn.o_proj",
+            "layers.1.mlp.down_proj",
+            "layers.3.self_attn.k_proj",
+        ],
+        "full_depth": full,
+    }
+    return {name: sorted(keys, key=tap_sort_key) for name, keys in sets.items()}
+
+
+_jit_clean = jax.jit(lambda m, x: m.clean_output(x))
+_jit_taps = jax.jit(lambda m, x, w: m.read_activations(x, w), static_argnums=2)
+_jit_fused = jax.jit(lambda m, x, w: m.clean_output_and_activations(x, w), static_argnums=2)
+
+
+def forward_group(family: str) -> dict[str, np.ndarray]:
+    """Clean logits (plain and fused at full depth) and taps for 4 wanted sets."""
+    cfg = glu_config(family)
+    model = GLUTransformer.init(cfg, key=jax.random.key(0))
+    x = tokens(cfg.vocab_size)
+    taps_out: dict[tuple[tuple[int, int], str], tuple[str, np.ndarray]] = {}
+    logits_out: dict[str, np.ndarray] = {}
+    for name, wanted in wanted_sets(cfg.n_layer).items():
+        if name == "full_depth":
+            logits, taps = _jit_fused(model, x, tuple(wanted))
+            logits_out[f"logits.{family}.fused_full_depth"] = np.asarray(logits)
+        else:
+            taps = _jit_taps(model, x, tuple(wanted))
+        for key in wanted:
+            taps_out[(tap_sort_key(key), name)] = (
+                f"taps.{family}.{name}.{key}",
+                np.asarray(taps[key]),
+            )
+    logits_out[f"logits.{family}.clean"] = np.asarray(_jit_clean(model, x))
+    # Forward order: taps by layer, then tap class (then wanted set); logits come last.
+    out = dict(taps_out[k] for k in sorted(taps_out))
+    return out | logits_out
+
+
+GROUPS: Mapping[str, Callable[[], Mapping[str, np.ndarray]]] = {
+    "forward_llama": lambda: forward_group("llama"),
+    "forward_qwen3": lambda: forward_group("qwen3"),
+}

@@ -1,0 +1,131 @@
+"""Reports: the plain table, the JSON object and the HTML page with plots."""
+
+from __future__ import annotations
+
+import io
+import json
+import re
+import sys
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from parity.compare import Comparison, compare_trees
+from parity.report import format_table, print_report, summarize, to_json, write_html, write_json
+from parity.tolerance import ClassMap
+
+
+def _comparison() -> tuple[Comparison, dict[str, np.ndarray], dict[str, np.ndarray]]:
+    rng = np.random.default_rng(1)
+    order = [f"layers.{i}.{tap}" for i in range(6) for tap in ("h1", "post")]
+    golden = {k: rng.standard_normal((3, 4)).astype(np.float32) for k in order}
+    golden["logits"] = rng.standard_normal(5).astype(np.float32)
+    golden["gone"] = np.zeros(2, np.float32)
+    actual = {k: v.copy() for k, v in golden.items() if k != "gone"}
+    actual["layers.1.post"][0, 1] += np.float32(1e-6)
+    actual["layers.4.h1"][2, 3] += np.float32(1e-3)
+    actual["logits"][4] = np.float32(np.nan)
+    cmap = ClassMap((("layers.*", "fp32_reassoc"),), default="bitwise")
+    comparison = compare_trees(actual, golden, cmap, order=order)
+    return comparison, actual, golden
+
+
+def test_table_names_classes_counts_and_first_divergence() -> None:
+    comparison, _, _ = _comparison()
+    text = format_table(comparison, header={"base sha": "abc123", "jax": "0.4.35"})
+    assert "\x1b[" not in text
+    assert "abc123" in text
+    for summary in summarize(comparison):
+        row = next(line for line in text.splitlines() if line.startswith(summary.class_name))
+        counts = [summary.arrays, summary.passed, summary.failed]
+        assert re.search(r"\s+".join(str(c) for c in counts), row), row
+    assert comparison.first_not_bitwise is not None and comparison.first_failure is not None
+    first_nb = next(line for line in text.splitlines() if "first not bitwise equal" in line)
+    assert comparison.first_not_bitwise.key == "layers.1.post" and "layers.1.post" in first_nb
+    first_fail = next(line for line in text.splitlines() if "first breaking its class" in line)
+    assert comparison.first_failure.key in first_fail
+    for failure in comparison.failures:
+        assert failure.reason in text
+
+
+def test_summary_counts_match_the_findings() -> None:
+    comparison, _, _ = _comparison()
+    summaries = {s.class_name: s for s in summarize(comparison)}
+    for name, findings in comparison.by_class().items():
+        assert summaries[name].arrays == len(findings)
+        assert summaries[name].failed == sum(not f.passed for f in findings)
+    worst = summaries["fp32_reassoc"]
+    assert worst.worst_key == "layers.4.h1"
+    assert worst.max_abs == max(f.max_abs or 0.0 for f in comparison.by_class()["fp32_reassoc"])
+
+
+def test_print_report_writes_plain_text_off_a_terminal() -> None:
+    comparison, _, _ = _comparison()
+    out = io.StringIO()
+    print_report(comparison, out)
+    assert out.getvalue() == format_table(comparison)
+
+
+def test_print_report_colours_a_terminal_when_rich_is_installed() -> None:
+    pytest.importorskip("rich")
+
+    class Tty(io.StringIO):
+        def isatty(self) -> bool:
+            return True
+
+    comparison, _, _ = _comparison()
+    out = Tty()
+    print_report(comparison, out)
+    plain = re.sub(r"\x1b\[[0-9;]*m", "", out.getvalue())
+    assert "fp32_reassoc" in plain and "first breaking its class" in plain
+
+
+def test_json_has_the_documented_keys_and_is_strict_json(tmp_path: Path) -> None:
+    comparison, _, _ = _comparison()
+    data = to_json(comparison, header={"base sha": "abc123"})
+    assert {"verdict", "header", "summary", "first_not_bitwise", "first_failure", "findings"} <= (
+        set(data)
+    )
+    assert data["verdict"] == "fail" and data["header"] == {"base sha": "abc123"}
+    assert set(data["summary"]) == {"fp32_reassoc", "bitwise"}
+    for entry in data["findings"]:
+        assert {"key", "class", "verdict", "max_abs", "max_ulp"} <= set(entry)
+    assert [f["key"] for f in data["findings"]] == [f.key for f in comparison.findings]
+    path = write_json(tmp_path / "report.json", comparison)
+    loaded = json.loads(path.read_text(), parse_constant=lambda c: pytest.fail(f"bare {c}"))
+    assert loaded["first_failure"]["key"] == comparison.first_failure.key  # type: ignore[union-attr]
+
+
+def test_html_report_has_plots_that_exist_and_escapes_text(tmp_path: Path) -> None:
+    pytest.importorskip("matplotlib")
+    comparison, _, _ = _comparison()
+    index = write_html(tmp_path / "html", comparison, header={"note": "<script>x</script>"})
+    page = index.read_text()
+    assert index.name == "index.html"
+    assert "<script>x</script>" not in page and "&lt;script&gt;" in page
+    images = re.findall(r'<img src="([^"]+)"', page)
+    assert len(images) == len(comparison.by_class())
+    for name in images:
+        png = index.parent / name
+        assert png.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+    assert "http://" not in page and "https://" not in page  # no external assets
+
+
+def test_html_report_without_matplotlib_says_so(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setitem(sys.modules, "matplotlib", None)  # makes `import matplotlib` fail
+    comparison, _, _ = _comparison()
+    index = write_html(tmp_path, comparison)
+    page = index.read_text()
+    assert "matplotlib is not installed" in page and "<img" not in page
+    assert not list(tmp_path.glob("*.png"))
+
+
+def test_passing_comparison_reports_pass() -> None:
+    golden = {"a": np.ones(3, np.float32)}
+    comparison = compare_trees(golden, golden, "bitwise")
+    assert to_json(comparison)["verdict"] == "pass"
+    text = format_table(comparison)
+    assert "PASS" in text and "first not bitwise equal: none" in text
