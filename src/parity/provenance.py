@@ -238,8 +238,12 @@ class Drift:
 
 def _same(field: str, a: Any, b: Any) -> bool:
     if field == "xla_flags":
-        # Flag order is not meaning; compare the set of flags.
-        return sorted(str(a or "").split()) == sorted(str(b or "").split())
+        # Flag order is not meaning, and the device count has its own field (a count of 1
+        # written out or left implicit is the same run); compare the other flags as a set.
+        def flags(v: Any) -> list[str]:
+            return sorted(f for f in str(v or "").split() if not _DEVICE_FLAG_RE.match(f))
+
+        return flags(a) == flags(b)
     return a == b
 
 

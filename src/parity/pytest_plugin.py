@@ -4,6 +4,7 @@ Options:
 
 - `--parity-devices N` (env `PARITY_DEVICES`): simulated CPU device count, set before jax
   starts (a clear error if it already started with another count).
+- `--parity-isa CAP`: the XLA CPU ISA cap set before jax starts (default AVX2; `none`).
 - `--parity-cache DIR` (env `PARITY_JAX_CACHE`): jax's persistent compilation cache folder;
   each xdist worker gets its own subfolder. `none` disables it. Default `.jax_cache`.
 - `--parity-goldens DIR` (ini `parity_goldens`): the golden folder, default `goldens`.
@@ -33,7 +34,12 @@ from typing import Any
 
 import pytest
 
-from parity.devices import DeviceCountError, set_cpu_device_count
+from parity.devices import (
+    DEFAULT_ISA_CAP,
+    DeviceCountError,
+    jax_backend_started,
+    set_cpu_device_count,
+)
 
 _RECORDS = pytest.StashKey[list[dict[str, Any]]]()
 _GOLDENS = pytest.StashKey["GoldenDir"]()
@@ -47,6 +53,12 @@ def pytest_addoption(parser: pytest.Parser) -> None:
         type=int,
         default=None,
         help="simulated CPU device count, set before jax starts (env PARITY_DEVICES)",
+    )
+    group.addoption(
+        "--parity-isa",
+        default=DEFAULT_ISA_CAP,
+        help="XLA CPU ISA cap (--xla_cpu_max_isa) set before jax starts, so bitwise goldens "
+        f"reproduce across hosts; 'none' leaves it alone (default {DEFAULT_ISA_CAP})",
     )
     group.addoption(
         "--parity-cache",
@@ -106,15 +118,28 @@ def _enable_compile_cache(config: pytest.Config) -> None:
     jax.config.update("jax_persistent_cache_min_entry_size_bytes", 0)
 
 
+def _set_isa_cap(isa: str | None) -> None:
+    """Cap XLA's CPU ISA without touching the device count (before jax starts)."""
+    if isa is None or jax_backend_started():
+        return
+    flags = os.environ.get("XLA_FLAGS", "")
+    if "--xla_cpu_max_isa=" in flags:
+        return  # the user chose a cap explicitly
+    os.environ["XLA_FLAGS"] = f"{flags} --xla_cpu_max_isa={isa}".strip()
+
+
 def pytest_configure(config: pytest.Config) -> None:
     n = _device_count(config)
+    raw_isa = config.getoption("--parity-isa")
+    isa = None if raw_isa is None or raw_isa.lower() == "none" else raw_isa
     if n is not None:
         if n < 1:
             raise pytest.UsageError(f"--parity-devices must be at least 1, got {n}")
         try:
-            set_cpu_device_count(n)
+            set_cpu_device_count(n, isa_cap=isa)
         except DeviceCountError as e:
             raise pytest.UsageError(str(e)) from None
+    _set_isa_cap(isa)
     _enable_compile_cache(config)
     config.stash[_RECORDS] = []
     raw = config.getoption("--parity-goldens") or config.getini("parity_goldens")

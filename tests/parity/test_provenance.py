@@ -223,3 +223,12 @@ def test_unknown_policy_and_bad_ulps_are_refused():
         bitwise_policy(_BITS, "lenient")  # pyright: ignore[reportArgumentType]
     with pytest.raises(ValueError, match="at least 1"):
         bitwise_policy(_BITS, "relax", relax_ulps=0)
+
+
+def test_device_count_flag_is_not_counted_as_xla_flags_drift():
+    from parity.provenance import drift as _drift
+
+    golden = {"xla_flags": "--xla_force_host_platform_device_count=1 --xla_cpu_max_isa=AVX2"}
+    assert [d.field for d in _drift(golden, {"xla_flags": "--xla_cpu_max_isa=AVX2"})] == []
+    moved = _drift(golden, {"xla_flags": "--xla_cpu_max_isa=SSE4_2"})
+    assert [d.field for d in moved] == ["xla_flags"]
