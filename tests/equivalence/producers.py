@@ -110,10 +110,18 @@ _jit_taps = jax.jit(lambda m, x, w: m.read_activations(x, w), static_argnums=2)
 _jit_fused = jax.jit(lambda m, x, w: m.clean_output_and_activations(x, w), static_argnums=2)
 
 
-def forward_group(family: str) -> dict[str, np.ndarray]:
-    """Clean logits (plain and fused at full depth) and taps for 4 wanted sets."""
+def forward_group(
+    family: str, *, edit: Callable[[GLUTransformer], GLUTransformer] | None = None
+) -> dict[str, np.ndarray]:
+    """Clean logits (plain and fused at full depth) and taps for 4 wanted sets.
+
+    `edit` changes the model before it runs (the sensitivity tests use it to make a
+    deliberate semantic change).
+    """
     cfg = glu_config(family)
     model = GLUTransformer.init(cfg, key=jax.random.key(0))
+    if edit is not None:
+        model = edit(model)
     x = tokens(cfg.vocab_size)
     taps_out: dict[tuple[tuple[int, int], str], tuple[str, np.ndarray]] = {}
     logits_out: dict[str, np.ndarray] = {}
