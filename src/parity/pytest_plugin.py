@@ -170,16 +170,20 @@ class GoldenDir:
         from parity.store import GoldenMissingError, GoldenStoreError, open_goldens
 
         if group not in self._open:
+            # Fail outside the except clauses: inside them pytest prints the store's error
+            # and "During handling of the above exception" before the message.
+            problem = None
             try:
                 self._open[group] = open_goldens(self.path_of(group))
             except GoldenMissingError:
-                pytest.fail(
+                problem = (
                     f"no golden file for group {group!r} at {self.path_of(group)}: pin it with "
-                    f"{_REPIN_HINT}",
-                    pytrace=False,
+                    f"{_REPIN_HINT}"
                 )
             except GoldenStoreError as e:
-                pytest.fail(f"golden group {group!r} is unusable: {e}", pytrace=False)
+                problem = f"golden group {group!r} is unusable: {e}"
+            if problem is not None:
+                pytest.fail(problem, pytrace=False)
         return self._open[group]
 
     def close(self) -> None:
@@ -244,7 +248,10 @@ class _Check:
             pinned = ClassMap.from_json(gf.class_map_json) if gf.class_map_json else None
             class_map = class_map if class_map is not None else pinned
             if order is None:
-                order = sorted(gf.keys(), key=lambda k: gf.info(k).order)
+                # Keys pinned with order -1 have no place: left out of the sequence, they
+                # come after the ordered ones instead of before them.
+                places = {k: gf.info(k).order for k in gf}
+                order = sorted((k for k, i in places.items() if i >= 0), key=places.__getitem__)
             decision = bitwise_policy(
                 drift(gf.provenance, collect_provenance()),
                 self.config.getoption("--parity-drift") or "warn",
@@ -380,7 +387,8 @@ def _header(records: list[dict[str, Any]]) -> dict[str, str]:
     for r in records:
         for k, v in r["header"].items():
             if k.startswith("drift") and v not in header.values():
-                header[f"drift ({r['name']})"] = v
+                # Keep the line's own number: a check can have a "bits" and an "info" line.
+                header[f"{k} ({r['name']})"] = v
     return header
 
 

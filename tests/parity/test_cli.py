@@ -1,0 +1,311 @@
+"""The command line, run as `python -m parity` subprocesses: exit codes, messages, outputs."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import h5py
+import numpy as np
+import pytest
+
+from parity.store import write_goldens
+from parity.tolerance import ClassMap
+
+_CMAP = ClassMap((("taps.*", "fp32_reassoc"),), default="bitwise")
+
+
+def _arrays() -> dict[str, np.ndarray]:
+    rng = np.random.default_rng(0)
+    return {
+        "taps.layers.0": rng.standard_normal((4, 12, 32)).astype(np.float32),
+        "taps.layers.1": rng.standard_normal((4, 12, 32)).astype(np.float32),
+        "weights.w": rng.standard_normal((32, 8)).astype(np.float32),
+        "loss": np.asarray(np.float32(0.25)),
+    }
+
+
+def _write(path: Path, arrays: dict[str, np.ndarray], *, pinned: bool = True) -> Path:
+    """A parity file; with `pinned`, the class map, per-array classes, order, provenance."""
+    if not pinned:
+        return write_goldens(path, arrays)
+    return write_goldens(
+        path,
+        arrays,
+        classes={k: _CMAP.class_for(k) for k in arrays},
+        class_map_json=_CMAP.to_json(),
+        provenance={"jax": "0.0.test", "base_sha": "f" * 40},
+        # taps.layers.1 before taps.layers.0: the pinned order, not the name, decides.
+        order=["taps.layers.1", "taps.layers.0"],
+    )
+
+
+def _parity(*args: str | Path, cwd: Path | None = None) -> subprocess.CompletedProcess[str]:
+    return subprocess.run(
+        [sys.executable, "-m", "parity", *map(str, args)],
+        capture_output=True,
+        text=True,
+        cwd=cwd,
+        env={**os.environ, "PYTHONWARNINGS": "ignore"},
+        timeout=120,
+    )
+
+
+def _assert_unusable(proc: subprocess.CompletedProcess[str], *needles: str) -> str:
+    """Exit 2, one `parity: error:` line on stderr naming `needles`, no traceback."""
+    assert proc.returncode == 2, (proc.returncode, proc.stdout, proc.stderr)
+    assert "Traceback" not in proc.stderr + proc.stdout
+    lines = proc.stderr.strip().splitlines()
+    assert len(lines) == 1, proc.stderr
+    assert lines[0].startswith("parity: error: "), lines[0]
+    for needle in needles:
+        assert needle in lines[0], (needle, lines[0])
+    return lines[0]
+
+
+@pytest.fixture
+def golden(tmp_path: Path) -> Path:
+    return _write(tmp_path / "golden.h5", _arrays())
+
+
+# --------------------------------------------------------------------------- diff verdicts
+
+
+def test_identical_files_exit_0(tmp_path: Path, golden: Path) -> None:
+    actual = _write(tmp_path / "actual.h5", _arrays())
+    proc = _parity("diff", actual, golden)
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    assert proc.stdout.startswith("parity: PASS (0 of 4 arrays fail)")
+    assert proc.stderr == ""
+
+
+def test_every_array_breaking_bitwise_is_printed_and_exits_1(tmp_path: Path, golden: Path) -> None:
+    arrays = _arrays()
+    arrays["weights.w"][3, 5] += np.float32(1e-6)
+    arrays["loss"] = np.asarray(np.float32(0.5))
+    actual = _write(tmp_path / "actual.h5", arrays)
+    proc = _parity("diff", actual, golden, "--class", "bitwise")
+    assert proc.returncode == 1, proc.stdout + proc.stderr
+    assert "parity: FAIL (2 of 4 arrays fail)" in proc.stdout
+    failures = proc.stdout.split("failures (2):")[1]
+    assert "weights.w [bitwise, fail]" in failures and "index (3, 5)" in failures
+    assert "loss [bitwise, fail]" in failures
+    assert proc.stderr == ""
+
+
+def test_a_perturbation_within_a_close_class_exits_0(tmp_path: Path, golden: Path) -> None:
+    arrays = _arrays()
+    arrays["weights.w"][0, 0] += np.float32(1e-6)
+    actual = _write(tmp_path / "actual.h5", arrays)
+    assert _parity("diff", actual, golden).returncode == 1  # pinned: weights are bitwise
+    proc = _parity("diff", actual, golden, "--class", "fp32_reassoc")
+    assert proc.returncode == 0, proc.stdout
+    assert "--class fp32_reassoc for every key" in proc.stdout
+
+
+def test_the_goldens_pinned_classes_and_order_are_used(tmp_path: Path, golden: Path) -> None:
+    arrays = _arrays()
+    arrays["taps.layers.0"][0, 0, 0] += np.float32(1e-3)  # breaks fp32_reassoc (2e-5)
+    arrays["taps.layers.1"][1, 2, 3] += np.float32(1e-3)
+    arrays["weights.w"] = arrays["weights.w"] + np.float32(1e-6)  # would pass only if close
+    actual = write_goldens(tmp_path / "actual.h5", arrays, provenance={"jax": "0.0.other"})
+    proc = _parity("diff", actual, golden)
+    assert proc.returncode == 1
+    assert "taps.layers.0 [fp32_reassoc, fail]" in proc.stdout
+    assert "weights.w [bitwise, fail]" in proc.stdout
+    # taps.layers.1 comes first in the pinned order although it sorts after taps.layers.0.
+    assert "first breaking its class: taps.layers.1 [fp32_reassoc, fail]" in proc.stdout
+    assert "golden base_sha  " + "f" * 40 in proc.stdout
+    assert "jax: '0.0.test' -> '0.0.other' (bits)" in proc.stdout  # the drift, in the header
+
+
+def test_missing_and_unexpected_keys_fail(tmp_path: Path, golden: Path) -> None:
+    arrays = _arrays()
+    del arrays["loss"]
+    arrays["extra"] = np.zeros(3, np.float32)
+    proc = _parity("diff", _write(tmp_path / "actual.h5", arrays), golden)
+    assert proc.returncode == 1
+    assert "loss [bitwise, missing]" in proc.stdout
+    assert "extra [bitwise, unexpected]" in proc.stdout
+
+
+def test_plain_h5py_files_are_accepted(tmp_path: Path, golden: Path) -> None:
+    plain_g, plain_a = tmp_path / "plain_g.h5", tmp_path / "plain_a.h5"
+    for path, bump in ((plain_g, 0.0), (plain_a, 0.0)):
+        with h5py.File(path, "w") as f:
+            f.create_dataset("group/x", data=np.arange(6, dtype=np.float32) + bump)
+            f.create_dataset("y", data=np.int64(3))
+    proc = _parity("diff", plain_a, plain_g)
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    assert "plain HDF5" in proc.stdout and "bitwise (GOLDEN records no classes)" in proc.stdout
+    with h5py.File(plain_a, "r+") as f:
+        f["group/x"][2] = 7.0  # pyright: ignore[reportIndexIssue]
+    proc = _parity("diff", plain_a, plain_g)
+    assert proc.returncode == 1
+    assert "group.x [bitwise, fail]" in proc.stdout
+    # A plain ACTUAL against a parity GOLDEN: the golden's classes still apply.
+    with h5py.File(plain_a, "w") as f:
+        for key, value in _arrays().items():
+            f.create_dataset(key.replace(".", "/"), data=value)
+    assert _parity("diff", plain_a, golden).returncode == 0
+
+
+# --------------------------------------------------------------------------- unusable input
+
+
+@pytest.mark.parametrize("which", ["ACTUAL", "GOLDEN"])
+def test_a_missing_file_exits_2_with_one_line(tmp_path: Path, golden: Path, which: str) -> None:
+    nope = tmp_path / "nope.h5"
+    args = (nope, golden) if which == "ACTUAL" else (golden, nope)
+    line = _assert_unusable(_parity("diff", *args), which, str(nope), "does not exist")
+    if which == "GOLDEN":
+        assert "repin_goldens.py" in line
+    _assert_unusable(_parity("show", nope), "does not exist")
+
+
+def test_a_truncated_file_exits_2(tmp_path: Path, golden: Path) -> None:
+    path = write_goldens(tmp_path / "big.h5", {"a": np.arange(50_000, dtype=np.float64)})
+    data = path.read_bytes()
+    path.write_bytes(data[: len(data) // 2])
+    _assert_unusable(_parity("diff", path, golden), "ACTUAL", "truncated")
+    _assert_unusable(_parity("show", path), "truncated")
+    not_hdf5 = tmp_path / "text.h5"
+    not_hdf5.write_text("not hdf5\n")
+    _assert_unusable(_parity("diff", golden, not_hdf5), "GOLDEN", "not a readable HDF5 file")
+
+
+def test_a_flipped_byte_exits_2_naming_the_checksum(tmp_path: Path, golden: Path) -> None:
+    actual = _write(tmp_path / "actual.h5", _arrays())
+    with h5py.File(golden, "r") as f:
+        dset = f["weights/w/%value"]
+        assert isinstance(dset, h5py.Dataset)
+        offset = dset.id.get_offset()
+    assert offset is not None
+    with open(golden, "r+b") as fh:
+        fh.seek(offset + 9)
+        byte = fh.read(1)
+        fh.seek(offset + 9)
+        fh.write(bytes([byte[0] ^ 0x10]))
+    _assert_unusable(_parity("diff", actual, golden), "GOLDEN", "'weights.w'", "sha256")
+    # show reads no data unless asked to verify it.
+    assert _parity("show", golden).returncode == 0
+    _assert_unusable(_parity("show", golden, "--verify"), "'weights.w'", "corrupt")
+
+
+def test_a_file_with_an_external_link_exits_2(tmp_path: Path, golden: Path) -> None:
+    linked = tmp_path / "linked.h5"
+    with h5py.File(linked, "w") as f:
+        f["local"] = np.zeros(2)
+        f["far"] = h5py.ExternalLink(str(golden), "/loss/%value")
+    _assert_unusable(_parity("diff", golden, linked), "GOLDEN", "external link 'far'")
+
+
+def test_an_unknown_class_exits_2_listing_the_known_ones(golden: Path) -> None:
+    _assert_unusable(
+        _parity("diff", golden, golden, "--class", "fp32_reasoc"),
+        "'fp32_reasoc'",
+        "fp32_reassoc",
+        "bitwise",
+    )
+
+
+def test_strings_parity_cannot_compare_exit_2(tmp_path: Path) -> None:
+    path = tmp_path / "strings.h5"
+    with h5py.File(path, "w") as f:
+        f.create_dataset("names", data=np.array([b"a", b"b"]))
+    _assert_unusable(_parity("diff", path, path), "'names'", "cannot compare")
+
+
+# --------------------------------------------------------------------------- outputs
+
+
+def test_show_json_has_provenance_class_map_and_arrays(golden: Path, tmp_path: Path) -> None:
+    proc = _parity("show", golden, "--json")
+    assert proc.returncode == 0, proc.stderr
+    doc = json.loads(proc.stdout)
+    assert doc["provenance"] == {"jax": "0.0.test", "base_sha": "f" * 40}
+    assert doc["class_map"] == json.loads(_CMAP.to_json())
+    arrays = {a["key"]: a for a in doc["arrays"]}
+    assert list(arrays) == sorted(_arrays())
+    assert arrays["taps.layers.0"] == {
+        "key": "taps.layers.0",
+        "shape": [4, 12, 32],
+        "dtype": "float32",
+        "class": "fp32_reassoc",
+        "order": 1,
+    }
+    assert arrays["loss"]["shape"] == [] and arrays["loss"]["class"] == "bitwise"
+
+    plain = tmp_path / "plain.h5"
+    with h5py.File(plain, "w") as f:
+        f.create_dataset("a/b", data=np.zeros((2, 3), np.int16))
+    doc = json.loads(_parity("show", plain, "--json").stdout)
+    assert doc["provenance"] == {} and doc["class_map"] is None
+    assert doc["arrays"] == [
+        {"key": "a.b", "shape": [2, 3], "dtype": "int16", "class": "bitwise", "order": -1}
+    ]
+
+
+def test_show_text_lists_provenance_map_and_every_array(golden: Path) -> None:
+    proc = _parity("show", golden)
+    assert proc.returncode == 0
+    out = proc.stdout
+    assert "parity schema 1, 4 arrays" in out and "0.0.test" in out
+    assert "taps.*  ->  fp32_reassoc" in out
+    for key in _arrays():
+        assert key in out
+
+
+def test_diff_json_and_html_reports(tmp_path: Path, golden: Path) -> None:
+    arrays = _arrays()
+    arrays["loss"] = np.asarray(np.float32(np.nan))
+    actual = _write(tmp_path / "actual.h5", arrays)
+    out_json, out_html = tmp_path / "r.json", tmp_path / "html"
+    proc = _parity("diff", actual, golden, "--json", out_json, "--html", out_html)
+    assert proc.returncode == 1
+    doc = json.loads(out_json.read_text())
+    assert doc["verdict"] == "fail"
+    findings = {f["key"]: f for f in doc["findings"]}
+    assert set(findings) == set(arrays)
+    for f in findings.values():
+        assert {"key", "class", "verdict", "max_abs", "max_ulp"} <= set(f)
+    assert findings["loss"]["verdict"] == "fail"
+    assert findings["taps.layers.0"] == findings["taps.layers.0"] | {
+        "class": "fp32_reassoc",
+        "verdict": "pass",
+        "max_abs": 0.0,
+        "max_ulp": 0,
+    }
+    index = out_html / "index.html"
+    assert index.is_file() and "loss" in index.read_text()
+
+
+def test_help_explains_commands_and_exit_codes() -> None:
+    proc = _parity("--help")
+    assert proc.returncode == 0
+    assert "diff" in proc.stdout and "show" in proc.stdout and "exit codes" in proc.stdout
+    proc = _parity("diff", "--help")
+    assert proc.returncode == 0 and "--class NAME" in proc.stdout
+    assert _parity().returncode == 2  # no command: argparse's usage error
+
+
+def test_the_cli_does_not_import_jax(tmp_path: Path, golden: Path) -> None:
+    actual = _write(tmp_path / "actual.h5", _arrays())
+    script = (
+        "import runpy, sys\n"
+        f"sys.argv = ['parity', 'diff', {str(actual)!r}, {str(golden)!r}, "
+        f"'--json', {str(tmp_path / 'r.json')!r}, '--html', {str(tmp_path / 'h')!r}]\n"
+        "try:\n"
+        "    runpy.run_module('parity', run_name='__main__')\n"
+        "except SystemExit as e:\n"
+        "    assert e.code == 0, e.code\n"
+        "print(sorted(m for m in sys.modules if m == 'jax' or m.startswith(('jax.', 'jaxlib'))))\n"
+    )
+    proc = subprocess.run(
+        [sys.executable, "-c", script], capture_output=True, text=True, timeout=120
+    )
+    assert proc.returncode == 0, proc.stderr
+    assert proc.stdout.strip().splitlines()[-1] == "[]"

@@ -1,0 +1,229 @@
+"""The pytest plugin, driven through inner pytest sessions (pytester).
+
+Each inner session runs in its own process (`runpytest_subprocess`): jax fixes its device
+count once per process, and the plugin must set it before jax starts.
+"""
+
+from __future__ import annotations
+
+import json
+import re
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from parity.store import write_goldens
+from parity.tolerance import ClassMap
+
+pytest_plugins = ["pytester"]
+
+# The arrays of the golden group "g", as source so inner tests rebuild them exactly.
+_ARRAYS_SRC = """
+import numpy as np
+
+def arrays():
+    return {
+        "layers.0.h1": np.arange(12, dtype=np.float32).reshape(3, 4) / 7,
+        "layers.1.h1": np.arange(12, dtype=np.float32).reshape(3, 4) / 9,
+        "logits": np.linspace(-1, 1, 5, dtype=np.float32),
+    }
+"""
+
+_CMAP = ClassMap((("layers.*", "fp32_reassoc"),), default="bitwise")
+
+
+def _arrays() -> dict[str, np.ndarray]:
+    namespace: dict[str, object] = {}
+    exec(_ARRAYS_SRC, namespace)
+    return namespace["arrays"]()  # pyright: ignore[reportCallIssue, reportReturnType]
+
+
+def _pin(root: Path, group: str, arrays: dict[str, np.ndarray], order: list[str]) -> None:
+    (root / "goldens").mkdir(exist_ok=True)
+    write_goldens(
+        root / "goldens" / f"{group}.h5",
+        arrays,
+        classes={k: _CMAP.class_for(k) for k in arrays},
+        class_map_json=_CMAP.to_json(),
+        order=order,
+    )
+
+
+@pytest.fixture
+def inner(pytester: pytest.Pytester, monkeypatch: pytest.MonkeyPatch) -> pytest.Pytester:
+    """A pytester whose inner sessions see a clean jax environment on the CPU."""
+    for var in (
+        "PARITY_DEVICES",
+        "PARITY_JAX_CACHE",
+        "XLA_FLAGS",
+        "PYTEST_ADDOPTS",
+        "PYTEST_XDIST_WORKER",
+        "PYTEST_XDIST_WORKER_COUNT",
+        "PYTEST_XDIST_TESTRUNUID",
+    ):
+        monkeypatch.delenv(var, raising=False)
+    monkeypatch.setenv("JAX_PLATFORMS", "cpu")
+    pytester.makepyfile(golden_arrays=_ARRAYS_SRC)
+    return pytester
+
+
+def _run(pytester: pytest.Pytester, *args: str) -> pytest.RunResult:
+    # No compile cache: the inner tests compile nothing worth keeping.
+    return pytester.runpytest_subprocess("-p", "no:cacheprovider", "--parity-cache", "none", *args)
+
+
+# --------------------------------------------------------------------------- devices
+
+
+@pytest.mark.parametrize("how", ["option", "env"])
+def test_the_simulated_device_count_reaches_jax(
+    inner: pytest.Pytester, monkeypatch: pytest.MonkeyPatch, how: str
+) -> None:
+    inner.makepyfile(
+        test_devices="""
+        import jax
+
+        def test_two_devices():
+            assert jax.device_count() == 2
+        """
+    )
+    if how == "env":
+        monkeypatch.setenv("PARITY_DEVICES", "2")
+        result = _run(inner)
+    else:
+        result = _run(inner, "--parity-devices", "2")
+    result.assert_outcomes(passed=1)
+
+
+def test_a_conftest_that_started_jax_makes_another_count_a_usage_error(
+    inner: pytest.Pytester,
+) -> None:
+    # The rootdir conftest is imported before pytest_configure, so jax starts with 1 device.
+    inner.makeconftest(
+        """
+        import jax
+        jax.numpy.zeros(1)
+        """
+    )
+    inner.makepyfile(test_x="def test_x():\n    pass\n")
+    result = _run(inner, "--parity-devices", "3")
+    assert result.ret == pytest.ExitCode.USAGE_ERROR
+    text = result.stderr.str() + result.stdout.str()
+    assert "jax already started with 1 device(s)" in text
+    assert "but 3 were asked for" in text and "--parity-devices" in text
+    assert "Traceback" not in text
+
+
+# --------------------------------------------------------------------------- parity_check
+
+
+def test_parity_check_passes_fails_names_keys_and_writes_the_report(
+    inner: pytest.Pytester,
+) -> None:
+    arrays = _arrays()
+    # logits has no place in the pinned order: it must come after the ordered keys.
+    _pin(inner.path, "g", arrays, order=["layers.0.h1", "layers.1.h1"])
+    inner.makepyfile(
+        test_checks="""
+        from golden_arrays import arrays
+
+        def test_matches(parity_check):
+            assert parity_check(arrays(), "g").passed
+
+        def test_perturbed(parity_check):
+            a = arrays()
+            a["logits"][2] += 1
+            a["layers.1.h1"][0, 1] += 1e-3
+            parity_check(a, "g", name="perturbed")
+
+        def test_no_such_group(parity_check):
+            parity_check(arrays(), "nope")
+        """
+    )
+    result = _run(inner, "--parity-report", "rep")
+    result.assert_outcomes(passed=1, failed=2)
+    out = result.stdout.str()
+    assert "parity check 'perturbed' failed" in out
+    assert "logits [bitwise, fail]" in out and "layers.1.h1 [fp32_reassoc, fail]" in out
+    assert "first breaking its class: layers.1.h1" in out
+    assert "no golden file for group 'nope'" in out and "repin_goldens.py" in out
+    assert "During handling of the above exception" not in out
+    # The end-of-session section.
+    assert re.search(r"^=+ parity =+$", out, re.MULTILINE), out
+    assert "2 checks, 6 arrays" in out
+
+    rep = inner.path / "rep"
+    assert "FAIL" in (rep / "report.txt").read_text()
+    assert (rep / "index.html").is_file()
+    doc = json.loads((rep / "report.json").read_text())
+    assert doc["verdict"] == "fail"
+    assert {"produce_s", "load_s", "compare_s", "report_s"} <= set(doc["timing"])
+    checks = {c["name"]: c for c in doc["checks"]}
+    assert set(checks) == {"g", "perturbed"}
+    assert checks["g"]["passed"] and not checks["perturbed"]["passed"]
+    failing = {f["key"] for f in doc["findings"] if f["verdict"] != "pass"}
+    assert failing == {"logits", "layers.1.h1"}
+
+
+# --------------------------------------------------------------------------- unchecked goldens
+
+
+@pytest.mark.parametrize("mode", ["warn", "fail"])
+def test_goldens_no_test_checked_are_listed_and_can_fail_the_session(
+    inner: pytest.Pytester, mode: str
+) -> None:
+    _pin(inner.path, "g", _arrays(), order=[])
+    _pin(
+        inner.path,
+        "other",
+        {"a": np.zeros(2, np.float32), "b": np.ones(2, np.float32)},
+        order=[],
+    )
+    inner.makepyfile(
+        test_one="""
+        from golden_arrays import arrays
+
+        def test_g(parity_check):
+            parity_check(arrays(), "g")
+        """
+    )
+    result = _run(inner, "--parity-unchecked", mode)
+    result.assert_outcomes(passed=1)
+    out = result.stdout.str()
+    assert f"2 golden key(s) no test checked ({mode}):" in out
+    assert "other: 2: a, b" in out
+    assert "g:" not in out.split("no test checked")[1]
+    # The goldens record no provenance, so the check has a "bits" and an "info" drift line;
+    # the session summary keeps both.
+    summary = out.split(" parity ===")[1]
+    assert "can change XLA's last bits" in summary
+    assert "environment drift (informational)" in summary
+    if mode == "fail":
+        assert result.ret == pytest.ExitCode.TESTS_FAILED
+    else:
+        assert result.ret == pytest.ExitCode.OK
+
+
+# --------------------------------------------------------------------------- xdist
+
+
+def test_the_report_merges_checks_from_xdist_workers(inner: pytest.Pytester) -> None:
+    _pin(inner.path, "g", _arrays(), order=[])
+    inner.makepyfile(
+        test_workers="""
+        from golden_arrays import arrays
+
+        def test_first(parity_check):
+            parity_check(arrays(), "g", name="first")
+
+        def test_second(parity_check):
+            parity_check(arrays(), "g", name="second")
+        """
+    )
+    result = _run(inner, "-n", "2", "--parity-report", "rep")
+    result.assert_outcomes(passed=2)
+    doc = json.loads((inner.path / "rep" / "report.json").read_text())
+    assert sorted(c["name"] for c in doc["checks"]) == ["first", "second"]
+    assert doc["verdict"] == "pass" and len(doc["findings"]) == 6
+    assert "2 checks, 6 arrays" in result.stdout.str()

@@ -1,0 +1,205 @@
+"""Throughput of `parity diff` against a raw h5py read-and-`np.array_equal` loop.
+
+Writes two pairs of files holding the same ~600 arrays (float32 taps of shape (4, 12, 32)
+and (4, 12, 64), (32, 8) weights, scalars; a few MB in all): plain h5py files for the raw
+loop, parity files (checksums, classes, order, provenance) for parity. Then times, as the
+median of `--repeats` runs:
+
+- `raw`: open both plain files, list their datasets, read each pair, `np.array_equal`.
+- `parity`: `parity.cli.run_diff` on the parity files plus `format_table`, the in-process
+  path of `python -m parity diff` (checksums verified, every array compared under its
+  class).
+- `parity_plain`: the same on the plain files (no checksums or attributes to read).
+- `cli`: wall time of `python -m parity diff` as a subprocess, and of `python -c "import
+  parity"` for the interpreter and import share of it.
+
+Usage:
+
+    python tools/bench_diff.py [--repeats 5] [--json FILE] [--profile]
+
+`--profile` prints the top functions of one in-process `parity diff` under cProfile.
+"""
+
+from __future__ import annotations
+
+import argparse
+import cProfile
+import io
+import json
+import os
+import pstats
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+import h5py
+import numpy as np
+
+from parity.cli import run_diff
+from parity.provenance import collect_provenance
+from parity.report import format_table
+from parity.store import write_goldens
+from parity.tolerance import ClassMap
+
+# (shape, count) per kind: 600 arrays, about 3.3 MB of float32.
+_MIX = (("taps", (4, 12, 32), 200), ("mlp", (4, 12, 64), 150), ("weights", (32, 8), 150))
+_N_SCALARS = 100
+
+
+def make_arrays(seed: int = 0) -> dict[str, np.ndarray]:
+    """The benchmark's arrays: ~600 float32 keys in a realistic mix of shapes.
+
+    **Arguments:**
+
+    - `seed`: the random seed.
+
+    **Returns:** key -> array, keys like `"taps.layers.17"`, `"scalars.3"`.
+    """
+    rng = np.random.default_rng(seed)
+    arrays: dict[str, np.ndarray] = {}
+    for kind, shape, count in _MIX:
+        for i in range(count):
+            arrays[f"{kind}.layers.{i}"] = rng.standard_normal(shape).astype(np.float32)
+    for i in range(_N_SCALARS):
+        arrays[f"scalars.{i}"] = np.asarray(rng.standard_normal(), dtype=np.float32)
+    return {k: np.asarray(v) for k, v in arrays.items()}
+
+
+def write_plain(path: Path, arrays: dict[str, np.ndarray]) -> None:
+    """Write `arrays` with bare h5py, one dataset per key at its path with '.' -> '/'."""
+    with h5py.File(path, "w") as f:
+        for key, value in arrays.items():
+            f.create_dataset(key.replace(".", "/"), data=value)
+
+
+def write_parity(path: Path, arrays: dict[str, np.ndarray]) -> None:
+    """Write `arrays` as a parity golden file with classes, class map, order, provenance."""
+    cmap = ClassMap((("taps.*", "fp32_reassoc"), ("mlp.*", "fp32_reassoc")), default="bitwise")
+    write_goldens(
+        path,
+        arrays,
+        classes={k: cmap.class_for(k) for k in arrays},
+        class_map_json=cmap.to_json(),
+        provenance=collect_provenance(base_sha="0" * 40),
+        order=sorted(arrays, key=lambda k: (k.split(".")[0], int(k.rsplit(".", 1)[1]))),
+    )
+
+
+def raw_diff(actual: Path, golden: Path) -> bool:
+    """The baseline: read every dataset of both plain files and `np.array_equal` them.
+
+    **Returns:** whether every dataset is equal (and both files list the same ones).
+    """
+    with h5py.File(actual, "r") as fa, h5py.File(golden, "r") as fg:
+        names: list[str] = []
+        fg.visititems(lambda n, o: names.append(n) if isinstance(o, h5py.Dataset) else None)
+        ok = True
+        for name in names:
+            a = fa[name]
+            g = fg[name]
+            assert isinstance(a, h5py.Dataset) and isinstance(g, h5py.Dataset)
+            ok &= bool(np.array_equal(a[()], g[()]))
+        return ok
+
+
+def parity_diff(actual: Path, golden: Path) -> bool:
+    """`python -m parity diff` in process: `run_diff` and the terminal table.
+
+    **Returns:** whether every array holds its class.
+    """
+    result = run_diff(actual, golden)
+    format_table(result.comparison, header=result.header)
+    return result.comparison.passed
+
+
+def _median_s(fn: Callable[[], Any], repeats: int) -> float:
+    fn()  # warm the page cache and imports
+    times = []
+    for _ in range(repeats):
+        t0 = time.perf_counter()
+        fn()
+        times.append(time.perf_counter() - t0)
+    return statistics.median(times)
+
+
+def _run(cmd: list[str]) -> None:
+    subprocess.run(cmd, check=True, capture_output=True)
+
+
+def main(argv: list[str] | None = None) -> int:
+    """Run the benchmark and print its figures.
+
+    **Arguments:**
+
+    - `argv`: command-line arguments (see the module docstring).
+
+    **Returns:** 0.
+    """
+    parser = argparse.ArgumentParser(description=(__doc__ or "").split("\n\n")[0])
+    parser.add_argument("--repeats", type=int, default=5, help="runs per figure (median)")
+    parser.add_argument("--json", metavar="FILE", help="also write the figures as JSON")
+    parser.add_argument("--profile", action="store_true", help="cProfile one parity diff")
+    args = parser.parse_args(argv)
+
+    arrays = make_arrays()
+    with tempfile.TemporaryDirectory(prefix="bench_diff_") as tmp:
+        d = Path(tmp)
+        write_plain(d / "actual_plain.h5", arrays)
+        write_plain(d / "golden_plain.h5", arrays)
+        write_parity(d / "actual.h5", arrays)
+        write_parity(d / "golden.h5", arrays)
+        n_bytes = sum(a.nbytes for a in arrays.values())
+        sizes = {p.name: p.stat().st_size for p in d.iterdir()}
+        pa, pg = d / "actual.h5", d / "golden.h5"
+        qa, qg = d / "actual_plain.h5", d / "golden_plain.h5"
+        assert raw_diff(qa, qg) and parity_diff(pa, pg) and parity_diff(qa, qg)
+
+        raw_s = _median_s(lambda: raw_diff(qa, qg), args.repeats)
+        parity_s = _median_s(lambda: parity_diff(pa, pg), args.repeats)
+        plain_s = _median_s(lambda: parity_diff(qa, qg), args.repeats)
+        env = {**os.environ, "PYTHONDONTWRITEBYTECODE": "1"}
+        cli = [sys.executable, "-m", "parity", "diff", str(pa), str(pg)]
+        cli_s = _median_s(
+            lambda: subprocess.run(cli, check=True, capture_output=True, env=env), args.repeats
+        )
+        imp = [sys.executable, "-c", "import parity.cli"]
+        import_s = _median_s(lambda: _run(imp), args.repeats)
+
+        if args.profile:
+            prof = cProfile.Profile()
+            prof.runcall(parity_diff, pa, pg)
+            text = io.StringIO()
+            pstats.Stats(prof, stream=text).sort_stats("tottime").print_stats(25)
+            print(text.getvalue())
+
+    figures = {
+        "arrays": len(arrays),
+        "array_bytes": n_bytes,
+        "file_bytes": sizes,
+        "repeats": args.repeats,
+        "raw_s": raw_s,
+        "parity_s": parity_s,
+        "parity_plain_s": plain_s,
+        "ratio_parity_raw": parity_s / raw_s,
+        "ratio_parity_plain_raw": plain_s / raw_s,
+        "cli_wall_s": cli_s,
+        "import_wall_s": import_s,
+    }
+    print(f"{len(arrays)} arrays, {n_bytes / 1e6:.2f} MB of data; median of {args.repeats} runs")
+    print(f"  raw h5py read + np.array_equal     {raw_s:8.4f} s")
+    print(f"  parity diff (in process, checked)  {parity_s:8.4f} s   {parity_s / raw_s:5.2f}x raw")
+    print(f"  parity diff on the plain files     {plain_s:8.4f} s   {plain_s / raw_s:5.2f}x raw")
+    print(f"  python -m parity diff (wall)       {cli_s:8.4f} s")
+    print(f"  python -c 'import parity.cli'      {import_s:8.4f} s")
+    if args.json:
+        Path(args.json).write_text(json.dumps(figures, indent=2) + "\n")
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
