@@ -1,0 +1,463 @@
+"""Causal-importance (CI) function: a chunkwise transformer over site-input taps.
+
+Sites are grouped into chunks of `sites_per_chunk` consecutive sites in canonical order. Per
+chunk, with `x_s [batch, seq, d_in_s]` the input tap of site `s`:
+
+    h     = concat_s rms_norm(x_s)                    [batch, seq, sum d_in]
+    z     = h @ w_in.T + b_in                         [batch, seq, d_hidden]
+    z     = z + attn(rms_norm(z))                     bidirectional, RoPE over seq  } n_blocks
+    z     = z + mlp(rms_norm(z))                      GELU                          }
+    pre   = rms_norm(z) @ w_out.T + b_out             [batch, seq, sum C]
+
+and `pre` is split back per site into `[batch, seq, C_s]`. Every rms norm here is weightless.
+Chunk parameters are stacked on a leading `n_chunks` axis and all chunks run under one vmap,
+so the traced graph holds one chunk body whatever the number of chunks; this is why chunks
+must be alike (same per-position `(d_in, C)` layout). See DESIGN.md, "The subject: SPD
+training".
+
+Linear weights are `[d_out, d_in]`, applied as `x @ W.T`, as in the target model.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import functools
+import math
+from collections.abc import Mapping, Sequence
+from typing import NamedTuple
+
+import equinox as eqx
+import jax
+import jax.numpy as jnp
+import numpy as np
+from jax import Array
+
+from decomp import nn
+
+#: Slope of the leaky parts of `ci_lower`'s backward and of `ci_upper` above 1. Small, so the
+#: leak barely moves the forward of `ci_upper` and only nudges gradients outside [0, 1].
+LEAK: float = 0.01
+
+#: Per position in a chunk, `(d_in, C)` of the site there; the same for every chunk.
+Layout = tuple[tuple[int, int], ...]
+
+
+@dataclasses.dataclass(frozen=True)
+class CIConfig:
+    """Structure of the CI function.
+
+    - `d_hidden`: width of the chunk transformer's residual stream.
+    - `n_blocks`: pre-norm blocks per chunk.
+    - `n_head`: attention heads; `d_hidden / n_head` must be an even integer (rotate-half
+      RoPE).
+    - `d_mlp`: hidden width of each block's MLP.
+    - `sites_per_chunk`: consecutive sites per chunk; must divide the number of sites.
+    - `rope_theta`: RoPE base.
+    - `eps`: added to the mean square in every rms norm.
+    """
+
+    d_hidden: int
+    n_blocks: int
+    n_head: int
+    d_mlp: int
+    sites_per_chunk: int
+    rope_theta: float = 10000.0
+    eps: float = 1e-6
+
+    def __post_init__(self) -> None:
+        for name in ("d_hidden", "n_blocks", "n_head", "d_mlp", "sites_per_chunk"):
+            value = getattr(self, name)
+            if isinstance(value, bool) or not isinstance(value, int) or value < 1:
+                raise ValueError(f"CIConfig.{name} must be a positive int, got {value!r}")
+        if self.d_hidden % self.n_head:
+            raise ValueError(
+                f"CIConfig: n_head ({self.n_head}) must divide d_hidden ({self.d_hidden}); "
+                "pick d_hidden = n_head * head_dim"
+            )
+        if (self.d_hidden // self.n_head) % 2:
+            raise ValueError(
+                f"CIConfig: the head dim d_hidden / n_head = {self.d_hidden // self.n_head} "
+                "must be even for rotate-half RoPE"
+            )
+        if not self.rope_theta > 0:
+            raise ValueError(f"CIConfig.rope_theta must be positive, got {self.rope_theta}")
+        if not self.eps > 0:
+            raise ValueError(f"CIConfig.eps must be positive, got {self.eps}")
+
+    @property
+    def head_dim(self) -> int:
+        return self.d_hidden // self.n_head
+
+
+# --- chunks --------------------------------------------------------------------------------
+
+
+def chunk_sites(
+    site_names: Sequence[str],
+    site_dims: Mapping[str, tuple[int, int]],
+    sites_per_chunk: int,
+) -> tuple[tuple[str, ...], ...]:
+    """Group sites into consecutive chunks, in the given (canonical) order.
+
+    Chunk parameters are stacked, so every chunk must be alike: the same number of taps,
+    the same total C, the same concatenated input width and the same `(d_in, C)` at each
+    position.
+
+    **Arguments:**
+
+    - `site_names`: the sites in canonical order.
+    - `site_dims`: `{site: (d_in, C)}`, covering every site.
+    - `sites_per_chunk`: sites per chunk, at least 1, dividing `len(site_names)`.
+
+    **Returns:** the chunks, a tuple of tuples of site names. Raises a `ValueError` naming
+    the first chunk that differs from chunk 0 and what differs.
+    """
+    names = tuple(site_names)
+    if isinstance(sites_per_chunk, bool) or not isinstance(sites_per_chunk, int):
+        raise ValueError(f"sites_per_chunk must be an int, got {sites_per_chunk!r}")
+    if sites_per_chunk < 1:
+        raise ValueError(f"sites_per_chunk must be at least 1, got {sites_per_chunk}")
+    if not names:
+        raise ValueError("no sites given: the CI function needs at least one site")
+    if len(set(names)) != len(names):
+        dupes = sorted({n for n in names if names.count(n) > 1})
+        raise ValueError(f"site names must be unique; repeated: {dupes}")
+    missing = [n for n in names if n not in site_dims]
+    if missing:
+        raise ValueError(f"site_dims lacks (d_in, C) for {len(missing)} site(s): {missing[:5]}")
+    for n in names:
+        d_in, c = site_dims[n]
+        if d_in < 1 or c < 1:
+            raise ValueError(f"site {n!r}: d_in and C must be at least 1, got ({d_in}, {c})")
+    if len(names) % sites_per_chunk:
+        raise ValueError(
+            f"chunks must partition the sites: sites_per_chunk={sites_per_chunk} does not "
+            f"divide the {len(names)} sites; pick a divisor of {len(names)}"
+        )
+    chunks = tuple(names[i : i + sites_per_chunk] for i in range(0, len(names), sites_per_chunk))
+    ref = _layout(chunks[0], site_dims)
+    for j, chunk in enumerate(chunks[1:], start=1):
+        lay = _layout(chunk, site_dims)
+        what = _layout_difference(ref, lay)
+        if what is not None:
+            raise ValueError(
+                f"chunks must be alike (their parameters are stacked), but chunk {j} "
+                f"{list(chunk)} differs from chunk 0 {list(chunks[0])}: {what}"
+            )
+    return chunks
+
+
+def _layout(chunk: Sequence[str], site_dims: Mapping[str, tuple[int, int]]) -> Layout:
+    return tuple((int(site_dims[n][0]), int(site_dims[n][1])) for n in chunk)
+
+
+def _layout_difference(ref: Layout, lay: Layout) -> str | None:
+    if len(lay) != len(ref):
+        return f"{len(lay)} taps, expected {len(ref)}"
+    c_ref, c = sum(c for _, c in ref), sum(c for _, c in lay)
+    if c != c_ref:
+        return f"total C {c}, expected {c_ref}"
+    d_ref, d = sum(d for d, _ in ref), sum(d for d, _ in lay)
+    if d != d_ref:
+        return f"concatenated input width {d}, expected {d_ref}"
+    for p, (a, b) in enumerate(zip(ref, lay, strict=True)):
+        if a != b:
+            return f"(d_in, C) at position {p} is {b}, expected {a}"
+    return None
+
+
+# --- parameters ----------------------------------------------------------------------------
+
+
+class CIBlocks(eqx.Module):
+    """Weights of the chunk transformer's blocks; leading axes `[n_chunks, n_blocks]` in a
+    `CIFunction`, `[n_blocks]` for one chunk.
+
+    `wq`, `wk`, `wv`, `wo`: `[..., d_hidden, d_hidden]`; `w_mlp_in [..., d_mlp, d_hidden]`,
+    `b_mlp_in [..., d_mlp]`, `w_mlp_out [..., d_hidden, d_mlp]`, `b_mlp_out [..., d_hidden]`.
+    """
+
+    wq: Array
+    wk: Array
+    wv: Array
+    wo: Array
+    w_mlp_in: Array
+    b_mlp_in: Array
+    w_mlp_out: Array
+    b_mlp_out: Array
+
+
+class _ChunkParams(NamedTuple):
+    """One chunk's parameters (or, stacked, all chunks')."""
+
+    w_in: Array
+    b_in: Array
+    blocks: CIBlocks
+    w_out: Array
+    b_out: Array
+
+
+class CIFunction(eqx.Module):
+    """The CI function: chunk parameters stacked on a leading `n_chunks` axis.
+
+    - `w_in [n_chunks, d_hidden, sum d_in]`, `b_in [n_chunks, d_hidden]`.
+    - `blocks`: `CIBlocks` with leaves `[n_chunks, n_blocks, ...]`.
+    - `w_out [n_chunks, sum C, d_hidden]`, `b_out [n_chunks, sum C]`.
+    - static: `config`, `chunks` (site names per chunk), and per position in a chunk
+      `d_ins` and `cs`.
+    """
+
+    config: CIConfig = eqx.field(static=True)
+    chunks: tuple[tuple[str, ...], ...] = eqx.field(static=True)
+    d_ins: tuple[int, ...] = eqx.field(static=True)
+    cs: tuple[int, ...] = eqx.field(static=True)
+    w_in: Array
+    b_in: Array
+    blocks: CIBlocks
+    w_out: Array
+    b_out: Array
+
+    @property
+    def n_chunks(self) -> int:
+        return len(self.chunks)
+
+    @property
+    def site_names(self) -> tuple[str, ...]:
+        """Sites in canonical order."""
+        return tuple(s for chunk in self.chunks for s in chunk)
+
+    def _params(self) -> _ChunkParams:
+        return _ChunkParams(self.w_in, self.b_in, self.blocks, self.w_out, self.b_out)
+
+
+def _normal(key: Array, shape: tuple[int, ...]) -> Array:
+    """`N(0, 1) / sqrt(fan_in)` in fp32, fan-in the last axis (weights are `[d_out, d_in]`).
+
+    Drawn flat and reshaped: under vmap, XLA CPU compiles a batched draw over a flat shape
+    several times faster than over a 2-D one (the batched key broadcast over the extra axis
+    inside the threefry loop is what LLVM spends its time on).
+    """
+    return jax.random.normal(key, (math.prod(shape),), jnp.float32).reshape(shape) / np.sqrt(
+        shape[-1]
+    )
+
+
+def _init_chunk(config: CIConfig, layout: Layout, key: Array) -> _ChunkParams:
+    """One chunk's parameters from one key; the body both inits share (the legacy one loops
+    over chunks, the new one vmaps), which is what makes them bit-identical.
+
+    One key per weight kind, each drawing that weight for all `n_blocks` blocks at once: the
+    body holds 8 draws whatever `n_blocks`, and no vmap over blocks nests inside the vmap
+    over chunks (a doubly batched draw is slower still to compile).
+    """
+    d, m, nb = config.d_hidden, config.d_mlp, config.n_blocks
+    d_in = sum(d_in for d_in, _ in layout)
+    c = sum(c for _, c in layout)
+    k_in, k_out, kq, kk, kv, ko, k_mlp_in, k_mlp_out = jax.random.split(key, 8)
+    blocks = CIBlocks(
+        wq=_normal(kq, (nb, d, d)),
+        wk=_normal(kk, (nb, d, d)),
+        wv=_normal(kv, (nb, d, d)),
+        wo=_normal(ko, (nb, d, d)),
+        w_mlp_in=_normal(k_mlp_in, (nb, m, d)),
+        b_mlp_in=jnp.zeros((nb, m), jnp.float32),
+        w_mlp_out=_normal(k_mlp_out, (nb, d, m)),
+        b_mlp_out=jnp.zeros((nb, d), jnp.float32),
+    )
+    return _ChunkParams(
+        w_in=_normal(k_in, (d, d_in)),
+        b_in=jnp.zeros((d,), jnp.float32),
+        blocks=blocks,
+        w_out=_normal(k_out, (c, d)),
+        b_out=jnp.zeros((c,), jnp.float32),
+    )
+
+
+def _assemble(
+    config: CIConfig,
+    chunks: tuple[tuple[str, ...], ...],
+    layout: Layout,
+    params: _ChunkParams,
+) -> CIFunction:
+    return CIFunction(
+        config=config,
+        chunks=chunks,
+        d_ins=tuple(d for d, _ in layout),
+        cs=tuple(c for _, c in layout),
+        w_in=params.w_in,
+        b_in=params.b_in,
+        blocks=params.blocks,
+        w_out=params.w_out,
+        b_out=params.b_out,
+    )
+
+
+def init_ci_function(
+    config: CIConfig,
+    site_names: Sequence[str],
+    site_dims: Mapping[str, tuple[int, int]],
+    *,
+    key: Array,
+) -> CIFunction:
+    """Initialise the CI function: chunk `i` from `fold_in(key, i)`, all chunks in one vmap.
+
+    Weights `N(0, 1) / sqrt(fan_in)`, biases zero. The init body is traced once whatever the
+    number of chunks (the legacy `decomp.legacy.init_ci_function` traces it once per chunk);
+    the two give bit-identical parameters. Call it under `jax.jit` for one compile.
+
+    **Arguments:**
+
+    - `config`: the structure.
+    - `site_names`: the sites in canonical order.
+    - `site_dims`: `{site: (d_in, C)}`.
+    - `key`: a PRNG key (keyword-only).
+
+    **Returns:** a `CIFunction` with `n_chunks = len(site_names) / config.sites_per_chunk`.
+    """
+    chunks = chunk_sites(site_names, site_dims, config.sites_per_chunk)
+    layout = _layout(chunks[0], site_dims)
+    keys = jax.vmap(lambda i: jax.random.fold_in(key, i))(jnp.arange(len(chunks)))
+    params = jax.vmap(functools.partial(_init_chunk, config, layout))(keys)
+    return _assemble(config, chunks, layout, params)
+
+
+# --- forward -------------------------------------------------------------------------------
+
+
+def _apply_block(
+    config: CIConfig, z: Array, block: CIBlocks, cos: Array, sin: Array
+) -> tuple[Array, None]:
+    b, t, _ = z.shape
+    shape = (b, t, config.n_head, config.head_dim)
+    h = nn.rms_norm(z, None, config.eps)
+    q = nn.apply_rope((h @ block.wq.T).reshape(shape), cos, sin)
+    k = nn.apply_rope((h @ block.wk.T).reshape(shape), cos, sin)
+    v = (h @ block.wv.T).reshape(shape)
+    z = z + nn.attention(q, k, v, causal=False) @ block.wo.T
+    h = nn.rms_norm(z, None, config.eps)
+    # Exact (erf) GELU, as torch's nn.GELU() default.
+    inner = jax.nn.gelu(h @ block.w_mlp_in.T + block.b_mlp_in, approximate=False)
+    return z + inner @ block.w_mlp_out.T + block.b_mlp_out, None
+
+
+def _apply_chunk(config: CIConfig, params: _ChunkParams, h: Array, cos: Array, sin: Array) -> Array:
+    """One chunk: `h [batch, seq, sum d_in]` (normed taps, concatenated) -> `[batch, seq,
+    sum C]`."""
+    z = h @ params.w_in.T + params.b_in
+    z, _ = jax.lax.scan(lambda z, blk: _apply_block(config, z, blk, cos, sin), z, params.blocks)
+    return nn.rms_norm(z, None, config.eps) @ params.w_out.T + params.b_out
+
+
+def _check_taps(ci: CIFunction, taps: Mapping[str, Array]) -> tuple[int, int]:
+    missing = [s for s in ci.site_names if s not in taps]
+    if missing:
+        raise ValueError(
+            f"taps lack {len(missing)} site input(s) the CI function reads: {missing[:5]}; "
+            "read every site name as a tap"
+        )
+    bt = None
+    for j, chunk in enumerate(ci.chunks):
+        for p, site in enumerate(chunk):
+            shape = tuple(taps[site].shape)
+            if len(shape) != 3 or shape[-1] != ci.d_ins[p]:
+                raise ValueError(
+                    f"tap {site!r} (chunk {j}, position {p}) has shape {shape}; expected "
+                    f"[batch, seq, {ci.d_ins[p]}]"
+                )
+            if bt is None:
+                bt = shape[:2]
+            elif shape[:2] != bt:
+                raise ValueError(
+                    f"tap {site!r} has [batch, seq] = {list(shape[:2])}, but "
+                    f"{ci.site_names[0]!r} has {list(bt)}; all taps must share them"
+                )
+    assert bt is not None
+    return bt
+
+
+def ci_pre_activations(ci: CIFunction, taps: Mapping[str, Array]) -> dict[str, Array]:
+    """CI pre-activations of every site, all chunks under one vmap.
+
+    **Arguments:**
+
+    - `ci`: the CI function.
+    - `taps`: `{site: [batch, seq, d_in]}`, the input of every site (extra keys are ignored).
+
+    **Returns:** `{site: [batch, seq, C]}`, in canonical order (returned from a jit, a dict
+    comes back in sorted-key order, as any pytree dict does).
+    """
+    cfg = ci.config
+    _, seq = _check_taps(ci, taps)
+    # Stack position by position ([n_chunks, b, t, d_in_p]) so each norm is one op for all
+    # chunks, then concatenate the positions: [n_chunks, b, t, sum d_in].
+    h = jnp.concatenate(
+        [
+            nn.rms_norm(jnp.stack([taps[chunk[p]] for chunk in ci.chunks]), None, cfg.eps)
+            for p in range(len(ci.d_ins))
+        ],
+        axis=-1,
+    )
+    cos, sin = nn.rope_cos_sin(nn.rope_inv_freq(cfg.head_dim, cfg.rope_theta), seq)
+    pre = jax.vmap(lambda params, hc: _apply_chunk(cfg, params, hc, cos, sin))(ci._params(), h)
+    parts = jnp.split(pre, np.cumsum(ci.cs)[:-1].tolist(), axis=-1)
+    return {site: parts[p][j] for j, chunk in enumerate(ci.chunks) for p, site in enumerate(chunk)}
+
+
+# --- importances ---------------------------------------------------------------------------
+
+
+@jax.custom_jvp
+def ci_lower(x: Array) -> Array:
+    """Lower causal importance: `clip(x, 0, 1)` in the forward, leaky in the backward.
+
+    The derivative is 1 on [0, 1] (ends included) and `LEAK` outside, so a pre-activation
+    stuck outside the box still gets a (small) gradient back toward it.
+
+    **Arguments:**
+
+    - `x`: pre-activations `[...]`.
+
+    **Returns:** `[...]` in [0, 1].
+    """
+    return jnp.clip(x, 0, 1)
+
+
+@ci_lower.defjvp
+def _ci_lower_jvp(primals: tuple[Array], tangents: tuple[Array]) -> tuple[Array, Array]:
+    (x,), (t,) = primals, tangents
+    slope = jnp.where((x >= 0) & (x <= 1), 1.0, LEAK).astype(t.dtype)
+    return ci_lower(x), t * slope
+
+
+def ci_upper(x: Array) -> Array:
+    """Upper causal importance: 0 below 0, `x` on [0, 1], `1 + LEAK * (x - 1)` above 1.
+
+    Plain autodiff: derivative 0 below 0, 1 on [0, 1], `LEAK` above 1. Minimality losses use
+    it, so values above 1 are still (gently) penalised.
+
+    **Arguments:**
+
+    - `x`: pre-activations `[...]`.
+
+    **Returns:** `[...]`, at least 0.
+    """
+    return jnp.where(x < 0, 0.0, jnp.where(x > 1, 1 + LEAK * (x - 1), x)).astype(x.dtype)
+
+
+def causal_importances(
+    ci: CIFunction, taps: Mapping[str, Array]
+) -> tuple[dict[str, Array], dict[str, Array]]:
+    """`ci_lower` and `ci_upper` of the pre-activations of every site.
+
+    **Arguments:**
+
+    - `ci`: the CI function.
+    - `taps`: `{site: [batch, seq, d_in]}`.
+
+    **Returns:** `(lower, upper)`, each `{site: [batch, seq, C]}`.
+    """
+    pre = ci_pre_activations(ci, taps)
+    return (
+        {s: ci_lower(x) for s, x in pre.items()},
+        {s: ci_upper(x) for s, x in pre.items()},
+    )

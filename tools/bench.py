@@ -1,0 +1,203 @@
+"""Compile-time benchmarks of the SPD subject: legacy against new implementations.
+
+Each section is a function registered with `@section(name)`; it measures what it measures
+and writes median seconds into one shared results dict (printed as a table, and written with
+`--json FILE`). Add a section by writing another registered function.
+
+    .venv/bin/python tools/bench.py --section inits --repeats 3 --json bench.json
+
+Compile seconds are lower + compile of `jax.jit(f)`, with the persistent compilation cache
+off and `jax.clear_caches()` before every repeat, so each repeat compiles from scratch.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import statistics
+import sys
+import time
+import warnings
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+from parity.devices import set_cpu_device_count
+
+#: A section: `(args, results) -> None`, adding median seconds (and table rows) to `results`.
+SectionFn = Callable[[argparse.Namespace, "Results"], None]
+SECTIONS: dict[str, SectionFn] = {}
+
+
+@dataclass
+class Results:
+    """What the sections measured: median seconds by JSON key, and the table rows."""
+
+    medians: dict[str, float] = field(default_factory=dict)
+    rows: list[tuple[str, str, list[float], list[float]]] = field(default_factory=list)
+
+    def add_pair(
+        self, section: str, what: str, key: str, legacy: list[float], new: list[float]
+    ) -> None:
+        """Record a legacy-against-new pair under `{key}_legacy_s` and `{key}_new_s`."""
+        self.medians[f"{key}_legacy_s"] = statistics.median(legacy)
+        self.medians[f"{key}_new_s"] = statistics.median(new)
+        self.rows.append((section, what, legacy, new))
+
+
+def section(name: str) -> Callable[[SectionFn], SectionFn]:
+    """Register a benchmark section under `name` (a `--section` choice)."""
+
+    def register(fn: SectionFn) -> SectionFn:
+        SECTIONS[name] = fn
+        return fn
+
+    return register
+
+
+def compile_seconds(lower: Callable[[], Sequence[Any]], repeats: int) -> list[float]:
+    """Seconds to lower and compile, once per repeat, from empty in-memory caches.
+
+    **Arguments:**
+
+    - `lower`: returns the `jax.stages.Lowered` of every jit to count (lowering included in
+      the time); each is then compiled.
+    - `repeats`: how many times to measure.
+
+    **Returns:** one figure per repeat.
+    """
+    import jax
+
+    out = []
+    for _ in range(repeats):
+        jax.clear_caches()
+        t0 = time.perf_counter()
+        for lowered in lower():
+            lowered.compile()
+        out.append(time.perf_counter() - t0)
+    return out
+
+
+# --- sections ------------------------------------------------------------------------------
+
+
+@section("inits")
+def bench_inits(args: argparse.Namespace, results: Results) -> None:
+    """CI-function init (loop-and-stack against vmap) and persistent-sources init (one draw
+    per site against stack-per-C-group then fan out), on a 32-layer GLU structure."""
+    import jax
+    import jax.numpy as jnp
+    import numpy as np
+    from jax.sharding import Mesh, NamedSharding, PartitionSpec
+
+    from decomp import sources
+    from decomp.ci_function import CIConfig, init_ci_function
+    from decomp.legacy import ci_init as legacy_ci
+    from decomp.legacy import sources_init as legacy_sources
+    from decomp.taps import parse_site, site_names
+    from decomp.targets.glu_transformer import GLUConfig
+
+    glu = GLUConfig(
+        n_layer=args.n_layer,
+        d_model=32,
+        n_head=2,
+        n_kv_head=1,
+        head_dim=16,
+        d_mlp=64,
+        vocab_size=64,
+    )
+    names = site_names(glu.n_layer)
+    shapes = glu.site_shapes()
+    dims = {n: (shapes[parse_site(n)[1]][0], args.c) for n in names}
+    ci_cfg = CIConfig(d_hidden=32, n_blocks=2, n_head=2, d_mlp=64, sites_per_chunk=7)
+    key = jax.random.key(0)
+    n_chunks = len(names) // ci_cfg.sites_per_chunk
+
+    def ci_lowered(init: Callable[..., Any]) -> Callable[[], list[Any]]:
+        return lambda: [jax.jit(lambda k: init(ci_cfg, names, dims, key=k)).lower(key)]
+
+    results.add_pair(
+        "inits",
+        f"CI-function init, {n_chunks} chunks",
+        "ci_init",
+        compile_seconds(ci_lowered(legacy_ci.init_ci_function), args.repeats),
+        compile_seconds(ci_lowered(init_ci_function), args.repeats),
+    )
+
+    site_cs = {n: args.c for n in names}
+    dtype = jnp.dtype(jnp.float32)
+    mesh = Mesh(np.array(jax.devices()), ("dp",))
+    sharding = NamedSharding(mesh, PartitionSpec())
+    static = tuple(site_cs.items())
+
+    def sources_legacy() -> list[Any]:
+        fn = legacy_sources._jit(site_cs, sharding)
+        return [fn.lower(key, site_cs=static, seq_len=args.seq_len, dtype=dtype)]
+
+    def sources_new() -> list[Any]:
+        # Stage 1 (one jit per C group) and the slicing jit, lowered on stage 1's outputs.
+        plan = sources._plan(site_cs, args.seq_len, dtype, sharding)
+        stage_one = [fn.lower(key, **kw) for fn, kw in plan.stage_one]
+        fan_out, kw = plan.fan_out
+        stacks = tuple(low.out_info for low in stage_one)
+        with warnings.catch_warnings():
+            warnings.filterwarnings("ignore", message=sources._UNUSED_DONATION)
+            return [*stage_one, fan_out.lower(stacks, **kw)]
+
+    results.add_pair(
+        "inits",
+        f"sources init, {len(site_cs)} sites",
+        "sources_init",
+        compile_seconds(sources_legacy, args.repeats),
+        compile_seconds(sources_new, args.repeats),
+    )
+
+
+# --- driver --------------------------------------------------------------------------------
+
+
+def _fmt(xs: list[float]) -> str:
+    return f"{statistics.median(xs):8.2f}  [{', '.join(f'{x:.2f}' for x in xs)}]"
+
+
+def print_table(results: Results) -> None:
+    print(f"{'section':<8} {'what':<34} {'legacy s (median [runs])':<32} {'new s':<32} ratio")
+    for sec, what, legacy, new in results.rows:
+        ratio = statistics.median(legacy) / statistics.median(new)
+        print(f"{sec:<8} {what:<34} {_fmt(legacy):<32} {_fmt(new):<32} {ratio:6.1f}x")
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=(__doc__ or "").splitlines()[0])
+    parser.add_argument("--section", choices=[*SECTIONS, "all"], default="all")
+    parser.add_argument("--repeats", type=int, default=3, help="measurements per figure")
+    parser.add_argument("--json", metavar="FILE", help="write the median seconds here")
+    parser.add_argument("--devices", type=int, default=1, help="simulated CPU devices")
+    parser.add_argument("--n-layer", type=int, default=32, help="GLU layers (7 sites each)")
+    parser.add_argument("--c", type=int, default=8, help="components per site")
+    parser.add_argument("--seq-len", type=int, default=16, help="T of the sources")
+    args = parser.parse_args(argv)
+    if args.repeats < 1:
+        parser.error("--repeats must be at least 1")
+
+    set_cpu_device_count(args.devices)
+    import jax
+
+    jax.config.update("jax_enable_compilation_cache", False)
+    print(f"jax {jax.__version__}, {jax.device_count()} {jax.default_backend()} device(s)")
+
+    results = Results()
+    for name, fn in SECTIONS.items():
+        if args.section in (name, "all"):
+            fn(args, results)
+    print_table(results)
+    if args.json:
+        with open(args.json, "w") as f:
+            json.dump(results.medians, f, indent=2, sort_keys=True)
+            f.write("\n")
+        print(f"wrote {args.json}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
