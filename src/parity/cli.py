@@ -132,6 +132,20 @@ def _load(gf: GoldenFile, key: str, role: str) -> np.ndarray:
         ) from None
 
 
+def _verify(gf: GoldenFile) -> int:
+    """`gf.verify()`: every checksum, and the file's index against each array's own
+    attributes; store and HDF5 read errors become `CLIError`."""
+    try:
+        return gf.verify()
+    except GoldenStoreError as e:
+        raise CLIError(f"GOLDEN: {e}") from None
+    except OSError as e:
+        raise CLIError(
+            f"GOLDEN: {gf.path}: an array cannot be read (truncated or damaged file: {e}); "
+            "restore the file or produce it again"
+        ) from None
+
+
 def _pinned_map(gf: GoldenFile) -> ClassMap | None:
     if not gf.class_map_json:
         return None
@@ -291,7 +305,8 @@ def inventory(golden: str | Path, *, verify: bool = False) -> dict[str, Any]:
     **Arguments:**
 
     - `golden`: an HDF5 file (parity-written or plain).
-    - `verify`: also load every array and verify its checksum.
+    - `verify`: also load every array and verify its checksum, and check that the file's
+      index agrees with every array's own attributes.
 
     **Returns:** a JSON-safe dict with `path`, `format` (`"parity"` or `"plain"`),
     `schema_version` (null for plain files), `provenance` (a dict, empty if none),
@@ -315,11 +330,7 @@ def inventory(golden: str | Path, *, verify: bool = False) -> dict[str, Any]:
                     f"GOLDEN: {gf.path}: the pinned class map is not JSON ({e}); repin the file"
                 ) from None
         resolve = _class_resolver(gf, {i.key: i.class_name for i in infos})
-        verified = None
-        if verify:
-            for info in infos:
-                _load(gf, info.key, "GOLDEN")
-            verified = len(infos)
+        verified = _verify(gf) if verify else None
         return {
             "path": str(gf.path),
             "format": "parity" if gf.is_parity_file else "plain",

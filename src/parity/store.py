@@ -17,7 +17,18 @@ are refused: HDF5 names cannot hold them.
 array's dtype name, e.g. "bfloat16"), `sha256` (hex digest of the stored C-order bytes,
 little-endian; for ml_dtypes the bytes of the unsigned-int view) and `order` (index in the
 declared forward order, or -1). **At the root:** `schema_version`, `class_map` (JSON text),
-`provenance` (JSON text, sorted keys) and `n_arrays`.
+`provenance` (JSON text, sorted keys), `n_arrays` and `index`.
+
+**The index** (root attribute `index`, JSON text) lists every array once, in sorted key
+order: `[{"class", "dtype", "key", "order", "path", "sha256", "shape"}, ...]`, where `path`
+is the dataset's path and the other fields repeat its attributes. It exists for speed: a
+reader learns every key, class, order, shape and checksum from one attribute read instead
+of four per dataset (h5py attribute reads cost ~55 us each, far more than reading a small
+array). It is checked, not trusted: opening refuses an index whose keys or paths differ
+from the datasets in the file, loading refuses data whose shape, stored dtype or sha256
+differ from the index, and `GoldenFile.verify` also compares the index with every
+dataset's own attributes. Files without it (written before it existed) are read through the
+per-dataset attributes, as are the attributes themselves by any plain HDF5 reader.
 
 **Dtypes.** bool, int8..64, uint8..64, float16/32/64 and complex64/128 are stored natively.
 ml_dtypes (bfloat16, the float8 kinds, int4, ...) are stored as unsigned ints of the same
@@ -31,15 +42,20 @@ without filters.
 **Reading.** `open_goldens` opens read-only without HDF5 file locking (safe for many
 readers, pytest-xdist and read-only filesystems), refuses files that could pull data from
 elsewhere (external links, external storage, virtual datasets, dangling soft links) and
-verifies each array's checksum when it is loaded. Plain HDF5 files without parity's
-attributes are readable too: every dataset is a key (its path with "/" -> "."), with class
-"" and no checksum.
+verifies each array's checksum when it is loaded. Opening checks every link and every
+dataset's storage with HDF5's low-level API (one visit over the links, one open per
+dataset), and loading reads each dataset straight into a preallocated array, skipping
+h5py's high-level objects, whose construction cost more than the reads themselves.
+
+Plain HDF5 files without parity's attributes are readable too: every dataset is a key (its
+path with "/" -> "."), with class "" and no checksum.
 """
 
 from __future__ import annotations
 
 import contextlib
 import dataclasses
+import functools
 import hashlib
 import json
 import os
@@ -50,9 +66,15 @@ from pathlib import Path
 from typing import Any
 
 import h5py
+import h5py.h5d as h5d
+import h5py.h5l as h5l
+import h5py.h5o as h5o
+import h5py.h5s as h5s
+import h5py.h5t as h5t
 import numpy as np
 
 __all__ = [
+    "INDEX_ATTR",
     "SCHEMA_VERSION",
     "ArrayInfo",
     "GoldenCorruptError",
@@ -76,11 +98,15 @@ SCHEMA_VERSION = 1
 #: Name of the dataset at the end of each key's group path.
 VALUE_NAME = "%value"
 
+#: Name of the root attribute holding the index of every array (see the module docstring).
+INDEX_ATTR = "index"
+
 # Fixed so the file format (and hence its bytes) does not move with the HDF5 release;
 # v110 also allows dense attribute storage, so a large provenance or class map still fits.
 _LIBVER = ("v110", "v110")
 
 _REPIN_HINT = "repin with `python tools/repin_goldens.py --base SHA`"
+_RESTORE_HINT = f"Restore the file from version control or {_REPIN_HINT}"
 
 # Standard numpy dtypes h5py stores natively and every HDF5 reader understands.
 _NATIVE_DTYPES = frozenset(
@@ -322,15 +348,29 @@ def write_goldens(
             f.attrs["class_map"] = class_map_json
             f.attrs["provenance"] = prov_json
             f.attrs["n_arrays"] = np.int64(len(keys))
+            index: list[dict[str, Any]] = []
             for key in keys:
                 # Converted one at a time so device arrays are fetched one at a time.
                 stored, dtype_name = _to_storage(key, arrays[key])
                 group = _require_group(f, groups[key])
                 dset = group.create_dataset(VALUE_NAME, data=stored, track_times=False)
-                dset.attrs["class"] = str(classes.get(key, ""))
+                entry = {
+                    "class": str(classes.get(key, "")),
+                    "dtype": dtype_name,
+                    "key": key,
+                    "order": order_index.get(key, -1),
+                    "path": f"{groups[key]}/{VALUE_NAME}",
+                    "sha256": _digest(stored),
+                    "shape": list(stored.shape),
+                }
+                dset.attrs["class"] = entry["class"]
                 dset.attrs["dtype"] = dtype_name
-                dset.attrs["sha256"] = _digest(stored)
-                dset.attrs["order"] = np.int64(order_index.get(key, -1))
+                dset.attrs["sha256"] = entry["sha256"]
+                dset.attrs["order"] = np.int64(entry["order"])
+                index.append(entry)
+            # Written last because the digests are known only now; keys are sorted, so
+            # the text (and hence the file) is the same for the same inputs.
+            f.attrs[INDEX_ATTR] = json.dumps(index, sort_keys=True, separators=(",", ":"))
             f.flush()
         with open(tmp, "rb+") as fh:
             os.fsync(fh.fileno())
@@ -403,6 +443,45 @@ def _attr_str(value: Any) -> str:
     return value.decode("utf-8") if isinstance(value, bytes) else str(value)
 
 
+def _text(name: bytes | str) -> str:
+    """An HDF5 name as text; bytes that are not UTF-8 are escaped, so the text encodes
+    back to the same name (`encode("utf-8", "surrogateescape")`)."""
+    return name.decode("utf-8", "surrogateescape") if isinstance(name, bytes) else name
+
+
+@functools.cache
+def _storage_type(logical: np.dtype) -> tuple[np.dtype, Any]:
+    """The dtype `write_goldens` stores a `logical` array as (little-endian, ml_dtypes as
+    unsigned ints of their width) and its HDF5 type. Cached: a file holds few dtypes, and
+    comparing HDF5 types (H5Tequal) costs less than half what h5py's `DatasetID.dtype`, which
+    builds a numpy dtype from the file's type, costs on a freshly opened dataset."""
+    stored = _uint_of_width(logical.itemsize) if _is_ml_dtype(logical) else logical
+    stored = stored.newbyteorder("<")
+    return stored, h5t.py_create(stored)
+
+
+_IndexRow = tuple[str, str, str, tuple[int, ...], str, str, int]
+
+
+def _index_row(row: Any) -> _IndexRow | None:
+    """(key, path, dtype, shape, class, sha256, order) of one index entry; None if any field
+    is missing or of the wrong type."""
+    if not isinstance(row, dict):
+        return None
+    fields = ("key", "path", "dtype", "class", "sha256")
+    texts = [row.get(name) for name in fields]
+    shape, order = row.get("shape"), row.get("order")
+    if not all(isinstance(t, str) for t in texts):
+        return None
+    # bool is an int to Python but never a valid order or extent.
+    if not isinstance(order, int) or isinstance(order, bool) or not isinstance(shape, list):
+        return None
+    if not all(isinstance(n, int) and not isinstance(n, bool) and n >= 0 for n in shape):
+        return None
+    key, path, dtype, class_name, sha256 = (str(t) for t in texts)
+    return key, path, dtype, tuple(shape), class_name, sha256, order
+
+
 class GoldenFile:
     """A golden file opened read-only; arrays are loaded lazily and checked on load.
 
@@ -424,7 +503,18 @@ class GoldenFile:
             ) from None
         try:
             self._load_header()
-            self._index: dict[str, str] = self._scan()
+            # key -> dataset path, as text (undecodable bytes escaped), and key -> the
+            # dataset handle the scan opened, handed over to the first load of the key:
+            # re-opening by path costs ~20 us a key (a lookup per path segment, then the
+            # object header), and holding the handles adds little memory (measured: ~13 kB a
+            # dataset after the first open, nearly all of it kept after closing too).
+            self._dsids: dict[str, Any] = {}
+            self._paths: dict[str, str] = self._scan()
+            self._keys = sorted(self._paths)
+            self._index: dict[str, ArrayInfo] | None = self._read_index()
+            # What `info` read from the per-dataset attributes of a file without an index,
+            # so a load after `info` does not read them again.
+            self._attr_infos: dict[str, ArrayInfo] = {}
         except BaseException:
             self._f.close()
             raise
@@ -463,58 +553,74 @@ class GoldenFile:
         self.provenance = prov if isinstance(prov, dict) else {}
 
     def _scan(self) -> dict[str, str]:
-        """Check every link for outside references and map key -> dataset path."""
-        index: dict[str, str] = {}
+        """Check every link for outside references and map key -> dataset path.
+
+        Low-level on purpose: h5py's `visititems_links` builds a link object per link and
+        `file[name]` a high-level object per dataset, ~100 us each, where the C-level visit
+        and `h5o.open` below cost a few us. The visit only follows hard links, so it never
+        opens another file.
+        """
+        fid = self._f.id
+        links: list[tuple[bytes, int]] = []
+        fid.links.visit(lambda name, info: links.append((name, info.type)), info=True)
+        # A hard link that other links sit under is a group; only the rest (datasets, empty
+        # groups, named types, second links to a group) need opening to learn their type.
+        # Saves reading every group's object header a second time (an `h5o.visit`).
+        parents = {raw.rpartition(b"/")[0] for raw, _ in links}
         problems: list[str] = []
-        datasets: list[str] = []
-        soft: list[tuple[str, str]] = []
-        links: list[tuple[str, Any]] = []
+        datasets: list[tuple[str, Any]] = []
+        soft: list[tuple[bytes, bytes]] = []
         # Collect first and check after: an exception raised inside h5py's C-level visit
         # callback surfaces as a SystemError, not as itself.
-        self._f.visititems_links(lambda name, link: links.append((name, link)))
-        for name, link in links:
-            if isinstance(link, h5py.ExternalLink):
-                problems.append(f"external link {name!r} -> {link.filename}:{link.path}")
-                continue
-            if isinstance(link, h5py.SoftLink):
-                soft.append((name, link.path))
-                continue
-            if not isinstance(link, h5py.HardLink):
-                problems.append(f"link {name!r} of unsupported type {type(link).__name__}")
-                continue
-            obj = self._f[name]
-            if not isinstance(obj, h5py.Dataset):
-                continue
-            if obj.is_virtual:
-                problems.append(f"virtual dataset {name!r}")
-                continue
-            if obj.external:
-                problems.append(f"dataset {name!r} with external storage {obj.external[0][0]!r}")
-                continue
-            datasets.append(name)
+        for raw, kind in links:
+            name = _text(raw)
+            if kind == h5l.TYPE_EXTERNAL:
+                filename, target = (_text(v) for v in fid.links.get_val(raw))
+                problems.append(f"external link {name!r} -> {filename}:{target}")
+            elif kind == h5l.TYPE_SOFT:
+                soft.append((raw, fid.links.get_val(raw)))
+            elif kind != h5l.TYPE_HARD:
+                problems.append(f"link {name!r} of unsupported type {kind}")
+            elif raw not in parents:
+                dsid = h5o.open(fid, raw)
+                if not isinstance(dsid, h5d.DatasetID):
+                    continue
+                dcpl = dsid.get_create_plist()
+                if dcpl.get_layout() == h5d.VIRTUAL:
+                    problems.append(f"virtual dataset {name!r}")
+                elif dcpl.get_external_count():
+                    where = _attr_str(dcpl.get_external(0)[0])
+                    problems.append(f"dataset {name!r} with external storage {where!r}")
+                else:
+                    datasets.append((name, dsid))
         if not problems:
             # Resolved only when nothing external is present, since resolving a soft link
             # that leads into an external link would open the other file. A resolvable soft
             # link's target is listed under its own hard path, so it adds no key.
-            for name, target in soft:
-                parent = self._f[name.rpartition("/")[0] or "/"]
+            # Bytes, not text, so names that are not UTF-8 resolve too.
+            for raw, target in soft:
+                parent = self._f[raw.rpartition(b"/")[0] or b"/"]
                 if parent.get(target) is None:  # pyright: ignore[reportAttributeAccessIssue]
-                    problems.append(f"soft link {name!r} -> {target!r} resolves to nothing")
+                    problems.append(
+                        f"soft link {_text(raw)!r} -> {_text(target)!r} resolves to nothing"
+                    )
         if problems:
             raise GoldenUnsafeError(
                 f"{self.path} refers to data outside itself ({'; '.join(problems[:5])}"
                 f"{'; ...' if len(problems) > 5 else ''}); expected self-contained datasets. "
                 f"Rewrite it with parity.store.write_goldens or {_REPIN_HINT}"
             )
-        for name in datasets:
+        paths: dict[str, str] = {}
+        for name, dsid in datasets:
             key = self._key_for(name)
-            if key in index:
+            if key in paths:
                 raise GoldenFormatError(
-                    f"{self.path}: datasets {index[key]!r} and {name!r} both map to key {key!r}; "
+                    f"{self.path}: datasets {paths[key]!r} and {name!r} both map to key {key!r}; "
                     "rename one of them"
                 )
-            index[key] = name
-        return index
+            paths[key] = name
+            self._dsids[key] = dsid
+        return paths
 
     def _key_for(self, name: str) -> str:
         if not self.is_parity_file:
@@ -527,32 +633,109 @@ class GoldenFile:
             )
         return decode_path(group)
 
+    def _read_index(self) -> dict[str, ArrayInfo] | None:
+        """The root index as key -> ArrayInfo, checked against the datasets `_scan` found;
+        None for plain files and parity files written before the index existed."""
+        raw = self._f.attrs.get(INDEX_ATTR) if self.is_parity_file else None
+        if raw is None:
+            return None
+        try:
+            rows = json.loads(_attr_str(raw))
+        except json.JSONDecodeError as e:
+            raise GoldenFormatError(
+                f"{self.path}: the {INDEX_ATTR} attribute is not JSON ({e}); {_REPIN_HINT}"
+            ) from None
+        if not isinstance(rows, list):
+            raise GoldenFormatError(
+                f"{self.path}: the {INDEX_ATTR} attribute is not a JSON list; {_REPIN_HINT}"
+            )
+        index: dict[str, ArrayInfo] = {}
+        dtypes: dict[str, np.dtype] = {}
+        for row in rows:
+            entry = _index_row(row)
+            if entry is None:
+                raise GoldenFormatError(
+                    f"{self.path}: malformed {INDEX_ATTR} entry {str(row)[:200]}; expected "
+                    "key, path, dtype, shape, class, sha256 and order. " + _REPIN_HINT
+                )
+            key, path, dtype_name, shape, class_name, sha256, order = entry
+            if key in index:
+                raise GoldenFormatError(
+                    f"{self.path}: the {INDEX_ATTR} lists {key!r} twice; {_REPIN_HINT}"
+                )
+            if self._paths.get(key, path) != path:
+                raise GoldenCorruptError(
+                    f"{self.path}: the {INDEX_ATTR} puts golden {key!r} at {path!r}, but the "
+                    f"file holds it at {self._paths[key]!r}. {_RESTORE_HINT}"
+                )
+            dtype = dtypes.get(dtype_name)
+            if dtype is None:
+                dtype = dtypes[dtype_name] = _logical_dtype(dtype_name, path=self.path, key=key)
+            index[key] = ArrayInfo(key, shape, dtype, class_name, sha256, order)
+        if len(index) != len(self._paths) or index.keys() != self._paths.keys():
+            unlisted = sorted(self._paths.keys() - index.keys())
+            absent = sorted(index.keys() - self._paths.keys())
+            raise GoldenCorruptError(
+                f"{self.path}: the {INDEX_ATTR} disagrees with the datasets in the file "
+                f"(not in the index: {unlisted[:5]}; in the index, no dataset: {absent[:5]}). "
+                + _RESTORE_HINT
+            )
+        return index
+
     # -- mapping interface
 
     def keys(self) -> list[str]:
         """The keys in the file, sorted."""
-        return sorted(self._index)
+        return list(self._keys)
 
     def __iter__(self) -> Iterator[str]:
         return iter(self.keys())
 
     def __len__(self) -> int:
-        return len(self._index)
+        return len(self._paths)
 
     def __contains__(self, key: object) -> bool:
-        return key in self._index
+        return key in self._paths
 
-    def _dataset(self, key: str) -> h5py.Dataset:
+    def _missing(self, key: str) -> GoldenKeyError:
+        key = str(key)
+        near = [k for k in self._keys if k.split(".")[0] == key.split(".")[0]][:5]
+        return GoldenKeyError(
+            f"{self.path} has no golden {key!r}"
+            + (f" (keys with the same prefix: {near})" if near else "")
+            + f"; if the key is new, {_REPIN_HINT}"
+        )
+
+    def _open_dataset(self, key: str) -> h5d.DatasetID:
+        # Popped, not kept: a load after the first re-opens by path, so handles do not pile
+        # up for the life of the file.
+        dsid = self._dsids.pop(key, None)
+        if dsid is not None:
+            return dsid
         try:
-            name = self._index[key]
+            name = self._paths[key]
         except KeyError:
-            near = [k for k in self.keys() if k.split(".")[0] == key.split(".")[0]][:5]
-            raise GoldenKeyError(
-                f"{self.path} has no golden {key!r}"
-                + (f" (keys with the same prefix: {near})" if near else "")
-                + f"; if the key is new, {_REPIN_HINT}"
-            ) from None
-        return self._f[name]  # pyright: ignore[reportReturnType]
+            raise self._missing(key) from None
+        return h5d.open(self._f.id, name.encode("utf-8", "surrogateescape"))
+
+    def _attr_info(self, key: str, dsid: h5d.DatasetID) -> ArrayInfo:
+        """`key`'s ArrayInfo from its dataset's own attributes (and shape)."""
+        shape = tuple(dsid.shape)
+        if not self.is_parity_file:
+            return ArrayInfo(key, shape, dsid.dtype, "", None, -1)
+        attrs = h5py.Dataset(dsid).attrs
+        if "dtype" not in attrs or "sha256" not in attrs:
+            raise GoldenFormatError(
+                f"{self.path}: golden {key!r} lacks its dtype or sha256 attribute; {_REPIN_HINT}"
+            )
+        return ArrayInfo(
+            key=key,
+            shape=shape,
+            dtype=_logical_dtype(_attr_str(attrs["dtype"]), path=self.path, key=key),
+            class_name=_attr_str(attrs.get("class", "")),
+            sha256=_attr_str(attrs["sha256"]),
+            order=int(attrs.get("order", -1)),  # pyright: ignore[reportArgumentType]
+        )
 
     def info(self, key: str) -> ArrayInfo:
         """Shape, dtype, class, checksum and order of `key`, without reading its data.
@@ -563,61 +746,109 @@ class GoldenFile:
 
         **Returns:** an `ArrayInfo`.
         """
-        dset = self._dataset(key)
-        if not self.is_parity_file:
-            return ArrayInfo(key, tuple(dset.shape), dset.dtype, "", None, -1)
-        attrs = dset.attrs
-        if "dtype" not in attrs or "sha256" not in attrs:
-            raise GoldenFormatError(
-                f"{self.path}: golden {key!r} lacks its dtype or sha256 attribute; {_REPIN_HINT}"
-            )
-        dtype = _logical_dtype(_attr_str(attrs["dtype"]), path=self.path, key=key)
-        return ArrayInfo(
-            key=key,
-            shape=tuple(dset.shape),
-            dtype=dtype,
-            class_name=_attr_str(attrs.get("class", "")),
-            sha256=_attr_str(attrs["sha256"]),
-            order=int(attrs.get("order", -1)),  # pyright: ignore[reportArgumentType]
-        )
+        if self._index is not None:
+            try:
+                return self._index[key]
+            except KeyError:
+                raise self._missing(key) from None
+        info = self._attr_infos.get(key)
+        if info is None:
+            info = self._attr_infos[key] = self._attr_info(key, self._open_dataset(key))
+        return info
 
     def __getitem__(self, key: str) -> np.ndarray:
         """Load `key`, verify its checksum, and return it with its logical dtype.
 
-        Raises `GoldenCorruptError` if the bytes differ from those pinned.
+        Raises `GoldenCorruptError` if the bytes differ from those pinned, or the dataset
+        from what the file's index says of it.
         """
-        info = self.info(key)
-        dset = self._dataset(key)
-        stored = np.asarray(dset[()])
-        if not self.is_parity_file:
-            return stored
-        if stored.dtype.itemsize != info.dtype.itemsize:
-            raise GoldenFormatError(
-                f"{self.path}: golden {key!r} is stored as {stored.dtype} but declared "
-                f"{info.dtype}; the widths differ. {_REPIN_HINT}"
-            )
+        dsid = self._open_dataset(key)
+        if self._index is not None:
+            info = self._index[key]
+            stored = self._read_indexed(info, dsid)
+        else:
+            # Plain files may hold anything h5py reads (strings, empty dataspaces), so they
+            # take h5py's general path; so do parity files without an index.
+            stored = np.asarray(h5py.Dataset(dsid)[()])
+            if not self.is_parity_file:
+                return stored
+            info = self.info(key)
+            if stored.dtype.itemsize != info.dtype.itemsize:
+                raise GoldenFormatError(
+                    f"{self.path}: golden {key!r} is stored as {stored.dtype} but declared "
+                    f"{info.dtype}; the widths differ. {_REPIN_HINT}"
+                )
         found = _digest(stored)
         if found != info.sha256:
             raise GoldenCorruptError(
                 f"{self.path}: golden {key!r} is corrupt: expected sha256 {info.sha256}, found "
-                f"{found}. Restore the file from version control or {_REPIN_HINT}"
+                f"{found}. {_RESTORE_HINT}"
             )
         if _is_ml_dtype(info.dtype):
             return _c_order(stored).view(info.dtype)
         return stored.astype(info.dtype, copy=False)
 
+    def _read_indexed(self, info: ArrayInfo, dsid: h5d.DatasetID) -> np.ndarray:
+        """Read `info`'s dataset into a fresh array of the stored dtype the index implies."""
+        want, want_type = _storage_type(info.dtype)
+        # Checked before reading: HDF5 converts types on read (float64 data read as float32
+        # would lose bits) and a read into a buffer of the wrong shape would overrun it; a
+        # mismatch means the index or the dataset was altered.
+        if not dsid.get_type().equal(want_type) or dsid.shape != info.shape:
+            try:
+                found = str(dsid.dtype)
+            except TypeError:  # an HDF5 type numpy has no dtype for
+                found = "a type numpy cannot hold"
+            raise GoldenCorruptError(
+                f"{self.path}: golden {info.key!r} is stored as {found} of shape "
+                f"{dsid.shape}, but the {INDEX_ATTR} says {want} of shape {info.shape}. "
+                + _RESTORE_HINT
+            )
+        stored = np.empty(info.shape, want)
+        if stored.size:  # HDF5 refuses to read an empty selection
+            dsid.read(h5s.ALL, h5s.ALL, stored)
+        return stored
+
     def get(self, key: str, default: Any = None) -> Any:
         """`self[key]` if the key is present, else `default`."""
-        return self[key] if key in self._index else default
+        return self[key] if key in self._paths else default
 
     def load_all(self) -> dict[str, np.ndarray]:
         """Load and verify every array. **Returns:** key -> array, in sorted key order."""
-        return {key: self[key] for key in self.keys()}
+        return {key: self[key] for key in self._keys}
+
+    def verify(self) -> int:
+        """Load every array and verify its checksum; where the file has an index, also check
+        that it agrees with each dataset's own attributes (loading alone trusts the index
+        for class and order, which are not covered by the checksum).
+
+        **Returns:** the number of arrays verified. Raises `GoldenCorruptError` on the first
+        disagreement.
+        """
+        for key in self._keys:
+            self[key]
+            if self._index is None:
+                continue
+            own = self._attr_info(key, self._open_dataset(key))
+            listed = self._index[key]
+            differ = [
+                f.name
+                for f in dataclasses.fields(ArrayInfo)
+                if getattr(own, f.name) != getattr(listed, f.name)
+            ]
+            if differ:
+                raise GoldenCorruptError(
+                    f"{self.path}: the {INDEX_ATTR} and the attributes of golden {key!r} "
+                    f"disagree on {', '.join(differ)} (index: {listed}; dataset: {own}). "
+                    + _RESTORE_HINT
+                )
+        return len(self._keys)
 
     # -- lifetime
 
     def close(self) -> None:
         """Close the underlying HDF5 file (idempotent)."""
+        self._dsids.clear()
         self._f.close()
 
     def __enter__(self) -> GoldenFile:

@@ -467,3 +467,194 @@ def test_a_parity_file_edited_by_hand_is_refused(tmp_path):
         f["stray"] = np.zeros(1)
     with pytest.raises(GoldenFormatError, match="edited by hand"):
         open_goldens(path)
+
+
+# --------------------------------------------------------------------------- the index
+
+
+def _index(path: Path) -> list[dict[str, Any]]:
+    with h5py.File(path, "r") as f:
+        return json.loads(f.attrs[store.INDEX_ATTR])
+
+
+def _rewrite_index(path: Path, rows: Any) -> None:
+    with h5py.File(path, "r+") as f:
+        f.attrs[store.INDEX_ATTR] = rows if isinstance(rows, str) else json.dumps(rows)
+
+
+def _indexed_file(tmp_path: Path) -> Path:
+    arrays = {
+        "taps.b": np.arange(6, dtype=np.float32).reshape(2, 3),
+        "taps.a": np.linspace(0, 1, 4).astype(ml_dtypes.bfloat16),
+        "taps.a.c": np.int8(3),
+    }
+    return write_goldens(
+        tmp_path / "g.h5", arrays, classes={"taps.b": "fp32_reassoc"}, order=["taps.b"]
+    )
+
+
+def test_the_index_repeats_every_dataset_attribute_in_key_order(tmp_path):
+    path = _indexed_file(tmp_path)
+    rows = _index(path)
+    assert [r["key"] for r in rows] == ["taps.a", "taps.a.c", "taps.b"]
+    with h5py.File(path, "r") as f:
+        for row in rows:
+            dset: Any = f[row["path"]]
+            assert row["path"] == store.encode_key(row["key"]) + "/" + store.VALUE_NAME
+            assert row["shape"] == list(dset.shape)
+            for name in ("class", "dtype", "sha256", "order"):
+                assert row[name] == dset.attrs[name], name
+    with open_goldens(path) as g:
+        assert g.info("taps.b") == ArrayInfo(
+            "taps.b", (2, 3), np.dtype("float32"), "fp32_reassoc", rows[2]["sha256"], 0
+        )
+        assert g.verify() == 3
+
+
+def test_a_changed_sha256_in_the_index_is_corrupt_on_load(tmp_path):
+    path = _indexed_file(tmp_path)
+    rows = _index(path)
+    rows[2]["sha256"] = "0" * 64
+    _rewrite_index(path, rows)
+    with open_goldens(path) as g:
+        _assert_exact(g["taps.a.c"], np.array(3, np.int8))  # other arrays still load
+        with pytest.raises(GoldenCorruptError, match=r"'taps\.b' is corrupt: expected sha256 0+,"):
+            g["taps.b"]
+
+
+@pytest.mark.parametrize(
+    ("field", "value"),
+    [("shape", [3, 2]), ("dtype", "int32"), ("dtype", "float16")],
+    ids=["shape", "same-width-dtype", "other-width-dtype"],
+)
+def test_an_index_that_misdescribes_the_stored_data_is_corrupt_on_load(tmp_path, field, value):
+    path = _indexed_file(tmp_path)
+    rows = _index(path)
+    rows[2][field] = value
+    _rewrite_index(path, rows)
+    with open_goldens(path) as g, pytest.raises(GoldenCorruptError, match="but the index says"):
+        g["taps.b"]
+
+
+def test_an_index_that_relabels_arrays_is_refused_on_open(tmp_path):
+    path = _indexed_file(tmp_path)
+    rows = _index(path)
+    # Swap two keys' paths (and digests, so each digest still matches the data it points at).
+    rows[0]["path"], rows[2]["path"] = rows[2]["path"], rows[0]["path"]
+    rows[0]["sha256"], rows[2]["sha256"] = rows[2]["sha256"], rows[0]["sha256"]
+    _rewrite_index(path, rows)
+    with pytest.raises(GoldenCorruptError, match=r"puts golden 'taps\.a' at 'taps/b/%value'"):
+        open_goldens(path)
+
+
+def test_an_index_that_drops_or_invents_a_key_is_refused_on_open(tmp_path):
+    path = _indexed_file(tmp_path)
+    rows = _index(path)
+    _rewrite_index(path, rows[1:])
+    with pytest.raises(GoldenCorruptError, match=r"not in the index: \['taps\.a'\]"):
+        open_goldens(path)
+    _rewrite_index(path, [*rows, {**rows[0], "key": "ghost", "path": "ghost/%value"}])
+    with pytest.raises(GoldenCorruptError, match=r"in the index, no dataset: \['ghost'\]"):
+        open_goldens(path)
+
+
+@pytest.mark.parametrize(
+    "bad",
+    ["{not json", json.dumps({"key": "taps.a"}), "MISSING_FIELD", "BOOL_ORDER", "DUPLICATE"],
+)
+def test_a_malformed_index_is_refused_on_open(tmp_path, bad):
+    path = _indexed_file(tmp_path)
+    rows = _index(path)
+    if bad == "MISSING_FIELD":
+        del rows[0]["sha256"]
+        bad = rows
+    elif bad == "BOOL_ORDER":
+        rows[0]["order"] = True
+        bad = rows
+    elif bad == "DUPLICATE":
+        bad = [*rows, rows[0]]
+    _rewrite_index(path, bad)
+    with pytest.raises(GoldenFormatError, match="index"):
+        open_goldens(path)
+
+
+@pytest.mark.parametrize(
+    ("attr", "value"),
+    [("class", "bitwise"), ("order", np.int64(7)), ("sha256", "f" * 64), ("dtype", "int32")],
+)
+def test_verify_catches_a_dataset_attribute_that_disagrees_with_the_index(tmp_path, attr, value):
+    path = _indexed_file(tmp_path)
+    with h5py.File(path, "r+") as f:
+        f["taps/b/%value"].attrs[attr] = value
+    with open_goldens(path) as g:
+        g.load_all()  # loading trusts the index, whose digests match the data
+        with pytest.raises(GoldenCorruptError, match=rf"'taps\.b' disagree on {attr}"):
+            g.verify()
+
+
+def test_parity_show_verify_catches_a_dataset_attribute_that_disagrees(tmp_path, capsys):
+    from parity import cli
+
+    path = _indexed_file(tmp_path)
+    assert cli.main(["show", str(path), "--verify"]) == cli.EXIT_OK
+    with h5py.File(path, "r+") as f:
+        f["taps/b/%value"].attrs["class"] = "bitwise"
+    assert cli.main(["show", str(path)]) == cli.EXIT_OK  # show alone reads no attributes
+    assert cli.main(["show", str(path), "--verify"]) == cli.EXIT_UNUSABLE
+    assert "disagree on class_name" in capsys.readouterr().err
+
+
+def test_a_file_without_an_index_is_read_through_the_dataset_attributes(tmp_path):
+    path = _indexed_file(tmp_path)
+    with open_goldens(path) as g:
+        want = {k: (g.info(k), g[k]) for k in g}
+    with h5py.File(path, "r+") as f:
+        del f.attrs[store.INDEX_ATTR]
+    with open_goldens(path) as g:
+        for key, (info, array) in want.items():
+            assert g.info(key) == info
+            _assert_exact(g[key], array)
+        assert g.verify() == 3
+    with h5py.File(path, "r+") as f:
+        f["taps/b/%value"].attrs["sha256"] = "0" * 64
+    with open_goldens(path) as g, pytest.raises(GoldenCorruptError, match=r"'taps\.b'"):
+        g.verify()
+
+
+def test_arrays_load_again_after_their_first_load(tmp_path):
+    path = _indexed_file(tmp_path)
+    with open_goldens(path) as g:
+        first = g.load_all()
+        for key, array in g.load_all().items():
+            _assert_exact(array, first[key])
+
+
+def test_every_hard_link_to_a_dataset_is_a_key(tmp_path):
+    path = tmp_path / "plain.h5"
+    with h5py.File(path, "w") as f:
+        f["grp/x"] = np.arange(3)
+        f["alias"] = f["grp/x"]  # a second hard link to the same dataset
+    with open_goldens(path) as g:
+        assert g.keys() == ["alias", "grp.x"]
+        _assert_exact(g["alias"], g["grp.x"])
+        assert g.verify() == 2
+
+
+def test_links_and_storage_outside_the_file_are_refused_in_indexed_files_too(tmp_path):
+    raw = tmp_path / "raw.bin"
+    raw.write_bytes(np.zeros(4, np.float32).tobytes())
+    for edit, match in [
+        (lambda f: f.__setitem__("taps/far", h5py.ExternalLink("x.h5", "/a")), "external link"),
+        (lambda f: f.__setitem__("taps/lost", h5py.SoftLink("/nowhere")), "resolves to nothing"),
+        (
+            lambda f: f["taps"].create_dataset(
+                "e/%value", shape=(4,), dtype="<f4", external=[(str(raw), 0, 16)]
+            ),
+            "external storage",
+        ),
+    ]:
+        path = _indexed_file(tmp_path)
+        with h5py.File(path, "r+") as f:
+            edit(f)
+        with pytest.raises(GoldenUnsafeError, match=match):
+            open_goldens(path)
