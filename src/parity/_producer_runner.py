@@ -1,8 +1,8 @@
 """Run a producers file against another checkout's code and save what it returns.
 
-Started by `parity.repin` in a subprocess, by path, so that it imports nothing of the
-current checkout's `parity`: the code under test comes from `--src` (the base commit's
-worktree), the producers from the current tree. Arrays go to `OUT/<group>.npz` with a
+Started by `parity.repin` in a subprocess, by path. The harness (`parity`) is the current
+tree's, imported first; the code under test comes from `--src` (the base commit's
+worktree); the producers file is the current tree's. Arrays go to `OUT/<group>.npz` with a
 manifest `OUT/<group>.json` (key order, dtype names; ml_dtypes are saved as same-width
 unsigned ints). Exit codes: 0 ok, 1 a producer raised, 3 the base lacks a needed symbol.
 """
@@ -44,6 +44,14 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--groups", default="", help="comma-separated subset of groups")
     args = p.parse_args(argv)
 
+    # The harness is the current tree's: import it before `--src` shadows the packages, so
+    # that producers using `parity` (compile statistics, say) get it, while the subject
+    # (everything else) comes from `--src`.
+    try:
+        import parity
+        import parity.compile_stats  # noqa: F401
+    except ImportError:
+        pass
     drop = {os.path.realpath(d) for d in args.drop_path}
     sys.path[:] = [e for e in sys.path if os.path.realpath(e or ".") not in drop]
     sys.path.insert(0, os.path.realpath(args.src))

@@ -247,6 +247,16 @@ REGISTRY: Mapping[str, ToleranceClass] = _frozen_registry(
             "golden |b|); to be re-measured on the subject"
         ),
     ),
+    ToleranceClass(
+        "compile_budget",
+        "close",
+        rtol=0.02,
+        meaning=(
+            "compile statistics (HLO bytes, instruction counts) within 2% of the pinned budget; "
+            "a shrink beyond 2% also fails, so that the budget is repinned and ratchets down"
+        ),
+        measured="HLO bytes and instruction counts are deterministic for a fixed jax/XLA build",
+    ),
 )
 
 

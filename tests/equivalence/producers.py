@@ -13,7 +13,11 @@ The batch is sharded over a `dp` mesh of all visible devices, so the same produc
 
 from __future__ import annotations
 
+import importlib.util
+import sys
 from collections.abc import Callable, Mapping
+from pathlib import Path
+from types import ModuleType
 
 import jax
 import jax.numpy as jnp
@@ -28,6 +32,7 @@ CLASS_MAP: list[tuple[str, str]] = [
     ("taps.*", "fp32_reassoc"),
     ("traj.*", "trajectory"),
     ("eval.*", "trajectory"),
+    ("compile.*", "compile_budget"),
 ]
 
 BATCH, SEQ = 4, 12
@@ -142,7 +147,39 @@ def forward_group(
     return out | logits_out
 
 
+def _compile_entries() -> ModuleType:
+    """tools/compile_entries.py, loaded by path (it is shared with tools/compile_report.py)."""
+    path = Path(__file__).resolve().parents[2] / "tools" / "compile_entries.py"
+    spec = importlib.util.spec_from_file_location("compile_entries", path)
+    assert spec is not None and spec.loader is not None
+    module = importlib.util.module_from_spec(spec)
+    sys.modules.setdefault("compile_entries", module)
+    spec.loader.exec_module(module)
+    return module
+
+
+#: Entry points whose HLO size and instruction count are pinned as compile budgets.
+BUDGETED = ("forward_scan", "taps_scan", "ci_init_new", "sources_init_new")
+
+
+def compile_budget_group(entries: tuple[str, ...] = BUDGETED) -> dict[str, np.ndarray]:
+    """HLO text bytes and compiled instruction counts of the main entry points at 4 layers,
+    as float64 scalars so that the `compile_budget` class (2% relative) applies."""
+    from parity.compile_stats import compile_stats
+
+    ce = _compile_entries()
+    structure = ce.Structure(n_layer=4)
+    out: dict[str, np.ndarray] = {}
+    for name in entries:
+        fn, args = ce.ENTRIES[name](structure)
+        stats = compile_stats(fn, *args, name=name, fresh=False)
+        out[f"compile.{name}.hlo_bytes"] = np.float64(stats.hlo_bytes)
+        out[f"compile.{name}.instructions"] = np.float64(stats.instructions)
+    return out
+
+
 GROUPS: Mapping[str, Callable[[], Mapping[str, np.ndarray]]] = {
     "forward_llama": lambda: forward_group("llama"),
     "forward_qwen3": lambda: forward_group("qwen3"),
+    "compile_budget": compile_budget_group,
 }
