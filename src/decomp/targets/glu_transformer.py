@@ -149,6 +149,24 @@ def _layer_slice(tree: Any, start: int, stop: int | None) -> Any:
     return jax.tree.map(lambda a: a[start:stop], tree)
 
 
+def _emitting_depth(tapped_depth: int, n_layer: int, to_logits: bool) -> int:
+    """How many leading blocks the ys-emitting scan runs: `tapped_depth`, lengthened so that
+    no scan segment is a single block unless the model has only one.
+
+    XLA inlines a while loop whose trip count is 1 and fuses its body with what surrounds
+    it, which moves the last bits of that block's taps and of the logits away from the same
+    block run inside a loop. With every segment at least two blocks long, a tap does not
+    depend on which other keys were wanted, and clean logits are bit-identical whatever the
+    tapped depth.
+    """
+    if tapped_depth == 0:
+        return 0
+    depth = min(max(tapped_depth, 2), n_layer)
+    if to_logits and n_layer - depth == 1:
+        depth = n_layer
+    return depth
+
+
 def _stack_by_kind(
     n_layer: int, components: Mapping[str, SiteComponents], masks: Mapping[str, SiteMask]
 ) -> dict[str, tuple[SiteComponents, SiteMask]]:
@@ -303,8 +321,9 @@ class GLUTransformer(eqx.Module):
         """The single forward: one scan over blocks, taps emitted as scan ys.
 
         Only the intermediate classes that `wanted` needs are emitted, and only by the
-        prefix of blocks up to the last tapped one (`tapped_depth`); the remaining blocks are
-        scanned without ys, and only when `to_logits`.
+        prefix of blocks up to the last tapped one (`tapped_depth`, lengthened by at most one
+        block, see `_emitting_depth`); the remaining blocks are scanned without ys, and only
+        when `to_logits`.
 
         **Arguments:**
 
@@ -323,14 +342,15 @@ class GLUTransformer(eqx.Module):
         tapped_depth = 1 + max((t.layer for t in taps), default=-1)
         needed = {t.tap_class for t in taps}
         classes = tuple(c for c in TAP_CLASSES if c in needed)
+        depth = _emitting_depth(tapped_depth, cfg.n_layer, to_logits)
         out: dict[str, Array] = {}
-        if tapped_depth:
-            x, ys = self._scan(x, 0, tapped_depth, classes, site_apply, site_xs, remat)
+        if depth:
+            x, ys = self._scan(x, 0, depth, classes, site_apply, site_xs, remat)
             out = {t.key: ys[t.tap_class][t.layer] for t in taps}
         if not to_logits:
             return None, out
-        if tapped_depth < cfg.n_layer:
-            x, _ = self._scan(x, tapped_depth, None, (), site_apply, site_xs, remat)
+        if depth < cfg.n_layer:
+            x, _ = self._scan(x, depth, None, (), site_apply, site_xs, remat)
         return self._logits(x), out
 
     def _logits(self, x: Array) -> Array:
@@ -347,7 +367,8 @@ class GLUTransformer(eqx.Module):
 
         `wanted` holds `resid.{i}` and site names (the input of that site's weight); it
         must be non-empty and every key known, else a `ValueError` lists the valid forms.
-        The forward stops after the last tapped block.
+        The forward stops after the last tapped block (after block 1 when only block 0 is
+        tapped: see `_emitting_depth`).
         """
         _, taps = self._clean_forward(inputs, wanted, False)
         return taps
