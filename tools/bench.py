@@ -153,6 +153,64 @@ def bench_inits(args: argparse.Namespace, results: Results) -> None:
     )
 
 
+@section("train_step")
+def bench_train_step(args: argparse.Namespace, results: Results) -> None:
+    """SPD train step on the GLU structure (`--n-layer`, `--c`, `--seq-len`; batch 4): the
+    masked forward's scan body checkpointed saving nothing (`remat="nothing"`) against no
+    checkpointing (`remat=None`).
+
+    `train_step_{remat,noremat}_s`: median seconds of one executed step (compiled, after a
+    warm-up step). `train_step_{remat,noremat}_compile_s`: median lower + compile seconds.
+    """
+    import jax
+    import jax.numpy as jnp
+
+    from decomp.ci_function import CIConfig
+    from decomp.config import Remat, SPDConfig
+    from decomp.targets.glu_transformer import GLUConfig, GLUTransformer
+    from decomp.train import init_train_state, make_train_step
+
+    glu = GLUConfig(
+        n_layer=args.n_layer, d_model=32, n_head=2, n_kv_head=1, head_dim=16, d_mlp=64,
+        vocab_size=64,
+    )  # fmt: skip
+    model = jax.jit(lambda k: GLUTransformer.init(glu, key=k))(jax.random.key(0))
+    inputs = jax.random.randint(jax.random.key(1), (4, args.seq_len), 0, glu.vocab_size)
+    modes: tuple[tuple[Remat, str], ...] = (
+        ("nothing", "train_step_remat"),
+        (None, "train_step_noremat"),
+    )
+    for remat, key in modes:
+        cfg = SPDConfig(
+            n_components=args.c,
+            ci=CIConfig(d_hidden=32, n_blocks=2, n_head=2, d_mlp=64, sites_per_chunk=7),
+            recon_sites_per_chunk=7,
+            remat=remat,
+        )
+        state = init_train_state(model, cfg, key=jax.random.key(2), seq_len=args.seq_len)
+        step = make_train_step(model, cfg)
+        compile_s = compile_seconds(
+            lambda: [step.lower(state, inputs, jax.random.key(3))],  # noqa: B023
+            args.repeats,
+        )
+        state, metrics = step(state, inputs, jax.random.key(3))
+        jax.block_until_ready(metrics)
+        run_s = []
+        for i in range(args.repeats):
+            t0 = time.perf_counter()
+            state, metrics = step(state, inputs, jax.random.key(4 + i))
+            jax.block_until_ready((state, metrics))
+            run_s.append(time.perf_counter() - t0)
+        total = float(jnp.asarray(metrics["total"]))
+        results.medians[f"{key}_s"] = statistics.median(run_s)
+        results.medians[f"{key}_compile_s"] = statistics.median(compile_s)
+        runs = ", ".join(f"{x * 1e3:.2f}" for x in run_s)
+        print(
+            f"train_step remat={remat!r}: step {statistics.median(run_s) * 1e3:.2f} ms "
+            f"[{runs}], compile {_fmt(compile_s)} s, total loss {total:.4g}"
+        )
+
+
 # --- driver --------------------------------------------------------------------------------
 
 

@@ -18,6 +18,7 @@ import sys
 from collections.abc import Callable, Mapping
 from pathlib import Path
 from types import ModuleType
+from typing import Any
 
 import jax
 import jax.numpy as jnp
@@ -60,6 +61,11 @@ def glu_config(family: str) -> GLUConfig:
         d_mlp=64,
         vocab_size=64,
     )
+
+
+def _init_glu(cfg: GLUConfig, seed: int) -> GLUTransformer:
+    # Jitted: run eagerly, every random op of the init compiles on its own (seconds on CPU).
+    return jax.jit(lambda k: GLUTransformer.init(cfg, key=k))(jax.random.key(seed))
 
 
 def dp_mesh() -> Mesh:
@@ -124,7 +130,7 @@ def forward_group(
     deliberate semantic change).
     """
     cfg = glu_config(family)
-    model = GLUTransformer.init(cfg, key=jax.random.key(0))
+    model = _init_glu(cfg, 0)
     if edit is not None:
         model = edit(model)
     x = tokens(cfg.vocab_size)
@@ -145,6 +151,125 @@ def forward_group(
     # Forward order: taps by layer, then tap class (then wanted set); logits come last.
     out = dict(taps_out[k] for k in sorted(taps_out))
     return out | logits_out
+
+
+# --- toy targets -----------------------------------------------------------------------------
+
+
+def toy_group() -> dict[str, np.ndarray]:
+    """Outputs and every site-input tap of the three toy targets on fixed seeds."""
+    from decomp.targets.toy import (
+        TMS,
+        ResidMLP,
+        ResidMLPConfig,
+        SimpleMLP,
+        SimpleMLPConfig,
+        TMSConfig,
+    )
+
+    def init(cls: Any, cfg: Any) -> Any:
+        return jax.jit(lambda k: cls.init(cfg, key=k))(jax.random.key(0))
+
+    toys = {
+        "simple_mlp": (init(SimpleMLP, SimpleMLPConfig(d_in=8, d_hidden=(16, 16), d_out=4)), 8),
+        "tms": (init(TMS, TMSConfig(n_features=8, n_hidden=3)), 8),
+        "resid_mlp": (
+            init(ResidMLP, ResidMLPConfig(n_features=8, d_embed=6, d_mlp=12, n_layers=2)),
+            8,
+        ),
+    }
+    out: dict[str, np.ndarray] = {}
+    for name, (model, d_in) in toys.items():
+        x = jax.random.uniform(jax.random.key(1), (BATCH, d_in))
+        x = jax.device_put(x, NamedSharding(dp_mesh(), PartitionSpec("dp")))
+        logits, taps = jax.jit(lambda m, x: m.clean_output_and_activations(x, m.site_names))(
+            model, x
+        )
+        for site in model.site_names:
+            out[f"taps.toy.{name}.{site}"] = np.asarray(taps[site])
+        out[f"logits.toy.{name}"] = np.asarray(logits)
+    return out
+
+
+# --- SPD training and eval ------------------------------------------------------------------
+
+TRAIN_STEPS = 3
+
+
+def _spd_setup(remat: str | None) -> tuple[Any, Any]:
+    from decomp.ci_function import CIConfig
+    from decomp.config import SPDConfig
+
+    cfg = GLUConfig(n_layer=2, d_model=32, n_head=2, n_kv_head=1, head_dim=16, d_mlp=64,
+                    vocab_size=64)  # fmt: skip
+    model = _init_glu(cfg, 0)
+    spd = SPDConfig(
+        n_components=4,
+        ci=CIConfig(d_hidden=16, n_blocks=1, n_head=2, d_mlp=32, sites_per_chunk=7),
+        importance_coeff=1e-2,
+        p_start=2.0,
+        p_end=1.0,
+        p_anneal_steps=4,
+        n_mask_samples=2,
+        recon_sites_per_chunk=7,
+        pgd_warmup_steps=2,
+        remat=remat,  # type: ignore[arg-type]
+    )
+    return model, spd
+
+
+def _leaves(prefix: str, tree: Any) -> dict[str, np.ndarray]:
+    """Leaves of a pytree keyed `prefix.path` (dict keys and attribute names joined by ".")."""
+    out = {}
+    for path, leaf in jax.tree_util.tree_flatten_with_path(tree)[0]:
+        parts = []
+        for k in path:
+            name = getattr(k, "key", None) or getattr(k, "name", None)
+            parts.append(str(name if name is not None else getattr(k, "idx", k)))
+        out[".".join([prefix, *parts])] = np.asarray(leaf)
+    return out
+
+
+def train_group(remat: str | None) -> dict[str, np.ndarray]:
+    """A 3-step SPD trajectory: after each step, every V/U, the CI function's leaves, the
+    persistent sources and every metric."""
+    from decomp.train import init_train_state, make_train_step
+
+    model, spd = _spd_setup(remat)
+    mode = "remat_" + (remat or "none")
+    state = init_train_state(model, spd, key=jax.random.key(1), seq_len=SEQ)
+    step = make_train_step(model, spd, donate=False)
+    out: dict[str, np.ndarray] = {}
+    for i in range(1, TRAIN_STEPS + 1):
+        state, metrics = step(state, tokens(model.config.vocab_size, seed=10 + i),
+                              jax.random.key(100 + i))  # fmt: skip
+        prefix = f"traj.{mode}.step{i}"
+        for site in model.site_names:
+            out[f"{prefix}.components.{site}.V"] = np.asarray(state.components[site].V)
+            out[f"{prefix}.components.{site}.U"] = np.asarray(state.components[site].U)
+        out |= _leaves(f"{prefix}.ci", state.ci)
+        for site in model.site_names:
+            out[f"{prefix}.sources.{site}"] = np.asarray(state.sources[site])
+        for name in sorted(metrics):
+            out[f"{prefix}.metrics.{name}"] = np.asarray(metrics[name])
+    return out
+
+
+def eval_group() -> dict[str, np.ndarray]:
+    """Eval-step metrics of a freshly initialised decomposition on two batches (the train
+    step is pinned by the trajectories; evaluating without it keeps this group cheap)."""
+    from decomp.eval import make_eval_step
+    from decomp.train import init_train_state
+
+    model, spd = _spd_setup("nothing")
+    state = init_train_state(model, spd, key=jax.random.key(1), seq_len=SEQ)
+    evaluate = make_eval_step(model, spd)
+    out: dict[str, np.ndarray] = {}
+    for batch in (0, 1):
+        x = tokens(model.config.vocab_size, seed=7 + batch)
+        metrics = evaluate(state, x, jax.random.key(200 + batch))
+        out |= {f"eval.batch{batch}.{k}": np.asarray(metrics[k]) for k in sorted(metrics)}
+    return out
 
 
 def _compile_entries() -> ModuleType:
@@ -181,5 +306,9 @@ def compile_budget_group(entries: tuple[str, ...] = BUDGETED) -> dict[str, np.nd
 GROUPS: Mapping[str, Callable[[], Mapping[str, np.ndarray]]] = {
     "forward_llama": lambda: forward_group("llama"),
     "forward_qwen3": lambda: forward_group("qwen3"),
+    "toy": toy_group,
+    "train_remat_nothing": lambda: train_group("nothing"),
+    "train_remat_dots": lambda: train_group("dots"),
+    "eval": eval_group,
     "compile_budget": compile_budget_group,
 }
