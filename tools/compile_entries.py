@@ -169,3 +169,49 @@ def _sources_legacy(s: Structure):
 
     cs = _site_cs(s)
     return jax.jit(lambda k: legacy.init_sources(cs, s.seq, key=k)), (jax.random.key(3),)
+
+
+def _spd(s: Structure, remat: str | None) -> tuple[Any, Any, Any, Any]:
+    import jax
+
+    from decomp.ci_function import CIConfig
+    from decomp.config import SPDConfig
+    from decomp.train import init_train_state
+
+    model = _model(s)
+    spd = SPDConfig(
+        n_components=s.n_components,
+        ci=CIConfig(d_hidden=32, n_blocks=2, n_head=2, d_mlp=64, sites_per_chunk=s.sites_per_chunk),
+        n_mask_samples=1,
+        recon_sites_per_chunk=s.sites_per_chunk,
+        pgd_warmup_steps=2,
+        remat=remat,  # type: ignore[arg-type]
+    )
+    state = init_train_state(model, spd, key=jax.random.key(4), seq_len=s.seq)
+    return model, spd, state, _tokens(s)
+
+
+def _train_entry(remat: str | None) -> Entry:
+    def build(s: Structure):
+        import jax
+
+        from decomp.train import make_train_step
+
+        model, spd, state, x = _spd(s, remat)
+        return make_train_step(model, spd, donate=False), (state, x, jax.random.key(5))
+
+    return build
+
+
+entry("train_step_remat_nothing")(_train_entry("nothing"))
+entry("train_step_remat_dots")(_train_entry("dots"))
+
+
+@entry("eval_step")
+def _eval_step(s: Structure):
+    import jax
+
+    from decomp.eval import make_eval_step
+
+    model, spd, state, x = _spd(s, "nothing")
+    return make_eval_step(model, spd), (state, x, jax.random.key(6))

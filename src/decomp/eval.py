@@ -180,4 +180,10 @@ def make_eval_step(
         check_batch(inputs.shape[0], mesh)
         return jitted(model, state, inputs, key)
 
+    def lower(state: TrainState, inputs: Array, key: Array) -> jax.stages.Lowered:
+        check_batch(inputs.shape[0], mesh)
+        return jitted.lower(model, state, inputs, key)
+
+    # The same program, lowered, for compile statistics (as `TrainStep.lower`).
+    eval_step.lower = lower  # pyright: ignore[reportFunctionMemberAccess]
     return eval_step
