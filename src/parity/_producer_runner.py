@@ -99,7 +99,8 @@ def main(argv: list[str] | None = None) -> int:
             dtypes[key] = a.dtype.name
             if a.dtype.kind == "V" or type(a.dtype).__module__.startswith("ml_dtypes"):
                 a = a.view(f"u{a.dtype.itemsize}")
-            raw[f"a{j}"] = np.ascontiguousarray(a)
+            # Not np.ascontiguousarray: it turns 0-d arrays into shape (1,).
+            raw[f"a{j}"] = np.array(a, order="C", copy=True)
         np.savez(out / f"{name}.npz", **raw)  # pyright: ignore[reportArgumentType]
         manifest = {"keys": list(arrays), "dtypes": dtypes, "class_map": class_map}
         (out / f"{name}.json").write_text(json.dumps(manifest))

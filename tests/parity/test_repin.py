@@ -75,6 +75,7 @@ PLAIN = """
         return {
             "x": np.full(3, tinylib.VALUE, np.float32),
             "b": np.full((2, 2), tinylib.VALUE, ml_dtypes.bfloat16),
+            "s": np.float32(tinylib.VALUE),
         }
 
     GROUPS = {"g": _group}
@@ -110,6 +111,7 @@ def test_repin_pins_the_base_commit_values_not_the_head_or_dirty_tree(repo, tmp_
     with open_goldens(tmp_path / "goldens" / "g.h5") as g:
         np.testing.assert_array_equal(g["x"], np.full(3, 1.0, np.float32))
         assert g["b"].dtype.name == "bfloat16"
+        assert g["s"].shape == ()  # 0-d stays 0-d through the subprocess hand-off
         assert g.provenance["base_sha"] == first
         assert "--xla_cpu_max_isa=AVX2" in g.provenance["xla_flags"]
     assert _snapshot(repo_dir) == before
@@ -126,7 +128,7 @@ def test_repin_twice_gives_byte_identical_files_and_reports_changes(repo, tmp_pa
     assert all(c.unchanged for c in again.changes)
     moved = repin(second, producers=producers, out_dir=out, repo=repo_dir, progress=lambda _: None)
     (change,) = moved.changes
-    assert {k for k, _ in change.changed} == {"x", "b"}
+    assert {k for k, _ in change.changed} == {"x", "b", "s"}
     assert "max abs 1" in dict(change.changed)["x"]
 
 
