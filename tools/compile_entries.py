@@ -33,6 +33,9 @@ class Structure:
     seq: int = 16
     n_components: int = 8
     sites_per_chunk: int = 7
+    #: Devices of the `dp` mesh the train and eval steps are built on. 1 by default, so the
+    #: program (and its compile budget) is the same whatever the process's device count.
+    devices: int = 1
 
 
 Entry = Callable[[Structure], tuple[Callable[..., Any], tuple[Any, ...]]]
@@ -171,7 +174,7 @@ def _sources_legacy(s: Structure):
     return jax.jit(lambda k: legacy.init_sources(cs, s.seq, key=k)), (jax.random.key(3),)
 
 
-def _spd(s: Structure, remat: str | None) -> tuple[Any, Any, Any, Any]:
+def _spd(s: Structure, remat: str | None) -> tuple[Any, Any, Any, Any, Any]:
     import jax
 
     from decomp.ci_function import CIConfig
@@ -187,8 +190,11 @@ def _spd(s: Structure, remat: str | None) -> tuple[Any, Any, Any, Any]:
         pgd_warmup_steps=2,
         remat=remat,  # type: ignore[arg-type]
     )
-    state = init_train_state(model, spd, key=jax.random.key(4), seq_len=s.seq)
-    return model, spd, state, _tokens(s)
+    from decomp.mesh import make_dp_mesh
+
+    mesh = make_dp_mesh(jax.devices()[: s.devices])
+    state = init_train_state(model, spd, key=jax.random.key(4), seq_len=s.seq, mesh=mesh)
+    return model, spd, state, _tokens(s), mesh
 
 
 def _train_entry(remat: str | None) -> Entry:
@@ -197,8 +203,9 @@ def _train_entry(remat: str | None) -> Entry:
 
         from decomp.train import make_train_step
 
-        model, spd, state, x = _spd(s, remat)
-        return make_train_step(model, spd, donate=False), (state, x, jax.random.key(5))
+        model, spd, state, x, mesh = _spd(s, remat)
+        step = make_train_step(model, spd, mesh=mesh, donate=False)
+        return step, (state, x, jax.random.key(5))
 
     return build
 
@@ -213,5 +220,5 @@ def _eval_step(s: Structure):
 
     from decomp.eval import make_eval_step
 
-    model, spd, state, x = _spd(s, "nothing")
-    return make_eval_step(model, spd), (state, x, jax.random.key(6))
+    model, spd, state, x, mesh = _spd(s, "nothing")
+    return make_eval_step(model, spd, mesh=mesh), (state, x, jax.random.key(6))

@@ -32,7 +32,7 @@ CLASS_MAP: list[tuple[str, str]] = [
     ("logits.*", "bitwise"),
     ("taps.*", "fp32_reassoc"),
     ("traj.*", "trajectory"),
-    ("eval.*", "trajectory"),
+    ("eval.*", "eval_metric"),
     ("compile.*", "compile_budget"),
 ]
 

@@ -1,7 +1,10 @@
 """Every golden group: produce on the current code, check under the pinned classes.
 
-On more than one device, trajectories and eval metrics are checked under `device_count`
-instead of the class they were pinned with (the goldens are pinned on 1 device).
+The goldens are pinned on 1 device. On more than one, trajectories are checked under
+`device_count` instead of `trajectory`, and so are the toy targets' outputs: their matmuls,
+at one example per device, take other kernels than at four (measured: up to 2.4e-7 abs,
+2.7e-6 relative, against bitwise on 1 device). The GLU logits and taps stay bitwise on 4
+devices, and eval metrics keep `eval_metric`, which was sized on the 1-against-4 spread.
 """
 
 from __future__ import annotations
@@ -12,7 +15,7 @@ import jax
 import pytest
 from producers import GROUPS
 
-DEVICE_OVERRIDES = [("traj.*", "device_count"), ("eval.*", "device_count")]
+DEVICE_OVERRIDES = [("traj.*", "device_count"), ("*.toy.*", "device_count")]
 
 
 @pytest.mark.parametrize("group", list(GROUPS))
