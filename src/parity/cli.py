@@ -257,12 +257,12 @@ def run_diff(
         resolve = _class_resolver(gf, recorded)
         # The forward order: pinned keys by their place, then everything else by name (as
         # `compare_trees` orders them).
-        placed = sorted((i.order, k) for k, i in infos.items() if i.order >= 0)
-        place = {k: n for n, (_, k) in enumerate(placed)}
+        placed = gf.ordered_keys()
+        place = {k: n for n, k in enumerate(placed)}
         rest = sorted((set(infos) | set(af.keys())) - set(place))
         tols: dict[str, ToleranceClass] = {}
         findings: list[Finding] = []
-        for key in [k for _, k in placed] + rest:
+        for key in placed + rest:
             tol = forced or _tolerance(resolve(key), key, gf, tols)
             findings.append(_compare_key(key, af, gf, tol, place.get(key)))
         if forced is not None:

@@ -249,10 +249,7 @@ class _Check:
             pinned = ClassMap.from_json(gf.class_map_json) if gf.class_map_json else None
             class_map = class_map if class_map is not None else pinned
             if order is None:
-                # Keys pinned with order -1 have no place: left out of the sequence, they
-                # come after the ordered ones instead of before them.
-                places = {k: gf.info(k).order for k in gf}
-                order = sorted((k for k, i in places.items() if i >= 0), key=places.__getitem__)
+                order = gf.ordered_keys()
             decision = bitwise_policy(
                 drift(gf.provenance, collect_provenance()),
                 self.config.getoption("--parity-drift") or "warn",

@@ -688,6 +688,15 @@ class GoldenFile:
         """The keys in the file, sorted."""
         return list(self._keys)
 
+    def ordered_keys(self) -> list[str]:
+        """The keys pinned with a place in the forward order (`order >= 0`), in that order.
+
+        Keys pinned without one (order -1) are left out: a comparison puts them after the
+        ordered keys, by name, so they are never named as a first divergence ahead of them.
+        """
+        places = {k: self.info(k).order for k in self._keys}
+        return sorted((k for k, i in places.items() if i >= 0), key=places.__getitem__)
+
     def __iter__(self) -> Iterator[str]:
         return iter(self.keys())
 

@@ -17,8 +17,8 @@ from parity.tolerance import ClassMap
 def _against_goldens(parity_goldens, group, actual):
     gf = parity_goldens.open(group)
     golden = {k: gf[k] for k in gf}
-    order = sorted(golden, key=lambda k: gf.info(k).order)
-    return compare_trees(actual, golden, ClassMap.from_json(gf.class_map_json), order=order)
+    class_map = ClassMap.from_json(gf.class_map_json)
+    return compare_trees(actual, golden, class_map, order=gf.ordered_keys())
 
 
 def _with_config(model, **changes):

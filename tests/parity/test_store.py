@@ -658,3 +658,13 @@ def test_links_and_storage_outside_the_file_are_refused_in_indexed_files_too(tmp
             edit(f)
         with pytest.raises(GoldenUnsafeError, match=match):
             open_goldens(path)
+
+
+def test_ordered_keys_follow_the_pinned_order_and_leave_out_unordered_keys(tmp_path):
+    from parity.store import open_goldens as _open
+    from parity.store import write_goldens as _write
+
+    arrays = {k: np.zeros(1) for k in ("a", "b", "c", "free")}
+    path = _write(tmp_path / "g.h5", arrays, order=["c", "a", "b"])
+    with _open(path) as g:
+        assert g.ordered_keys() == ["c", "a", "b"]
