@@ -312,6 +312,19 @@ def parity_check(request: pytest.FixtureRequest) -> _Check:
 # --------------------------------------------------------------------------- session end
 
 
+@dataclass(frozen=True)
+class _Summary:
+    """What the session's checks add up to, worked out once on the controller."""
+
+    records: list[dict[str, Any]]
+    merged: Any  # parity.compare.Comparison
+    header: dict[str, str]
+    unchecked: dict[str, list[str]]
+
+
+_SUMMARY = pytest.StashKey[_Summary]()
+
+
 def pytest_sessionfinish(session: pytest.Session, exitstatus: int) -> None:
     config = session.config
     config.stash[_GOLDENS].close()
@@ -320,13 +333,18 @@ def pytest_sessionfinish(session: pytest.Session, exitstatus: int) -> None:
         workeroutput["parity_records"] = json.dumps(config.stash[_RECORDS])
         return
     records = config.stash[_RECORDS]
-    unchecked = _unchecked(config, records)
+    if not records:
+        return
+    # Runs before the terminal summary (pytest's reporter prints after the other
+    # sessionfinish hooks), which reads this instead of merging and scanning again.
+    summary = _Summary(records, _merged(records), _header(records), _unchecked(config, records))
+    config.stash[_SUMMARY] = summary
     mode = config.getoption("--parity-unchecked")
-    if unchecked and mode == "fail" and session.exitstatus == 0:
+    if summary.unchecked and mode == "fail" and session.exitstatus == 0:
         session.exitstatus = pytest.ExitCode.TESTS_FAILED
     out = config.getoption("--parity-report")
-    if out and records:
-        _write_report(Path(out), records, unchecked)
+    if out:
+        _write_report(Path(out), summary)
 
 
 @pytest.hookimpl(optionalhook=True)
@@ -401,15 +419,12 @@ def _timing(records: list[dict[str, Any]]) -> dict[str, float]:
     }
 
 
-def _write_report(
-    out: Path, records: list[dict[str, Any]], unchecked: dict[str, list[str]]
-) -> None:
+def _write_report(out: Path, summary: _Summary) -> None:
     from parity.report import format_table, to_json, write_html
 
     t0 = time.perf_counter()
     out.mkdir(parents=True, exist_ok=True)
-    merged = _merged(records)
-    header = _header(records)
+    records, merged, header = summary.records, summary.merged, summary.header
     (out / "report.txt").write_text(format_table(merged, header=header) + "\n")
     write_html(out, merged, header=header)
     timing = _timing(records)
@@ -424,22 +439,22 @@ def _write_report(
         for r in records
     ]
     doc["timing"] = timing
-    doc["unchecked"] = unchecked
+    doc["unchecked"] = summary.unchecked
     (out / "report.json").write_text(json.dumps(doc, indent=1, sort_keys=True))
 
 
 def pytest_terminal_summary(terminalreporter: Any, exitstatus: int, config: pytest.Config) -> None:
     if getattr(config, "workeroutput", None) is not None:
         return
-    records = config.stash.get(_RECORDS, [])
-    if not records:
+    summary = config.stash.get(_SUMMARY, None)
+    if summary is None:
         return
     from parity.report import format_table
 
     tr = terminalreporter
     tr.section("parity")
-    merged = _merged(records)
-    table = format_table(merged, header=_header(records))
+    records, merged = summary.records, summary.merged
+    table = format_table(merged, header=summary.header)
     # The per-class table and first divergence; every failing key was already printed by
     # its test, so keep the summary short.
     lines = table.splitlines()
@@ -451,7 +466,7 @@ def pytest_terminal_summary(terminalreporter: Any, exitstatus: int, config: pyte
         f"{len(records)} checks, {len(merged.findings)} arrays; produce {t['produce_s']:.1f}s, "
         f"load {t['load_s']:.1f}s, compare {t['compare_s']:.1f}s"
     )
-    unchecked = _unchecked(config, records)
+    unchecked = summary.unchecked
     mode = config.getoption("--parity-unchecked")
     if unchecked and mode != "ignore":
         n = sum(len(v) for v in unchecked.values())
