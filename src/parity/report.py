@@ -171,6 +171,35 @@ def _divergence(label: str, f: Finding | None) -> str:
     )
 
 
+#: The per-class table, shared by the text and HTML reports; right-aligned columns marked.
+_CLASS_COLUMNS = (
+    "class",
+    "allowed",
+    "arrays",
+    "passed",
+    "failed",
+    "bitwise",
+    "max abs",
+    "max ulp",
+    "worst key",
+)
+_CLASS_RIGHT = (False, False, True, True, True, True, True, True, False)
+
+
+def _class_row(s: ClassSummary) -> list[str]:
+    return [
+        s.class_name,
+        s.allowed,
+        str(s.arrays),
+        str(s.passed),
+        str(s.failed),
+        str(s.bitwise_equal),
+        _num(s.max_abs),
+        _num(s.max_ulp),
+        s.worst_key or "-",
+    ]
+
+
 def format_table(comparison: Comparison, *, header: Mapping[str, str] | None = None) -> str:
     """The comparison as a plain-text table, for a terminal or a log.
 
@@ -192,34 +221,8 @@ def format_table(comparison: Comparison, *, header: Mapping[str, str] | None = N
         width = max(len(k) for k in header)
         lines += [f"  {k.ljust(width)}  {v}" for k, v in header.items()]
     lines.append("")
-    rows = [
-        [
-            "class",
-            "allowed",
-            "arrays",
-            "passed",
-            "failed",
-            "bitwise",
-            "max abs",
-            "max ulp",
-            "worst key",
-        ]
-    ]
-    for s in summarize(comparison):
-        rows.append(
-            [
-                s.class_name,
-                s.allowed,
-                str(s.arrays),
-                str(s.passed),
-                str(s.failed),
-                str(s.bitwise_equal),
-                _num(s.max_abs),
-                _num(s.max_ulp),
-                s.worst_key or "-",
-            ]
-        )
-    right = [False, False, True, True, True, True, True, True, False]
+    rows = [list(_CLASS_COLUMNS)] + [_class_row(c) for c in summarize(comparison)]
+    right = _CLASS_RIGHT
     lines += _table(rows, right) if len(rows) > 1 else ["(no arrays compared)"]
     lines += [
         "",
@@ -465,33 +468,14 @@ def write_html(
             w(f"<tr><th>{esc(str(k))}</th><td>{esc(str(v))}</td></tr>\n")
         w("</table>\n")
 
-    w("<h2>per class</h2>\n<table>\n<tr>")
-    w(
-        _cells(
-            [
-                "class",
-                "allowed",
-                "arrays",
-                "passed",
-                "failed",
-                "bitwise",
-                "max abs",
-                "max ulp",
-                "worst key",
-            ],
-            "th",
-        )
-    )
-    w("</tr>\n")
-    for s in summarize(comparison):
-        w(
-            f"<tr><td>{esc(s.class_name)}</td><td><code>{esc(s.allowed)}</code></td>"
-            f'<td class="num">{s.arrays}</td><td class="num">{s.passed}</td>'
-            f'<td class="num">{s.failed}</td><td class="num">{s.bitwise_equal}</td>'
-            f'<td class="num">{esc(_num(s.max_abs))}</td>'
-            f'<td class="num">{esc(_num(s.max_ulp))}</td>'
-            f"<td>{esc(s.worst_key or '-')}</td></tr>\n"
-        )
+    w("<h2>per class</h2>\n<table>\n<tr>" + _cells(_CLASS_COLUMNS, "th") + "</tr>\n")
+    for c in summarize(comparison):
+        cells = [
+            f'<td class="num">{esc(v)}</td>' if r else f"<td>{esc(v)}</td>"
+            for v, r in zip(_class_row(c), _CLASS_RIGHT, strict=True)
+        ]
+        cells[1] = f"<td><code>{esc(c.allowed)}</code></td>"
+        w("<tr>" + "".join(cells) + "</tr>\n")
     w("</table>\n")
 
     w("<h2>first divergence (in forward order)</h2>\n<ul>\n")
