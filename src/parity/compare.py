@@ -67,7 +67,7 @@ def _from_json_float(x: Any) -> Any:
     return x
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, kw_only=True)
 class Finding:
     """The outcome of comparing one array (or one absent key) against its golden.
 
@@ -114,17 +114,18 @@ class Finding:
     dtype_actual: str | None
     dtype_golden: str | None
     n_elements: int
-    n_differ: int | None
-    share_differ: float | None
-    max_abs: float | None
-    max_rel: float | None
-    max_ulp: int | None
-    worst_index: tuple[int, ...] | None
-    worst_actual: Scalar | None
-    worst_golden: Scalar | None
     allowed: str
     bitwise_equal: bool
     reason: str
+    # The figures: None where nothing was measured (an absent key, a shape or dtype mismatch).
+    n_differ: int | None = None
+    share_differ: float | None = None
+    max_abs: float | None = None
+    max_rel: float | None = None
+    max_ulp: int | None = None
+    worst_index: tuple[int, ...] | None = None
+    worst_actual: Scalar | None = None
+    worst_golden: Scalar | None = None
     order: int | None = None
     n_violating: int | None = None
     n_nan_inf_mismatch: int | None = None
@@ -233,14 +234,6 @@ def _absent(
         dtype_actual=None if golden_side else dtype,
         dtype_golden=dtype if golden_side else None,
         n_elements=int(present.size),
-        n_differ=None,
-        share_differ=None,
-        max_abs=None,
-        max_rel=None,
-        max_ulp=None,
-        worst_index=None,
-        worst_actual=None,
-        worst_golden=None,
         allowed=tol.describe_allowed(),
         bitwise_equal=False,
         reason=reason,
@@ -314,14 +307,6 @@ def compare_arrays(
             **common,
             verdict="fail",
             n_elements=int(g.size),
-            n_differ=None,
-            share_differ=None,
-            max_abs=None,
-            max_rel=None,
-            max_ulp=None,
-            worst_index=None,
-            worst_actual=None,
-            worst_golden=None,
             bitwise_equal=False,
             reason=mismatch,
         )
