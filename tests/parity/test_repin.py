@@ -21,19 +21,6 @@ from parity.worktree import GitError
 ROOT = Path(__file__).resolve().parents[2]
 
 
-def _git(repo: Path, *args: str) -> str:
-    env = {
-        **os.environ,
-        "GIT_AUTHOR_NAME": "t",
-        "GIT_AUTHOR_EMAIL": "t@example.com",
-        "GIT_COMMITTER_NAME": "t",
-        "GIT_COMMITTER_EMAIL": "t@example.com",
-    }
-    return subprocess.run(
-        ["git", "-C", str(repo), *args], check=True, capture_output=True, text=True, env=env
-    ).stdout.strip()
-
-
 def _write_lib(repo: Path, body: str) -> None:
     pkg = repo / "src" / "tinylib"
     pkg.mkdir(parents=True, exist_ok=True)
@@ -41,19 +28,19 @@ def _write_lib(repo: Path, body: str) -> None:
 
 
 @pytest.fixture
-def repo(tmp_path: Path) -> tuple[Path, str, str]:
+def repo(tmp_path: Path, git) -> tuple[Path, str, str]:
     """A repository with two commits of a tiny library, and a dirty working tree."""
     repo = tmp_path / "repo"
     repo.mkdir()
-    _git(repo, "init", "-q", "-b", "main")
+    git(repo, "init", "-q", "-b", "main")
     _write_lib(repo, "VALUE = 1.0\n")
-    _git(repo, "add", "-A")
-    _git(repo, "commit", "-qm", "first")
-    first = _git(repo, "rev-parse", "HEAD")
+    git(repo, "add", "-A")
+    git(repo, "commit", "-qm", "first")
+    first = git(repo, "rev-parse", "HEAD")
     _write_lib(repo, "VALUE = 2.0\nNEW_THING = 5\n")
-    _git(repo, "add", "-A")
-    _git(repo, "commit", "-qm", "second")
-    second = _git(repo, "rev-parse", "HEAD")
+    git(repo, "add", "-A")
+    git(repo, "commit", "-qm", "second")
+    second = git(repo, "rev-parse", "HEAD")
     # Uncommitted work the tool must neither use nor touch.
     _write_lib(repo, "VALUE = 3.0\nNEW_THING = 6\n")
     (repo / "untracked.txt").write_text("mine")
@@ -83,23 +70,23 @@ PLAIN = """
 """
 
 
-def _snapshot(repo: Path) -> dict[str, str]:
+def _snapshot(repo: Path, git) -> dict[str, str]:
     """Every file of the checkout (working tree and .git minus worktree bookkeeping) by hash."""
     out = {}
     for p in sorted(repo.rglob("*")):
         rel = p.relative_to(repo).as_posix()
         if p.is_file() and not rel.startswith(".git/logs"):
             out[rel] = hashlib.sha256(p.read_bytes()).hexdigest()
-    out["<status>"] = _git(repo, "--no-optional-locks", "status", "--porcelain")
-    out["<branches>"] = _git(repo, "branch", "-a", "-v")
-    out["<worktrees>"] = _git(repo, "worktree", "list", "--porcelain")
+    out["<status>"] = git(repo, "--no-optional-locks", "status", "--porcelain")
+    out["<branches>"] = git(repo, "branch", "-a", "-v")
+    out["<worktrees>"] = git(repo, "worktree", "list", "--porcelain")
     return out
 
 
-def test_repin_pins_the_base_commit_values_not_the_head_or_dirty_tree(repo, tmp_path):
+def test_repin_pins_the_base_commit_values_not_the_head_or_dirty_tree(repo, tmp_path, git):
     repo_dir, first, _ = repo
     producers = _producers(tmp_path, PLAIN)
-    before = _snapshot(repo_dir)
+    before = _snapshot(repo_dir, git)
     result = repin(
         first,
         producers=producers,
@@ -114,7 +101,7 @@ def test_repin_pins_the_base_commit_values_not_the_head_or_dirty_tree(repo, tmp_
         assert g["s"].shape == ()  # 0-d stays 0-d through the subprocess hand-off
         assert g.provenance["base_sha"] == first
         assert "--xla_cpu_max_isa=AVX2" in g.provenance["xla_flags"]
-    assert _snapshot(repo_dir) == before
+    assert _snapshot(repo_dir, git) == before
 
 
 def test_repin_twice_gives_byte_identical_files_and_reports_changes(repo, tmp_path):
@@ -143,7 +130,7 @@ def test_unknown_sha_is_a_clear_error(repo, tmp_path):
         )
 
 
-def test_base_lacking_a_symbol_is_named(repo, tmp_path):
+def test_base_lacking_a_symbol_is_named(repo, tmp_path, git):
     repo_dir, first, _ = repo
     producers = _producers(
         tmp_path,
@@ -164,7 +151,7 @@ def test_base_lacking_a_symbol_is_named(repo, tmp_path):
             progress=lambda _: None,
         )
     assert "lacks" in str(info.value)
-    assert _git(repo_dir, "worktree", "list", "--porcelain").count("worktree ") == 1
+    assert git(repo_dir, "worktree", "list", "--porcelain").count("worktree ") == 1
 
 
 def test_crashing_producer_shows_its_traceback_and_leaves_old_goldens(repo, tmp_path):
@@ -195,7 +182,7 @@ def test_crashing_producer_shows_its_traceback_and_leaves_old_goldens(repo, tmp_
     assert sorted(p.name for p in out.iterdir()) == ["g.h5"]
 
 
-def test_sigint_leaves_old_goldens_and_no_worktree(repo, tmp_path):
+def test_sigint_leaves_old_goldens_and_no_worktree(repo, tmp_path, git):
     repo_dir, first, _ = repo
     out = tmp_path / "goldens"
     repin(
@@ -245,7 +232,7 @@ def test_sigint_leaves_old_goldens_and_no_worktree(repo, tmp_path):
     assert proc.returncode != 0
     assert (out / "g.h5").read_bytes() == old
     assert sorted(p.name for p in out.iterdir()) == ["g.h5"]
-    assert _git(repo_dir, "worktree", "list", "--porcelain").count("worktree ") == 1
+    assert git(repo_dir, "worktree", "list", "--porcelain").count("worktree ") == 1
     assert list(tmpdir.iterdir()) == []
 
 

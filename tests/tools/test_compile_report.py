@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import json
-import os
 import shutil
 import subprocess
 import sys
@@ -13,28 +12,15 @@ ROOT = Path(__file__).resolve().parents[2]
 TOOL = ROOT / "tools" / "compile_report.py"
 
 
-def _git(repo: Path, *args: str) -> str:
-    env = {
-        **os.environ,
-        "GIT_AUTHOR_NAME": "t",
-        "GIT_AUTHOR_EMAIL": "t@e",
-        "GIT_COMMITTER_NAME": "t",
-        "GIT_COMMITTER_EMAIL": "t@e",
-    }
-    return subprocess.run(
-        ["git", "-C", str(repo), *args], check=True, capture_output=True, text=True, env=env
-    ).stdout.strip()
-
-
-def test_base_mode_measures_both_commits_separately(tmp_path):
+def test_base_mode_measures_both_commits_separately(tmp_path, git):
     """Base: the scanned forward. Head: the same scan fully unrolled. The report must see one
     while loop at the base, none at head, and a larger HLO at head."""
     repo = tmp_path / "repo"
     shutil.copytree(ROOT / "src", repo / "src", ignore=shutil.ignore_patterns("__pycache__"))
-    _git(repo, "init", "-q", "-b", "main")
-    _git(repo, "add", "-A")
-    _git(repo, "commit", "-qm", "scanned")
-    base = _git(repo, "rev-parse", "HEAD")
+    git(repo, "init", "-q", "-b", "main")
+    git(repo, "add", "-A")
+    git(repo, "commit", "-qm", "scanned")
+    base = git(repo, "rev-parse", "HEAD")
     glu = repo / "src" / "decomp" / "targets" / "glu_transformer.py"
     text = glu.read_text()
     assert "return jax.lax.scan(body, x, xs)" in text
@@ -43,7 +29,7 @@ def test_base_mode_measures_both_commits_separately(tmp_path):
             "return jax.lax.scan(body, x, xs)", "return jax.lax.scan(body, x, xs, unroll=True)"
         )
     )
-    _git(repo, "commit", "-qam", "unrolled")
+    git(repo, "commit", "-qam", "unrolled")
     out = tmp_path / "rows.json"
     proc = subprocess.run(
         [
@@ -79,7 +65,7 @@ def test_base_mode_measures_both_commits_separately(tmp_path):
             "temp_bytes",
         } <= set(r)
     assert "cur/base" in proc.stdout
-    assert _git(repo, "worktree", "list", "--porcelain").count("worktree ") == 1
+    assert git(repo, "worktree", "list", "--porcelain").count("worktree ") == 1
 
 
 def test_unknown_base_is_a_clear_error(tmp_path):
