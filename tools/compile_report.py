@@ -61,10 +61,9 @@ def _measure_child(args: argparse.Namespace) -> int:
 
 
 def _run_one(name: str, src: Path, layers: int) -> dict[str, Any]:
-    from parity.devices import xla_flags_for
+    from parity.devices import isolated_env
 
-    env = {k: v for k, v in os.environ.items() if not k.startswith(("JAX_", "PARITY_"))}
-    env.update(XLA_FLAGS=xla_flags_for(1), JAX_ENABLE_COMPILATION_CACHE="false")
+    env = isolated_env(1)
     cmd = [sys.executable, __file__, "--measure", name, "--src", str(src), "--layers", str(layers)]
     proc = subprocess.run(cmd, env=env, capture_output=True, text=True, check=False)
     if proc.returncode != 0:

@@ -46,6 +46,33 @@ def xla_flags_for(n_devices: int, *, isa_cap: str | None = DEFAULT_ISA_CAP, base
     return flags.strip()
 
 
+def isolated_env(
+    n_devices: int, *, isa_cap: str | None = DEFAULT_ISA_CAP, base: dict[str, str] | None = None
+) -> dict[str, str]:
+    """Environment for a subprocess that must not share this one's jax settings or caches.
+
+    Drops every `JAX_*` and `PARITY_*` variable, fixes the device count and ISA cap in
+    `XLA_FLAGS`, and turns jax's persistent compilation cache off, so that what the child
+    compiles and measures is its own.
+    """
+    src = dict(os.environ) if base is None else base
+    env = {k: v for k, v in src.items() if not k.startswith(("JAX_", "PARITY_"))}
+    env["XLA_FLAGS"] = xla_flags_for(n_devices, isa_cap=isa_cap)
+    env["JAX_ENABLE_COMPILATION_CACHE"] = "false"
+    return env
+
+
+def cap_isa(isa_cap: str) -> None:
+    """Cap XLA's CPU ISA for this process, leaving the device count and any cap the user
+    already set in `XLA_FLAGS` alone. A no-op once jax's backends have started."""
+    if jax_backend_started():
+        return
+    flags = os.environ.get("XLA_FLAGS", "")
+    if _ISA_FLAG + "=" in flags:
+        return  # the user chose a cap explicitly
+    os.environ["XLA_FLAGS"] = f"{flags} {_ISA_FLAG}={isa_cap}".strip()
+
+
 def jax_backend_started() -> bool:
     """Whether jax has initialised its backends in this process (so the count is fixed)."""
     if "jax" not in sys.modules:

@@ -38,7 +38,7 @@ import pytest
 from parity.devices import (
     DEFAULT_ISA_CAP,
     DeviceCountError,
-    jax_backend_started,
+    cap_isa,
     set_cpu_device_count,
 )
 
@@ -119,16 +119,6 @@ def _enable_compile_cache(config: pytest.Config) -> None:
     jax.config.update("jax_persistent_cache_min_entry_size_bytes", 0)
 
 
-def _set_isa_cap(isa: str | None) -> None:
-    """Cap XLA's CPU ISA without touching the device count (before jax starts)."""
-    if isa is None or jax_backend_started():
-        return
-    flags = os.environ.get("XLA_FLAGS", "")
-    if "--xla_cpu_max_isa=" in flags:
-        return  # the user chose a cap explicitly
-    os.environ["XLA_FLAGS"] = f"{flags} --xla_cpu_max_isa={isa}".strip()
-
-
 def pytest_configure(config: pytest.Config) -> None:
     n = _device_count(config)
     raw_isa = config.getoption("--parity-isa")
@@ -140,7 +130,8 @@ def pytest_configure(config: pytest.Config) -> None:
             set_cpu_device_count(n, isa_cap=isa)
         except DeviceCountError as e:
             raise pytest.UsageError(str(e)) from None
-    _set_isa_cap(isa)
+    if isa is not None:
+        cap_isa(isa)
     _enable_compile_cache(config)
     config.stash[_RECORDS] = []
     raw = config.getoption("--parity-goldens") or config.getini("parity_goldens")

@@ -28,7 +28,7 @@ from typing import Any
 
 import numpy as np
 
-from parity.devices import DEFAULT_ISA_CAP, xla_flags_for
+from parity.devices import DEFAULT_ISA_CAP, isolated_env
 from parity.provenance import collect_provenance, digest_sources
 from parity.store import GoldenStoreError, open_goldens, write_goldens
 from parity.tolerance import ClassMap
@@ -186,9 +186,9 @@ def run_producers(
     **Returns:** the XLA flags the subprocess ran under. Raises `RepinError` with the
     producer's output (traceback included) if it fails.
     """
-    env = {k: v for k, v in os.environ.items() if not k.startswith(("JAX_", "PARITY_"))}
-    flags = xla_flags_for(device_count, isa_cap=isa_cap)
-    env.update(XLA_FLAGS=flags, PYTHONHASHSEED="0", JAX_ENABLE_COMPILATION_CACHE="false")
+    env = isolated_env(device_count, isa_cap=isa_cap)
+    env["PYTHONHASHSEED"] = "0"
+    flags = env["XLA_FLAGS"]
     cmd = [sys.executable, str(_RUNNER), "--src", str(code_root / "src"), "--producers"]
     cmd += [str(producers), "--out", str(out)]
     for p in drop_paths:
