@@ -20,17 +20,9 @@ from typing import Any, Literal, cast
 
 import numpy as np
 
-from parity.tolerance import (
-    REGISTRY,
-    ClassMap,
-    ToleranceClass,
-    effective_atol,
-    get_class,
-    is_float_dtype,
-    is_int_dtype,
-    to_float64,
-    ulp_distance,
-)
+from parity.rules import Elements, Scale
+from parity.tolerance import REGISTRY, ClassMap, ToleranceClass, get_class
+from parity.ulp import is_float_dtype, is_int_dtype, to_float64, ulp_distance
 
 __all__ = [
     "Comparison",
@@ -102,8 +94,9 @@ class Finding:
     - `bound`: the class's bound for this array, in its own unit: for *close* the largest
         allowed `|a-b|` (`atol_eff + rtol*max|golden|`), for *ulp* `max_ulp`, for *bitwise*
         (and integers under any class) 0.0. Reports plot errors against it.
-    - `rule`: the class's rule (`"bitwise"`, `"ulp"`, `"close"`), so that `bound` can be
-        read without the registry.
+    - `rule`: the kind of the class's rule (`"bitwise"`, `"ulp"`, `"close"`, ...).
+    - `unit`: the unit of `bound` and of the figure reports set against it: `"abs"`
+        (`max_abs`) or `"ulp"` (`max_ulp`); so that a finding reads without the registry.
     """
 
     key: str
@@ -131,6 +124,7 @@ class Finding:
     n_nan_inf_mismatch: int | None = None
     bound: float | None = None
     rule: str | None = None
+    unit: str | None = None
 
     @property
     def passed(self) -> bool:
@@ -238,21 +232,15 @@ def _absent(
         bitwise_equal=False,
         reason=reason,
         order=order,
-        rule=tol.rule,
+        rule=tol.rule.kind,
+        unit=tol.rule.unit,
     )
 
 
 def _bound(tol: ToleranceClass, golden: np.ndarray, float_like: bool) -> float:
-    if tol.rule == "bitwise" or not float_like:
+    if not float_like:
         return 0.0
-    if tol.rule == "ulp":
-        return float(tol.max_ulp)
-    atol = effective_atol(tol, golden)
-    if tol.rtol == 0 or golden.size == 0:
-        return atol
-    g = np.abs(to_float64(golden))
-    finite = g[np.isfinite(g)]
-    return atol + tol.rtol * (float(finite.max()) if finite.size else 0.0)
+    return tol.rule.bound(Scale.of(golden, to_float64(golden)))
 
 
 def compare_arrays(
@@ -288,7 +276,8 @@ def compare_arrays(
         "dtype_golden": g.dtype.name,
         "allowed": tol.describe_allowed(),
         "order": order,
-        "rule": tol.rule,
+        "rule": tol.rule.kind,
+        "unit": tol.rule.unit,
     }
     mismatch = None
     if a.dtype != g.dtype:
@@ -362,36 +351,23 @@ def compare_arrays(
         max_abs = float(diff.max())
         max_rel = float(rel.max())
         max_ulp = int(ulp.max())
-        bound = _bound(tol, g, True)
-        if tol.rule == "bitwise":
-            violating = differ
-            metric = allowed = None
-        elif tol.rule == "ulp":
-            violating = (finite & (ulp > tol.max_ulp)) | special
-            metric = ulp
-            allowed = None
-        else:
-            atol = effective_atol(tol, g)
-            with np.errstate(over="ignore", invalid="ignore", divide="ignore"):
-                allowed = atol + tol.rtol * abs_g
-                # `not <=` rather than `>` so that a NaN difference (inf - inf) is a violation.
-                violating = (finite & ~(diff <= allowed)) | special
-                metric = np.where(diff == 0, 0.0, diff / allowed)
+        scale = Scale.of(g, g64)
+        bound = tol.rule.bound(scale)
+        elements = Elements(differ, finite, special, diff, abs_g, ulp)
+        judgement = tol.rule.judge(elements, scale)
+        violating = judgement.violating
         if n_special:
             notes.append(
                 f"{n_special} NaN/inf position(s) differ (NaN and ±inf must sit at the same "
                 "positions under every class)"
             )
-        if n_special and tol.rule != "bitwise":
+        score = judgement.score
+        if n_special and tol.rule.tolerant:
             worst = int(np.argmax(special))
             worst_is_special = True
-        elif metric is not None and metric.max() > 0:
-            worst = int(np.argmax(metric))
-            if allowed is not None:
-                worst_detail = f", |a-b| {_sig(float(diff[worst]))} vs allowed "
-                worst_detail += _sig(float(allowed[worst]))
-            else:
-                worst_detail = f", {int(ulp[worst])} ulp vs allowed {tol.max_ulp}"
+        elif score is not None and score.max() > 0:
+            worst = int(np.argmax(score))
+            worst_detail = tol.rule.detail(judgement, elements, worst)
         else:
             worst = first_differ
         worst_a, worst_g = _scalar(a64[worst]), _scalar(g64[worst])
@@ -413,7 +389,7 @@ def compare_arrays(
             worst_a, worst_g = bool(worst_a), bool(worst_g)
         elif not isinstance(worst_a, int):
             worst_a, worst_g = int(ia[worst]), int(ig[worst])
-        if tol.rule != "bitwise":
+        if tol.rule.tolerant:
             notes.append(f"{dtype.name} arrays are compared exactly under every class")
     else:
         with np.errstate(all="ignore"):
@@ -425,8 +401,8 @@ def compare_arrays(
         violating = differ
         worst = first_differ
         worst_a, worst_g = _scalar(flat_a[worst]), _scalar(flat_g[worst])
-        if tol.rule != "bitwise":
-            notes.append(f"{dtype.name} has no ulp or close rule in parity; compared exactly")
+        if tol.rule.tolerant:
+            notes.append(f"{dtype.name} has no float rule in parity; compared exactly")
 
     n_violating = int(np.count_nonzero(violating))
     worst_index = _index(worst, shape_g)
@@ -434,7 +410,7 @@ def compare_arrays(
     reason = ""
     if verdict == "fail":
         share = n_violating / n
-        what = "differ in their bits" if tol.rule == "bitwise" else "break the rule"
+        what = "break the rule" if tol.rule.tolerant else "differ in their bits"
         values = f"actual {_fmt(flat_a[worst])} vs golden {_fmt(flat_g[worst])}"
         figures = []
         if max_abs is not None:
@@ -445,7 +421,7 @@ def compare_arrays(
             figures.append(f"max ulp {max_ulp}")
         where = {
             True: "first NaN/inf mismatch",
-            False: "first differing element" if tol.rule == "bitwise" else "worst",
+            False: "worst" if tol.rule.tolerant else "first differing element",
         }[worst_is_special]
         reason = (
             f"key {key!r} breaks class {tol.name!r} ({tol.describe_allowed()}): "

@@ -88,7 +88,7 @@ def _severity(f: Finding) -> tuple[bool, float, float, float]:
     if f.max_abs is None and not f.passed:
         return (True, math.inf, math.inf, math.inf)
     ratio = 0.0
-    figure = float(f.max_ulp if f.rule == "ulp" and f.max_ulp is not None else f.max_abs or 0.0)
+    figure = float(f.max_ulp if f.unit == "ulp" and f.max_ulp is not None else f.max_abs or 0.0)
     if f.bound:
         ratio = figure / f.bound
     elif figure:
@@ -339,7 +339,7 @@ def _plot_class(path: Path, name: str, findings: Sequence[Finding]) -> None:
     import numpy as np
     from matplotlib.figure import Figure
 
-    in_ulp = findings[0].rule == "ulp"
+    in_ulp = findings[0].unit == "ulp"
     # Absent, mismatched and NaN/inf-misplaced keys have no meaningful figure: they are
     # drawn as markers along the top instead.
     figure = [

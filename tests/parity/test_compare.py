@@ -10,13 +10,14 @@ import numpy as np
 import pytest
 
 from parity.compare import Comparison, Finding, compare_arrays, compare_trees, flatten
+from parity.rules import Close, Ulp
 from parity.tolerance import REGISTRY, ClassMap, ToleranceClass, UnmatchedKeyError
 
 BITWISE = REGISTRY["bitwise"]
-ULP0 = ToleranceClass("ulp0", "ulp", max_ulp=0, meaning="test")
-ULP1 = ToleranceClass("ulp1", "ulp", max_ulp=1, meaning="test")
+ULP0 = ToleranceClass("ulp0", Ulp(max_ulp=0), meaning="test")
+ULP1 = ToleranceClass("ulp1", Ulp(max_ulp=1), meaning="test")
 CLOSE = REGISTRY["fp32_reassoc"]
-LOOSE = ToleranceClass("loose", "close", atol=10.0, rtol=1.0, meaning="test")
+LOOSE = ToleranceClass("loose", Close(atol=10.0, rtol=1.0), meaning="test")
 
 
 def test_signed_zero_fails_only_bitwise() -> None:
@@ -95,7 +96,7 @@ def test_unsigned_differences_do_not_wrap() -> None:
 
 
 def test_worst_index_is_the_largest_violation_ratio_not_the_largest_error() -> None:
-    tol = ToleranceClass("dc", "close", atol=1e-7, rtol=1e-4, meaning="test")
+    tol = ToleranceClass("dc", Close(atol=1e-7, rtol=1e-4), meaning="test")
     golden = np.array([[100.0, 1e-3], [5.0, -2.0]])
     delta = np.array([[1.5e-2, 5e-6], [0.0, 1e-5]])
     actual = golden + delta
@@ -269,7 +270,7 @@ def test_unmatched_key_is_a_configuration_error() -> None:
 
 def test_user_registry_is_used() -> None:
     tree = {"x": np.ones(2)}
-    mine = ToleranceClass("mine", "ulp", max_ulp=1, meaning="test")
+    mine = ToleranceClass("mine", Ulp(max_ulp=1), meaning="test")
     comparison = compare_trees(tree, tree, "mine", registry={"mine": mine})
     assert comparison.findings[0].class_name == "mine"
     with pytest.raises(ValueError, match="own name"):

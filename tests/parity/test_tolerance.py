@@ -20,6 +20,7 @@ from hypothesis import strategies as st
 from hypothesis.extra import numpy as hnp
 
 from parity.compare import compare_arrays
+from parity.rules import Close, Ulp
 from parity.tolerance import (
     REGISTRY,
     ULP_NAN,
@@ -90,7 +91,7 @@ def passes(tol: ToleranceClass, a: np.ndarray, b: np.ndarray) -> bool:
 
 
 def ulp_class(n: int) -> ToleranceClass:
-    return ToleranceClass(f"ulp{n}", "ulp", max_ulp=n, meaning="test")
+    return ToleranceClass(f"ulp{n}", Ulp(max_ulp=n), meaning="test")
 
 
 # --- properties ----------------------------------------------------------------------------
@@ -163,11 +164,11 @@ def test_classes_are_monotone(dtype: np.dtype[Any], data: Any, n: int, extra: in
         assert passes(ulp_class(n + extra), a, b)
         # n ulps cross at most one binade boundary here (every dtype has >= 4 values per
         # binade), where the spacing at most doubles: 2n ulps of the largest |b| contain it.
-        contains = ToleranceClass("c", "close", atol_ulps=2 * n, meaning="test")
+        contains = ToleranceClass("c", Close(atol_ulps=2 * n), meaning="test")
         assert passes(contains, a, b)
-    loose = ToleranceClass("loose", "close", atol=0.5, rtol=0.1, meaning="test")
+    loose = ToleranceClass("loose", Close(atol=0.5, rtol=0.1), meaning="test")
     looser = ToleranceClass(
-        "looser", "close", atol=0.5 * (1 + extra), rtol=0.1 * (1 + n), meaning="test"
+        "looser", Close(atol=0.5 * (1 + extra), rtol=0.1 * (1 + n)), meaning="test"
     )
     if passes(loose, a, b):
         assert passes(looser, a, b)
@@ -184,7 +185,7 @@ def test_close_agrees_with_numpy_isclose_on_finite_inputs(
     dtype: np.dtype[Any], data: Any, atol: float, rtol: float
 ) -> None:
     actual, golden = data.draw(float_pairs(dtype, finite=True))
-    tol = ToleranceClass("c", "close", atol=atol, rtol=rtol, meaning="test")
+    tol = ToleranceClass("c", Close(atol=atol, rtol=rtol), meaning="test")
     finding = compare_arrays("x", actual, golden, tol)
     # numpy's isclose is |a-b| <= atol + rtol*|b| with b its second argument: the golden.
     close = np.isclose(f64(actual), f64(golden), rtol=rtol, atol=atol, equal_nan=False)
@@ -200,7 +201,7 @@ def test_atol_ulps_is_spacing_of_the_largest_golden_magnitude(
     dtype: type[np.floating[Any]], data: Any, n: int
 ) -> None:
     _, golden = data.draw(float_pairs(np.dtype(dtype), finite=True))
-    tol = ToleranceClass("u", "close", atol_ulps=n, meaning="test")
+    tol = ToleranceClass("u", Close(atol_ulps=n), meaning="test")
     largest = np.abs(golden).max() if golden.size else dtype(0)
     with np.errstate(over="ignore"):
         spacing = float(np.spacing(dtype(largest)))
@@ -260,10 +261,10 @@ def test_ulp_distance_refuses_mixed_dtypes_shapes_and_ints() -> None:
 def test_invalid_classes_are_refused_naming_field_and_value(
     kwargs: dict[str, Any], field: str
 ) -> None:
-    rule = kwargs.pop("rule")
+    rule = kwargs["rule"]
     with pytest.raises(ValueError, match=field) as info:
-        ToleranceClass("bad", rule, meaning="test", **kwargs)
-    shown = kwargs.get(field, rule)
+        ToleranceClass.from_dict({"name": "bad", "meaning": "test", **kwargs})
+    shown = rule if field == "rule" else kwargs[field]
     assert repr(shown) in str(info.value)
 
 
@@ -283,11 +284,9 @@ def test_from_dict_refuses_unknown_fields() -> None:
 def test_describe_allowed_states_the_rule() -> None:
     assert REGISTRY["bitwise"].describe_allowed() == "bitwise"
     assert ulp_class(4).describe_allowed() == "ulp <= 4"
-    tol = ToleranceClass("t", "close", atol=1.7e-5, meaning="test")
+    tol = ToleranceClass("t", Close(atol=1.7e-5), meaning="test")
     assert tol.describe_allowed() == "|a-b| <= 1.7e-05 + 0*|b|"
-    assert (
-        "ulp(max|b|)" in ToleranceClass("u", "close", atol_ulps=3, meaning="t").describe_allowed()
-    )
+    assert "ulp(max|b|)" in ToleranceClass("u", Close(atol_ulps=3), meaning="t").describe_allowed()
 
 
 def test_registry_holds_the_design_classes_and_is_read_only() -> None:
@@ -305,7 +304,7 @@ def test_get_class_lists_known_names() -> None:
     assert isinstance(info.value, UnknownClassError)
     for name in REGISTRY:
         assert name in str(info.value)
-    mine = {"mine": ToleranceClass("mine", "ulp", max_ulp=2, meaning="test")}
+    mine = {"mine": ToleranceClass("mine", Ulp(max_ulp=2), meaning="test")}
     assert get_class("mine", mine) is mine["mine"]
     with pytest.raises(ValueError, match="own name"):
         get_class("alias", {"alias": mine["mine"]})

@@ -1,0 +1,300 @@
+"""Rules: how far a float array may move from its golden, one object per rule.
+
+A rule measures the violations of one pair of arrays and states its own bound. It is the
+only place that knows its arithmetic: `parity.compare` walks every array the same way and
+asks the rule three things:
+
+- `bound(scale)`: the largest allowed deviation for an array of that scale, in the rule's
+  `unit` (`"abs"` for `|a-b|`, `"ulp"` for ulp distance); reports plot errors against it.
+- `judge(e, scale)`: for the elements of `e` (an `Elements`), which break the rule and how
+  badly (a score; the worst element is the one with the largest score).
+- `describe()`: the rule in words, for reports and messages.
+
+`scale` is a `Scale`, the facts about the whole golden array a rule may need before judging
+single elements (its largest finite magnitude). Splitting the two is what lets a caller
+judge an array chunk by chunk and still get the bound of the whole array.
+
+Rules only judge *finite float* elements. What every class shares is handled by the
+caller, never by a rule: dtypes and shapes are strict, NaN and ±inf must sit at the same
+positions, and integer and bool arrays are compared exactly.
+
+Adding a rule is one class here, registered in `RULES` under its `kind`, so that
+`ToleranceClass.from_dict` (and the golden files' JSON) can name it.
+
+This module imports numpy and ml_dtypes only.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import math
+from collections.abc import Mapping
+from dataclasses import dataclass
+from typing import Any, ClassVar, Literal
+
+import numpy as np
+
+from parity.ulp import spacing_at
+
+__all__ = [
+    "RULES",
+    "Bitwise",
+    "Close",
+    "Elements",
+    "Judgement",
+    "RelativeToMax",
+    "Rule",
+    "Scale",
+    "Ulp",
+    "rule_from_dict",
+]
+
+Unit = Literal["abs", "ulp"]
+
+
+@dataclass(frozen=True)
+class Scale:
+    """Facts about a whole golden array that a rule may need before judging its elements.
+
+    **Fields:**
+
+    - `dtype`: the golden's dtype.
+    - `max_abs`: its largest finite magnitude, 0.0 when it has no finite element.
+    """
+
+    dtype: np.dtype[Any]
+    max_abs: float
+
+    @classmethod
+    def of(cls, golden: np.ndarray, g64: np.ndarray | None = None) -> Scale:
+        """The scale of `golden` (`g64`: the same array as float64, if the caller has it)."""
+        g = np.abs(g64 if g64 is not None else golden.astype(np.float64))
+        finite = g[np.isfinite(g)]
+        return cls(golden.dtype, float(finite.max()) if finite.size else 0.0)
+
+
+@dataclass(frozen=True)
+class Elements:
+    """The elements of one pair of float arrays, flattened, as the rules see them.
+
+    **Fields:**
+
+    - `differ`: the bits differ.
+    - `finite`: both values are finite.
+    - `special`: a NaN or ±inf sits in one array only (or the infs differ in sign).
+    - `diff`: `|a-b|` in float64 where both are finite, else 0.
+    - `abs_golden`: `|b|` in float64 where both are finite, else 0.
+    - `ulp`: ulp distance where both are finite, else 0 (uint64).
+    """
+
+    differ: np.ndarray
+    finite: np.ndarray
+    special: np.ndarray
+    diff: np.ndarray
+    abs_golden: np.ndarray
+    ulp: np.ndarray
+
+
+@dataclass(frozen=True)
+class Judgement:
+    """What a rule makes of some elements.
+
+    **Fields:**
+
+    - `violating`: the elements that break the rule.
+    - `score`: how badly each element fares, larger is worse (a figure divided by what is
+      allowed there, or the ulp distance); `None` for rules without degrees (bitwise),
+      where the worst element is the first that differs.
+    - `allowed`: what was allowed per element, in the rule's unit (for messages), or `None`.
+    """
+
+    violating: np.ndarray
+    score: np.ndarray | None
+    allowed: np.ndarray | float | None
+
+
+def _check_nonneg(rule: str, field: str, value: object) -> None:
+    if isinstance(value, bool) or not isinstance(value, int | float | np.integer | np.floating):
+        raise ValueError(
+            f"rule {rule!r}: {field} must be a number, got {value!r} ({type(value).__name__})"
+        )
+    if not math.isfinite(float(value)) or value < 0:
+        raise ValueError(f"rule {rule!r}: {field} must be finite and >= 0, got {value!r}")
+
+
+class Rule:
+    """Base of every rule; see the module docstring for what each method means."""
+
+    kind: ClassVar[str]
+    unit: ClassVar[Unit] = "abs"
+    #: Whether the rule tolerates some difference (False only for bitwise): decides whether
+    #: a NaN/inf misplacement is the worst element and how a failure is worded.
+    tolerant: ClassVar[bool] = True
+
+    def describe(self) -> str:
+        raise NotImplementedError
+
+    def bound(self, scale: Scale) -> float:
+        raise NotImplementedError
+
+    def judge(self, e: Elements, scale: Scale) -> Judgement:
+        raise NotImplementedError
+
+    def detail(self, j: Judgement, e: Elements, i: int) -> str:
+        """The worst element's figure against what was allowed, for a failure's reason."""
+        if j.allowed is None:
+            return ""
+        allowed = j.allowed if isinstance(j.allowed, float) else float(j.allowed[i])
+        if self.unit == "ulp":
+            return f", {int(e.ulp[i])} ulp vs allowed {allowed:g}"
+        return f", |a-b| {float(e.diff[i]):.3g} vs allowed {allowed:.3g}"
+
+    def params(self) -> dict[str, Any]:
+        """The rule's parameters, JSON-safe (`rule_from_dict` reads them back)."""
+        return {f.name: getattr(self, f.name) for f in dataclasses.fields(self)}  # pyright: ignore[reportArgumentType]
+
+
+@dataclass(frozen=True)
+class Bitwise(Rule):
+    """Same dtype, shape and bytes: NaN payloads count and -0.0 differs from +0.0."""
+
+    kind: ClassVar[str] = "bitwise"
+    tolerant: ClassVar[bool] = False
+
+    def describe(self) -> str:
+        return "bitwise"
+
+    def bound(self, scale: Scale) -> float:
+        return 0.0
+
+    def judge(self, e: Elements, scale: Scale) -> Judgement:
+        return Judgement(e.differ, None, None)
+
+
+@dataclass(frozen=True)
+class Ulp(Rule):
+    """Elementwise ulp distance at most `max_ulp` (an int >= 0)."""
+
+    max_ulp: int
+    kind: ClassVar[str] = "ulp"
+    unit: ClassVar[Unit] = "ulp"
+
+    def __post_init__(self) -> None:
+        if isinstance(self.max_ulp, bool) or not isinstance(self.max_ulp, int | np.integer):
+            raise ValueError(f"rule 'ulp': max_ulp must be an int, got {self.max_ulp!r}")
+        if self.max_ulp < 0:
+            raise ValueError(f"rule 'ulp': max_ulp must be >= 0, got {self.max_ulp!r}")
+        object.__setattr__(self, "max_ulp", int(self.max_ulp))
+
+    def describe(self) -> str:
+        return f"ulp <= {self.max_ulp}"
+
+    def bound(self, scale: Scale) -> float:
+        return float(self.max_ulp)
+
+    def judge(self, e: Elements, scale: Scale) -> Judgement:
+        violating = (e.finite & (e.ulp > self.max_ulp)) | e.special
+        return Judgement(violating, e.ulp.astype(np.float64), float(self.max_ulp))
+
+
+@dataclass(frozen=True)
+class Close(Rule):
+    """`|a - b| <= atol + rtol*|b|`, `b` the golden.
+
+    `atol_ulps`, when set, replaces `atol` (which must then be 0): the absolute tolerance
+    is that many ulps of the golden's largest finite magnitude, in the golden's dtype.
+    """
+
+    atol: float = 0.0
+    rtol: float = 0.0
+    atol_ulps: float | None = None
+    kind: ClassVar[str] = "close"
+
+    def __post_init__(self) -> None:
+        _check_nonneg("close", "atol", self.atol)
+        _check_nonneg("close", "rtol", self.rtol)
+        if self.atol_ulps is not None:
+            _check_nonneg("close", "atol_ulps", self.atol_ulps)
+            if self.atol != 0:
+                raise ValueError(
+                    f"rule 'close': set atol or atol_ulps, not both (got atol={self.atol!r}, "
+                    f"atol_ulps={self.atol_ulps!r})"
+                )
+            object.__setattr__(self, "atol_ulps", float(self.atol_ulps))
+        object.__setattr__(self, "atol", float(self.atol))
+        object.__setattr__(self, "rtol", float(self.rtol))
+
+    def describe(self) -> str:
+        atol = f"{self.atol:g}" if self.atol_ulps is None else f"{self.atol_ulps:g} ulp(max|b|)"
+        return f"|a-b| <= {atol} + {self.rtol:g}*|b|"
+
+    def effective_atol(self, scale: Scale) -> float:
+        """`atol`, or `atol_ulps` ulps of the golden's largest finite magnitude."""
+        if self.atol_ulps is None:
+            return self.atol
+        return self.atol_ulps * spacing_at(scale.max_abs, scale.dtype)
+
+    def bound(self, scale: Scale) -> float:
+        return self.effective_atol(scale) + self.rtol * scale.max_abs
+
+    def judge(self, e: Elements, scale: Scale) -> Judgement:
+        with np.errstate(over="ignore", invalid="ignore", divide="ignore"):
+            allowed = self.effective_atol(scale) + self.rtol * e.abs_golden
+            # `not <=` rather than `>` so that a NaN difference (inf - inf) is a violation.
+            violating = (e.finite & ~(e.diff <= allowed)) | e.special
+            score = np.where(e.diff == 0, 0.0, e.diff / allowed)
+        return Judgement(violating, score, allowed)
+
+
+@dataclass(frozen=True)
+class RelativeToMax(Rule):
+    """`|a - b| <= k * max|b|`: a bound relative to the golden's largest finite magnitude.
+
+    For arrays whose scale varies from case to case (random configurations, tied heads
+    with large logits), where fp32 reassociation error grows with the magnitudes summed,
+    not with each element's own size.
+    """
+
+    k: float
+    kind: ClassVar[str] = "relative_to_max"
+
+    def __post_init__(self) -> None:
+        _check_nonneg("relative_to_max", "k", self.k)
+        object.__setattr__(self, "k", float(self.k))
+
+    def describe(self) -> str:
+        return f"|a-b| <= {self.k:g}*max|b|"
+
+    def bound(self, scale: Scale) -> float:
+        return self.k * scale.max_abs
+
+    def judge(self, e: Elements, scale: Scale) -> Judgement:
+        bound = self.bound(scale)
+        with np.errstate(over="ignore", invalid="ignore", divide="ignore"):
+            violating = (e.finite & ~(e.diff <= bound)) | e.special
+            score = np.where(e.diff == 0, 0.0, e.diff / bound)
+        return Judgement(violating, score, bound)
+
+
+#: Every rule by its `kind`.
+RULES: Mapping[str, type[Rule]] = {r.kind: r for r in (Bitwise, Ulp, Close, RelativeToMax)}
+
+
+def rule_from_dict(kind: str, params: Mapping[str, Any]) -> Rule:
+    """Build a rule from its kind and parameters (as `Rule.params` gives them).
+
+    Raises `ValueError` naming the known kinds, or the parameters a kind takes.
+    """
+    try:
+        cls = RULES[kind]
+    except (KeyError, TypeError):
+        raise ValueError(f"unknown rule {kind!r}; known rules: {sorted(RULES)}") from None
+    fields = {f.name for f in dataclasses.fields(cls)}  # pyright: ignore[reportArgumentType]
+    unknown = sorted(set(params) - fields)
+    if unknown:
+        got = ", ".join(f"{k}={params[k]!r}" for k in unknown)
+        raise ValueError(f"rule {kind!r} takes {sorted(fields) or 'no parameters'}, got {got}")
+    try:
+        return cls(**dict(params))
+    except TypeError as e:
+        raise ValueError(f"rule {kind!r}: {e}") from None
