@@ -22,6 +22,7 @@ import numpy as np
 
 from parity.rules import Elements, Scale
 from parity.tolerance import REGISTRY, ClassMap, ToleranceClass, get_class
+from parity.trees import flatten
 from parity.ulp import is_float_dtype, is_int_dtype, to_float64, ulp_distance
 
 __all__ = [
@@ -451,51 +452,6 @@ def compare_arrays(
     )
 
 
-def flatten(tree: Any, *, sep: str = ".") -> dict[str, np.ndarray]:
-    """Flatten a nested mapping of arrays into `{"a.b.c": array}`.
-
-    Mappings contribute their keys (as `str`), lists and tuples their indices, named
-    tuples their field names; `None` is an empty subtree (as in jax); anything else is a
-    leaf and goes through `np.asarray`. A flat mapping whose keys already contain `sep`
-    comes back unchanged, so flat and nested inputs mix.
-
-    **Arguments:**
-
-    - `tree`: a mapping, list or tuple of arrays and further containers.
-    - `sep`: the separator between path parts; `"."`.
-
-    **Returns:** a dict from joined key to array, in traversal order. Raises `ValueError` if
-    two paths join to the same key and `TypeError` if `tree` is a bare leaf.
-    """
-    if not isinstance(tree, Mapping | list | tuple):
-        raise TypeError(
-            f"flatten needs a mapping, list or tuple of arrays at the top, got "
-            f"{type(tree).__name__}; wrap a single array as {{'name': array}}"
-        )
-    out: dict[str, np.ndarray] = {}
-
-    def visit(node: Any, path: str) -> None:
-        items: Iterable[tuple[Any, Any]]
-        if node is None:
-            return
-        if isinstance(node, Mapping):
-            items = cast(Mapping[Any, Any], node).items()
-        elif isinstance(node, tuple) and hasattr(node, "_fields"):
-            items = zip(cast(Any, node)._fields, cast(tuple[Any, ...], node), strict=True)
-        elif isinstance(node, list | tuple):
-            items = enumerate(cast(Sequence[Any], node))
-        else:
-            if path in out:
-                raise ValueError(f"flatten: two paths join to the key {path!r}")
-            out[path] = np.asarray(node)
-            return
-        for name, child in items:
-            visit(child, f"{path}{sep}{name}" if path else str(name))
-
-    visit(tree, "")
-    return out
-
-
 def _ordered(keys: Iterable[str], order: Order | None) -> list[tuple[str, int | None]]:
     """Keys in forward order with their places; uncovered keys last, by name."""
     keys = sorted(keys)
@@ -579,7 +535,7 @@ class Comparison:
 def compare_trees(
     actual: Any,
     golden: Any,
-    class_map: ClassMap | str,
+    class_map: ClassMap | str | Callable[[str], str],
     *,
     registry: Mapping[str, ToleranceClass] = REGISTRY,
     order: Order | None = None,
@@ -590,7 +546,8 @@ def compare_trees(
 
     - `actual`, `golden`: flat `{key: array}` mappings or nested mappings (flattened with
         `flatten`, keys joined by `"."`).
-    - `class_map`: which class each key gets; a bare class name applies to every key.
+    - `class_map`: which class each key gets: a `ClassMap`, a bare class name for every
+        key, or a callable `key -> class name` (as `parity.check.class_resolver` builds).
     - `registry`: the classes by name; defaults to `REGISTRY`.
     - `order`: the forward order: a sequence of keys, or a callable `key -> sort key`
         returning `None` for keys it does not cover. Findings follow it; uncovered keys
@@ -602,10 +559,15 @@ def compare_trees(
     """
     flat_a = flatten(actual)
     flat_g = flatten(golden)
-    classes = ClassMap(default=class_map) if isinstance(class_map, str) else class_map
+    if isinstance(class_map, str):
+        class_for = ClassMap(default=class_map).class_for
+    elif isinstance(class_map, ClassMap):
+        class_for = class_map.class_for
+    else:
+        class_for = class_map
     findings: list[Finding] = []
     for key, place in _ordered(set(flat_a) | set(flat_g), order):
-        tol = get_class(classes.class_for(key), registry)
+        tol = get_class(class_for(key), registry)
         if key not in flat_a:
             findings.append(_absent(key, tol, flat_g[key], "missing", place))
         elif key not in flat_g:

@@ -12,14 +12,24 @@ Options:
 - `--parity-drift {warn,relax,strict}`: what environment drift does to bitwise classes
   (see `parity.provenance`).
 - `--parity-unchecked {ignore,warn,fail}`: list golden keys that no test checked;
-  `fail` makes the session fail if there are any.
+  `fail` makes the session fail if there are any. Judged against what was selected: keys
+  of every group some check opened, and whole groups no check opened only when the run
+  was not narrowed (no `-k`, `-m`, `--deselect`, `--lf`, or node ids).
+- `--parity-save-actual DIR`: when a check fails, write what was produced to
+  `DIR/<check>.h5` in golden format; the failure message gives the `parity diff` command
+  that reproduces its table.
 
 Fixtures:
 
-- `parity_goldens`: the golden folder; files open lazily, read-only, once per process
-  (safe under pytest-xdist: every worker opens its own read-only handle).
-- `parity_check`: compare arrays against a golden group or a live reference under the
-  tolerance classes, record the comparison for the session report, fail with the table.
+- `parity_goldens`: the golden folder (`parity.check.GoldenDir`); files open lazily,
+  read-only, once per process (safe under pytest-xdist: every worker opens its own).
+- `parity_check`: compare arrays against a golden group or a live reference
+  (`parity.check.check_group` / `check_live`), record the result for the session report,
+  fail with the table.
+
+The hooks stay thin: class resolution, the drift policy and comparison live in
+`parity.check`; the report in `parity.report`. Results cross from xdist workers to the
+controller as `parity.check.CheckResult` dicts.
 """
 
 from __future__ import annotations
@@ -28,10 +38,10 @@ import dataclasses
 import json
 import os
 import time
-from collections.abc import Callable, Mapping, Sequence
-from dataclasses import dataclass, field
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import pytest
 
@@ -42,9 +52,12 @@ from parity.devices import (
     set_cpu_device_count,
 )
 
-_RECORDS = pytest.StashKey[list[dict[str, Any]]]()
+if TYPE_CHECKING:  # parity.check loads h5py: imported only when a check runs
+    from parity.check import CheckResult, GoldenDir
+
+_RESULTS = pytest.StashKey[list["CheckResult"]]()
 _GOLDENS = pytest.StashKey["GoldenDir"]()
-_REPIN_HINT = "python tools/repin_goldens.py --base <SHA>"
+_NARROWED = pytest.StashKey[bool]()
 
 
 def pytest_addoption(parser: pytest.Parser) -> None:
@@ -88,7 +101,14 @@ def pytest_addoption(parser: pytest.Parser) -> None:
         "--parity-unchecked",
         default="warn",
         choices=("ignore", "warn", "fail"),
-        help="golden keys no test checked: ignore, list them, or fail the session",
+        help="golden keys no test checked: ignore, list them, or fail the session "
+        "(judged against the selected tests)",
+    )
+    group.addoption(
+        "--parity-save-actual",
+        default=None,
+        metavar="DIR",
+        help="when a check fails, write what was produced to DIR/<check>.h5 (golden format)",
     )
     parser.addini("parity_goldens", "golden folder, relative to the rootdir", default="goldens")
 
@@ -133,55 +153,19 @@ def pytest_configure(config: pytest.Config) -> None:
     if isa is not None:
         cap_isa(isa)
     _enable_compile_cache(config)
-    config.stash[_RECORDS] = []
+    config.stash[_RESULTS] = []
+    config.stash[_NARROWED] = any("::" in str(a) for a in config.args)
+    from parity.check import GoldenDir
+
     raw = config.getoption("--parity-goldens") or config.getini("parity_goldens")
     path = Path(raw)
     config.stash[_GOLDENS] = GoldenDir(path if path.is_absolute() else config.rootpath / path)
 
 
-# --------------------------------------------------------------------------- goldens
-
-
-class GoldenDir:
-    """A folder of golden files, `<group>.h5`, opened lazily and read-only."""
-
-    def __init__(self, path: Path):
-        self.path = path
-        self._open: dict[str, Any] = {}
-
-    def path_of(self, group: str) -> Path:
-        return self.path / f"{group}.h5"
-
-    def groups(self) -> list[str]:
-        """Every golden group in the folder."""
-        return sorted(p.stem for p in self.path.glob("*.h5")) if self.path.is_dir() else []
-
-    def open(self, group: str) -> Any:
-        """The `parity.store.GoldenFile` of `group`; fails the test with the repin command
-        if it is missing or unusable."""
-        from parity.store import GoldenMissingError, GoldenStoreError, open_goldens
-
-        if group not in self._open:
-            # Fail outside the except clauses: inside them pytest prints the store's error
-            # and "During handling of the above exception" before the message.
-            problem = None
-            try:
-                self._open[group] = open_goldens(self.path_of(group))
-            except GoldenMissingError:
-                problem = (
-                    f"no golden file for group {group!r} at {self.path_of(group)}: pin it with "
-                    f"{_REPIN_HINT}"
-                )
-            except GoldenStoreError as e:
-                problem = f"golden group {group!r} is unusable: {e}"
-            if problem is not None:
-                pytest.fail(problem, pytrace=False)
-        return self._open[group]
-
-    def close(self) -> None:
-        for f in self._open.values():
-            f.close()
-        self._open.clear()
+def pytest_deselected(items: Sequence[pytest.Item]) -> None:
+    """`-k`, `-m`, `--deselect`, `--lf` narrowed the run: unopened groups are not judged."""
+    if items:
+        items[0].config.stash[_NARROWED] = True
 
 
 @pytest.fixture(scope="session")
@@ -194,12 +178,11 @@ def parity_goldens(pytestconfig: pytest.Config) -> GoldenDir:
 class _Check:
     config: pytest.Config
     node: str
-    records: list[dict[str, Any]] = field(default_factory=list)
 
     def __call__(
         self,
-        actual: Mapping[str, Any],
-        golden: str | Mapping[str, Any],
+        actual: Any,
+        golden: Any,
         *,
         name: str | None = None,
         class_map: Any = None,
@@ -208,16 +191,18 @@ class _Check:
         produce_s: float | None = None,
         fail: bool = True,
     ) -> Any:
-        """Compare `actual` against a golden group (by name) or a live reference mapping.
+        """Compare `actual` against a golden group (by name) or a live reference.
 
         **Arguments:**
 
-        - `actual`: `{key: array}` from the code under test.
-        - `golden`: a golden group name (its file's pinned class map and order are used),
-          or `{key: array}` from a live reference (then `class_map` is required).
+        - `actual`: a pytree of arrays from the code under test (`{key: array}`, nested
+          containers, equinox modules).
+        - `golden`: a golden group name, or a pytree from a live reference (then
+          `class_map` defaults to `bitwise`).
         - `name`: the check's name in the report (default: the group name or test id).
-        - `class_map`: a `ClassMap` or a single class name; overrides the pinned map.
-        - `class_overrides`: `(pattern, class)` rules tried before the map, e.g.
+        - `class_map`: a `ClassMap` or a single class name, before the pinned map in the
+          precedence of `parity.check`.
+        - `class_overrides`: `(pattern, class)` rules tried first, e.g.
           `[("traj.*", "device_count")]` on 4 devices.
         - `order`: forward order (default: the golden file's pinned order).
         - `produce_s`: seconds the caller spent producing `actual`, for the timing summary.
@@ -225,73 +210,54 @@ class _Check:
 
         **Returns:** the `parity.compare.Comparison`.
         """
-        from parity.compare import compare_trees
-        from parity.provenance import bitwise_policy, collect_provenance, drift
+        from parity.check import CheckError, check_group, check_live
         from parity.report import format_table
-        from parity.tolerance import REGISTRY, ClassMap, ToleranceClass
 
-        t0 = time.perf_counter()
-        header: dict[str, str] = {}
-        registry: dict[str, ToleranceClass] = dict(REGISTRY)
-        group = golden if isinstance(golden, str) else None
-        if group is not None:
-            gf = self.config.stash[_GOLDENS].open(group)
-            golden_arrays = {k: gf[k] for k in gf}
-            pinned = ClassMap.from_json(gf.class_map_json) if gf.class_map_json else None
-            class_map = class_map if class_map is not None else pinned
-            if order is None:
-                order = gf.ordered_keys()
-            decision = bitwise_policy(
-                drift(gf.provenance, collect_provenance()),
-                self.config.getoption("--parity-drift") or "warn",
-            )
-            header.update({f"drift {i}": line for i, line in enumerate(decision.header)})
-            if decision.error:
-                pytest.fail("\n".join(decision.header), pytrace=False)
-            if decision.bitwise_max_ulp is not None:
-                registry["bitwise"] = ToleranceClass(
-                    name="bitwise",
-                    rule="ulp",
-                    max_ulp=decision.bitwise_max_ulp,
-                    meaning="bitwise, relaxed to ulp by the drift policy",
+        config = self.config
+        save = config.getoption("--parity-save-actual")
+        problem = None
+        try:
+            if isinstance(golden, str):
+                result = check_group(
+                    actual,
+                    golden,
+                    goldens=config.stash[_GOLDENS],
+                    class_map=class_map,
+                    overrides=class_overrides,
+                    order=order,
+                    drift_mode=config.getoption("--parity-drift") or "warn",
+                    name=name,
+                    node=self.node,
+                    produce_s=produce_s,
+                    save_actual=save,
                 )
-            header["golden"] = str(self.config.stash[_GOLDENS].path_of(group))
-            header["base_sha"] = str(gf.provenance.get("base_sha"))
-        else:
-            assert not isinstance(golden, str)
-            golden_arrays = {k: golden[k] for k in golden}
-            if class_map is None:
-                raise ValueError("a live comparison needs class_map (a ClassMap or class name)")
-        if class_overrides:
-            base = ClassMap(default=class_map) if isinstance(class_map, str) else class_map
-            rules = tuple(class_overrides) + (base.rules if base is not None else ())
-            class_map = ClassMap(rules=rules, default=base.default if base is not None else None)
-        if class_map is None:
-            raise ValueError(f"golden group {group!r} pins no class map; pass class_map")
-        load_s = time.perf_counter() - t0
-        t1 = time.perf_counter()
-        comparison = compare_trees(actual, golden_arrays, class_map, registry=registry, order=order)
-        compare_s = time.perf_counter() - t1
-        check_name = name or group or self.node
-        self.config.stash[_RECORDS].append(
-            {
-                "name": check_name,
-                "node": self.node,
-                "group": group,
-                "header": header,
-                "comparison": comparison.to_dict(),
-                "checked_keys": sorted(golden_arrays) if group is not None else [],
-                "produce_s": produce_s,
-                "load_s": load_s,
-                "compare_s": compare_s,
-            }
-        )
-        if fail and not comparison.passed:
-            pytest.fail(
-                f"parity check {check_name!r} failed\n" + format_table(comparison, header=header),
-                pytrace=False,
-            )
-        return comparison
+            else:
+                result = check_live(
+                    actual,
+                    golden,
+                    class_map="bitwise" if class_map is None else class_map,
+                    overrides=class_overrides,
+                    order=order,
+                    name=name or self.node,
+                    node=self.node,
+                    produce_s=produce_s,
+                    save_actual=save,
+                )
+        except CheckError as e:
+            # Failed outside the except clause: inside it pytest also prints "During
+            # handling of the above exception".
+            problem = str(e)
+        if problem is not None:
+            pytest.fail(problem, pytrace=False)
+        config.stash[_RESULTS].append(result)
+        if fail and not result.passed:
+            text = f"parity check {result.name!r} failed\n"
+            text += format_table(result.comparison, header=result.header)
+            if result.saved:
+                text += f"obtained arrays written to {result.saved}; reproduce with:\n"
+                text += f"  {result.command}\n"
+            pytest.fail(text, pytrace=False)
+        return result.comparison
 
 
 @pytest.fixture
@@ -307,10 +273,14 @@ def parity_check(request: pytest.FixtureRequest) -> _Check:
 class _Summary:
     """What the session's checks add up to, worked out once on the controller."""
 
-    records: list[dict[str, Any]]
-    merged: Any  # parity.compare.Comparison
+    results: list[CheckResult]  # in the order they ran
+    merged: Any  # parity.compare.Comparison, keys as "<check>/<key>"
     header: dict[str, str]
     unchecked: dict[str, list[str]]
+
+    @property
+    def checks(self) -> list[tuple[str, Any]]:
+        return [(r.name, r.comparison) for r in self.results]
 
 
 _SUMMARY = pytest.StashKey[_Summary]()
@@ -320,15 +290,18 @@ def pytest_sessionfinish(session: pytest.Session, exitstatus: int) -> None:
     config = session.config
     config.stash[_GOLDENS].close()
     workeroutput = getattr(config, "workeroutput", None)
-    if workeroutput is not None:  # an xdist worker: hand the records to the controller
-        workeroutput["parity_records"] = json.dumps(config.stash[_RECORDS])
+    from parity.check import results_to_json
+
+    if workeroutput is not None:  # an xdist worker: hand the results to the controller
+        workeroutput["parity_results"] = results_to_json(config.stash[_RESULTS])
+        workeroutput["parity_narrowed"] = config.stash[_NARROWED]
         return
-    records = config.stash[_RECORDS]
-    if not records:
+    results = sorted(config.stash[_RESULTS], key=lambda r: r.started)
+    if not results:
         return
     # Runs before the terminal summary (pytest's reporter prints after the other
     # sessionfinish hooks), which reads this instead of merging and scanning again.
-    summary = _Summary(records, _merged(records), _header(records), _unchecked(config, records))
+    summary = _Summary(results, _merged(results), _header(results), _unchecked(config, results))
     config.stash[_SUMMARY] = summary
     mode = config.getoption("--parity-unchecked")
     if summary.unchecked and mode == "fail" and session.exitstatus == 0:
@@ -340,26 +313,33 @@ def pytest_sessionfinish(session: pytest.Session, exitstatus: int) -> None:
 
 @pytest.hookimpl(optionalhook=True)
 def pytest_testnodedown(node: Any, error: Any) -> None:
-    """xdist controller: collect the records a worker made."""
-    raw = getattr(node, "workeroutput", {}).get("parity_records")
+    """xdist controller: collect the results a worker made."""
+    from parity.check import results_from_json
+
+    output = getattr(node, "workeroutput", {})
+    raw = output.get("parity_results")
     if raw:
-        node.config.stash[_RECORDS].extend(json.loads(raw))
+        node.config.stash[_RESULTS].extend(results_from_json(raw))
+    if output.get("parity_narrowed"):
+        node.config.stash[_NARROWED] = True
 
 
-def _unchecked(config: pytest.Config, records: list[dict[str, Any]]) -> dict[str, list[str]]:
-    """Golden keys (by group) that no check covered; only for groups any check opened,
-    plus whole groups no check opened when the mode is `fail`."""
-    if config.getoption("--parity-unchecked") == "ignore" or not records:
+def _unchecked(config: pytest.Config, results: list[CheckResult]) -> dict[str, list[str]]:
+    """Golden keys (by group) that no check covered, judged against what was selected:
+    every group some check opened, and, when the run was not narrowed, every other group
+    of the folder too (as a whole)."""
+    if config.getoption("--parity-unchecked") == "ignore":
         return {}
     from parity.store import GoldenStoreError, open_goldens
 
     checked: dict[str, set[str]] = {}
-    for r in records:
-        if r["group"]:
-            checked.setdefault(r["group"], set()).update(r["checked_keys"])
+    for r in results:
+        if r.group:
+            checked.setdefault(r.group, set()).update(r.checked_keys)
     goldens = config.stash[_GOLDENS]
+    judged = goldens.groups() if not config.stash[_NARROWED] else sorted(checked)
     out: dict[str, list[str]] = {}
-    for group in goldens.groups():
+    for group in judged:
         try:
             with open_goldens(goldens.path_of(group)) as gf:
                 keys = set(gf.keys())
@@ -371,41 +351,41 @@ def _unchecked(config: pytest.Config, records: list[dict[str, Any]]) -> dict[str
     return out
 
 
-def _merged(records: list[dict[str, Any]]) -> Any:
-    from parity.compare import Comparison, Finding
+def _merged(results: list[CheckResult]) -> Any:
+    """Every finding of the session, keyed `<check>/<key>`: groups can share keys (two
+    train groups pin the same leaves), and a key means nothing without its check."""
+    from parity.compare import Comparison
 
-    findings = []
-    for r in sorted(records, key=lambda r: r["name"]):
-        for f in r["comparison"]["findings"]:
-            finding = Finding.from_dict(f)
-            if r["group"] is None:
-                # Live checks reuse short keys ("logits"); name the check they belong to.
-                finding = dataclasses.replace(finding, key=f"{r['name']}/{finding.key}")
-            findings.append(finding)
-    return Comparison(tuple(findings))
+    return Comparison(
+        tuple(
+            dataclasses.replace(f, key=f"{r.name}/{f.key}")
+            for r in results
+            for f in r.comparison.findings
+        )
+    )
 
 
-def _header(records: list[dict[str, Any]]) -> dict[str, str]:
+def _header(results: list[CheckResult]) -> dict[str, str]:
     from parity.provenance import collect_provenance
 
     prov = collect_provenance()
     header = {
-        "checks": str(len(records)),
+        "checks": str(len(results)),
         "devices": str(prov["device_count"]),
         "xla_flags": prov["xla_flags"],
         "jax": str(prov["jax"]),
     }
-    for r in records:
-        for k, v in r["header"].items():
+    for r in results:
+        for k, v in r.header.items():
             if k.startswith("drift") and v not in header.values():
                 # Keep the line's own number: a check can have a "bits" and an "info" line.
-                header[f"{k} ({r['name']})"] = v
+                header[f"{k} ({r.name})"] = v
     return header
 
 
-def _timing(records: list[dict[str, Any]]) -> dict[str, float]:
+def _timing(results: list[CheckResult]) -> dict[str, float]:
     return {
-        phase: round(sum(r[phase] or 0.0 for r in records), 3)
+        phase: round(sum(getattr(r, phase) or 0.0 for r in results), 3)
         for phase in ("produce_s", "load_s", "compare_s")
     }
 
@@ -415,20 +395,27 @@ def _write_report(out: Path, summary: _Summary) -> None:
 
     t0 = time.perf_counter()
     out.mkdir(parents=True, exist_ok=True)
-    records, merged, header = summary.records, summary.merged, summary.header
-    (out / "report.txt").write_text(format_table(merged, header=header) + "\n")
-    write_html(out, merged, header=header)
-    timing = _timing(records)
+    results, merged, header, checks = (
+        summary.results,
+        summary.merged,
+        summary.header,
+        summary.checks,
+    )
+    (out / "report.txt").write_text(format_table(merged, header=header, checks=checks) + "\n")
+    write_html(out, merged, header=header, checks=checks)
+    timing = _timing(results)
     timing["report_s"] = round(time.perf_counter() - t0, 3)
-    doc = to_json(merged, header=header)
-    doc["checks"] = [
-        {k: r[k] for k in ("name", "node", "group", "produce_s", "load_s", "compare_s")}
-        | {
-            "passed": all(f["verdict"] == "pass" for f in r["comparison"]["findings"]),
-            "n_arrays": len(r["comparison"]["findings"]),
+    doc = to_json(merged, header=header, checks=checks)
+    for entry, r in zip(doc["checks"], results, strict=True):
+        entry |= {
+            "node": r.node,
+            "group": r.group,
+            "passed": r.passed,
+            "produce_s": r.produce_s,
+            "load_s": r.load_s,
+            "compare_s": r.compare_s,
+            "saved": r.saved,
         }
-        for r in records
-    ]
     doc["timing"] = timing
     doc["unchecked"] = summary.unchecked
     (out / "report.json").write_text(json.dumps(doc, indent=1, sort_keys=True))
@@ -444,17 +431,19 @@ def pytest_terminal_summary(terminalreporter: Any, exitstatus: int, config: pyte
 
     tr = terminalreporter
     tr.section("parity")
-    records, merged = summary.records, summary.merged
-    table = format_table(merged, header=summary.header)
-    # The per-class table and first divergence; every failing key was already printed by
-    # its test, so keep the summary short.
+    results, merged = summary.results, summary.merged
+    # The per-class table and each failing check's first divergence; every failing key was
+    # already printed by its test, so keep the summary short.
+    table = format_table(
+        merged, header=summary.header, checks=summary.checks, failing_checks_only=True
+    )
     lines = table.splitlines()
-    cut = next((i for i, line in enumerate(lines) if line.lower().startswith("fail")), len(lines))
+    cut = next((i for i, line in enumerate(lines) if line.startswith("failures (")), len(lines))
     for line in lines[:cut]:
         tr.write_line(line)
-    t = _timing(records)
+    t = _timing(results)
     tr.write_line(
-        f"{len(records)} checks, {len(merged.findings)} arrays; produce {t['produce_s']:.1f}s, "
+        f"{len(results)} checks, {len(merged.findings)} arrays; produce {t['produce_s']:.1f}s, "
         f"load {t['load_s']:.1f}s, compare {t['compare_s']:.1f}s"
     )
     unchecked = summary.unchecked

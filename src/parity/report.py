@@ -200,13 +200,47 @@ def _class_row(s: ClassSummary) -> list[str]:
     ]
 
 
-def format_table(comparison: Comparison, *, header: Mapping[str, str] | None = None) -> str:
+#: Checks of a session report: (name, comparison) in the order they ran.
+Checks = Sequence[tuple[str, Comparison]]
+
+
+def _check_lines(checks: Checks, *, failing_only: bool = False) -> list[str]:
+    """Per check: its verdict and first divergence, in that check's own forward order."""
+    shown = [(n, c) for n, c in checks if not (failing_only and c.passed)]
+    what = "failing checks" if failing_only else "checks"
+    lines = [
+        f"{what} ({len(shown)} of {len(checks)}), in the order they ran; first divergence in "
+        "each check's forward order:"
+    ]
+    for name, comp in shown:
+        verdict = "PASS" if comp.passed else "FAIL"
+        lines.append(
+            f"  {verdict} {name} ({len(comp.failures)} of {len(comp.findings)} arrays fail)"
+        )
+        if comp.first_not_bitwise is not None:
+            lines.append("      " + _divergence("first not bitwise equal", comp.first_not_bitwise))
+        if not comp.passed:
+            lines.append("      " + _divergence("first breaking its class", comp.first_failure))
+    return lines
+
+
+def format_table(
+    comparison: Comparison,
+    *,
+    header: Mapping[str, str] | None = None,
+    checks: Checks | None = None,
+    failing_checks_only: bool = False,
+) -> str:
     """The comparison as a plain-text table, for a terminal or a log.
 
     **Arguments:**
 
     - `comparison`: the comparison to report.
     - `header`: lines to show first, for example provenance and its drift.
+    - `checks`: for a session of several checks, each check's own comparison in the
+      order they ran; the first divergence is then named per check (a divergence across
+      unrelated checks means nothing), and `comparison` serves the per-class table.
+    - `failing_checks_only`: list only the checks that fail (for a terminal summary).
 
     **Returns:** the text: the verdict, the header, a table per class (arrays, passed,
     failed, bitwise equal, max abs, max ulp, worst key), the first divergence and every
@@ -224,12 +258,15 @@ def format_table(comparison: Comparison, *, header: Mapping[str, str] | None = N
     rows = [list(_CLASS_COLUMNS)] + [_class_row(c) for c in summarize(comparison)]
     right = _CLASS_RIGHT
     lines += _table(rows, right) if len(rows) > 1 else ["(no arrays compared)"]
-    lines += [
-        "",
-        "first divergence (in forward order):",
-        "  " + _divergence("first not bitwise equal", comparison.first_not_bitwise),
-        "  " + _divergence("first breaking its class", comparison.first_failure),
-    ]
+    if checks is None:
+        lines += [
+            "",
+            "first divergence (in forward order):",
+            "  " + _divergence("first not bitwise equal", comparison.first_not_bitwise),
+            "  " + _divergence("first breaking its class", comparison.first_failure),
+        ]
+    else:
+        lines += ["", *_check_lines(checks, failing_only=failing_checks_only)]
     if failures:
         lines += ["", f"failures ({len(failures)}):"]
         lines += [f"  {f.key} [{f.class_name}, {f.verdict}]: {f.reason}" for f in failures]
@@ -268,7 +305,12 @@ def print_report(
     out.write(text)
 
 
-def to_json(comparison: Comparison, *, header: Mapping[str, str] | None = None) -> dict[str, Any]:
+def to_json(
+    comparison: Comparison,
+    *,
+    header: Mapping[str, str] | None = None,
+    checks: Checks | None = None,
+) -> dict[str, Any]:
     """The comparison as one JSON-safe object, for machines.
 
     **Arguments:**
@@ -281,10 +323,14 @@ def to_json(comparison: Comparison, *, header: Mapping[str, str] | None = None) 
     `worst_key`, `allowed`), `totals`, `first_not_bitwise` and `first_failure` (finding
     dicts or null) and `findings` (see `Finding.to_dict`; the class is under `"class"`).
     Non-finite floats are the strings `"nan"`, `"inf"`, `"-inf"`.
+
+    With `checks` (as in `format_table`), the first divergences are per check, under
+    `"checks"` (`name`, `verdict`, `n_arrays`, `n_failures`, `first_not_bitwise`,
+    `first_failure`, in the order the checks ran), and the top-level ones are absent.
     """
     first_nb, first_fail = comparison.first_not_bitwise, comparison.first_failure
     verdicts = [f.verdict for f in comparison.findings]
-    return {
+    doc = {
         "schema": JSON_SCHEMA,
         "verdict": "pass" if comparison.passed else "fail",
         "header": {str(k): str(v) for k, v in (header or {}).items()},
@@ -297,6 +343,24 @@ def to_json(comparison: Comparison, *, header: Mapping[str, str] | None = None) 
         "first_failure": None if first_fail is None else first_fail.to_dict(),
         "findings": [f.to_dict() for f in comparison.findings],
     }
+    if checks is not None:
+        del doc["first_not_bitwise"], doc["first_failure"]
+        doc["checks"] = [
+            {
+                "name": name,
+                "verdict": "pass" if comp.passed else "fail",
+                "n_arrays": len(comp.findings),
+                "n_failures": len(comp.failures),
+                "first_not_bitwise": _finding_json(comp.first_not_bitwise),
+                "first_failure": _finding_json(comp.first_failure),
+            }
+            for name, comp in checks
+        ]
+    return doc
+
+
+def _finding_json(f: Finding | None) -> dict[str, Any] | None:
+    return None if f is None else f.to_dict()
 
 
 def write_json(
@@ -436,6 +500,7 @@ def write_html(
     *,
     header: Mapping[str, str] | None = None,
     title: str = "parity report",
+    checks: Checks | None = None,
 ) -> Path:
     """Write an HTML report, `index.html` with one PNG plot per class, into `directory`.
 
@@ -448,6 +513,7 @@ def write_html(
     - `comparison`: the comparison to report.
     - `header`: provenance and the like, shown in a table at the top.
     - `title`: the page title.
+    - `checks`: as in `format_table`: the first divergence is then shown per check.
 
     **Returns:** the path of `index.html`.
     """
@@ -478,10 +544,26 @@ def write_html(
         w("<tr>" + "".join(cells) + "</tr>\n")
     w("</table>\n")
 
-    w("<h2>first divergence (in forward order)</h2>\n<ul>\n")
-    w(f"<li>{esc(_divergence('first not bitwise equal', comparison.first_not_bitwise))}</li>\n")
-    w(f"<li>{esc(_divergence('first breaking its class', comparison.first_failure))}</li>\n")
-    w("</ul>\n")
+    if checks is None:
+        w("<h2>first divergence (in forward order)</h2>\n<ul>\n")
+        w(f"<li>{esc(_divergence('first not bitwise equal', comparison.first_not_bitwise))}</li>\n")
+        w(f"<li>{esc(_divergence('first breaking its class', comparison.first_failure))}</li>\n")
+        w("</ul>\n")
+    else:
+        w("<h2>checks, in the order they ran</h2>\n<table>\n<tr>")
+        w(_cells(["check", "verdict", "arrays", "first divergence (this check's order)"], "th"))
+        w("</tr>\n")
+        for name, comp in checks:
+            verdict = "pass" if comp.passed else "fail"
+            pointers = [_divergence("first not bitwise equal", comp.first_not_bitwise)]
+            if not comp.passed:
+                pointers.append(_divergence("first breaking its class", comp.first_failure))
+            w(
+                f'<tr><td>{esc(name)}</td><td class="{verdict}">{verdict}</td>'
+                f'<td class="num">{len(comp.failures)} of {len(comp.findings)} fail</td>'
+                f"<td>{'<br>'.join(esc(p) for p in pointers)}</td></tr>\n"
+            )
+        w("</table>\n")
 
     w("<h2>plots</h2>\n")
     try:

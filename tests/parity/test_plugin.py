@@ -162,8 +162,12 @@ def test_parity_check_passes_fails_names_keys_and_writes_the_report(
     checks = {c["name"]: c for c in doc["checks"]}
     assert set(checks) == {"g", "perturbed"}
     assert checks["g"]["passed"] and not checks["perturbed"]["passed"]
+    # Keys are named with their check; the first divergence is per check, never merged.
     failing = {f["key"] for f in doc["findings"] if f["verdict"] != "pass"}
-    assert failing == {"logits", "layers.1.h1"}
+    assert failing == {"perturbed/logits", "perturbed/layers.1.h1"}
+    assert "first_failure" not in doc
+    assert checks["perturbed"]["first_failure"]["key"] == "layers.1.h1"
+    assert checks["g"]["first_failure"] is None
 
 
 # --------------------------------------------------------------------------- unchecked goldens

@@ -1,0 +1,477 @@
+"""The harness's core: open a golden folder, resolve each key's class, apply the drift
+policy, compare, and hand back a `CheckResult`.
+
+The CLI, the pytest plugin and `parity.assert_equivalent` are thin layers over this
+module; none of them resolves classes or applies the drift policy on its own.
+
+**Class resolution**, one precedence everywhere (`class_resolver`):
+
+1. explicit overrides: `(pattern, class)` rules given for this check (for example
+   `[("traj.*", "device_count")]` on 4 devices);
+2. the class map the caller gives (a `ClassMap`, or a class name for every key);
+3. the class map pinned in the golden file (and, for a key it does not cover, the class
+   recorded with the array);
+4. `bitwise`.
+
+A level that has no answer for a key (a `ClassMap` without a default whose rules do not
+match) passes the key to the next level.
+
+**Errors.** Input the check cannot use raises a `CheckError` (a missing or unusable golden
+group, a refused drift, an unknown class); a comparison that fails is not an error: it is
+a `CheckResult` whose `passed` is False. Nothing here knows about pytest.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import fnmatch
+import json
+import os
+import time
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from parity.compare import Comparison, Finding, Order, compare_trees
+from parity.provenance import PolicyMode, bitwise_policy, collect_provenance, drift
+from parity.rules import Ulp
+from parity.store import GoldenFile, GoldenMissingError, GoldenStoreError, open_goldens
+from parity.tolerance import REGISTRY, ClassMap, ToleranceClass, UnknownClassError
+from parity.trees import flatten
+
+__all__ = [
+    "DEFAULT_CLASS",
+    "REPIN_HINT",
+    "CheckError",
+    "CheckResult",
+    "GoldenDir",
+    "check_group",
+    "check_live",
+    "class_resolver",
+    "drift_registry",
+    "save_arrays",
+]
+
+#: The class of a key that no level of the precedence covers.
+DEFAULT_CLASS = "bitwise"
+#: How to pin a golden group; named in every "missing golden" message.
+REPIN_HINT = "python tools/repin_goldens.py --base <SHA>"
+
+Overrides = Sequence[tuple[str, str]]
+ClassMapLike = ClassMap | str | None
+
+
+class CheckError(Exception):
+    """Input a check cannot use: a missing or unusable golden group, a drift the policy
+    refuses, a class the registry lacks. Its message is one line saying what to do."""
+
+
+# --------------------------------------------------------------------------- goldens
+
+
+class GoldenDir:
+    """A folder of golden files, `<group>.h5`, opened lazily, read-only, once each.
+
+    Safe under pytest-xdist: every process opens its own read-only handles.
+
+    **Arguments:**
+
+    - `path`: the folder.
+    """
+
+    def __init__(self, path: str | os.PathLike[str]):
+        self.path = Path(path)
+        self._open: dict[str, GoldenFile] = {}
+
+    def path_of(self, group: str) -> Path:
+        """The file of `group`."""
+        return self.path / f"{group}.h5"
+
+    def groups(self) -> list[str]:
+        """Every golden group in the folder, sorted."""
+        return sorted(p.stem for p in self.path.glob("*.h5")) if self.path.is_dir() else []
+
+    def open(self, group: str) -> GoldenFile:
+        """The `GoldenFile` of `group`; raises `CheckError` naming the repin command if it
+        is missing, or what is wrong if it cannot be used."""
+        if group not in self._open:
+            try:
+                self._open[group] = open_goldens(self.path_of(group))
+            except GoldenMissingError:
+                raise CheckError(
+                    f"no golden file for group {group!r} at {self.path_of(group)}: pin it with "
+                    f"{REPIN_HINT}"
+                ) from None
+            except GoldenStoreError as e:
+                raise CheckError(f"golden group {group!r} is unusable: {e}") from None
+        return self._open[group]
+
+    def close(self) -> None:
+        """Close every file opened so far."""
+        for f in self._open.values():
+            f.close()
+        self._open.clear()
+
+    def __enter__(self) -> GoldenDir:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+
+def _as_dir(goldens: GoldenDir | str | os.PathLike[str]) -> GoldenDir:
+    return goldens if isinstance(goldens, GoldenDir) else GoldenDir(goldens)
+
+
+# --------------------------------------------------------------------------- classes
+
+
+def pinned_class_map(gf: GoldenFile) -> ClassMap | None:
+    """The class map pinned in `gf`, or None if it pins none; `CheckError` if malformed."""
+    if not gf.class_map_json:
+        return None
+    try:
+        return ClassMap.from_json(gf.class_map_json)
+    except ValueError as e:
+        raise CheckError(
+            f"{gf.path}: the pinned class map is malformed ({e}); pass a class map, or repin "
+            "the file"
+        ) from None
+
+
+def class_resolver(
+    *,
+    overrides: Overrides = (),
+    class_map: ClassMapLike = None,
+    pinned: ClassMap | None = None,
+    recorded: Mapping[str, str] | None = None,
+) -> Callable[[str], str]:
+    """key -> class name, by the one precedence of this module's docstring.
+
+    **Arguments:**
+
+    - `overrides`: `(pattern, class)` rules tried first (`fnmatch.fnmatchcase`).
+    - `class_map`: the caller's map, or a class name for every key.
+    - `pinned`: the golden file's pinned map.
+    - `recorded`: the classes recorded with the golden's arrays, by key.
+
+    **Returns:** a function giving each key its class name (never raising).
+    """
+    rules = tuple((str(p), str(c)) for p, c in overrides)
+    caller = ClassMap(default=class_map) if isinstance(class_map, str) else class_map
+    recorded = recorded or {}
+
+    def resolve(key: str) -> str:
+        for pattern, name in rules:
+            if fnmatch.fnmatchcase(key, pattern):
+                return name
+        for level in (caller, pinned):
+            if level is None:
+                continue
+            try:
+                return level.class_for(key)
+            except KeyError:  # no rule matches and the map has no default
+                pass
+        return recorded.get(key) or DEFAULT_CLASS
+
+    return resolve
+
+
+def _check_names(
+    resolve: Callable[[str], str], keys: Sequence[str], registry: Mapping[str, ToleranceClass]
+) -> None:
+    unknown = sorted({resolve(k) for k in keys} - set(registry))
+    if unknown:
+        raise CheckError(
+            f"unknown tolerance class(es) {unknown}; known classes: {sorted(registry)}. Fix "
+            "the class map or overrides, or pass a registry that defines them"
+        )
+
+
+def drift_registry(
+    golden_provenance: Mapping[str, Any],
+    mode: PolicyMode = "warn",
+    *,
+    registry: Mapping[str, ToleranceClass] = REGISTRY,
+    current: Mapping[str, Any] | None = None,
+) -> tuple[dict[str, ToleranceClass], dict[str, str]]:
+    """Apply the bitwise drift policy (`parity.provenance.bitwise_policy`).
+
+    **Arguments:**
+
+    - `golden_provenance`: the provenance pinned in the golden file.
+    - `mode`: `"warn"`, `"relax"` or `"strict"`.
+    - `registry`: the classes to start from.
+    - `current`: this process's provenance (collected if not given).
+
+    **Returns:** the registry to compare with (under `"relax"` with a drift that can move
+    bits, `bitwise` becomes an ulp rule) and the header lines the drift adds. Raises
+    `CheckError` under `"strict"` with such a drift.
+    """
+    decision = bitwise_policy(
+        drift(golden_provenance, current if current is not None else collect_provenance()),
+        mode,
+    )
+    header = {f"drift {i}": line for i, line in enumerate(decision.header)}
+    if decision.error:
+        raise CheckError(" ".join(decision.header))
+    out = dict(registry)
+    if decision.bitwise_max_ulp is not None:
+        out["bitwise"] = ToleranceClass(
+            "bitwise",
+            Ulp(max_ulp=decision.bitwise_max_ulp),
+            meaning="bitwise, relaxed to ulp by the drift policy",
+        )
+    return out, header
+
+
+# --------------------------------------------------------------------------- results
+
+
+@dataclass(frozen=True)
+class CheckResult:
+    """One check: a golden group or a live differential, compared.
+
+    **Fields:**
+
+    - `name`: the check's name in reports (the group name, or the caller's).
+    - `comparison`: every finding, in the check's forward order.
+    - `group`: the golden group, or None for a live differential.
+    - `node`: who ran it (a pytest node id, a command), for reports.
+    - `header`: lines for the report header (golden path, base SHA, drift).
+    - `checked_keys`: the golden keys this check covered.
+    - `started`: when it started (seconds since the epoch), so reports list checks in the
+      order they ran.
+    - `produce_s`, `load_s`, `compare_s`: seconds spent producing (if the caller said),
+      loading goldens, comparing.
+    - `saved`: where the obtained arrays were written (on failure with `save_actual`).
+    - `command`: a `parity diff` command that reproduces the table from `saved`.
+    """
+
+    name: str
+    comparison: Comparison
+    group: str | None = None
+    node: str | None = None
+    header: dict[str, str] = field(default_factory=dict)
+    checked_keys: tuple[str, ...] = ()
+    started: float = 0.0
+    produce_s: float | None = None
+    load_s: float = 0.0
+    compare_s: float = 0.0
+    saved: str | None = None
+    command: str | None = None
+
+    @property
+    def passed(self) -> bool:
+        """Whether every key holds its class."""
+        return self.comparison.passed
+
+    def to_dict(self) -> dict[str, Any]:
+        """The result as a JSON-safe dict; `CheckResult.from_dict` reads it back."""
+        out = {f.name: getattr(self, f.name) for f in dataclasses.fields(self)}
+        out["comparison"] = [f.to_dict() for f in self.comparison.findings]
+        out["checked_keys"] = list(self.checked_keys)
+        return out
+
+    @classmethod
+    def from_dict(cls, data: Mapping[str, Any]) -> CheckResult:
+        """Read a result written by `to_dict` (after a JSON round trip)."""
+        kwargs = dict(data)
+        kwargs["comparison"] = Comparison(tuple(Finding.from_dict(f) for f in data["comparison"]))
+        kwargs["checked_keys"] = tuple(data.get("checked_keys", ()))
+        return cls(**kwargs)
+
+
+def save_arrays(
+    directory: str | os.PathLike[str],
+    name: str,
+    arrays: Mapping[str, Any],
+    *,
+    classes: Callable[[str], str],
+    order: Sequence[str] = (),
+) -> Path:
+    """Write `arrays` in golden format to `directory/<name>.h5` (atomically), with the
+    classes they were checked under, the forward order and this process's provenance.
+
+    **Returns:** the file written.
+    """
+    from parity.store import write_goldens
+
+    out = Path(directory)
+    out.mkdir(parents=True, exist_ok=True)
+    keys = [k for k in order if k in arrays]
+    return write_goldens(
+        out / f"{name}.h5",
+        arrays,
+        classes={k: classes(k) for k in arrays},
+        provenance=collect_provenance(),
+        order=keys,
+    )
+
+
+def _diff_command(saved: Path, golden: Path | None, overrides: Overrides) -> str:
+    parts = ["python -m parity diff", str(saved), str(golden) if golden else "<expected>"]
+    parts += [f"--override '{p}={c}'" for p, c in overrides]
+    return " ".join(parts)
+
+
+# --------------------------------------------------------------------------- checks
+
+
+def check_group(
+    actual: Any,
+    group: str,
+    *,
+    goldens: GoldenDir | str | os.PathLike[str],
+    class_map: ClassMapLike = None,
+    overrides: Overrides = (),
+    order: Order | None = None,
+    drift_mode: PolicyMode = "warn",
+    registry: Mapping[str, ToleranceClass] = REGISTRY,
+    name: str | None = None,
+    node: str | None = None,
+    produce_s: float | None = None,
+    save_actual: str | os.PathLike[str] | None = None,
+) -> CheckResult:
+    """Compare `actual` against the golden group `group`.
+
+    **Arguments:**
+
+    - `actual`: a pytree of arrays (`{key: array}`, nested containers, equinox modules).
+    - `group`: the golden group's name (`<goldens>/<group>.h5`).
+    - `goldens`: the golden folder (a `GoldenDir` keeps files open across checks).
+    - `class_map`, `overrides`: see the module docstring's precedence.
+    - `order`: the forward order; default the golden's pinned order.
+    - `drift_mode`: the bitwise drift policy (`parity.provenance`).
+    - `registry`: the classes by name.
+    - `name`, `node`: for reports (`name` defaults to the group).
+    - `produce_s`: seconds the caller spent producing `actual`, for the timing summary.
+    - `save_actual`: a folder; when the check fails, the obtained arrays are written there
+      as `<name>.h5` in golden format (see `CheckResult.command`).
+
+    **Returns:** a `CheckResult`. Raises `CheckError` for unusable input.
+    """
+    started = time.time()
+    t0 = time.perf_counter()
+    folder = _as_dir(goldens)
+    gf = folder.open(group)
+    try:
+        golden_arrays = {k: gf[k] for k in gf}
+        recorded = {k: gf.info(k).class_name for k in gf}
+    except GoldenStoreError as e:
+        raise CheckError(f"golden group {group!r} is unusable: {e}") from None
+    pinned = pinned_class_map(gf)
+    registry, drift_header = drift_registry(gf.provenance, drift_mode, registry=registry)
+    header = {"golden": str(folder.path_of(group)), "base_sha": str(gf.provenance.get("base_sha"))}
+    header |= drift_header
+    resolve = class_resolver(
+        overrides=overrides, class_map=class_map, pinned=pinned, recorded=recorded
+    )
+    load_s = time.perf_counter() - t0
+    comparison, flat_a, compare_s = _compare(
+        actual,
+        golden_arrays,
+        resolve,
+        registry=registry,
+        order=gf.ordered_keys() if order is None else order,
+        name=name or group,
+    )
+    saved = command = None
+    if save_actual is not None and not comparison.passed:
+        path = save_arrays(save_actual, name or group, flat_a, classes=resolve,
+                           order=gf.ordered_keys())  # fmt: skip
+        saved, command = str(path), _diff_command(path, folder.path_of(group), overrides)
+    return CheckResult(
+        name=name or group,
+        comparison=comparison,
+        group=group,
+        node=node,
+        header=header,
+        checked_keys=tuple(sorted(golden_arrays)),
+        started=started,
+        produce_s=produce_s,
+        load_s=load_s,
+        compare_s=compare_s,
+        saved=saved,
+        command=command,
+    )
+
+
+def _compare(
+    actual: Any,
+    expected: Any,
+    resolve: Callable[[str], str],
+    *,
+    registry: Mapping[str, ToleranceClass],
+    order: Order | None,
+    name: str,
+) -> tuple[Comparison, dict[str, Any], float]:
+    t0 = time.perf_counter()
+    try:
+        flat_a = flatten(actual)
+        flat_e = flatten(expected)
+    except (TypeError, ValueError) as e:
+        raise CheckError(f"check {name!r}: {e}") from None
+    _check_names(resolve, sorted(set(flat_a) | set(flat_e)), registry)
+    try:
+        comparison = compare_trees(flat_a, flat_e, resolve, registry=registry, order=order)
+    except (TypeError, UnknownClassError) as e:
+        raise CheckError(f"check {name!r}: {e}") from None
+    return comparison, flat_a, time.perf_counter() - t0
+
+
+def check_live(
+    actual: Any,
+    expected: Any,
+    *,
+    class_map: ClassMapLike = DEFAULT_CLASS,
+    overrides: Overrides = (),
+    order: Order | None = None,
+    registry: Mapping[str, ToleranceClass] = REGISTRY,
+    name: str = "live",
+    node: str | None = None,
+    produce_s: float | None = None,
+    save_actual: str | os.PathLike[str] | None = None,
+) -> CheckResult:
+    """Compare `actual` against a live reference `expected` (the old implementation run
+    on the same inputs), both pytrees of arrays.
+
+    **Arguments:** as `check_group`, with `expected` in place of the golden group and
+    `class_map` defaulting to `bitwise`. With `save_actual`, a failing check writes
+    `<name>.h5` (actual) and `<name>.expected.h5` (reference).
+
+    **Returns:** a `CheckResult` (its `group` is None).
+    """
+    started = time.time()
+    resolve = class_resolver(overrides=overrides, class_map=class_map)
+    comparison, flat_a, compare_s = _compare(
+        actual, expected, resolve, registry=registry, order=order, name=name
+    )
+    saved = command = None
+    if save_actual is not None and not comparison.passed:
+        keys = [f.key for f in comparison.findings]
+        path = save_arrays(save_actual, name, flat_a, classes=resolve, order=keys)
+        ref = save_arrays(save_actual, f"{name}.expected", flatten(expected), classes=resolve,
+                          order=keys)  # fmt: skip
+        saved, command = str(path), _diff_command(path, ref, overrides)
+    return CheckResult(
+        name=name,
+        comparison=comparison,
+        node=node,
+        started=started,
+        produce_s=produce_s,
+        compare_s=compare_s,
+        saved=saved,
+        command=command,
+    )
+
+
+def results_to_json(results: Sequence[CheckResult]) -> str:
+    """Results as JSON text (for handing them between processes)."""
+    return json.dumps([r.to_dict() for r in results])
+
+
+def results_from_json(text: str) -> list[CheckResult]:
+    """Read `results_to_json` text back."""
+    return [CheckResult.from_dict(d) for d in json.loads(text)]

@@ -1,0 +1,116 @@
+"""Flatten pytrees into `{key: array}`, keys in the style of `jax.tree_util.keystr`.
+
+Plain containers (mappings, lists, tuples, named tuples, `None`) are walked here without
+jax; any other node (an equinox module, a dataclass or custom class registered as a jax
+pytree) is flattened through `jax.tree_util`, which is imported only then. Such objects
+exist only where jax was already imported, so `import parity` stays free of jax.
+
+A leaf's key is its path joined by ".": `{"a": [x, y]}` gives `a.0` and `a.1`, an
+equinox `Linear` inside `{"mlp": ...}` gives `mlp.weight` and `mlp.bias` (what
+`jax.tree_util.keystr(path, simple=True, separator=".")` prints). Leaves that are not
+arrays (the activation function stored in an equinox MLP, a string) cannot be compared as
+arrays; they are collected separately so that a caller can compare them by `==`.
+"""
+
+from __future__ import annotations
+
+import sys
+from collections.abc import Iterable, Mapping, Sequence
+from typing import Any, cast
+
+import numpy as np
+
+__all__ = ["flatten"]
+
+
+def _is_array_like(x: Any) -> bool:
+    if isinstance(x, np.ndarray | np.generic | bool | int | float | complex):
+        return True
+    # jax arrays and anything else with an array interface (not str/bytes/callables)
+    return hasattr(x, "__array__") or hasattr(x, "__array_interface__")
+
+
+def _jax_children(node: Any) -> list[tuple[str, Any]] | None:
+    """`node`'s leaves with their paths, through jax, if jax knows it as a pytree with more
+    than itself inside; else None (the node is a leaf)."""
+    if "jax" not in sys.modules:
+        return None
+    import jax
+
+    if isinstance(node, jax.Array):
+        return None
+    leaves, _ = jax.tree_util.tree_flatten_with_path(node)
+    if len(leaves) == 1 and leaves[0][1] is node and not leaves[0][0]:
+        return None
+    return [(jax.tree_util.keystr(path, simple=True, separator="."), leaf) for path, leaf in leaves]
+
+
+def flatten(
+    tree: Any, *, sep: str = ".", non_arrays: dict[str, Any] | None = None
+) -> dict[str, np.ndarray]:
+    """Flatten a pytree of arrays into `{"a.b.c": array}`.
+
+    Mappings contribute their keys (as `str`), lists and tuples their indices, named
+    tuples their field names; `None` is an empty subtree (as in jax); other registered
+    pytrees (equinox modules, ...) their jax key paths. Array leaves go through
+    `np.asarray`. A flat mapping whose keys already contain `sep` comes back unchanged, so
+    flat and nested inputs mix.
+
+    **Arguments:**
+
+    - `tree`: a mapping, list, tuple or jax pytree of arrays.
+    - `sep`: the separator between path parts; `"."`.
+    - `non_arrays`: if given, leaves that are not arrays (functions, strings, ...) are put
+        here by key instead of raising.
+
+    **Returns:** a dict from joined key to array, in traversal order. Raises `ValueError` if
+    two paths join to the same key, and `TypeError` if `tree` is a bare array or holds a
+    non-array leaf and `non_arrays` is None.
+    """
+    if _is_array_like(tree):
+        raise TypeError(
+            f"flatten needs a container of arrays at the top, got {type(tree).__name__}; "
+            "wrap a single array as {'name': array}"
+        )
+    out: dict[str, np.ndarray] = {}
+
+    def leaf(path: str, node: Any) -> None:
+        if path in out or (non_arrays is not None and path in non_arrays):
+            raise ValueError(f"flatten: two paths join to the key {path!r}")
+        if _is_array_like(node):
+            out[path] = np.asarray(node)
+        elif non_arrays is not None:
+            non_arrays[path] = node
+        else:
+            raise TypeError(
+                f"leaf {path!r} is a {type(node).__name__}, not an array; compare arrays only "
+                "(for an equinox module, eqx.filter(tree, eqx.is_array) keeps the arrays)"
+            )
+
+    def visit(node: Any, path: str) -> None:
+        items: Iterable[tuple[Any, Any]]
+        if node is None:
+            return
+        if isinstance(node, Mapping):
+            items = cast(Mapping[Any, Any], node).items()
+        elif isinstance(node, tuple) and hasattr(node, "_fields"):
+            items = zip(cast(Any, node)._fields, cast(tuple[Any, ...], node), strict=True)
+        elif isinstance(node, list | tuple):
+            items = enumerate(cast(Sequence[Any], node))
+        elif _is_array_like(node):
+            leaf(path, node)
+            return
+        else:
+            children = _jax_children(node)
+            if children is None:
+                leaf(path, node)
+                return
+            for name, child in children:
+                joined = sep.join(p for p in (path, name.replace(".", sep)) if p)
+                leaf(joined, child)
+            return
+        for name, child in items:
+            visit(child, f"{path}{sep}{name}" if path else str(name))
+
+    visit(tree, "")
+    return out
