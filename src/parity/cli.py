@@ -7,9 +7,11 @@ Two commands, thin layers over `parity.store`, `parity.compare` and `parity.repo
 - `parity show GOLDEN [--json] [--verify]` prints a file's provenance, class map and
   inventory.
 
-**Classes.** Each key of a diff is checked under `--class NAME` when given; otherwise
-under the class the GOLDEN recorded for that array, else the class its pinned class map
-gives the key, else `bitwise` (plain HDF5 files record neither, so they compare bitwise).
+**Classes.** Each key of a diff gets its class by the one precedence of `parity.check`
+(the same as the pytest plugin's): `--override PATTERN=CLASS` rules first, then `--class
+NAME` (every key), then the GOLDEN's pinned class map (and the class recorded with the
+array for a key the map does not cover), then `bitwise` (plain HDF5 files record neither,
+so they compare bitwise).
 
 **Order.** Keys are walked in the GOLDEN's pinned forward order; keys without a place
 (order -1, plain files, keys only in ACTUAL) come after, by name.
@@ -36,11 +38,12 @@ from typing import IO, Any
 
 import numpy as np
 
+from parity.check import CheckError, class_resolver, pinned_class_map
 from parity.compare import Comparison, Finding, compare_arrays, compare_trees
 from parity.provenance import bitwise_policy, drift
 from parity.report import format_table, write_html, write_json
 from parity.store import GoldenFile, GoldenStoreError, open_goldens
-from parity.tolerance import REGISTRY, ClassMap, ToleranceClass, UnknownClassError, get_class
+from parity.tolerance import REGISTRY, ToleranceClass, UnknownClassError, get_class
 
 __all__ = [
     "EXIT_FAIL",
@@ -53,6 +56,7 @@ __all__ = [
     "format_inventory",
     "inventory",
     "main",
+    "parse_override",
     "run_diff",
 ]
 
@@ -146,35 +150,34 @@ def _verify(gf: GoldenFile) -> int:
         ) from None
 
 
-def _pinned_map(gf: GoldenFile) -> ClassMap | None:
-    if not gf.class_map_json:
-        return None
+def _class_resolver(
+    gf: GoldenFile,
+    recorded: dict[str, str],
+    *,
+    class_name: str | None = None,
+    overrides: Sequence[tuple[str, str]] = (),
+) -> Callable[[str], str]:
+    """key -> class name, by `parity.check.class_resolver`'s precedence."""
     try:
-        return ClassMap.from_json(gf.class_map_json)
-    except ValueError as e:
+        pinned = pinned_class_map(gf)
+    except CheckError as e:
+        raise CLIError(f"GOLDEN: {e}") from None
+    return class_resolver(
+        overrides=overrides, class_map=class_name, pinned=pinned, recorded=recorded
+    )
+
+
+def parse_override(text: str) -> tuple[str, str]:
+    """`PATTERN=CLASS` from the command line as a `(pattern, class)` pair; `CLIError` if
+    malformed or the class is unknown."""
+    pattern, sep, name = text.rpartition("=")
+    if not sep or not pattern or not name:
         raise CLIError(
-            f"GOLDEN: {gf.path}: the pinned class map is malformed ({e}); pass --class NAME "
-            "to choose a class, or repin the file"
-        ) from None
-
-
-def _class_resolver(gf: GoldenFile, recorded: dict[str, str]) -> Callable[[str], str]:
-    """key -> class name: the class recorded for the array, else the pinned map's, else
-    `bitwise`."""
-    pinned = _pinned_map(gf)
-
-    def resolve(key: str) -> str:
-        name = recorded.get(key, "")
-        if name:
-            return name
-        if pinned is not None:
-            try:
-                return pinned.class_for(key)
-            except KeyError:  # no rule matches and the map has no default
-                pass
-        return _FALLBACK_CLASS
-
-    return resolve
+            f"--override {text!r} is not PATTERN=CLASS; for example "
+            "--override 'traj.*=device_count'"
+        )
+    check_class_name(name)
+    return pattern, name
 
 
 def _tolerance(
@@ -230,7 +233,11 @@ def _describe(gf: GoldenFile) -> str:
 
 
 def run_diff(
-    actual: str | Path, golden: str | Path, *, class_name: str | None = None
+    actual: str | Path,
+    golden: str | Path,
+    *,
+    class_name: str | None = None,
+    overrides: Sequence[tuple[str, str]] = (),
 ) -> DiffResult:
     """Compare every array of the file `actual` against the file `golden`.
 
@@ -242,19 +249,23 @@ def run_diff(
     - `actual`: the HDF5 file the changed code produced (parity-written or plain).
     - `golden`: the pinned HDF5 file; its recorded classes, class map and forward order are
       used.
-    - `class_name`: a registry class to check every key under, overriding the golden's.
+    - `class_name`: a registry class for every key, before the golden's pinned map.
+    - `overrides`: `(pattern, class)` rules tried before everything else.
 
     **Returns:** a `DiffResult`. Raises `CLIError` for unusable input: a missing, truncated,
     corrupt or unsafe file, an unknown class, or arrays parity cannot compare.
     """
-    forced = check_class_name(class_name) if class_name is not None else None
+    if class_name is not None:
+        check_class_name(class_name)
+    for _, name in overrides:
+        check_class_name(name)
     with _opened(golden, "GOLDEN") as gf, _opened(actual, "ACTUAL") as af:
         try:
             infos = {k: gf.info(k) for k in gf}
         except GoldenStoreError as e:
             raise CLIError(f"GOLDEN: {e}") from None
         recorded = {k: i.class_name for k, i in infos.items()}
-        resolve = _class_resolver(gf, recorded)
+        resolve = _class_resolver(gf, recorded, class_name=class_name, overrides=overrides)
         # The forward order: pinned keys by their place, then everything else by name (as
         # `compare_trees` orders them).
         placed = gf.ordered_keys()
@@ -263,14 +274,16 @@ def run_diff(
         tols: dict[str, ToleranceClass] = {}
         findings: list[Finding] = []
         for key in placed + rest:
-            tol = forced or _tolerance(resolve(key), key, gf, tols)
+            tol = _tolerance(resolve(key), key, gf, tols)
             findings.append(_compare_key(key, af, gf, tol, place.get(key)))
-        if forced is not None:
-            source = f"--class {forced.name} for every key"
+        if class_name is not None:
+            source = f"--class {class_name} for every key"
         elif gf.class_map_json or any(recorded.values()):
-            source = "recorded in GOLDEN (per array, else its pinned class map, else bitwise)"
+            source = "pinned in GOLDEN (its class map, else the array's class, else bitwise)"
         else:
             source = "bitwise (GOLDEN records no classes)"
+        if overrides:
+            source = f"--override {', '.join(f'{p}={c}' for p, c in overrides)}; then {source}"
         header = {"actual": _describe(af), "golden": _describe(gf), "classes": source}
         if gf.provenance.get("base_sha"):
             header["golden base_sha"] = str(gf.provenance["base_sha"])
@@ -419,8 +432,9 @@ _DIFF_DESCRIPTION = """\
 Compare every array of ACTUAL against GOLDEN and print a table per tolerance class, the
 first divergence in forward order and every failing key.
 
-Each key is checked under --class NAME if given, else the class GOLDEN recorded for it,
-else the class its pinned class map gives, else bitwise. Both files may be written by
+Each key's class: the first --override PATTERN=CLASS that matches, else --class NAME,
+else GOLDEN's pinned class map (else the class recorded with the array), else bitwise:
+the same precedence as the pytest plugin's. Both files may be written by
 parity (checksums are verified) or be plain h5py files (every dataset is a key, its path
 with '/' -> '.').
 """
@@ -459,6 +473,13 @@ def build_parser() -> argparse.ArgumentParser:
         help=f"check every key under this tolerance class ({known}) instead of GOLDEN's",
     )
     diff.add_argument(
+        "--override",
+        action="append",
+        default=[],
+        metavar="PATTERN=CLASS",
+        help="check keys matching PATTERN under CLASS, before anything else (repeatable)",
+    )
+    diff.add_argument(
         "--json", dest="json_path", metavar="FILE", help="also write the report as JSON"
     )
     diff.add_argument(
@@ -480,7 +501,8 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 def _cmd_diff(args: argparse.Namespace, out: IO[str]) -> int:
-    result = run_diff(args.actual, args.golden, class_name=args.class_name)
+    overrides = [parse_override(o) for o in args.override]
+    result = run_diff(args.actual, args.golden, class_name=args.class_name, overrides=overrides)
     out.write(format_table(result.comparison, header=result.header))
     title = f"parity diff: {args.actual} against {args.golden}"
     try:
