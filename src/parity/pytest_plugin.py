@@ -216,6 +216,7 @@ class _Check:
         config = self.config
         save = config.getoption("--parity-save-actual")
         problem = None
+        result: CheckResult | None = None
         try:
             if isinstance(golden, str):
                 result = check_group(
@@ -247,8 +248,8 @@ class _Check:
             # Failed outside the except clause: inside it pytest also prints "During
             # handling of the above exception".
             problem = str(e)
-        if problem is not None:
-            pytest.fail(problem, pytrace=False)
+        if problem is not None or result is None:
+            pytest.fail(problem or "parity check produced no result", pytrace=False)
         config.stash[_RESULTS].append(result)
         if fail and not result.passed:
             text = f"parity check {result.name!r} failed\n"

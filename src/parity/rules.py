@@ -144,7 +144,7 @@ class Rule:
         """The worst element's figure against what was allowed, for a failure's reason."""
         if j.allowed is None:
             return ""
-        allowed = j.allowed if isinstance(j.allowed, float) else float(j.allowed[i])
+        allowed = float(j.allowed) if np.ndim(j.allowed) == 0 else float(np.asarray(j.allowed)[i])
         if self.unit == "ulp":
             return f", {int(e.ulp[i])} ulp vs allowed {allowed:g}"
         return f", |a-b| {float(e.diff[i]):.3g} vs allowed {allowed:.3g}"

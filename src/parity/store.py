@@ -62,6 +62,7 @@ import os
 import re
 import tempfile
 from collections.abc import Iterator, Mapping, Sequence
+from collections.abc import Mapping as _MappingABC
 from pathlib import Path
 from typing import Any
 
@@ -482,10 +483,12 @@ def _index_row(row: Any) -> _IndexRow | None:
     return key, path, dtype, tuple(shape), class_name, sha256, order
 
 
-class GoldenFile:
+class GoldenFile(_MappingABC[str, np.ndarray]):
     """A golden file opened read-only; arrays are loaded lazily and checked on load.
 
-    Use as a context manager, or call `close()`. See `open_goldens`.
+    A read-only `Mapping` from key to array (so `parity.assert_equivalent(actual, gf)` and
+    `dict(gf)` work), ordered by key. Use as a context manager, or call `close()`. See
+    `open_goldens`.
     """
 
     def __init__(self, path: str | os.PathLike[str]):
@@ -684,8 +687,8 @@ class GoldenFile:
 
     # -- mapping interface
 
-    def keys(self) -> list[str]:
-        """The keys in the file, sorted."""
+    def keys(self) -> list[str]:  # pyright: ignore[reportIncompatibleMethodOverride]
+        """The keys in the file, sorted (a list, unlike `Mapping.keys`)."""
         return list(self._keys)
 
     def ordered_keys(self) -> list[str]:

@@ -1,0 +1,183 @@
+"""`parity.assert_equivalent` on any pytree, and rules as objects."""
+
+from __future__ import annotations
+
+import dataclasses
+import subprocess
+import sys
+from collections import namedtuple
+from pathlib import Path
+from typing import Any, ClassVar
+
+import equinox as eqx
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+from hypothesis.extra import numpy as hnp
+
+import parity
+from parity.compare import compare_arrays
+from parity.rules import Elements, Judgement, RelativeToMax, Rule, Scale
+from parity.store import open_goldens, write_goldens
+from parity.tolerance import REGISTRY, ClassMap, ToleranceClass
+
+
+class Block(eqx.Module):
+    attn: eqx.nn.Linear
+    mlp: eqx.nn.MLP
+
+
+class Net(eqx.Module):
+    blocks: list[Block]
+    norm: jax.Array
+
+
+def _net(seed: int) -> Net:
+    keys = jax.random.split(jax.random.key(seed), 4)
+    blocks = [
+        Block(eqx.nn.Linear(4, 4, key=keys[2 * i]), eqx.nn.MLP(4, 4, 8, 1, key=keys[2 * i + 1]))
+        for i in range(2)
+    ]
+    return Net(blocks, jnp.ones(4))
+
+
+def test_nested_equinox_modules_pass_when_equal_and_name_the_leaf_path_when_not() -> None:
+    net = _net(0)
+    parity.assert_equivalent(net, _net(0))
+    bumped = eqx.tree_at(
+        lambda n: n.blocks[1].mlp.layers[0].bias, net, net.blocks[1].mlp.layers[0].bias + 1e-3
+    )
+    with pytest.raises(AssertionError) as info:
+        parity.assert_equivalent(bumped, net, class_map="fp32_reassoc")
+    message = str(info.value)
+    assert "blocks.1.mlp.layers.0.bias [fp32_reassoc, fail]" in message
+    assert "first breaking its class: blocks.1.mlp.layers.0.bias" in message
+    # the equinox MLP's activation functions are leaves too: equal, so not a problem
+    assert "non-array leaves" not in message
+
+
+def test_a_different_non_array_leaf_is_named() -> None:
+    net = _net(0)
+    other = eqx.tree_at(lambda n: n.blocks[0].mlp.activation, net, jax.nn.tanh)
+    with pytest.raises(AssertionError, match=r"blocks\.0\.mlp\.activation"):
+        parity.assert_equivalent(other, net)
+
+
+Pair = namedtuple("Pair", ["first", "second"])
+
+
+@jax.tree_util.register_dataclass
+@dataclasses.dataclass
+class State:
+    step: jax.Array
+    params: dict[str, Any]
+
+
+def test_dicts_lists_namedtuples_and_dataclass_pytrees() -> None:
+    tree = {
+        "a": [np.zeros(2), Pair(np.ones(1), np.arange(3))],
+        "s": State(jnp.int32(1), {"w": jnp.ones(2)}),
+    }
+    same = {
+        "a": [np.zeros(2), Pair(np.ones(1), np.arange(3))],
+        "s": State(jnp.int32(1), {"w": jnp.ones(2)}),
+    }
+    comparison = parity.assert_equivalent(tree, same)
+    keys = {f.key for f in comparison.findings}
+    assert keys == {"a.0", "a.1.first", "a.1.second", "s.step", "s.params.w"}
+    same["a"][1] = Pair(np.ones(1), np.arange(3) + 1)
+    with pytest.raises(AssertionError, match=r"a\.1\.second \[bitwise, fail\]"):
+        parity.assert_equivalent(tree, same)
+    del same["s"]
+    with pytest.raises(AssertionError, match=r"s\.step \[bitwise, unexpected\]"):
+        parity.assert_equivalent(tree, same)
+
+
+def test_order_decides_which_failure_is_named_first() -> None:
+    a = {"early": np.ones(2), "late": np.ones(2)}
+    b = {"early": np.zeros(2), "late": np.zeros(2)}
+    with pytest.raises(AssertionError, match="first breaking its class: late"):
+        parity.assert_equivalent(a, b, order=["late", "early"])
+
+
+def test_a_golden_file_is_a_read_only_mapping_that_compares_directly(tmp_path: Path) -> None:
+    arrays = {"x.a": np.arange(4, dtype=np.float32), "x.b": np.ones((2, 2))}
+    write_goldens(tmp_path / "g.h5", arrays)
+    from collections.abc import Mapping
+
+    with open_goldens(tmp_path / "g.h5") as gf:
+        assert isinstance(gf, Mapping) and len(gf) == 2 and "x.a" in gf
+        parity.assert_equivalent(arrays, gf)
+        assert not hasattr(gf, "__setitem__")
+
+
+def test_importing_parity_does_not_import_jax_matplotlib_or_rich() -> None:
+    code = (
+        "import sys, parity; parity.assert_equivalent({'a': [1.0]}, {'a': [1.0]}); "
+        "print(sorted(m for m in ('jax', 'matplotlib', 'rich') if m in sys.modules))"
+    )
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
+    assert out.stdout.strip() == "[]"
+
+
+# --- rules -----------------------------------------------------------------------------------
+
+
+@settings(max_examples=60, deadline=None)
+@given(
+    golden=hnp.arrays(np.float32, st.integers(1, 20), elements=st.floats(-100, 100, width=32)),
+    noise=st.floats(0, 1e-3),
+    k=st.sampled_from([1e-6, 4e-6, 1e-4]),
+)
+def test_relative_to_max_agrees_with_a_direct_numpy_formula(golden, noise, k) -> None:
+    actual = (golden.astype(np.float64) + noise * np.linspace(-1, 1, golden.size)).astype(
+        np.float32
+    )
+    tol = ToleranceClass("r", RelativeToMax(k=k), meaning="test")
+    finding = compare_arrays("x", actual, golden, tol)
+    err = np.abs(actual.astype(np.float64) - golden.astype(np.float64))
+    bound = k * np.abs(golden.astype(np.float64)).max()
+    assert finding.passed == bool((err <= bound).all())
+    assert finding.bound == pytest.approx(bound)
+
+
+def test_the_registry_class_for_the_property_test_is_relative_to_max() -> None:
+    tol = REGISTRY["fp32_reassoc_scaled"]
+    assert isinstance(tol.rule, RelativeToMax) and tol.rule.k == 4e-6
+    golden = np.array([30.0, 1.0], np.float32)
+    assert compare_arrays("x", golden + np.float32(1e-4), golden, tol).passed  # 1e-4 < 1.2e-4
+    assert not compare_arrays("x", golden + np.float32(2e-4), golden, tol).passed
+
+
+@dataclasses.dataclass(frozen=True)
+class _Median(Rule):
+    """A rule defined outside parity: the median |a-b| at most `m` (every element judged
+    by the array's median, so all or none violate)."""
+
+    m: float
+    kind: ClassVar[str] = "median"
+
+    def describe(self) -> str:
+        return f"median |a-b| <= {self.m:g}"
+
+    def bound(self, scale: Scale) -> float:
+        return self.m
+
+    def judge(self, e: Elements, scale: Scale) -> Judgement:
+        med = float(np.median(e.diff))
+        return Judgement(np.full(e.diff.shape, med > self.m) | e.special, e.diff / self.m, self.m)
+
+
+def test_a_new_rule_is_one_class_and_works_in_comparison_and_report() -> None:
+    registry = {**REGISTRY, "median": ToleranceClass("median", _Median(0.1), meaning="test")}
+    a = {"x": np.array([0.0, 0.0, 5.0])}
+    b = {"x": np.zeros(3)}
+    comparison = parity.assert_equivalent(
+        a, b, class_map=ClassMap(default="median"), registry=registry
+    )
+    assert comparison.findings[0].allowed == "median |a-b| <= 0.1"
+    with pytest.raises(AssertionError, match="median"):
+        parity.assert_equivalent({"x": np.ones(3)}, b, class_map="median", registry=registry)

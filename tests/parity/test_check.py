@@ -1,0 +1,159 @@
+"""The core (`parity.check`): one class precedence for the CLI, the plugin and the API;
+ordinary exceptions; results that cross processes; obtained arrays on failure."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from parity.check import CheckError, CheckResult, GoldenDir, check_group, check_live
+from parity.cli import main, run_diff
+from parity.report import format_table
+from parity.store import write_goldens
+from parity.tolerance import ClassMap
+
+# Pinned map: layers.* -> fp32_reassoc; "rec" has no rule in it but records trajectory.
+_PINNED = ClassMap((("layers.*", "fp32_reassoc"),))
+_KEYS = ["layers.0.h1", "layers.1.h1", "rec", "plain"]
+
+
+def _arrays() -> dict[str, np.ndarray]:
+    return {k: np.linspace(-1, 1, 6, dtype=np.float32) * (i + 1) for i, k in enumerate(_KEYS)}
+
+
+@pytest.fixture(scope="module")
+def golden_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    root = tmp_path_factory.mktemp("goldens")
+    write_goldens(
+        root / "g.h5",
+        _arrays(),
+        classes={"layers.0.h1": "fp32_reassoc", "layers.1.h1": "fp32_reassoc", "rec": "trajectory"},
+        class_map_json=_PINNED.to_json(),
+        order=_KEYS,
+    )
+    return root
+
+
+# Each case: (overrides, caller's class) -> expected class per key. The same inputs go to
+# the CLI (--override, --class) and to check_group, which the pytest plugin calls.
+_CASES = [
+    ((), None, {"layers.0.h1": "fp32_reassoc", "rec": "trajectory", "plain": "bitwise"}),
+    ((), "device_count", dict.fromkeys(_KEYS, "device_count")),
+    (
+        (("layers.1.*", "eval_metric"),),
+        None,
+        {"layers.0.h1": "fp32_reassoc", "layers.1.h1": "eval_metric", "rec": "trajectory"},
+    ),
+    (
+        (("rec", "bitwise"),),
+        "device_count",
+        {"layers.0.h1": "device_count", "rec": "bitwise"},
+    ),
+]
+
+
+@pytest.mark.parametrize(("overrides", "class_name", "expected"), _CASES)
+def test_cli_and_core_resolve_the_same_class_in_every_precedence_case(
+    golden_dir: Path, overrides, class_name, expected
+) -> None:
+    path = golden_dir / "g.h5"
+    cli = run_diff(path, path, class_name=class_name, overrides=overrides)
+    core = check_group(
+        _arrays(), "g", goldens=golden_dir, class_map=class_name, overrides=overrides
+    )
+    by_cli = {f.key: f.class_name for f in cli.comparison.findings}
+    by_core = {f.key: f.class_name for f in core.comparison.findings}
+    assert by_cli == by_core
+    for key, name in expected.items():
+        assert by_core[key] == name, key
+
+
+def test_a_caller_map_without_default_falls_through_to_the_pinned_map(golden_dir: Path) -> None:
+    caller = ClassMap((("plain", "device_count"),))  # no default: the rest falls through
+    result = check_group(_arrays(), "g", goldens=golden_dir, class_map=caller)
+    classes = {f.key: f.class_name for f in result.comparison.findings}
+    assert classes == {
+        "layers.0.h1": "fp32_reassoc",
+        "layers.1.h1": "fp32_reassoc",
+        "rec": "trajectory",
+        "plain": "device_count",
+    }
+
+
+def test_an_unknown_class_is_an_input_error_in_both_faces(golden_dir: Path, capsys) -> None:
+    with pytest.raises(CheckError, match="ulp_free"):
+        check_group(_arrays(), "g", goldens=golden_dir, overrides=[("plain", "ulp_free")])
+    path = str(golden_dir / "g.h5")
+    assert main(["diff", path, path, "--override", "plain=ulp_free"]) == 2
+    assert "ulp_free" in capsys.readouterr().err
+
+
+def test_problems_are_ordinary_exceptions_not_pytest_failures(tmp_path: Path) -> None:
+    with pytest.raises(CheckError, match=r"no golden file for group 'nope'.*repin"):
+        check_group({}, "nope", goldens=tmp_path)
+    # Strict drift policy: the goldens record no provenance, so every field drifted.
+    write_goldens(tmp_path / "g.h5", {"a": np.zeros(2)})
+    with pytest.raises(CheckError, match="strict"):
+        check_group({"a": np.zeros(2)}, "g", goldens=tmp_path, drift_mode="strict")
+
+
+def test_results_round_trip_through_json(golden_dir: Path) -> None:
+    mutated = _arrays()
+    mutated["rec"][3] = np.nan
+    result = check_group(mutated, "g", goldens=golden_dir, node="n", produce_s=1.5)
+    back = CheckResult.from_dict(json.loads(json.dumps(result.to_dict())))
+    # NaN != NaN, so compare the JSON forms; the types come back too.
+    assert back.to_dict() == result.to_dict() and isinstance(back.checked_keys, tuple)
+    assert not back.passed and back.comparison.first_failure is not None
+    assert back.comparison.first_failure.key == "rec"
+
+
+def test_the_first_divergence_of_a_mutated_group_names_the_mutated_key(golden_dir: Path) -> None:
+    mutated = _arrays()
+    mutated["layers.1.h1"][2] += 1e-3  # beyond fp32_reassoc
+    mutated["plain"][0] += 1.0  # later in the order: not the first
+    other = check_live({"x": np.ones(3)}, {"x": np.ones(3)}, name="live.ok")
+    bad = check_group(mutated, "g", goldens=golden_dir)
+    text = format_table(
+        other.comparison, checks=[(other.name, other.comparison), (bad.name, bad.comparison)]
+    )
+    section = text.split("checks (2 of 2)")[1]
+    assert "PASS live.ok" in section
+    assert "FAIL g (2 of 4 arrays fail)" in section
+    assert "first breaking its class: layers.1.h1 [fp32_reassoc, fail]" in section
+
+
+def test_a_failing_check_saves_what_it_obtained_for_parity_diff(
+    golden_dir: Path, tmp_path: Path, capsys
+) -> None:
+    mutated = _arrays()
+    mutated["layers.0.h1"][1] += 1e-3
+    result = check_group(
+        mutated,
+        "g",
+        goldens=golden_dir,
+        overrides=[("rec", "device_count")],
+        save_actual=tmp_path / "obtained",
+    )
+    assert result.saved == str(tmp_path / "obtained" / "g.h5") and result.command
+    assert "--override 'rec=device_count'" in result.command
+    # The command reproduces the table: same verdicts, classes and figures per key.
+    argv = result.command.replace("'", "").split()[3:]
+    code = main(argv)
+    assert code == 1
+    out = capsys.readouterr().out
+    reproduced = run_diff(result.saved, golden_dir / "g.h5", overrides=[("rec", "device_count")])
+    assert reproduced.comparison.findings == result.comparison.findings
+    assert "layers.0.h1 [fp32_reassoc, fail]" in out
+    # A passing check writes nothing.
+    ok = check_group(_arrays(), "g", goldens=golden_dir, save_actual=tmp_path / "none")
+    assert ok.saved is None and not (tmp_path / "none").exists()
+
+
+def test_golden_dir_opens_each_file_once_and_lists_groups(golden_dir: Path) -> None:
+    with GoldenDir(golden_dir) as d:
+        assert d.groups() == ["g"]
+        assert d.open("g") is d.open("g")
