@@ -27,6 +27,7 @@ from decomp.ci_function import (
     init_ci_function,
 )
 from decomp.taps import SITE_KINDS, parse_site, site_names
+from parity import assert_equivalent
 
 # d_mlp = d_hidden keeps the number of distinct draw shapes (so of eager compiles) small.
 CFG = dict(d_hidden=8, n_blocks=2, n_head=2, d_mlp=8)
@@ -80,19 +81,12 @@ def _assert_leaves_bit_identical(new: CIFunction, old: CIFunction) -> None:
         old.cs,
         old.config,
     )
-    new_leaves = jax.tree_util.tree_leaves_with_path(new)
-    old_leaves = jax.tree_util.tree_leaves_with_path(old)
-    assert [p for p, _ in new_leaves] == [p for p, _ in old_leaves]
-    for (path, a), (_, b) in zip(new_leaves, old_leaves, strict=True):
-        name = jax.tree_util.keystr(path)
-        assert a.shape == b.shape and a.dtype == b.dtype, (name, a.shape, b.shape)
-        for sa, sb in zip(a.addressable_shards, b.addressable_shards, strict=True):
-            assert sa.device == sb.device, name
-            np.testing.assert_array_equal(
-                np.asarray(sa.data).view(np.uint32),
-                np.asarray(sb.data).view(np.uint32),
-                err_msg=f"{name} on {sa.device}",
-            )
+
+    def per_device(a: jax.Array) -> dict[str, np.ndarray]:
+        return {f"device{s.device.id}": np.asarray(s.data) for s in a.addressable_shards}
+
+    # Every leaf, on every addressable shard, bit for bit (keys: "blocks.wq.device0").
+    assert_equivalent(jax.tree.map(per_device, new), jax.tree.map(per_device, old))
 
 
 # --- init ----------------------------------------------------------------------------------

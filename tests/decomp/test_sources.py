@@ -12,6 +12,7 @@ from jax.sharding import Mesh, NamedSharding, PartitionSpec
 
 from decomp import legacy
 from decomp.sources import init_sources
+from parity import assert_equivalent
 
 # Two C groups: C=4 (three sites, on both sides of the other) and C=2 (one site; a one-site
 # stack is the case where jax does take the slicing jit's donation).
@@ -24,20 +25,13 @@ def _replicated() -> NamedSharding:
     return NamedSharding(mesh, PartitionSpec())
 
 
-def _bits(x: jax.Array | np.ndarray) -> np.ndarray:
-    a = np.asarray(x)
-    return a.view(np.uint16 if a.dtype.itemsize == 2 else np.uint32)
+def _per_device(x: jax.Array) -> dict[str, np.ndarray]:
+    return {f"device{s.device.id}": np.asarray(s.data) for s in x.addressable_shards}
 
 
 def _assert_same_on_every_shard(new: jax.Array, old: jax.Array, site: str) -> None:
-    assert new.shape == old.shape and new.dtype == old.dtype, (site, new.shape, old.shape)
-    new_shards = sorted(new.addressable_shards, key=lambda s: s.device.id)
-    old_shards = sorted(old.addressable_shards, key=lambda s: s.device.id)
-    assert [s.device for s in new_shards] == [s.device for s in old_shards], site
-    for a, b in zip(new_shards, old_shards, strict=True):
-        np.testing.assert_array_equal(
-            _bits(a.data), _bits(b.data), err_msg=f"site {site}, device {a.device}"
-        )
+    # Bitwise on every addressable shard, bf16 included; dtypes and shapes strict.
+    assert_equivalent({site: _per_device(new)}, {site: _per_device(old)})
 
 
 @pytest.mark.parametrize("dtype", [jnp.float32, jnp.bfloat16], ids=["fp32", "bf16"])
@@ -67,15 +61,14 @@ def test_values_in_unit_interval_and_keyed_per_site_from_one_split(dtype):
         assert x.min() >= 0.0 and x.max() < 1.0, (site, x.min(), x.max())
         # The contract, by an independent path: site i draws from key i of one split.
         want = jax.random.uniform(keys[i], (1, T, c + 1), dtype)
-        np.testing.assert_array_equal(_bits(out[site]), _bits(want), err_msg=site)
+        assert_equivalent({site: out[site]}, {site: want})
 
 
 def test_raw_uint32_keys_work_and_match_legacy():
     key = jax.random.PRNGKey(11)
     new = init_sources(SITE_CS, T, key=key)
     old = legacy.init_sources(SITE_CS, T, key=key)
-    for site in SITE_CS:
-        np.testing.assert_array_equal(_bits(new[site]), _bits(old[site]), err_msg=site)
+    assert_equivalent(new, old)
 
 
 def test_second_call_reuses_the_compiled_jits(caplog):
