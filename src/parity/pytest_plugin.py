@@ -215,6 +215,7 @@ class _Check:
 
         config = self.config
         save = config.getoption("--parity-save-actual")
+        save = None if save is None else Path(config.invocation_params.dir, save).resolve()
         problem = None
         result: CheckResult | None = None
         try:

@@ -8,6 +8,8 @@ from __future__ import annotations
 
 import json
 import re
+import subprocess
+import sys
 from pathlib import Path
 
 import numpy as np
@@ -231,3 +233,69 @@ def test_the_report_merges_checks_from_xdist_workers(inner: pytest.Pytester) -> 
     assert sorted(c["name"] for c in doc["checks"]) == ["first", "second"]
     assert doc["verdict"] == "pass" and len(doc["findings"]) == 6
     assert "2 checks, 6 arrays" in result.stdout.str()
+
+
+# --------------------------------------------------------------------------- selection, obtained
+
+
+def test_unchecked_goldens_are_judged_against_the_selected_tests(inner: pytest.Pytester) -> None:
+    _pin(inner.path, "g", _arrays(), order=[])
+    _pin(inner.path, "other", {"a": np.zeros(2, np.float32)}, order=[])
+    inner.makepyfile(
+        test_both="""
+        import numpy as np
+        from golden_arrays import arrays
+
+        def test_g(parity_check):
+            parity_check(arrays(), "g")
+
+        def test_other(parity_check):
+            parity_check({"a": np.zeros(2, np.float32)}, "other")
+        """
+    )
+    # Everything selected: nothing unchecked.
+    full = _run(inner, "--parity-unchecked", "fail")
+    full.assert_outcomes(passed=2)
+    assert "no test checked" not in full.stdout.str()
+    # -k leaves test_other out: its group is not judged, so the session stays green.
+    for narrowed in (("-k", "test_g"), ("test_both.py::test_g",)):
+        result = _run(inner, "--parity-unchecked", "fail", *narrowed)
+        result.assert_outcomes(passed=1)
+        assert result.ret == pytest.ExitCode.OK, result.stdout.str()
+        assert "no test checked" not in result.stdout.str()
+    # A group nobody selected a test for is still judged in a full run.
+    only_g = (
+        "from golden_arrays import arrays\n\n"
+        "def test_g(parity_check):\n    parity_check(arrays(), 'g')\n"
+    )
+    inner.makepyfile(test_both=only_g)
+    result = _run(inner, "--parity-unchecked", "fail")
+    assert result.ret == pytest.ExitCode.TESTS_FAILED
+    assert "other: 1: a" in result.stdout.str()
+
+
+def test_a_failing_check_leaves_its_obtained_arrays_for_parity_diff(inner: pytest.Pytester) -> None:
+    _pin(inner.path, "g", _arrays(), order=["layers.0.h1", "layers.1.h1"])
+    inner.makepyfile(
+        test_fail="""
+        from golden_arrays import arrays
+
+        def test_perturbed(parity_check):
+            a = arrays()
+            a["layers.0.h1"][1, 1] += 1e-2
+            parity_check(a, "g", class_overrides=[("logits", "fp32_reassoc")])
+        """
+    )
+    result = _run(inner, "-n", "2", "--parity-save-actual", "obtained")
+    result.assert_outcomes(failed=1)
+    out = result.stdout.str()
+    saved = inner.path / "obtained" / "g.h5"
+    assert saved.is_file() and f"obtained arrays written to {saved}" in out
+    command = next(line.strip() for line in out.splitlines() if "parity diff" in line)
+    assert "--override 'logits=fp32_reassoc'" in command
+    diff = subprocess.run(
+        command.replace("python", sys.executable, 1), shell=True, capture_output=True, text=True
+    )
+    assert diff.returncode == 1, diff.stderr
+    assert "layers.0.h1 [fp32_reassoc, fail]" in diff.stdout
+    assert "first breaking its class: layers.0.h1" in diff.stdout
