@@ -12,7 +12,7 @@ chunk, with `x_s [batch, seq, d_in_s]` the input tap of site `s`:
 and `pre` is split back per site into `[batch, seq, C_s]`. Every rms norm here is weightless.
 Chunk parameters are stacked on a leading `n_chunks` axis and all chunks run under one vmap,
 so the traced graph holds one chunk body whatever the number of chunks; this is why chunks
-must be alike (same per-position `(d_in, C)` layout). See DESIGN.md, "The subject: SPD
+must be alike (same per-position `(d_in, C)` layout). See docs/design.md, "The subject: SPD
 training".
 
 Linear weights are `[d_out, d_in]`, applied as `x @ W.T`, as in the target model.

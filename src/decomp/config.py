@@ -1,6 +1,6 @@
 """The configuration of an SPD run: component count, CI function, loss weights, optimisers.
 
-See DESIGN.md, "The subject: SPD training". Everything that changes the traced program is
+See docs/design.md, "The subject: SPD training". Everything that changes the traced program is
 here, so a config plus a model fixes the compiled train step.
 """
 

@@ -3,7 +3,7 @@
 `MaskedForward(components, masks) -> output` is the target's masked forward with the
 inputs bound; `divergence(clean, masked) -> scalar` compares outputs per position and
 averages (`kl_divergence` for logits, `mse` for the toys' real-valued outputs). See
-DESIGN.md, "The subject: SPD training".
+docs/design.md, "The subject: SPD training".
 """
 
 from __future__ import annotations

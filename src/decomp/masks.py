@@ -3,7 +3,8 @@
 A site's mask has the shape of its causal importances, `[..., C]` (`[batch, seq, C]` for
 the GLU transformer, `[batch, C]` for the toys); its weight-delta mask and routing are
 `[...]`. Random channels come in `C + 1`: the first `C` scale components, the last drives
-the weight delta, the same layout as the persistent sources (DESIGN.md, "SPD training").
+the weight delta, the same layout as the persistent sources (docs/design.md, "The subject:
+SPD training").
 """
 
 from __future__ import annotations

@@ -1,4 +1,4 @@
-"""The layers of the GLU transformer, written as the equations in DESIGN.md.
+"""The layers of the GLU transformer, written as the equations in docs/design.md.
 
 Every function here is pure and shape-polymorphic over leading batch axes.
 """

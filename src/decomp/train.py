@@ -8,7 +8,7 @@
 Components take clipped AdamW, the CI function AdamW; the ascended sources are the next
 step's persistent sources. Sequence targets (the GLU transformer: int tokens in, logits
 out) compare outputs by KL; the toys (float inputs `[batch, d]`, real outputs) by mean
-squared error, and their taps get a seq axis of 1 for the CI function. See DESIGN.md,
+squared error, and their taps get a seq axis of 1 for the CI function. See docs/design.md,
 "The subject: SPD training".
 """
 

@@ -10,7 +10,7 @@ import os
 import sys
 
 #: The ISA cap every pinning or checking run uses, so that bitwise goldens reproduce on any
-#: x86 host with at least AVX2 (see DESIGN.md, "Reproducing bits across hosts").
+#: x86 host with at least AVX2 (see docs/design.md, "Reproducing bits across hosts").
 DEFAULT_ISA_CAP = "AVX2"
 
 _DEVICE_FLAG = "--xla_force_host_platform_device_count"

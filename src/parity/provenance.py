@@ -11,7 +11,7 @@ difference has a severity:
 - **"bits"**: the field can change the last bits of XLA's output: `jax`, `jaxlib`,
   `isa_cap`, `xla_flags`, `machine`, `x64`, `device_count`, and `processor` when no equal
   ISA cap is set on both sides (with one, XLA picks the same kernels on any host at or above
-  the cap, see DESIGN.md "Reproducing bits across hosts").
+  the cap, see docs/design.md "Reproducing bits across hosts").
 - **"info"**: worth showing, cannot move XLA's bits by itself: `python`, `numpy`, `h5py`,
   `ml_dtypes`, `platform`, `processor` under an equal ISA cap, `base_sha`, and
   `producer_digest` (the producers changed since pinning; a repin may be due).

@@ -1,6 +1,6 @@
 """Repin goldens at a git base commit, without touching the user's checkout.
 
-Steps (DESIGN.md, "Repin"): resolve and verify the SHA; add a detached worktree at it in a
+Steps (docs/design.md, "Repin"): resolve and verify the SHA; add a detached worktree at it in a
 temporary folder; run the producers (from the *current* tree, public API only) in a
 subprocess against that worktree's code, with the device count and XLA flags fixed; write
 the new golden files atomically; report what changed against the old ones; remove the

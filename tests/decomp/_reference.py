@@ -1,6 +1,6 @@
 """An independent float64 numpy implementation of the GLU transformer forward, the oracle.
 
-Written from the equations in DESIGN.md ("The subject: GLU transformer target") and the
+Written from the equations in docs/design.md ("The subject: GLU transformer target") and the
 published Llama / Qwen3 definitions, not from decomp: it reads Hugging Face style weights
 (`model.layers.{i}.self_attn.q_proj.weight`, ...) and imports nothing from decomp. RoPE is
 written as a rotation of the pairs `(x[j], x[j + head_dim/2])`, the llama3 frequency scaling

@@ -45,7 +45,7 @@ def _random_glu(cfg: Any, seed: int) -> Any:
 @pytest.fixture(scope="session")
 def tap_keys() -> Callable[[int], tuple[str, ...]]:
     """`tap_keys(n_layer)`: every tap key, `resid.{i}` then the sites in canonical order,
-    written out from DESIGN.md (not from `decomp.taps`)."""
+    written out from docs/design.md (not from `decomp.taps`)."""
     return _tap_keys
 
 

@@ -53,7 +53,8 @@ CONFIGS = {
 }
 BATCH, SEQ = 2, 8
 
-#: Every key form the error messages must list (DESIGN.md, "Taps").
+#: Every key form the error messages must list (docs/design.md, "The subject: GLU
+#: transformer target").
 KEY_FORMS = (
     "resid.{i}",
     "layers.{i}.self_attn.q_proj",

@@ -2,7 +2,7 @@
 
 Weights are `[d_out, d_in]` (the Hugging Face convention, applied as `x @ W.T`) and every
 per-layer weight is stacked on a leading `n_layer` axis, so the forward is one `lax.scan`
-over blocks. See DESIGN.md, "The subject: GLU transformer target".
+over blocks. See docs/design.md, "The subject: GLU transformer target".
 """
 
 from __future__ import annotations
