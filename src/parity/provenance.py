@@ -9,9 +9,11 @@ nothing heavy, and asks jax only if jax is already imported.
 difference has a severity:
 
 - **"bits"**: the field can change the last bits of XLA's output: `jax`, `jaxlib`,
-  `isa_cap`, `xla_flags`, `machine`, `x64`, `device_count`, and `processor` when no equal
-  ISA cap is set on both sides (with one, XLA picks the same kernels on any host at or above
-  the cap, see docs/design.md "Reproducing bits across hosts").
+  `isa_cap`, `xla_flags`, `machine`, `cpu`, `x64`, `device_count`, and `processor` when no
+  equal ISA cap is set on both sides. `cpu` is the processor's vendor, family, model and
+  vector instruction sets: an equal ISA cap is not enough for equal bits, because XLA
+  compiles for the host's microarchitecture within the cap (see docs/design.md,
+  "Reproducing bits across hosts"), and the model name alone ("AMD EPYC") often hides it.
 - **"info"**: worth showing, cannot move XLA's bits by itself: `python`, `numpy`, `h5py`,
   `ml_dtypes`, `platform`, `processor` under an equal ISA cap, `base_sha`, and
   `producer_digest` (the producers changed since pinning; a repin may be due).
@@ -59,7 +61,7 @@ Severity = Literal["info", "bits"]
 PolicyMode = Literal["strict", "relax", "warn"]
 
 #: Fields whose drift can change the last bits of XLA's output.
-BITS_FIELDS = ("jax", "jaxlib", "isa_cap", "xla_flags", "machine", "x64", "device_count")
+BITS_FIELDS = ("jax", "jaxlib", "isa_cap", "xla_flags", "machine", "cpu", "x64", "device_count")
 #: Fields whose drift is shown but cannot move XLA's bits by itself.
 INFO_FIELDS = ("python", "numpy", "h5py", "ml_dtypes", "platform", "base_sha", "producer_digest")
 #: ulp allowed for bitwise classes under the "relax" policy (see the module docstring).
@@ -91,6 +93,33 @@ def _processor() -> str:
     except OSError:
         pass
     return platform.processor()
+
+
+_VECTOR_FLAG_RE = re.compile(
+    r"^(sse\S*|ssse3|avx\S*|fma\S*|f16c|amx\S*|sha_ni|vaes|vpclmulqdq|gfni)$"
+)
+
+
+def _cpu() -> str | None:
+    """Vendor, family, model and vector instruction sets of the first processor, from
+    /proc/cpuinfo: what decides XLA's CPU code beyond the ISA cap. None elsewhere."""
+    fields: dict[str, str] = {}
+    try:
+        with open("/proc/cpuinfo", encoding="utf-8", errors="replace") as fh:
+            for line in fh:
+                if not line.strip():
+                    break  # the first processor is enough
+                name, _, value = line.partition(":")
+                fields[name.strip().lower()] = value.strip()
+    except OSError:
+        return None
+    if not fields:
+        return None
+    isa = sorted(f for f in fields.get("flags", "").split() if _VECTOR_FLAG_RE.match(f))
+    return (
+        f"{fields.get('vendor_id', '?')} family {fields.get('cpu family', '?')} model "
+        f"{fields.get('model', '?')}; {' '.join(isa)}"
+    )
 
 
 def _device_count(xla_flags: str) -> int:
@@ -138,7 +167,8 @@ def collect_provenance(
 
     **Returns:** a JSON-serialisable dict with keys `python`, `jax`, `jaxlib`, `numpy`,
     `h5py`, `ml_dtypes` (versions, None if not installed), `platform`, `machine`,
-    `processor`, `device_count`, `xla_flags`, `isa_cap` (None if no cap), `x64`,
+    `processor`, `cpu` (vendor, family, model and vector ISA flags), `device_count`,
+    `xla_flags`, `isa_cap` (None if no cap), `x64`,
     `base_sha`, `producer_digest`.
     """
     xla_flags = os.environ.get("XLA_FLAGS", "")
@@ -153,6 +183,7 @@ def collect_provenance(
         "platform": platform.platform(),
         "machine": platform.machine(),
         "processor": _processor(),
+        "cpu": _cpu(),
         "device_count": int(device_count) if device_count is not None else _device_count(xla_flags),
         "xla_flags": xla_flags,
         "isa_cap": isa[-1] if isa else None,
