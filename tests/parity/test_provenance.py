@@ -30,6 +30,7 @@ _FIELDS = {
     "ml_dtypes",
     "platform",
     "machine",
+    "cpu",
     "processor",
     "device_count",
     "xla_flags",
@@ -232,3 +233,13 @@ def test_device_count_flag_is_not_counted_as_xla_flags_drift():
     assert [d.field for d in _drift(golden, {"xla_flags": "--xla_cpu_max_isa=AVX2"})] == []
     moved = _drift(golden, {"xla_flags": "--xla_cpu_max_isa=SSE4_2"})
     assert [d.field for d in moved] == ["xla_flags"]
+
+
+def test_a_different_cpu_under_the_same_isa_cap_is_a_bits_drift():
+    # Measured: goldens pinned under --xla_cpu_max_isa=AVX2 on one "AMD EPYC" host differ in
+    # their last bits on another whose model name reads the same (an AVX2-only family 25).
+    golden = collect_provenance() | {"cpu": "AuthenticAMD family 25 model 17; avx avx2 avx512f"}
+    current = collect_provenance()
+    drifts = {d.field: d for d in drift(golden, current)}
+    assert drifts["cpu"].severity == "bits"
+    assert "processor" not in drifts  # the model name did not change
