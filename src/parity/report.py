@@ -207,6 +207,8 @@ Checks = Sequence[tuple[str, Comparison]]
 def _check_lines(checks: Checks, *, failing_only: bool = False) -> list[str]:
     """Per check: its verdict and first divergence, in that check's own forward order."""
     shown = [(n, c) for n, c in checks if not (failing_only and c.passed)]
+    if failing_only and not shown:
+        return [f"checks: all {len(checks)} pass"]
     what = "failing checks" if failing_only else "checks"
     lines = [
         f"{what} ({len(shown)} of {len(checks)}), in the order they ran; first divergence in "
