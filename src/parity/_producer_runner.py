@@ -38,6 +38,9 @@ def _missing_symbol(exc: BaseException, src: str) -> str | None:
 def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser()
     p.add_argument("--src", required=True, help="folder to import the code under test from")
+    p.add_argument(
+        "--also-src", action="append", default=[], help="further import roots, after --src"
+    )
     p.add_argument("--drop-path", action="append", default=[], help="sys.path entries to remove")
     p.add_argument("--producers", required=True)
     p.add_argument("--out", required=True)
@@ -54,7 +57,8 @@ def main(argv: list[str] | None = None) -> int:
         pass
     drop = {os.path.realpath(d) for d in args.drop_path}
     sys.path[:] = [e for e in sys.path if os.path.realpath(e or ".") not in drop]
-    sys.path.insert(0, os.path.realpath(args.src))
+    for root in reversed([args.src, *args.also_src]):
+        sys.path.insert(0, os.path.realpath(root))
 
     import numpy as np
 
@@ -83,7 +87,10 @@ def main(argv: list[str] | None = None) -> int:
         t0 = time.perf_counter()
         _log(f"[{i}/{len(wanted)}] {name}: running")
         try:
-            arrays = dict(groups[name]())
+            # Producers may return any pytree: flattened to `{"a.b": array}` keys.
+            from parity.trees import flatten
+
+            arrays = flatten(groups[name]())
         except Exception as exc:
             traceback.print_exc()
             msg = _missing_symbol(exc, args.src)
