@@ -65,9 +65,10 @@ class Step:
     class_name: str | None = None
     seconds: float = 0.0
 
-    def line(self) -> str:
-        """The step as one line for a terminal."""
-        return f"{self.outcome:<4}  {self.sha[:12]}  {self.detail}  ({self.subject})"
+    def line(self, label: str = "") -> str:
+        """The step as one line for a terminal, after `label` (`GOOD`, `BAD`, `step 2`)."""
+        head = f"{label or self.role:<7} {self.outcome:<4}  {self.sha[:12]}"
+        return f"{head}  {self.detail}  ({self.subject})"
 
 
 @dataclass(frozen=True)
@@ -219,7 +220,8 @@ def bisect(
 
     def record(s: Step) -> Step:
         steps.append(s)
-        progress(s.line())
+        n = sum(x.role == "search" for x in steps)
+        progress(s.line(f"step {n}" if s.role == "search" else s.role))
         return s
 
     def result(status: Status, **kw: Any) -> BisectResult:

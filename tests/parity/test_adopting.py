@@ -82,9 +82,9 @@ import tinymlp
 
 
 def forward():
-    params = tinymlp.init(jax.random.key(0))
+    params = jax.jit(tinymlp.init)(jax.random.key(0))
     x = jax.random.normal(jax.random.key(1), (4, tinymlp.WIDTH))
-    logits, acts = tinymlp.forward(params, x)
+    logits, acts = jax.jit(tinymlp.forward)(params, x)
     # A pytree: keys acts.0, acts.1, acts.2, logits, in this (forward) order.
     return {"acts": [acts[i] for i in range(tinymlp.N_LAYER)], "logits": logits}
 
@@ -99,9 +99,9 @@ import jax
 
 
 def test_forward_matches_goldens(parity_check):
-    params = tinymlp.init(jax.random.key(0))
+    params = jax.jit(tinymlp.init)(jax.random.key(0))
     x = jax.random.normal(jax.random.key(1), (4, tinymlp.WIDTH))
-    logits, acts = tinymlp.forward(params, x)
+    logits, acts = jax.jit(tinymlp.forward)(params, x)
     parity_check({"acts": list(acts), "logits": logits}, "forward")
 """
 
