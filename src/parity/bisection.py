@@ -31,7 +31,7 @@ from typing import Any, Literal
 from parity.check import CheckError, GoldenDir
 from parity.config import ParityConfig
 from parity.repin import RepinError, repin
-from parity.runner import ProducersFailed, check_produced, produce
+from parity.runner import ProducersFailed, check_produced, failure_reason, produce
 from parity.worktree import GitError, _git, repo_root, resolve_sha, temporary_worktree
 
 __all__ = ["BisectError", "BisectResult", "Step", "bisect", "first_parent_commits"]
@@ -244,8 +244,7 @@ def bisect(
         except RepinError as e:
             text = str(e)
             _, _, output = text.partition("Producer output:\n")
-            lines = [ln for ln in output.splitlines() if ln.startswith("[producers]")]
-            why = lines[-1].removeprefix("[producers]").strip() if lines else text.splitlines()[0]
+            why = failure_reason(output or text)
             record(Step(good_sha, _subject(root, good_sha), "skip", f"cannot pin: {why}", "GOOD"))
             return result("cannot_run")
         with GoldenDir(tmp) as goldens:

@@ -150,6 +150,7 @@ def _keep_log(output: str) -> str:
 
 def _cmd_repin(args: argparse.Namespace, out: IO[str]) -> int:
     from parity.repin import RepinError, repin
+    from parity.runner import failure_reason
     from parity.worktree import GitError
 
     config = _config(args)
@@ -172,8 +173,7 @@ def _cmd_repin(args: argparse.Namespace, out: IO[str]) -> int:
     except RepinError as e:
         text = str(e)
         head, _, output = text.partition(" Producer output:\n")
-        lines = [ln for ln in output.splitlines() if ln.startswith("[producers]")]
-        why = lines[-1].removeprefix("[producers]").strip() if lines else ""
+        why = failure_reason(output) if output else ""
         log = _keep_log(output or text)
         raise CommandError(f"repin failed: {head} {why} (producer output: {log})") from None
     out.write(f"pinned at {result.sha} into {result.out_dir}\n")

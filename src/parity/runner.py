@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import contextlib
 import os
+import re
 import tempfile
 import time
 from collections.abc import Callable, Iterator, Sequence
@@ -25,7 +26,7 @@ from parity.check import CheckResult, GoldenDir, check_group
 from parity.config import ParityConfig
 from parity.repin import RepinError, load_runner_output, run_producers
 
-__all__ = ["Produced", "ProducersFailed", "check_produced", "produce"]
+__all__ = ["Produced", "ProducersFailed", "check_produced", "failure_reason", "produce"]
 
 
 class ProducersFailed(RuntimeError):
@@ -59,10 +60,17 @@ class Produced:
     xla_flags: str
 
 
-def _reason(message: str) -> str:
-    """The producer log's last `[producers]` line, else the first line of `message`."""
-    lines = [ln for ln in message.splitlines() if ln.startswith("[producers]")]
-    return lines[-1].removeprefix("[producers]").strip() if lines else message.splitlines()[0]
+def failure_reason(output: str) -> str:
+    """One line saying why a producer run failed: the runner's own verdict (its last
+    `[producers]` line) unless that is only a progress line, else the last line of the
+    output (the exception of a traceback)."""
+    lines = [ln.strip() for ln in output.splitlines() if ln.strip()]
+    logged = [
+        ln.removeprefix("[producers]").strip() for ln in lines if ln.startswith("[producers]")
+    ]
+    if logged and not re.match(r"\[\d+/\d+\] .*: running$", logged[-1]):
+        return logged[-1]
+    return lines[-1] if lines else "no output"
 
 
 def produce(
@@ -107,7 +115,7 @@ def produce(
         except RepinError as e:
             text = str(e)
             _, _, output = text.partition("Producer output:\n")
-            raise ProducersFailed(_reason(output or text), output or text) from None
+            raise ProducersFailed(failure_reason(output or text), output or text) from None
         out: dict[str, dict[str, np.ndarray]] = {}
         maps: dict[str, list[list[str]]] = {}
         for manifest in sorted(Path(tmp).glob("*.json")):

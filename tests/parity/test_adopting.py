@@ -114,12 +114,16 @@ def _write(root: Path, files: dict[str, str]) -> None:
 
 
 def _parity(repo: Path, *args: str) -> subprocess.CompletedProcess[str]:
+    # A private TMPDIR: what the commands leave behind is visible, and nobody else's
+    # cleanup of a shared /tmp can pull a worktree away mid-run.
+    tmp = repo.parent / "tmp"
+    tmp.mkdir(exist_ok=True)
     return subprocess.run(
         [sys.executable, "-m", "parity", *args],
         cwd=repo,
         capture_output=True,
         text=True,
-        env={**os.environ, "PYTHONWARNINGS": "ignore"},
+        env={**os.environ, "PYTHONWARNINGS": "ignore", "TMPDIR": str(tmp)},
         timeout=300,
     )
 
@@ -204,3 +208,4 @@ def test_a_project_that_is_not_this_one_pins_checks_and_bisects(tmp_path: Path, 
     assert _snapshot(repo, git) == before
     assert git(repo, "worktree", "list", "--porcelain").count("worktree ") == 1
     assert not (repo / ".git" / "BISECT_LOG").exists()
+    assert list((tmp_path / "tmp").iterdir()) == []  # no temporary goldens or worktrees left
