@@ -18,6 +18,13 @@ import time
 import traceback
 from pathlib import Path
 
+# Run as a script, this file's folder (parity/) comes first on sys.path, and its modules
+# (config, report, runner, ...) would shadow a project's own modules of the same name: the
+# folder holding the parity package takes its place.
+_HERE = os.path.dirname(os.path.realpath(__file__))
+if sys.path and os.path.realpath(sys.path[0] or ".") == _HERE:
+    sys.path[0] = os.path.dirname(_HERE)
+
 EXIT_PRODUCER_FAILED = 1
 EXIT_MISSING_SYMBOL = 3
 

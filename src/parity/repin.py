@@ -170,6 +170,15 @@ def _child(cmd: Sequence[str], env: Mapping[str, str]) -> Iterator[subprocess.Po
             proc.stdout.close()
 
 
+def _class_of(class_map: ClassMap, key: str) -> str:
+    """`key`'s class under the producers' `CLASS_MAP`; `bitwise` where no rule matches
+    (`CLASS_MAP` is optional)."""
+    try:
+        return class_map.class_for(key)
+    except KeyError:
+        return "bitwise"
+
+
 def run_producers(
     code_root: Path,
     producers: Path,
@@ -290,7 +299,7 @@ def repin(
             for name in names:
                 arrays, rules = load_runner_output(Path(tmp), name)
                 class_map = ClassMap(rules=tuple((p, c) for p, c in rules))
-                classes = {k: class_map.class_for(k) for k in arrays}
+                classes = {k: _class_of(class_map, k) for k in arrays}
                 dest = out / f"{name}.h5"
                 changes.append(summarize_change(name, dest, arrays))
                 new = out / f".{name}.h5.new"
