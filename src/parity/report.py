@@ -483,8 +483,9 @@ def _plot_class(path: Path, name: str, findings: Sequence[Finding]) -> None:
     ax.set_yscale("log")
     ax.set_ylim(floor / 2, top * 2)
     ax.set_ylabel("max ulp" if in_ulp else "max |a-b|")
-    ax.set_title(f"{name}: error per key, in forward order")
-    step = max(1, len(findings) // 30)
+    # A fixed title position: placing it automatically measures every tick label again.
+    ax.set_title(f"{name}: error per key, in forward order", y=1.01)
+    step = max(1, -(-len(findings) // 25))
     ax.set_xticks(x[::step])
     ax.set_xticklabels([f.key for f in findings][::step], rotation=90, fontsize=6)
     ax.legend(fontsize=7, loc="upper right")
