@@ -12,6 +12,9 @@ median of `--repeats` runs:
 - `parity_plain`: the same on the plain files (no checksums or attributes to read).
 - `cli`: wall time of `python -m parity diff` as a subprocess, and of `python -c "import
   parity"` for the interpreter and import share of it.
+- `raw_process`: wall time of a plain Python process that imports h5py and numpy, reads
+  both plain files and compares every pair with `np.array_equal` (the `raw` loop as a
+  whole process): the yardstick of `cli` (the target is at most 1.2x).
 
 Usage:
 
@@ -117,6 +120,19 @@ def parity_diff(actual: Path, golden: Path) -> bool:
     return result.comparison.passed
 
 
+_RAW_PROCESS = """
+import sys
+import h5py
+import numpy as np
+
+with h5py.File(sys.argv[1], "r") as fa, h5py.File(sys.argv[2], "r") as fg:
+    names = []
+    fg.visititems(lambda n, o: names.append(n) if isinstance(o, h5py.Dataset) else None)
+    ok = all(np.array_equal(fa[n][()], fg[n][()]) for n in names)
+print("equal" if ok else "differ")
+"""
+
+
 def _median_s(fn: Callable[[], Any], repeats: int) -> float:
     fn()  # warm the page cache and imports
     times = []
@@ -167,6 +183,8 @@ def main(argv: list[str] | None = None) -> int:
         cli_s = _median_s(
             lambda: subprocess.run(cli, check=True, capture_output=True, env=env), args.repeats
         )
+        raw_proc = [sys.executable, "-c", _RAW_PROCESS, str(qa), str(qg)]
+        raw_wall_s = _median_s(lambda: _run(raw_proc), args.repeats)
         imp = [sys.executable, "-c", "import parity.cli"]
         import_s = _median_s(lambda: _run(imp), args.repeats)
 
@@ -188,13 +206,19 @@ def main(argv: list[str] | None = None) -> int:
         "ratio_parity_raw": parity_s / raw_s,
         "ratio_parity_plain_raw": plain_s / raw_s,
         "cli_wall_s": cli_s,
+        "raw_process_wall_s": raw_wall_s,
+        "ratio_cli_raw_process": cli_s / raw_wall_s,
         "import_wall_s": import_s,
     }
     print(f"{len(arrays)} arrays, {n_bytes / 1e6:.2f} MB of data; median of {args.repeats} runs")
     print(f"  raw h5py read + np.array_equal     {raw_s:8.4f} s")
     print(f"  parity diff (in process, checked)  {parity_s:8.4f} s   {parity_s / raw_s:5.2f}x raw")
     print(f"  parity diff on the plain files     {plain_s:8.4f} s   {plain_s / raw_s:5.2f}x raw")
-    print(f"  python -m parity diff (wall)       {cli_s:8.4f} s")
+    print(
+        f"  python -m parity diff (wall)       {cli_s:8.4f} s   {cli_s / raw_wall_s:5.2f}x "
+        "the raw process"
+    )
+    print(f"  raw h5py process (wall)            {raw_wall_s:8.4f} s")
     print(f"  python -c 'import parity.cli'      {import_s:8.4f} s")
     if args.json:
         Path(args.json).write_text(json.dumps(figures, indent=2) + "\n")

@@ -5,17 +5,74 @@
 share. Tolerance classes as data (rules as objects, `parity.rules`), comparison of arrays
 and pytrees with a finding per key and the first divergence named, an HDF5 golden store
 with provenance and checksums, repin at a git base commit, compile statistics, reports, a
-CLI (`python -m parity`) and a pytest plugin. `import parity` does not import jax.
+CLI (`python -m parity`) and a pytest plugin. `import parity` does not import jax,
+h5py, matplotlib or rich: the public names load their module on first use.
 """
 
-from parity.assertions import assert_equivalent
-from parity.check import CheckError, CheckResult, GoldenDir, check_group, check_live
-from parity.compare import Comparison, Finding, compare_arrays, compare_trees, flatten
-from parity.provenance import bitwise_policy, collect_provenance, drift
-from parity.report import format_table, to_json, write_html, write_json
-from parity.rules import RULES, Bitwise, Close, RelativeToMax, Rule, Ulp
-from parity.store import GoldenFile, GoldenStoreError, open_goldens, write_goldens
-from parity.tolerance import REGISTRY, ClassMap, ToleranceClass, get_class, ulp_distance
+import importlib
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:
+    from parity.assertions import assert_equivalent
+    from parity.check import CheckError, CheckResult, GoldenDir, check_group, check_live
+    from parity.compare import Comparison, Finding, compare_arrays, compare_trees, flatten
+    from parity.provenance import bitwise_policy, collect_provenance, drift
+    from parity.report import format_table, to_json, write_html, write_json
+    from parity.rules import RULES, Bitwise, Close, RelativeToMax, Rule, Ulp
+    from parity.store import GoldenFile, GoldenStoreError, open_goldens, write_goldens
+    from parity.tolerance import REGISTRY, ClassMap, ToleranceClass, get_class, ulp_distance
+
+#: Public name -> the module defining it, imported on first access (PEP 562), so that
+#: `python -m parity diff` pays only for the modules it uses.
+_LAZY = {
+    "Bitwise": "parity.rules",
+    "CheckError": "parity.check",
+    "CheckResult": "parity.check",
+    "ClassMap": "parity.tolerance",
+    "Close": "parity.rules",
+    "Comparison": "parity.compare",
+    "Finding": "parity.compare",
+    "GoldenDir": "parity.check",
+    "GoldenFile": "parity.store",
+    "GoldenStoreError": "parity.store",
+    "REGISTRY": "parity.tolerance",
+    "RULES": "parity.rules",
+    "RelativeToMax": "parity.rules",
+    "Rule": "parity.rules",
+    "ToleranceClass": "parity.tolerance",
+    "Ulp": "parity.rules",
+    "assert_equivalent": "parity.assertions",
+    "bitwise_policy": "parity.provenance",
+    "check_group": "parity.check",
+    "check_live": "parity.check",
+    "collect_provenance": "parity.provenance",
+    "compare_arrays": "parity.compare",
+    "compare_trees": "parity.compare",
+    "drift": "parity.provenance",
+    "flatten": "parity.compare",
+    "format_table": "parity.report",
+    "get_class": "parity.tolerance",
+    "open_goldens": "parity.store",
+    "to_json": "parity.report",
+    "ulp_distance": "parity.tolerance",
+    "write_goldens": "parity.store",
+    "write_html": "parity.report",
+    "write_json": "parity.report",
+}
+
+
+def __getattr__(name: str) -> Any:
+    module = _LAZY.get(name)
+    if module is None:
+        raise AttributeError(f"module 'parity' has no attribute {name!r}")
+    value = getattr(importlib.import_module(module), name)
+    globals()[name] = value
+    return value
+
+
+def __dir__() -> list[str]:
+    return sorted(set(globals()) | set(_LAZY))
+
 
 __all__ = [
     "REGISTRY",

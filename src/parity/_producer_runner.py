@@ -18,6 +18,13 @@ import time
 import traceback
 from pathlib import Path
 
+# Run as a script, this file's folder (parity/) comes first on sys.path, and its modules
+# (config, report, runner, ...) would shadow a project's own modules of the same name: the
+# folder holding the parity package takes its place.
+_HERE = os.path.dirname(os.path.realpath(__file__))
+if sys.path and os.path.realpath(sys.path[0] or ".") == _HERE:
+    sys.path[0] = os.path.dirname(_HERE)
+
 EXIT_PRODUCER_FAILED = 1
 EXIT_MISSING_SYMBOL = 3
 
@@ -38,6 +45,9 @@ def _missing_symbol(exc: BaseException, src: str) -> str | None:
 def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser()
     p.add_argument("--src", required=True, help="folder to import the code under test from")
+    p.add_argument(
+        "--also-src", action="append", default=[], help="further import roots, after --src"
+    )
     p.add_argument("--drop-path", action="append", default=[], help="sys.path entries to remove")
     p.add_argument("--producers", required=True)
     p.add_argument("--out", required=True)
@@ -54,7 +64,8 @@ def main(argv: list[str] | None = None) -> int:
         pass
     drop = {os.path.realpath(d) for d in args.drop_path}
     sys.path[:] = [e for e in sys.path if os.path.realpath(e or ".") not in drop]
-    sys.path.insert(0, os.path.realpath(args.src))
+    for root in reversed([args.src, *args.also_src]):
+        sys.path.insert(0, os.path.realpath(root))
 
     import numpy as np
 
@@ -83,7 +94,10 @@ def main(argv: list[str] | None = None) -> int:
         t0 = time.perf_counter()
         _log(f"[{i}/{len(wanted)}] {name}: running")
         try:
-            arrays = dict(groups[name]())
+            # Producers may return any pytree: flattened to `{"a.b": array}` keys.
+            from parity.trees import flatten
+
+            arrays = flatten(groups[name]())
         except Exception as exc:
             traceback.print_exc()
             msg = _missing_symbol(exc, args.src)

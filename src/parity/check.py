@@ -56,7 +56,7 @@ __all__ = [
 #: The class of a key that no level of the precedence covers.
 DEFAULT_CLASS = "bitwise"
 #: How to pin a golden group; named in every "missing golden" message.
-REPIN_HINT = "python tools/repin_goldens.py --base <SHA>"
+REPIN_HINT = "parity repin --base <SHA>"
 
 Overrides = Sequence[tuple[str, str]]
 ClassMapLike = ClassMap | str | None

@@ -1,6 +1,7 @@
 """The command line: `python -m parity` (or the `parity` script).
 
-Two commands, thin layers over `parity.store`, `parity.compare` and `parity.report`:
+`repin`, `check` and `bisect` (which run producers) live in `parity.commands`. `diff` and
+`show` are thin layers over `parity.store`, `parity.compare` and `parity.report`:
 
 - `parity diff ACTUAL GOLDEN [--class NAME] [--json FILE] [--html DIR]` compares every
   array of two HDF5 files (parity-written or plain h5py files) and prints the report table.
@@ -39,7 +40,9 @@ from typing import IO, Any
 import numpy as np
 
 from parity.check import CheckError, class_resolver, pinned_class_map
+from parity.commands import CommandError, add_parsers
 from parity.compare import Comparison, Finding, compare_arrays, compare_trees
+from parity.config import ConfigError
 from parity.provenance import bitwise_policy, drift
 from parity.report import format_table, write_html, write_json
 from parity.store import GoldenFile, GoldenStoreError, open_goldens
@@ -423,6 +426,12 @@ Differential equivalence checks on HDF5 array files.
 
   parity diff ACTUAL GOLDEN      compare every array of ACTUAL against GOLDEN
   parity show GOLDEN             provenance, class map and arrays of a file
+  parity repin --base REV        pin goldens at a commit (a temporary worktree)
+  parity check                   run the producers on this tree, check against the goldens
+  parity bisect GOOD BAD         find the first commit that breaks a check
+
+repin, check and bisect read [tool.parity] in the nearest pyproject.toml (goldens,
+producers, src, isa, devices); a flag of the same name overrides each key.
 
 exit codes: 0 every array holds its class; 1 some array does not (each is printed);
 2 unusable input (missing, truncated, corrupt or unsafe file, unknown class).
@@ -497,6 +506,7 @@ def build_parser() -> argparse.ArgumentParser:
     show.add_argument(
         "--verify", action="store_true", help="also load every array and verify its checksum"
     )
+    add_parsers(sub)
     return parser
 
 
@@ -540,10 +550,13 @@ def main(argv: Sequence[str] | None = None) -> int:
         args = parser.parse_args(argv)
     except SystemExit as e:  # --help (0) or a bad command line (2); argparse printed why
         return e.code if isinstance(e.code, int) else EXIT_UNUSABLE
-    command = _cmd_diff if args.command == "diff" else _cmd_show
     try:
-        return command(args, sys.stdout)
-    except CLIError as e:
+        if args.command in ("diff", "show"):
+            return (_cmd_diff if args.command == "diff" else _cmd_show)(args, sys.stdout)
+        from parity.commands import run_command
+
+        return run_command(args, sys.stdout)
+    except (CLIError, CommandError, ConfigError) as e:
         sys.stdout.flush()
         print(f"parity: error: {_one_line(str(e))}", file=sys.stderr)
         return EXIT_UNUSABLE

@@ -36,7 +36,6 @@ from __future__ import annotations
 
 import dataclasses
 import hashlib
-import importlib.metadata
 import os
 import platform
 import re
@@ -76,6 +75,8 @@ _SKIPPED_PARTS = frozenset({"__pycache__", ".git", ".pytest_cache", ".ruff_cache
 
 
 def _version(dist: str) -> str | None:
+    import importlib.metadata  # here: 60 ms of imports that `parity diff` never needs
+
     try:
         return importlib.metadata.version(dist)
     except importlib.metadata.PackageNotFoundError:

@@ -2,12 +2,18 @@
 
 Options:
 
+Defaults come from `[tool.parity]` in the nearest `pyproject.toml` (`parity.config`:
+`goldens`, `isa`, `devices`), so in an adopting project `parity_check(actual, "group")`
+works with no options; the options below override it.
+
 - `--parity-devices N` (env `PARITY_DEVICES`): simulated CPU device count, set before jax
   starts (a clear error if it already started with another count).
-- `--parity-isa CAP`: the XLA CPU ISA cap set before jax starts (default AVX2; `none`).
+- `--parity-isa CAP`: the XLA CPU ISA cap set before jax starts (default `[tool.parity]`
+  isa, else AVX2; `none`).
 - `--parity-cache DIR` (env `PARITY_JAX_CACHE`): jax's persistent compilation cache folder;
   each xdist worker gets its own subfolder. `none` disables it. Default `.jax_cache`.
-- `--parity-goldens DIR` (ini `parity_goldens`): the golden folder, default `goldens`.
+- `--parity-goldens DIR`: the golden folder (default `[tool.parity]` goldens, else ini
+  `parity_goldens`, else `goldens`).
 - `--parity-report DIR`: write the session's comparisons as a text table, JSON and HTML.
 - `--parity-drift {warn,relax,strict}`: what environment drift does to bitwise classes
   (see `parity.provenance`).
@@ -45,6 +51,7 @@ from typing import TYPE_CHECKING, Any
 
 import pytest
 
+from parity.config import ConfigError, ParityConfig, load_config
 from parity.devices import (
     DEFAULT_ISA_CAP,
     DeviceCountError,
@@ -70,9 +77,10 @@ def pytest_addoption(parser: pytest.Parser) -> None:
     )
     group.addoption(
         "--parity-isa",
-        default=DEFAULT_ISA_CAP,
+        default=None,
         help="XLA CPU ISA cap (--xla_cpu_max_isa) set before jax starts, so bitwise goldens "
-        f"reproduce across hosts; 'none' leaves it alone (default {DEFAULT_ISA_CAP})",
+        "reproduce across hosts; 'none' leaves it alone (default: [tool.parity] isa, else "
+        f"{DEFAULT_ISA_CAP})",
     )
     group.addoption(
         "--parity-cache",
@@ -83,7 +91,8 @@ def pytest_addoption(parser: pytest.Parser) -> None:
     group.addoption(
         "--parity-goldens",
         default=None,
-        help="golden folder (default: ini parity_goldens, else 'goldens')",
+        help="golden folder (default: [tool.parity] goldens, else ini parity_goldens, else "
+        "'goldens')",
     )
     group.addoption(
         "--parity-report",
@@ -139,10 +148,21 @@ def _enable_compile_cache(config: pytest.Config) -> None:
     jax.config.update("jax_persistent_cache_min_entry_size_bytes", 0)
 
 
+def _project_config(config: pytest.Config) -> ParityConfig:
+    """`[tool.parity]` of the nearest pyproject.toml above the invocation folder."""
+    try:
+        return load_config(config.invocation_params.dir)
+    except ConfigError as e:
+        raise pytest.UsageError(str(e)) from None
+
+
 def pytest_configure(config: pytest.Config) -> None:
+    project = _project_config(config)
     n = _device_count(config)
+    if n is None and "devices" in project.explicit:
+        n = project.devices
     raw_isa = config.getoption("--parity-isa")
-    isa = None if raw_isa is None or raw_isa.lower() == "none" else raw_isa
+    isa = project.isa if raw_isa is None else (None if raw_isa.lower() == "none" else raw_isa)
     if n is not None:
         if n < 1:
             raise pytest.UsageError(f"--parity-devices must be at least 1, got {n}")
@@ -157,8 +177,11 @@ def pytest_configure(config: pytest.Config) -> None:
     config.stash[_NARROWED] = any("::" in str(a) for a in config.args)
     from parity.check import GoldenDir
 
-    raw = config.getoption("--parity-goldens") or config.getini("parity_goldens")
-    path = Path(raw)
+    raw = config.getoption("--parity-goldens")
+    if raw is None and "goldens" in project.explicit:
+        path = project.goldens
+    else:
+        path = Path(raw or config.getini("parity_goldens"))
     config.stash[_GOLDENS] = GoldenDir(path if path.is_absolute() else config.rootpath / path)
 
 

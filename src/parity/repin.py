@@ -170,6 +170,15 @@ def _child(cmd: Sequence[str], env: Mapping[str, str]) -> Iterator[subprocess.Po
             proc.stdout.close()
 
 
+def _class_of(class_map: ClassMap, key: str) -> str:
+    """`key`'s class under the producers' `CLASS_MAP`; `bitwise` where no rule matches
+    (`CLASS_MAP` is optional)."""
+    try:
+        return class_map.class_for(key)
+    except KeyError:
+        return "bitwise"
+
+
 def run_producers(
     code_root: Path,
     producers: Path,
@@ -180,8 +189,10 @@ def run_producers(
     groups: Sequence[str] = (),
     drop_paths: Sequence[Path] = (),
     progress: Callable[[str], None] = print,
+    src: Sequence[str] | None = None,
 ) -> str:
-    """Run `producers` in a subprocess importing code from `code_root/src`.
+    """Run `producers` in a subprocess importing code from `code_root/src` (or, with
+    `src`, from each of these folders relative to `code_root`, first one first).
 
     **Returns:** the XLA flags the subprocess ran under. Raises `RepinError` with the
     producer's output (traceback included) if it fails.
@@ -189,7 +200,10 @@ def run_producers(
     env = isolated_env(device_count, isa_cap=isa_cap)
     env["PYTHONHASHSEED"] = "0"
     flags = env["XLA_FLAGS"]
-    cmd = [sys.executable, str(_RUNNER), "--src", str(code_root / "src"), "--producers"]
+    roots = [code_root / r for r in src] if src else [code_root / "src"]
+    cmd = [sys.executable, str(_RUNNER), "--src", str(roots[0]), "--producers"]
+    for extra in roots[1:]:
+        cmd += ["--also-src", str(extra)]
     cmd += [str(producers), "--out", str(out)]
     for p in drop_paths:
         cmd += ["--drop-path", str(p)]
@@ -227,6 +241,7 @@ def repin(
     groups: Sequence[str] = (),
     keep_worktree: bool = False,
     progress: Callable[[str], None] = print,
+    src: Sequence[str] | None = None,
 ) -> RepinResult:
     """Pin goldens at commit `base`.
 
@@ -240,6 +255,8 @@ def repin(
     - `groups`: a subset of the producer groups (default: all).
     - `keep_worktree`: leave the worktree for inspection (its path is reported).
     - `progress`: receives one line per step.
+    - `src`: the import roots of the code under test, relative to the repository root
+      (default `src`); the same folders of the current checkout are kept off the path.
 
     **Returns:** a `RepinResult` with what changed per file.
     """
@@ -264,8 +281,9 @@ def repin(
             device_count=device_count,
             isa_cap=isa_cap,
             groups=groups,
-            drop_paths=[root / "src"],
+            drop_paths=[root / r for r in src] if src else [root / "src"],
             progress=progress,
+            src=src,
         )
         provenance = collect_provenance(
             base_sha=sha,
@@ -281,7 +299,7 @@ def repin(
             for name in names:
                 arrays, rules = load_runner_output(Path(tmp), name)
                 class_map = ClassMap(rules=tuple((p, c) for p, c in rules))
-                classes = {k: class_map.class_for(k) for k in arrays}
+                classes = {k: _class_of(class_map, k) for k in arrays}
                 dest = out / f"{name}.h5"
                 changes.append(summarize_change(name, dest, arrays))
                 new = out / f".{name}.h5.new"

@@ -149,7 +149,7 @@ def test_parity_check_passes_fails_names_keys_and_writes_the_report(
     assert "parity check 'perturbed' failed" in out
     assert "logits [bitwise, fail]" in out and "layers.1.h1 [fp32_reassoc, fail]" in out
     assert "first breaking its class: layers.1.h1" in out
-    assert "no golden file for group 'nope'" in out and "repin_goldens.py" in out
+    assert "no golden file for group 'nope'" in out and "parity repin --base" in out
     assert "During handling of the above exception" not in out
     # The end-of-session section.
     assert re.search(r"^=+ parity =+$", out, re.MULTILINE), out

@@ -253,3 +253,27 @@ def test_repin_tool_exit_code_and_message_for_unknown_sha(tmp_path):
     assert proc.returncode == 1
     assert "not a commit" in proc.stderr
     assert "Traceback" not in proc.stderr
+
+
+def test_project_modules_named_like_parity_modules_are_not_shadowed(tmp_path, git):
+    repo = tmp_path / "proj"
+    (repo / "src").mkdir(parents=True)
+    # `config` and `report` are also modules of parity's own folder, where the runner runs.
+    (repo / "src" / "config.py").write_text("VALUE = 7.0\n")
+    (repo / "src" / "report.py").write_text("SCALE = 2.0\n")
+    git(repo, "init", "-q", "-b", "main")
+    git(repo, "add", "-A")
+    git(repo, "commit", "-qm", "one")
+    producers = _producers(
+        tmp_path,
+        """
+        import numpy as np
+        import config
+        import report
+
+        GROUPS = {"g": lambda: {"x": np.float32(config.VALUE * report.SCALE)}}
+        """,
+    )
+    repin("HEAD", producers=producers, out_dir=tmp_path / "g", repo=repo, progress=lambda _: None)
+    with open_goldens(tmp_path / "g" / "g.h5") as g:
+        assert float(g["x"]) == 14.0

@@ -129,3 +129,14 @@ def test_passing_comparison_reports_pass() -> None:
     assert to_json(comparison)["verdict"] == "pass"
     text = format_table(comparison)
     assert "PASS" in text and "first not bitwise equal: none" in text
+
+
+def test_html_report_skips_the_plot_of_a_class_whose_arrays_are_all_bitwise_equal(
+    tmp_path: Path,
+) -> None:
+    pytest.importorskip("matplotlib")
+    same = {"a.0": np.arange(3, dtype=np.float32), "a.1": np.ones(2, np.float32)}
+    comparison = compare_trees(same, dict(same), "fp32_reassoc")
+    index = write_html(tmp_path, comparison)
+    assert "fp32_reassoc: all 2 arrays bitwise equal; no plot." in index.read_text()
+    assert not list(tmp_path.glob("*.png"))

@@ -1,0 +1,285 @@
+"""Find the first commit that broke a golden check, like `git bisect run`, without
+touching the user's repository state.
+
+`bisect(good, bad, config=...)` pins goldens at GOOD into a temporary folder (the user's
+goldens are never read or written), confirms that GOOD passes against them and that BAD
+fails, then binary-searches the first-parent commits between them. Each commit is checked
+out as a temporary detached worktree (`parity.worktree.temporary_worktree`), the current
+tree's producers run against its code in a fresh process (`parity.runner.produce`), and
+the arrays are checked against GOOD's goldens (`parity.check.check_group`). Three outcomes
+per commit, as `git bisect run` has (exit 125 there):
+
+- `good`: every key of every group holds its class;
+- `bad`: some key breaks its class (the step names the group, key and class);
+- `skip`: the producers cannot run there (a symbol they need is missing, a crash): the
+  commit is reported and never counted as bad; the search continues around it.
+
+The user's checkout, index, branches and `git bisect` state are never touched: only
+`git worktree add/remove/prune` and read-only git commands run. Nothing here imports jax.
+"""
+
+from __future__ import annotations
+
+import subprocess
+import tempfile
+import time
+from collections.abc import Callable, Sequence
+from dataclasses import asdict, dataclass
+from pathlib import Path
+from typing import Any, Literal
+
+from parity.check import CheckError, GoldenDir
+from parity.config import ParityConfig
+from parity.repin import RepinError, repin
+from parity.runner import ProducersFailed, check_produced, failure_reason, produce
+from parity.worktree import GitError, _git, repo_root, resolve_sha, temporary_worktree
+
+__all__ = ["BisectError", "BisectResult", "Step", "bisect", "first_parent_commits"]
+
+Outcome = Literal["good", "bad", "skip"]
+Status = Literal["found", "ambiguous", "good_fails", "bad_passes", "cannot_run"]
+
+
+class BisectError(RuntimeError):
+    """GOOD and BAD cannot be bisected (not commits, not in order); one line."""
+
+
+@dataclass(frozen=True)
+class Step:
+    """One commit checked.
+
+    **Fields:** `sha` (full), `subject` (the commit's first line), `outcome` (`good`,
+    `bad` or `skip`), `detail` (one line: what broke, or why it could not run), and for a
+    bad commit the `group`, `key` and `class_name` of its first failure (first group in
+    group order, first key in that group's forward order), `role` (`GOOD`, `BAD` or
+    `search`) and `seconds`.
+    """
+
+    sha: str
+    subject: str
+    outcome: Outcome
+    detail: str
+    role: str = "search"
+    group: str | None = None
+    key: str | None = None
+    class_name: str | None = None
+    seconds: float = 0.0
+
+    def line(self, label: str = "") -> str:
+        """The step as one line for a terminal, after `label` (`GOOD`, `BAD`, `step 2`)."""
+        head = f"{label or self.role:<7} {self.outcome:<4}  {self.sha[:12]}"
+        return f"{head}  {self.detail}  ({self.subject})"
+
+
+@dataclass(frozen=True)
+class BisectResult:
+    """The answer.
+
+    **Fields:**
+
+    - `good`, `bad`: the full SHAs bisected between.
+    - `status`: `found` (one first bad commit), `ambiguous` (it lies among `candidates`,
+      commits that could not run next to the first known bad one), `good_fails`,
+      `bad_passes`, `cannot_run` (GOOD or BAD cannot run the producers).
+    - `first_bad`: the first bad commit's step (for `found` and `ambiguous`: the first
+      commit known bad).
+    - `candidates`: for `ambiguous`, the skipped commits and the first known bad one.
+    - `steps`: every commit checked, in the order checked (GOOD and BAD first).
+    - `commits`: how many first-parent commits lie between GOOD (excluded) and BAD.
+    """
+
+    good: str
+    bad: str
+    status: Status
+    steps: tuple[Step, ...]
+    commits: int
+    first_bad: Step | None = None
+    candidates: tuple[str, ...] = ()
+
+    @property
+    def skipped(self) -> tuple[Step, ...]:
+        """The commits that could not run."""
+        return tuple(s for s in self.steps if s.outcome == "skip")
+
+    def to_dict(self) -> dict[str, Any]:
+        """JSON-safe: the answer (`first_bad_commit`, `group`, `key`, `class`) and steps."""
+        fb = self.first_bad
+        return {
+            "good": self.good,
+            "bad": self.bad,
+            "status": self.status,
+            "commits": self.commits,
+            "first_bad_commit": fb.sha if fb and self.status == "found" else None,
+            "group": fb.group if fb else None,
+            "key": fb.key if fb else None,
+            "class": fb.class_name if fb else None,
+            "candidates": list(self.candidates),
+            "skipped": [s.sha for s in self.skipped],
+            "steps": [asdict(s) for s in self.steps],
+        }
+
+
+def first_parent_commits(root: Path, good: str, bad: str) -> list[str]:
+    """The first-parent commits after `good` up to and including `bad`, oldest first."""
+    out = _git(root, "rev-list", "--first-parent", "--reverse", bad, f"^{good}")
+    return out.split()
+
+
+def _subject(root: Path, sha: str) -> str:
+    return _git(root, "log", "-1", "--format=%s", sha)
+
+
+def _is_ancestor(root: Path, a: str, b: str) -> bool:
+    proc = subprocess.run(
+        ["git", "-C", str(root), "merge-base", "--is-ancestor", a, b],
+        capture_output=True,
+        check=False,
+    )
+    return proc.returncode == 0
+
+
+def _evaluate(
+    root: Path,
+    sha: str,
+    config: ParityConfig,
+    goldens: GoldenDir,
+    *,
+    groups: Sequence[str],
+    overrides: Sequence[tuple[str, str]],
+    role: str,
+) -> Step:
+    subject = _subject(root, sha)
+    t0 = time.perf_counter()
+
+    def step(outcome: Outcome, detail: str, **kw: Any) -> Step:
+        seconds = round(time.perf_counter() - t0, 2)
+        return Step(sha, subject, outcome, detail, role=role, seconds=seconds, **kw)
+
+    try:
+        with temporary_worktree(root, sha) as wt:
+            produced = produce(wt, config, groups=groups, drop_paths=config.src)
+    except ProducersFailed as e:
+        return step("skip", f"cannot run the producers: {e.reason}")
+    except GitError as e:
+        return step("skip", f"cannot check out: {' '.join(str(e).split())}")
+    try:
+        results = check_produced(produced, goldens, overrides=overrides, node=sha)
+    except CheckError as e:
+        return step("skip", f"cannot check: {' '.join(str(e).split())}")
+    for r in results:
+        f = r.comparison.first_failure
+        if f is not None:
+            n = len(r.comparison.failures)
+            detail = (
+                f"{r.name}: {f.key!r} breaks {f.class_name} ({n} of "
+                f"{len(r.comparison.findings)} arrays fail)"
+            )
+            return step("bad", detail, group=r.name, key=f.key, class_name=f.class_name)
+    n = sum(len(r.comparison.findings) for r in results)
+    return step("good", f"all {n} arrays of {len(results)} group(s) hold their class")
+
+
+def bisect(
+    good: str,
+    bad: str,
+    *,
+    config: ParityConfig,
+    groups: Sequence[str] = (),
+    overrides: Sequence[tuple[str, str]] = (),
+    progress: Callable[[str], None] = print,
+) -> BisectResult:
+    """Find the first first-parent commit after `good` up to `bad` that breaks a check.
+
+    **Arguments:**
+
+    - `good`, `bad`: revisions; `good` must be an ancestor of `bad`.
+    - `config`: the project's `[tool.parity]` (producers, src roots, ISA cap, devices);
+      its `goldens` are not used: the goldens are pinned at `good` into a temporary folder.
+    - `groups`: a subset of the producer groups (default all).
+    - `overrides`: `(pattern, class)` rules before the pinned class map.
+    - `progress`: receives one line per step.
+
+    **Returns:** a `BisectResult`. Raises `BisectError` for revisions that cannot be
+    bisected, `parity.config.ConfigError` for a missing producers file.
+    """
+    config.need_producers()
+    try:
+        root = repo_root(config.root)
+        good_sha, bad_sha = resolve_sha(root, good), resolve_sha(root, bad)
+    except GitError as e:
+        raise BisectError(" ".join(str(e).split())) from None
+    if good_sha == bad_sha:
+        raise BisectError(f"GOOD and BAD are the same commit ({good_sha}); nothing to bisect")
+    if not _is_ancestor(root, good_sha, bad_sha):
+        raise BisectError(
+            f"GOOD {good_sha[:12]} is not an ancestor of BAD {bad_sha[:12]}; pass an older "
+            "GOOD (see `git log --first-parent`)"
+        )
+    commits = first_parent_commits(root, good_sha, bad_sha)
+    steps: list[Step] = []
+
+    def record(s: Step) -> Step:
+        steps.append(s)
+        n = sum(x.role == "search" for x in steps)
+        progress(s.line(f"step {n}" if s.role == "search" else s.role))
+        return s
+
+    def result(status: Status, **kw: Any) -> BisectResult:
+        return BisectResult(good_sha, bad_sha, status, tuple(steps), len(commits), **kw)
+
+    with tempfile.TemporaryDirectory(prefix="parity-bisect-") as tmp:
+        progress(f"pinning goldens at GOOD {good_sha[:12]} into a temporary folder")
+        try:
+            repin(
+                good_sha,
+                producers=config.need_producers(),
+                out_dir=Path(tmp),
+                repo=root,
+                device_count=config.devices,
+                isa_cap=config.isa,
+                groups=groups,
+                progress=lambda _: None,
+                src=config.src_relative(),
+            )
+        except RepinError as e:
+            text = str(e)
+            _, _, output = text.partition("Producer output:\n")
+            why = failure_reason(output or text)
+            record(Step(good_sha, _subject(root, good_sha), "skip", f"cannot pin: {why}", "GOOD"))
+            return result("cannot_run")
+        with GoldenDir(tmp) as goldens:
+
+            def check(sha: str, role: str) -> Step:
+                return record(
+                    _evaluate(
+                        root, sha, config, goldens, groups=groups, overrides=overrides, role=role
+                    )
+                )
+
+            first = check(good_sha, "GOOD")
+            if first.outcome != "good":
+                return result("good_fails" if first.outcome == "bad" else "cannot_run")
+            last = check(bad_sha, "BAD")
+            if last.outcome != "bad":
+                return result("bad_passes" if last.outcome == "good" else "cannot_run")
+            progress(f"bisecting {len(commits) - 1} commit(s) between GOOD and BAD (first parents)")
+            lo, hi = -1, len(commits) - 1  # last known good, first known bad
+            known: dict[int, Step] = {hi: last}
+            skipped: set[int] = set()
+            while True:
+                untested = [i for i in range(lo + 1, hi) if i not in skipped]
+                if not untested:
+                    break
+                mid = (lo + hi) / 2
+                i = min(untested, key=lambda j: (abs(j - mid), j))
+                s = check(commits[i], "search")
+                if s.outcome == "good":
+                    lo = i
+                elif s.outcome == "bad":
+                    hi, known[i] = i, s
+                else:
+                    skipped.add(i)
+    between = [commits[i] for i in range(lo + 1, hi)]
+    if between:
+        return result("ambiguous", first_bad=known[hi], candidates=(*between, commits[hi]))
+    return result("found", first_bad=known[hi])

@@ -1,0 +1,350 @@
+"""`parity repin`, `parity check` and `parity bisect`: the commands that run producers.
+
+Thin layers over `parity.repin`, `parity.runner` (which checks through `parity.check`)
+and `parity.bisect`, configured by `[tool.parity]` (`parity.config`); each key can be
+overridden by the flag of the same name (`--goldens`, `--producers`, `--src`, `--isa`,
+`--devices`). Exit codes as every parity command: 0 pass, 1 some key breaks its class,
+2 a usage or input error, printed as one `parity: error: ...` line by `parity.cli.main`.
+
+Importing this module imports neither jax nor h5py; each command imports what it needs.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+import tempfile
+import time
+from collections.abc import Sequence
+from pathlib import Path
+from typing import IO, Any
+
+from parity.config import ConfigError, ParityConfig, load_config
+
+__all__ = ["COMMANDS", "add_parsers", "run_command"]
+
+_EXIT_OK, _EXIT_FAIL, _EXIT_UNUSABLE = 0, 1, 2
+
+
+class CommandError(Exception):
+    """A one-line usage or input error (exit 2)."""
+
+
+def _groups(text: str | None) -> list[str]:
+    return [g.strip() for g in (text or "").split(",") if g.strip()]
+
+
+def _config_flags(p: argparse.ArgumentParser, *, goldens: bool = True) -> None:
+    g = p.add_argument_group("settings (override [tool.parity] in pyproject.toml)")
+    if goldens:
+        g.add_argument("--goldens", metavar="DIR", help="golden folder (default: goldens)")
+    g.add_argument("--producers", metavar="FILE", help="producers file (GROUPS, CLASS_MAP)")
+    g.add_argument(
+        "--src", metavar="DIR[,DIR]", help="import root(s) of the code under test (default: src)"
+    )
+    g.add_argument("--isa", metavar="CAP", help="XLA CPU ISA cap before jax starts (default AVX2)")
+    g.add_argument("--devices", type=int, metavar="N", help="simulated CPU devices (default 1)")
+
+
+def _override_flag(p: argparse.ArgumentParser) -> None:
+    p.add_argument(
+        "--override",
+        action="append",
+        default=[],
+        metavar="PATTERN=CLASS",
+        help="check keys matching PATTERN under CLASS, before the pinned class map (repeatable)",
+    )
+
+
+def add_parsers(sub: Any) -> None:
+    """Add the `repin`, `check` and `bisect` subcommands to `sub` (argparse subparsers)."""
+    fmt = argparse.RawDescriptionHelpFormatter
+    repin = sub.add_parser(
+        "repin",
+        help="pin goldens at a commit (a temporary worktree; your checkout is untouched)",
+        description="Run the producers (current tree) against the code of commit REV in a "
+        "temporary worktree, in a fresh process, and write one golden file per group; "
+        "print what changed. Your working tree, index and branches are not touched.",
+        formatter_class=fmt,
+    )
+    repin.add_argument("--base", required=True, metavar="REV", help="commit to pin at")
+    repin.add_argument("--groups", metavar="a,b", help="a subset of the producer groups")
+    repin.add_argument(
+        "--out", metavar="DIR", help="golden folder (default: [tool.parity] goldens)"
+    )
+    repin.add_argument("--keep-worktree", action="store_true", help="leave the worktree")
+    _config_flags(repin, goldens=False)
+
+    check = sub.add_parser(
+        "check",
+        help="run the producers on the current tree and check them against the goldens",
+        description="Run the producers on the current tree in a fresh process (ISA cap and "
+        "device count set before jax starts), compare each group with its golden file, print "
+        "the table and the first divergence per group. Exit 0 pass, 1 some key breaks its "
+        "class, 2 unusable input.",
+        formatter_class=fmt,
+    )
+    check.add_argument("--groups", metavar="a,b", help="a subset of the producer groups")
+    check.add_argument("--json", dest="json_path", metavar="FILE", help="write JSON here")
+    check.add_argument(
+        "--report", metavar="DIR", help="write report.txt, report.json, index.html to DIR"
+    )
+    check.add_argument(
+        "--save-actual", metavar="DIR", help="write a failing group's arrays to DIR/<group>.h5"
+    )
+    _override_flag(check)
+    _config_flags(check)
+
+    bisect = sub.add_parser(
+        "bisect",
+        help="find the first commit between GOOD and BAD that breaks a check",
+        description="Pin goldens at GOOD into a temporary folder, confirm GOOD passes and BAD "
+        "fails, then binary-search the first-parent commits between them, each checked in a "
+        "temporary worktree. A commit whose producers cannot run is skipped, never counted as "
+        "bad. Your checkout, goldens and `git bisect` state are not touched. Exit 0 the first "
+        "bad commit is named; 1 it lies among commits that could not run (listed); 2 GOOD "
+        "does not pass, BAD does not fail, or unusable input.",
+        formatter_class=fmt,
+    )
+    bisect.add_argument("good", metavar="GOOD", help="a commit whose outputs are right")
+    bisect.add_argument("bad", metavar="BAD", help="a later commit that fails the check")
+    bisect.add_argument("--groups", metavar="a,b", help="a subset of the producer groups")
+    bisect.add_argument("--json", dest="json_path", metavar="FILE", help="write steps and answer")
+    _override_flag(bisect)
+    _config_flags(bisect, goldens=False)
+
+
+COMMANDS = ("repin", "check", "bisect")
+
+
+def _config(args: argparse.Namespace) -> ParityConfig:
+    flags = {k: getattr(args, k, None) for k in ("goldens", "producers", "src", "isa", "devices")}
+    return load_config().with_overrides(**flags)
+
+
+def _overrides(args: argparse.Namespace) -> list[tuple[str, str]]:
+    from parity.cli import CLIError, parse_override
+
+    try:
+        return [parse_override(o) for o in args.override]
+    except CLIError as e:
+        raise CommandError(str(e)) from None
+
+
+def _progress(line: str) -> None:
+    print(line, file=sys.stderr, flush=True)
+
+
+def _keep_log(output: str) -> str:
+    """Write a failed producer run's output to a file that outlives the command."""
+    with tempfile.NamedTemporaryFile(
+        "w", prefix="parity-producers-", suffix=".log", delete=False
+    ) as f:
+        f.write(output)
+    return f.name
+
+
+# --------------------------------------------------------------------------- repin
+
+
+def _cmd_repin(args: argparse.Namespace, out: IO[str]) -> int:
+    from parity.repin import RepinError, repin
+    from parity.runner import failure_reason
+    from parity.worktree import GitError
+
+    config = _config(args)
+    target = Path(args.out).resolve() if args.out else config.goldens
+    try:
+        result = repin(
+            args.base,
+            producers=config.need_producers(),
+            out_dir=target,
+            repo=config.root,
+            device_count=config.devices,
+            isa_cap=config.isa,
+            groups=_groups(args.groups),
+            keep_worktree=args.keep_worktree,
+            progress=_progress,
+            src=config.src_relative(),
+        )
+    except GitError as e:
+        raise CommandError(str(e)) from None
+    except RepinError as e:
+        text = str(e)
+        head, _, output = text.partition(" Producer output:\n")
+        why = failure_reason(output) if output else ""
+        log = _keep_log(output or text)
+        raise CommandError(f"repin failed: {head} {why} (producer output: {log})") from None
+    out.write(f"pinned at {result.sha} into {result.out_dir}\n")
+    for change in result.changes:
+        out.write(change.describe() + "\n")
+    return _EXIT_OK
+
+
+# --------------------------------------------------------------------------- check
+
+
+def _write_reports(
+    results: Sequence[Any], header: dict[str, str], args: argparse.Namespace, out: IO[str]
+) -> None:
+    from parity.report import format_table, to_json, write_html
+
+    merged = _merged(results)
+    checks = [(r.name, r.comparison) for r in results]
+
+    def doc() -> dict[str, Any]:
+        d = to_json(merged, header=header, checks=checks)
+        for entry, r in zip(d["checks"], results, strict=True):
+            entry |= {"group": r.group, "passed": r.passed, "produce_s": r.produce_s,
+                      "load_s": r.load_s, "compare_s": r.compare_s, "saved": r.saved}  # fmt: skip
+        return d
+
+    try:
+        if args.json_path:
+            Path(args.json_path).write_text(json.dumps(doc(), indent=1, sort_keys=True))
+            out.write(f"JSON report written to {args.json_path}\n")
+        if args.report:
+            folder = Path(args.report)
+            folder.mkdir(parents=True, exist_ok=True)
+            text = format_table(merged, header=header, checks=checks)
+            (folder / "report.txt").write_text(text + "\n")
+            (folder / "report.json").write_text(json.dumps(doc(), indent=1, sort_keys=True))
+            write_html(folder, merged, header=header, checks=checks, title="parity check")
+            out.write(f"report written to {folder} (report.txt, report.json, index.html)\n")
+    except OSError as e:
+        raise CommandError(f"cannot write the report: {e}") from None
+
+
+def _merged(results: Sequence[Any]) -> Any:
+    import dataclasses
+
+    from parity.compare import Comparison
+
+    return Comparison(
+        tuple(
+            dataclasses.replace(f, key=f"{r.name}/{f.key}")
+            for r in results
+            for f in r.comparison.findings
+        )
+    )
+
+
+def _cmd_check(args: argparse.Namespace, out: IO[str]) -> int:
+    from parity.check import CheckError, GoldenDir
+    from parity.report import format_table
+    from parity.runner import ProducersFailed, check_produced, produce
+
+    config = _config(args)
+    overrides = _overrides(args)
+    if not config.goldens.is_dir():
+        raise CommandError(
+            f"golden folder {config.goldens} does not exist; pin it first with "
+            "`parity repin --base <REV>`"
+        )
+    try:
+        produced = produce(config.root, config, groups=_groups(args.groups), progress=_progress)
+    except ProducersFailed as e:
+        log = _keep_log(e.output)
+        raise CommandError(f"the producers cannot run: {e.reason} (output: {log})") from None
+    save = Path(args.save_actual).resolve() if args.save_actual else None
+    try:
+        with GoldenDir(config.goldens) as goldens:
+            results = check_produced(
+                produced, goldens, overrides=overrides, save_actual=save, node="parity check"
+            )
+    except CheckError as e:
+        raise CommandError(str(e)) from None
+    header = {
+        "goldens": str(config.goldens),
+        "producers": str(config.producers),
+        "src": ", ".join(str(s) for s in config.src),
+        "xla_flags": produced.xla_flags,
+        "produce": f"{produced.seconds:.1f}s in a fresh process",
+    }
+    for r in results:
+        for k, v in r.header.items():
+            if k.startswith("drift") and v not in header.values():
+                header[f"{k} ({r.name})"] = v
+        if r.header.get("base_sha"):
+            header.setdefault("base_sha", r.header["base_sha"])
+    merged = _merged(results)
+    checks = [(r.name, r.comparison) for r in results]
+    out.write(format_table(merged, header=header, checks=checks))
+    for r in results:
+        if r.saved:
+            out.write(f"obtained arrays of {r.name} written to {r.saved}; reproduce with:\n")
+            out.write(f"  {r.command}\n")
+    _write_reports(results, header, args, out)
+    return _EXIT_OK if all(r.passed for r in results) else _EXIT_FAIL
+
+
+# --------------------------------------------------------------------------- bisect
+
+
+def _cmd_bisect(args: argparse.Namespace, out: IO[str]) -> int:
+    from parity.bisection import BisectError, bisect
+
+    config = _config(args)
+    overrides = _overrides(args)
+
+    def progress(line: str) -> None:
+        out.write(line + "\n")
+        out.flush()
+
+    t0 = time.perf_counter()
+    try:
+        result = bisect(
+            args.good,
+            args.bad,
+            config=config,
+            groups=_groups(args.groups),
+            overrides=overrides,
+            progress=progress,
+        )
+    except BisectError as e:
+        raise CommandError(str(e)) from None
+    if args.json_path:
+        doc = result.to_dict() | {"seconds": round(time.perf_counter() - t0, 2)}
+        try:
+            Path(args.json_path).write_text(json.dumps(doc, indent=1))
+        except OSError as e:
+            raise CommandError(f"cannot write {args.json_path}: {e}") from None
+    for s in result.skipped:
+        out.write(f"skipped (could not run): {s.sha} {s.detail}\n")
+    fb = result.first_bad
+    if result.status == "found" and fb is not None:
+        out.write(f"first bad commit: {fb.sha}\n")
+        out.write(f"  group {fb.group}, key {fb.key}, class {fb.class_name}  ({fb.subject})\n")
+        return _EXIT_OK
+    if result.status == "ambiguous" and fb is not None:
+        out.write(
+            "the first bad commit is one of these (the others could not run the producers):\n"
+        )
+        out.writelines(f"  {sha}\n" for sha in result.candidates)
+        out.write(f"  first known bad: group {fb.group}, key {fb.key}, class {fb.class_name}\n")
+        return _EXIT_FAIL
+    good, bad = result.good[:12], result.bad[:12]
+    raise CommandError(
+        {
+            "good_fails": f"GOOD {good} does not pass against goldens pinned at itself (its "
+            "outputs are not reproducible: check the producers for randomness or threads)",
+            "bad_passes": f"BAD {bad} passes against goldens pinned at GOOD {good}: nothing "
+            "broke between them for these groups; pick a BAD that fails `parity check`",
+            "cannot_run": f"the producers cannot run at GOOD {good} or BAD {bad} (see the step "
+            "above); pick commits that have what the producers need",
+        }[result.status]
+    )
+
+
+def run_command(args: argparse.Namespace, out: IO[str]) -> int:
+    """Run `args.command` (one of `COMMANDS`).
+
+    **Returns:** the exit code. Raises `CommandError` or `ConfigError` for input errors
+    (one line; `parity.cli.main` prints it and exits 2).
+    """
+    command = {"repin": _cmd_repin, "check": _cmd_check, "bisect": _cmd_bisect}[args.command]
+    return command(args, out)
+
+
+__all__ += ["CommandError", "ConfigError"]

@@ -1,0 +1,180 @@
+"""Produce in a fresh process, then check: the one runner behind `parity check` and
+`parity bisect` (and, through `parity.repin.run_producers`, repin).
+
+`produce` runs the producers file in a subprocess (`parity._producer_runner`) with the ISA
+cap and device count set before jax starts, importing the code under test from the
+configured src roots of some code root (the current tree, or a worktree at a commit), and
+loads what it saved. `check_produced` compares each group with the goldens through
+`parity.check.check_group`, the one place that resolves classes and applies the drift
+policy. Nothing here imports jax.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import re
+import tempfile
+import time
+from collections.abc import Callable, Iterator, Sequence
+from dataclasses import dataclass
+from pathlib import Path
+
+import numpy as np
+
+from parity.check import CheckResult, GoldenDir, check_group
+from parity.config import ParityConfig
+from parity.repin import RepinError, load_runner_output, run_producers
+
+__all__ = ["Produced", "ProducersFailed", "check_produced", "failure_reason", "produce"]
+
+
+class ProducersFailed(RuntimeError):
+    """The producers could not run against a code root (a missing symbol, a crash).
+
+    **Fields:** `reason` (one line: what the producer log said last) and `output` (the
+    producer's output, traceback included).
+    """
+
+    def __init__(self, reason: str, output: str):
+        super().__init__(reason)
+        self.reason = reason
+        self.output = output
+
+
+@dataclass(frozen=True)
+class Produced:
+    """What one producer run returned.
+
+    **Fields:**
+
+    - `groups`: group -> `{key: array}`, keys in producer (forward) order.
+    - `class_maps`: group -> the producers' `CLASS_MAP` rules.
+    - `seconds`: wall time of the run, process start included.
+    - `xla_flags`: the XLA flags the run used.
+    """
+
+    groups: dict[str, dict[str, np.ndarray]]
+    class_maps: dict[str, list[list[str]]]
+    seconds: float
+    xla_flags: str
+
+
+def failure_reason(output: str) -> str:
+    """One line saying why a producer run failed: the runner's own verdict (its last
+    `[producers]` line) unless that is only a progress line, else the last line of the
+    output (the exception of a traceback)."""
+    lines = [ln.strip() for ln in output.splitlines() if ln.strip()]
+    logged = [
+        ln.removeprefix("[producers]").strip() for ln in lines if ln.startswith("[producers]")
+    ]
+    if logged and not re.match(r"\[\d+/\d+\] .*: running$", logged[-1]):
+        return logged[-1]
+    return lines[-1] if lines else "no output"
+
+
+def produce(
+    code_root: Path,
+    config: ParityConfig,
+    *,
+    groups: Sequence[str] = (),
+    drop_paths: Sequence[Path] = (),
+    progress: Callable[[str], None] = lambda _: None,
+) -> Produced:
+    """Run the configured producers against `code_root` in a fresh process.
+
+    **Arguments:**
+
+    - `code_root`: the checkout whose code is imported (the project root, or a worktree);
+      `config.src` is taken relative to the project root and found at the same place here.
+    - `config`: producers file, src roots, ISA cap and device count.
+    - `groups`: a subset of the producer groups (default all).
+    - `drop_paths`: `sys.path` entries the child must not import from (the user's own
+      src roots, when `code_root` is another commit).
+    - `progress`: receives the producer's progress lines.
+
+    **Returns:** a `Produced`. Raises `ProducersFailed` if the producers cannot run
+    there, and `parity.config.ConfigError` if nothing says which producers to run.
+    """
+    producers = config.need_producers()
+    src = config.src_relative()
+    t0 = time.perf_counter()
+    with tempfile.TemporaryDirectory(prefix="parity-produce-") as tmp:
+        try:
+            flags = run_producers(
+                code_root,
+                producers,
+                Path(tmp),
+                device_count=config.devices,
+                isa_cap=config.isa,
+                groups=groups,
+                drop_paths=drop_paths,
+                progress=progress,
+                src=src,
+            )
+        except RepinError as e:
+            text = str(e)
+            _, _, output = text.partition("Producer output:\n")
+            raise ProducersFailed(failure_reason(output or text), output or text) from None
+        out: dict[str, dict[str, np.ndarray]] = {}
+        maps: dict[str, list[list[str]]] = {}
+        for manifest in sorted(Path(tmp).glob("*.json")):
+            arrays, rules = load_runner_output(Path(tmp), manifest.stem)
+            out[manifest.stem] = arrays
+            maps[manifest.stem] = rules
+    return Produced(out, maps, time.perf_counter() - t0, flags)
+
+
+@contextlib.contextmanager
+def _as_run_under(flags: str) -> Iterator[None]:
+    """Make this process's `XLA_FLAGS` those the producer ran under while comparing, so
+    that the drift policy judges the producer's environment, not this jax-free one."""
+    old = os.environ.get("XLA_FLAGS")
+    os.environ["XLA_FLAGS"] = flags
+    try:
+        yield
+    finally:
+        if old is None:
+            os.environ.pop("XLA_FLAGS", None)
+        else:
+            os.environ["XLA_FLAGS"] = old
+
+
+def check_produced(
+    produced: Produced,
+    goldens: GoldenDir | Path,
+    *,
+    overrides: Sequence[tuple[str, str]] = (),
+    class_name: str | None = None,
+    save_actual: Path | None = None,
+    node: str | None = None,
+) -> list[CheckResult]:
+    """Check every produced group against its golden file (`parity.check.check_group`).
+
+    **Arguments:**
+
+    - `produced`: what `produce` returned.
+    - `goldens`: the golden folder.
+    - `overrides`, `class_name`: before the pinned class map (`parity.check`'s precedence).
+    - `save_actual`: a folder for the obtained arrays of failing groups.
+    - `node`: who ran the check, for reports.
+
+    **Returns:** one `CheckResult` per group, in group order. Raises `CheckError` for a
+    group without a usable golden file.
+    """
+    folder = goldens if isinstance(goldens, GoldenDir) else GoldenDir(goldens)
+    share = produced.seconds / max(1, len(produced.groups))
+    with _as_run_under(produced.xla_flags):
+        return [
+            check_group(
+                arrays,
+                group,
+                goldens=folder,
+                class_map=class_name,
+                overrides=overrides,
+                node=node,
+                produce_s=share,
+                save_actual=save_actual,
+            )
+            for group, arrays in produced.groups.items()
+        ]
