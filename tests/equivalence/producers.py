@@ -343,13 +343,17 @@ def sources_group() -> dict[str, np.ndarray]:
     return {k: np.asarray(v) for k, v in sources_arrays().items()}
 
 
-def eval_group() -> dict[str, np.ndarray]:
+def eval_group(spd: Any = None) -> dict[str, np.ndarray]:
     """Eval-step metrics of a freshly initialised decomposition on two batches (the train
-    step is pinned by the trajectories; evaluating without it keeps this group cheap)."""
+    step is pinned by the trajectories; evaluating without it keeps this group cheap).
+
+    `spd` replaces the pinned configuration (the sensitivity sweep perturbs it).
+    """
     from decomp.eval import make_eval_step
     from decomp.train import init_train_state
 
-    model, spd = _spd_setup("nothing")
+    model, pinned = _spd_setup("nothing")
+    spd = pinned if spd is None else spd
     state = init_train_state(model, spd, key=jax.random.key(1), seq_len=SEQ)
     evaluate = make_eval_step(model, spd)
     out: dict[str, np.ndarray] = {}
