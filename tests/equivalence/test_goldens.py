@@ -24,12 +24,35 @@ DEVICE_OVERRIDES = [("traj.*", "device_count"), ("*.toy.*", "device_count")]
 
 
 @pytest.mark.parametrize("group", list(GROUPS))
-def test_group_matches_its_goldens(group, parity_check):
+def test_group_matches_its_goldens(group, parity_check, parity_goldens):
     t0 = time.perf_counter()
     actual = GROUPS[group]()
     produce_s = time.perf_counter() - t0
     overrides = DEVICE_OVERRIDES if jax.device_count() > 1 else []
+    if group == "train_branches" and jax.device_count() > 1:
+        _check_branches_on_devices(parity_check, parity_goldens, actual, produce_s)
+        return
     parity_check(actual, group, class_overrides=overrides, produce_s=produce_s)
+
+
+#: On 4 devices, the PGD sources of train_branches after steps 2 and 3 move beyond
+#: `device_count` (measured: 3 of 42 keys, worst 4.9e-5 abs at step 2, values near the clip
+#: at 0): three Adam ascent steps normalise the gradient, so a split-sum difference in a tiny
+#: gradient becomes a step of `pgd_lr`. They are checked on 1 device only; every other key
+#: of the group (step-1 sources included) keeps `device_count`.
+BRANCHES_1_DEVICE_ONLY = ("traj.branches.step2.sources.", "traj.branches.step3.sources.")
+
+
+def _check_branches_on_devices(parity_check, parity_goldens, actual, produce_s):
+    from parity.tolerance import ClassMap
+
+    gf = parity_goldens.open("train_branches")
+    keep = [k for k in gf.ordered_keys() if not k.startswith(BRANCHES_1_DEVICE_ONLY)]
+    pinned = ClassMap.from_json(gf.class_map_json)
+    class_map = ClassMap(rules=(*DEVICE_OVERRIDES, *pinned.rules), default=pinned.default)
+    parity_check({k: actual[k] for k in keep}, {k: gf[k] for k in keep},
+                 name="train_branches", class_map=class_map, order=keep,
+                 produce_s=produce_s)  # fmt: skip
 
 
 def test_every_golden_file_has_a_producer(parity_goldens):
