@@ -13,6 +13,7 @@ The batch is sharded over a `dp` mesh of all visible devices, so the same produc
 
 from __future__ import annotations
 
+import dataclasses
 import importlib.util
 import sys
 from collections.abc import Callable, Mapping
@@ -32,6 +33,7 @@ CLASS_MAP: list[tuple[str, str]] = [
     ("logits.*", "bitwise"),
     ("taps.*", "fp32_reassoc"),
     ("traj.*", "trajectory"),
+    ("sources.*", "bitwise"),
     ("eval.*", "eval_metric"),
     ("compile.*", "compile_budget"),
 ]
@@ -230,19 +232,30 @@ def _leaves(prefix: str, tree: Any) -> dict[str, np.ndarray]:
     return out
 
 
-def train_group(remat: str | None) -> dict[str, np.ndarray]:
-    """A 3-step SPD trajectory: after each step, every V/U, the CI function's leaves, the
-    persistent sources and every metric."""
+def step_inputs(model: Any, step: int) -> tuple[jax.Array, jax.Array]:
+    """Tokens and PRNG key of train step `step` (1-based) of every pinned trajectory."""
+    return tokens(model.config.vocab_size, seed=10 + step), jax.random.key(100 + step)
+
+
+def trajectory(model: Any, spd: Any, mode: str, *, evidence: bool = False) -> dict[str, np.ndarray]:
+    """`TRAIN_STEPS` SPD steps from `init_train_state(key=key(1))`: after each step, every
+    V/U, the CI function's leaves, the persistent sources and every metric, keyed
+    `traj.{mode}.step{i}.*`.
+
+    With `evidence`, each step also pins what shows its branches were taken:
+    `evidence.grad_clip` (the threshold, beside the pre-clip `metrics.grad_norm_components`)
+    and `evidence.pgd_max_move_in_lr` (the largest change of any source over the step, in
+    units of `pgd_lr`: one Adam step moves an element by at most `pgd_lr`, so a value above
+    1 shows that more than one ascent step took effect).
+    """
     from decomp.train import init_train_state, make_train_step
 
-    model, spd = _spd_setup(remat)
-    mode = "remat_" + (remat or "none")
     state = init_train_state(model, spd, key=jax.random.key(1), seq_len=SEQ)
     step = make_train_step(model, spd, donate=False)
     out: dict[str, np.ndarray] = {}
     for i in range(1, TRAIN_STEPS + 1):
-        state, metrics = step(state, tokens(model.config.vocab_size, seed=10 + i),
-                              jax.random.key(100 + i))  # fmt: skip
+        before = {s: np.asarray(v, np.float32) for s, v in state.sources.items()}
+        state, metrics = step(state, *step_inputs(model, i))
         prefix = f"traj.{mode}.step{i}"
         for site in model.site_names:
             out[f"{prefix}.components.{site}.V"] = np.asarray(state.components[site].V)
@@ -252,16 +265,95 @@ def train_group(remat: str | None) -> dict[str, np.ndarray]:
             out[f"{prefix}.sources.{site}"] = np.asarray(state.sources[site])
         for name in sorted(metrics):
             out[f"{prefix}.metrics.{name}"] = np.asarray(metrics[name])
+        if evidence:
+            move = max(
+                float(np.max(np.abs(np.asarray(state.sources[s], np.float32) - before[s])))
+                for s in model.site_names
+            )
+            out[f"{prefix}.evidence.grad_clip"] = np.float32(spd.grad_clip)
+            out[f"{prefix}.evidence.pgd_max_move_in_lr"] = np.float32(move / spd.pgd_lr)
     return out
 
 
-def eval_group() -> dict[str, np.ndarray]:
+def train_group(remat: str | None) -> dict[str, np.ndarray]:
+    """A 3-step SPD trajectory: after each step, every V/U, the CI function's leaves, the
+    persistent sources and every metric."""
+    model, spd = _spd_setup(remat)
+    return trajectory(model, spd, "remat_" + (remat or "none"))
+
+
+#: What the branches trajectory changes from `_spd_setup`, so that every branch of the step
+#: is taken: the clip threshold sits below the pre-clip gradient norm of steps 1 and 3 (about
+#: 0.15 and 0.17; the other trajectories, at 1.0, never clip), weight decay is on, PGD ascends
+#: 3 times per step; with `p_anneal_steps=4` the exponent is mid-anneal (1.75, 1.5) at steps
+#: 2 and 3; no remat (the mode the other trajectories leave out).
+BRANCHES: dict[str, Any] = {
+    "grad_clip": 0.14,
+    "weight_decay": 0.1,
+    "pgd_warmup_steps": 3,
+    "remat": None,
+}
+
+
+def branches_setup(**changes: Any) -> tuple[Any, Any]:
+    """The model and config of the branches trajectory, with `changes` on top (the
+    sensitivity sweep perturbs one field at a time)."""
+    model, spd = _spd_setup(None)
+    return model, dataclasses.replace(spd, **{**BRANCHES, **changes})
+
+
+def branches_group() -> dict[str, np.ndarray]:
+    """The 3-step trajectory under `BRANCHES`, with the evidence keys (see `trajectory`)."""
+    model, spd = branches_setup()
+    return trajectory(model, spd, "branches", evidence=True)
+
+
+# --- persistent sources ---------------------------------------------------------------------
+
+SOURCES_DTYPES = ("float32", "bfloat16")
+
+
+def sources_arrays() -> dict[str, jax.Array]:
+    """Persistent sources from the two-stage init, as placed (replicated over the `dp` mesh),
+    for both storage dtypes, at the structure of the train goldens (14 sites of a 2-layer
+    GLU, C = 4, seq 12, the key `init_train_state(key=key(1))` hands the sources) and with
+    two C groups (C alternating 6 and 4), so that the init stacks more than one group.
+    Keys `sources.{dtype}.{uniform_c,two_c}.{site}`."""
+    from decomp.sources import init_sources
+    from decomp.taps import site_names
+
+    names = site_names(2)
+    _, _, k_src = jax.random.split(jax.random.key(1), 3)
+    sharding = NamedSharding(dp_mesh(), PartitionSpec())
+    layouts = {
+        "uniform_c": dict.fromkeys(names, 4),
+        "two_c": {n: 4 if i % 2 else 6 for i, n in enumerate(names)},
+    }
+    out: dict[str, jax.Array] = {}
+    for dtype in SOURCES_DTYPES:
+        for layout, cs in layouts.items():
+            src = init_sources(cs, SEQ, key=k_src, dtype=jnp.dtype(dtype), sharding=sharding)
+            out |= {f"sources.{dtype}.{layout}.{s}": src[s] for s in names}
+    return out
+
+
+def sources_group() -> dict[str, np.ndarray]:
+    """`sources_arrays` as host arrays (the assembled value; the equivalence suite also
+    checks every addressable shard)."""
+    return {k: np.asarray(v) for k, v in sources_arrays().items()}
+
+
+def eval_group(spd: Any = None) -> dict[str, np.ndarray]:
     """Eval-step metrics of a freshly initialised decomposition on two batches (the train
-    step is pinned by the trajectories; evaluating without it keeps this group cheap)."""
+    step is pinned by the trajectories; evaluating without it keeps this group cheap).
+
+    `spd` replaces the pinned configuration (the sensitivity sweep perturbs it).
+    """
     from decomp.eval import make_eval_step
     from decomp.train import init_train_state
 
-    model, spd = _spd_setup("nothing")
+    model, pinned = _spd_setup("nothing")
+    spd = pinned if spd is None else spd
     state = init_train_state(model, spd, key=jax.random.key(1), seq_len=SEQ)
     evaluate = make_eval_step(model, spd)
     out: dict[str, np.ndarray] = {}
@@ -316,6 +408,8 @@ GROUPS: Mapping[str, Callable[[], Mapping[str, np.ndarray]]] = {
     "toy": toy_group,
     "train_remat_nothing": lambda: train_group("nothing"),
     "train_remat_dots": lambda: train_group("dots"),
+    "train_branches": branches_group,
+    "sources": sources_group,
     "eval": eval_group,
     "compile_budget": compile_budget_group,
 }

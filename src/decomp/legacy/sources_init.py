@@ -2,6 +2,8 @@
 
 The graph holds one copy of the uniform draw per site, so compile time grows with the number
 of sites. Same signature and bits as `decomp.sources.init_sources`, kept as the live reference.
+Self-contained: the argument checks and the per-site draw are this module's own copies, so an
+edit to the two-stage init cannot change its reference (see `decomp.legacy`).
 """
 
 from __future__ import annotations
@@ -15,7 +17,26 @@ import numpy as np
 from jax import Array
 from jax.sharding import Sharding
 
-from decomp.sources import _check, _draw_site
+
+def _check(site_cs: Mapping[str, int], seq_len: int, dtype: Any) -> np.dtype:
+    if not site_cs:
+        raise ValueError("site_cs is empty: persistent sources need at least one site")
+    bad = {s: c for s, c in site_cs.items() if isinstance(c, bool) or int(c) != c or c < 1}
+    if bad:
+        raise ValueError(f"every site's C must be a positive int; got {bad}")
+    if isinstance(seq_len, bool) or not isinstance(seq_len, int) or seq_len < 1:
+        raise ValueError(f"seq_len must be a positive int, got {seq_len!r}")
+    dt = jnp.dtype(dtype)
+    if not jnp.issubdtype(dt, jnp.floating):
+        raise ValueError(f"dtype must be a floating dtype (float32, bfloat16), got {dt}")
+    return dt
+
+
+def _draw_site(key: Array, c: int, seq_len: int, dtype: np.dtype) -> Array:
+    """One site's sources, `U[0, 1)` of shape `[1, seq_len, c + 1]`, drawn directly in
+    `dtype` (drawing fp32 and casting to bf16 would round values near 1 up to 1), flat and
+    reshaped (the same bits as drawing the shape directly)."""
+    return jax.random.uniform(key, (seq_len * (c + 1),), dtype).reshape(1, seq_len, c + 1)
 
 
 def _draw_all(
