@@ -759,7 +759,7 @@ def test_schema_1_files_are_read_but_a_checksum_in_one_is_refused(tmp_path):
             _assert_exact(array, want[key])
     with h5py.File(path, "r+") as f:  # a version of 2 damaged into 1 keeps its checksum
         f.attrs[store.META_ATTR] = "0" * 64
-    with pytest.raises(GoldenFormatError, match="unknown.*meta_sha256"):
+    with pytest.raises(GoldenFormatError, match=r"unknown.*meta_sha256"):
         open_goldens(path)
 
 
