@@ -4,7 +4,11 @@ Started by `parity.repin` in a subprocess, by path. The harness (`parity`) is th
 tree's, imported first; the code under test comes from `--src` (the base commit's
 worktree); the producers file is the current tree's. Arrays go to `OUT/<group>.npz` with a
 manifest `OUT/<group>.json` (key order, dtype names; ml_dtypes are saved as same-width
-unsigned ints). Exit codes: 0 ok, 1 a producer raised, 3 the base lacks a needed symbol.
+unsigned ints) and `provenance`: the environment of *this* process, collected right after the
+group ran (x64 mode and device count as jax saw them, the XLA flags it ran under), so a
+`JAX_ENABLE_X64` or `XLA_FLAGS` in the user's shell, which this process never sees, cannot
+be recorded for arrays made without it. Exit codes: 0 ok, 1 a producer raised, 3 the base
+lacks a needed symbol.
 """
 
 from __future__ import annotations
@@ -47,9 +51,11 @@ def main(argv: list[str] | None = None) -> int:
     # The harness is the current tree's: import it before `--src` shadows the packages, so
     # that producers using `parity` (compile statistics, say) get it, while the subject
     # (everything else) comes from `--src`.
+    collect_provenance = None
     try:
         import parity
         import parity.compile_stats  # noqa: F401
+        from parity.provenance import collect_provenance
     except ImportError:
         pass
     drop = {os.path.realpath(d) for d in args.drop_path}
@@ -102,7 +108,12 @@ def main(argv: list[str] | None = None) -> int:
             # Not np.ascontiguousarray: it turns 0-d arrays into shape (1,).
             raw[f"a{j}"] = np.array(a, order="C", copy=True)
         np.savez(out / f"{name}.npz", **raw)  # pyright: ignore[reportArgumentType]
-        manifest = {"keys": list(arrays), "dtypes": dtypes, "class_map": class_map}
+        manifest = {
+            "keys": list(arrays),
+            "dtypes": dtypes,
+            "class_map": class_map,
+            "provenance": collect_provenance() if collect_provenance is not None else None,
+        }
         (out / f"{name}.json").write_text(json.dumps(manifest))
         _log(f"[{i}/{len(wanted)}] {name}: {len(arrays)} arrays in {time.perf_counter() - t0:.1f}s")
     return 0

@@ -29,7 +29,7 @@ from typing import Any
 import numpy as np
 
 from parity.devices import DEFAULT_ISA_CAP, isolated_env
-from parity.provenance import collect_provenance, digest_sources
+from parity.provenance import digest_sources
 from parity.store import GoldenStoreError, open_goldens, write_goldens
 from parity.tolerance import ClassMap
 from parity.worktree import repo_root, resolve_sha, temporary_worktree
@@ -91,15 +91,36 @@ def _restore_dtype(raw: np.ndarray, name: str) -> np.ndarray:
     return raw.view(getattr(ml_dtypes, name))
 
 
-def load_runner_output(out: Path, group: str) -> tuple[dict[str, np.ndarray], list[list[str]]]:
-    """Arrays `{key: array}` (in producer order) and the class map a runner saved."""
+@dataclass(frozen=True)
+class RunnerOutput:
+    """What the producer process saved for one group.
+
+    - `arrays`: `{key: array}` in producer order.
+    - `class_map`: the producers' `CLASS_MAP` rules.
+    - `provenance`: the producer process's environment (`collect_provenance` run there).
+    """
+
+    arrays: dict[str, np.ndarray]
+    class_map: list[list[str]]
+    provenance: dict[str, Any]
+
+
+def load_runner_output(out: Path, group: str) -> RunnerOutput:
+    """What the runner saved for `group` in `out`. Raises `RepinError` if it recorded no
+    provenance (it could not import parity)."""
     manifest = json.loads((out / f"{group}.json").read_text())
     with np.load(out / f"{group}.npz") as npz:
         arrays = {
             key: _restore_dtype(npz[f"a{j}"], manifest["dtypes"][key])
             for j, key in enumerate(manifest["keys"])
         }
-    return arrays, manifest["class_map"]
+    provenance = manifest.get("provenance")
+    if not isinstance(provenance, dict):
+        raise RepinError(
+            f"the producer process recorded no provenance for group {group!r} (it could not "
+            "import parity.provenance); check that parity is importable there"
+        )
+    return RunnerOutput(arrays, manifest["class_map"], provenance)
 
 
 def _describe_change(old: np.ndarray, new: np.ndarray) -> str | None:
@@ -257,7 +278,7 @@ def repin(
     ):
         if keep_worktree:
             progress(f"worktree kept at {wt}")
-        flags = run_producers(
+        run_producers(
             wt,
             producers,
             Path(tmp),
@@ -267,20 +288,18 @@ def repin(
             drop_paths=[root / "src"],
             progress=progress,
         )
-        provenance = collect_provenance(
-            base_sha=sha,
-            producer_digest=digest_sources([producers]),
-            device_count=device_count,
-        )
-        provenance["xla_flags"] = flags
-        provenance["isa_cap"] = isa_cap
+        digest = digest_sources([producers])
         names = sorted(p.stem for p in Path(tmp).glob("*.json"))
         staged: list[tuple[Path, Path]] = []
         changes = []
         try:
             for name in names:
-                arrays, rules = load_runner_output(Path(tmp), name)
-                class_map = ClassMap(rules=tuple((p, c) for p, c in rules))
+                produced = load_runner_output(Path(tmp), name)
+                arrays = produced.arrays
+                # Collected in the producer process (see `_producer_runner`), so it
+                # describes the process that made the arrays, not this one.
+                provenance = {**produced.provenance, "base_sha": sha, "producer_digest": digest}
+                class_map = ClassMap(rules=tuple((p, c) for p, c in produced.class_map))
                 classes = {k: class_map.class_for(k) for k in arrays}
                 dest = out / f"{name}.h5"
                 changes.append(summarize_change(name, dest, arrays))

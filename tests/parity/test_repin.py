@@ -104,6 +104,47 @@ def test_repin_pins_the_base_commit_values_not_the_head_or_dirty_tree(repo, tmp_
     assert _snapshot(repo_dir, git) == before
 
 
+def test_provenance_describes_the_producer_process_not_the_callers_shell(
+    repo, tmp_path, monkeypatch
+):
+    """x64 mode, XLA flags and device count are collected where the arrays are made: the
+    caller's JAX_ENABLE_X64 and XLA_FLAGS never reach the producers, so they must not be
+    recorded; a producer that turns x64 on is recorded with it."""
+    repo_dir, first, _ = repo
+    producers = _producers(
+        tmp_path,
+        """
+        import jax
+        import numpy as np
+
+        def _plain():
+            return {"x64": np.bool_(jax.config.jax_enable_x64), "n": np.int64(jax.device_count())}
+
+        def _x64():
+            jax.config.update("jax_enable_x64", True)
+            return {"x64": np.bool_(jax.config.jax_enable_x64)}
+
+        GROUPS = {"a_plain": _plain, "b_x64": _x64}
+        CLASS_MAP = [("*", "bitwise")]
+        """,
+    )
+    monkeypatch.setenv("JAX_ENABLE_X64", "1")
+    monkeypatch.setenv(
+        "XLA_FLAGS", "--xla_bogus_shell_flag=1 --xla_force_host_platform_device_count=7"
+    )
+    out = tmp_path / "goldens"
+    repin(first, producers=producers, out_dir=out, repo=repo_dir, progress=lambda _: None)
+    with open_goldens(out / "a_plain.h5") as g:
+        made = {"x64": bool(g["x64"]), "n": int(g["n"])}
+        prov = g.provenance
+    assert made == {"x64": False, "n": 1}
+    assert prov["x64"] is False and prov["device_count"] == 1
+    assert "bogus" not in prov["xla_flags"] and "device_count=1" in prov["xla_flags"]
+    assert prov["isa_cap"] == "AVX2" and prov["base_sha"] == first and prov["producer_digest"]
+    with open_goldens(out / "b_x64.h5") as g:
+        assert bool(g["x64"]) is True and g.provenance["x64"] is True
+
+
 def test_repin_twice_gives_byte_identical_files_and_reports_changes(repo, tmp_path):
     repo_dir, first, second = repo
     producers = _producers(tmp_path, PLAIN)
