@@ -16,11 +16,9 @@ from __future__ import annotations
 
 import contextlib
 import json
-import os
 import signal
 import subprocess
 import sys
-import tempfile
 from collections.abc import Callable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -30,6 +28,16 @@ import numpy as np
 
 from parity.devices import DEFAULT_ISA_CAP, isolated_env
 from parity.provenance import digest_sources
+from parity.staging import (
+    JOURNAL_NAME,
+    RUNNER_PREFIX,
+    StagingError,
+    commit_staged,
+    folder_lock,
+    owned_tempdir,
+    recover,
+    staged_name,
+)
 from parity.store import GoldenStoreError, open_goldens, write_goldens
 from parity.tolerance import ClassMap
 from parity.worktree import repo_root, resolve_sha, temporary_worktree
@@ -165,6 +173,16 @@ def summarize_change(group: str, path: Path, new: Mapping[str, np.ndarray]) -> G
         )
 
 
+def _die_with_parent() -> None:
+    """In the child, before exec: ask Linux to SIGKILL it when the repin dies, so that a
+    repin killed with SIGKILL (which runs no cleanup) leaves no producer running."""
+    with contextlib.suppress(Exception):
+        import ctypes
+
+        pr_set_pdeathsig = 1
+        ctypes.CDLL(None, use_errno=True).prctl(pr_set_pdeathsig, signal.SIGKILL)
+
+
 @contextlib.contextmanager
 def _child(cmd: Sequence[str], env: Mapping[str, str]) -> Iterator[subprocess.Popen[str]]:
     """A subprocess that is stopped (SIGINT, then kill) if we leave early."""
@@ -175,6 +193,7 @@ def _child(cmd: Sequence[str], env: Mapping[str, str]) -> Iterator[subprocess.Po
         stderr=subprocess.STDOUT,
         text=True,
         start_new_session=True,  # our Ctrl-C handling decides when the child stops
+        preexec_fn=_die_with_parent,
     )
     try:
         yield proc
@@ -270,10 +289,57 @@ def repin(
     if not producers.is_file():
         raise RepinError(f"producers file not found: {producers}")
     out = Path(out_dir).resolve()
-    out.mkdir(parents=True, exist_ok=True)
+    try:
+        out.mkdir(parents=True, exist_ok=True)
+    except OSError as e:
+        raise RepinError(
+            f"cannot use {out} as the golden folder: {e.strerror or e}; pass --out a "
+            "writable folder"
+        ) from None
+    with _locked(out):
+        for line in recover(out, repo=root):
+            progress(line)
+        return _repin_locked(
+            root, sha, producers, out, device_count, isa_cap, groups, keep_worktree, progress
+        )
+
+
+@contextlib.contextmanager
+def _locked(out: Path) -> Iterator[None]:
+    try:
+        with folder_lock(out):
+            yield
+    except StagingError as e:
+        raise RepinError(str(e)) from None
+
+
+def recover_folder(out_dir: Path | str, *, repo: Path | str = ".") -> list[str]:
+    """Finish or clean up after a repin of `out_dir` that was killed (`parity.staging`).
+
+    **Returns:** one line per thing done. Raises `RepinError` if a repin holds the folder.
+    """
+    out = Path(out_dir).resolve()
+    with _locked(out):
+        try:
+            return recover(out, repo=repo_root(repo))
+        except StagingError as e:
+            raise RepinError(str(e)) from None
+
+
+def _repin_locked(
+    root: Path,
+    sha: str,
+    producers: Path,
+    out: Path,
+    device_count: int,
+    isa_cap: str | None,
+    groups: Sequence[str],
+    keep_worktree: bool,
+    progress: Callable[[str], None],
+) -> RepinResult:
     progress(f"repin at {sha[:12]}: adding a temporary worktree")
     with (
-        tempfile.TemporaryDirectory(prefix="parity-repin-") as tmp,
+        owned_tempdir(RUNNER_PREFIX) as tmp,
         temporary_worktree(root, sha, keep=keep_worktree) as wt,
     ):
         if keep_worktree:
@@ -303,23 +369,31 @@ def repin(
                 classes = {k: class_map.class_for(k) for k in arrays}
                 dest = out / f"{name}.h5"
                 changes.append(summarize_change(name, dest, arrays))
-                new = out / f".{name}.h5.new"
-                write_goldens(
-                    new,
-                    arrays,
-                    classes=classes,
-                    class_map_json=class_map.to_json(),
-                    provenance=provenance,
-                    order=list(arrays),
-                )
+                new = staged_name(dest)
                 staged.append((new, dest))
-            # Every file is written before any replaces an old one.
-            for new, dest in staged:
-                os.replace(new, dest)
+                try:
+                    write_goldens(
+                        new,
+                        arrays,
+                        classes=classes,
+                        class_map_json=class_map.to_json(),
+                        provenance=provenance,
+                        order=list(arrays),
+                    )
+                except (OSError, RuntimeError) as e:  # a full disk, a quota, RLIMIT_FSIZE
+                    raise RepinError(
+                        f"cannot write the new golden {dest.name} in {out}: "
+                        f"{type(e).__name__}: {e}; old goldens are untouched"
+                    ) from None
+            # Every file is complete before any replaces an old one (see parity.staging).
+            commit_staged(out, staged)
+        except StagingError as e:
+            raise RepinError(str(e)) from None
         finally:
-            for new, _ in staged:
-                with contextlib.suppress(FileNotFoundError):
-                    new.unlink()
+            if not (out / JOURNAL_NAME).exists():  # else the journal still needs them
+                for new, _ in staged:
+                    with contextlib.suppress(FileNotFoundError):
+                        new.unlink()
     return RepinResult(sha, out, tuple(changes))
 
 

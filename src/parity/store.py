@@ -75,9 +75,11 @@ import numpy as np
 
 __all__ = [
     "INDEX_ATTR",
+    "JOURNAL_NAME",
     "META_ATTR",
     "SCHEMA_VERSION",
     "ArrayInfo",
+    "GoldenBusyError",
     "GoldenCorruptError",
     "GoldenFile",
     "GoldenFormatError",
@@ -103,6 +105,10 @@ VALUE_NAME = "%value"
 
 #: Name of the root attribute holding the index of every array (see the module docstring).
 INDEX_ATTR = "index"
+
+#: A file of this name beside a golden file means its folder is mid-replace (see
+#: `parity.staging`): reading is refused until the replace is finished.
+JOURNAL_NAME = ".parity-repin.journal"
 
 #: Name of the root attribute holding the checksum of every other root attribute.
 META_ATTR = "meta_sha256"
@@ -159,6 +165,11 @@ class GoldenStoreError(Exception):
 
     def __str__(self) -> str:
         return _printable(super().__str__())
+
+
+class GoldenBusyError(GoldenStoreError):
+    """The file's folder is mid-replace: a repin was interrupted between its first and last
+    rename (see `parity.staging`)."""
 
 
 class GoldenMissingError(GoldenStoreError, FileNotFoundError):
@@ -564,6 +575,13 @@ class GoldenFile:
 
     def __init__(self, path: str | os.PathLike[str]):
         self.path = Path(path)
+        journal = self.path.parent / JOURNAL_NAME
+        if journal.exists():
+            raise GoldenBusyError(
+                f"{self.path}: its folder is mid-replace ({journal} lists files a repin was "
+                "moving when it was interrupted); finish it with `python "
+                "tools/repin_goldens.py --recover` (or any repin of that folder) and retry"
+            )
         if not self.path.exists():
             raise GoldenMissingError(
                 f"golden file {self.path} does not exist; pin it first ({_REPIN_HINT})"
