@@ -61,6 +61,7 @@ import json
 import os
 import re
 import tempfile
+import typing
 from collections.abc import Iterator, Mapping, Sequence
 from pathlib import Path
 from typing import Any
@@ -705,6 +706,10 @@ class GoldenFile:
         self.provenance = prov if isinstance(prov, dict) else {}
         return index_text
 
+    @typing.overload
+    def _root_text(self, name: str, default: str) -> str: ...
+    @typing.overload
+    def _root_text(self, name: str, default: None) -> str | None: ...
     def _root_text(self, name: str, default: str | None) -> str | None:
         """The root attribute `name` as text, checked to be valid UTF-8 and of the kind of
         string its schema writes; `default` if absent."""

@@ -68,12 +68,13 @@ OWNER_NAME = "parity-owner.pid"
 
 
 def owner_dead(owner_file: Path) -> bool:
-    """Whether the pid in `owner_file` names no running process (a missing or unreadable
-    file counts as dead: the folder is parity's by its name and nobody claims it)."""
+    """Whether the pid in `owner_file` names no running process. A missing or unreadable
+    file is not proof: the folder may belong to a running parity that writes none (an
+    older version), so it is left alone."""
     try:
         pid = int(owner_file.read_text().split()[0])
     except (OSError, ValueError, IndexError):
-        return True
+        return False
     try:
         os.kill(pid, 0)
     except ProcessLookupError:

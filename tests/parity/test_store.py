@@ -354,7 +354,7 @@ def test_a_flipped_byte_in_the_data_is_reported_as_corrupt(tmp_path):
     path = write_goldens(tmp_path / "g.h5", {"good": np.ones(4), "taps.x": want})
     with h5py.File(path, "r") as f:
         offset = f["taps/x/%value"].id.get_offset()
-        digest = f["taps/x/%value"].attrs["sha256"].decode()
+        digest = f["taps/x/%value"].attrs["sha256"].decode()  # pyright: ignore[reportAttributeAccessIssue]
     assert offset is not None
     with open(path, "r+b") as fh:
         fh.seek(offset + 17)
@@ -484,7 +484,8 @@ def _reseal(f: h5py.File) -> None:
     a: Any = f.attrs
     meta = store._meta_digest(  # pyright: ignore[reportPrivateUsage]
         int(a["schema_version"]),
-        *(a[n].decode() for n in ("class_map", "provenance")),
+        a["class_map"].decode(),
+        a["provenance"].decode(),
         int(a["n_arrays"]),
         a["index"].decode(),
     )
