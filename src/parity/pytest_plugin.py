@@ -178,6 +178,19 @@ class GoldenDir:
                 pytest.fail(problem, pytrace=False)
         return self._open[group]
 
+    def load(self, group: str, gf: Any) -> dict[str, Any]:
+        """Every array of `group`'s open file, checksums verified; a damaged file fails the
+        test with the store's one-line message (a corrupt golden is an input error, not a
+        crash of the check)."""
+        from parity.store import GoldenStoreError
+
+        problem = None
+        try:
+            return gf.load_all()
+        except GoldenStoreError as e:
+            problem = f"golden group {group!r} is unusable: {e}"
+        pytest.fail(problem, pytrace=False)
+
     def close(self) -> None:
         for f in self._open.values():
             f.close()
@@ -236,7 +249,7 @@ class _Check:
         group = golden if isinstance(golden, str) else None
         if group is not None:
             gf = self.config.stash[_GOLDENS].open(group)
-            golden_arrays = {k: gf[k] for k in gf}
+            golden_arrays = self.config.stash[_GOLDENS].load(group, gf)
             pinned = ClassMap.from_json(gf.class_map_json) if gf.class_map_json else None
             class_map = class_map if class_map is not None else pinned
             if order is None:
