@@ -17,17 +17,31 @@ are refused: HDF5 names cannot hold them.
 array's dtype name, e.g. "bfloat16"), `sha256` (hex digest of the stored C-order bytes,
 little-endian; for ml_dtypes the bytes of the unsigned-int view) and `order` (index in the
 declared forward order, or -1). **At the root:** `schema_version`, `class_map` (JSON text),
-`provenance` (JSON text, sorted keys), `n_arrays` and `index`.
+`provenance` (JSON text, sorted keys), `n_arrays`, `index` and `meta_sha256`. Text is
+stored as fixed-length UTF-8 strings (h5py reads them as bytes): variable-length strings
+live in HDF5's global heap, whose damage can make HDF5 loop forever on read.
+
+**The metadata checksum** (`meta_sha256`, schema 2) is the sha256 of the other root
+attributes, serialised canonically (`_meta_digest`). With the per-array sha256 of the data
+it covers every byte a check relies on: the index repeats every per-dataset attribute, and
+a reader checks the datasets against the index. HDF5's own checksums (object headers,
+B-trees, the superblock, in the `v110` format) catch damage to the file's structure;
+large root attributes live in a fractal heap HDF5 does not checksum, which is why this one
+exists. A schema-2 file must hold exactly its six root attributes, of their types; a file
+with any of parity's root attributes, or with datasets named `%value`, is a parity file
+(so a damaged attribute name cannot make it read as an unchecked plain file). Schema-1
+files (no `meta_sha256`) are still read as before.
 
 **The index** (root attribute `index`, JSON text) lists every array once, in sorted key
 order: `[{"class", "dtype", "key", "order", "path", "sha256", "shape"}, ...]`, where `path`
 is the dataset's path and the other fields repeat its attributes. It exists for speed: a
 reader learns every key, class, order, shape and checksum from one attribute read instead
 of four per dataset (h5py attribute reads cost ~55 us each, far more than reading a small
-array). It is checked, not trusted: opening refuses an index whose keys or paths differ
-from the datasets in the file, loading refuses data whose shape, stored dtype or sha256
-differ from the index, and `GoldenFile.verify` also compares the index with every
-dataset's own attributes. Files without it (written before it existed) are read through the
+array). It is checked, not trusted: `meta_sha256` covers its text, opening refuses an index
+whose keys or paths differ from the datasets in the file, loading refuses data whose
+shape, stored dtype or sha256 differ from the index, and `GoldenFile.verify` also compares
+the index with every dataset's own attributes (which a plain load does not read: they sit
+in each dataset's object header, which HDF5 checksums when the dataset is opened). Files without it (written before it existed) are read through the
 per-dataset attributes, as are the attributes themselves by any plain HDF5 reader.
 
 **Dtypes.** bool, int8..64, uint8..64, float16/32/64 and complex64/128 are stored natively.
@@ -38,6 +52,14 @@ string, datetime and other dtypes are refused.
 **Determinism.** The same inputs give the same bytes: no object timestamps, keys written
 in sorted order, a fixed HDF5 format range (`libver=("v110", "v110")`), contiguous storage
 without filters.
+
+**Errors.** Every failure to read is a `GoldenStoreError` whose message is one printable
+line naming the file, the key where there is one, and what is wrong: HDF5 and h5py errors
+from a damaged file (a failed checksum of HDF5's metadata, a truncated file, a structure
+pointing nowhere, undecodable text) become `GoldenReadError`; names that are not UTF-8 are
+shown escaped. A folder with a pending repin journal (`JOURNAL_NAME`, see
+`parity.staging`) is refused with `GoldenBusyError`. `tests/parity/test_store_fuzz.py`
+checks all this against random damage to the committed goldens.
 
 **Reading.** `open_goldens` opens read-only without HDF5 file locking (safe for many
 readers, pytest-xdist and read-only filesystems), refuses files that could pull data from
