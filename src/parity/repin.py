@@ -2,9 +2,16 @@
 
 Steps (DESIGN.md, "Repin"): resolve and verify the SHA; add a detached worktree at it in a
 temporary folder; run the producers (from the *current* tree, public API only) in a
-subprocess against that worktree's code, with the device count and XLA flags fixed; write
-the new golden files atomically; report what changed against the old ones; remove the
-worktree on success, failure and interrupt.
+subprocess against that worktree's code, with the device count and XLA flags fixed (that
+process also collects the provenance, so it describes the arrays' environment, not the
+caller's); write the new golden files atomically; report what changed against the old ones;
+remove the worktree on success, failure and interrupt.
+
+Crash safety (`parity.staging`): a repin holds an exclusive lock on the golden folder, first
+finishes or cleans up after a killed one (`recover`), stages every new file completely and
+replaces the old ones through a journal, so SIGKILL at any moment leaves the old goldens or
+the complete new ones. A full disk or an unwritable folder is a `RepinError` with the old
+goldens intact.
 
 A producers file defines `GROUPS`, a mapping of group name to a zero-argument callable
 returning `{key: array}` in forward order (the order first-divergence reports follow), and

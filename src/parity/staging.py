@@ -175,7 +175,12 @@ def commit_staged(folder: Path, renames: Sequence[tuple[Path, Path]]) -> None:
     journal = folder / JOURNAL_NAME
     plan = {"pid": os.getpid(), "renames": [[s.name, d.name] for s, d in renames]}
     _checkpoint("staged")
-    _write_atomic(journal, json.dumps(plan))
+    try:
+        _write_atomic(journal, json.dumps(plan))
+    except OSError as e:
+        raise StagingError(
+            f"cannot write the journal {journal}: {e.strerror or e}; old goldens are untouched"
+        ) from None
     _checkpoint("journal")
     try:
         _roll_forward(folder, plan["renames"])

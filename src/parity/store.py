@@ -41,8 +41,9 @@ array). It is checked, not trusted: `meta_sha256` covers its text, opening refus
 whose keys or paths differ from the datasets in the file, loading refuses data whose
 shape, stored dtype or sha256 differ from the index, and `GoldenFile.verify` also compares
 the index with every dataset's own attributes (which a plain load does not read: they sit
-in each dataset's object header, which HDF5 checksums when the dataset is opened). Files without it (written before it existed) are read through the
-per-dataset attributes, as are the attributes themselves by any plain HDF5 reader.
+in each dataset's object header, which HDF5 checksums when the dataset is opened). Files
+without it (written before it existed) are read through the per-dataset attributes, as are
+the attributes themselves by any plain HDF5 reader.
 
 **Dtypes.** bool, int8..64, uint8..64, float16/32/64 and complex64/128 are stored natively.
 ml_dtypes (bfloat16, the float8 kinds, int4, ...) are stored as unsigned ints of the same
