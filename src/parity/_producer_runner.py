@@ -14,9 +14,11 @@ lacks a needed symbol.
 from __future__ import annotations
 
 import argparse
+import contextlib
 import importlib.util
 import json
 import os
+import signal
 import sys
 import time
 import traceback
@@ -39,14 +41,30 @@ def _missing_symbol(exc: BaseException, src: str) -> str | None:
     return None
 
 
+def _die_with_parent(parent: int) -> None:
+    """Ask Linux to SIGKILL this process when the repin that started it dies (a repin
+    killed with SIGKILL runs no cleanup, and would leave producers running); exit at once
+    if it died already. Done here rather than in a `preexec_fn`, which would make the
+    parent fork a multithreaded (jax) process."""
+    with contextlib.suppress(Exception):
+        import ctypes
+
+        pr_set_pdeathsig = 1
+        ctypes.CDLL(None, use_errno=True).prctl(pr_set_pdeathsig, signal.SIGKILL)
+    if parent and os.getppid() != parent:
+        sys.exit(EXIT_PRODUCER_FAILED)
+
+
 def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser()
+    p.add_argument("--parent-pid", type=int, default=0, help="die when this process dies")
     p.add_argument("--src", required=True, help="folder to import the code under test from")
     p.add_argument("--drop-path", action="append", default=[], help="sys.path entries to remove")
     p.add_argument("--producers", required=True)
     p.add_argument("--out", required=True)
     p.add_argument("--groups", default="", help="comma-separated subset of groups")
     args = p.parse_args(argv)
+    _die_with_parent(args.parent_pid)
 
     # The harness is the current tree's: import it before `--src` shadows the packages, so
     # that producers using `parity` (compile statistics, say) get it, while the subject

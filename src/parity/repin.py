@@ -23,6 +23,7 @@ from __future__ import annotations
 
 import contextlib
 import json
+import os
 import signal
 import subprocess
 import sys
@@ -180,16 +181,6 @@ def summarize_change(group: str, path: Path, new: Mapping[str, np.ndarray]) -> G
         )
 
 
-def _die_with_parent() -> None:
-    """In the child, before exec: ask Linux to SIGKILL it when the repin dies, so that a
-    repin killed with SIGKILL (which runs no cleanup) leaves no producer running."""
-    with contextlib.suppress(Exception):
-        import ctypes
-
-        pr_set_pdeathsig = 1
-        ctypes.CDLL(None, use_errno=True).prctl(pr_set_pdeathsig, signal.SIGKILL)
-
-
 @contextlib.contextmanager
 def _child(cmd: Sequence[str], env: Mapping[str, str]) -> Iterator[subprocess.Popen[str]]:
     """A subprocess that is stopped (SIGINT, then kill) if we leave early."""
@@ -200,7 +191,6 @@ def _child(cmd: Sequence[str], env: Mapping[str, str]) -> Iterator[subprocess.Po
         stderr=subprocess.STDOUT,
         text=True,
         start_new_session=True,  # our Ctrl-C handling decides when the child stops
-        preexec_fn=_die_with_parent,
     )
     try:
         yield proc
@@ -236,7 +226,8 @@ def run_producers(
     env = isolated_env(device_count, isa_cap=isa_cap)
     env["PYTHONHASHSEED"] = "0"
     flags = env["XLA_FLAGS"]
-    cmd = [sys.executable, str(_RUNNER), "--src", str(code_root / "src"), "--producers"]
+    cmd = [sys.executable, str(_RUNNER), "--parent-pid", str(os.getpid())]
+    cmd += ["--src", str(code_root / "src"), "--producers"]
     cmd += [str(producers), "--out", str(out)]
     for p in drop_paths:
         cmd += ["--drop-path", str(p)]
@@ -390,7 +381,8 @@ def _repin_locked(
                 except (OSError, RuntimeError) as e:  # a full disk, a quota, RLIMIT_FSIZE
                     raise RepinError(
                         f"cannot write the new golden {dest.name} in {out}: "
-                        f"{type(e).__name__}: {e}; old goldens are untouched"
+                        f"{type(e).__name__}: {' '.join(str(e).split())}; old goldens are "
+                        "untouched"
                     ) from None
             # Every file is complete before any replaces an old one (see parity.staging).
             commit_staged(out, staged)

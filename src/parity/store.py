@@ -409,45 +409,58 @@ def write_goldens(
     prov_json = json.dumps(dict(provenance or {}), sort_keys=True, allow_nan=False)
 
     dest_dir = dest.parent if str(dest.parent) else Path(".")
+    # Built in memory (HDF5's core driver, same bytes as a file on disk) and written with
+    # plain file I/O: a full disk or a file size limit then fails one `write` with a clean
+    # OSError, where HDF5 writing to disk itself leaves its library state broken and can
+    # crash the process at exit (found by tests/parity/test_repin.py's RLIMIT_FSIZE test).
+    with h5py.File(
+        f"parity-{dest.name}",
+        "w",
+        driver="core",
+        backing_store=False,
+        libver=_LIBVER,
+        track_order=False,
+        track_times=False,
+        locking=False,
+    ) as f:
+        f.attrs["schema_version"] = np.int64(SCHEMA_VERSION)
+        _set_text(f.attrs, "class_map", class_map_json)
+        _set_text(f.attrs, "provenance", prov_json)
+        f.attrs["n_arrays"] = np.int64(len(keys))
+        index: list[dict[str, Any]] = []
+        for key in keys:
+            # Converted one at a time so device arrays are fetched one at a time.
+            stored, dtype_name = _to_storage(key, arrays[key])
+            group = _require_group(f, groups[key])
+            dset = group.create_dataset(VALUE_NAME, data=stored, track_times=False)
+            entry = {
+                "class": str(classes.get(key, "")),
+                "dtype": dtype_name,
+                "key": key,
+                "order": order_index.get(key, -1),
+                "path": f"{groups[key]}/{VALUE_NAME}",
+                "sha256": _digest(stored),
+                "shape": list(stored.shape),
+            }
+            _set_text(dset.attrs, "class", entry["class"])
+            _set_text(dset.attrs, "dtype", dtype_name)
+            _set_text(dset.attrs, "sha256", entry["sha256"])
+            dset.attrs["order"] = np.int64(entry["order"])
+            index.append(entry)
+        # Written last because the digests are known only now; keys are sorted, so
+        # the text (and hence the file) is the same for the same inputs.
+        index_json = json.dumps(index, sort_keys=True, separators=(",", ":"))
+        _set_text(f.attrs, INDEX_ATTR, index_json)
+        meta = _meta_digest(SCHEMA_VERSION, class_map_json, prov_json, len(keys), index_json)
+        _set_text(f.attrs, META_ATTR, meta)
+        f.flush()
+        image = f.id.get_file_image()
     fd, tmp_name = tempfile.mkstemp(dir=dest_dir, prefix=f".{dest.name}.", suffix=".tmp")
-    os.close(fd)
     tmp = Path(tmp_name)
     try:
-        with h5py.File(
-            tmp, "w", libver=_LIBVER, track_order=False, track_times=False, locking=False
-        ) as f:
-            f.attrs["schema_version"] = np.int64(SCHEMA_VERSION)
-            _set_text(f.attrs, "class_map", class_map_json)
-            _set_text(f.attrs, "provenance", prov_json)
-            f.attrs["n_arrays"] = np.int64(len(keys))
-            index: list[dict[str, Any]] = []
-            for key in keys:
-                # Converted one at a time so device arrays are fetched one at a time.
-                stored, dtype_name = _to_storage(key, arrays[key])
-                group = _require_group(f, groups[key])
-                dset = group.create_dataset(VALUE_NAME, data=stored, track_times=False)
-                entry = {
-                    "class": str(classes.get(key, "")),
-                    "dtype": dtype_name,
-                    "key": key,
-                    "order": order_index.get(key, -1),
-                    "path": f"{groups[key]}/{VALUE_NAME}",
-                    "sha256": _digest(stored),
-                    "shape": list(stored.shape),
-                }
-                _set_text(dset.attrs, "class", entry["class"])
-                _set_text(dset.attrs, "dtype", dtype_name)
-                _set_text(dset.attrs, "sha256", entry["sha256"])
-                dset.attrs["order"] = np.int64(entry["order"])
-                index.append(entry)
-            # Written last because the digests are known only now; keys are sorted, so
-            # the text (and hence the file) is the same for the same inputs.
-            index_json = json.dumps(index, sort_keys=True, separators=(",", ":"))
-            _set_text(f.attrs, INDEX_ATTR, index_json)
-            meta = _meta_digest(SCHEMA_VERSION, class_map_json, prov_json, len(keys), index_json)
-            _set_text(f.attrs, META_ATTR, meta)
-            f.flush()
-        with open(tmp, "rb+") as fh:
+        with os.fdopen(fd, "wb") as fh:
+            fh.write(image)
+            fh.flush()
             os.fsync(fh.fileno())
         os.chmod(tmp, _mode_for(dest))
         os.replace(tmp, dest)

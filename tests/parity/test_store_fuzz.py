@@ -24,6 +24,7 @@ import signal
 import sys
 import time
 import traceback
+import warnings
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
@@ -101,7 +102,11 @@ def forked(fn: Callable[[], Any], timeout: float = 60.0) -> Any:
     `parity.store._set_text`.)
     """
     r, w = os.pipe()
-    pid = os.fork()
+    with warnings.catch_warnings():
+        # jax, if another test imported it, warns about forking its threads; the child
+        # touches only h5py and numpy and never returns into pytest.
+        warnings.simplefilter("ignore", RuntimeWarning)
+        pid = os.fork()
     if pid == 0:  # the child: never return into pytest
         code = 0
         try:
