@@ -2,13 +2,17 @@
 """Repin the goldens at a git base commit.
 
     python tools/repin_goldens.py --base SHA [--out DIR] [--keep-worktree] [--groups a,b]
+    python tools/repin_goldens.py --recover [--out DIR]
 
 The producers in tests/equivalence/producers.py (current tree) run in a subprocess against
 the code of a detached worktree at SHA in a temporary folder, on 1 simulated CPU device with
 the XLA ISA capped at AVX2. Your working tree, index and branches are not touched. The new
 files replace the old ones only once every group has been produced; a summary of what
-changed is printed. Exit 0 on success, 1 if repinning failed (old goldens untouched), 130
-on Ctrl-C.
+changed is printed. Only one repin of a folder runs at a time (a second one fails at once,
+naming the first one's pid). A repin killed at any moment (even SIGKILL) leaves the old
+goldens or the complete new ones; the next repin, or `--recover`, finishes its replace and
+removes what it left (see src/parity/staging.py). Exit 0 on success, 1 if repinning failed
+(old goldens untouched), 130 on Ctrl-C.
 """
 
 from __future__ import annotations
@@ -17,7 +21,7 @@ import argparse
 import sys
 from pathlib import Path
 
-from parity.repin import RepinError, repin
+from parity.repin import RepinError, recover_folder, repin
 from parity.worktree import GitError
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -31,7 +35,12 @@ def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(
         description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
     )
-    p.add_argument("--base", required=True, help="commit to pin at (SHA or any git revision)")
+    p.add_argument("--base", help="commit to pin at (SHA or any git revision)")
+    p.add_argument(
+        "--recover",
+        action="store_true",
+        help="only finish or clean up after a repin that was killed (every repin does this first)",
+    )
     p.add_argument(
         "--out", type=Path, default=ROOT / "goldens", help="golden folder (default: goldens/)"
     )
@@ -45,6 +54,16 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--devices", type=int, default=1, help="simulated CPU devices (default 1)")
     p.add_argument("--keep-worktree", action="store_true", help="leave the worktree for inspection")
     args = p.parse_args(argv)
+    if args.recover:
+        try:
+            lines = recover_folder(args.out, repo=ROOT)
+        except (RepinError, GitError) as e:
+            print(f"repin failed: {e}", file=sys.stderr)
+            return 1
+        print("\n".join(lines) if lines else f"nothing to recover in {args.out}")
+        return 0
+    if not args.base:
+        p.error("--base is required (unless --recover)")
     try:
         result = repin(
             args.base,

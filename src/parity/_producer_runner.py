@@ -4,15 +4,21 @@ Started by `parity.repin` in a subprocess, by path. The harness (`parity`) is th
 tree's, imported first; the code under test comes from `--src` (the base commit's
 worktree); the producers file is the current tree's. Arrays go to `OUT/<group>.npz` with a
 manifest `OUT/<group>.json` (key order, dtype names; ml_dtypes are saved as same-width
-unsigned ints). Exit codes: 0 ok, 1 a producer raised, 3 the base lacks a needed symbol.
+unsigned ints) and `provenance`: the environment of *this* process, collected right after the
+group ran (x64 mode and device count as jax saw them, the XLA flags it ran under), so a
+`JAX_ENABLE_X64` or `XLA_FLAGS` in the user's shell, which this process never sees, cannot
+be recorded for arrays made without it. Exit codes: 0 ok, 1 a producer raised, 3 the base
+lacks a needed symbol.
 """
 
 from __future__ import annotations
 
 import argparse
+import contextlib
 import importlib.util
 import json
 import os
+import signal
 import sys
 import time
 import traceback
@@ -42,8 +48,23 @@ def _missing_symbol(exc: BaseException, src: str) -> str | None:
     return None
 
 
+def _die_with_parent(parent: int) -> None:
+    """Ask Linux to SIGKILL this process when the repin that started it dies (a repin
+    killed with SIGKILL runs no cleanup, and would leave producers running); exit at once
+    if it died already. Done here rather than in a `preexec_fn`, which would make the
+    parent fork a multithreaded (jax) process."""
+    with contextlib.suppress(Exception):
+        import ctypes
+
+        pr_set_pdeathsig = 1
+        ctypes.CDLL(None, use_errno=True).prctl(pr_set_pdeathsig, signal.SIGKILL)
+    if parent and os.getppid() != parent:
+        sys.exit(EXIT_PRODUCER_FAILED)
+
+
 def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser()
+    p.add_argument("--parent-pid", type=int, default=0, help="die when this process dies")
     p.add_argument("--src", required=True, help="folder to import the code under test from")
     p.add_argument(
         "--also-src", action="append", default=[], help="further import roots, after --src"
@@ -53,13 +74,16 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--out", required=True)
     p.add_argument("--groups", default="", help="comma-separated subset of groups")
     args = p.parse_args(argv)
+    _die_with_parent(args.parent_pid)
 
     # The harness is the current tree's: import it before `--src` shadows the packages, so
     # that producers using `parity` (compile statistics, say) get it, while the subject
     # (everything else) comes from `--src`.
+    collect_provenance = None
     try:
         import parity
         import parity.compile_stats  # noqa: F401
+        from parity.provenance import collect_provenance
     except ImportError:
         pass
     drop = {os.path.realpath(d) for d in args.drop_path}
@@ -116,7 +140,12 @@ def main(argv: list[str] | None = None) -> int:
             # Not np.ascontiguousarray: it turns 0-d arrays into shape (1,).
             raw[f"a{j}"] = np.array(a, order="C", copy=True)
         np.savez(out / f"{name}.npz", **raw)  # pyright: ignore[reportArgumentType]
-        manifest = {"keys": list(arrays), "dtypes": dtypes, "class_map": class_map}
+        manifest = {
+            "keys": list(arrays),
+            "dtypes": dtypes,
+            "class_map": class_map,
+            "provenance": collect_provenance() if collect_provenance is not None else None,
+        }
         (out / f"{name}.json").write_text(json.dumps(manifest))
         _log(f"[{i}/{len(wanted)}] {name}: {len(arrays)} arrays in {time.perf_counter() - t0:.1f}s")
     return 0

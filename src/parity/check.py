@@ -333,6 +333,7 @@ def check_group(
     node: str | None = None,
     produce_s: float | None = None,
     save_actual: str | os.PathLike[str] | None = None,
+    current_provenance: Mapping[str, Any] | None = None,
 ) -> CheckResult:
     """Compare `actual` against the golden group `group`.
 
@@ -349,6 +350,8 @@ def check_group(
     - `produce_s`: seconds the caller spent producing `actual`, for the timing summary.
     - `save_actual`: a folder; when the check fails, the obtained arrays are written there
       as `<name>.h5` in golden format (see `CheckResult.command`).
+    - `current_provenance`: the environment `actual` was produced in, when that was another
+      process (`parity check`); default this process's.
 
     **Returns:** a `CheckResult`. Raises `CheckError` for unusable input.
     """
@@ -362,7 +365,9 @@ def check_group(
     except GoldenStoreError as e:
         raise CheckError(f"golden group {group!r} is unusable: {e}") from None
     pinned = pinned_class_map(gf)
-    registry, drift_header = drift_registry(gf.provenance, drift_mode, registry=registry)
+    registry, drift_header = drift_registry(
+        gf.provenance, drift_mode, registry=registry, current=current_provenance
+    )
     header = {"golden": str(folder.path_of(group)), "base_sha": str(gf.provenance.get("base_sha"))}
     header |= drift_header
     resolve = class_resolver(

@@ -2,9 +2,16 @@
 
 Steps (docs/design.md, "Repin"): resolve and verify the SHA; add a detached worktree at it in a
 temporary folder; run the producers (from the *current* tree, public API only) in a
-subprocess against that worktree's code, with the device count and XLA flags fixed; write
-the new golden files atomically; report what changed against the old ones; remove the
-worktree on success, failure and interrupt.
+subprocess against that worktree's code, with the device count and XLA flags fixed (that
+process also collects the provenance, so it describes the arrays' environment, not the
+caller's); write the new golden files atomically; report what changed against the old ones;
+remove the worktree on success, failure and interrupt.
+
+Crash safety (`parity.staging`): a repin holds an exclusive lock on the golden folder, first
+finishes or cleans up after a killed one (`recover`), stages every new file completely and
+replaces the old ones through a journal, so SIGKILL at any moment leaves the old goldens or
+the complete new ones. A full disk or an unwritable folder is a `RepinError` with the old
+goldens intact.
 
 A producers file defines `GROUPS`, a mapping of group name to a zero-argument callable
 returning `{key: array}` in forward order (the order first-divergence reports follow), and
@@ -20,7 +27,6 @@ import os
 import signal
 import subprocess
 import sys
-import tempfile
 from collections.abc import Callable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -29,7 +35,17 @@ from typing import Any
 import numpy as np
 
 from parity.devices import DEFAULT_ISA_CAP, isolated_env
-from parity.provenance import collect_provenance, digest_sources
+from parity.provenance import digest_sources
+from parity.staging import (
+    JOURNAL_NAME,
+    RUNNER_PREFIX,
+    StagingError,
+    commit_staged,
+    folder_lock,
+    owned_tempdir,
+    recover,
+    staged_name,
+)
 from parity.store import GoldenStoreError, open_goldens, write_goldens
 from parity.tolerance import ClassMap
 from parity.worktree import repo_root, resolve_sha, temporary_worktree
@@ -91,15 +107,36 @@ def _restore_dtype(raw: np.ndarray, name: str) -> np.ndarray:
     return raw.view(getattr(ml_dtypes, name))
 
 
-def load_runner_output(out: Path, group: str) -> tuple[dict[str, np.ndarray], list[list[str]]]:
-    """Arrays `{key: array}` (in producer order) and the class map a runner saved."""
+@dataclass(frozen=True)
+class RunnerOutput:
+    """What the producer process saved for one group.
+
+    - `arrays`: `{key: array}` in producer order.
+    - `class_map`: the producers' `CLASS_MAP` rules.
+    - `provenance`: the producer process's environment (`collect_provenance` run there).
+    """
+
+    arrays: dict[str, np.ndarray]
+    class_map: list[list[str]]
+    provenance: dict[str, Any]
+
+
+def load_runner_output(out: Path, group: str) -> RunnerOutput:
+    """What the runner saved for `group` in `out`. Raises `RepinError` if it recorded no
+    provenance (it could not import parity)."""
     manifest = json.loads((out / f"{group}.json").read_text())
     with np.load(out / f"{group}.npz") as npz:
         arrays = {
             key: _restore_dtype(npz[f"a{j}"], manifest["dtypes"][key])
             for j, key in enumerate(manifest["keys"])
         }
-    return arrays, manifest["class_map"]
+    provenance = manifest.get("provenance")
+    if not isinstance(provenance, dict):
+        raise RepinError(
+            f"the producer process recorded no provenance for group {group!r} (it could not "
+            "import parity.provenance); check that parity is importable there"
+        )
+    return RunnerOutput(arrays, manifest["class_map"], provenance)
 
 
 def _describe_change(old: np.ndarray, new: np.ndarray) -> str | None:
@@ -201,7 +238,8 @@ def run_producers(
     env["PYTHONHASHSEED"] = "0"
     flags = env["XLA_FLAGS"]
     roots = [code_root / r for r in src] if src else [code_root / "src"]
-    cmd = [sys.executable, str(_RUNNER), "--src", str(roots[0]), "--producers"]
+    cmd = [sys.executable, str(_RUNNER), "--parent-pid", str(os.getpid())]
+    cmd += ["--src", str(roots[0]), "--producers"]
     for extra in roots[1:]:
         cmd += ["--also-src", str(extra)]
     cmd += [str(producers), "--out", str(out)]
@@ -266,15 +304,64 @@ def repin(
     if not producers.is_file():
         raise RepinError(f"producers file not found: {producers}")
     out = Path(out_dir).resolve()
-    out.mkdir(parents=True, exist_ok=True)
+    try:
+        out.mkdir(parents=True, exist_ok=True)
+    except OSError as e:
+        raise RepinError(
+            f"cannot use {out} as the golden folder: {e.strerror or e}; pass --out a "
+            "writable folder"
+        ) from None
+    with _locked(out):
+        for line in recover(out, repo=root):
+            progress(line)
+        return _repin_locked(
+            root, sha, producers, out, device_count, isa_cap, groups, keep_worktree, progress,
+            src,
+        )  # fmt: skip
+
+
+@contextlib.contextmanager
+def _locked(out: Path) -> Iterator[None]:
+    try:
+        with folder_lock(out):
+            yield
+    except StagingError as e:
+        raise RepinError(str(e)) from None
+
+
+def recover_folder(out_dir: Path | str, *, repo: Path | str = ".") -> list[str]:
+    """Finish or clean up after a repin of `out_dir` that was killed (`parity.staging`).
+
+    **Returns:** one line per thing done. Raises `RepinError` if a repin holds the folder.
+    """
+    out = Path(out_dir).resolve()
+    with _locked(out):
+        try:
+            return recover(out, repo=repo_root(repo))
+        except StagingError as e:
+            raise RepinError(str(e)) from None
+
+
+def _repin_locked(
+    root: Path,
+    sha: str,
+    producers: Path,
+    out: Path,
+    device_count: int,
+    isa_cap: str | None,
+    groups: Sequence[str],
+    keep_worktree: bool,
+    progress: Callable[[str], None],
+    src: Sequence[str] | None,
+) -> RepinResult:
     progress(f"repin at {sha[:12]}: adding a temporary worktree")
     with (
-        tempfile.TemporaryDirectory(prefix="parity-repin-") as tmp,
+        owned_tempdir(RUNNER_PREFIX) as tmp,
         temporary_worktree(root, sha, keep=keep_worktree) as wt,
     ):
         if keep_worktree:
             progress(f"worktree kept at {wt}")
-        flags = run_producers(
+        run_producers(
             wt,
             producers,
             Path(tmp),
@@ -285,40 +372,47 @@ def repin(
             progress=progress,
             src=src,
         )
-        provenance = collect_provenance(
-            base_sha=sha,
-            producer_digest=digest_sources([producers]),
-            device_count=device_count,
-        )
-        provenance["xla_flags"] = flags
-        provenance["isa_cap"] = isa_cap
+        digest = digest_sources([producers])
         names = sorted(p.stem for p in Path(tmp).glob("*.json"))
         staged: list[tuple[Path, Path]] = []
         changes = []
         try:
             for name in names:
-                arrays, rules = load_runner_output(Path(tmp), name)
-                class_map = ClassMap(rules=tuple((p, c) for p, c in rules))
+                produced = load_runner_output(Path(tmp), name)
+                arrays = produced.arrays
+                # Collected in the producer process (see `_producer_runner`), so it
+                # describes the process that made the arrays, not this one.
+                provenance = {**produced.provenance, "base_sha": sha, "producer_digest": digest}
+                class_map = ClassMap(rules=tuple((p, c) for p, c in produced.class_map))
                 classes = {k: _class_of(class_map, k) for k in arrays}
                 dest = out / f"{name}.h5"
                 changes.append(summarize_change(name, dest, arrays))
-                new = out / f".{name}.h5.new"
-                write_goldens(
-                    new,
-                    arrays,
-                    classes=classes,
-                    class_map_json=class_map.to_json(),
-                    provenance=provenance,
-                    order=list(arrays),
-                )
+                new = staged_name(dest)
                 staged.append((new, dest))
-            # Every file is written before any replaces an old one.
-            for new, dest in staged:
-                os.replace(new, dest)
+                try:
+                    write_goldens(
+                        new,
+                        arrays,
+                        classes=classes,
+                        class_map_json=class_map.to_json(),
+                        provenance=provenance,
+                        order=list(arrays),
+                    )
+                except (OSError, RuntimeError) as e:  # a full disk, a quota, RLIMIT_FSIZE
+                    raise RepinError(
+                        f"cannot write the new golden {dest.name} in {out}: "
+                        f"{type(e).__name__}: {' '.join(str(e).split())}; old goldens are "
+                        "untouched"
+                    ) from None
+            # Every file is complete before any replaces an old one (see parity.staging).
+            commit_staged(out, staged)
+        except StagingError as e:
+            raise RepinError(str(e)) from None
         finally:
-            for new, _ in staged:
-                with contextlib.suppress(FileNotFoundError):
-                    new.unlink()
+            if not (out / JOURNAL_NAME).exists():  # else the journal still needs them
+                for new, _ in staged:
+                    with contextlib.suppress(FileNotFoundError):
+                        new.unlink()
     return RepinResult(sha, out, tuple(changes))
 
 

@@ -11,14 +11,13 @@ policy. Nothing here imports jax.
 
 from __future__ import annotations
 
-import contextlib
-import os
 import re
 import tempfile
 import time
-from collections.abc import Callable, Iterator, Sequence
-from dataclasses import dataclass
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 
@@ -52,12 +51,15 @@ class Produced:
     - `class_maps`: group -> the producers' `CLASS_MAP` rules.
     - `seconds`: wall time of the run, process start included.
     - `xla_flags`: the XLA flags the run used.
+    - `provenance`: group -> the producer process's provenance (collected where the arrays
+      were made), which the drift policy judges against the golden's.
     """
 
     groups: dict[str, dict[str, np.ndarray]]
     class_maps: dict[str, list[list[str]]]
     seconds: float
     xla_flags: str
+    provenance: dict[str, dict[str, Any]] = field(default_factory=dict)
 
 
 def failure_reason(output: str) -> str:
@@ -118,26 +120,13 @@ def produce(
             raise ProducersFailed(failure_reason(output or text), output or text) from None
         out: dict[str, dict[str, np.ndarray]] = {}
         maps: dict[str, list[list[str]]] = {}
+        provenance: dict[str, dict[str, Any]] = {}
         for manifest in sorted(Path(tmp).glob("*.json")):
-            arrays, rules = load_runner_output(Path(tmp), manifest.stem)
-            out[manifest.stem] = arrays
-            maps[manifest.stem] = rules
-    return Produced(out, maps, time.perf_counter() - t0, flags)
-
-
-@contextlib.contextmanager
-def _as_run_under(flags: str) -> Iterator[None]:
-    """Make this process's `XLA_FLAGS` those the producer ran under while comparing, so
-    that the drift policy judges the producer's environment, not this jax-free one."""
-    old = os.environ.get("XLA_FLAGS")
-    os.environ["XLA_FLAGS"] = flags
-    try:
-        yield
-    finally:
-        if old is None:
-            os.environ.pop("XLA_FLAGS", None)
-        else:
-            os.environ["XLA_FLAGS"] = old
+            loaded = load_runner_output(Path(tmp), manifest.stem)
+            out[manifest.stem] = loaded.arrays
+            maps[manifest.stem] = loaded.class_map
+            provenance[manifest.stem] = loaded.provenance
+    return Produced(out, maps, time.perf_counter() - t0, flags, provenance)
 
 
 def check_produced(
@@ -164,17 +153,18 @@ def check_produced(
     """
     folder = goldens if isinstance(goldens, GoldenDir) else GoldenDir(goldens)
     share = produced.seconds / max(1, len(produced.groups))
-    with _as_run_under(produced.xla_flags):
-        return [
-            check_group(
-                arrays,
-                group,
-                goldens=folder,
-                class_map=class_name,
-                overrides=overrides,
-                node=node,
-                produce_s=share,
-                save_actual=save_actual,
-            )
-            for group, arrays in produced.groups.items()
-        ]
+    # The drift policy judges the producer process's environment, not this jax-free one.
+    return [
+        check_group(
+            arrays,
+            group,
+            goldens=folder,
+            class_map=class_name,
+            overrides=overrides,
+            node=node,
+            produce_s=share,
+            save_actual=save_actual,
+            current_provenance=produced.provenance.get(group),
+        )
+        for group, arrays in produced.groups.items()
+    ]

@@ -17,18 +17,33 @@ are refused: HDF5 names cannot hold them.
 array's dtype name, e.g. "bfloat16"), `sha256` (hex digest of the stored C-order bytes,
 little-endian; for ml_dtypes the bytes of the unsigned-int view) and `order` (index in the
 declared forward order, or -1). **At the root:** `schema_version`, `class_map` (JSON text),
-`provenance` (JSON text, sorted keys), `n_arrays` and `index`.
+`provenance` (JSON text, sorted keys), `n_arrays`, `index` and `meta_sha256`. Text is
+stored as fixed-length UTF-8 strings (h5py reads them as bytes): variable-length strings
+live in HDF5's global heap, whose damage can make HDF5 loop forever on read.
+
+**The metadata checksum** (`meta_sha256`, schema 2) is the sha256 of the other root
+attributes, serialised canonically (`_meta_digest`). With the per-array sha256 of the data
+it covers every byte a check relies on: the index repeats every per-dataset attribute, and
+a reader checks the datasets against the index. HDF5's own checksums (object headers,
+B-trees, the superblock, in the `v110` format) catch damage to the file's structure;
+large root attributes live in a fractal heap HDF5 does not checksum, which is why this one
+exists. A schema-2 file must hold exactly its six root attributes, of their types; a file
+with any of parity's root attributes, or with datasets named `%value`, is a parity file
+(so a damaged attribute name cannot make it read as an unchecked plain file). Schema-1
+files (no `meta_sha256`) are still read as before.
 
 **The index** (root attribute `index`, JSON text) lists every array once, in sorted key
 order: `[{"class", "dtype", "key", "order", "path", "sha256", "shape"}, ...]`, where `path`
 is the dataset's path and the other fields repeat its attributes. It exists for speed: a
 reader learns every key, class, order, shape and checksum from one attribute read instead
 of four per dataset (h5py attribute reads cost ~55 us each, far more than reading a small
-array). It is checked, not trusted: opening refuses an index whose keys or paths differ
-from the datasets in the file, loading refuses data whose shape, stored dtype or sha256
-differ from the index, and `GoldenFile.verify` also compares the index with every
-dataset's own attributes. Files without it (written before it existed) are read through the
-per-dataset attributes, as are the attributes themselves by any plain HDF5 reader.
+array). It is checked, not trusted: `meta_sha256` covers its text, opening refuses an index
+whose keys or paths differ from the datasets in the file, loading refuses data whose
+shape, stored dtype or sha256 differ from the index, and `GoldenFile.verify` also compares
+the index with every dataset's own attributes (which a plain load does not read: they sit
+in each dataset's object header, which HDF5 checksums when the dataset is opened). Files
+without it (written before it existed) are read through the per-dataset attributes, as are
+the attributes themselves by any plain HDF5 reader.
 
 **Dtypes.** bool, int8..64, uint8..64, float16/32/64 and complex64/128 are stored natively.
 ml_dtypes (bfloat16, the float8 kinds, int4, ...) are stored as unsigned ints of the same
@@ -38,6 +53,14 @@ string, datetime and other dtypes are refused.
 **Determinism.** The same inputs give the same bytes: no object timestamps, keys written
 in sorted order, a fixed HDF5 format range (`libver=("v110", "v110")`), contiguous storage
 without filters.
+
+**Errors.** Every failure to read is a `GoldenStoreError` whose message is one printable
+line naming the file, the key where there is one, and what is wrong: HDF5 and h5py errors
+from a damaged file (a failed checksum of HDF5's metadata, a truncated file, a structure
+pointing nowhere, undecodable text) become `GoldenReadError`; names that are not UTF-8 are
+shown escaped. A folder with a pending repin journal (`JOURNAL_NAME`, see
+`parity.staging`) is refused with `GoldenBusyError`. `tests/parity/test_store_fuzz.py`
+checks all this against random damage to the committed goldens.
 
 **Reading.** `open_goldens` opens read-only without HDF5 file locking (safe for many
 readers, pytest-xdist and read-only filesystems), refuses files that could pull data from
@@ -61,6 +84,7 @@ import json
 import os
 import re
 import tempfile
+import typing
 from collections.abc import Iterator, Mapping, Sequence
 from collections.abc import Mapping as _MappingABC
 from pathlib import Path
@@ -76,13 +100,17 @@ import numpy as np
 
 __all__ = [
     "INDEX_ATTR",
+    "JOURNAL_NAME",
+    "META_ATTR",
     "SCHEMA_VERSION",
     "ArrayInfo",
+    "GoldenBusyError",
     "GoldenCorruptError",
     "GoldenFile",
     "GoldenFormatError",
     "GoldenKeyError",
     "GoldenMissingError",
+    "GoldenReadError",
     "GoldenSchemaError",
     "GoldenStoreError",
     "GoldenUnsafeError",
@@ -93,14 +121,32 @@ __all__ = [
     "write_goldens",
 ]
 
-#: Version of the layout above. Readers refuse files with a newer version.
-SCHEMA_VERSION = 1
+#: Version of the layout above. Readers refuse files with a newer version. 2 added
+#: `meta_sha256`; files of version 1 (no metadata checksum) are still read.
+SCHEMA_VERSION = 2
 
 #: Name of the dataset at the end of each key's group path.
 VALUE_NAME = "%value"
 
 #: Name of the root attribute holding the index of every array (see the module docstring).
 INDEX_ATTR = "index"
+
+#: A file of this name beside a golden file means its folder is mid-replace (see
+#: `parity.staging`): reading is refused until the replace is finished.
+JOURNAL_NAME = ".parity-repin.journal"
+
+#: Name of the root attribute holding the checksum of every other root attribute.
+META_ATTR = "meta_sha256"
+
+# The root attributes of each schema version, exactly: anything missing or added means the
+# file was damaged (a flipped byte in an attribute's name) or edited by hand.
+_ROOT_ATTRS = {
+    1: frozenset({"schema_version", "class_map", "provenance", "n_arrays", INDEX_ATTR}),
+    2: frozenset({"schema_version", "class_map", "provenance", "n_arrays", INDEX_ATTR, META_ATTR}),
+}
+# Any one of these at the root makes a file a parity file (index-less version-1 files lack
+# some), so that a damaged name cannot turn a parity file into an unchecked plain one.
+_PARITY_ATTRS = frozenset().union(*_ROOT_ATTRS.values())
 
 # Fixed so the file format (and hence its bytes) does not move with the HDF5 release;
 # v110 also allows dense attribute storage, so a large provenance or class map still fits.
@@ -135,7 +181,20 @@ _NATIVE_DTYPES = frozenset(
 
 
 class GoldenStoreError(Exception):
-    """Base class of every refusal of the golden store."""
+    """Base class of every refusal of the golden store.
+
+    Its text is one printable line: names read from a damaged file may hold bytes that are
+    not UTF-8 (kept as lone surrogates) or control characters, which are escaped
+    (`\\udcff`, `\\n`), so the message prints to any UTF-8 stream.
+    """
+
+    def __str__(self) -> str:
+        return _printable(super().__str__())
+
+
+class GoldenBusyError(GoldenStoreError):
+    """The file's folder is mid-replace: a repin was interrupted between its first and last
+    rename (see `parity.staging`)."""
 
 
 class GoldenMissingError(GoldenStoreError, FileNotFoundError):
@@ -158,16 +217,29 @@ class GoldenCorruptError(GoldenStoreError):
     """An array's bytes do not match the checksum recorded when it was written."""
 
 
+class GoldenReadError(GoldenFormatError):
+    """HDF5 failed to read part of the file (a checksum of HDF5's own metadata failed, the
+    file ends early, a structure points nowhere): the file is damaged."""
+
+
 class GoldenKeyError(GoldenStoreError, KeyError):
     """A key is not in the golden file, or cannot be stored as one."""
 
     def __str__(self) -> str:
         # KeyError's str() repr-quotes its message; these messages are sentences.
-        return str(self.args[0]) if self.args else ""
+        return _printable(str(self.args[0])) if self.args else ""
 
 
 class UnsupportedDtypeError(GoldenStoreError, TypeError):
     """An array's dtype cannot be stored exactly (object, string, datetime, ...)."""
+
+
+def _printable(text: str) -> str:
+    """`text` with every character that is not printable (control characters, lone
+    surrogates from undecodable names) written as its Python escape: one line, valid UTF-8."""
+    if text.isprintable():
+        return text
+    return "".join(c if c.isprintable() else ascii(c)[1:-1] for c in text)
 
 
 # --------------------------------------------------------------------------- key mapping
@@ -338,42 +410,58 @@ def write_goldens(
     prov_json = json.dumps(dict(provenance or {}), sort_keys=True, allow_nan=False)
 
     dest_dir = dest.parent if str(dest.parent) else Path(".")
+    # Built in memory (HDF5's core driver, same bytes as a file on disk) and written with
+    # plain file I/O: a full disk or a file size limit then fails one `write` with a clean
+    # OSError, where HDF5 writing to disk itself leaves its library state broken and can
+    # crash the process at exit (found by tests/parity/test_repin.py's RLIMIT_FSIZE test).
+    with h5py.File(
+        f"parity-{dest.name}",
+        "w",
+        driver="core",
+        backing_store=False,
+        libver=_LIBVER,
+        track_order=False,
+        track_times=False,
+        locking=False,
+    ) as f:
+        f.attrs["schema_version"] = np.int64(SCHEMA_VERSION)
+        _set_text(f.attrs, "class_map", class_map_json)
+        _set_text(f.attrs, "provenance", prov_json)
+        f.attrs["n_arrays"] = np.int64(len(keys))
+        index: list[dict[str, Any]] = []
+        for key in keys:
+            # Converted one at a time so device arrays are fetched one at a time.
+            stored, dtype_name = _to_storage(key, arrays[key])
+            group = _require_group(f, groups[key])
+            dset = group.create_dataset(VALUE_NAME, data=stored, track_times=False)
+            entry = {
+                "class": str(classes.get(key, "")),
+                "dtype": dtype_name,
+                "key": key,
+                "order": order_index.get(key, -1),
+                "path": f"{groups[key]}/{VALUE_NAME}",
+                "sha256": _digest(stored),
+                "shape": list(stored.shape),
+            }
+            _set_text(dset.attrs, "class", entry["class"])
+            _set_text(dset.attrs, "dtype", dtype_name)
+            _set_text(dset.attrs, "sha256", entry["sha256"])
+            dset.attrs["order"] = np.int64(entry["order"])
+            index.append(entry)
+        # Written last because the digests are known only now; keys are sorted, so
+        # the text (and hence the file) is the same for the same inputs.
+        index_json = json.dumps(index, sort_keys=True, separators=(",", ":"))
+        _set_text(f.attrs, INDEX_ATTR, index_json)
+        meta = _meta_digest(SCHEMA_VERSION, class_map_json, prov_json, len(keys), index_json)
+        _set_text(f.attrs, META_ATTR, meta)
+        f.flush()
+        image = f.id.get_file_image()
     fd, tmp_name = tempfile.mkstemp(dir=dest_dir, prefix=f".{dest.name}.", suffix=".tmp")
-    os.close(fd)
     tmp = Path(tmp_name)
     try:
-        with h5py.File(
-            tmp, "w", libver=_LIBVER, track_order=False, track_times=False, locking=False
-        ) as f:
-            f.attrs["schema_version"] = np.int64(SCHEMA_VERSION)
-            f.attrs["class_map"] = class_map_json
-            f.attrs["provenance"] = prov_json
-            f.attrs["n_arrays"] = np.int64(len(keys))
-            index: list[dict[str, Any]] = []
-            for key in keys:
-                # Converted one at a time so device arrays are fetched one at a time.
-                stored, dtype_name = _to_storage(key, arrays[key])
-                group = _require_group(f, groups[key])
-                dset = group.create_dataset(VALUE_NAME, data=stored, track_times=False)
-                entry = {
-                    "class": str(classes.get(key, "")),
-                    "dtype": dtype_name,
-                    "key": key,
-                    "order": order_index.get(key, -1),
-                    "path": f"{groups[key]}/{VALUE_NAME}",
-                    "sha256": _digest(stored),
-                    "shape": list(stored.shape),
-                }
-                dset.attrs["class"] = entry["class"]
-                dset.attrs["dtype"] = dtype_name
-                dset.attrs["sha256"] = entry["sha256"]
-                dset.attrs["order"] = np.int64(entry["order"])
-                index.append(entry)
-            # Written last because the digests are known only now; keys are sorted, so
-            # the text (and hence the file) is the same for the same inputs.
-            f.attrs[INDEX_ATTR] = json.dumps(index, sort_keys=True, separators=(",", ":"))
-            f.flush()
-        with open(tmp, "rb+") as fh:
+        with os.fdopen(fd, "wb") as fh:
+            fh.write(image)
+            fh.flush()
             os.fsync(fh.fileno())
         os.chmod(tmp, _mode_for(dest))
         os.replace(tmp, dest)
@@ -383,6 +471,31 @@ def write_goldens(
         raise
     _fsync_dir(dest_dir)
     return dest
+
+
+def _meta_digest(
+    schema_version: int, class_map: str, provenance: str, n_arrays: int, index: str
+) -> str:
+    """sha256 of the root attributes other than itself, serialised canonically (a JSON list
+    of the values in this order, ASCII only, no spaces). The index repeats every per-array
+    attribute (class, dtype, order, sha256, shape, path), so this covers all metadata.
+    Raises UnicodeEncodeError for text that is not valid Unicode (lone surrogates)."""
+    blob = json.dumps(
+        [schema_version, class_map, provenance, n_arrays, index],
+        ensure_ascii=False,
+        separators=(",", ":"),
+    )
+    return hashlib.sha256(blob.encode("utf-8")).hexdigest()
+
+
+def _set_text(attrs: h5py.AttributeManager, name: str, text: str) -> None:
+    """Store `text` as a fixed-length UTF-8 string attribute (NUL-padded; an empty text
+    takes one byte). Not h5py's default variable-length string: those live in HDF5's global
+    heap, and a damaged global heap can make HDF5 loop forever on read (found by the
+    corruption fuzzer, `tests/parity/test_store_fuzz.py`); fixed-length text sits in the
+    attribute itself."""
+    raw = text.encode("utf-8")
+    attrs.create(name, np.bytes_(raw), dtype=h5py.string_dtype("utf-8", max(1, len(raw))))
 
 
 def _require_group(f: h5py.File, group_path: str) -> h5py.Group:
@@ -444,6 +557,15 @@ def _attr_str(value: Any) -> str:
     return value.decode("utf-8") if isinstance(value, bytes) else str(value)
 
 
+def _escape_undecodable(text: str) -> str:
+    """`text` from `_text` with each byte that was not UTF-8 written as `\\xNN`."""
+    return text.encode("utf-8", "surrogateescape").decode("utf-8", "backslashreplace")
+
+
+def _one_line(text: str) -> str:
+    return " ".join(text.split())
+
+
 def _text(name: bytes | str) -> str:
     """An HDF5 name as text; bytes that are not UTF-8 are escaped, so the text encodes
     back to the same name (`encode("utf-8", "surrogateescape")`)."""
@@ -493,51 +615,91 @@ class GoldenFile(_MappingABC[str, np.ndarray]):
 
     def __init__(self, path: str | os.PathLike[str]):
         self.path = Path(path)
+        journal = self.path.parent / JOURNAL_NAME
+        if journal.exists():
+            raise GoldenBusyError(
+                f"{self.path}: its folder is mid-replace ({journal} lists files a repin was "
+                "moving when it was interrupted); finish it with `python "
+                "tools/repin_goldens.py --recover` (or any repin of that folder) and retry"
+            )
         if not self.path.exists():
             raise GoldenMissingError(
                 f"golden file {self.path} does not exist; pin it first ({_REPIN_HINT})"
             )
         try:
             self._f = h5py.File(self.path, "r", locking=False)
-        except OSError as e:
+        except Exception as e:  # OSError mostly; whatever HDF5 or h5py raise, it is input
             raise GoldenFormatError(
-                f"{self.path} is not a readable HDF5 file (not HDF5, or truncated: {e}); "
-                f"restore it from version control or {_REPIN_HINT}"
+                f"{self.path} is not a readable HDF5 file (not HDF5, or truncated: "
+                f"{type(e).__name__}: {e}); restore it from version control or {_REPIN_HINT}"
             ) from None
         try:
-            self._load_header()
+            with self._reading("reading the file's root attributes"):
+                index_text = self._load_header()
             # key -> dataset path, as text (undecodable bytes escaped), and key -> the
             # dataset handle the scan opened, handed over to the first load of the key:
             # re-opening by path costs ~20 us a key (a lookup per path segment, then the
             # object header), and holding the handles adds little memory (measured: ~13 kB a
             # dataset after the first open, nearly all of it kept after closing too).
             self._dsids: dict[str, Any] = {}
-            self._paths: dict[str, str] = self._scan()
+            with self._reading("listing the file's groups and datasets"):
+                self._paths: dict[str, str] = self._scan()
             self._keys = sorted(self._paths)
-            self._index: dict[str, ArrayInfo] | None = self._read_index()
+            with self._reading(f"reading the {INDEX_ATTR} attribute"):
+                self._index: dict[str, ArrayInfo] | None = self._read_index(index_text)
             # What `info` read from the per-dataset attributes of a file without an index,
             # so a load after `info` does not read them again.
             self._attr_infos: dict[str, ArrayInfo] = {}
         except BaseException:
-            self._f.close()
+            with contextlib.suppress(Exception):
+                self._f.close()
             raise
+
+    @contextlib.contextmanager
+    def _reading(self, doing: str, key: str | None = None) -> Iterator[None]:
+        """Turn any failure of HDF5 or h5py while `doing` into a `GoldenReadError` naming the
+        file and `key`: a damaged file makes h5py raise OSError ("incorrect metadata
+        checksum", "truncated file", "bad object header"), KeyError, ValueError, TypeError,
+        UnicodeDecodeError, RuntimeError, or SystemError (from an exception inside a C-level
+        callback), and every one of them is an input error, not a bug of the caller."""
+        try:
+            yield
+        except GoldenStoreError:
+            raise
+        except Exception as e:  # see above: any exception type, and all of them mean damage
+            what = f"golden {key!r}: " if key is not None else ""
+            raise GoldenReadError(
+                f"{self.path}: {what}{doing} failed ({type(e).__name__}: {_one_line(str(e))}); "
+                f"the file is damaged. {_RESTORE_HINT}"
+            ) from None
 
     # -- opening
 
-    def _load_header(self) -> None:
+    def _load_header(self) -> str | None:
+        """Read and check the root attributes; **returns** the index text (None if absent).
+
+        In a version-2 file every root attribute must be present, of its type, and match
+        `meta_sha256`, so the class map, provenance and index are exactly as written."""
         attrs = self._f.attrs
-        self.is_parity_file: bool = "schema_version" in attrs
+        names = set(attrs.keys())
+        self.is_parity_file: bool = bool(names & _PARITY_ATTRS)
         self.schema_version: int | None = None
         self.class_map_json: str = ""
         self.provenance: dict[str, Any] = {}
         if not self.is_parity_file:
-            return
-        try:
-            version = int(attrs["schema_version"])  # pyright: ignore[reportArgumentType]
-        except (TypeError, ValueError):
+            return None
+        if "schema_version" not in names:
             raise GoldenFormatError(
-                f"{self.path}: schema_version is {attrs['schema_version']!r}, expected an int"
-            ) from None
+                f"{self.path} has parity's root attributes ({', '.join(sorted(names)[:6])}) "
+                f"but no schema_version: the file is damaged. {_RESTORE_HINT}"
+            )
+        version = attrs["schema_version"]
+        if type(version) is not np.int64:
+            raise GoldenFormatError(
+                f"{self.path}: schema_version is {_printable(repr(version))} of type "
+                f"{type(version).__name__}, expected an int64. {_RESTORE_HINT}"
+            )
+        version = int(version)
         if version > SCHEMA_VERSION:
             raise GoldenSchemaError(
                 f"{self.path} has schema_version {version}, but this parity reads up to "
@@ -545,15 +707,73 @@ class GoldenFile(_MappingABC[str, np.ndarray]):
             )
         if version < 1:
             raise GoldenFormatError(f"{self.path}: schema_version {version} is not valid (>= 1)")
+        allowed = _ROOT_ATTRS[version]
+        if not names <= allowed or (version >= 2 and names != allowed):
+            raise GoldenFormatError(
+                f"{self.path}: a schema {version} file has the root attributes "
+                f"{', '.join(sorted(allowed))}; this one lacks "
+                f"{sorted(allowed - names) if version >= 2 else []} and has unknown "
+                f"{sorted(names - allowed)}: the file is damaged or was edited. {_RESTORE_HINT}"
+            )
         self.schema_version = version
-        self.class_map_json = _attr_str(attrs.get("class_map", ""))
+        class_map = self._root_text("class_map", "")
+        prov_text = self._root_text("provenance", "{}")
+        index_text = self._root_text(INDEX_ATTR, None)
+        if version >= 2:
+            n_arrays = attrs["n_arrays"]
+            if type(n_arrays) is not np.int64:
+                raise GoldenFormatError(
+                    f"{self.path}: n_arrays is of type {type(n_arrays).__name__}, expected "
+                    f"an int64. {_RESTORE_HINT}"
+                )
+            recorded = self._root_text(META_ATTR, None)
+            assert index_text is not None and recorded is not None  # by the name check
+            found = _meta_digest(version, class_map, prov_text, int(n_arrays), index_text)
+            if found != recorded:
+                raise GoldenCorruptError(
+                    f"{self.path}: the metadata (class map, provenance, index of arrays) does "
+                    f"not match its checksum {META_ATTR} (expected {_printable(recorded)[:64]}, "
+                    f"found {found}): the file is damaged. {_RESTORE_HINT}"
+                )
+        self.class_map_json = class_map
         try:
-            prov = json.loads(_attr_str(attrs.get("provenance", "{}")) or "{}")
+            prov = json.loads(prov_text or "{}")
         except json.JSONDecodeError as e:
             raise GoldenFormatError(
                 f"{self.path}: the provenance attribute is not JSON ({e}); {_REPIN_HINT}"
             ) from None
         self.provenance = prov if isinstance(prov, dict) else {}
+        return index_text
+
+    @typing.overload
+    def _root_text(self, name: str, default: str) -> str: ...
+    @typing.overload
+    def _root_text(self, name: str, default: None) -> str | None: ...
+    def _root_text(self, name: str, default: str | None) -> str | None:
+        """The root attribute `name` as text, checked to be valid UTF-8 and of the kind of
+        string its schema writes; `default` if absent."""
+        value = self._f.attrs.get(name)
+        if value is None:
+            return default
+        # Version 2 writes fixed-length strings (h5py reads them as bytes), version 1
+        # variable-length ones (str).
+        want = bytes if self.schema_version and self.schema_version >= 2 else str
+        if isinstance(value, bytes) and want is str:
+            want = bytes  # version 1 was lenient about the kind of string
+        if not isinstance(value, want):
+            raise GoldenFormatError(
+                f"{self.path}: the root attribute {name} is of type {type(value).__name__}, "
+                f"expected {'fixed-length' if want is bytes else 'variable-length'} text. "
+                + _RESTORE_HINT
+            )
+        try:
+            text = value.decode("utf-8") if isinstance(value, bytes) else value
+            text.encode("utf-8")  # a str from h5py may hold undecodable bytes as surrogates
+        except UnicodeError:
+            raise GoldenFormatError(
+                f"{self.path}: the root attribute {name} is not valid UTF-8. {_RESTORE_HINT}"
+            ) from None
+        return text
 
     def _scan(self) -> dict[str, str]:
         """Check every link for outside references and map key -> dataset path.
@@ -626,9 +846,18 @@ class GoldenFile(_MappingABC[str, np.ndarray]):
         return paths
 
     def _key_for(self, name: str) -> str:
-        if not self.is_parity_file:
-            return name.replace("/", ".")
         group, _, leaf = name.rpartition("/")
+        if not self.is_parity_file:
+            if leaf == VALUE_NAME:
+                # Only parity names datasets so; its root attributes must have been damaged.
+                raise GoldenFormatError(
+                    f"{self.path}: dataset {name!r} is named as parity names arrays, but the "
+                    f"file has none of parity's root attributes: the file is damaged. "
+                    + _RESTORE_HINT
+                )
+            # A name that is not UTF-8 gets a printable key (its bytes escaped); the path
+            # keeps the raw name, so the dataset still opens.
+            return _printable(_escape_undecodable(name)).replace("/", ".")
         if leaf != VALUE_NAME or not group:
             raise GoldenFormatError(
                 f"{self.path}: dataset {name!r} is not where parity puts arrays "
@@ -636,14 +865,14 @@ class GoldenFile(_MappingABC[str, np.ndarray]):
             )
         return decode_path(group)
 
-    def _read_index(self) -> dict[str, ArrayInfo] | None:
-        """The root index as key -> ArrayInfo, checked against the datasets `_scan` found;
-        None for plain files and parity files written before the index existed."""
-        raw = self._f.attrs.get(INDEX_ATTR) if self.is_parity_file else None
-        if raw is None:
+    def _read_index(self, text: str | None) -> dict[str, ArrayInfo] | None:
+        """The root index (its JSON `text`) as key -> ArrayInfo, checked against the
+        datasets `_scan` found; None for plain files and parity files written before the
+        index existed."""
+        if text is None:
             return None
         try:
-            rows = json.loads(_attr_str(raw))
+            rows = json.loads(text)
         except json.JSONDecodeError as e:
             raise GoldenFormatError(
                 f"{self.path}: the {INDEX_ATTR} attribute is not JSON ({e}); {_REPIN_HINT}"
@@ -682,6 +911,12 @@ class GoldenFile(_MappingABC[str, np.ndarray]):
                 f"{self.path}: the {INDEX_ATTR} disagrees with the datasets in the file "
                 f"(not in the index: {unlisted[:5]}; in the index, no dataset: {absent[:5]}). "
                 + _RESTORE_HINT
+            )
+        n_arrays = self._f.attrs.get("n_arrays")
+        if n_arrays is not None and int(n_arrays) != len(index):  # pyright: ignore[reportArgumentType]
+            raise GoldenCorruptError(
+                f"{self.path}: n_arrays says {int(n_arrays)} arrays, the {INDEX_ATTR} lists "  # pyright: ignore[reportArgumentType]
+                f"{len(index)}. {_RESTORE_HINT}"
             )
         return index
 
@@ -765,15 +1000,22 @@ class GoldenFile(_MappingABC[str, np.ndarray]):
                 raise self._missing(key) from None
         info = self._attr_infos.get(key)
         if info is None:
-            info = self._attr_infos[key] = self._attr_info(key, self._open_dataset(key))
+            with self._reading("reading its attributes", key):
+                info = self._attr_infos[key] = self._attr_info(key, self._open_dataset(key))
         return info
 
     def __getitem__(self, key: str) -> np.ndarray:
         """Load `key`, verify its checksum, and return it with its logical dtype.
 
         Raises `GoldenCorruptError` if the bytes differ from those pinned, or the dataset
-        from what the file's index says of it.
+        from what the file's index says of it, and `GoldenReadError` if HDF5 cannot read it.
         """
+        if key not in self._paths:
+            raise self._missing(key)
+        with self._reading("reading its data", key):
+            return self._load(key)
+
+    def _load(self, key: str) -> np.ndarray:
         dsid = self._open_dataset(key)
         if self._index is not None:
             info = self._index[key]
@@ -841,7 +1083,8 @@ class GoldenFile(_MappingABC[str, np.ndarray]):
             self[key]
             if self._index is None:
                 continue
-            own = self._attr_info(key, self._open_dataset(key))
+            with self._reading("reading its attributes", key):
+                own = self._attr_info(key, self._open_dataset(key))
             listed = self._index[key]
             differ = [
                 f.name

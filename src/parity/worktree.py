@@ -3,7 +3,8 @@
 The user's working tree, index and branches are never touched: `git worktree add --detach`
 only writes the new folder and a bookkeeping entry under `.git/worktrees`, which is removed
 again (`git worktree remove --force`, then `git worktree prune`) on success, on failure and
-on Ctrl-C or SIGTERM.
+on Ctrl-C or SIGTERM. SIGKILL leaves both behind; the folder records its owner's pid, and
+`remove_stale_worktrees` (run by the next repin) removes worktrees whose owner is dead.
 """
 
 from __future__ import annotations
@@ -60,6 +61,53 @@ def resolve_sha(repo: Path | str, rev: str) -> str:
         ) from None
 
 
+#: Prefix of the temporary folders holding parity's worktrees.
+WORKTREE_PREFIX = "parity-worktree-"
+#: File in such a folder naming the process that owns it.
+OWNER_NAME = "parity-owner.pid"
+
+
+def owner_dead(owner_file: Path) -> bool:
+    """Whether the pid in `owner_file` names no running process. A missing or unreadable
+    file is not proof: the folder may belong to a running parity that writes none (an
+    older version), so it is left alone."""
+    try:
+        pid = int(owner_file.read_text().split()[0])
+    except (OSError, ValueError, IndexError):
+        return False
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return True
+    except PermissionError:
+        return False
+    return False
+
+
+def remove_stale_worktrees(repo: Path | str) -> list[str]:
+    """Remove parity's temporary worktrees whose owning process is dead (a repin killed
+    with SIGKILL runs no cleanup), then `git worktree prune` the ones whose folder is gone.
+
+    **Returns:** one line per worktree removed.
+    """
+    root = repo_root(repo)
+    done: list[str] = []
+    listing = _git(root, "worktree", "list", "--porcelain")
+    for line in listing.splitlines():
+        if not line.startswith("worktree "):
+            continue
+        path = Path(line[len("worktree ") :])
+        folder = path.parent
+        if not folder.name.startswith(WORKTREE_PREFIX) or not owner_dead(folder / OWNER_NAME):
+            continue
+        with contextlib.suppress(GitError):
+            _git(root, "worktree", "remove", "--force", str(path))
+        shutil.rmtree(folder, ignore_errors=True)
+        done.append(f"removed the worktree {path}, left by a killed repin")
+    _git(root, "worktree", "prune")
+    return done
+
+
 class _Interrupted(BaseException):
     """SIGTERM, turned into an exception so that cleanup runs."""
 
@@ -96,7 +144,9 @@ def temporary_worktree(repo: Path | str, sha: str, *, keep: bool = False) -> Ite
     """
     root = repo_root(repo)
     full = resolve_sha(root, sha)
-    tmp = Path(tempfile.mkdtemp(prefix="parity-worktree-"))
+    tmp = Path(tempfile.mkdtemp(prefix=WORKTREE_PREFIX))
+    # Who owns it, so that `remove_stale_worktrees` can tell a killed repin's from a live one.
+    (tmp / OWNER_NAME).write_text(f"{os.getpid()}\n")
     path = tmp / full[:12]
     added = False
     try:

@@ -253,7 +253,7 @@ def test_show_text_lists_provenance_map_and_every_array(golden: Path) -> None:
     proc = _parity("show", golden)
     assert proc.returncode == 0
     out = proc.stdout
-    assert "parity schema 1, 4 arrays" in out and "0.0.test" in out
+    assert "parity schema 2, 4 arrays" in out and "0.0.test" in out
     assert "taps.*  ->  fp32_reassoc" in out
     for key in _arrays():
         assert key in out

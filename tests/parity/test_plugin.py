@@ -172,6 +172,44 @@ def test_parity_check_passes_fails_names_keys_and_writes_the_report(
     assert checks["g"]["first_failure"] is None
 
 
+def test_a_damaged_golden_fails_the_test_with_one_line_not_an_internal_error(
+    inner: pytest.Pytester,
+) -> None:
+    import h5py
+
+    arrays = _arrays()
+    for group in ("data", "meta"):
+        _pin(inner.path, group, arrays, order=list(arrays))
+    path = inner.path / "goldens" / "data.h5"
+    with h5py.File(path, "r") as f:
+        offset = f["logits/%value"].id.get_offset()  # pyright: ignore[reportAttributeAccessIssue]
+    raw = bytearray(path.read_bytes())
+    raw[offset + 3] ^= 0x40
+    path.write_bytes(bytes(raw))
+    path = inner.path / "goldens" / "meta.h5"
+    raw = bytearray(path.read_bytes())
+    at = raw.index(b'"logits"')  # in the index text, a root attribute
+    raw[at + 2] ^= 0x01
+    path.write_bytes(bytes(raw))
+    inner.makepyfile(
+        test_damaged="""
+        from golden_arrays import arrays
+
+        def test_data(parity_check):
+            parity_check(arrays(), "data")
+
+        def test_meta(parity_check):
+            parity_check(arrays(), "meta")
+        """
+    )
+    result = _run(inner)
+    result.assert_outcomes(failed=2)
+    out = result.stdout.str()
+    assert "golden group 'data' is unusable" in out and "'logits' is corrupt" in out
+    assert "golden group 'meta' is unusable" in out and "damaged" in out
+    assert "INTERNALERROR" not in out and "Traceback" not in out
+
+
 # --------------------------------------------------------------------------- unchecked goldens
 
 

@@ -7,9 +7,11 @@ import os
 import signal
 import subprocess
 import sys
+import tempfile
 import textwrap
 import time
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 import pytest
@@ -102,6 +104,47 @@ def test_repin_pins_the_base_commit_values_not_the_head_or_dirty_tree(repo, tmp_
         assert g.provenance["base_sha"] == first
         assert "--xla_cpu_max_isa=AVX2" in g.provenance["xla_flags"]
     assert _snapshot(repo_dir, git) == before
+
+
+def test_provenance_describes_the_producer_process_not_the_callers_shell(
+    repo, tmp_path, monkeypatch
+):
+    """x64 mode, XLA flags and device count are collected where the arrays are made: the
+    caller's JAX_ENABLE_X64 and XLA_FLAGS never reach the producers, so they must not be
+    recorded; a producer that turns x64 on is recorded with it."""
+    repo_dir, first, _ = repo
+    producers = _producers(
+        tmp_path,
+        """
+        import jax
+        import numpy as np
+
+        def _plain():
+            return {"x64": np.bool_(jax.config.jax_enable_x64), "n": np.int64(jax.device_count())}
+
+        def _x64():
+            jax.config.update("jax_enable_x64", True)
+            return {"x64": np.bool_(jax.config.jax_enable_x64)}
+
+        GROUPS = {"a_plain": _plain, "b_x64": _x64}
+        CLASS_MAP = [("*", "bitwise")]
+        """,
+    )
+    monkeypatch.setenv("JAX_ENABLE_X64", "1")
+    monkeypatch.setenv(
+        "XLA_FLAGS", "--xla_bogus_shell_flag=1 --xla_force_host_platform_device_count=7"
+    )
+    out = tmp_path / "goldens"
+    repin(first, producers=producers, out_dir=out, repo=repo_dir, progress=lambda _: None)
+    with open_goldens(out / "a_plain.h5") as g:
+        made = {"x64": bool(g["x64"]), "n": int(g["n"])}
+        prov = g.provenance
+    assert made == {"x64": False, "n": 1}
+    assert prov["x64"] is False and prov["device_count"] == 1
+    assert "bogus" not in prov["xla_flags"] and "device_count=1" in prov["xla_flags"]
+    assert prov["isa_cap"] == "AVX2" and prov["base_sha"] == first and prov["producer_digest"]
+    with open_goldens(out / "b_x64.h5") as g:
+        assert bool(g["x64"]) is True and g.provenance["x64"] is True
 
 
 def test_repin_twice_gives_byte_identical_files_and_reports_changes(repo, tmp_path):
@@ -277,3 +320,226 @@ def test_project_modules_named_like_parity_modules_are_not_shadowed(tmp_path, gi
     repin("HEAD", producers=producers, out_dir=tmp_path / "g", repo=repo, progress=lambda _: None)
     with open_goldens(tmp_path / "g" / "g.h5") as g:
         assert float(g["x"]) == 14.0
+
+
+# --------------------------------------------------------------------------- crash safety
+
+TWO_GROUPS = """
+    import numpy as np
+    import tinylib
+
+    GROUPS = {
+        "g1": lambda: {"x": np.full(3, tinylib.VALUE, np.float32)},
+        "g2": lambda: {"y": np.arange(4) * tinylib.VALUE},
+    }
+    CLASS_MAP = [("*", "bitwise")]
+"""
+
+
+def _repin_in_child(
+    base: str, producers: Path, out: Path, repo_dir: Path, tmpdir: Path, prelude: str = ""
+) -> subprocess.CompletedProcess[str]:
+    """Run a repin in a fresh process (TMPDIR=`tmpdir`), after `prelude` (which may patch
+    parity to misbehave); exit 1 with the message on RepinError."""
+    code = textwrap.dedent(prelude) + textwrap.dedent(
+        f"""
+        import sys
+        from parity.repin import RepinError, repin
+        try:
+            repin({base!r}, producers={str(producers)!r}, out_dir={str(out)!r},
+                  repo={str(repo_dir)!r}, progress=lambda line: print(line, flush=True))
+        except RepinError as e:
+            print(f"repin failed: {{e}}", flush=True)
+            sys.exit(1)
+        """
+    )
+    return subprocess.run(
+        [sys.executable, "-c", code],
+        env={**os.environ, "TMPDIR": str(tmpdir)},
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
+
+
+def _kill_at(step: str) -> str:
+    return f"""
+        import os, signal
+        import parity.staging as staging
+
+        def _checkpoint(step):
+            if step == {step!r}:
+                os.kill(os.getpid(), signal.SIGKILL)
+
+        staging._checkpoint = _checkpoint
+    """
+
+
+def _bytes(out: Path) -> dict[str, bytes]:
+    return {p.name: p.read_bytes() for p in sorted(out.iterdir())}
+
+
+@pytest.fixture
+def pinned(repo, tmp_path) -> dict[str, Any]:
+    """Goldens of two groups pinned at the first commit, and those the second commit gives
+    (pinned into another folder: repins are byte-reproducible)."""
+    repo_dir, first, second = repo
+    producers = _producers(tmp_path, TWO_GROUPS)
+    out, ref = tmp_path / "goldens", tmp_path / "reference"
+    quiet = {"producers": producers, "repo": repo_dir, "progress": lambda _: None}
+    repin(first, out_dir=out, **quiet)
+    repin(second, out_dir=ref, **quiet)
+    tmpdir = tmp_path / "tmp"
+    tmpdir.mkdir()
+    return {
+        "repo": repo_dir,
+        "first": first,
+        "second": second,
+        "producers": producers,
+        "out": out,
+        "old": _bytes(out),
+        "new": _bytes(ref),
+        "tmpdir": tmpdir,
+    }
+
+
+@pytest.mark.parametrize(
+    ("step", "committed"),
+    [
+        ("producing", False),
+        ("staged", False),
+        ("journal", True),
+        ("replaced-1", True),
+        ("done", True),
+    ],
+)
+def test_sigkill_at_any_step_leaves_old_or_complete_new_goldens(
+    pinned, git, monkeypatch, step, committed
+):
+    from parity.repin import recover_folder
+    from parity.store import GoldenBusyError
+
+    p = pinned
+    assert p["old"] != p["new"]
+    marker = p["tmpdir"].parent / "producing"
+    prelude = _kill_at(step)
+    if step == "producing":  # killed while the producer process runs
+        prelude = f"""
+            import os, pathlib, signal, threading, time
+            def _watch():
+                while not pathlib.Path({str(marker)!r}).exists():
+                    time.sleep(0.05)
+                os.kill(os.getpid(), signal.SIGKILL)
+            threading.Thread(target=_watch, daemon=True).start()
+        """
+        p["producers"].write_text(
+            p["producers"]
+            .read_text()
+            .replace(
+                '"g2": lambda:',
+                f'"g2": lambda: (open({str(marker)!r}, "w").close(), __import__("time").sleep(60))'
+                " and {} or",
+            )
+        )
+    proc = _repin_in_child(p["second"], p["producers"], p["out"], p["repo"], p["tmpdir"], prelude)
+    assert proc.returncode == -signal.SIGKILL, proc.stdout + proc.stderr
+    on_disk = {k: v for k, v in _bytes(p["out"]).items() if not k.startswith(".")}
+    pending = (p["out"] / ".parity-repin.journal").exists()
+    assert pending == (committed and step != "done")
+    if pending:  # mid-replace: reading is refused, whatever mix is on disk
+        with pytest.raises(GoldenBusyError, match="mid-replace"):
+            open_goldens(p["out"] / "g1.h5")
+    else:
+        assert on_disk == (p["new"] if committed else p["old"])
+    if step == "producing":  # the producer process died with its parent
+        time.sleep(0.5)
+        assert git(p["repo"], "worktree", "list").count("\n") == 1  # ours and the leftover
+    # The next repin (here its first step alone) finishes or discards, and cleans up.
+    monkeypatch.setattr(tempfile, "tempdir", str(p["tmpdir"]))
+    recover_folder(p["out"], repo=p["repo"])
+    assert _bytes(p["out"]) == (p["new"] if committed else p["old"])
+    assert git(p["repo"], "worktree", "list", "--porcelain").count("worktree ") == 1
+    assert list(p["tmpdir"].iterdir()) == []
+    with open_goldens(p["out"] / "g1.h5") as g:
+        assert g.verify() == 1
+
+
+def test_a_second_repin_refuses_while_the_first_holds_the_lock(pinned):
+    p = pinned
+    holder = subprocess.Popen(
+        [
+            sys.executable,
+            "-c",
+            "import sys, time\nfrom pathlib import Path\nfrom parity.staging import folder_lock\n"
+            f"with folder_lock(Path({str(p['out'])!r})):\n"
+            "    print('locked', flush=True)\n    time.sleep(60)\n",
+        ],
+        stdout=subprocess.PIPE,
+        text=True,
+    )
+    try:
+        assert holder.stdout is not None and holder.stdout.readline() == "locked\n"
+        with pytest.raises(RepinError, match=rf"another repin \(pid {holder.pid}\) holds the lock"):
+            repin(
+                p["second"],
+                producers=p["producers"],
+                out_dir=p["out"],
+                repo=p["repo"],
+                progress=lambda _: None,
+            )
+    finally:
+        holder.kill()
+        holder.wait()
+    left = _bytes(p["out"])
+    assert left.pop(".parity-repin.lock") == f"{holder.pid}\n".encode()  # killed: not removed
+    assert left == p["old"]
+    # The kernel released the dead holder's lock: the next repin runs (and removes the file).
+    repin(p["second"], producers=p["producers"], out_dir=p["out"], repo=p["repo"])
+    assert _bytes(p["out"]) == p["new"]
+
+
+def test_a_full_disk_is_a_clear_error_and_leaves_the_old_goldens(pinned):
+    p = pinned
+    # RLIMIT_FSIZE, set only once the producers ran, fails the writes of the new goldens
+    # (Python ignores SIGXFSZ, so the write returns EFBIG) as a full disk would.
+    prelude = """
+        import resource
+        import parity.repin as r
+
+        real = r.write_goldens
+
+        def write_goldens(*args, **kwargs):
+            resource.setrlimit(resource.RLIMIT_FSIZE, (1024, 1024))
+            return real(*args, **kwargs)
+
+        r.write_goldens = write_goldens
+    """
+    proc = _repin_in_child(p["second"], p["producers"], p["out"], p["repo"], p["tmpdir"], prelude)
+    assert proc.returncode == 1, proc.stdout + proc.stderr
+    assert "Traceback" not in proc.stdout + proc.stderr
+    last = proc.stdout.strip().splitlines()[-1]
+    assert last.startswith("repin failed: cannot write the new golden g1.h5 in ")
+    assert "old goldens are untouched" in last
+    assert _bytes(p["out"]) == p["old"]
+    assert list(p["tmpdir"].iterdir()) == []
+
+
+def test_a_read_only_or_unusable_golden_folder_is_a_clear_error(pinned, tmp_path):
+    p = pinned
+    quiet = {"producers": p["producers"], "repo": p["repo"], "progress": lambda _: None}
+    not_a_folder = tmp_path / "file"
+    not_a_folder.write_text("x")
+    with pytest.raises(RepinError, match=r"cannot use .*file as the golden folder"):
+        repin(p["second"], out_dir=not_a_folder, **quiet)
+    # We run as root, for whom chmod cannot make a folder read-only; the immutable flag
+    # can (creating files in it fails with EPERM, as on a read-only mount).
+    if subprocess.run(["chattr", "+i", str(p["out"])], capture_output=True).returncode != 0:
+        pytest.skip("chattr +i is not available here to make the folder read-only")
+    try:
+        with pytest.raises(
+            RepinError, match=r"must be a writable folder\. Old goldens are untouched"
+        ):
+            repin(p["second"], out_dir=p["out"], **quiet)
+    finally:
+        subprocess.run(["chattr", "-i", str(p["out"])], check=True)
+    assert _bytes(p["out"]) == p["old"]

@@ -184,11 +184,12 @@ def test_root_and_dataset_attributes_follow_the_schema(tmp_path):
         f: Any = h5  # h5py's stubs type every item as Dataset | Group | Datatype
         assert int(f.attrs["schema_version"]) == SCHEMA_VERSION
         assert int(f.attrs["n_arrays"]) == 3
-        assert f.attrs["provenance"] == json.dumps(prov, sort_keys=True)
+        # Text is stored as fixed-length UTF-8 strings, which h5py reads as bytes.
+        assert f.attrs["provenance"] == json.dumps(prov, sort_keys=True).encode()
         b = f["b/%value"]
-        assert b.dtype == np.uint16 and b.attrs["dtype"] == "bfloat16"
-        assert b.attrs["class"] == "" and int(b.attrs["order"]) == -1
-        assert f["a/%value"].attrs["class"] == "fp32_reassoc"
+        assert b.dtype == np.uint16 and b.attrs["dtype"] == b"bfloat16"
+        assert b.attrs["class"] == b"" and int(b.attrs["order"]) == -1
+        assert f["a/%value"].attrs["class"] == b"fp32_reassoc"
         assert f["a/%value"].chunks is None and f["a/%value"].compression is None
     with open_goldens(path) as g:
         assert g.schema_version == SCHEMA_VERSION
@@ -353,7 +354,7 @@ def test_a_flipped_byte_in_the_data_is_reported_as_corrupt(tmp_path):
     path = write_goldens(tmp_path / "g.h5", {"good": np.ones(4), "taps.x": want})
     with h5py.File(path, "r") as f:
         offset = f["taps/x/%value"].id.get_offset()
-        digest = str(f["taps/x/%value"].attrs["sha256"])
+        digest = f["taps/x/%value"].attrs["sha256"].decode()  # pyright: ignore[reportAttributeAccessIssue]
     assert offset is not None
     with open(path, "r+b") as fh:
         fh.seek(offset + 17)
@@ -477,9 +478,39 @@ def _index(path: Path) -> list[dict[str, Any]]:
         return json.loads(f.attrs[store.INDEX_ATTR])
 
 
-def _rewrite_index(path: Path, rows: Any) -> None:
+def _reseal(f: h5py.File) -> None:
+    """Recompute the metadata checksum after an edit, as a deliberate forger would, so a
+    test reaches the checks behind it."""
+    a: Any = f.attrs
+    meta = store._meta_digest(  # pyright: ignore[reportPrivateUsage]
+        int(a["schema_version"]),
+        a["class_map"].decode(),
+        a["provenance"].decode(),
+        int(a["n_arrays"]),
+        a["index"].decode(),
+    )
+    _set_text(f, store.META_ATTR, meta)
+
+
+def _set_text(f: h5py.File, name: str, text: str) -> None:
+    store._set_text(f.attrs, name, text)  # pyright: ignore[reportPrivateUsage]
+
+
+def _rewrite_index(path: Path, rows: Any, *, reseal: bool = True) -> None:
     with h5py.File(path, "r+") as f:
-        f.attrs[store.INDEX_ATTR] = rows if isinstance(rows, str) else json.dumps(rows)
+        _set_text(f, store.INDEX_ATTR, rows if isinstance(rows, str) else json.dumps(rows))
+        if reseal:
+            _reseal(f)
+
+
+def _as_schema_1(f: h5py.File, *, keep_index: bool = True) -> None:
+    """Turn a file into what parity wrote before the metadata checksum (and the index)."""
+    f.attrs["schema_version"] = np.int64(1)
+    del f.attrs[store.META_ATTR]
+    for name in ("class_map", "provenance", store.INDEX_ATTR):  # variable-length, as then
+        f.attrs[name] = f.attrs[name].decode()  # pyright: ignore[reportAttributeAccessIssue]
+    if not keep_index:
+        del f.attrs[store.INDEX_ATTR]
 
 
 def _indexed_file(tmp_path: Path) -> Path:
@@ -502,8 +533,9 @@ def test_the_index_repeats_every_dataset_attribute_in_key_order(tmp_path):
             dset: Any = f[row["path"]]
             assert row["path"] == store.encode_key(row["key"]) + "/" + store.VALUE_NAME
             assert row["shape"] == list(dset.shape)
-            for name in ("class", "dtype", "sha256", "order"):
-                assert row[name] == dset.attrs[name], name
+            for name in ("class", "dtype", "sha256"):
+                assert row[name] == dset.attrs[name].decode(), name
+            assert row["order"] == dset.attrs["order"]
     with open_goldens(path) as g:
         assert g.info("taps.b") == ArrayInfo(
             "taps.b", (2, 3), np.dtype("float32"), "fp32_reassoc", rows[2]["sha256"], 0
@@ -609,8 +641,9 @@ def test_a_file_without_an_index_is_read_through_the_dataset_attributes(tmp_path
     with open_goldens(path) as g:
         want = {k: (g.info(k), g[k]) for k in g}
     with h5py.File(path, "r+") as f:
-        del f.attrs[store.INDEX_ATTR]
+        _as_schema_1(f, keep_index=False)
     with open_goldens(path) as g:
+        assert g.schema_version == 1
         for key, (info, array) in want.items():
             assert g.info(key) == info
             _assert_exact(g[key], array)
@@ -668,3 +701,96 @@ def test_ordered_keys_follow_the_pinned_order_and_leave_out_unordered_keys(tmp_p
     path = _write(tmp_path / "g.h5", arrays, order=["c", "a", "b"])
     with _open(path) as g:
         assert g.ordered_keys() == ["c", "a", "b"]
+
+
+# --------------------------------------------------------------------------- metadata checksum
+
+
+@pytest.mark.parametrize(
+    ("attr", "value"),
+    [
+        ("provenance", json.dumps({"numpy": "2.0.0", "x64": True})),
+        ("class_map", '{"rules": [["*", "close"]]}'),
+        ("index", "SWAP_CLASS"),
+        ("n_arrays", np.int64(2)),
+    ],
+)
+def test_any_edited_root_attribute_breaks_the_metadata_checksum(tmp_path, attr, value):
+    path = _indexed_file(tmp_path)
+    with h5py.File(path, "r+") as f:
+        if value == "SWAP_CLASS":
+            rows = json.loads(f.attrs["index"])  # pyright: ignore[reportArgumentType]
+            rows[0]["class"] = "bitwise"
+            value = json.dumps(rows, sort_keys=True, separators=(",", ":"))
+        if isinstance(value, str):
+            _set_text(f, attr, value)
+        else:
+            f.attrs[attr] = value
+    with pytest.raises(GoldenCorruptError, match="does not match its checksum meta_sha256"):
+        open_goldens(path)
+
+
+@pytest.mark.parametrize("edit", ["drop-meta", "extra-attr", "int-as-float", "renamed-version"])
+def test_a_root_attribute_missing_added_or_retyped_is_refused(tmp_path, edit):
+    path = _indexed_file(tmp_path)
+    with h5py.File(path, "r+") as f:
+        if edit == "drop-meta":
+            del f.attrs[store.META_ATTR]
+        elif edit == "extra-attr":
+            f.attrs["note"] = "hi"
+        elif edit == "int-as-float":
+            f.attrs["schema_version"] = np.float64(2)
+        else:  # a flipped byte in a name must not make the file a plain, unchecked one
+            f.attrs["schema_versiom"] = f.attrs["schema_version"]
+            del f.attrs["schema_version"]
+    with pytest.raises(GoldenFormatError):
+        open_goldens(path)
+
+
+def test_schema_1_files_are_read_but_a_checksum_in_one_is_refused(tmp_path):
+    path = _indexed_file(tmp_path)
+    with open_goldens(path) as g:
+        want = g.load_all()
+    with h5py.File(path, "r+") as f:
+        _as_schema_1(f)
+    with open_goldens(path) as g:
+        assert g.schema_version == 1
+        assert g.verify() == 3
+        for key, array in g.load_all().items():
+            _assert_exact(array, want[key])
+    with h5py.File(path, "r+") as f:  # a version of 2 damaged into 1 keeps its checksum
+        f.attrs[store.META_ATTR] = "0" * 64
+    with pytest.raises(GoldenFormatError, match=r"unknown.*meta_sha256"):
+        open_goldens(path)
+
+
+def test_a_plain_file_with_parity_dataset_names_is_refused(tmp_path):
+    path = _indexed_file(tmp_path)
+    with h5py.File(path, "r+") as f:
+        for name in list(f.attrs):
+            del f.attrs[name]
+    with pytest.raises(GoldenFormatError, match="parity names arrays"):
+        open_goldens(path)
+
+
+def test_names_that_are_not_utf8_are_printed_escaped(tmp_path):
+    path = tmp_path / "plain.h5"
+    with h5py.File(path, "w") as f:
+        f.create_dataset(b"ok\xffname", data=np.arange(2))
+    with open_goldens(path) as g:
+        assert g.keys() == ["ok\\xffname"]
+        _assert_exact(g["ok\\xffname"], np.arange(2))
+        err = g._missing("x\udcff\n")  # pyright: ignore[reportPrivateUsage]
+        assert str(err).encode("utf-8") and "\n" not in str(err)
+
+
+def test_every_hdf5_failure_while_reading_is_a_golden_read_error(tmp_path, monkeypatch):
+    path = _indexed_file(tmp_path)
+    with open_goldens(path) as g:
+
+        def boom(*args: Any, **kwargs: Any) -> None:
+            raise OSError("Can't synchronously read data (incorrect metadata checksum)")
+
+        monkeypatch.setattr(g, "_read_indexed", boom)
+        with pytest.raises(store.GoldenReadError, match=r"g\.h5: golden 'taps\.b': reading"):
+            g["taps.b"]
