@@ -1,8 +1,10 @@
 """Shared fixtures. Nothing here may import jax at module level: the parity plugin must set
 the simulated device count before jax starts."""
 
+import hashlib
 import os
 import subprocess
+import sys
 from collections.abc import Callable
 from pathlib import Path
 
@@ -26,3 +28,45 @@ def _git(repo: Path, *args: str) -> str:
 def git() -> Callable[..., str]:
     """`git(repo, *args) -> stdout`, with a fixed identity, for throwaway repositories."""
     return _git
+
+
+def _run_parity(repo: Path, *args: str) -> subprocess.CompletedProcess[str]:
+    # A private TMPDIR: what the commands leave behind is visible, and nobody else's
+    # cleanup of a shared /tmp can pull a worktree away mid-run.
+    tmp = repo.parent / "tmp"
+    tmp.mkdir(exist_ok=True)
+    return subprocess.run(
+        [sys.executable, "-m", "parity", *args],
+        cwd=repo,
+        capture_output=True,
+        text=True,
+        env={**os.environ, "PYTHONWARNINGS": "ignore", "TMPDIR": str(tmp)},
+        timeout=300,
+    )
+
+
+@pytest.fixture(scope="session")
+def run_parity() -> Callable[..., subprocess.CompletedProcess[str]]:
+    """`run_parity(repo, *args)`: `python -m parity ARGS` in `repo`, TMPDIR beside it."""
+    return _run_parity
+
+
+def _checkout_snapshot(repo: Path) -> dict[str, str]:
+    out = {}
+    for p in sorted(repo.rglob("*")):
+        rel = p.relative_to(repo).as_posix()
+        if p.is_file() and not rel.startswith(".git/logs"):
+            out[rel] = hashlib.sha256(p.read_bytes()).hexdigest()
+    out["<head>"] = _git(repo, "rev-parse", "HEAD")
+    out["<status>"] = _git(repo, "--no-optional-locks", "status", "--porcelain")
+    out["<branches>"] = _git(repo, "branch", "-a", "-v")
+    out["<worktrees>"] = _git(repo, "worktree", "list", "--porcelain")
+    return out
+
+
+@pytest.fixture(scope="session")
+def checkout_snapshot() -> Callable[[Path], dict[str, str]]:
+    """`checkout_snapshot(repo)`: every file of the checkout (working tree and .git, minus
+    reflogs) by hash, plus HEAD, status, branches and worktrees: a tool that must not touch
+    the user's checkout leaves it equal."""
+    return _checkout_snapshot

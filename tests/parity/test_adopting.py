@@ -6,7 +6,6 @@ checkout. Every command is the real CLI in a subprocess, run from the project's 
 
 from __future__ import annotations
 
-import hashlib
 import json
 import os
 import subprocess
@@ -113,36 +112,10 @@ def _write(root: Path, files: dict[str, str]) -> None:
         path.write_text(textwrap.dedent(text))
 
 
-def _parity(repo: Path, *args: str) -> subprocess.CompletedProcess[str]:
-    # A private TMPDIR: what the commands leave behind is visible, and nobody else's
-    # cleanup of a shared /tmp can pull a worktree away mid-run.
-    tmp = repo.parent / "tmp"
-    tmp.mkdir(exist_ok=True)
-    return subprocess.run(
-        [sys.executable, "-m", "parity", *args],
-        cwd=repo,
-        capture_output=True,
-        text=True,
-        env={**os.environ, "PYTHONWARNINGS": "ignore", "TMPDIR": str(tmp)},
-        timeout=300,
-    )
-
-
-def _snapshot(repo: Path, git) -> dict[str, str]:
-    out = {}
-    for p in sorted(repo.rglob("*")):
-        rel = p.relative_to(repo).as_posix()
-        if p.is_file() and not rel.startswith(".git/logs"):
-            out[rel] = hashlib.sha256(p.read_bytes()).hexdigest()
-    out["<head>"] = git(repo, "rev-parse", "HEAD")
-    out["<status>"] = git(repo, "--no-optional-locks", "status", "--porcelain")
-    out["<branches>"] = git(repo, "branch", "-a", "-v")
-    out["<worktrees>"] = git(repo, "worktree", "list", "--porcelain")
-    return out
-
-
 @pytest.mark.slow
-def test_a_project_that_is_not_this_one_pins_checks_and_bisects(tmp_path: Path, git) -> None:
+def test_a_project_that_is_not_this_one_pins_checks_and_bisects(
+    tmp_path: Path, git, run_parity, checkout_snapshot
+) -> None:
     repo = tmp_path / "tinymlp"
     repo.mkdir()
     git(repo, "init", "-q", "-b", "main")
@@ -159,7 +132,7 @@ def test_a_project_that_is_not_this_one_pins_checks_and_bisects(tmp_path: Path, 
     git(repo, "commit", "-qm", "tinymlp: a 3-layer MLP, Python loop over layers")
     first = git(repo, "rev-parse", "HEAD")
 
-    pinned = _parity(repo, "repin", "--base", "HEAD")
+    pinned = run_parity(repo, "repin", "--base", "HEAD")
     assert pinned.returncode == 0, pinned.stdout + pinned.stderr
     assert f"pinned at {first}" in pinned.stdout
     assert "forward: new file, 4 arrays" in pinned.stdout
@@ -169,7 +142,7 @@ def test_a_project_that_is_not_this_one_pins_checks_and_bisects(tmp_path: Path, 
 
     _write(repo, {"src/tinymlp/__init__.py": SCAN})
     git(repo, "commit", "-qam", "forward: lax.scan over layers")
-    green = _parity(repo, "check")
+    green = run_parity(repo, "check")
     assert green.returncode == 0, green.stdout + green.stderr
     assert "parity: PASS (0 of 4 arrays fail)" in green.stdout
 
@@ -192,20 +165,20 @@ def test_a_project_that_is_not_this_one_pins_checks_and_bisects(tmp_path: Path, 
     git(repo, "add", "README.md")
     git(repo, "commit", "-qm", "README")
 
-    red = _parity(repo, "check")
+    red = run_parity(repo, "check")
     assert red.returncode == 1, red.stdout + red.stderr
     assert "first breaking its class: acts.1 [fp32_reassoc, fail]" in red.stdout
     assert "forward/acts.0 " not in red.stdout.split("failures (")[1]
 
-    before = _snapshot(repo, git)
-    found = _parity(repo, "bisect", first, "HEAD", "--json", str(tmp_path / "bisect.json"))
+    before = checkout_snapshot(repo)
+    found = run_parity(repo, "bisect", first, "HEAD", "--json", str(tmp_path / "bisect.json"))
     assert found.returncode == 0, found.stdout + found.stderr
     assert f"first bad commit: {broken}\n" in found.stdout
     assert "group forward, key acts.1, class fp32_reassoc" in found.stdout
     doc = json.loads((tmp_path / "bisect.json").read_text())
     assert (doc["status"], doc["first_bad_commit"], doc["key"]) == ("found", broken, "acts.1")
     assert [s["outcome"] for s in doc["steps"][:2]] == ["good", "bad"]  # GOOD, BAD confirmed
-    assert _snapshot(repo, git) == before
+    assert checkout_snapshot(repo) == before
     assert git(repo, "worktree", "list", "--porcelain").count("worktree ") == 1
     assert not (repo / ".git" / "BISECT_LOG").exists()
     assert list((tmp_path / "tmp").iterdir()) == []  # no temporary goldens or worktrees left

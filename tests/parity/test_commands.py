@@ -4,9 +4,7 @@ outputs and exit codes (tests/parity/test_adopting.py runs a JAX model end to en
 from __future__ import annotations
 
 import json
-import os
 import subprocess
-import sys
 from pathlib import Path
 
 import pytest
@@ -17,19 +15,6 @@ import tinylib
 
 GROUPS = {"g": lambda: {"layers": [np.full(3, tinylib.VALUE * i, np.float32) for i in range(3)]}}
 """
-
-
-def _parity(repo: Path, *args: str) -> subprocess.CompletedProcess[str]:
-    tmp = repo.parent / "tmp"
-    tmp.mkdir(exist_ok=True)
-    return subprocess.run(
-        [sys.executable, "-m", "parity", *args],
-        cwd=repo,
-        capture_output=True,
-        text=True,
-        env={**os.environ, "PYTHONWARNINGS": "ignore", "TMPDIR": str(tmp)},
-        timeout=300,
-    )
 
 
 def _one_line_error(proc: subprocess.CompletedProcess[str], needle: str) -> None:
@@ -52,16 +37,16 @@ def project(tmp_path: Path, git) -> Path:
     return repo
 
 
-def test_check_without_goldens_says_how_to_pin(project: Path) -> None:
-    _one_line_error(_parity(project, "check"), "parity repin --base")
+def test_check_without_goldens_says_how_to_pin(project: Path, run_parity) -> None:
+    _one_line_error(run_parity(project, "check"), "parity repin --base")
 
 
-def test_repin_check_json_report_and_save_actual(project: Path, tmp_path: Path) -> None:
-    pinned = _parity(project, "repin", "--base", "HEAD")
+def test_repin_check_json_report_and_save_actual(project: Path, tmp_path: Path, run_parity) -> None:
+    pinned = run_parity(project, "repin", "--base", "HEAD")
     assert pinned.returncode == 0, pinned.stderr
     assert "g: new file, 3 arrays" in pinned.stdout
 
-    ok = _parity(project, "check", "--json", str(tmp_path / "c.json"), "--report", "rep")
+    ok = run_parity(project, "check", "--json", str(tmp_path / "c.json"), "--report", "rep")
     assert ok.returncode == 0, ok.stdout + ok.stderr
     doc = json.loads((tmp_path / "c.json").read_text())
     assert doc["checks"][0]["passed"] is True
@@ -69,17 +54,17 @@ def test_repin_check_json_report_and_save_actual(project: Path, tmp_path: Path) 
 
     # Uncommitted work is what `check` runs: the current tree.
     (project / "src" / "tinylib" / "__init__.py").write_text("VALUE = 1.5\n")
-    bad = _parity(project, "check", "--save-actual", "saved")
+    bad = run_parity(project, "check", "--save-actual", "saved")
     assert bad.returncode == 1, bad.stdout + bad.stderr
     assert "first breaking its class: layers.1 [bitwise, fail]" in bad.stdout
     assert (project / "saved" / "g.h5").is_file()
     assert "python -m parity diff" in bad.stdout
 
     # Flags override [tool.parity]; a producer that cannot run is an input error.
-    _one_line_error(_parity(project, "check", "--groups", "nope"), "unknown group")
-    broken = _parity(project, "check", "--src", "nowhere")
+    _one_line_error(run_parity(project, "check", "--groups", "nope"), "unknown group")
+    broken = run_parity(project, "check", "--src", "nowhere")
     _one_line_error(broken, "producers cannot run")
 
 
-def test_repin_of_a_revision_that_is_not_a_commit_is_one_line(project: Path) -> None:
-    _one_line_error(_parity(project, "repin", "--base", "no-such-rev"), "not a commit")
+def test_repin_of_a_revision_that_is_not_a_commit_is_one_line(project: Path, run_parity) -> None:
+    _one_line_error(run_parity(project, "repin", "--base", "no-such-rev"), "not a commit")

@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import hashlib
 import os
 import signal
 import subprocess
@@ -72,23 +71,12 @@ PLAIN = """
 """
 
 
-def _snapshot(repo: Path, git) -> dict[str, str]:
-    """Every file of the checkout (working tree and .git minus worktree bookkeeping) by hash."""
-    out = {}
-    for p in sorted(repo.rglob("*")):
-        rel = p.relative_to(repo).as_posix()
-        if p.is_file() and not rel.startswith(".git/logs"):
-            out[rel] = hashlib.sha256(p.read_bytes()).hexdigest()
-    out["<status>"] = git(repo, "--no-optional-locks", "status", "--porcelain")
-    out["<branches>"] = git(repo, "branch", "-a", "-v")
-    out["<worktrees>"] = git(repo, "worktree", "list", "--porcelain")
-    return out
-
-
-def test_repin_pins_the_base_commit_values_not_the_head_or_dirty_tree(repo, tmp_path, git):
+def test_repin_pins_the_base_commit_values_not_the_head_or_dirty_tree(
+    repo, tmp_path, checkout_snapshot
+):
     repo_dir, first, _ = repo
     producers = _producers(tmp_path, PLAIN)
-    before = _snapshot(repo_dir, git)
+    before = checkout_snapshot(repo_dir)
     result = repin(
         first,
         producers=producers,
@@ -103,7 +91,7 @@ def test_repin_pins_the_base_commit_values_not_the_head_or_dirty_tree(repo, tmp_
         assert g["s"].shape == ()  # 0-d stays 0-d through the subprocess hand-off
         assert g.provenance["base_sha"] == first
         assert "--xla_cpu_max_isa=AVX2" in g.provenance["xla_flags"]
-    assert _snapshot(repo_dir, git) == before
+    assert checkout_snapshot(repo_dir) == before
 
 
 def test_provenance_describes_the_producer_process_not_the_callers_shell(

@@ -4,7 +4,7 @@ Each layer's weights are sliced out of the stacks and the block is traced once p
 the HLO grows with depth. Taps are collected as the loop goes and the loop stops after the
 last tapped layer. Same signatures as the methods of `GLUTransformer`, so a test can swap one
 for the other. Self-contained: the block, the RoPE frequency choice and the final norm and
-head are this module's own copies of the equations in DESIGN.md; only the layer primitives
+head are this module's own copies of the equations in docs/design.md; only the layer primitives
 of `decomp.nn` and the tap-key parser are shared (see `decomp.legacy`).
 """
 
