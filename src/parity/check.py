@@ -178,17 +178,6 @@ def class_resolver(
     return resolve
 
 
-def _check_names(
-    resolve: Callable[[str], str], keys: Sequence[str], registry: Mapping[str, ToleranceClass]
-) -> None:
-    unknown = sorted({resolve(k) for k in keys} - set(registry))
-    if unknown:
-        raise CheckError(
-            f"unknown tolerance class(es) {unknown}; known classes: {sorted(registry)}. Fix "
-            "the class map or overrides, or pass a registry that defines them"
-        )
-
-
 def drift_registry(
     golden_provenance: Mapping[str, Any],
     mode: PolicyMode = "warn",
@@ -418,7 +407,6 @@ def _compare(
         flat_e = flatten(expected)
     except (TypeError, ValueError) as e:
         raise CheckError(f"check {name!r}: {e}") from None
-    _check_names(resolve, sorted(set(flat_a) | set(flat_e)), registry)
     try:
         comparison = compare_trees(flat_a, flat_e, resolve, registry=registry, order=order)
     except (TypeError, UnknownClassError) as e:

@@ -66,6 +66,11 @@ class Scale:
     max_abs: float
 
     @classmethod
+    def for_rule(cls, rule: Rule, golden: np.ndarray, g64: np.ndarray | None = None) -> Scale:
+        """`Scale.of(golden)` if `rule` needs it, else a placeholder without the pass."""
+        return cls.of(golden, g64) if rule.needs_scale() else cls(golden.dtype, 0.0)
+
+    @classmethod
     def of(cls, golden: np.ndarray, g64: np.ndarray | None = None) -> Scale:
         """The scale of `golden` (`g64`: the same array as float64, if the caller has it)."""
         g = np.abs(g64 if g64 is not None else golden.astype(np.float64))
@@ -134,6 +139,11 @@ class Rule:
     def describe(self) -> str:
         raise NotImplementedError
 
+    def needs_scale(self) -> bool:
+        """Whether `bound` and `judge` read the golden's `Scale`; when not, callers skip the
+        pass over the golden that measures it."""
+        return True
+
     def bound(self, scale: Scale) -> float:
         raise NotImplementedError
 
@@ -164,6 +174,9 @@ class Bitwise(Rule):
     def describe(self) -> str:
         return "bitwise"
 
+    def needs_scale(self) -> bool:
+        return False
+
     def bound(self, scale: Scale) -> float:
         return 0.0
 
@@ -188,6 +201,9 @@ class Ulp(Rule):
 
     def describe(self) -> str:
         return f"ulp <= {self.max_ulp}"
+
+    def needs_scale(self) -> bool:
+        return False
 
     def bound(self, scale: Scale) -> float:
         return float(self.max_ulp)
@@ -227,6 +243,9 @@ class Close(Rule):
     def describe(self) -> str:
         atol = f"{self.atol:g}" if self.atol_ulps is None else f"{self.atol_ulps:g} ulp(max|b|)"
         return f"|a-b| <= {atol} + {self.rtol:g}*|b|"
+
+    def needs_scale(self) -> bool:
+        return self.rtol != 0 or self.atol_ulps is not None
 
     def effective_atol(self, scale: Scale) -> float:
         """`atol`, or `atol_ulps` ulps of the golden's largest finite magnitude."""
