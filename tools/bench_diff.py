@@ -16,9 +16,24 @@ median of `--repeats` runs:
   both plain files and compares every pair with `np.array_equal` (the `raw` loop as a
   whole process): the yardstick of `cli` (the target is at most 1.2x).
 
+With `--sizes`, the scale table instead (issue: bounded memory on large goldens): for each
+size, two parity files each holding one bfloat16 array of about that many bytes (shaped
+like logits, `[8, T, V]`; the actual a copy of the golden with one element in 8 moved by
+one ulp), written in a temporary folder and deleted after. Each figure is a fresh process,
+its peak RSS read from `os.wait4`, the median of `--repeats` runs:
+
+- `plain`: h5py reads both whole arrays, `np.array_equal` (no checksum, no figures): the
+  yardstick of throughput;
+- `parity`: `python -m parity diff` (checksums verified, every figure of a finding), with
+  its default memory budget;
+
+and the same for a file of `--many` small arrays (0 to skip). Throughput is the bytes of
+both files over the wall time.
+
 Usage:
 
     python tools/bench_diff.py [--repeats 5] [--json FILE] [--profile]
+    python tools/bench_diff.py --sizes 64M,1G,4G [--many 100000] [--repeats 3] [--json FILE]
 
 `--profile` prints the top functions of one in-process `parity diff` under cProfile.
 """
@@ -160,7 +175,17 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--repeats", type=int, default=5, help="runs per figure (median)")
     parser.add_argument("--json", metavar="FILE", help="also write the figures as JSON")
     parser.add_argument("--profile", action="store_true", help="cProfile one parity diff")
+    parser.add_argument(
+        "--sizes", metavar="LIST", help="the scale table at these file sizes (64M,1G,4G)"
+    )
+    parser.add_argument(
+        "--many", type=int, default=100_000, help="small arrays in the --sizes table's last row"
+    )
     args = parser.parse_args(argv)
+    if args.sizes:
+        return scale_table(
+            [_parse_size(t) for t in args.sizes.split(",")], args.many, args.repeats, args.json
+        )
 
     arrays = make_arrays()
     with tempfile.TemporaryDirectory(prefix="bench_diff_") as tmp:
@@ -222,6 +247,136 @@ def main(argv: list[str] | None = None) -> int:
     print(f"  python -c 'import parity.cli'      {import_s:8.4f} s")
     if args.json:
         Path(args.json).write_text(json.dumps(figures, indent=2) + "\n")
+    return 0
+
+
+# --------------------------------------------------------------------------- scale table
+
+_WRITE_BIG = """
+import sys
+import ml_dtypes
+import numpy as np
+from parity.store import write_goldens
+
+n_bytes, vocab, golden, actual = int(sys.argv[1]), int(sys.argv[2]), sys.argv[3], sys.argv[4]
+t = max(1, n_bytes // (2 * 8 * vocab))
+rng = np.random.default_rng(0)
+g = np.empty((8, t, vocab), ml_dtypes.bfloat16)
+for i in range(8):  # drawn a slice at a time: the float32 draw is twice the bf16 array
+    g[i] = (4 * rng.standard_normal((t, vocab), dtype=np.float32)).astype(ml_dtypes.bfloat16)
+write_goldens(golden, {"logits": g}, classes={"logits": "fp32_reassoc"})
+bits = g.view(np.uint16).reshape(-1)
+bits[::8] ^= 1  # one ulp (or a sign-less neighbour) on one element in 8, in place
+write_goldens(actual, {"logits": g})
+"""
+
+_WRITE_MANY = """
+import sys
+import numpy as np
+from parity.store import write_goldens
+
+n, golden, actual = int(sys.argv[1]), sys.argv[2], sys.argv[3]
+rng = np.random.default_rng(0)
+arrays = {f"acts.{i // 1000}.k{i}": rng.standard_normal(16).astype(np.float32) for i in range(n)}
+write_goldens(golden, arrays, classes=dict.fromkeys(arrays, "fp32_reassoc"))
+for i, v in enumerate(arrays.values()):
+    if i % 8 == 0:
+        v.view(np.uint32)[0] ^= 1
+write_goldens(actual, arrays)
+"""
+
+_PLAIN_READ = """
+import sys
+import h5py
+import numpy as np
+
+with h5py.File(sys.argv[1], "r") as fa, h5py.File(sys.argv[2], "r") as fg:
+    names = []
+    fg.visititems(lambda n, o: names.append(n) if isinstance(o, h5py.Dataset) else None)
+    same = [np.array_equal(fa[n][()], fg[n][()]) for n in names]
+print(sum(same), len(same))
+"""
+
+
+def _parse_size(text: str) -> int:
+    units = {"K": 2**10, "M": 2**20, "G": 2**30}
+    text = text.strip().upper().removesuffix("B").removesuffix("I")
+    if text and text[-1] in units:
+        return int(float(text[:-1]) * units[text[-1]])
+    return int(text)
+
+
+def _timed_process(cmd: list[str]) -> tuple[float, float, int]:
+    """Run `cmd`; **returns** (wall seconds, peak RSS in bytes, exit status)."""
+    t0 = time.perf_counter()
+    proc = subprocess.Popen(cmd, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    _, status, usage = os.wait4(proc.pid, 0)
+    wall = time.perf_counter() - t0
+    proc.returncode = os.waitstatus_to_exitcode(status)
+    return wall, usage.ru_maxrss * 1024.0, proc.returncode
+
+
+def _measure(cmd: list[str], repeats: int, ok: tuple[int, ...]) -> dict[str, float]:
+    walls, peaks = [], []
+    _timed_process(cmd)  # warm the page cache
+    for _ in range(repeats):
+        wall, peak, code = _timed_process(cmd)
+        if code not in ok:
+            raise SystemExit(f"{' '.join(cmd)} exited {code}")
+        walls.append(wall)
+        peaks.append(peak)
+    return {"wall_s": statistics.median(walls), "peak_rss": max(peaks)}
+
+
+def scale_table(sizes: list[int], many: int, repeats: int, json_path: str | None) -> int:
+    """The `--sizes` table: throughput and peak RSS of `parity diff` against a plain read.
+
+    **Returns:** 0.
+    """
+    rows: list[dict[str, Any]] = []
+    cases: list[tuple[str, list[str]]] = [
+        (f"{n / 2**20:g} MiB bf16", [_WRITE_BIG, str(n), "32000"]) for n in sizes
+    ]
+    if many:
+        cases.append((f"{many} arrays", [_WRITE_MANY, str(many)]))
+    print(f"median of {repeats} runs; throughput = both files' bytes / wall time")
+    print(
+        f"{'case':>18}  {'file MB':>8}  {'plain s':>8}  {'plain GB/s':>10}  {'plain RSS MB':>12}"
+        f"  {'parity s':>8}  {'parity GB/s':>11}  {'parity RSS MB':>13}  {'ratio':>5}"
+    )
+    for label, (script, *params) in cases:
+        with tempfile.TemporaryDirectory(prefix="bench_diff_scale_") as tmp:
+            golden, actual = Path(tmp) / "golden.h5", Path(tmp) / "actual.h5"
+            subprocess.run(
+                [sys.executable, "-c", script, *params, str(golden), str(actual)], check=True
+            )
+            both = golden.stat().st_size + actual.stat().st_size
+            plain = _measure(
+                [sys.executable, "-c", _PLAIN_READ, str(actual), str(golden)], repeats, (0,)
+            )
+            par = _measure(
+                [sys.executable, "-m", "parity", "diff", str(actual), str(golden)],
+                repeats,
+                (0, 1),
+            )
+        row = {
+            "case": label,
+            "file_bytes": both // 2,
+            "plain": plain,
+            "parity": par,
+            "plain_gb_s": both / plain["wall_s"] / 1e9,
+            "parity_gb_s": both / par["wall_s"] / 1e9,
+        }
+        row["throughput_ratio"] = row["parity_gb_s"] / row["plain_gb_s"]
+        rows.append(row)
+        print(
+            f"{label:>18}  {both / 2 / 1e6:8.1f}  {plain['wall_s']:8.2f}  "
+            f"{row['plain_gb_s']:10.3f}  {plain['peak_rss'] / 1e6:12.1f}  {par['wall_s']:8.2f}  "
+            f"{row['parity_gb_s']:11.3f}  {par['peak_rss'] / 1e6:13.1f}  "
+            f"{row['throughput_ratio']:5.2f}"
+        )
+    if json_path:
+        Path(json_path).write_text(json.dumps({"repeats": repeats, "rows": rows}, indent=2) + "\n")
     return 0
 
 

@@ -349,7 +349,8 @@ def check_group(
     folder = _as_dir(goldens)
     gf = folder.open(group)
     try:
-        golden_arrays = {k: gf[k] for k in gf}
+        # Sources, not arrays: each is read in chunks when compared, checksum verified.
+        golden_arrays = {k: gf.source(k) for k in gf}
         recorded = {k: gf.info(k).class_name for k in gf}
     except GoldenStoreError as e:
         raise CheckError(f"golden group {group!r} is unusable: {e}") from None
@@ -363,14 +364,17 @@ def check_group(
         overrides=overrides, class_map=class_map, pinned=pinned, recorded=recorded
     )
     load_s = time.perf_counter() - t0
-    comparison, flat_a, compare_s = _compare(
-        actual,
-        golden_arrays,
-        resolve,
-        registry=registry,
-        order=gf.ordered_keys() if order is None else order,
-        name=name or group,
-    )
+    try:
+        comparison, flat_a, compare_s = _compare(
+            actual,
+            golden_arrays,
+            resolve,
+            registry=registry,
+            order=gf.ordered_keys() if order is None else order,
+            name=name or group,
+        )
+    except GoldenStoreError as e:
+        raise CheckError(f"golden group {group!r} is unusable: {e}") from None
     saved = command = None
     if save_actual is not None and not comparison.passed:
         path = save_arrays(save_actual, name or group, flat_a, classes=resolve,

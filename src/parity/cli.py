@@ -40,6 +40,7 @@ from typing import IO, Any
 import numpy as np
 
 from parity.check import CheckError, class_resolver, pinned_class_map
+from parity.chunks import DEFAULT_BUDGET, Block
 from parity.commands import CommandError, add_parsers
 from parity.compare import Comparison, Finding, compare_arrays, compare_trees
 from parity.config import ConfigError
@@ -100,6 +101,19 @@ class DiffResult:
 # --------------------------------------------------------------------------- helpers
 
 
+def _mebibytes(text: str) -> int:
+    """`--memory`: a positive whole number of MiB."""
+    try:
+        value = int(text)
+    except ValueError:
+        value = 0
+    if value < 1:
+        raise argparse.ArgumentTypeError(
+            f"expected a positive whole number of MiB (such as 512), got {text!r}"
+        )
+    return value
+
+
 def _one_line(text: str) -> str:
     return " ".join(str(text).split())
 
@@ -125,10 +139,11 @@ def _opened(path: str | Path, role: str) -> Iterator[GoldenFile]:
         gf.close()
 
 
-def _load(gf: GoldenFile, key: str, role: str) -> np.ndarray:
-    """`gf[key]` with the checksum verified; store and HDF5 read errors become `CLIError`."""
+@contextlib.contextmanager
+def _read_errors(gf: GoldenFile, key: str, role: str) -> Iterator[None]:
+    """Store and HDF5 read errors of `gf[key]` become a `CLIError` naming `role`."""
     try:
-        return gf[key]
+        yield
     except GoldenStoreError as e:
         raise CLIError(f"{role}: {e}") from None
     except OSError as e:
@@ -137,6 +152,37 @@ def _load(gf: GoldenFile, key: str, role: str) -> np.ndarray:
             f"{role}: {gf.path}: array {key!r} cannot be read (truncated or damaged file: {e}); "
             "restore the file or produce it again"
         ) from None
+
+
+def _load(gf: GoldenFile, key: str, role: str) -> np.ndarray:
+    """`gf[key]` with the checksum verified; store and HDF5 read errors become `CLIError`."""
+    with _read_errors(gf, key, role):
+        return gf[key]
+
+
+class _RoleSource:
+    """`gf.source(key)` whose read errors become a `CLIError` naming the file's role."""
+
+    def __init__(self, gf: GoldenFile, key: str, role: str):
+        self._gf, self._key, self._role = gf, key, role
+        with _read_errors(gf, key, role):
+            self._src = gf.source(key)
+
+    @property
+    def shape(self) -> tuple[int, ...]:
+        return self._src.shape
+
+    @property
+    def dtype(self) -> np.dtype:
+        return self._src.dtype
+
+    def read(self, block: Block) -> np.ndarray:
+        with _read_errors(self._gf, self._key, self._role):
+            return self._src.read(block)
+
+    def finish(self) -> None:
+        with _read_errors(self._gf, self._key, self._role):
+            self._src.finish()
 
 
 def _verify(gf: GoldenFile) -> int:
@@ -241,11 +287,13 @@ def run_diff(
     *,
     class_name: str | None = None,
     overrides: Sequence[tuple[str, str]] = (),
+    budget: int = DEFAULT_BUDGET,
 ) -> DiffResult:
     """Compare every array of the file `actual` against the file `golden`.
 
-    Arrays are loaded one key at a time (both checksums verified on load), so memory holds
-    one pair at a time whatever the file sizes.
+    Arrays are read one key at a time and each in chunks of at most `budget` bytes of
+    working memory (`parity.chunks`; both checksums verified over the chunks), so memory
+    stays bounded whatever the file sizes.
 
     **Arguments:**
 
@@ -254,6 +302,7 @@ def run_diff(
       used.
     - `class_name`: a registry class for every key, before the golden's pinned map.
     - `overrides`: `(pattern, class)` rules tried before everything else.
+    - `budget`: bytes one array comparison may hold at once (default 512 MiB).
 
     **Returns:** a `DiffResult`. Raises `CLIError` for unusable input: a missing, truncated,
     corrupt or unsafe file, an unknown class, or arrays parity cannot compare.
@@ -278,7 +327,7 @@ def run_diff(
         findings: list[Finding] = []
         for key in placed + rest:
             tol = _tolerance(resolve(key), key, gf, tols)
-            findings.append(_compare_key(key, af, gf, tol, place.get(key)))
+            findings.append(_compare_key(key, af, gf, tol, place.get(key), budget))
         if class_name is not None:
             source = f"--class {class_name} for every key"
         elif gf.class_map_json or any(recorded.values()):
@@ -295,15 +344,26 @@ def run_diff(
 
 
 def _compare_key(
-    key: str, af: GoldenFile, gf: GoldenFile, tol: ToleranceClass, place: int | None
+    key: str,
+    af: GoldenFile,
+    gf: GoldenFile,
+    tol: ToleranceClass,
+    place: int | None,
+    budget: int = DEFAULT_BUDGET,
 ) -> Finding:
     in_a, in_g = key in af, key in gf
     try:
         if in_a and in_g:
             return compare_arrays(
-                key, _load(af, key, "ACTUAL"), _load(gf, key, "GOLDEN"), tol, order=place
+                key,
+                _RoleSource(af, key, "ACTUAL"),
+                _RoleSource(gf, key, "GOLDEN"),
+                tol,
+                order=place,
+                budget=budget,
             )
-        # One side only: `compare_trees` writes the "missing"/"unexpected" finding.
+        # One side only: `compare_trees` writes the "missing"/"unexpected" finding; the
+        # array is still read, so that a damaged one is an input error.
         one = {key: _load(af, key, "ACTUAL")} if in_a else {}
         other = {key: _load(gf, key, "GOLDEN")} if in_g else {}
         finding = compare_trees(one, other, tol.name, registry={tol.name: tol}).findings[0]
@@ -446,6 +506,10 @@ else GOLDEN's pinned class map (else the class recorded with the array), else bi
 the same precedence as the pytest plugin's. Both files may be written by
 parity (checksums are verified) or be plain h5py files (every dataset is a key, its path
 with '/' -> '.').
+
+Memory stays within --memory MiB per array whatever the files' sizes: an array larger
+than that is read and compared in chunks along its leading axes, with the same figures
+(max |a-b|, max ulp, worst index, first differing element) as a whole-array comparison.
 """
 
 _SHOW_DESCRIPTION = """\
@@ -489,6 +553,16 @@ def build_parser() -> argparse.ArgumentParser:
         help="check keys matching PATTERN under CLASS, before anything else (repeatable)",
     )
     diff.add_argument(
+        "--memory",
+        type=_mebibytes,
+        default=DEFAULT_BUDGET // 2**20,
+        metavar="MIB",
+        help=(
+            "working memory of one array comparison, in MiB (default "
+            f"{DEFAULT_BUDGET // 2**20}); larger arrays are compared in chunks"
+        ),
+    )
+    diff.add_argument(
         "--json", dest="json_path", metavar="FILE", help="also write the report as JSON"
     )
     diff.add_argument(
@@ -512,7 +586,13 @@ def build_parser() -> argparse.ArgumentParser:
 
 def _cmd_diff(args: argparse.Namespace, out: IO[str]) -> int:
     overrides = [parse_override(o) for o in args.override]
-    result = run_diff(args.actual, args.golden, class_name=args.class_name, overrides=overrides)
+    result = run_diff(
+        args.actual,
+        args.golden,
+        class_name=args.class_name,
+        overrides=overrides,
+        budget=args.memory * 2**20,
+    )
     out.write(format_table(result.comparison, header=result.header))
     title = f"parity diff: {args.actual} against {args.golden}"
     try:

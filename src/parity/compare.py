@@ -18,8 +18,10 @@ from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any, Literal, cast
 
+import ml_dtypes
 import numpy as np
 
+from parity.chunks import DEFAULT_BUDGET, ArraySource, Block, Source, elements_per_chunk, plan
 from parity.rules import Elements, Scale
 from parity.tolerance import REGISTRY, ClassMap, ToleranceClass, get_class
 from parity.trees import flatten
@@ -160,14 +162,30 @@ class Finding:
         return cls(**kwargs)
 
 
-def _as_array(key: str, x: Any, side: str) -> np.ndarray:
-    arr = np.asarray(x)
-    if arr.dtype.kind in "OUSMm" or (arr.dtype.kind == "V" and arr.dtype.names is not None):
+def _check_dtype(key: str, dtype: np.dtype[Any], side: str) -> None:
+    if dtype.kind in "OUSMm" or (dtype.kind == "V" and dtype.names is not None):
         raise TypeError(
-            f"key {key!r}: the {side} array has dtype {arr.dtype}, which parity cannot "
+            f"key {key!r}: the {side} array has dtype {dtype}, which parity cannot "
             "compare; pass numeric (float, int, bool) arrays"
         )
+
+
+def _as_array(key: str, x: Any, side: str) -> np.ndarray:
+    arr = np.asarray(x)
+    _check_dtype(key, arr.dtype, side)
     return arr
+
+
+def is_source(x: Any) -> bool:
+    """Whether `x` is a `parity.chunks.Source` (read block by block) rather than an array."""
+    return all(hasattr(x, name) for name in ("read", "finish", "shape", "dtype"))
+
+
+def _as_source(key: str, x: Any, side: str) -> Source:
+    if is_source(x):
+        _check_dtype(key, np.dtype(x.dtype), side)
+        return x
+    return ArraySource(_as_array(key, x, side))
 
 
 def _flat_bits(x: np.ndarray) -> np.ndarray:
@@ -205,9 +223,11 @@ def _sig(x: float) -> str:
 
 
 def _absent(
-    key: str, tol: ToleranceClass, present: np.ndarray, verdict: Verdict, order: int | None
+    key: str, tol: ToleranceClass, present: Any, verdict: Verdict, order: int | None
 ) -> Finding:
-    shape, dtype = tuple(int(d) for d in present.shape), present.dtype.name
+    if not is_source(present):
+        present = np.asarray(present)
+    shape, dtype = tuple(int(d) for d in present.shape), np.dtype(present.dtype).name
     if verdict == "missing":
         reason = (
             f"key {key!r} (shape {shape}, {dtype}) is in the golden but not in the actual "
@@ -228,7 +248,7 @@ def _absent(
         shape_golden=shape if golden_side else None,
         dtype_actual=None if golden_side else dtype,
         dtype_golden=dtype if golden_side else None,
-        n_elements=int(present.size),
+        n_elements=math.prod(shape),
         allowed=tol.describe_allowed(),
         bitwise_equal=False,
         reason=reason,
@@ -238,16 +258,214 @@ def _absent(
     )
 
 
-def _bound(tol: ToleranceClass, golden: np.ndarray, float_like: bool) -> float:
-    if not float_like:
+def _max_finite_abs(g: np.ndarray) -> float:
+    """The largest finite |g| of a flat float chunk, as float64 (0.0 if none is finite):
+    the same figure as `Scale.of`, from the bits where the dtype is IEEE with infinities
+    (no float64 copy of the chunk), else through float64."""
+    if g.size == 0:
         return 0.0
-    if not tol.rule.needs_scale():
-        return tol.rule.bound(Scale(golden.dtype, 0.0))
-    return tol.rule.bound(Scale.of(golden, to_float64(golden)))
+    ieee = g.dtype in _IEEE_FLOATS
+    if not ieee:
+        a = np.abs(to_float64(g))
+        a = np.where(np.isfinite(a), a, 0.0)
+        return float(a.max())
+    width = 8 * g.dtype.itemsize
+    bits = g.view(np.dtype(f"u{g.dtype.itemsize}"))
+    mag = bits & np.array((1 << (width - 1)) - 1, bits.dtype)
+    inf_bits = _IEEE_FLOATS[g.dtype]
+    # Sign cleared, IEEE magnitudes order like their bits; patterns from inf upwards are
+    # inf and NaN.
+    top = np.where(mag < inf_bits, mag, 0).max()
+    return float(to_float64(np.array([top], bits.dtype).view(g.dtype))[0])
+
+
+def _ieee_inf_bits(dtype: Any) -> tuple[np.dtype[Any], Any]:
+    dt = np.dtype(dtype)
+    inf = np.array([np.inf], np.float64).astype(dt).view(np.dtype(f"u{dt.itemsize}"))
+    return dt, inf[0]
+
+
+# IEEE dtypes with infinities: dtype -> the bits of +inf.
+_IEEE_FLOATS: dict[np.dtype[Any], Any] = dict(
+    _ieee_inf_bits(d) for d in (np.float16, np.float32, np.float64, ml_dtypes.bfloat16)
+)
+
+
+@dataclass
+class _Worst:
+    """The element a finding names, and the two values as the reason prints them."""
+
+    index: int
+    actual: Any  # in the array's dtype
+    golden: Any
+    actual_value: Scalar | None = None  # as the finding stores them (float64 for floats)
+    golden_value: Scalar | None = None
+    detail: str = ""
+    score: float = 0.0
+
+
+@dataclass
+class _Tally:
+    """Running figures of one array comparison, combined chunk by chunk.
+
+    Every field is a count, a maximum or a first occurrence, each of which combines
+    exactly across chunks: a chunked pass gives the same finding as one whole chunk.
+    Only elements whose bits differ are looked at: elements with equal bits pass every
+    rule and add nothing to any figure.
+    """
+
+    kind: Literal["float", "int", "other"]
+    tol: ToleranceClass
+    scale: Scale | None  # known before the pass, when the rule judges against it
+    dtype: np.dtype[Any]
+    n_differ: int = 0
+    n_violating: int = 0
+    n_special: int = 0
+    max_abs: float | None = 0.0
+    max_rel: float = 0.0
+    max_ulp: int = 0
+    scale_max: float = 0.0  # max finite |golden| so far (when the rule needs it)
+    first_differ: _Worst | None = None
+    first_special: _Worst | None = None
+    best: _Worst | None = None  # largest score (float) or distance (int) so far
+
+    def add(self, start: int, a: np.ndarray, g: np.ndarray) -> None:
+        """Fold in one chunk: `a`, `g` flat, their first element at flat index `start`."""
+        if self.kind == "float" and self.scale is None and self.tol.rule.needs_scale():
+            self.scale_max = max(self.scale_max, _max_finite_abs(g))
+        differ = _differ_mask(_flat_bits(a), _flat_bits(g))
+        idx = np.flatnonzero(differ)
+        if idx.size == 0:
+            return
+        self.n_differ += int(idx.size)
+        if self.first_differ is None:
+            i = int(idx[0])
+            self.first_differ = _Worst(start + i, a[i], g[i])
+        if self.kind == "float" and not self.tol.rule.elementwise:
+            # The rule judges the array as a whole: every element, in one chunk.
+            self._add_float(start, np.arange(a.size), a, g, differ)
+            return
+        a_d, g_d = a[idx], g[idx]
+        if self.kind == "float":
+            self._add_float(start, idx, a_d, g_d, np.ones(idx.size, bool))
+        elif self.kind == "int":
+            self._add_int(start, idx, a_d, g_d)
+        else:
+            self.n_violating += int(idx.size)
+            with np.errstate(all="ignore"):
+                try:
+                    m = float(np.max(np.abs(a_d - g_d)))
+                except TypeError:
+                    self.max_abs = None
+                else:
+                    if self.max_abs is not None:
+                        self.max_abs = max(self.max_abs, m)
+
+    def _add_float(
+        self, start: int, idx: np.ndarray, a_d: np.ndarray, g_d: np.ndarray, differ: np.ndarray
+    ) -> None:
+        a64, g64 = to_float64(a_d), to_float64(g_d)
+        nan_a, nan_g = np.isnan(a64), np.isnan(g64)
+        finite = np.isfinite(a64) & np.isfinite(g64)
+        # Outside the finite pairs only equal infs and NaN against NaN are in place.
+        special = ~finite & ~(nan_a & nan_g) & (a64 != g64)
+        with np.errstate(over="ignore", invalid="ignore", divide="ignore"):
+            diff = np.where(finite, np.abs(a64 - g64), 0.0)
+            abs_g = np.where(finite, np.abs(g64), 0.0)
+            rel = np.where(diff == 0, 0.0, diff / abs_g)
+        ulp = np.where(finite, ulp_distance(a_d, g_d), np.uint64(0))
+        self.max_abs = max(cast(float, self.max_abs), float(diff.max()))
+        self.max_rel = max(self.max_rel, float(rel.max()))
+        self.max_ulp = max(self.max_ulp, int(ulp.max()))
+        elements = Elements(differ, finite, special, diff, abs_g, ulp)
+        scale = self.scale if self.scale is not None else Scale(self.dtype, 0.0)
+        judgement = self.tol.rule.judge(elements, scale)
+        self.n_violating += int(np.count_nonzero(judgement.violating))
+        n_special = int(np.count_nonzero(special))
+        if n_special:
+            if self.first_special is None:
+                i = int(np.argmax(special))
+                self.first_special = _Worst(
+                    start + int(idx[i]), a_d[i], g_d[i], _scalar(a64[i]), _scalar(g64[i])
+                )
+            self.n_special += n_special
+        score = judgement.score
+        if score is None:
+            return
+        i = int(np.argmax(score))
+        top = float(score[i])
+        # Strictly larger: on a tie the earlier chunk keeps it, as argmax over the whole does.
+        if top > 0 and (self.best is None or top > self.best.score):
+            detail = self.tol.rule.detail(judgement, elements, i)
+            self.best = _Worst(
+                start + int(idx[i]), a_d[i], g_d[i], _scalar(a64[i]), _scalar(g64[i]), detail, top
+            )
+
+    def _add_int(self, start: int, idx: np.ndarray, a_d: np.ndarray, g_d: np.ndarray) -> None:
+        ia = a_d.astype(np.uint64 if self.dtype.kind == "u" else np.int64)
+        ig = g_d.astype(ia.dtype)
+        # Modular uint64 subtraction of the smaller from the larger is exact for any pair.
+        ua, ug = ia.view(np.uint64), ig.view(np.uint64)
+        dist = np.where(ia >= ig, ua - ug, ug - ua)
+        with np.errstate(divide="ignore", invalid="ignore"):
+            rel = np.where(dist == 0, 0.0, dist.astype(np.float64) / np.abs(ig.astype(np.float64)))
+        self.n_violating += int(idx.size)
+        self.max_abs = max(cast(float, self.max_abs), float(dist.max()))
+        self.max_rel = max(self.max_rel, float(rel.max()))
+        i = int(np.argmax(dist))
+        top = float(dist[i])
+        if self.best is None or top > self.best.score:
+            if self.dtype.kind == "b":
+                va, vg = bool(a_d[i]), bool(g_d[i])
+            else:
+                va, vg = _scalar(a_d[i]), _scalar(g_d[i])
+                if not isinstance(va, int):
+                    va, vg = int(ia[i]), int(ig[i])
+            self.best = _Worst(start + int(idx[i]), a_d[i], g_d[i], va, vg, "", top)
+
+    def final_scale(self, golden_dtype: np.dtype[Any]) -> Scale:
+        if self.scale is not None:
+            return self.scale
+        return Scale(golden_dtype, self.scale_max)
+
+    def worst(self) -> tuple[_Worst, bool]:
+        """The element the finding names, and whether it is a NaN/inf position mismatch."""
+        assert self.first_differ is not None
+        if self.kind == "float":
+            if self.first_special is not None and self.tol.rule.tolerant:
+                return self.first_special, True
+            if self.best is not None:
+                return self.best, False
+            w = self.first_differ
+            w.actual_value, w.golden_value = (
+                _scalar(to_float64(np.asarray([w.actual]))[0]),
+                _scalar(to_float64(np.asarray([w.golden]))[0]),
+            )
+            return w, False
+        if self.kind == "int":
+            assert self.best is not None
+            return self.best, False
+        w = self.first_differ
+        w.actual_value, w.golden_value = _scalar(w.actual), _scalar(w.golden)
+        return w, False
+
+
+def _scan_scale(golden: Source, blocks: Sequence[Block]) -> Scale:
+    """The golden's `Scale` from a pass over its blocks (for rules that judge with it)."""
+    m = 0.0
+    for block in blocks:
+        m = max(m, _max_finite_abs(golden.read(block)))
+    return Scale(golden.dtype, m)
 
 
 def compare_arrays(
-    key: str, actual: Any, golden: Any, tol: ToleranceClass, *, order: int | None = None
+    key: str,
+    actual: Any,
+    golden: Any,
+    tol: ToleranceClass,
+    *,
+    order: int | None = None,
+    budget: int = DEFAULT_BUDGET,
 ) -> Finding:
     """Compare one array against its golden under a tolerance class.
 
@@ -255,10 +473,12 @@ def compare_arrays(
 
     - `key`: the array's key, for messages.
     - `actual`: the array the changed code produced (numpy, jax, anything `np.asarray`
-        takes).
-    - `golden`: the pinned array.
+        takes), or a `parity.chunks.Source` (read block by block).
+    - `golden`: the pinned array, or a `Source` (`GoldenFile.source(key)`).
     - `tol`: the tolerance class.
     - `order`: the key's place in a forward order, stored on the finding.
+    - `budget`: bytes the comparison may hold at once (chunks and temporaries); arrays
+        larger than that are compared in chunks (`parity.chunks`), with the same finding.
 
     **Returns:** a `Finding`. Dtypes and shapes are strict: a mismatch is a `"fail"` whose
     reason names both, never a cast or broadcast. NaN and inf (with sign) must sit at the
@@ -266,50 +486,58 @@ def compare_arrays(
     every class, and so are dtypes without a float rule (complex, long double). Raises
     `TypeError` for object, string and datetime arrays.
     """
-    a = _as_array(key, actual, "actual")
-    g = _as_array(key, golden, "golden")
-    shape_a = tuple(int(d) for d in a.shape)
-    shape_g = tuple(int(d) for d in g.shape)
+    src_a = _as_source(key, actual, "actual")
+    src_g = _as_source(key, golden, "golden")
+    shape_a, shape_g = src_a.shape, src_g.shape
+    dtype = src_g.dtype
     common = {
         "key": key,
         "class_name": tol.name,
         "shape_actual": shape_a,
         "shape_golden": shape_g,
-        "dtype_actual": a.dtype.name,
-        "dtype_golden": g.dtype.name,
+        "dtype_actual": src_a.dtype.name,
+        "dtype_golden": dtype.name,
         "allowed": tol.describe_allowed(),
         "order": order,
         "rule": tol.rule.kind,
         "unit": tol.rule.unit,
     }
     mismatch = None
-    if a.dtype != g.dtype:
+    if src_a.dtype != dtype:
         mismatch = (
-            f"key {key!r}: dtype {a.dtype.name} (actual) does not match {g.dtype.name} "
+            f"key {key!r}: dtype {src_a.dtype.name} (actual) does not match {dtype.name} "
             f"(golden); parity compares dtypes strictly, without casting. Produce "
-            f"{g.dtype.name}, or repin the goldens if the dtype change is intended"
+            f"{dtype.name}, or repin the goldens if the dtype change is intended"
         )
     elif shape_a != shape_g:
         mismatch = (
             f"key {key!r}: shape {shape_a} (actual) does not match {shape_g} (golden), "
-            f"{g.dtype.name}; parity compares shapes strictly, without broadcasting"
+            f"{dtype.name}; parity compares shapes strictly, without broadcasting"
         )
+    n = math.prod(shape_g)
     if mismatch is not None:
-        return Finding(
-            **common,
-            verdict="fail",
-            n_elements=int(g.size),
-            bitwise_equal=False,
-            reason=mismatch,
-        )
+        return Finding(**common, verdict="fail", n_elements=n, bitwise_equal=False, reason=mismatch)
 
-    dtype = g.dtype
     is_float = is_float_dtype(dtype)
-    is_int = is_int_dtype(dtype)
-    n = int(g.size)
-    bits_a, bits_g = _flat_bits(a), _flat_bits(g)
-    if np.array_equal(bits_a, bits_g):
-        # Fast path: the same bytes pass every class and need no arithmetic.
+    kind: Literal["float", "int", "other"] = (
+        "float" if is_float else "int" if is_int_dtype(dtype) else "other"
+    )
+    whole = is_float and not tol.rule.elementwise
+    per_chunk = max(1, n) if whole else elements_per_chunk(dtype.itemsize, budget)
+    blocks = list(plan(shape_g, per_chunk))
+    scale = None
+    if is_float and tol.rule.judge_needs_scale():
+        scale = _scan_scale(src_g, blocks)
+    tally = _Tally(kind, tol, scale, dtype)
+    for block in blocks:
+        tally.add(block.start, src_a.read(block), src_g.read(block))
+    src_a.finish()
+    src_g.finish()
+    scale = tally.final_scale(dtype)
+    bound = tol.rule.bound(scale) if is_float else 0.0
+
+    if tally.n_differ == 0:
+        # The same bytes pass every class.
         return Finding(
             **common,
             verdict="pass",
@@ -326,98 +554,33 @@ def compare_arrays(
             reason="",
             n_violating=0,
             n_nan_inf_mismatch=0 if is_float else None,
-            bound=_bound(tol, g, is_float),
+            bound=bound,
         )
 
-    differ = _differ_mask(bits_a, bits_g)
-    n_differ = int(np.count_nonzero(differ))
-    first_differ = int(np.argmax(differ))
-    flat_a, flat_g = a.reshape(-1), g.reshape(-1)
-    n_special = None
-    max_ulp = None
-    max_rel: float | None = None
+    worst, worst_is_special = tally.worst()
+    worst_index = _index(worst.index, shape_g)
     notes: list[str] = []
-    worst_detail = ""  # the worst element's figure against its bound, for the reason
-    worst_is_special = False  # the worst element is a NaN/inf position mismatch
-    if is_float:
-        a64, g64 = to_float64(flat_a), to_float64(flat_g)
-        nan_a, nan_g = np.isnan(a64), np.isnan(g64)
-        finite = np.isfinite(a64) & np.isfinite(g64)
-        # Outside the finite pairs only equal infs and NaN against NaN are in place.
-        special = ~finite & ~(nan_a & nan_g) & (a64 != g64)
-        n_special = int(np.count_nonzero(special))
-        with np.errstate(over="ignore", invalid="ignore", divide="ignore"):
-            diff = np.where(finite, np.abs(a64 - g64), 0.0)
-            abs_g = np.where(finite, np.abs(g64), 0.0)
-            rel = np.where(diff == 0, 0.0, diff / abs_g)
-        ulp = np.where(finite, ulp_distance(flat_a, flat_g), np.uint64(0))
-        max_abs = float(diff.max())
-        max_rel = float(rel.max())
-        max_ulp = int(ulp.max())
-        scale = Scale.for_rule(tol.rule, g, g64)
-        bound = tol.rule.bound(scale)
-        elements = Elements(differ, finite, special, diff, abs_g, ulp)
-        judgement = tol.rule.judge(elements, scale)
-        violating = judgement.violating
-        if n_special:
-            notes.append(
-                f"{n_special} NaN/inf position(s) differ (NaN and ±inf must sit at the same "
-                "positions under every class)"
-            )
-        score = judgement.score
-        if n_special and tol.rule.tolerant:
-            worst = int(np.argmax(special))
-            worst_is_special = True
-        elif score is not None and score.max() > 0:
-            worst = int(np.argmax(score))
-            worst_detail = tol.rule.detail(judgement, elements, worst)
-        else:
-            worst = first_differ
-        worst_a, worst_g = _scalar(a64[worst]), _scalar(g64[worst])
-    elif is_int:
-        ia = flat_a.astype(np.uint64 if dtype.kind == "u" else np.int64)
-        ig = flat_g.astype(ia.dtype)
-        # Modular uint64 subtraction of the smaller from the larger is exact for any pair.
-        ua, ug = ia.view(np.uint64), ig.view(np.uint64)
-        dist = np.where(ia >= ig, ua - ug, ug - ua)
-        max_abs = float(dist.max())
-        with np.errstate(divide="ignore", invalid="ignore"):
-            rel = np.where(dist == 0, 0.0, dist.astype(np.float64) / np.abs(ig.astype(np.float64)))
-        max_rel = float(rel.max())
-        bound = 0.0
-        violating = differ
-        worst = int(np.argmax(dist))
-        worst_a, worst_g = _scalar(flat_a[worst]), _scalar(flat_g[worst])
-        if dtype.kind == "b":
-            worst_a, worst_g = bool(worst_a), bool(worst_g)
-        elif not isinstance(worst_a, int):
-            worst_a, worst_g = int(ia[worst]), int(ig[worst])
-        if tol.rule.tolerant:
-            notes.append(f"{dtype.name} arrays are compared exactly under every class")
-    else:
-        with np.errstate(all="ignore"):
-            try:
-                max_abs = float(np.max(np.abs(flat_a - flat_g)))
-            except TypeError:
-                max_abs = None
-        bound = 0.0
-        violating = differ
-        worst = first_differ
-        worst_a, worst_g = _scalar(flat_a[worst]), _scalar(flat_g[worst])
-        if tol.rule.tolerant:
-            notes.append(f"{dtype.name} has no float rule in parity; compared exactly")
-
-    n_violating = int(np.count_nonzero(violating))
-    worst_index = _index(worst, shape_g)
+    if tally.n_special:
+        notes.append(
+            f"{tally.n_special} NaN/inf position(s) differ (NaN and ±inf must sit at the same "
+            "positions under every class)"
+        )
+    if kind == "int" and tol.rule.tolerant:
+        notes.append(f"{dtype.name} arrays are compared exactly under every class")
+    if kind == "other" and tol.rule.tolerant:
+        notes.append(f"{dtype.name} has no float rule in parity; compared exactly")
+    max_ulp = tally.max_ulp if is_float else None
+    max_rel = tally.max_rel if kind != "other" else None
+    n_violating = tally.n_violating
     verdict: Verdict = "fail" if n_violating else "pass"
     reason = ""
     if verdict == "fail":
         share = n_violating / n
         what = "break the rule" if tol.rule.tolerant else "differ in their bits"
-        values = f"actual {_fmt(flat_a[worst])} vs golden {_fmt(flat_g[worst])}"
+        values = f"actual {_fmt(worst.actual)} vs golden {_fmt(worst.golden)}"
         figures = []
-        if max_abs is not None:
-            figures.append(f"max |a-b| {_sig(max_abs)}")
+        if tally.max_abs is not None:
+            figures.append(f"max |a-b| {_sig(tally.max_abs)}")
         if max_rel is not None:
             figures.append(f"max rel {_sig(max_rel)}")
         if max_ulp is not None:
@@ -431,25 +594,25 @@ def compare_arrays(
             f"{n_violating} of {n} elements ({100 * share:.3g}%) {what}; {where} at index "
             f"{worst_index}: {values}"
         )
-        reason += f"{worst_detail}; {', '.join(figures)}; shape {shape_g}, {dtype.name}"
+        reason += f"{worst.detail}; {', '.join(figures)}; shape {shape_g}, {dtype.name}"
         if notes:
             reason += "; " + "; ".join(notes)
     return Finding(
         **common,
         verdict=verdict,
         n_elements=n,
-        n_differ=n_differ,
-        share_differ=n_differ / n,
-        max_abs=max_abs,
+        n_differ=tally.n_differ,
+        share_differ=tally.n_differ / n,
+        max_abs=tally.max_abs,
         max_rel=max_rel,
         max_ulp=max_ulp,
         worst_index=worst_index,
-        worst_actual=worst_a,
-        worst_golden=worst_g,
+        worst_actual=worst.actual_value,
+        worst_golden=worst.golden_value,
         bitwise_equal=False,
         reason=reason,
         n_violating=n_violating,
-        n_nan_inf_mismatch=n_special,
+        n_nan_inf_mismatch=tally.n_special if is_float else None,
         bound=bound,
     )
 
@@ -541,6 +704,7 @@ def compare_trees(
     *,
     registry: Mapping[str, ToleranceClass] = REGISTRY,
     order: Order | None = None,
+    budget: int = DEFAULT_BUDGET,
 ) -> Comparison:
     """Compare every array of `actual` against `golden`, each under its class.
 
@@ -554,6 +718,11 @@ def compare_trees(
     - `order`: the forward order: a sequence of keys, or a callable `key -> sort key`
         returning `None` for keys it does not cover. Findings follow it; uncovered keys
         come last, by name. Without an order, findings are sorted by key.
+    - `budget`: bytes one array comparison may hold at once (`compare_arrays`).
+
+    Leaves may be `parity.chunks.Source`s (a golden file's `source(key)`) as well as
+    arrays: those are read block by block, so that memory stays within `budget` whatever
+    the arrays' sizes.
 
     **Returns:** a `Comparison` with one finding per key of either side: keys only in the
     golden are `"missing"`, keys only in `actual` are `"unexpected"`, and both count as
@@ -575,5 +744,7 @@ def compare_trees(
         elif key not in flat_g:
             findings.append(_absent(key, tol, flat_a[key], "unexpected", place))
         else:
-            findings.append(compare_arrays(key, flat_a[key], flat_g[key], tol, order=place))
+            findings.append(
+                compare_arrays(key, flat_a[key], flat_g[key], tol, order=place, budget=budget)
+            )
     return Comparison(tuple(findings))

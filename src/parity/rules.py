@@ -7,7 +7,10 @@ asks the rule three things:
 - `bound(scale)`: the largest allowed deviation for an array of that scale, in the rule's
   `unit` (`"abs"` for `|a-b|`, `"ulp"` for ulp distance); reports plot errors against it.
 - `judge(e, scale)`: for the elements of `e` (an `Elements`), which break the rule and how
-  badly (a score; the worst element is the one with the largest score).
+  badly (a score; the worst element is the one with the largest score). `parity.compare`
+  hands a rule only the elements whose bits differ (elements with equal bits pass every
+  rule), a chunk at a time for large arrays, when the rule is `elementwise`; other rules
+  see every element of the whole array at once.
 - `describe()`: the rule in words, for reports and messages.
 
 `scale` is a `Scale`, the facts about the whole golden array a rule may need before judging
@@ -135,6 +138,12 @@ class Rule:
     #: Whether the rule tolerates some difference (False only for bitwise): decides whether
     #: a NaN/inf misplacement is the worst element and how a failure is worded.
     tolerant: ClassVar[bool] = True
+    #: Whether each element is judged on its own (its verdict and score depend on that
+    #: element and the `Scale` only). Such a rule sees only elements whose bits differ, a
+    #: chunk at a time; a rule that is not (a median, a per-row statistic) sees every
+    #: element of the whole array in one call, so the array is read whole. False unless a
+    #: rule says otherwise, so that a rule written elsewhere keeps whole-array semantics.
+    elementwise: ClassVar[bool] = False
 
     def describe(self) -> str:
         raise NotImplementedError
@@ -143,6 +152,11 @@ class Rule:
         """Whether `bound` and `judge` read the golden's `Scale`; when not, callers skip the
         pass over the golden that measures it."""
         return True
+
+    def judge_needs_scale(self) -> bool:
+        """Whether `judge` itself reads the `Scale` (not only `bound`): then a chunked
+        comparison measures the golden's scale in a pass of its own before judging."""
+        return self.needs_scale()
 
     def bound(self, scale: Scale) -> float:
         raise NotImplementedError
@@ -169,6 +183,7 @@ class Bitwise(Rule):
     """Same dtype, shape and bytes: NaN payloads count and -0.0 differs from +0.0."""
 
     kind: ClassVar[str] = "bitwise"
+    elementwise: ClassVar[bool] = True
     tolerant: ClassVar[bool] = False
 
     def describe(self) -> str:
@@ -190,6 +205,7 @@ class Ulp(Rule):
 
     max_ulp: int
     kind: ClassVar[str] = "ulp"
+    elementwise: ClassVar[bool] = True
     unit: ClassVar[Unit] = "ulp"
 
     def __post_init__(self) -> None:
@@ -225,6 +241,7 @@ class Close(Rule):
     rtol: float = 0.0
     atol_ulps: float | None = None
     kind: ClassVar[str] = "close"
+    elementwise: ClassVar[bool] = True
 
     def __post_init__(self) -> None:
         _check_nonneg("close", "atol", self.atol)
@@ -246,6 +263,9 @@ class Close(Rule):
 
     def needs_scale(self) -> bool:
         return self.rtol != 0 or self.atol_ulps is not None
+
+    def judge_needs_scale(self) -> bool:
+        return self.atol_ulps is not None  # rtol scales each element by its own |b|
 
     def effective_atol(self, scale: Scale) -> float:
         """`atol`, or `atol_ulps` ulps of the golden's largest finite magnitude."""
@@ -276,6 +296,7 @@ class RelativeToMax(Rule):
 
     k: float
     kind: ClassVar[str] = "relative_to_max"
+    elementwise: ClassVar[bool] = True
 
     def __post_init__(self) -> None:
         _check_nonneg("relative_to_max", "k", self.k)

@@ -81,6 +81,7 @@ import dataclasses
 import functools
 import hashlib
 import json
+import math
 import os
 import re
 import tempfile
@@ -97,6 +98,8 @@ import h5py.h5o as h5o
 import h5py.h5s as h5s
 import h5py.h5t as h5t
 import numpy as np
+
+from parity.chunks import ArraySource, Block, Source
 
 __all__ = [
     "INDEX_ATTR",
@@ -154,6 +157,11 @@ _LIBVER = ("v110", "v110")
 
 _REPIN_HINT = "repin with `python tools/repin_goldens.py --base SHA`"
 _RESTORE_HINT = f"Restore the file from version control or {_REPIN_HINT}"
+
+# Dataset handles the opening scan keeps for the first load of their key (saving a second
+# open): at most this many, since an open dataset holds ~16 kB (measured), which for a file of
+# 100,000 arrays would be 1.6 GB where the rest of reading it needs tens of MB.
+_HELD_HANDLES = 512
 
 # Standard numpy dtypes h5py stores natively and every HDF5 reader understands.
 _NATIVE_DTYPES = frozenset(
@@ -815,7 +823,9 @@ class GoldenFile(_MappingABC[str, np.ndarray]):
                     where = _attr_str(dcpl.get_external(0)[0])
                     problems.append(f"dataset {name!r} with external storage {where!r}")
                 else:
-                    datasets.append((name, dsid))
+                    # Dropped at once beyond the cap: an open dataset costs ~16 kB of memory
+                    # that HDF5 keeps in its free lists once released.
+                    datasets.append((name, dsid if len(datasets) < _HELD_HANDLES else None))
         if not problems:
             # Resolved only when nothing external is present, since resolving a soft link
             # that leads into an external link would open the other file. A resolvable soft
@@ -842,7 +852,8 @@ class GoldenFile(_MappingABC[str, np.ndarray]):
                     "rename one of them"
                 )
             paths[key] = name
-            self._dsids[key] = dsid
+            if dsid is not None:
+                self._dsids[key] = dsid
         return paths
 
     def _key_for(self, name: str) -> str:
@@ -1044,6 +1055,15 @@ class GoldenFile(_MappingABC[str, np.ndarray]):
 
     def _read_indexed(self, info: ArrayInfo, dsid: h5d.DatasetID) -> np.ndarray:
         """Read `info`'s dataset into a fresh array of the stored dtype the index implies."""
+        want = self._check_indexed(info, dsid)
+        stored = np.empty(info.shape, want)
+        if stored.size:  # HDF5 refuses to read an empty selection
+            dsid.read(h5s.ALL, h5s.ALL, stored)
+        return stored
+
+    def _check_indexed(self, info: ArrayInfo, dsid: h5d.DatasetID) -> np.dtype:
+        """Check that `info`'s dataset is stored as the index says; **returns** the stored
+        dtype."""
         want, want_type = _storage_type(info.dtype)
         # Checked before reading: HDF5 converts types on read (float64 data read as float32
         # would lose bits) and a read into a buffer of the wrong shape would overrun it; a
@@ -1058,10 +1078,30 @@ class GoldenFile(_MappingABC[str, np.ndarray]):
                 f"{dsid.shape}, but the {INDEX_ATTR} says {want} of shape {info.shape}. "
                 + _RESTORE_HINT
             )
-        stored = np.empty(info.shape, want)
-        if stored.size:  # HDF5 refuses to read an empty selection
-            dsid.read(h5s.ALL, h5s.ALL, stored)
-        return stored
+        return want
+
+    def source(self, key: str) -> Source:
+        """`key` as a `parity.chunks.Source`: read block by block (one HDF5 hyperslab each),
+        so that a comparison holds a chunk at a time, not the array.
+
+        A full pass over one plan's blocks, in order, is checked against the pinned sha256
+        when it ends (`finish` raises `GoldenCorruptError`); a pass that does not reach the
+        end (a pre-pass that only measures the golden's scale) is not. Files without an
+        index (plain HDF5, schema-1 files written before it) are loaded whole, as by
+        `self[key]`.
+
+        **Arguments:**
+
+        - `key`: a key in the file.
+
+        **Returns:** a `Source` with the logical shape and dtype. Raises `GoldenKeyError`
+        for a missing key and `GoldenCorruptError`/`GoldenReadError` as loading does.
+        """
+        if key not in self._paths:
+            raise self._missing(key)
+        if self._index is None:
+            return ArraySource(self[key])
+        return _GoldenSource(self, self._index[key])
 
     def get(self, key: str, default: Any = None) -> Any:
         """`self[key]` if the key is present, else `default`."""
@@ -1115,6 +1155,68 @@ class GoldenFile(_MappingABC[str, np.ndarray]):
     def __repr__(self) -> str:
         kind = f"schema {self.schema_version}" if self.is_parity_file else "plain HDF5"
         return f"GoldenFile({str(self.path)!r}, {len(self)} arrays, {kind})"
+
+
+class _GoldenSource:
+    """One golden array read block by block, its sha256 computed over a full pass. The
+    dataset is opened at the first read and closed when a pass ends, so that many sources
+    (one per key of a group) hold no HDF5 handles until they are read."""
+
+    def __init__(self, gf: GoldenFile, info: ArrayInfo):
+        self._gf, self._info = gf, info
+        self._dsid: h5d.DatasetID | None = None
+        self._stored = _storage_type(info.dtype)[0]
+        self._size = math.prod(info.shape)
+        self._hash: Any = None
+        self._next = 0  # flat index the next in-order block must start at; -1: out of order
+
+    @property
+    def shape(self) -> tuple[int, ...]:
+        return self._info.shape
+
+    @property
+    def dtype(self) -> np.dtype:
+        return self._info.dtype
+
+    def read(self, block: Block) -> np.ndarray:
+        if block.start == 0:
+            self._hash, self._next = hashlib.sha256(), 0
+        stored = np.empty(block.counts, self._stored)
+        with self._gf._reading("reading its data", self._info.key):
+            dsid = self._dsid
+            if dsid is None:
+                dsid = self._dsid = self._gf._open_dataset(self._info.key)
+                self._gf._check_indexed(self._info, dsid)
+            if stored.size == 0:
+                pass
+            elif block.size == self._size:  # the whole array (a 0-d one has no hyperslabs)
+                dsid.read(h5s.ALL, h5s.ALL, stored)
+            else:
+                space = dsid.get_space()
+                space.select_hyperslab(block.offsets, block.counts)
+                dsid.read(h5s.create_simple(block.counts), space, stored)
+        if self._next == block.start:
+            self._hash.update(stored.reshape(-1).view(np.uint8).data)
+            self._next += block.size
+        else:
+            self._next = -1
+        flat = stored.reshape(-1)
+        return flat.view(self._info.dtype) if _is_ml_dtype(self._info.dtype) else flat
+
+    def finish(self) -> None:
+        """Check the pass that just ended against the pinned sha256."""
+        if self._next != self._size and self._size:
+            raise RuntimeError(
+                f"golden {self._info.key!r}: finish() after a pass that did not read every "
+                f"block in order (read up to {self._next} of {self._size} elements)"
+            )
+        digest = (self._hash or hashlib.sha256()).hexdigest()
+        self._hash, self._next, self._dsid = None, 0, None
+        if digest != self._info.sha256:
+            raise GoldenCorruptError(
+                f"{self._gf.path}: golden {self._info.key!r} is corrupt: expected sha256 "
+                f"{self._info.sha256}, found {digest}. {_RESTORE_HINT}"
+            )
 
 
 def open_goldens(path: str | os.PathLike[str]) -> GoldenFile:

@@ -30,6 +30,11 @@ def _is_array_like(x: Any) -> bool:
     return hasattr(x, "__array__") or hasattr(x, "__array_interface__")
 
 
+def _is_source(x: Any) -> bool:
+    # A `parity.chunks.Source` (a golden file's array, read block by block): a leaf.
+    return all(hasattr(x, name) for name in ("read", "finish", "shape", "dtype"))
+
+
 def _jax_children(node: Any) -> list[tuple[str, Any]] | None:
     """`node`'s leaves with their paths, through jax, if jax knows it as a pytree with more
     than itself inside; else None (the node is a leaf)."""
@@ -77,7 +82,9 @@ def flatten(
     def leaf(path: str, node: Any) -> None:
         if path in out or (non_arrays is not None and path in non_arrays):
             raise ValueError(f"flatten: two paths join to the key {path!r}")
-        if _is_array_like(node):
+        if _is_source(node):
+            out[path] = node  # read block by block by the comparison, not loaded here
+        elif _is_array_like(node):
             out[path] = np.asarray(node)
         elif non_arrays is not None:
             non_arrays[path] = node
@@ -97,7 +104,7 @@ def flatten(
             items = zip(cast(Any, node)._fields, cast(tuple[Any, ...], node), strict=True)
         elif isinstance(node, list | tuple):
             items = enumerate(cast(Sequence[Any], node))
-        elif _is_array_like(node):
+        elif _is_array_like(node) or _is_source(node):
             leaf(path, node)
             return
         else:
