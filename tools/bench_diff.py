@@ -306,26 +306,28 @@ def _parse_size(text: str) -> int:
     return int(text)
 
 
-def _timed_process(cmd: list[str]) -> tuple[float, float, int]:
-    """Run `cmd`; **returns** (wall seconds, peak RSS in bytes, exit status)."""
+def _timed_process(cmd: list[str]) -> tuple[float, float, float, int]:
+    """Run `cmd`; **returns** (wall seconds, CPU seconds, peak RSS in bytes, exit status)."""
     t0 = time.perf_counter()
     proc = subprocess.Popen(cmd, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
     _, status, usage = os.wait4(proc.pid, 0)
     wall = time.perf_counter() - t0
     proc.returncode = os.waitstatus_to_exitcode(status)
-    return wall, usage.ru_maxrss * 1024.0, proc.returncode
+    return wall, usage.ru_utime + usage.ru_stime, usage.ru_maxrss * 1024.0, proc.returncode
 
 
 def _measure(cmd: list[str], repeats: int, ok: tuple[int, ...]) -> dict[str, float]:
-    walls, peaks = [], []
+    walls, cpus, peaks = [], [], []
     _timed_process(cmd)  # warm the page cache
     for _ in range(repeats):
-        wall, peak, code = _timed_process(cmd)
+        wall, cpu, peak, code = _timed_process(cmd)
         if code not in ok:
             raise SystemExit(f"{' '.join(cmd)} exited {code}")
         walls.append(wall)
+        cpus.append(cpu)
         peaks.append(peak)
-    return {"wall_s": statistics.median(walls), "peak_rss": max(peaks)}
+    return {"wall_s": statistics.median(walls), "cpu_s": statistics.median(cpus),
+            "peak_rss": max(peaks)}  # fmt: skip
 
 
 def scale_table(sizes: list[int], many: int, repeats: int, json_path: str | None) -> int:
@@ -339,10 +341,15 @@ def scale_table(sizes: list[int], many: int, repeats: int, json_path: str | None
     ]
     if many:
         cases.append((f"{many} arrays", [_WRITE_MANY, str(many)]))
-    print(f"median of {repeats} runs; throughput = both files' bytes / wall time")
     print(
-        f"{'case':>18}  {'file MB':>8}  {'plain s':>8}  {'plain GB/s':>10}  {'plain RSS MB':>12}"
-        f"  {'parity s':>8}  {'parity GB/s':>11}  {'parity RSS MB':>13}  {'ratio':>5}"
+        f"median of {repeats} runs; throughput = both files' bytes / wall time; CPU = user + "
+        "system seconds (steadier than wall time on a shared machine); ratio = parity's "
+        "throughput / plain's, by wall and by CPU"
+    )
+    print(
+        f"{'case':>18}  {'file MB':>8}  {'plain s':>8}  {'cpu s':>6}  {'GB/s':>6}  "
+        f"{'RSS MB':>7}  {'parity s':>8}  {'cpu s':>6}  {'GB/s':>6}  {'RSS MB':>7}  "
+        f"{'ratio':>5}  {'cpu ratio':>9}"
     )
     for label, (script, *params) in cases:
         with tempfile.TemporaryDirectory(prefix="bench_diff_scale_") as tmp:
@@ -368,12 +375,13 @@ def scale_table(sizes: list[int], many: int, repeats: int, json_path: str | None
             "parity_gb_s": both / par["wall_s"] / 1e9,
         }
         row["throughput_ratio"] = row["parity_gb_s"] / row["plain_gb_s"]
+        row["cpu_ratio"] = plain["cpu_s"] / par["cpu_s"]
         rows.append(row)
         print(
-            f"{label:>18}  {both / 2 / 1e6:8.1f}  {plain['wall_s']:8.2f}  "
-            f"{row['plain_gb_s']:10.3f}  {plain['peak_rss'] / 1e6:12.1f}  {par['wall_s']:8.2f}  "
-            f"{row['parity_gb_s']:11.3f}  {par['peak_rss'] / 1e6:13.1f}  "
-            f"{row['throughput_ratio']:5.2f}"
+            f"{label:>18}  {both / 2 / 1e6:8.1f}  {plain['wall_s']:8.2f}  {plain['cpu_s']:6.2f}  "
+            f"{row['plain_gb_s']:6.3f}  {plain['peak_rss'] / 1e6:7.1f}  {par['wall_s']:8.2f}  "
+            f"{par['cpu_s']:6.2f}  {row['parity_gb_s']:6.3f}  {par['peak_rss'] / 1e6:7.1f}  "
+            f"{row['throughput_ratio']:5.2f}  {row['cpu_ratio']:9.2f}"
         )
     if json_path:
         Path(json_path).write_text(json.dumps({"repeats": repeats, "rows": rows}, indent=2) + "\n")

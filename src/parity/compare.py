@@ -25,7 +25,7 @@ from parity.chunks import DEFAULT_BUDGET, ArraySource, Block, Source, elements_p
 from parity.rules import Elements, Scale
 from parity.tolerance import REGISTRY, ClassMap, ToleranceClass, get_class
 from parity.trees import flatten
-from parity.ulp import is_float_dtype, is_int_dtype, to_float64, ulp_distance
+from parity.ulp import is_float_dtype, is_int_dtype, ordinal_distance, to_float64
 
 __all__ = [
     "Comparison",
@@ -365,15 +365,20 @@ class _Tally:
         self, start: int, idx: np.ndarray, a_d: np.ndarray, g_d: np.ndarray, differ: np.ndarray
     ) -> None:
         a64, g64 = to_float64(a_d), to_float64(g_d)
-        nan_a, nan_g = np.isnan(a64), np.isnan(g64)
         finite = np.isfinite(a64) & np.isfinite(g64)
-        # Outside the finite pairs only equal infs and NaN against NaN are in place.
-        special = ~finite & ~(nan_a & nan_g) & (a64 != g64)
         with np.errstate(over="ignore", invalid="ignore", divide="ignore"):
-            diff = np.where(finite, np.abs(a64 - g64), 0.0)
-            abs_g = np.where(finite, np.abs(g64), 0.0)
+            if finite.all():  # the common case, without the masking passes
+                special = np.zeros(finite.shape, bool)
+                diff = np.abs(a64 - g64)
+                abs_g = np.abs(g64)
+                ulp = ordinal_distance(a_d, g_d)
+            else:
+                # Outside the finite pairs only equal infs and NaN against NaN are in place.
+                special = ~finite & ~(np.isnan(a64) & np.isnan(g64)) & (a64 != g64)
+                diff = np.where(finite, np.abs(a64 - g64), 0.0)
+                abs_g = np.where(finite, np.abs(g64), 0.0)
+                ulp = np.where(finite, ordinal_distance(a_d, g_d), np.uint64(0))
             rel = np.where(diff == 0, 0.0, diff / abs_g)
-        ulp = np.where(finite, ulp_distance(a_d, g_d), np.uint64(0))
         self.max_abs = max(cast(float, self.max_abs), float(diff.max()))
         self.max_rel = max(self.max_rel, float(rel.max()))
         self.max_ulp = max(self.max_ulp, int(ulp.max()))

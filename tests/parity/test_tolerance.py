@@ -359,3 +359,22 @@ def test_tolerance_compare_and_report_do_not_import_jax_or_decomp() -> None:
     )
     result = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True)
     assert result.returncode == 0, result.stdout + result.stderr
+
+
+@pytest.mark.parametrize("dtype", [np.float16, ml_dtypes.bfloat16], ids=["float16", "bfloat16"])
+def test_half_floats_take_the_sign_magnitude_line_with_the_rank_tables_distances(
+    dtype: type,
+) -> None:
+    # Every pattern of the dtype against a fixed sample of others: the fast line (sign-
+    # magnitude bits) and the general one (each value's rank by value) agree everywhere.
+    from parity.ulp import _rank_table, _uint_view
+
+    patterns = np.arange(65536, dtype=np.uint16).view(dtype)
+    table = _rank_table(np.dtype(dtype))[_uint_view(patterns)]
+    rng = np.random.default_rng(0)
+    other = patterns[rng.permutation(65536)]
+    expected = np.abs(table - _rank_table(np.dtype(dtype))[_uint_view(other)])
+    nan = (table < 0) | (_rank_table(np.dtype(dtype))[_uint_view(other)] < 0)
+    got = ulp_distance(patterns, other)
+    assert np.array_equal(got[~nan], expected[~nan].astype(np.uint64))
+    assert (got[nan] == ULP_NAN).all()
