@@ -158,6 +158,11 @@ def ordinal_distance(a: np.ndarray, b: np.ndarray) -> np.ndarray:
     """`ulp_distance` without its checks and without marking NaN: for callers that have
     checked dtypes and shapes and mask NaN positions themselves (`parity.compare`, which
     has the float64 values at hand). **Returns:** uint64, arbitrary where either is NaN."""
+    if a.dtype in _IEEE_HALF or a.dtype == np.float32:
+        # Narrow lines: in int32 (halves) or int64 (float32) the difference cannot wrap.
+        wide = np.int32 if a.dtype.itemsize == 2 else np.int64
+        dist = np.abs(_sign_magnitude(a, wide) - _sign_magnitude(b, wide))
+        return np.asarray(dist, dtype=np.uint64)  # 0-d operands give numpy scalars
     oa = _ordinal(a).view(np.uint64)
     ob = _ordinal(b).view(np.uint64)
     # Both ordinals lie within int64 but their difference can exceed it (for float64,
@@ -165,6 +170,14 @@ def ordinal_distance(a: np.ndarray, b: np.ndarray) -> np.ndarray:
     larger = oa.view(np.int64) >= ob.view(np.int64)
     with np.errstate(over="ignore"):  # 0-d operands become scalars, which warn on wrapping
         return np.asarray(np.where(larger, oa - ob, ob - oa))
+
+
+def _sign_magnitude(x: np.ndarray, wide: Any) -> np.ndarray:
+    """An IEEE float's place on the line, as `wide` ints: sign-magnitude bits folded so
+    that negatives count down from 0 (+0 and -0 both at 0)."""
+    bits = _uint_view(x).view(np.dtype(f"i{x.dtype.itemsize}")).astype(wide)
+    magnitude = bits & wide((1 << (8 * x.dtype.itemsize - 1)) - 1)
+    return np.where(bits < 0, -magnitude, magnitude)
 
 
 def spacing_at(value: float, dtype: np.dtype[Any]) -> float:
