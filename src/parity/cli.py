@@ -190,11 +190,11 @@ def _tolerance(
     if tol is None:
         try:
             tol = cache[name] = get_class(name)
-        except UnknownClassError:
+        except UnknownClassError as e:
             raise CLIError(
                 f"GOLDEN: {gf.path} checks {key!r} under tolerance class {name!r}, which this "
-                f"parity does not know (known: {', '.join(sorted(REGISTRY))}); pass --class "
-                "NAME, or upgrade parity"
+                f"parity cannot use ({e}; known: {', '.join(sorted(REGISTRY))}); pass "
+                "--class NAME, or upgrade parity"
             ) from None
     return tol
 
@@ -210,10 +210,10 @@ def check_class_name(name: str) -> ToleranceClass:
     """
     try:
         return get_class(name)
-    except UnknownClassError:
+    except UnknownClassError as e:
         raise CLIError(
-            f"--class {name!r} is not a known tolerance class; expected one of: "
-            f"{', '.join(sorted(REGISTRY))}"
+            f"--class {name!r} is not a usable tolerance class ({e}); expected one of: "
+            f"{', '.join(sorted(REGISTRY))}, with parameters where a class needs them"
         ) from None
 
 

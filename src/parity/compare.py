@@ -42,7 +42,15 @@ Scalar = bool | int | float | complex
 Order = Sequence[str] | Callable[[str], Any]
 
 # Float fields of a finding; `to_dict` writes their non-finite values as strings.
-_FLOAT_FIELDS = ("share_differ", "max_abs", "max_rel", "worst_actual", "worst_golden", "bound")
+_FLOAT_FIELDS = (
+    "share_differ",
+    "max_abs",
+    "max_rel",
+    "worst_actual",
+    "worst_golden",
+    "bound",
+    "figure",
+)
 
 
 def _json_float(x: Any) -> Any:
@@ -97,7 +105,12 @@ class Finding:
         (and integers under any class) 0.0. Reports plot errors against it.
     - `rule`: the kind of the class's rule (`"bitwise"`, `"ulp"`, `"close"`, ...).
     - `unit`: the unit of `bound` and of the figure reports set against it: `"abs"`
-        (`max_abs`) or `"ulp"` (`max_ulp`); so that a finding reads without the registry.
+        (`max_abs`), `"ulp"` (`max_ulp`) or `"kl"` (`figure`); so that a finding reads
+        without the registry.
+    - `figure`: the worst figure in the rule's own unit when that is neither `|a-b|` nor
+        ulps (a `logit_kl` class: the largest per-position KL); `None` otherwise.
+    - `note`: what the rule says even of a passing array (a `budget` class: "below budget:
+        repin to ratchet it down"); `""` when it says nothing.
     """
 
     key: str
@@ -126,6 +139,8 @@ class Finding:
     bound: float | None = None
     rule: str | None = None
     unit: str | None = None
+    figure: float | None = None
+    note: str = ""
 
     @property
     def passed(self) -> bool:
@@ -327,6 +342,7 @@ def compare_arrays(
             n_violating=0,
             n_nan_inf_mismatch=0 if is_float else None,
             bound=_bound(tol, g, is_float),
+            figure=0.0 if is_float and tol.rule.unit not in ("abs", "ulp") else None,
         )
 
     differ = _differ_mask(bits_a, bits_g)
@@ -339,6 +355,8 @@ def compare_arrays(
     notes: list[str] = []
     worst_detail = ""  # the worst element's figure against its bound, for the reason
     worst_is_special = False  # the worst element is a NaN/inf position mismatch
+    figure: float | None = None
+    note = ""
     if is_float:
         a64, g64 = to_float64(flat_a), to_float64(flat_g)
         nan_a, nan_g = np.isnan(a64), np.isnan(g64)
@@ -356,9 +374,10 @@ def compare_arrays(
         max_ulp = int(ulp.max())
         scale = Scale.for_rule(tol.rule, g, g64)
         bound = tol.rule.bound(scale)
-        elements = Elements(differ, finite, special, diff, abs_g, ulp)
+        elements = Elements(differ, finite, special, diff, abs_g, ulp, a64, g64, shape_g)
         judgement = tol.rule.judge(elements, scale)
         violating = judgement.violating
+        figure, note = judgement.figure, judgement.note
         if n_special:
             notes.append(
                 f"{n_special} NaN/inf position(s) differ (NaN and ±inf must sit at the same "
@@ -451,6 +470,8 @@ def compare_arrays(
         n_violating=n_violating,
         n_nan_inf_mismatch=n_special,
         bound=bound,
+        figure=figure,
+        note=note,
     )
 
 
