@@ -172,8 +172,11 @@ def _class_resolver(
 
 def parse_override(text: str) -> tuple[str, str]:
     """`PATTERN=CLASS` from the command line as a `(pattern, class)` pair; `CLIError` if
-    malformed or the class is unknown."""
-    pattern, sep, name = text.rpartition("=")
+    malformed or the class is unknown. The class may carry parameters
+    (`'taps.*=reduction[K=512]'`): the split is at the last `=` outside brackets."""
+    head = text[: text.rindex("[")] if text.endswith("]") and "[" in text else text
+    pattern, sep, _ = head.rpartition("=")
+    name = text[len(pattern) + 1 :] if sep else ""
     if not sep or not pattern or not name:
         raise CLIError(
             f"--override {text!r} is not PATTERN=CLASS; for example "
