@@ -98,3 +98,17 @@ def test_the_branches_trajectory_takes_every_branch(parity_goldens):
     moves = [at(i, "evidence.pgd_max_move_in_lr") for i in steps]
     assert spd.pgd_warmup_steps > 1
     assert all(m > 1 for m in moves), f"PGD moved no source beyond one step's reach: {moves}"
+
+
+def test_the_bf16_forward_is_the_llama_forward_in_bf16(parity_goldens):
+    """Read from the pinned files: the bf16 group holds the same keys as the fp32 llama
+    forward (prefixed `bf16`), every array bfloat16, and its logits are not the fp32 logits
+    rounded to bf16 (the forward ran in bf16, not in fp32 then cast down)."""
+    import ml_dtypes
+
+    bf16, fp32 = parity_goldens.open("forward_bf16"), parity_goldens.open("forward_llama")
+    assert sorted(k.replace(".bf16.", ".", 1) for k in bf16) == sorted(fp32)
+    assert {bf16.info(k).dtype for k in bf16} == {np.dtype(ml_dtypes.bfloat16)}
+    for key in ("logits.bf16.llama.clean", "logits.bf16.llama.fused_full_depth"):
+        rounded = np.asarray(fp32[key.replace(".bf16.", ".", 1)]).astype(ml_dtypes.bfloat16)
+        assert not np.array_equal(bf16[key].view(np.uint16), rounded.view(np.uint16)), key
