@@ -196,6 +196,7 @@ class KeySpread:
     - `failing`: the perturbations under which the key broke its class.
     - `unmeasured`: `label: reason` for perturbations where the key could not be compared
       (missing, another shape or dtype).
+    - `by_perturbation`: `(label, max_abs, ratio)` per perturbation that measured the key.
     """
 
     group: str
@@ -212,10 +213,13 @@ class KeySpread:
     worst: str | None
     failing: tuple[str, ...] = ()
     unmeasured: tuple[str, ...] = ()
+    by_perturbation: tuple[tuple[str, float, float], ...] = ()
 
     def to_dict(self) -> dict[str, Any]:
         """JSON-safe (non-finite floats as strings)."""
-        return {f.name: _json(getattr(self, f.name)) for f in dataclasses.fields(self)}
+        out = {f.name: _json(getattr(self, f.name)) for f in dataclasses.fields(self)}
+        out["by_perturbation"] = [[lb, a, _json(r)] for lb, a, r in self.by_perturbation]
+        return out
 
 
 @dataclass(frozen=True)
@@ -351,6 +355,7 @@ def measure(
                 worst=None if worst is None or worst[0] == 0 else worst[1],
                 failing=tuple(label for label, f in findings if not f.passed),
                 unmeasured=tuple(unmeasured),
+                by_perturbation=tuple((lb, float(f.max_abs or 0.0), r) for r, lb, f in ratios),
             )
         )
     return out
@@ -548,6 +553,19 @@ def format_calibration(cal: Calibration) -> str:
         )
     right = (False, False, True, True, True, True, True, True, True, False, False)
     lines += _table(rows, right)
+    lines += ["", "per perturbation, per class: worst/bound (max abs):"]
+    names = [c.class_name for c in cal.classes()]
+    rows = [["perturbation", *names]]
+    for p in cal.perturbations:
+        row = [p.label]
+        for name in names:
+            got = [(r, a) for k in cal.keys if k.class_name == name
+                   for lb, a, r in k.by_perturbation if lb == p.label]  # fmt: skip
+            row.append(
+                f"{_num(max(r for r, _ in got))} ({_num(max(a for _, a in got))})" if got else "-"
+            )
+        rows.append(row)
+    lines += _table(rows, (False, *([True] * len(names))))
     flagged = [c for c in cal.classes() if c.verdict != "ok"]
     if flagged:
         lines += ["", "flags:"]

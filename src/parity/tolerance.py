@@ -168,11 +168,20 @@ class ToleranceClass:
 
 
 #: Safety factor of the `reduction` class and the measurement behind it (`parity calibrate`).
-REDUCTION_K = 8.0
-REDUCTION_MEASURED = "TBD"
+REDUCTION_K = 2.0
+REDUCTION_MEASURED = (
+    "bf16 GLU forward against the fp32 forward rounded to bf16 (4 layers, d_model 32, "
+    "d_mlp 64; every tap): worst k = 0.83 at K = 32 (MLP-inner), 0.45 at K = 64; "
+    "k = 2 leaves 2.4x. fp32 taps under the ISA caps SSE4_2/AVX against AVX2: see "
+    "goldens/README.md, 'Calibration'"
+)
 #: The `bf16_logits` class's KL bound (nats) and the measurement behind it.
 BF16_KL_TAU = 1e-3
-BF16_LOGITS_MEASURED = "TBD"
+BF16_LOGITS_MEASURED = (
+    "bf16 GLU forward against the fp32 forward (4 layers, vocab 64, 48 positions): largest "
+    "per-position KL 1.8e-4 (mean 6.3e-5), least top-5 agreement 0.8 (one swap), top-1 "
+    "always equal, max |logit| difference 6.7e-2; tau 1e-3 leaves 5.5x, p 0.6 one more swap"
+)
 
 
 def _frozen_registry(*classes: ToleranceClass) -> Mapping[str, ToleranceClass]:
@@ -264,10 +273,10 @@ REGISTRY: Mapping[str, ToleranceClass] = _frozen_registry(
     ),
     ToleranceClass(
         "bf16_logits",
-        LogitKL(tau=BF16_KL_TAU, top_k=5, p=0.8),
+        LogitKL(tau=BF16_KL_TAU, top_k=5, p=0.6),
         meaning=(
             "bf16 logits as distributions: per-position KL(golden||actual) and top-5 "
-            "agreement, where bitwise is impossible (another ISA, device split, framework)"
+            "agreement, where bitwise is impossible (bf16 against fp32, another framework)"
         ),
         measured=BF16_LOGITS_MEASURED,
     ),

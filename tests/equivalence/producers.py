@@ -30,10 +30,9 @@ from decomp.targets.glu_transformer import GLUConfig, GLUTransformer
 
 #: Key pattern -> tolerance class; first match wins. Pinned into every golden file.
 CLASS_MAP: list[tuple[str, str]] = [
-    # bf16 forward: classes sized by `parity calibrate` (goldens/README.md, "bf16 forward").
-    ("logits.bf16.*", "bf16_logits"),
-    ("taps.bf16.*.mlp.down_proj", "reduction[K=32]"),
-    ("taps.bf16.*", "reduction[K=64]"),
+    # The bf16 forward is bitwise: `parity calibrate` measured no spread at all under the
+    # ISA caps SSE4_2/AVX/AVX2 and 1, 2, 4 devices (goldens/README.md, "bf16 forward").
+    ("*.bf16.*", "bitwise"),
     ("logits.*", "bitwise"),
     ("taps.*", "fp32_reassoc"),
     ("traj.*", "trajectory"),

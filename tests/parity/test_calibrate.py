@@ -149,6 +149,13 @@ def test_calibrate_reports_the_known_spread_per_key_and_class(
     assert keys["taps.x"]["ratio"] == pytest.approx(want32 / 2e-5, rel=1e-9)
     assert keys["taps.x"]["worst"] == "isa=SSE4_2"
     assert keys["taps.x"]["failing"] == ["isa=SSE4_2"]
+    per = {label: max_abs for label, max_abs, _ in keys["taps.x"]["by_perturbation"]}
+    assert per == {
+        "isa=SSE4_2": pytest.approx(_expected_max_abs([ISA_NOISE["SSE4_2"]], np.float32)),
+        "isa=AVX": pytest.approx(_expected_max_abs([ISA_NOISE["AVX"]], np.float32)),
+        "devices=2": pytest.approx(_expected_max_abs([DEVICE_NOISE], np.float32)),
+    }
+    assert "per perturbation, per class" in proc.stdout
     spacing = float(np.spacing(np.float32(2.0)))
     assert keys["taps.x"]["max_ulp"] >= round(ISA_NOISE["SSE4_2"] / spacing)
     assert keys["logits.y"]["max_abs"] == 0.0 and keys["logits.y"]["worst"] is None
