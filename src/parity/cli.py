@@ -35,7 +35,7 @@ import sys
 from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass
 from pathlib import Path
-from typing import IO, Any
+from typing import IO, Any, cast
 
 import numpy as np
 
@@ -393,7 +393,11 @@ def format_inventory(doc: dict[str, Any]) -> str:
     lines.append("provenance:" + ("" if prov else " none recorded"))
     if prov:
         width = max(len(k) for k in prov)
-        lines += [f"  {k.ljust(width)}  {prov[k]}" for k in sorted(prov)]
+        for k in sorted(prov):
+            value = prov[k]
+            if isinstance(value, dict) and "summary" in value:  # a calibration: its one line
+                value = cast(dict[str, Any], value)["summary"]
+            lines.append(f"  {k.ljust(width)}  {value}")
     cmap = doc["class_map"]
     if not isinstance(cmap, dict):
         lines.append("class map: none pinned")
