@@ -335,7 +335,8 @@ def measure(
             findings.append((label, f))
         bound = next((f.bound for _, f in findings if f.bound is not None), 0.0) or 0.0
         ratios = [(_ratio(_figure(f), f.bound or 0.0), label, f) for label, f in findings]
-        worst = max(ratios, key=lambda r: r[0], default=None)
+        # Ties (several perturbations break a bitwise class: inf) go to the larger |a-b|.
+        worst = max(ratios, key=lambda r: (r[0], r[2].max_abs or 0.0), default=None)
         max_abs = _max(f.max_abs for _, f in findings)
         out.append(
             KeySpread(
