@@ -386,6 +386,11 @@ def _cmd_calibrate(args: argparse.Namespace, out: IO[str]) -> int:
             f"golden folder {config.goldens} does not exist; pin it first with "
             "`parity repin --base <REV>`"
         )
+    if args.write and overrides:
+        raise CommandError(
+            "--write records the measurement of the pinned classes in the golden files; "
+            "drop --override to record, or drop --write to measure a candidate class"
+        )
     try:
         perturbs = perturbations(_groups(args.perturb), config)
     except CalibrationError as e:

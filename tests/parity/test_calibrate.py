@@ -206,6 +206,7 @@ def test_calibrate_errors_are_one_line(project: Path, run_parity) -> None:
     for args, needle in (
         (("--perturb", "unroll"), "unknown perturbation"),
         (("--groups", "nope"), "no golden file for group"),
+        (("--write", "--override", "taps.*=bitwise"), "drop --override to record"),
     ):
         proc: subprocess.CompletedProcess[str] = run_parity(project, "calibrate", *args)
         assert proc.returncode == 2, proc.stdout + proc.stderr
