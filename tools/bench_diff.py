@@ -19,8 +19,9 @@ median of `--repeats` runs:
 With `--sizes`, the scale table instead (issue: bounded memory on large goldens): for each
 size, two parity files each holding one bfloat16 array of about that many bytes (shaped
 like logits, `[8, T, V]`; the actual a copy of the golden with one element in 8 moved by
-one ulp), written in a temporary folder and deleted after. Each figure is a fresh process,
-its peak RSS read from `os.wait4`, the median of `--repeats` runs:
+one ulp, and again with none moved), written in a temporary folder and deleted after.
+Each figure is a fresh process, its peak RSS read from `os.wait4`, the median of
+`--repeats` runs:
 
 - `plain`: h5py reads both whole arrays, `np.array_equal` (no checksum, no figures): the
   yardstick of throughput;
@@ -258,15 +259,16 @@ import ml_dtypes
 import numpy as np
 from parity.store import write_goldens
 
-n_bytes, vocab, golden, actual = int(sys.argv[1]), int(sys.argv[2]), sys.argv[3], sys.argv[4]
+n_bytes, vocab, every = int(sys.argv[1]), int(sys.argv[2]), int(sys.argv[3])
+golden, actual = sys.argv[4], sys.argv[5]
 t = max(1, n_bytes // (2 * 8 * vocab))
 rng = np.random.default_rng(0)
 g = np.empty((8, t, vocab), ml_dtypes.bfloat16)
 for i in range(8):  # drawn a slice at a time: the float32 draw is twice the bf16 array
     g[i] = (4 * rng.standard_normal((t, vocab), dtype=np.float32)).astype(ml_dtypes.bfloat16)
 write_goldens(golden, {"logits": g}, classes={"logits": "fp32_reassoc"})
-bits = g.view(np.uint16).reshape(-1)
-bits[::8] ^= 1  # one ulp (or a sign-less neighbour) on one element in 8, in place
+if every:
+    g.view(np.uint16).reshape(-1)[::every] ^= 1  # one ulp on one element in `every`
 write_goldens(actual, {"logits": g})
 """
 
@@ -336,9 +338,10 @@ def scale_table(sizes: list[int], many: int, repeats: int, json_path: str | None
     **Returns:** 0.
     """
     rows: list[dict[str, Any]] = []
-    cases: list[tuple[str, list[str]]] = [
-        (f"{n / 2**20:g} MiB bf16", [_WRITE_BIG, str(n), "32000"]) for n in sizes
-    ]
+    cases: list[tuple[str, list[str]]] = []
+    for n in sizes:
+        cases.append((f"{n / 2**20:g} MiB, 1/8 moved", [_WRITE_BIG, str(n), "32000", "8"]))
+        cases.append((f"{n / 2**20:g} MiB, equal", [_WRITE_BIG, str(n), "32000", "0"]))
     if many:
         cases.append((f"{many} arrays", [_WRITE_MANY, str(many)]))
     print(
@@ -347,7 +350,7 @@ def scale_table(sizes: list[int], many: int, repeats: int, json_path: str | None
         "throughput / plain's, by wall and by CPU"
     )
     print(
-        f"{'case':>18}  {'file MB':>8}  {'plain s':>8}  {'cpu s':>6}  {'GB/s':>6}  "
+        f"{'case':>22}  {'file MB':>8}  {'plain s':>8}  {'cpu s':>6}  {'GB/s':>6}  "
         f"{'RSS MB':>7}  {'parity s':>8}  {'cpu s':>6}  {'GB/s':>6}  {'RSS MB':>7}  "
         f"{'ratio':>5}  {'cpu ratio':>9}"
     )
@@ -378,7 +381,7 @@ def scale_table(sizes: list[int], many: int, repeats: int, json_path: str | None
         row["cpu_ratio"] = plain["cpu_s"] / par["cpu_s"]
         rows.append(row)
         print(
-            f"{label:>18}  {both / 2 / 1e6:8.1f}  {plain['wall_s']:8.2f}  {plain['cpu_s']:6.2f}  "
+            f"{label:>22}  {both / 2 / 1e6:8.1f}  {plain['wall_s']:8.2f}  {plain['cpu_s']:6.2f}  "
             f"{row['plain_gb_s']:6.3f}  {plain['peak_rss'] / 1e6:7.1f}  {par['wall_s']:8.2f}  "
             f"{par['cpu_s']:6.2f}  {row['parity_gb_s']:6.3f}  {par['peak_rss'] / 1e6:7.1f}  "
             f"{row['throughput_ratio']:5.2f}  {row['cpu_ratio']:9.2f}"

@@ -31,7 +31,7 @@ import time
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import Any, cast
 
 from parity.compare import Comparison, Finding, Order, compare_trees
 from parity.provenance import PolicyMode, bitwise_policy, collect_provenance, drift
@@ -360,6 +360,9 @@ def check_group(
     )
     header = {"golden": str(folder.path_of(group)), "base_sha": str(gf.provenance.get("base_sha"))}
     header |= drift_header
+    calibration = gf.provenance.get("calibration")
+    if isinstance(calibration, dict) and calibration.get("summary"):
+        header["calibration"] = str(cast(dict[str, Any], calibration)["summary"])
     resolve = class_resolver(
         overrides=overrides, class_map=class_map, pinned=pinned, recorded=recorded
     )

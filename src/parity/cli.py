@@ -35,7 +35,7 @@ import sys
 from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass
 from pathlib import Path
-from typing import IO, Any
+from typing import IO, Any, cast
 
 import numpy as np
 
@@ -218,8 +218,11 @@ def _class_resolver(
 
 def parse_override(text: str) -> tuple[str, str]:
     """`PATTERN=CLASS` from the command line as a `(pattern, class)` pair; `CLIError` if
-    malformed or the class is unknown."""
-    pattern, sep, name = text.rpartition("=")
+    malformed or the class is unknown. The class may carry parameters
+    (`'taps.*=reduction[K=512]'`): the split is at the last `=` outside brackets."""
+    head = text[: text.rindex("[")] if text.endswith("]") and "[" in text else text
+    pattern, sep, _ = head.rpartition("=")
+    name = text[len(pattern) + 1 :] if sep else ""
     if not sep or not pattern or not name:
         raise CLIError(
             f"--override {text!r} is not PATTERN=CLASS; for example "
@@ -236,11 +239,11 @@ def _tolerance(
     if tol is None:
         try:
             tol = cache[name] = get_class(name)
-        except UnknownClassError:
+        except UnknownClassError as e:
             raise CLIError(
                 f"GOLDEN: {gf.path} checks {key!r} under tolerance class {name!r}, which this "
-                f"parity does not know (known: {', '.join(sorted(REGISTRY))}); pass --class "
-                "NAME, or upgrade parity"
+                f"parity cannot use ({e}; known: {', '.join(sorted(REGISTRY))}); pass "
+                "--class NAME, or upgrade parity"
             ) from None
     return tol
 
@@ -256,10 +259,10 @@ def check_class_name(name: str) -> ToleranceClass:
     """
     try:
         return get_class(name)
-    except UnknownClassError:
+    except UnknownClassError as e:
         raise CLIError(
-            f"--class {name!r} is not a known tolerance class; expected one of: "
-            f"{', '.join(sorted(REGISTRY))}"
+            f"--class {name!r} is not a usable tolerance class ({e}); expected one of: "
+            f"{', '.join(sorted(REGISTRY))}, with parameters where a class needs them"
         ) from None
 
 
@@ -450,7 +453,11 @@ def format_inventory(doc: dict[str, Any]) -> str:
     lines.append("provenance:" + ("" if prov else " none recorded"))
     if prov:
         width = max(len(k) for k in prov)
-        lines += [f"  {k.ljust(width)}  {prov[k]}" for k in sorted(prov)]
+        for k in sorted(prov):
+            value = prov[k]
+            if isinstance(value, dict) and "summary" in value:  # a calibration: its one line
+                value = cast(dict[str, Any], value)["summary"]
+            lines.append(f"  {k.ljust(width)}  {value}")
     cmap = doc["class_map"]
     if not isinstance(cmap, dict):
         lines.append("class map: none pinned")

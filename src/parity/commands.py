@@ -1,10 +1,12 @@
-"""`parity repin`, `parity check` and `parity bisect`: the commands that run producers.
+"""`parity repin`, `parity check`, `parity bisect` and `parity calibrate`: the commands
+that run producers.
 
-Thin layers over `parity.repin`, `parity.runner` (which checks through `parity.check`)
-and `parity.bisect`, configured by `[tool.parity]` (`parity.config`); each key can be
-overridden by the flag of the same name (`--goldens`, `--producers`, `--src`, `--isa`,
-`--devices`). Exit codes as every parity command: 0 pass, 1 some key breaks its class,
-2 a usage or input error, printed as one `parity: error: ...` line by `parity.cli.main`.
+Thin layers over `parity.repin`, `parity.runner` (which checks through `parity.check`),
+`parity.bisect` and `parity.calibrate`, configured by `[tool.parity]` (`parity.config`);
+each key can be overridden by the flag of the same name (`--goldens`, `--producers`,
+`--src`, `--isa`, `--devices`). Exit codes as every parity command: 0 pass, 1 some key
+breaks its class, 2 a usage or input error, printed as one `parity: error: ...` line by
+`parity.cli.main`.
 
 Importing this module imports neither jax nor h5py; each command imports what it needs.
 """
@@ -114,8 +116,36 @@ def add_parsers(sub: Any) -> None:
     _override_flag(bisect)
     _config_flags(bisect, goldens=False)
 
+    cal = sub.add_parser(
+        "calibrate",
+        help="measure the environment's harmless noise against each class's bound",
+        description="Run the producers on the current tree under benign perturbations of the "
+        "pinned environment, each in a fresh process (every XLA CPU ISA cap this host supports, "
+        "simulated device counts 1, 2, 4, or the same environment again), compare every array "
+        "with its golden under its class, and print per class the measured spread (max abs, "
+        "max ulp, max abs over max|golden|) next to the bound, flagging classes below the "
+        "noise (false alarms) or more than 100x above it (blunt). Exit 0 when measured, 2 on "
+        "unusable input.",
+        formatter_class=fmt,
+    )
+    cal.add_argument("--groups", metavar="a,b", help="a subset of the golden groups")
+    cal.add_argument(
+        "--perturb",
+        default="isa,devices",
+        metavar="LIST",
+        help="comma-separated: isa, isa=CAP, devices, devices=N, repeat (default isa,devices)",
+    )
+    cal.add_argument("--json", dest="json_path", metavar="FILE", help="write the measurement")
+    cal.add_argument(
+        "--write",
+        action="store_true",
+        help="record each group's measurement in its golden file's provenance (arrays unchanged)",
+    )
+    _override_flag(cal)
+    _config_flags(cal)
 
-COMMANDS = ("repin", "check", "bisect")
+
+COMMANDS = ("repin", "check", "bisect", "calibrate")
 
 
 def _config(args: argparse.Namespace) -> ParityConfig:
@@ -266,6 +296,8 @@ def _cmd_check(args: argparse.Namespace, out: IO[str]) -> int:
         for k, v in r.header.items():
             if k.startswith("drift") and v not in header.values():
                 header[f"{k} ({r.name})"] = v
+            elif k == "calibration":
+                header[f"calibration ({r.name})"] = v
         if r.header.get("base_sha"):
             header.setdefault("base_sha", r.header["base_sha"])
     merged = _merged(results)
@@ -337,13 +369,80 @@ def _cmd_bisect(args: argparse.Namespace, out: IO[str]) -> int:
     )
 
 
+# --------------------------------------------------------------------------- calibrate
+
+
+def _cmd_calibrate(args: argparse.Namespace, out: IO[str]) -> int:
+    from parity.calibrate import CalibrationError, calibrate, format_calibration, perturbations
+    from parity.calibrate import record as record_calibration
+    from parity.check import CheckError, GoldenDir
+    from parity.runner import ProducersFailed
+    from parity.store import GoldenStoreError
+
+    config = _config(args)
+    overrides = _overrides(args)
+    if not config.goldens.is_dir():
+        raise CommandError(
+            f"golden folder {config.goldens} does not exist; pin it first with "
+            "`parity repin --base <REV>`"
+        )
+    if args.write and overrides:
+        raise CommandError(
+            "--write records the measurement of the pinned classes in the golden files; "
+            "drop --override to record, or drop --write to measure a candidate class"
+        )
+    try:
+        perturbs = perturbations(_groups(args.perturb), config)
+    except CalibrationError as e:
+        raise CommandError(str(e)) from None
+    folder = GoldenDir(config.goldens)
+    groups = _groups(args.groups) or folder.groups()
+    unknown = [g for g in groups if g not in folder.groups()]
+    if unknown:
+        raise CommandError(
+            f"no golden file for group(s) {unknown} in {config.goldens} (it holds "
+            f"{folder.groups()}); pin them first with `parity repin --base <REV> --groups ...`"
+        )
+    try:
+        goldens = {g: folder.open(g) for g in groups}
+        cal = calibrate(config, goldens, perturbs, overrides=overrides, progress=_progress)
+    except (GoldenStoreError, CheckError) as e:
+        folder.close()
+        raise CommandError(str(e)) from None
+    except ProducersFailed as e:
+        folder.close()
+        log = _keep_log(e.output)
+        raise CommandError(f"the producers cannot run: {e.reason} (output: {log})") from None
+    except KeyError as e:  # an unknown or incomplete class in an override or the pinned map
+        folder.close()
+        raise CommandError(str(e)) from None
+    out.write(format_calibration(cal))
+    if args.json_path:
+        try:
+            Path(args.json_path).write_text(json.dumps(cal.to_dict(), indent=1))
+        except OSError as e:
+            raise CommandError(f"cannot write {args.json_path}: {e}") from None
+        out.write(f"JSON written to {args.json_path}\n")
+    if args.write:
+        for group in groups:
+            path = record_calibration(cal, goldens[group], group)
+            out.write(f"calibration recorded in {path} (provenance 'calibration')\n")
+    folder.close()
+    return _EXIT_OK
+
+
 def run_command(args: argparse.Namespace, out: IO[str]) -> int:
     """Run `args.command` (one of `COMMANDS`).
 
     **Returns:** the exit code. Raises `CommandError` or `ConfigError` for input errors
     (one line; `parity.cli.main` prints it and exits 2).
     """
-    command = {"repin": _cmd_repin, "check": _cmd_check, "bisect": _cmd_bisect}[args.command]
+    command = {
+        "repin": _cmd_repin,
+        "check": _cmd_check,
+        "bisect": _cmd_bisect,
+        "calibrate": _cmd_calibrate,
+    }[args.command]
     return command(args, out)
 
 

@@ -44,7 +44,15 @@ Scalar = bool | int | float | complex
 Order = Sequence[str] | Callable[[str], Any]
 
 # Float fields of a finding; `to_dict` writes their non-finite values as strings.
-_FLOAT_FIELDS = ("share_differ", "max_abs", "max_rel", "worst_actual", "worst_golden", "bound")
+_FLOAT_FIELDS = (
+    "share_differ",
+    "max_abs",
+    "max_rel",
+    "worst_actual",
+    "worst_golden",
+    "bound",
+    "figure",
+)
 
 
 def _json_float(x: Any) -> Any:
@@ -99,7 +107,12 @@ class Finding:
         (and integers under any class) 0.0. Reports plot errors against it.
     - `rule`: the kind of the class's rule (`"bitwise"`, `"ulp"`, `"close"`, ...).
     - `unit`: the unit of `bound` and of the figure reports set against it: `"abs"`
-        (`max_abs`) or `"ulp"` (`max_ulp`); so that a finding reads without the registry.
+        (`max_abs`), `"ulp"` (`max_ulp`) or `"kl"` (`figure`); so that a finding reads
+        without the registry.
+    - `figure`: the worst figure in the rule's own unit when that is neither `|a-b|` nor
+        ulps (a `logit_kl` class: the largest per-position KL); `None` otherwise.
+    - `note`: what the rule says even of a passing array (a `budget` class: "below budget:
+        repin to ratchet it down"); `""` when it says nothing.
     """
 
     key: str
@@ -128,6 +141,8 @@ class Finding:
     bound: float | None = None
     rule: str | None = None
     unit: str | None = None
+    figure: float | None = None
+    note: str = ""
 
     @property
     def passed(self) -> bool:
@@ -328,6 +343,9 @@ class _Tally:
     first_differ: _Worst | None = None
     first_special: _Worst | None = None
     best: _Worst | None = None  # largest score (float) or distance (int) so far
+    shape: tuple[int, ...] = ()  # the array's, for rules that judge it whole
+    figure: float | None = None  # the rule's own figure: the largest over the chunks
+    note: str = ""  # the rule's note: the first chunk's that has one
 
     def add(self, start: int, a: np.ndarray, g: np.ndarray) -> None:
         """Fold in one chunk: `a`, `g` flat, their first element at flat index `start`."""
@@ -343,11 +361,11 @@ class _Tally:
             self.first_differ = _Worst(start + i, a[i], g[i])
         if self.kind == "float" and not self.tol.rule.elementwise:
             # The rule judges the array as a whole: every element, in one chunk.
-            self._add_float(start, np.arange(a.size), a, g, differ)
+            self._add_float(start, np.arange(a.size), a, g, differ, self.shape)
             return
         a_d, g_d = a[idx], g[idx]
         if self.kind == "float":
-            self._add_float(start, idx, a_d, g_d, np.ones(idx.size, bool))
+            self._add_float(start, idx, a_d, g_d, np.ones(idx.size, bool), (idx.size,))
         elif self.kind == "int":
             self._add_int(start, idx, a_d, g_d)
         else:
@@ -362,7 +380,13 @@ class _Tally:
                         self.max_abs = max(self.max_abs, m)
 
     def _add_float(
-        self, start: int, idx: np.ndarray, a_d: np.ndarray, g_d: np.ndarray, differ: np.ndarray
+        self,
+        start: int,
+        idx: np.ndarray,
+        a_d: np.ndarray,
+        g_d: np.ndarray,
+        differ: np.ndarray,
+        shape: tuple[int, ...],
     ) -> None:
         a64, g64 = to_float64(a_d), to_float64(g_d)
         finite = np.isfinite(a64) & np.isfinite(g64)
@@ -382,10 +406,13 @@ class _Tally:
         self.max_abs = max(cast(float, self.max_abs), float(diff.max()))
         self.max_rel = max(self.max_rel, float(rel.max()))
         self.max_ulp = max(self.max_ulp, int(ulp.max()))
-        elements = Elements(differ, finite, special, diff, abs_g, ulp)
+        elements = Elements(differ, finite, special, diff, abs_g, ulp, a64, g64, shape)
         scale = self.scale if self.scale is not None else Scale(self.dtype, 0.0)
         judgement = self.tol.rule.judge(elements, scale)
         self.n_violating += int(np.count_nonzero(judgement.violating))
+        if judgement.figure is not None:
+            self.figure = max(judgement.figure, self.figure or 0.0)
+        self.note = self.note or judgement.note
         n_special = int(np.count_nonzero(special))
         if n_special:
             if self.first_special is None:
@@ -533,7 +560,7 @@ def compare_arrays(
     scale = None
     if is_float and tol.rule.judge_needs_scale():
         scale = _scan_scale(src_g, blocks)
-    tally = _Tally(kind, tol, scale, dtype)
+    tally = _Tally(kind, tol, scale, dtype, shape=shape_g)
     for block in blocks:
         tally.add(block.start, src_a.read(block), src_g.read(block))
     src_a.finish()
@@ -560,6 +587,7 @@ def compare_arrays(
             n_violating=0,
             n_nan_inf_mismatch=0 if is_float else None,
             bound=bound,
+            figure=0.0 if is_float and tol.rule.unit not in ("abs", "ulp") else None,
         )
 
     worst, worst_is_special = tally.worst()
@@ -619,6 +647,8 @@ def compare_arrays(
         n_violating=n_violating,
         n_nan_inf_mismatch=tally.n_special if is_float else None,
         bound=bound,
+        figure=tally.figure,
+        note=tally.note,
     )
 
 

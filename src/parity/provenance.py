@@ -279,11 +279,16 @@ def _same(field: str, a: Any, b: Any) -> bool:
     return a == b
 
 
+#: Provenance fields that record a measurement, not the environment: never a drift.
+NOT_ENVIRONMENT = frozenset({"calibration"})
+
+
 def drift(golden_prov: Mapping[str, Any], current_prov: Mapping[str, Any]) -> list[Drift]:
     """The fields where the current environment differs from the golden's.
 
     `base_sha` and `producer_digest` are compared only when both sides record one (a check
-    run usually has no base SHA of its own). Fields neither list knows are reported as
+    run usually has no base SHA of its own); `calibration` (what `parity calibrate`
+    measured) is not compared. Fields neither list knows are reported as
     "info".
 
     **Arguments:**
@@ -300,6 +305,8 @@ def drift(golden_prov: Mapping[str, Any], current_prov: Mapping[str, Any]) -> li
     for field in sorted(set(golden_prov) | set(current_prov)):
         g, c = golden_prov.get(field), current_prov.get(field)
         if field in ("base_sha", "producer_digest") and (g is None or c is None):
+            continue
+        if field in NOT_ENVIRONMENT:
             continue
         if _same(field, g, c):
             continue

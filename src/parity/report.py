@@ -88,6 +88,8 @@ def _severity(f: Finding) -> tuple[bool, float, float, float]:
         return (True, math.inf, math.inf, math.inf)
     ratio = 0.0
     figure = float(f.max_ulp if f.unit == "ulp" and f.max_ulp is not None else f.max_abs or 0.0)
+    if f.figure is not None:
+        figure = f.figure
     if f.bound:
         ratio = figure / f.bound
     elif figure:
@@ -244,8 +246,9 @@ def format_table(
     - `failing_checks_only`: list only the checks that fail (for a terminal summary).
 
     **Returns:** the text: the verdict, the header, a table per class (arrays, passed,
-    failed, bitwise equal, max abs, max ulp, worst key), the first divergence and every
-    failing key with its reason. No colour codes.
+    failed, bitwise equal, max abs, max ulp, worst key), the first divergence, the notes
+    rules make of passing arrays (a budget that shrank) and every failing key with its
+    reason. No colour codes.
     """
     failures = comparison.failures
     verdict = "PASS" if comparison.passed else "FAIL"
@@ -268,6 +271,10 @@ def format_table(
         ]
     else:
         lines += ["", *_check_lines(checks, failing_only=failing_checks_only)]
+    noted = [f for f in comparison.findings if f.note]
+    if noted:
+        lines += ["", f"notes ({len(noted)}):"]
+        lines += [f"  {f.key} [{f.class_name}, {f.verdict}]: {f.note}" for f in noted]
     if failures:
         lines += ["", f"failures ({len(failures)}):"]
         lines += [f"  {f.key} [{f.class_name}, {f.verdict}]: {f.reason}" for f in failures]
@@ -408,7 +415,9 @@ def _plot_class(path: Path, name: str, findings: Sequence[Finding]) -> None:
     # Absent, mismatched and NaN/inf-misplaced keys have no meaningful figure: they are
     # drawn as markers along the top instead.
     figure = [
-        None if f.max_abs is None or f.n_nan_inf_mismatch else (f.max_ulp if in_ulp else f.max_abs)
+        None
+        if f.max_abs is None or f.n_nan_inf_mismatch
+        else (f.figure if f.figure is not None else f.max_ulp if in_ulp else f.max_abs)
         for f in findings
     ]
     y = np.array([math.nan if v is None else float(v) for v in figure], dtype=np.float64)

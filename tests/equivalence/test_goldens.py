@@ -98,3 +98,45 @@ def test_the_branches_trajectory_takes_every_branch(parity_goldens):
     moves = [at(i, "evidence.pgd_max_move_in_lr") for i in steps]
     assert spd.pgd_warmup_steps > 1
     assert all(m > 1 for m in moves), f"PGD moved no source beyond one step's reach: {moves}"
+
+
+#: The bf16 forward against the fp32 forward, where bitwise is impossible: logits as
+#: distributions, taps (the fp32 ones rounded to bf16) within a bf16 reduction of the
+#: length of the last contraction (d_model 32 for MLP-inner, d_mlp 64 into the residual).
+BF16_AGAINST_FP32 = [
+    ("logits.*", "bf16_logits"),
+    ("taps.*.mlp.down_proj", "reduction[K=32]"),
+    ("taps.*", "reduction[K=64]"),
+]
+
+
+def test_the_bf16_forward_is_within_bf16_classes_of_the_fp32_forward(parity_check, parity_goldens):
+    import ml_dtypes
+
+    bf16, fp32 = parity_goldens.open("forward_bf16"), parity_goldens.open("forward_llama")
+    actual, expected = {}, {}
+    for key in bf16:
+        ref = np.asarray(fp32[key.replace(".bf16.", ".", 1)])
+        if key.startswith("logits."):
+            actual[key], expected[key] = np.asarray(bf16[key]).astype(np.float32), ref
+        else:
+            actual[key], expected[key] = np.asarray(bf16[key]), ref.astype(ml_dtypes.bfloat16)
+    from parity.tolerance import ClassMap
+
+    cmap = ClassMap(tuple(BF16_AGAINST_FP32))
+    parity_check(actual, expected, name="forward_bf16.against_fp32", class_map=cmap,
+                 order=bf16.ordered_keys())  # fmt: skip
+
+
+def test_the_bf16_forward_is_the_llama_forward_in_bf16(parity_goldens):
+    """Read from the pinned files: the bf16 group holds the same keys as the fp32 llama
+    forward (prefixed `bf16`), every array bfloat16, and its logits are not the fp32 logits
+    rounded to bf16 (the forward ran in bf16, not in fp32 then cast down)."""
+    import ml_dtypes
+
+    bf16, fp32 = parity_goldens.open("forward_bf16"), parity_goldens.open("forward_llama")
+    assert sorted(k.replace(".bf16.", ".", 1) for k in bf16) == sorted(fp32)
+    assert {bf16.info(k).dtype for k in bf16} == {np.dtype(ml_dtypes.bfloat16)}
+    for key in ("logits.bf16.llama.clean", "logits.bf16.llama.fused_full_depth"):
+        rounded = np.asarray(fp32[key.replace(".bf16.", ".", 1)]).astype(ml_dtypes.bfloat16)
+        assert not np.array_equal(bf16[key].view(np.uint16), rounded.view(np.uint16)), key
