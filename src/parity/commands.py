@@ -44,7 +44,27 @@ def _config_flags(p: argparse.ArgumentParser, *, goldens: bool = True) -> None:
         "--src", metavar="DIR[,DIR]", help="import root(s) of the code under test (default: src)"
     )
     g.add_argument("--isa", metavar="CAP", help="XLA CPU ISA cap before jax starts (default AVX2)")
-    g.add_argument("--devices", type=int, metavar="N", help="simulated CPU devices (default 1)")
+    g.add_argument(
+        "--devices", type=int, metavar="N", help="simulated CPU devices per process (default 1)"
+    )
+
+
+def _process_flags(p: argparse.ArgumentParser) -> None:
+    g = p.add_argument_group("multi-process runs (JAX's distributed runtime)")
+    g.add_argument(
+        "--processes",
+        type=int,
+        metavar="N",
+        help="run the producers as N processes of one distributed run, --devices each, "
+        "outputs gathered to process 0 (default 1)",
+    )
+    g.add_argument(
+        "--timeout",
+        type=float,
+        metavar="S",
+        help="with --processes: seconds the run may take before every worker is stopped "
+        "(default 900); a worker that fails stops the others at once",
+    )
 
 
 def _override_flag(p: argparse.ArgumentParser) -> None:
@@ -95,6 +115,7 @@ def add_parsers(sub: Any) -> None:
     )
     _override_flag(check)
     _config_flags(check)
+    _process_flags(check)
 
     bisect = sub.add_parser(
         "bisect",
@@ -119,7 +140,8 @@ COMMANDS = ("repin", "check", "bisect")
 
 
 def _config(args: argparse.Namespace) -> ParityConfig:
-    flags = {k: getattr(args, k, None) for k in ("goldens", "producers", "src", "isa", "devices")}
+    keys = ("goldens", "producers", "src", "isa", "devices", "processes")
+    flags = {k: getattr(args, k, None) for k in keys}
     return load_config().with_overrides(**flags)
 
 
@@ -242,10 +264,20 @@ def _cmd_check(args: argparse.Namespace, out: IO[str]) -> int:
             f"golden folder {config.goldens} does not exist; pin it first with "
             "`parity repin --base <REV>`"
         )
+    if args.timeout is not None and args.timeout <= 0:
+        raise CommandError(f"--timeout must be a positive number of seconds, got {args.timeout}")
     try:
-        produced = produce(config.root, config, groups=_groups(args.groups), progress=_progress)
+        produced = produce(
+            config.root,
+            config,
+            groups=_groups(args.groups),
+            progress=_progress,
+            timeout=args.timeout,
+        )
     except ProducersFailed as e:
         log = _keep_log(e.output)
+        if e.tail:  # a worker's last lines, before the one-line verdict
+            print(f"parity: last output lines:\n{e.tail}", file=sys.stderr, flush=True)
         raise CommandError(f"the producers cannot run: {e.reason} (output: {log})") from None
     save = Path(args.save_actual).resolve() if args.save_actual else None
     try:
@@ -259,8 +291,10 @@ def _cmd_check(args: argparse.Namespace, out: IO[str]) -> int:
         "goldens": str(config.goldens),
         "producers": str(config.producers),
         "src": ", ".join(str(s) for s in config.src),
+        "layout": str(produced.layout),
         "xla_flags": produced.xla_flags,
-        "produce": f"{produced.seconds:.1f}s in a fresh process",
+        "produce": f"{produced.seconds:.1f}s in "
+        + ("a fresh process" if produced.layout.processes == 1 else "fresh processes"),
     }
     for r in results:
         for k, v in r.header.items():

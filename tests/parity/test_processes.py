@@ -1,0 +1,199 @@
+"""`parity check --processes N --devices M` on a throwaway project with a tiny JAX producer:
+the run passes over 2 processes x 2 devices with the layout in its header, and every fault
+(a producer raising on one process, a worker killed mid-run, a hang past the timeout, a
+value that differs between processes) ends with exit 2 naming the worker, with no worker
+process, coordinator port or temporary folder left behind."""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+import signal
+import socket
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+
+PRODUCERS = '''\
+"""A batch split over every process, doubled, and its sum; mode.txt picks a fault."""
+
+import os
+import time
+from pathlib import Path
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+from jax.sharding import Mesh, NamedSharding, PartitionSpec
+
+HERE = Path(__file__).parent
+
+
+def g():
+    mode = (HERE / "mode.txt").read_text().strip() if (HERE / "mode.txt").exists() else ""
+    mesh = Mesh(np.array(jax.devices()), ("dp",))
+    rows = 2 * jax.local_device_count()
+    start = jax.process_index() * rows
+    local = np.arange(start, start + rows, dtype=np.float32)
+    x = jax.make_array_from_process_local_data(
+        NamedSharding(mesh, PartitionSpec("dp")), local, (rows * jax.process_count(),)
+    )
+    if jax.process_index() == 1:
+        if mode == "raise":
+            raise RuntimeError("deliberate failure on process 1")
+        if mode in ("hang", "kill"):
+            (HERE / "pid.txt").write_text(str(os.getpid()))
+            time.sleep(3600)
+    total = jax.jit(jnp.sum, out_shardings=NamedSharding(mesh, PartitionSpec()))(x)
+    out = {"doubled": jax.jit(lambda x: 2.0 * x)(x), "total": total}
+    if mode == "per_process":
+        out["drawn"] = np.float32(jax.process_index())
+    else:
+        out["drawn"] = np.float32(0.0)
+    return out
+
+
+GROUPS = {"g": g}
+'''
+
+
+@pytest.fixture(scope="module")
+def project(tmp_path_factory: pytest.TempPathFactory, git, run_parity) -> Path:
+    """A project pinned on 1 process x 4 devices."""
+    repo = tmp_path_factory.mktemp("mp") / "proj"
+    repo.mkdir()
+    (repo / "producers.py").write_text(PRODUCERS)
+    (repo / "pyproject.toml").write_text('[tool.parity]\nproducers = "producers.py"\n')
+    (repo / ".gitignore").write_text("mode.txt\npid.txt\n")
+    git(repo, "init", "-q", "-b", "main")
+    git(repo, "add", "-A")
+    git(repo, "commit", "-qm", "one")
+    pinned = run_parity(repo, "repin", "--base", "HEAD", "--devices", "4")
+    assert pinned.returncode == 0, pinned.stdout + pinned.stderr
+    return repo
+
+
+@pytest.fixture
+def mode(project: Path):
+    """Set the fault the producer injects; cleared after the test."""
+
+    def set_mode(name: str) -> None:
+        (project / "mode.txt").write_text(name)
+
+    yield set_mode
+    for name in ("mode.txt", "pid.txt"):
+        (project / name).unlink(missing_ok=True)
+
+
+def _workers_of(project: Path) -> list[int]:
+    """Live processes whose command line names this project's producers (the workers)."""
+    needle = str(project / "producers.py").encode()
+    pids = []
+    for entry in Path("/proc").iterdir():
+        if not entry.name.isdigit():
+            continue
+        try:
+            cmdline = (entry / "cmdline").read_bytes()
+        except OSError:
+            continue
+        if needle in cmdline and b"_producer_runner" in cmdline:
+            pids.append(int(entry.name))
+    return pids
+
+
+def _assert_nothing_left(project: Path, stderr: str) -> None:
+    assert _workers_of(project) == [], "worker processes outlived the run"
+    tmp = project.parent / "tmp"
+    left = sorted(p.name for p in tmp.iterdir() if not p.name.startswith("parity-producers-"))
+    assert left == [], f"temporary files left behind: {left}"
+    logs = re.findall(r"\(output: (\S+)\)", stderr)
+    assert logs, stderr
+    port = re.search(r"joined the run at localhost:(\d+)", Path(logs[-1]).read_text())
+    assert port, "the kept log does not name the coordinator"
+    with socket.socket() as s:
+        # Nobody listens on the coordinator's port any more (SO_REUSEADDR: connections of
+        # the run may linger in TIME_WAIT, which is the kernel's, not a leftover).
+        s.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        s.bind(("localhost", int(port.group(1))))
+        s.listen()
+
+
+def _fault(stderr: str, needle: str) -> None:
+    errors = [ln for ln in stderr.splitlines() if ln.startswith("parity: error: ")]
+    assert len(errors) == 1 and needle in errors[0], stderr
+
+
+def test_check_over_two_processes_passes_and_records_the_layout(
+    project: Path, run_parity, tmp_path: Path
+) -> None:
+    ok = run_parity(
+        project, "check", "--processes", "2", "--devices", "2", "--report", str(tmp_path)
+    )
+    assert ok.returncode == 0, ok.stdout + ok.stderr
+    assert re.search(r"layout\s+2 processes x 2 devices \(4 in all\)", ok.stdout), ok.stdout
+    doc = json.loads((tmp_path / "report.json").read_text())
+    assert doc["header"]["layout"] == "2 processes x 2 devices (4 in all)"
+    assert doc["checks"][0]["passed"] is True
+    assert _workers_of(project) == []
+
+
+def test_a_producer_raising_on_one_process_ends_the_run_naming_it(
+    project: Path, run_parity, mode
+) -> None:
+    mode("raise")
+    proc = run_parity(project, "check", "--processes", "2", "--devices", "2")
+    assert proc.returncode == 2, proc.stdout + proc.stderr
+    _fault(proc.stderr, "process 1 of 2 exited with status 1")
+    assert "RuntimeError: deliberate failure on process 1" in proc.stderr
+    _assert_nothing_left(project, proc.stderr)
+
+
+def test_a_hanging_worker_is_stopped_at_the_timeout(project: Path, run_parity, mode) -> None:
+    mode("hang")
+    proc = run_parity(project, "check", "--processes", "2", "--devices", "2", "--timeout", "25")
+    assert proc.returncode == 2, proc.stdout + proc.stderr
+    _fault(proc.stderr, "timed out after 25 s")
+    assert "process 1:" in proc.stderr  # the still-running workers' last lines
+    _assert_nothing_left(project, proc.stderr)
+
+
+def test_a_worker_killed_mid_run_ends_the_run_naming_it(project: Path, mode) -> None:
+    mode("kill")
+    tmp = project.parent / "tmp"
+    tmp.mkdir(exist_ok=True)
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "parity", "check", "--processes", "2", "--devices", "2"],
+        cwd=project,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+        env={**os.environ, "PYTHONWARNINGS": "ignore", "TMPDIR": str(tmp)},
+    )
+    try:
+        pid_file = project / "pid.txt"
+        deadline = time.monotonic() + 240
+        while not pid_file.exists() and proc.poll() is None and time.monotonic() < deadline:
+            time.sleep(0.1)
+        assert pid_file.exists(), "process 1 never reached its producer"
+        time.sleep(0.2)  # the file is written before the sleep begins
+        os.kill(int(pid_file.read_text()), signal.SIGKILL)
+        _, stderr = proc.communicate(timeout=120)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.communicate()
+    assert proc.returncode == 2, stderr
+    _fault(stderr, "process 1 of 2 was killed by SIGKILL")
+    _assert_nothing_left(project, stderr)
+
+
+def test_a_value_that_differs_between_processes_is_named(project: Path, run_parity, mode) -> None:
+    mode("per_process")
+    proc = run_parity(project, "check", "--processes", "2", "--devices", "2")
+    assert proc.returncode == 2, proc.stdout + proc.stderr
+    assert "process 1 holds other values for key 'drawn' than process 0" in proc.stderr
+    _assert_nothing_left(project, proc.stderr)
