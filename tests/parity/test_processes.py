@@ -197,3 +197,99 @@ def test_a_value_that_differs_between_processes_is_named(project: Path, run_pari
     assert proc.returncode == 2, proc.stdout + proc.stderr
     assert "process 1 holds other values for key 'drawn' than process 0" in proc.stderr
     _assert_nothing_left(project, proc.stderr)
+
+
+# --------------------------------------------------------------------------- the plugin
+
+PLUGIN_TESTS = """\
+import os
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+from jax.sharding import Mesh, NamedSharding, PartitionSpec
+
+
+def _batch():
+    mesh = Mesh(np.array(jax.devices()), ("dp",))
+    host = np.arange(8, dtype=np.float32)
+    sharding = NamedSharding(mesh, PartitionSpec("dp"))
+    return jax.make_array_from_callback(host.shape, sharding, lambda i: host[i])
+
+
+def test_sharded_over_processes(parity_check):
+    assert jax.process_count() == 2 and jax.device_count() == 4
+    y = jax.jit(lambda x: jnp.cumsum(x) * 0.5)(_batch())
+    assert not y.is_fully_addressable
+    parity_check({"y": y}, {"y": np.cumsum(np.arange(8, dtype=np.float32)) * 0.5},
+                 name="sharded", class_map="bitwise")
+
+
+def test_per_process_value(parity_check):
+    if os.environ.get("PLUGIN_MODE") != "per_process":
+        return
+    parity_check({"v": np.float32(jax.process_index())}, {"v": np.float32(0)}, name="drawn")
+
+
+def test_crash(parity_check):
+    if os.environ.get("PLUGIN_MODE") == "crash" and jax.process_index() == 1:
+        os._exit(3)
+"""
+
+
+def _pytest_in(project: Path, *args: str, mode: str = "") -> subprocess.CompletedProcess[str]:
+    tmp = project.parent / "tmp"
+    tmp.mkdir(exist_ok=True)
+    env = {**os.environ, "PYTHONWARNINGS": "ignore", "TMPDIR": str(tmp), "PLUGIN_MODE": mode}
+    env.pop("PYTEST_XDIST_WORKER", None)
+    return subprocess.run(
+        [sys.executable, "-m", "pytest", "-q", "--parity-cache", "none", *args],
+        cwd=project,
+        capture_output=True,
+        text=True,
+        env=env,
+        timeout=300,
+    )
+
+
+@pytest.fixture(scope="module")
+def plugin_project(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    repo = tmp_path_factory.mktemp("mp_plugin") / "proj"
+    repo.mkdir()
+    (repo / "pyproject.toml").write_text("[tool.pytest.ini_options]\naddopts = ''\n")
+    (repo / "test_sharded.py").write_text(PLUGIN_TESTS)
+    return repo
+
+
+def test_the_plugin_runs_a_session_over_two_processes_and_process_0_reports(
+    plugin_project: Path,
+) -> None:
+    proc = _pytest_in(
+        plugin_project, "--parity-processes", "2", "--parity-devices", "2",
+        "--parity-report", "rep",
+    )  # fmt: skip
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    assert "3 passed" in proc.stdout  # process 0's session, shown
+    doc = json.loads((plugin_project / "rep" / "report.json").read_text())
+    assert doc["header"]["layout"] == "2 processes x 2 devices (4 in all)"
+    assert [c["name"] for c in doc["checks"]] == ["sharded"]  # one report, process 0's
+    assert doc["checks"][0]["passed"] is True
+
+
+def test_the_plugin_names_a_value_that_differs_between_processes(plugin_project: Path) -> None:
+    proc = _pytest_in(
+        plugin_project, "--parity-processes", "2", "--parity-devices", "2", mode="per_process"
+    )
+    # Process 0 compares its own value (0 against 0) and passes; process 1 takes that
+    # verdict, finds its own arrays judged otherwise, and fails saying so.
+    assert proc.returncode == 1, proc.stdout + proc.stderr
+    assert "ended with different statuses [0, 1]" in proc.stderr
+
+
+def test_the_plugin_ends_the_session_when_a_worker_dies(plugin_project: Path) -> None:
+    proc = _pytest_in(
+        plugin_project, "--parity-processes", "2", "--parity-devices", "2", mode="crash"
+    )
+    assert proc.returncode == 2, proc.stdout + proc.stderr
+    assert "process 1 of 2 exited with status 3" in proc.stderr
+    assert not [p for p in (plugin_project.parent / "tmp").iterdir()], "temporary files left"
