@@ -11,6 +11,16 @@ from pathlib import Path
 import pytest
 
 
+def pytest_addoption(parser: pytest.Parser) -> None:
+    parser.addoption(
+        "--across-processes",
+        choices=("eval", "all"),
+        default="eval",
+        help="groups tests/equivalence/test_across_processes.py runs at 2x2 and 1x4: the "
+        "eval group (default), or the trajectories too (tox -e equivalence)",
+    )
+
+
 def _git(repo: Path, *args: str) -> str:
     env = {
         **os.environ,

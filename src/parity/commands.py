@@ -65,6 +65,18 @@ def _process_flags(p: argparse.ArgumentParser) -> None:
         help="with --processes: seconds the run may take before every worker is stopped "
         "(default 900); a worker that fails stops the others at once",
     )
+    g.add_argument(
+        "--coordinator",
+        metavar="HOST:PORT",
+        help="on a cluster: where process 0 listens (host 0's address); start the same "
+        "command on every host with its --process-id (default: this host, a free port)",
+    )
+    g.add_argument(
+        "--process-id",
+        type=int,
+        metavar="I",
+        help="on a cluster: this host's process id, 0 to N-1; process 0 checks and reports",
+    )
 
 
 def _override_flag(p: argparse.ArgumentParser) -> None:
@@ -266,6 +278,16 @@ def _cmd_check(args: argparse.Namespace, out: IO[str]) -> int:
         )
     if args.timeout is not None and args.timeout <= 0:
         raise CommandError(f"--timeout must be a positive number of seconds, got {args.timeout}")
+    if (args.coordinator is None) != (args.process_id is None):
+        raise CommandError(
+            "--coordinator and --process-id go together (one process per host of a cluster); "
+            "pass both, or neither to run every process here"
+        )
+    if args.process_id is not None and not 0 <= args.process_id < config.processes:
+        raise CommandError(
+            f"--process-id {args.process_id} is not one of the run's processes 0..."
+            f"{config.processes - 1} (--processes {config.processes})"
+        )
     try:
         produced = produce(
             config.root,
@@ -273,12 +295,20 @@ def _cmd_check(args: argparse.Namespace, out: IO[str]) -> int:
             groups=_groups(args.groups),
             progress=_progress,
             timeout=args.timeout,
+            coordinator=args.coordinator,
+            process_id=args.process_id,
         )
     except ProducersFailed as e:
         log = _keep_log(e.output)
         if e.tail:  # a worker's last lines, before the one-line verdict
             print(f"parity: last output lines:\n{e.tail}", file=sys.stderr, flush=True)
         raise CommandError(f"the producers cannot run: {e.reason} (output: {log})") from None
+    if args.process_id:  # a host other than process 0's: its part is done
+        out.write(
+            f"process {args.process_id} of {config.processes} ran its part; process 0's host "
+            "checks the outputs and reports\n"
+        )
+        return _EXIT_OK
     save = Path(args.save_actual).resolve() if args.save_actual else None
     try:
         with GoldenDir(config.goldens) as goldens:

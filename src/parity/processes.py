@@ -135,13 +135,16 @@ def run_workers(
     echo: IO[str] | None = None,
     progress: Callable[[str], None] | None = None,
     cwd: str | os.PathLike[str] | None = None,
+    coordinator: str | None = None,
+    process_id: int | None = None,
 ) -> list[int]:
     """Run `n` copies of `argv` as the processes of one distributed run, and own them.
 
     Worker `i` gets `env` plus `PARITY_PROCESS_ID=i`, `PARITY_PROCESSES=n` and
     `PARITY_COORDINATOR=localhost:<port>` (a port free when the run starts), in a process
     group of its own; its stdout and stderr go to a temporary file that is removed at the
-    end.
+    end. On a cluster, each host starts one worker of the run: `process_id` says which,
+    `coordinator` where process 0 listens (`HOST0:PORT`).
 
     **Arguments:**
 
@@ -154,20 +157,28 @@ def run_workers(
     - `echo`: where worker 0's output is copied as it comes (the report is its).
     - `progress`: receives worker 0's output lines as they come.
     - `cwd`: the workers' working folder.
+    - `coordinator`: `HOST:PORT` of process 0's coordinator (default: a free local port).
+    - `process_id`: start only this worker of the `n` (one process per host; the other
+      hosts start theirs); default all `n`, here.
 
-    **Returns:** the exit statuses, by process id, once every worker exited with a status
+    **Returns:** the exit statuses, by local worker, once every worker exited with a status
     `ok` accepts. Raises `WorkerFailed` as soon as one worker exits with another status or
     is killed (every other worker stopped within `KILL_GRACE_S`), or at the timeout.
     """
     if n < 1:
         raise ValueError(f"a run needs at least 1 process, got {n}")
+    if process_id is not None and not 0 <= process_id < n:
+        raise ValueError(f"process id {process_id} is not one of the run's 0..{n - 1}")
+    if process_id is not None and coordinator is None:
+        raise ValueError("a run spread over hosts needs the coordinator's HOST:PORT")
     folder = Path(tempfile.mkdtemp(prefix="parity-workers-"))
     logs: list[IO[bytes]] = []
     procs: list[subprocess.Popen[bytes]] = []
-    coordinator = f"localhost:{free_port()}"
+    coordinator = coordinator or f"localhost:{free_port()}"
+    ids = range(n) if process_id is None else [process_id]
     try:
-        for i in range(n):
-            log = open(folder / f"process{i}.log", "wb")  # noqa: SIM115 (closed below)
+        for j, i in enumerate(ids):
+            log = open(folder / f"process{j}.log", "wb")  # noqa: SIM115 (closed below)
             logs.append(log)
             worker_env = {**env, ENV_PROCESS_ID: str(i), ENV_PROCESSES: str(n)}
             worker_env[ENV_COORDINATOR] = coordinator
@@ -182,7 +193,7 @@ def run_workers(
                     start_new_session=True,
                 )
             )
-        return _watch(procs, folder, timeout, ok, echo, progress)
+        return _watch(procs, list(ids), n, folder, timeout, ok, echo, progress)
     finally:
         _stop(procs, KILL_GRACE_S)
         for log in logs:
@@ -192,17 +203,19 @@ def run_workers(
 
 def _watch(
     procs: Sequence[subprocess.Popen[bytes]],
+    ids: Sequence[int],
+    n: int,
     folder: Path,
     timeout: float,
     ok: Callable[[int], bool],
     echo: IO[str] | None,
     progress: Callable[[str], None] | None,
 ) -> list[int]:
-    def output(i: int) -> str:
-        return (folder / f"process{i}.log").read_bytes().decode("utf-8", "replace")
+    def output(j: int) -> str:
+        return (folder / f"process{j}.log").read_bytes().decode("utf-8", "replace")
 
     def everything() -> str:
-        return "\n".join(f"--- process {i} ---\n{output(i)}" for i in range(len(procs)))
+        return "\n".join(f"--- process {i} ---\n{output(j)}" for j, i in enumerate(ids))
 
     seen = 0
     pending = ""
@@ -229,15 +242,17 @@ def _watch(
     while True:
         forward()
         codes = [p.poll() for p in procs]
-        for i, code in enumerate(codes):
+        for j, code in enumerate(codes):
             if code is not None and not ok(code):
                 _stop(procs, KILL_GRACE_S)
                 forward()
-                tail = "\n".join(f"  {ln}" for ln in _tail(output(i)))
+                tail = "\n".join(f"  {ln}" for ln in _tail(output(j)))
+                others = (
+                    "the other processes were stopped" if len(procs) > 1 else "it ran alone here"
+                )
                 raise WorkerFailed(
-                    i,
-                    f"process {i} of {len(procs)} {_describe_exit(code)}; the other "
-                    "processes were stopped",
+                    ids[j],
+                    f"process {ids[j]} of {n} {_describe_exit(code)}; {others}",
                     tail,
                     everything(),
                 )

@@ -229,6 +229,8 @@ def run_producers(
     src: Sequence[str] | None = None,
     processes: int = 1,
     timeout: float | None = None,
+    coordinator: str | None = None,
+    process_id: int | None = None,
 ) -> str:
     """Run `producers` in a subprocess importing code from `code_root/src` (or, with
     `src`, from each of these folders relative to `code_root`, first one first).
@@ -236,7 +238,8 @@ def run_producers(
     With `processes` above 1, the producers run as that many workers of one JAX
     distributed run, `device_count` devices each (`parity.processes.run_workers`, which
     stops them all at the first failure or after `timeout` seconds, default
-    `parity.processes.DEFAULT_TIMEOUT_S`); process 0 saves.
+    `parity.processes.DEFAULT_TIMEOUT_S`); process 0 saves. On a cluster, `process_id` and
+    `coordinator` (`HOST0:PORT`) start only this host's worker.
 
     **Returns:** the XLA flags the subprocess ran under. Raises `RepinError` with the
     producer's output (traceback included) if it fails, and
@@ -268,6 +271,8 @@ def run_producers(
             env=env,
             timeout=DEFAULT_TIMEOUT_S if timeout is None else timeout,
             progress=forward,
+            coordinator=coordinator,
+            process_id=process_id,
         )
         return flags
     tail: list[str] = []

@@ -88,6 +88,8 @@ def produce(
     drop_paths: Sequence[Path] = (),
     progress: Callable[[str], None] = lambda _: None,
     timeout: float | None = None,
+    coordinator: str | None = None,
+    process_id: int | None = None,
 ) -> Produced:
     """Run the configured producers against `code_root` in a fresh process.
 
@@ -102,6 +104,9 @@ def produce(
     - `progress`: receives the producer's progress lines.
     - `timeout`: with `config.processes` above 1, the seconds the run may take (default
       `parity.processes.DEFAULT_TIMEOUT_S`).
+    - `coordinator`, `process_id`: on a cluster, process 0's `HOST:PORT` and this host's
+      process id: only this host's worker starts here (one process per host), and only
+      process 0's host gets the outputs (the others get no groups).
 
     With `config.processes` above 1 the producers run SPMD as the workers of one JAX
     distributed run, `config.devices` devices each, and process 0's outputs are loaded.
@@ -127,6 +132,8 @@ def produce(
                 src=src,
                 processes=config.processes,
                 timeout=timeout,
+                coordinator=coordinator,
+                process_id=process_id,
             )
         except WorkerFailed as e:
             raise ProducersFailed(e.reason, e.output, e.tail) from None

@@ -199,6 +199,35 @@ def test_a_value_that_differs_between_processes_is_named(project: Path, run_pari
     _assert_nothing_left(project, proc.stderr)
 
 
+def test_one_process_per_host_with_the_coordinator_of_host_0(project: Path) -> None:
+    """The cluster form, both "hosts" on this machine: the same command on each, with the
+    coordinator's address and the host's process id; process 0 checks and reports."""
+    from parity.processes import free_port
+
+    tmp = project.parent / "tmp"
+    tmp.mkdir(exist_ok=True)
+    env = {**os.environ, "PYTHONWARNINGS": "ignore", "TMPDIR": str(tmp)}
+    base = [sys.executable, "-m", "parity", "check", "--processes", "2", "--devices", "2"]
+    base += ["--coordinator", f"localhost:{free_port()}", "--process-id"]
+    hosts = [
+        subprocess.Popen([*base, str(i)], cwd=project, stdout=subprocess.PIPE,
+                         stderr=subprocess.PIPE, text=True, env=env)
+        for i in (1, 0)
+    ]  # fmt: skip
+    try:
+        (out1, err1), (out0, err0) = (h.communicate(timeout=240) for h in hosts)
+    finally:
+        for h in hosts:
+            if h.poll() is None:
+                h.kill()
+                h.communicate()
+    assert [h.returncode for h in hosts] == [0, 0], err1 + err0
+    assert "process 1 of 2 ran its part; process 0's host checks the outputs" in out1
+    assert re.search(r"layout\s+2 processes x 2 devices", out0), out0
+    assert "PASS g (0 of 3 arrays fail)" in out0, out0
+    assert _workers_of(project) == []
+
+
 # --------------------------------------------------------------------------- the plugin
 
 PLUGIN_TESTS = """\
