@@ -16,8 +16,9 @@ def pytest_addoption(parser: pytest.Parser) -> None:
         "--across-processes",
         choices=("eval", "all"),
         default="eval",
-        help="groups tests/equivalence/test_across_processes.py runs at 2x2 and 1x4: the "
-        "eval group (default), or the trajectories too (tox -e equivalence)",
+        help="what tests/equivalence/test_across_processes.py runs: the eval group at 2x2 "
+        "against its goldens (default), or the trajectories too, and each against a 1x4 "
+        "run (all; tox -e equivalence)",
     )
 
 
