@@ -29,6 +29,7 @@ from test_goldens import BRANCHES_1_DEVICE_ONLY, DEVICE_OVERRIDES
 
 from parity.config import load_config
 from parity.processes import worker_place
+from parity.report import format_table
 from parity.runner import Produced, produce
 from parity.tolerance import ClassMap
 
@@ -47,55 +48,54 @@ def _groups(config: pytest.Config) -> tuple[str, ...]:
     return ALL_GROUPS if _live(config) else DEFAULT_GROUPS
 
 
-def pytest_generate_tests(metafunc: pytest.Metafunc) -> None:
-    if "group" in metafunc.fixturenames:
-        metafunc.parametrize("group", _groups(metafunc.config))
-
-
-@pytest.fixture(scope="module")
-def runs(pytestconfig: pytest.Config) -> dict[str, Produced]:
-    """`{"2x2": ..., "1x4": ...}`: the selected groups produced at each layout."""
-    devices = pytestconfig.getoption("--parity-devices")
-    if worker_place() is not None or devices not in (None, 1):
-        pytest.skip("starts its own 2x2 and 1x4 runs: runs in 1-device sessions only")
-    base = load_config(ROOT)
-    groups = _groups(pytestconfig)
-    layouts = {"2x2": (2, 2), "1x4": (1, 4)} if _live(pytestconfig) else {"2x2": (2, 2)}
-    out = {}
-    for name, (processes, per_process) in layouts.items():
-        config = base.with_overrides(processes=processes, devices=per_process)
-        out[name] = produce(config.root, config, groups=groups)
-        assert out[name].layout.processes == processes
-    return out
-
-
 def _kept(group: str, arrays: dict[str, Any]) -> dict[str, Any]:
     if group != "train_branches":
         return arrays
     return {k: v for k, v in arrays.items() if not k.startswith(BRANCHES_1_DEVICE_ONLY)}
 
 
-def test_group_at_2x2_matches_its_goldens(group, runs, parity_check, parity_goldens):
-    produced = runs["2x2"]
+def _against_goldens(group: str, produced: Produced, parity_check, parity_goldens) -> Any:
     actual = produced.groups[group]
     share = produced.seconds / len(produced.groups)
-    if group == "train_branches":
-        gf = parity_goldens.open(group)
-        keep = list(_kept(group, dict.fromkeys(gf.ordered_keys())))
-        pinned = ClassMap.from_json(gf.class_map_json)
-        class_map = ClassMap(rules=(*DEVICE_OVERRIDES, *pinned.rules), default=pinned.default)
-        parity_check({k: actual[k] for k in keep}, {k: gf[k] for k in keep},
-                     name=f"2x2.{group}", class_map=class_map, order=keep,
-                     produce_s=share)  # fmt: skip
-        return
-    parity_check(actual, group, name=f"2x2.{group}", class_overrides=DEVICE_OVERRIDES,
-                 produce_s=share)  # fmt: skip
+    if group != "train_branches":
+        return parity_check(actual, group, name=f"2x2.{group}", class_overrides=DEVICE_OVERRIDES,
+                            produce_s=share, fail=False)  # fmt: skip
+    gf = parity_goldens.open(group)
+    keep = list(_kept(group, dict.fromkeys(gf.ordered_keys())))
+    pinned = ClassMap.from_json(gf.class_map_json)
+    class_map = ClassMap(rules=(*DEVICE_OVERRIDES, *pinned.rules), default=pinned.default)
+    return parity_check({k: actual[k] for k in keep}, {k: gf[k] for k in keep},
+                        name=f"2x2.{group}", class_map=class_map, order=keep,
+                        produce_s=share, fail=False)  # fmt: skip
 
 
-def test_group_at_2x2_matches_the_1x4_run(group, runs, parity_check):
-    if "1x4" not in runs:
-        pytest.skip("the 1x4 run and live checks run with --across-processes all")
-    a, b = runs["2x2"].groups[group], runs["1x4"].groups[group]
-    assert list(a) == list(b), "the two layouts produced different keys"
-    parity_check(_kept(group, a), _kept(group, b), name=f"live.2x2_vs_1x4.{group}",
-                 class_map=LIVE_CLASSES, order=list(_kept(group, a)))  # fmt: skip
+def test_groups_at_2x2_match_their_goldens_and_the_1x4_run(
+    pytestconfig, parity_check, parity_goldens
+):
+    """One test, so that xdist runs the layouts once (a fixture would run per worker)."""
+    devices = pytestconfig.getoption("--parity-devices")
+    if worker_place() is not None or devices not in (None, 1):
+        pytest.skip("starts its own 2x2 and 1x4 runs: runs in 1-device sessions only")
+    base = load_config(ROOT)
+    groups = _groups(pytestconfig)
+    layouts = {"2x2": (2, 2), "1x4": (1, 4)} if _live(pytestconfig) else {"2x2": (2, 2)}
+    runs: dict[str, Produced] = {}
+    for name, (processes, per_process) in layouts.items():
+        config = base.with_overrides(processes=processes, devices=per_process)
+        runs[name] = produce(config.root, config, groups=groups)
+        assert runs[name].layout.processes == processes
+        assert sorted(runs[name].groups) == sorted(groups)
+    checks = {f"2x2.{g}": _against_goldens(g, runs["2x2"], parity_check, parity_goldens)
+              for g in groups}  # fmt: skip
+    if "1x4" in runs:
+        for group in groups:
+            a, b = runs["2x2"].groups[group], runs["1x4"].groups[group]
+            assert list(a) == list(b), f"{group}: the two layouts produced different keys"
+            checks[f"live.2x2_vs_1x4.{group}"] = parity_check(
+                _kept(group, a), _kept(group, b), name=f"live.2x2_vs_1x4.{group}",
+                class_map=LIVE_CLASSES, order=list(_kept(group, a)), fail=False,
+            )  # fmt: skip
+    failed = {name: c for name, c in checks.items() if not c.passed}
+    assert not failed, "\n".join(
+        f"parity check {name!r} failed\n{format_table(c, header={})}" for name, c in failed.items()
+    )
