@@ -33,6 +33,7 @@ from typing import IO, Any
 __all__ = [
     "DEFAULT_TIMEOUT_S",
     "ENV_COORDINATOR",
+    "ENV_LAUNCHER",
     "ENV_PROCESSES",
     "ENV_PROCESS_ID",
     "KILL_GRACE_S",
@@ -55,6 +56,8 @@ KILL_GRACE_S = 5.0
 ENV_PROCESS_ID = "PARITY_PROCESS_ID"
 ENV_PROCESSES = "PARITY_PROCESSES"
 ENV_COORDINATOR = "PARITY_COORDINATOR"
+#: The launcher's pid: a worker asks the kernel to kill it when the launcher dies.
+ENV_LAUNCHER = "PARITY_LAUNCHER_PID"
 
 _TAIL_LINES = 12
 _POLL_S = 0.05
@@ -182,6 +185,7 @@ def run_workers(
             logs.append(log)
             worker_env = {**env, ENV_PROCESS_ID: str(i), ENV_PROCESSES: str(n)}
             worker_env[ENV_COORDINATOR] = coordinator
+            worker_env[ENV_LAUNCHER] = str(os.getpid())
             procs.append(
                 subprocess.Popen(
                     list(argv),
@@ -286,12 +290,29 @@ def worker_place(environ: Mapping[str, str] | None = None) -> tuple[int, int, st
     return int(env[ENV_PROCESS_ID]), int(env[ENV_PROCESSES]), env[ENV_COORDINATOR]
 
 
+def _die_with_launcher() -> None:
+    """Ask Linux to SIGKILL this worker when the launcher that started it dies (a launcher
+    killed with SIGKILL runs no cleanup); exit at once if it died already."""
+    launcher = int(os.environ.get(ENV_LAUNCHER, "0") or 0)
+    if not launcher:
+        return
+    with contextlib.suppress(Exception):
+        import ctypes
+
+        pr_set_pdeathsig = 1
+        ctypes.CDLL(None, use_errno=True).prctl(pr_set_pdeathsig, signal.SIGKILL)
+    if os.getppid() != launcher:
+        os._exit(1)
+
+
 def initialize(coordinator: str, processes: int, process_id: int) -> None:
     """Join the distributed run: CPU collectives through gloo, then
     `jax.distributed.initialize`. Must run before jax starts its backends (the device
-    count of `XLA_FLAGS` is read then too); raises a `RuntimeError` saying so otherwise."""
+    count of `XLA_FLAGS` is read then too); raises a `RuntimeError` saying so otherwise.
+    A worker that `run_workers` started dies with its launcher from here on."""
     from parity.devices import jax_backend_started
 
+    _die_with_launcher()
     if jax_backend_started():
         raise RuntimeError(
             "jax started its backends before the distributed runtime was initialised; "

@@ -191,6 +191,33 @@ def test_a_worker_killed_mid_run_ends_the_run_naming_it(project: Path, mode) -> 
     _assert_nothing_left(project, stderr)
 
 
+def test_workers_die_with_a_launcher_killed_by_sigkill(project: Path, mode, tmp_path: Path) -> None:
+    """A launcher killed with SIGKILL runs no cleanup: the workers go by themselves (the
+    kernel's parent-death signal), leaving no process behind. (Its temporary folder stays:
+    this TMPDIR is the test's own, not the one the other tests inspect.)"""
+    mode("hang")
+    tmp = tmp_path
+    launcher = subprocess.Popen(
+        [sys.executable, "-m", "parity", "check", "--processes", "2", "--devices", "2"],
+        cwd=project,
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.DEVNULL,
+        env={**os.environ, "PYTHONWARNINGS": "ignore", "TMPDIR": str(tmp)},
+    )
+    try:
+        deadline = time.monotonic() + 240
+        while not (project / "pid.txt").exists() and time.monotonic() < deadline:
+            time.sleep(0.1)
+        assert len(_workers_of(project)) == 2, "the two workers never started"
+    finally:
+        launcher.kill()
+        launcher.wait()
+    deadline = time.monotonic() + 60
+    while _workers_of(project) and time.monotonic() < deadline:
+        time.sleep(0.2)
+    assert _workers_of(project) == [], "workers outlived their launcher"
+
+
 def test_a_value_that_differs_between_processes_is_named(project: Path, run_parity, mode) -> None:
     mode("per_process")
     proc = run_parity(project, "check", "--processes", "2", "--devices", "2")
