@@ -200,7 +200,6 @@ def pytest_cmdline_main(config: pytest.Config) -> int | None:
     argv = [sys.executable, "-m", "pytest", *config.invocation_params.args]
     if config.pluginmanager.hasplugin("xdist"):
         argv += ["-n", "0"]  # one jax process per worker; xdist would start more
-    argv += ["-p", "no:cacheprovider"]  # N sessions must not race on .pytest_cache
     passed = (pytest.ExitCode.OK, pytest.ExitCode.TESTS_FAILED, pytest.ExitCode.NO_TESTS_COLLECTED)
     try:
         codes = run_workers(

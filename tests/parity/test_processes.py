@@ -296,8 +296,8 @@ def test_crash(parity_check):
 def _pytest_in(project: Path, *args: str, mode: str = "") -> subprocess.CompletedProcess[str]:
     tmp = project.parent / "tmp"
     tmp.mkdir(exist_ok=True)
-    env = {**os.environ, "PYTHONWARNINGS": "ignore", "TMPDIR": str(tmp), "PLUGIN_MODE": mode}
-    env.pop("PYTEST_XDIST_WORKER", None)
+    env = {k: v for k, v in os.environ.items() if not k.startswith(("PARITY_", "PYTEST_"))}
+    env |= {"PYTHONWARNINGS": "ignore", "TMPDIR": str(tmp), "PLUGIN_MODE": mode}
     return subprocess.run(
         [sys.executable, "-m", "pytest", "-q", "--parity-cache", "none", *args],
         cwd=project,
