@@ -283,6 +283,11 @@ def _cmd_check(args: argparse.Namespace, out: IO[str]) -> int:
             "--coordinator and --process-id go together (one process per host of a cluster); "
             "pass both, or neither to run every process here"
         )
+    if args.process_id is not None and config.processes < 2:
+        raise CommandError(
+            f"--coordinator and --process-id need a run of several processes, got --processes "
+            f"{config.processes}; pass --processes N (the number of hosts)"
+        )
     if args.process_id is not None and not 0 <= args.process_id < config.processes:
         raise CommandError(
             f"--process-id {args.process_id} is not one of the run's processes 0..."

@@ -255,6 +255,25 @@ def test_one_process_per_host_with_the_coordinator_of_host_0(project: Path) -> N
     assert _workers_of(project) == []
 
 
+@pytest.mark.parametrize(
+    ("args", "needle"),
+    [
+        (["--processes", "2", "--process-id", "0"], "--coordinator and --process-id go together"),
+        (["--coordinator", "h:1", "--process-id", "0"], "need a run of several processes"),
+        (["--processes", "2", "--coordinator", "h:1", "--process-id", "2"], "not one of"),
+        (["--processes", "2", "--timeout", "0"], "--timeout must be a positive number"),
+        (["--processes", "0"], "processes must be a whole number of processes, at least 1"),
+    ],
+)
+def test_multi_process_flags_are_checked_before_anything_runs(
+    project: Path, run_parity, args: list[str], needle: str
+) -> None:
+    proc = run_parity(project, "check", *args)
+    assert proc.returncode == 2, proc.stdout + proc.stderr
+    _fault(proc.stderr, needle)
+    assert "[producers]" not in proc.stderr
+
+
 # --------------------------------------------------------------------------- the plugin
 
 PLUGIN_TESTS = """\
