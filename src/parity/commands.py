@@ -63,7 +63,7 @@ def _process_flags(p: argparse.ArgumentParser) -> None:
         type=float,
         metavar="S",
         help="with --processes: seconds the run may take before every worker is stopped "
-        "(default 900); a worker that fails stops the others at once",
+        "(default 1800); a worker that fails stops the others at once",
     )
     g.add_argument(
         "--coordinator",

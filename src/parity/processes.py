@@ -47,8 +47,10 @@ __all__ = [
     "worker_place",
 ]
 
-#: How long a multi-process run may take before its workers are stopped (seconds).
-DEFAULT_TIMEOUT_S = 900.0
+#: How long a multi-process run may take before its workers are stopped (seconds): room for
+#: every group of a real subject on a loaded 2-core machine (a hang ends here, a failure at
+#: once).
+DEFAULT_TIMEOUT_S = 1800.0
 #: After the first failure (or the timeout), how long a worker has between SIGTERM and
 #: SIGKILL of its process group: the whole run ends within this bound (plus a poll).
 KILL_GRACE_S = 5.0

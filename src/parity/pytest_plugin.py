@@ -212,7 +212,13 @@ def pytest_cmdline_main(config: pytest.Config) -> int | None:
             cwd=config.invocation_params.dir,
         )
     except WorkerFailed as e:
-        print(f"parity: {e}", file=sys.stderr, flush=True)
+        import tempfile
+
+        with tempfile.NamedTemporaryFile(
+            "w", prefix="parity-session-", suffix=".log", delete=False
+        ) as log:
+            log.write(e.output)
+        print(f"parity: {e}\nparity: every process's output: {log.name}", file=sys.stderr)
         return pytest.ExitCode.INTERRUPTED
     if len(set(codes)) > 1:
         print(

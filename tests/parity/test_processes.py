@@ -367,4 +367,7 @@ def test_the_plugin_ends_the_session_when_a_worker_dies(plugin_project: Path) ->
     )
     assert proc.returncode == 2, proc.stdout + proc.stderr
     assert "process 1 of 2 exited with status 3" in proc.stderr
-    assert not [p for p in (plugin_project.parent / "tmp").iterdir()], "temporary files left"
+    log = re.search(r"every process's output: (\S+)", proc.stderr)
+    assert log and "--- process 1 ---" in Path(log.group(1)).read_text(), proc.stderr
+    left = [p.name for p in (plugin_project.parent / "tmp").iterdir()]
+    assert left == [Path(log.group(1)).name], f"temporary files left: {left}"
