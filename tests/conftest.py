@@ -11,6 +11,17 @@ from pathlib import Path
 import pytest
 
 
+def pytest_addoption(parser: pytest.Parser) -> None:
+    parser.addoption(
+        "--across-processes",
+        choices=("eval", "all"),
+        default="eval",
+        help="what tests/equivalence/test_across_processes.py runs: the eval group at 2x2 "
+        "against its goldens (default), or the trajectories too, and each against a 1x4 "
+        "run (all; tox -e equivalence)",
+    )
+
+
 def _git(repo: Path, *args: str) -> str:
     env = {
         **os.environ,

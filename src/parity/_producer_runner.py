@@ -9,6 +9,12 @@ group ran (x64 mode and device count as jax saw them, the XLA flags it ran under
 `JAX_ENABLE_X64` or `XLA_FLAGS` in the user's shell, which this process never sees, cannot
 be recorded for arrays made without it. Exit codes: 0 ok, 1 a producer raised, 3 the base
 lacks a needed symbol.
+
+As one worker of a multi-process run (`parity.processes.run_workers` sets
+`PARITY_PROCESS_ID`, `PARITY_PROCESSES` and `PARITY_COORDINATOR`), it joins JAX's
+distributed runtime before anything touches jax, runs every group on every process (SPMD),
+brings arrays sharded over processes to the host (a gather every process joins), checks
+that every process holds the same bytes for every key, and only process 0 saves.
 """
 
 from __future__ import annotations
@@ -62,6 +68,49 @@ def _die_with_parent(parent: int) -> None:
         sys.exit(EXIT_PRODUCER_FAILED)
 
 
+def _join_run() -> tuple[int, int] | None:
+    """Join the distributed run this process is a worker of, if any: `(process id,
+    processes)`, else None."""
+    from parity.processes import initialize, worker_place
+
+    place = worker_place()
+    if place is None:
+        return None
+    process_id, processes, coordinator = place
+    initialize(coordinator, processes, process_id)
+    _log(f"process {process_id} of {processes} joined the run at {coordinator}")
+    return process_id, processes
+
+
+def _disagreement(hosted: dict) -> str | None:
+    """What differs between this process's host arrays and process 0's, in one line (the
+    same line on every process), or None. A gathered array is the same everywhere by
+    construction; a value each process made for itself (a fully replicated array, a numpy
+    result) need not be, and process 0's copy alone would hide a per-process draw."""
+    import hashlib
+
+    import numpy as np
+    from jax.experimental import multihost_utils
+
+    digests = np.stack(
+        [
+            np.frombuffer(hashlib.sha256(np.ascontiguousarray(v).tobytes()).digest(), np.uint8)
+            for v in hosted.values()
+        ]
+        or [np.zeros(32, np.uint8)]
+    )
+    everyone = np.asarray(multihost_utils.process_allgather(digests))
+    for process in range(1, everyone.shape[0]):
+        for j, key in enumerate(hosted):
+            if not np.array_equal(everyone[process, j], everyone[0, j]):
+                return (
+                    f"process {process} holds other values for key {key!r} than process 0 "
+                    "(a value drawn or computed per process where the run expects one for "
+                    "all); make it the same on every process, or shard it over the mesh"
+                )
+    return None
+
+
 def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser()
     p.add_argument("--parent-pid", type=int, default=0, help="die when this process dies")
@@ -75,6 +124,7 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--groups", default="", help="comma-separated subset of groups")
     args = p.parse_args(argv)
     _die_with_parent(args.parent_pid)
+    place = _join_run()
 
     # The harness is the current tree's: import it before `--src` shadows the packages, so
     # that producers using `parity` (compile statistics, say) get it, while the subject
@@ -119,9 +169,10 @@ def main(argv: list[str] | None = None) -> int:
         _log(f"[{i}/{len(wanted)}] {name}: running")
         try:
             # Producers may return any pytree: flattened to `{"a.b": array}` keys.
+            from parity.processes import to_host
             from parity.trees import flatten
 
-            arrays = flatten(groups[name]())
+            arrays = flatten(groups[name](), to_array=to_host)
         except Exception as exc:
             traceback.print_exc()
             msg = _missing_symbol(exc, args.src)
@@ -130,9 +181,18 @@ def main(argv: list[str] | None = None) -> int:
                 return EXIT_MISSING_SYMBOL
             _log(f"group {name!r} raised {type(exc).__name__}: {exc}")
             return EXIT_PRODUCER_FAILED
+        hosted = arrays
+        if place is not None:
+            disagree = _disagreement(hosted)
+            if disagree:
+                _log(f"group {name!r}: {disagree}")
+                return EXIT_PRODUCER_FAILED
+            if place[0] != 0:  # process 0 saves; the others only had to take part
+                _log(f"[{i}/{len(wanted)}] {name}: {len(arrays)} arrays, same as process 0")
+                continue
         raw: dict[str, np.ndarray] = {}
         dtypes: dict[str, str] = {}
-        for j, (key, value) in enumerate(arrays.items()):
+        for j, (key, value) in enumerate(hosted.items()):
             a = np.asarray(value)
             dtypes[key] = a.dtype.name
             if a.dtype.kind == "V" or type(a.dtype).__module__.startswith("ml_dtypes"):
@@ -148,6 +208,10 @@ def main(argv: list[str] | None = None) -> int:
         }
         (out / f"{name}.json").write_text(json.dumps(manifest))
         _log(f"[{i}/{len(wanted)}] {name}: {len(arrays)} arrays in {time.perf_counter() - t0:.1f}s")
+    if place is not None:
+        import jax
+
+        jax.distributed.shutdown()
     return 0
 
 

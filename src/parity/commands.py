@@ -46,7 +46,39 @@ def _config_flags(p: argparse.ArgumentParser, *, goldens: bool = True) -> None:
         "--src", metavar="DIR[,DIR]", help="import root(s) of the code under test (default: src)"
     )
     g.add_argument("--isa", metavar="CAP", help="XLA CPU ISA cap before jax starts (default AVX2)")
-    g.add_argument("--devices", type=int, metavar="N", help="simulated CPU devices (default 1)")
+    g.add_argument(
+        "--devices", type=int, metavar="N", help="simulated CPU devices per process (default 1)"
+    )
+
+
+def _process_flags(p: argparse.ArgumentParser) -> None:
+    g = p.add_argument_group("multi-process runs (JAX's distributed runtime)")
+    g.add_argument(
+        "--processes",
+        type=int,
+        metavar="N",
+        help="run the producers as N processes of one distributed run, --devices each, "
+        "outputs gathered to process 0 (default 1)",
+    )
+    g.add_argument(
+        "--timeout",
+        type=float,
+        metavar="S",
+        help="with --processes: seconds the run may take before every worker is stopped "
+        "(default 1800); a worker that fails stops the others at once",
+    )
+    g.add_argument(
+        "--coordinator",
+        metavar="HOST:PORT",
+        help="on a cluster: where process 0 listens (host 0's address); start the same "
+        "command on every host with its --process-id (default: this host, a free port)",
+    )
+    g.add_argument(
+        "--process-id",
+        type=int,
+        metavar="I",
+        help="on a cluster: this host's process id, 0 to N-1; process 0 checks and reports",
+    )
 
 
 def _override_flag(p: argparse.ArgumentParser) -> None:
@@ -97,6 +129,7 @@ def add_parsers(sub: Any) -> None:
     )
     _override_flag(check)
     _config_flags(check)
+    _process_flags(check)
 
     bisect = sub.add_parser(
         "bisect",
@@ -149,7 +182,8 @@ COMMANDS = ("repin", "check", "bisect", "calibrate")
 
 
 def _config(args: argparse.Namespace) -> ParityConfig:
-    flags = {k: getattr(args, k, None) for k in ("goldens", "producers", "src", "isa", "devices")}
+    keys = ("goldens", "producers", "src", "isa", "devices", "processes")
+    flags = {k: getattr(args, k, None) for k in keys}
     return load_config().with_overrides(**flags)
 
 
@@ -272,11 +306,44 @@ def _cmd_check(args: argparse.Namespace, out: IO[str]) -> int:
             f"golden folder {config.goldens} does not exist; pin it first with "
             "`parity repin --base <REV>`"
         )
+    if args.timeout is not None and args.timeout <= 0:
+        raise CommandError(f"--timeout must be a positive number of seconds, got {args.timeout}")
+    if (args.coordinator is None) != (args.process_id is None):
+        raise CommandError(
+            "--coordinator and --process-id go together (one process per host of a cluster); "
+            "pass both, or neither to run every process here"
+        )
+    if args.process_id is not None and config.processes < 2:
+        raise CommandError(
+            f"--coordinator and --process-id need a run of several processes, got --processes "
+            f"{config.processes}; pass --processes N (the number of hosts)"
+        )
+    if args.process_id is not None and not 0 <= args.process_id < config.processes:
+        raise CommandError(
+            f"--process-id {args.process_id} is not one of the run's processes 0..."
+            f"{config.processes - 1} (--processes {config.processes})"
+        )
     try:
-        produced = produce(config.root, config, groups=_groups(args.groups), progress=_progress)
+        produced = produce(
+            config.root,
+            config,
+            groups=_groups(args.groups),
+            progress=_progress,
+            timeout=args.timeout,
+            coordinator=args.coordinator,
+            process_id=args.process_id,
+        )
     except ProducersFailed as e:
         log = _keep_log(e.output)
+        if e.tail:  # a worker's last lines, before the one-line verdict
+            print(f"parity: last output lines:\n{e.tail}", file=sys.stderr, flush=True)
         raise CommandError(f"the producers cannot run: {e.reason} (output: {log})") from None
+    if args.process_id:  # a host other than process 0's: its part is done
+        out.write(
+            f"process {args.process_id} of {config.processes} ran its part; process 0's host "
+            "checks the outputs and reports\n"
+        )
+        return _EXIT_OK
     save = Path(args.save_actual).resolve() if args.save_actual else None
     try:
         with GoldenDir(config.goldens) as goldens:
@@ -289,8 +356,10 @@ def _cmd_check(args: argparse.Namespace, out: IO[str]) -> int:
         "goldens": str(config.goldens),
         "producers": str(config.producers),
         "src": ", ".join(str(s) for s in config.src),
+        "layout": str(produced.layout),
         "xla_flags": produced.xla_flags,
-        "produce": f"{produced.seconds:.1f}s in a fresh process",
+        "produce": f"{produced.seconds:.1f}s in "
+        + ("a fresh process" if produced.layout.processes == 1 else "fresh processes"),
     }
     for r in results:
         for k, v in r.header.items():

@@ -10,7 +10,8 @@ still marks the project root, and every key takes its default. Keys:
   exists, else the project root);
 - `isa`: the XLA CPU ISA cap set before jax starts, `"none"` leaves it alone (default
   `AVX2`);
-- `devices`: simulated CPU devices (default 1).
+- `devices`: simulated CPU devices, per process (default 1);
+- `processes`: processes of one JAX distributed run (default 1; see `parity.processes`).
 
 Relative paths resolve against the folder holding the `pyproject.toml`. Every key can be
 overridden by a command-line flag of the same name (`with_overrides`). An unknown key or a
@@ -33,7 +34,7 @@ from parity.devices import DEFAULT_ISA_CAP
 __all__ = ["KEYS", "ConfigError", "ParityConfig", "find_pyproject", "load_config"]
 
 #: The keys `[tool.parity]` accepts.
-KEYS = ("goldens", "producers", "src", "isa", "devices")
+KEYS = ("goldens", "producers", "src", "isa", "devices", "processes")
 
 
 class ConfigError(Exception):
@@ -53,7 +54,8 @@ class ParityConfig:
     - `producers`: the producers file, or None if not configured.
     - `src`: the import roots of the code under test (absolute).
     - `isa`: the ISA cap (`--xla_cpu_max_isa`), or None to leave it alone.
-    - `devices`: simulated CPU devices.
+    - `devices`: simulated CPU devices, per process.
+    - `processes`: processes of one distributed run.
     - `explicit`: the keys the table (or a flag) set, as opposed to defaults.
     """
 
@@ -64,6 +66,7 @@ class ParityConfig:
     src: tuple[Path, ...] = ()
     isa: str | None = DEFAULT_ISA_CAP
     devices: int = 1
+    processes: int = 1
     explicit: frozenset[str] = frozenset()
 
     @property
@@ -155,11 +158,11 @@ def _parse(table: Mapping[str, Any], *, base: Path, where: str) -> dict[str, Any
             if not isinstance(value, str) or not value:
                 raise _error(where, key, 'an ISA name such as "AVX2", or "none"', value)
             out[key] = None if value.lower() == "none" else value
-        elif key == "devices":
+        elif key in ("devices", "processes"):
             if isinstance(value, str) and value.strip().isdigit():
                 value = int(value)
             if isinstance(value, bool) or not isinstance(value, int) or value < 1:
-                raise _error(where, key, "a whole number of devices, at least 1", value)
+                raise _error(where, key, f"a whole number of {key}, at least 1", value)
             out[key] = value
         else:
             raise ConfigError(

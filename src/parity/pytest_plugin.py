@@ -7,7 +7,14 @@ Defaults come from `[tool.parity]` in the nearest `pyproject.toml` (`parity.conf
 works with no options; the options below override it.
 
 - `--parity-devices N` (env `PARITY_DEVICES`): simulated CPU device count, set before jax
-  starts (a clear error if it already started with another count).
+  starts (a clear error if it already started with another count); per process with
+  `--parity-processes`.
+- `--parity-processes N`: run the session as N processes of one JAX distributed run
+  (`parity.processes`): this pytest starts N copies of itself (without xdist), each joins
+  the run before jax starts, the tests run SPMD over the global mesh, each check gathers
+  its arrays to every process, compares and takes process 0's verdict; process 0's output
+  is shown and it alone writes the report. A worker that crashes, is killed or outlives
+  `--parity-timeout S` (default 3600) ends the session with exit 2 naming it.
 - `--parity-isa CAP`: the XLA CPU ISA cap set before jax starts (default `[tool.parity]`
   isa, else AVX2; `none`).
 - `--parity-cache DIR` (env `PARITY_JAX_CACHE`): jax's persistent compilation cache folder;
@@ -58,6 +65,10 @@ from parity.devices import (
     cap_isa,
     set_cpu_device_count,
 )
+from parity.processes import worker_place
+
+#: The default of `--parity-timeout`: a whole session, not one producer run.
+SESSION_TIMEOUT_S = 3600.0
 
 if TYPE_CHECKING:  # parity.check loads h5py: imported only when a check runs
     from parity.check import CheckResult, GoldenDir
@@ -74,6 +85,20 @@ def pytest_addoption(parser: pytest.Parser) -> None:
         type=int,
         default=None,
         help="simulated CPU device count, set before jax starts (env PARITY_DEVICES)",
+    )
+    group.addoption(
+        "--parity-processes",
+        type=int,
+        default=None,
+        help="run the session as N processes of one JAX distributed run, --parity-devices "
+        "each; checks gather to process 0, which reports",
+    )
+    group.addoption(
+        "--parity-timeout",
+        type=float,
+        default=SESSION_TIMEOUT_S,
+        help="with --parity-processes: seconds the session may take before every worker is "
+        f"stopped (default {SESSION_TIMEOUT_S:g})",
     )
     group.addoption(
         "--parity-isa",
@@ -138,7 +163,9 @@ def _enable_compile_cache(config: pytest.Config) -> None:
     if raw is not None and raw.lower() == "none":
         return
     base = Path(raw) if raw else Path(config.rootpath) / ".jax_cache"
-    folder = base / os.environ.get("PYTEST_XDIST_WORKER", "main")
+    place = worker_place()
+    name = f"process{place[0]}" if place else os.environ.get("PYTEST_XDIST_WORKER", "main")
+    folder = base / name
     folder.mkdir(parents=True, exist_ok=True)
     import jax
 
@@ -154,6 +181,54 @@ def _project_config(config: pytest.Config) -> ParityConfig:
         return load_config(config.invocation_params.dir)
     except ConfigError as e:
         raise pytest.UsageError(str(e)) from None
+
+
+@pytest.hookimpl(tryfirst=True)
+def pytest_cmdline_main(config: pytest.Config) -> int | None:
+    """With `--parity-processes N` (N > 1), this pytest runs no tests: it starts N copies of
+    itself as the workers of one distributed run and ends with their verdict."""
+    n = config.getoption("--parity-processes")
+    if n is None or n <= 1 or worker_place() is not None:
+        return None
+    import sys
+
+    from parity.processes import WorkerFailed, run_workers
+
+    timeout = config.getoption("--parity-timeout")
+    if timeout is None or timeout <= 0:
+        raise pytest.UsageError(f"--parity-timeout must be positive, got {timeout}")
+    argv = [sys.executable, "-m", "pytest", *config.invocation_params.args]
+    if config.pluginmanager.hasplugin("xdist"):
+        argv += ["-n", "0"]  # one jax process per worker; xdist would start more
+    passed = (pytest.ExitCode.OK, pytest.ExitCode.TESTS_FAILED, pytest.ExitCode.NO_TESTS_COLLECTED)
+    try:
+        codes = run_workers(
+            argv,
+            n,
+            env=dict(os.environ),
+            timeout=timeout,
+            ok=lambda code: code in passed,
+            echo=sys.stdout,
+            cwd=config.invocation_params.dir,
+        )
+    except WorkerFailed as e:
+        import tempfile
+
+        with tempfile.NamedTemporaryFile(
+            "w", prefix="parity-session-", suffix=".log", delete=False
+        ) as log:
+            log.write(e.output)
+        print(f"parity: {e}\nparity: every process's output: {log.name}", file=sys.stderr)
+        return pytest.ExitCode.INTERRUPTED
+    if len(set(codes)) > 1:
+        print(
+            f"parity: the processes ended with different statuses {codes} (by process id): a "
+            "test outside parity_check failed on some processes only; process 0's output is "
+            "above, run with --parity-processes 1 to see the others'",
+            file=sys.stderr,
+            flush=True,
+        )
+    return max(codes)
 
 
 def pytest_configure(config: pytest.Config) -> None:
@@ -172,6 +247,11 @@ def pytest_configure(config: pytest.Config) -> None:
             raise pytest.UsageError(str(e)) from None
     if isa is not None:
         cap_isa(isa)
+    place = worker_place()
+    if place is not None:
+        from parity.processes import initialize
+
+        initialize(place[2], place[1], place[0])
     _enable_compile_cache(config)
     config.stash[_RESULTS] = []
     config.stash[_NARROWED] = any("::" in str(a) for a in config.args)
@@ -239,6 +319,17 @@ class _Check:
         config = self.config
         save = config.getoption("--parity-save-actual")
         save = None if save is None else Path(config.invocation_params.dir, save).resolve()
+        place = worker_place()
+        if place is not None:
+            # Arrays sharded over processes come to every process's host (in the same
+            # order everywhere: a collective); process 0 alone saves what failed.
+            from parity.processes import to_host
+            from parity.trees import flatten
+
+            actual = flatten(actual, to_array=to_host)
+            if not isinstance(golden, str):
+                golden = flatten(golden, to_array=to_host)
+            save = save if place[0] == 0 else None
         problem = None
         result: CheckResult | None = None
         try:
@@ -272,9 +363,12 @@ class _Check:
             # Failed outside the except clause: inside it pytest also prints "During
             # handling of the above exception".
             problem = str(e)
+        if place is not None:
+            result = self._agree(result, problem, place[0])
         if problem is not None or result is None:
             pytest.fail(problem or "parity check produced no result", pytrace=False)
-        config.stash[_RESULTS].append(result)
+        if place is None or place[0] == 0:  # one report: process 0's
+            config.stash[_RESULTS].append(result)
         if fail and not result.passed:
             text = f"parity check {result.name!r} failed\n"
             text += format_table(result.comparison, header=result.header)
@@ -283,6 +377,24 @@ class _Check:
                 text += f"  {result.command}\n"
             pytest.fail(text, pytrace=False)
         return result.comparison
+
+    @staticmethod
+    def _agree(result: CheckResult | None, problem: str | None, process: int) -> CheckResult | None:
+        """Every process takes process 0's verdict; a process whose own arrays judge
+        otherwise fails, saying so (its values differ from process 0's)."""
+        from parity.processes import agree
+
+        mine = result is not None and problem is None and result.passed
+        verdict = agree(mine)
+        if result is None or mine == verdict:
+            return result
+        pytest.fail(
+            f"parity check {result.name!r}: process {process} judges it "
+            f"{'passing' if mine else 'failing'}, process 0 "
+            f"{'passing' if verdict else 'failing'}: the processes hold different arrays "
+            "for it (a value made per process); compare with --parity-processes 1",
+            pytrace=False,
+        )
 
 
 @pytest.fixture
@@ -321,6 +433,9 @@ def pytest_sessionfinish(session: pytest.Session, exitstatus: int) -> None:
         workeroutput["parity_results"] = results_to_json(config.stash[_RESULTS])
         workeroutput["parity_narrowed"] = config.stash[_NARROWED]
         return
+    place = worker_place()
+    if place is not None and place[0] != 0:
+        return  # process 0 reports for the run
     results = sorted(config.stash[_RESULTS], key=lambda r: r.started)
     if not results:
         return
@@ -397,6 +512,7 @@ def _header(results: list[CheckResult]) -> dict[str, str]:
     header = {
         "checks": str(len(results)),
         "devices": str(prov["device_count"]),
+        "layout": _layout(),
         "xla_flags": prov["xla_flags"],
         "jax": str(prov["jax"]),
     }
@@ -406,6 +522,16 @@ def _header(results: list[CheckResult]) -> dict[str, str]:
                 # Keep the line's own number: a check can have a "bits" and an "info" line.
                 header[f"{k} ({r.name})"] = v
     return header
+
+
+def _layout() -> str:
+    """Processes x devices per process, as jax sees them (jax runs by the time a session
+    that made checks ends)."""
+    import jax
+
+    from parity.processes import Layout
+
+    return str(Layout(jax.process_count(), jax.local_device_count()))
 
 
 def _timing(results: list[CheckResult]) -> dict[str, float]:

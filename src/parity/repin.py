@@ -227,12 +227,23 @@ def run_producers(
     drop_paths: Sequence[Path] = (),
     progress: Callable[[str], None] = print,
     src: Sequence[str] | None = None,
+    processes: int = 1,
+    timeout: float | None = None,
+    coordinator: str | None = None,
+    process_id: int | None = None,
 ) -> str:
     """Run `producers` in a subprocess importing code from `code_root/src` (or, with
     `src`, from each of these folders relative to `code_root`, first one first).
 
+    With `processes` above 1, the producers run as that many workers of one JAX
+    distributed run, `device_count` devices each (`parity.processes.run_workers`, which
+    stops them all at the first failure or after `timeout` seconds, default
+    `parity.processes.DEFAULT_TIMEOUT_S`); process 0 saves. On a cluster, `process_id` and
+    `coordinator` (`HOST0:PORT`) start only this host's worker.
+
     **Returns:** the XLA flags the subprocess ran under. Raises `RepinError` with the
-    producer's output (traceback included) if it fails.
+    producer's output (traceback included) if it fails, and
+    `parity.processes.WorkerFailed` when a worker of a multi-process run fails.
     """
     env = isolated_env(device_count, isa_cap=isa_cap)
     env["PYTHONHASHSEED"] = "0"
@@ -247,6 +258,23 @@ def run_producers(
         cmd += ["--drop-path", str(p)]
     if groups:
         cmd += ["--groups", ",".join(groups)]
+    if processes > 1:
+        from parity.processes import DEFAULT_TIMEOUT_S, run_workers
+
+        def forward(line: str) -> None:
+            if line.startswith("[producers]"):
+                progress(line)
+
+        run_workers(
+            cmd,
+            processes,
+            env=env,
+            timeout=DEFAULT_TIMEOUT_S if timeout is None else timeout,
+            progress=forward,
+            coordinator=coordinator,
+            process_id=process_id,
+        )
+        return flags
     tail: list[str] = []
     with _child(cmd, env) as proc:
         assert proc.stdout is not None

@@ -23,6 +23,7 @@ import numpy as np
 
 from parity.check import CheckResult, GoldenDir, check_group
 from parity.config import ParityConfig
+from parity.processes import Layout, WorkerFailed
 from parity.repin import RepinError, load_runner_output, run_producers
 
 __all__ = ["Produced", "ProducersFailed", "check_produced", "failure_reason", "produce"]
@@ -31,14 +32,16 @@ __all__ = ["Produced", "ProducersFailed", "check_produced", "failure_reason", "p
 class ProducersFailed(RuntimeError):
     """The producers could not run against a code root (a missing symbol, a crash).
 
-    **Fields:** `reason` (one line: what the producer log said last) and `output` (the
-    producer's output, traceback included).
+    **Fields:** `reason` (one line: what the producer log said last), `output` (the
+    producer's output, traceback included) and `tail` (in a multi-process run, the last
+    output lines of the worker that failed, to print below the reason; else empty).
     """
 
-    def __init__(self, reason: str, output: str):
+    def __init__(self, reason: str, output: str, tail: str = ""):
         super().__init__(reason)
         self.reason = reason
         self.output = output
+        self.tail = tail
 
 
 @dataclass(frozen=True)
@@ -53,6 +56,7 @@ class Produced:
     - `xla_flags`: the XLA flags the run used.
     - `provenance`: group -> the producer process's provenance (collected where the arrays
       were made), which the drift policy judges against the golden's.
+    - `layout`: processes and devices per process of the run.
     """
 
     groups: dict[str, dict[str, np.ndarray]]
@@ -60,6 +64,7 @@ class Produced:
     seconds: float
     xla_flags: str
     provenance: dict[str, dict[str, Any]] = field(default_factory=dict)
+    layout: Layout = field(default_factory=Layout)
 
 
 def failure_reason(output: str) -> str:
@@ -82,6 +87,9 @@ def produce(
     groups: Sequence[str] = (),
     drop_paths: Sequence[Path] = (),
     progress: Callable[[str], None] = lambda _: None,
+    timeout: float | None = None,
+    coordinator: str | None = None,
+    process_id: int | None = None,
 ) -> Produced:
     """Run the configured producers against `code_root` in a fresh process.
 
@@ -94,9 +102,18 @@ def produce(
     - `drop_paths`: `sys.path` entries the child must not import from (the user's own
       src roots, when `code_root` is another commit).
     - `progress`: receives the producer's progress lines.
+    - `timeout`: with `config.processes` above 1, the seconds the run may take (default
+      `parity.processes.DEFAULT_TIMEOUT_S`).
+    - `coordinator`, `process_id`: on a cluster, process 0's `HOST:PORT` and this host's
+      process id: only this host's worker starts here (one process per host), and only
+      process 0's host gets the outputs (the others get no groups).
+
+    With `config.processes` above 1 the producers run SPMD as the workers of one JAX
+    distributed run, `config.devices` devices each, and process 0's outputs are loaded.
 
     **Returns:** a `Produced`. Raises `ProducersFailed` if the producers cannot run
-    there, and `parity.config.ConfigError` if nothing says which producers to run.
+    there (in a multi-process run: a worker failed, was killed or timed out), and
+    `parity.config.ConfigError` if nothing says which producers to run.
     """
     producers = config.need_producers()
     src = config.src_relative()
@@ -113,7 +130,13 @@ def produce(
                 drop_paths=drop_paths,
                 progress=progress,
                 src=src,
+                processes=config.processes,
+                timeout=timeout,
+                coordinator=coordinator,
+                process_id=process_id,
             )
+        except WorkerFailed as e:
+            raise ProducersFailed(e.reason, e.output, e.tail) from None
         except RepinError as e:
             text = str(e)
             _, _, output = text.partition("Producer output:\n")
@@ -126,7 +149,8 @@ def produce(
             out[manifest.stem] = loaded.arrays
             maps[manifest.stem] = loaded.class_map
             provenance[manifest.stem] = loaded.provenance
-    return Produced(out, maps, time.perf_counter() - t0, flags, provenance)
+    layout = Layout(config.processes, config.devices)
+    return Produced(out, maps, time.perf_counter() - t0, flags, provenance, layout)
 
 
 def check_produced(

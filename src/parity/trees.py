@@ -15,7 +15,7 @@ arrays; they are collected separately so that a caller can compare them by `==`.
 from __future__ import annotations
 
 import sys
-from collections.abc import Iterable, Mapping, Sequence
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from typing import Any, cast
 
 import numpy as np
@@ -51,14 +51,18 @@ def _jax_children(node: Any) -> list[tuple[str, Any]] | None:
 
 
 def flatten(
-    tree: Any, *, sep: str = ".", non_arrays: dict[str, Any] | None = None
+    tree: Any,
+    *,
+    sep: str = ".",
+    non_arrays: dict[str, Any] | None = None,
+    to_array: Callable[[Any], np.ndarray] = np.asarray,
 ) -> dict[str, np.ndarray]:
     """Flatten a pytree of arrays into `{"a.b.c": array}`.
 
     Mappings contribute their keys (as `str`), lists and tuples their indices, named
     tuples their field names; `None` is an empty subtree (as in jax); other registered
     pytrees (equinox modules, ...) their jax key paths. Array leaves go through
-    `np.asarray`. A flat mapping whose keys already contain `sep` comes back unchanged, so
+    `to_array`. A flat mapping whose keys already contain `sep` comes back unchanged, so
     flat and nested inputs mix.
 
     **Arguments:**
@@ -67,6 +71,9 @@ def flatten(
     - `sep`: the separator between path parts; `"."`.
     - `non_arrays`: if given, leaves that are not arrays (functions, strings, ...) are put
         here by key instead of raising.
+    - `to_array`: turns an array leaf into a numpy array, in traversal order (default
+      `np.asarray`; a multi-process run passes `parity.processes.to_host`, a gather every
+      process joins in the same order).
 
     **Returns:** a dict from joined key to array, in traversal order. Raises `ValueError` if
     two paths join to the same key, and `TypeError` if `tree` is a bare array or holds a
@@ -85,7 +92,7 @@ def flatten(
         if _is_source(node):
             out[path] = node  # read block by block by the comparison, not loaded here
         elif _is_array_like(node):
-            out[path] = np.asarray(node)
+            out[path] = to_array(node)
         elif non_arrays is not None:
             non_arrays[path] = node
         else:

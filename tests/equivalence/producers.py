@@ -8,7 +8,12 @@ first-divergence reports follow.
 
 Only public names of `decomp` are used, so a base commit that lacks one is named by repin.
 The batch is sharded over a `dp` mesh of all visible devices, so the same producers run on
-1 and on 4 simulated devices.
+1 and on 4 simulated devices, and over several processes of one JAX distributed run (`parity
+check --processes 2 --devices 2`, `pytest --parity-processes 2`): every process draws the
+same global batch from the seed and supplies only the rows its devices hold, and outputs
+sharded over processes are gathered (`_host`). Both through jax's own API rather than
+`decomp.mesh.global_batch`, so that the producers still run against base commits older
+than it (repin, bisect).
 """
 
 from __future__ import annotations
@@ -77,10 +82,28 @@ def dp_mesh() -> Mesh:
     return Mesh(np.array(jax.devices()), ("dp",))
 
 
+def _rows_of_this_process(x: Any) -> jax.Array:
+    """`x` (`[BATCH, ...]`, the same on every process) sharded on `dp`, each process
+    supplying only the rows its devices hold: on one process, the whole of `x`."""
+    host = np.asarray(x)
+    sharding = NamedSharding(dp_mesh(), PartitionSpec("dp"))
+    return jax.make_array_from_callback(host.shape, sharding, lambda index: host[index])
+
+
+def _host(x: Any) -> np.ndarray:
+    """`x` on the host; an array sharded over several processes is gathered first (a
+    collective: every process calls it in the same order)."""
+    if isinstance(x, jax.Array) and not (x.is_fully_addressable or x.is_fully_replicated):
+        from jax.experimental import multihost_utils
+
+        return np.asarray(multihost_utils.process_allgather(x, tiled=True))
+    return np.asarray(x)
+
+
 def tokens(vocab: int, *, seed: int = 1) -> jax.Array:
     """Int32 tokens `[BATCH, SEQ]`, batch sharded over the `dp` mesh."""
     x = jax.random.randint(jax.random.key(seed), (BATCH, SEQ), 0, vocab, dtype=jnp.int32)
-    return jax.device_put(x, NamedSharding(dp_mesh(), PartitionSpec("dp")))
+    return _rows_of_this_process(x)
 
 
 def tap_sort_key(key: str) -> tuple[int, int]:
@@ -144,15 +167,15 @@ def forward_group(
     for name, wanted in wanted_sets(cfg.n_layer).items():
         if name == "full_depth":
             logits, taps = _jit_fused(model, x, tuple(wanted))
-            logits_out[f"logits.{family}.fused_full_depth"] = np.asarray(logits)
+            logits_out[f"logits.{family}.fused_full_depth"] = _host(logits)
         else:
             taps = _jit_taps(model, x, tuple(wanted))
         for key in wanted:
             taps_out[(tap_sort_key(key), name)] = (
                 f"taps.{family}.{name}.{key}",
-                np.asarray(taps[key]),
+                _host(taps[key]),
             )
-    logits_out[f"logits.{family}.clean"] = np.asarray(_jit_clean(model, x))
+    logits_out[f"logits.{family}.clean"] = _host(_jit_clean(model, x))
     # Forward order: taps by layer, then tap class (then wanted set); logits come last.
     out = dict(taps_out[k] for k in sorted(taps_out))
     return out | logits_out
@@ -199,14 +222,13 @@ def toy_group() -> dict[str, np.ndarray]:
     }
     out: dict[str, np.ndarray] = {}
     for name, (model, d_in) in toys.items():
-        x = jax.random.uniform(jax.random.key(1), (BATCH, d_in))
-        x = jax.device_put(x, NamedSharding(dp_mesh(), PartitionSpec("dp")))
+        x = _rows_of_this_process(jax.random.uniform(jax.random.key(1), (BATCH, d_in)))
         logits, taps = jax.jit(lambda m, x: m.clean_output_and_activations(x, m.site_names))(
             model, x
         )
         for site in model.site_names:
-            out[f"taps.toy.{name}.{site}"] = np.asarray(taps[site])
-        out[f"logits.toy.{name}"] = np.asarray(logits)
+            out[f"taps.toy.{name}.{site}"] = _host(taps[site])
+        out[f"logits.toy.{name}"] = _host(logits)
     return out
 
 

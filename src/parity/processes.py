@@ -1,0 +1,361 @@
+"""Runs over several processes on JAX's own multi-controller runtime (docs/design.md,
+"Multi-process runs").
+
+Two halves. The launcher (`run_workers`, `free_port`), imported by jax-free parents (the
+`parity check` command, the pytest plugin's launching session), starts N worker processes,
+watches them and owns them: a worker that exits badly, is killed or outlives the timeout
+ends the whole run (every other worker is stopped, its process group killed), with a
+`WorkerFailed` naming the worker and its last output lines; no process, port or temporary
+file outlives the call. The worker half (`initialize`, `to_host`, `agree`), used inside the
+workers, starts the distributed runtime before anything touches jax's backends, brings
+arrays sharded over every process to the host, and makes every process reach process 0's
+verdict.
+
+Nothing here imports jax at module level.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import shutil
+import signal
+import socket
+import subprocess
+import sys
+import tempfile
+import time
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from typing import IO, Any
+
+__all__ = [
+    "DEFAULT_TIMEOUT_S",
+    "ENV_COORDINATOR",
+    "ENV_LAUNCHER",
+    "ENV_PROCESSES",
+    "ENV_PROCESS_ID",
+    "KILL_GRACE_S",
+    "Layout",
+    "WorkerFailed",
+    "agree",
+    "free_port",
+    "initialize",
+    "run_workers",
+    "to_host",
+    "worker_place",
+]
+
+#: How long a multi-process run may take before its workers are stopped (seconds): room for
+#: every group of a real subject on a loaded 2-core machine (a hang ends here, a failure at
+#: once).
+DEFAULT_TIMEOUT_S = 1800.0
+#: After the first failure (or the timeout), how long a worker has between SIGTERM and
+#: SIGKILL of its process group: the whole run ends within this bound (plus a poll).
+KILL_GRACE_S = 5.0
+#: Environment variables that tell a worker its place: process id, count, coordinator.
+ENV_PROCESS_ID = "PARITY_PROCESS_ID"
+ENV_PROCESSES = "PARITY_PROCESSES"
+ENV_COORDINATOR = "PARITY_COORDINATOR"
+#: The launcher's pid: a worker asks the kernel to kill it when the launcher dies.
+ENV_LAUNCHER = "PARITY_LAUNCHER_PID"
+
+_TAIL_LINES = 12
+_POLL_S = 0.05
+
+
+@dataclass(frozen=True)
+class Layout:
+    """How a run is laid out: `processes` processes with `devices` (simulated CPU)
+    devices each."""
+
+    processes: int = 1
+    devices: int = 1
+
+    def __str__(self) -> str:
+        p = "process" if self.processes == 1 else "processes"
+        d = "device" if self.devices == 1 else "devices"
+        total = self.processes * self.devices
+        return f"{self.processes} {p} x {self.devices} {d} ({total} in all)"
+
+
+class WorkerFailed(RuntimeError):
+    """A multi-process run ended badly.
+
+    **Fields:** `worker` (the process id that failed first, or None when the run timed out
+    with several still running), `reason` (one line), `tail` (the last output lines of the
+    worker, or of every worker still running at a timeout) and `output` (every worker's
+    whole output, for a log file).
+    """
+
+    def __init__(self, worker: int | None, reason: str, tail: str, output: str):
+        super().__init__(f"{reason}; last output lines:\n{tail}" if tail else reason)
+        self.worker, self.reason, self.tail, self.output = worker, reason, tail, output
+
+
+def free_port() -> int:
+    """A TCP port on localhost that nothing listens on now (the coordinator's)."""
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
+        s.bind(("localhost", 0))
+        return int(s.getsockname()[1])
+
+
+def _describe_exit(code: int) -> str:
+    if code < 0:
+        with contextlib.suppress(ValueError):
+            return f"was killed by {signal.Signals(-code).name}"
+        return f"was killed by signal {-code}"
+    return f"exited with status {code}"
+
+
+def _tail(text: str, n: int = _TAIL_LINES) -> list[str]:
+    return [ln for ln in text.splitlines() if ln.strip()][-n:]
+
+
+def _stop(procs: Sequence[subprocess.Popen[bytes]], grace: float) -> None:
+    """SIGTERM every live worker's process group, then SIGKILL what is left after `grace`."""
+    live = [p for p in procs if p.poll() is None]
+    for p in live:
+        with contextlib.suppress(ProcessLookupError, PermissionError):
+            os.killpg(p.pid, signal.SIGTERM)
+    deadline = time.monotonic() + grace
+    while any(p.poll() is None for p in live) and time.monotonic() < deadline:
+        time.sleep(_POLL_S)
+    for p in procs:
+        # The group too, for grandchildren; a reaped worker's group may still have some.
+        with contextlib.suppress(ProcessLookupError, PermissionError):
+            os.killpg(p.pid, signal.SIGKILL)
+        with contextlib.suppress(subprocess.TimeoutExpired):
+            p.wait(timeout=grace)
+
+
+def run_workers(
+    argv: Sequence[str],
+    n: int,
+    *,
+    env: Mapping[str, str],
+    timeout: float = DEFAULT_TIMEOUT_S,
+    ok: Callable[[int], bool] = lambda code: code == 0,
+    echo: IO[str] | None = None,
+    progress: Callable[[str], None] | None = None,
+    cwd: str | os.PathLike[str] | None = None,
+    coordinator: str | None = None,
+    process_id: int | None = None,
+) -> list[int]:
+    """Run `n` copies of `argv` as the processes of one distributed run, and own them.
+
+    Worker `i` gets `env` plus `PARITY_PROCESS_ID=i`, `PARITY_PROCESSES=n` and
+    `PARITY_COORDINATOR=localhost:<port>` (a port free when the run starts), in a process
+    group of its own; its stdout and stderr go to a temporary file that is removed at the
+    end. On a cluster, each host starts one worker of the run: `process_id` says which,
+    `coordinator` where process 0 listens (`HOST0:PORT`).
+
+    **Arguments:**
+
+    - `argv`: the worker's command line, the same for every process.
+    - `n`: the number of processes, at least 1.
+    - `env`: the workers' environment.
+    - `timeout`: seconds the whole run may take (default `DEFAULT_TIMEOUT_S`).
+    - `ok`: which exit statuses are not failures (default: only 0; pytest also ends with 1
+      when a test fails, which is a verdict, not a fault).
+    - `echo`: where worker 0's output is copied as it comes (the report is its).
+    - `progress`: receives worker 0's output lines as they come.
+    - `cwd`: the workers' working folder.
+    - `coordinator`: `HOST:PORT` of process 0's coordinator (default: a free local port).
+    - `process_id`: start only this worker of the `n` (one process per host; the other
+      hosts start theirs); default all `n`, here.
+
+    **Returns:** the exit statuses, by local worker, once every worker exited with a status
+    `ok` accepts. Raises `WorkerFailed` as soon as one worker exits with another status or
+    is killed (every other worker stopped within `KILL_GRACE_S`), or at the timeout.
+    """
+    if n < 1:
+        raise ValueError(f"a run needs at least 1 process, got {n}")
+    if process_id is not None and not 0 <= process_id < n:
+        raise ValueError(f"process id {process_id} is not one of the run's 0..{n - 1}")
+    if process_id is not None and coordinator is None:
+        raise ValueError("a run spread over hosts needs the coordinator's HOST:PORT")
+    folder = Path(tempfile.mkdtemp(prefix="parity-workers-"))
+    logs: list[IO[bytes]] = []
+    procs: list[subprocess.Popen[bytes]] = []
+    coordinator = coordinator or f"localhost:{free_port()}"
+    ids = range(n) if process_id is None else [process_id]
+    try:
+        for j, i in enumerate(ids):
+            log = open(folder / f"process{j}.log", "wb")  # noqa: SIM115 (closed below)
+            logs.append(log)
+            worker_env = {**env, ENV_PROCESS_ID: str(i), ENV_PROCESSES: str(n)}
+            worker_env[ENV_COORDINATOR] = coordinator
+            worker_env[ENV_LAUNCHER] = str(os.getpid())
+            procs.append(
+                subprocess.Popen(
+                    list(argv),
+                    env=worker_env,
+                    cwd=cwd,
+                    stdin=subprocess.DEVNULL,
+                    stdout=log,
+                    stderr=subprocess.STDOUT,
+                    start_new_session=True,
+                )
+            )
+        return _watch(procs, list(ids), n, folder, timeout, ok, echo, progress)
+    finally:
+        _stop(procs, KILL_GRACE_S)
+        for log in logs:
+            log.close()
+        shutil.rmtree(folder, ignore_errors=True)
+
+
+def _watch(
+    procs: Sequence[subprocess.Popen[bytes]],
+    ids: Sequence[int],
+    n: int,
+    folder: Path,
+    timeout: float,
+    ok: Callable[[int], bool],
+    echo: IO[str] | None,
+    progress: Callable[[str], None] | None,
+) -> list[int]:
+    def output(j: int) -> str:
+        return (folder / f"process{j}.log").read_bytes().decode("utf-8", "replace")
+
+    def everything() -> str:
+        return "\n".join(f"--- process {i} ---\n{output(j)}" for j, i in enumerate(ids))
+
+    seen = 0
+    pending = ""
+
+    def forward() -> None:
+        nonlocal seen, pending
+        if echo is None and progress is None:
+            return
+        with open(folder / "process0.log", "rb") as f:
+            f.seek(seen)
+            chunk = f.read()
+        seen += len(chunk)
+        text = pending + chunk.decode("utf-8", "replace")
+        if echo is not None:
+            echo.write(text[len(pending) :])
+            echo.flush()
+        lines = text.split("\n")
+        pending = lines.pop()
+        if progress is not None:
+            for line in lines:
+                progress(line)
+
+    deadline = time.monotonic() + timeout
+    while True:
+        forward()
+        codes = [p.poll() for p in procs]
+        for j, code in enumerate(codes):
+            if code is not None and not ok(code):
+                _stop(procs, KILL_GRACE_S)
+                forward()
+                tail = "\n".join(f"  {ln}" for ln in _tail(output(j)))
+                others = (
+                    "the other processes were stopped" if len(procs) > 1 else "it ran alone here"
+                )
+                raise WorkerFailed(
+                    ids[j],
+                    f"process {ids[j]} of {n} {_describe_exit(code)}; {others}",
+                    tail,
+                    everything(),
+                )
+        if all(c is not None for c in codes):
+            forward()
+            return [c for c in codes if c is not None]
+        if time.monotonic() > deadline:
+            running = [i for i, c in enumerate(codes) if c is None]
+            _stop(procs, KILL_GRACE_S)
+            tail = "\n".join(f"  process {i}: {ln}" for i in running for ln in _tail(output(i), 4))
+            raise WorkerFailed(
+                running[0] if len(running) == 1 else None,
+                f"the run timed out after {timeout:g} s with process(es) "
+                f"{', '.join(map(str, running))} of {len(procs)} still running (a hang, or "
+                "a run longer than the timeout: raise the timeout); they were stopped",
+                tail,
+                everything(),
+            )
+        time.sleep(_POLL_S)
+
+
+# --------------------------------------------------------------------------- in a worker
+
+
+def worker_place(environ: Mapping[str, str] | None = None) -> tuple[int, int, str] | None:
+    """`(process_id, processes, coordinator)` when this process is a worker that
+    `run_workers` started, else None."""
+    env = os.environ if environ is None else environ
+    if ENV_PROCESS_ID not in env:
+        return None
+    return int(env[ENV_PROCESS_ID]), int(env[ENV_PROCESSES]), env[ENV_COORDINATOR]
+
+
+def _die_with_launcher() -> None:
+    """Ask Linux to SIGKILL this worker when the launcher that started it dies (a launcher
+    killed with SIGKILL runs no cleanup); exit at once if it died already."""
+    launcher = int(os.environ.get(ENV_LAUNCHER, "0") or 0)
+    if not launcher:
+        return
+    with contextlib.suppress(Exception):
+        import ctypes
+
+        pr_set_pdeathsig = 1
+        ctypes.CDLL(None, use_errno=True).prctl(pr_set_pdeathsig, signal.SIGKILL)
+    if os.getppid() != launcher:
+        os._exit(1)
+
+
+def initialize(coordinator: str, processes: int, process_id: int) -> None:
+    """Join the distributed run: CPU collectives through gloo, then
+    `jax.distributed.initialize`. Must run before jax starts its backends (the device
+    count of `XLA_FLAGS` is read then too); raises a `RuntimeError` saying so otherwise.
+    A worker that `run_workers` started dies with its launcher from here on."""
+    from parity.devices import jax_backend_started
+
+    _die_with_launcher()
+    if jax_backend_started():
+        raise RuntimeError(
+            "jax started its backends before the distributed runtime was initialised; "
+            "nothing may create a jax array before parity.processes.initialize runs"
+        )
+    import jax
+
+    # Cross-process reductions on CPU need a collectives implementation; set before
+    # initialize, which builds the CPU client with it.
+    jax.config.update("jax_cpu_collectives_implementation", "gloo")
+    jax.distributed.initialize(
+        coordinator_address=coordinator, num_processes=processes, process_id=process_id
+    )
+
+
+def to_host(value: Any) -> Any:
+    """`value` as a host (numpy) array: a jax array sharded over several processes is
+    gathered (`multihost_utils.process_allgather`, a collective every process must call
+    in the same order); anything else goes through `np.asarray`."""
+    import numpy as np
+
+    jax = sys.modules.get("jax")
+    if (
+        jax is not None
+        and isinstance(value, jax.Array)
+        and not value.is_fully_addressable
+        and not value.is_fully_replicated
+    ):
+        from jax.experimental import multihost_utils
+
+        return np.asarray(multihost_utils.process_allgather(value, tiled=True))
+    return np.asarray(value)
+
+
+def agree(flag: bool) -> bool:
+    """Process 0's `flag`, on every process (a collective every process must call)."""
+    import jax
+
+    if jax.process_count() == 1:
+        return flag
+    import numpy as np
+    from jax.experimental import multihost_utils
+
+    return bool(multihost_utils.broadcast_one_to_all(np.int32(flag)))
