@@ -294,6 +294,15 @@ def _merged(results: Sequence[Any]) -> Any:
     )
 
 
+def _require_goldens(config: Any) -> None:
+    """A `CommandError` unless the configured golden folder exists."""
+    if not config.goldens.is_dir():
+        raise CommandError(
+            f"golden folder {config.goldens} does not exist; pin it first with "
+            "`parity repin --base <REV>`"
+        )
+
+
 def _cmd_check(args: argparse.Namespace, out: IO[str]) -> int:
     from parity.check import CheckError, GoldenDir
     from parity.report import format_table
@@ -301,11 +310,7 @@ def _cmd_check(args: argparse.Namespace, out: IO[str]) -> int:
 
     config = _config(args)
     overrides = _overrides(args)
-    if not config.goldens.is_dir():
-        raise CommandError(
-            f"golden folder {config.goldens} does not exist; pin it first with "
-            "`parity repin --base <REV>`"
-        )
+    _require_goldens(config)
     if args.timeout is not None and args.timeout <= 0:
         raise CommandError(f"--timeout must be a positive number of seconds, got {args.timeout}")
     if (args.coordinator is None) != (args.process_id is None):
@@ -450,11 +455,7 @@ def _cmd_calibrate(args: argparse.Namespace, out: IO[str]) -> int:
 
     config = _config(args)
     overrides = _overrides(args)
-    if not config.goldens.is_dir():
-        raise CommandError(
-            f"golden folder {config.goldens} does not exist; pin it first with "
-            "`parity repin --base <REV>`"
-        )
+    _require_goldens(config)
     if args.write and overrides:
         raise CommandError(
             "--write records the measurement of the pinned classes in the golden files; "

@@ -163,6 +163,15 @@ def _check_nonneg(rule: str, field: str, value: object) -> None:
         raise ValueError(f"rule {rule!r}: {field} must be finite and >= 0, got {value!r}")
 
 
+def _judge_within(e: Elements, bound: float) -> Judgement:
+    """`|a-b| <= bound` for every element, one bound for the whole array."""
+    with np.errstate(over="ignore", invalid="ignore", divide="ignore"):
+        # `not <=` rather than `>` so that a NaN difference (inf - inf) is a violation.
+        violating = (e.finite & ~(e.diff <= bound)) | e.special
+        score = np.where(e.diff == 0, 0.0, e.diff / bound)
+    return Judgement(violating, score, bound)
+
+
 class Rule:
     """Base of every rule; see the module docstring for what each method means."""
 
@@ -348,11 +357,7 @@ class RelativeToMax(Rule):
         return self.k * scale.max_abs
 
     def judge(self, e: Elements, scale: Scale) -> Judgement:
-        bound = self.bound(scale)
-        with np.errstate(over="ignore", invalid="ignore", divide="ignore"):
-            violating = (e.finite & ~(e.diff <= bound)) | e.special
-            score = np.where(e.diff == 0, 0.0, e.diff / bound)
-        return Judgement(violating, score, bound)
+        return _judge_within(e, self.bound(scale))
 
 
 def unit_roundoff(dtype: Any) -> float:
@@ -423,11 +428,7 @@ class Reduction(Rule):
         return self.k * math.sqrt(self.K) * unit_roundoff(scale.dtype) * scale.max_abs
 
     def judge(self, e: Elements, scale: Scale) -> Judgement:
-        bound = self.bound(scale)
-        with np.errstate(over="ignore", invalid="ignore", divide="ignore"):
-            violating = (e.finite & ~(e.diff <= bound)) | e.special
-            score = np.where(e.diff == 0, 0.0, e.diff / bound)
-        return Judgement(violating, score, bound)
+        return _judge_within(e, self.bound(scale))
 
 
 @dataclass(frozen=True)
