@@ -215,5 +215,25 @@ def main(argv: list[str] | None = None) -> int:
     return 0
 
 
+def _exit(code: int) -> None:
+    """Exit with `code`. A worker of a multi-process run that failed leaves at once
+    (`os._exit`, after flushing its output): a plain exit runs jax's atexit
+    `distributed.shutdown`, which waits for every other process at a shutdown barrier, so
+    the failing worker would outlive the ones it left stuck in a collective, and the
+    launcher would name one of them (a gloo timeout) instead of the worker that failed."""
+    from parity.processes import worker_place
+
+    if code and worker_place() is not None:
+        sys.stdout.flush()
+        sys.stderr.flush()
+        os._exit(code)
+    sys.exit(code)
+
+
 if __name__ == "__main__":
-    sys.exit(main())
+    try:
+        status = main()
+    except Exception:  # an error outside any group (joining the run, say): still exit fast
+        traceback.print_exc()
+        status = EXIT_PRODUCER_FAILED
+    _exit(status)
