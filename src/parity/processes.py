@@ -311,7 +311,9 @@ def initialize(coordinator: str, processes: int, process_id: int) -> None:
     """Join the distributed run: CPU collectives through gloo, then
     `jax.distributed.initialize`. Must run before jax starts its backends (the device
     count of `XLA_FLAGS` is read then too); raises a `RuntimeError` saying so otherwise.
-    A worker that `run_workers` started dies with its launcher from here on."""
+    A worker that `run_workers` started dies with its launcher from here on. With more
+    than one process it also starts jax's backends and runs one sum over every device (see
+    `_open_communicator`), so configure jax (compilation cache and the like) before."""
     from parity.devices import jax_backend_started
 
     _die_with_launcher()
@@ -328,6 +330,37 @@ def initialize(coordinator: str, processes: int, process_id: int) -> None:
     jax.distributed.initialize(
         coordinator_address=coordinator, num_processes=processes, process_id=process_id
     )
+    if processes > 1:
+        _open_communicator()
+
+
+def _open_communicator() -> None:
+    """Build gloo's communicator over every device of the run now, with one tiny sum.
+
+    gloo builds the communicator of a set of devices at the first collective over them and
+    waits a fixed 30 s there for every process. Started later, by the first program of a
+    producer, that wait fails whenever one process finishes compiling the program more than
+    30 s after another (a large program, processes sharing few cores). Here the processes
+    have just met at the runtime's start-up, so they arrive together. A communicator, once
+    built, serves every later program over the same devices however far apart the
+    processes reach it."""
+    import jax
+    import jax.numpy as jnp
+    import numpy as np
+    from jax.sharding import Mesh, NamedSharding, PartitionSpec
+
+    mesh = Mesh(np.array(jax.devices()), ("all",))
+    ones = jax.make_array_from_process_local_data(
+        NamedSharding(mesh, PartitionSpec("all")),
+        np.ones(jax.local_device_count(), np.int32),
+        (jax.device_count(),),
+    )
+    total = jax.jit(jnp.sum, out_shardings=NamedSharding(mesh, PartitionSpec()))(ones)
+    if int(np.asarray(total)) != jax.device_count():
+        raise RuntimeError(
+            f"the run's first sum over its {jax.device_count()} devices gave "
+            f"{int(np.asarray(total))}: the processes do not see the same devices"
+        )
 
 
 def to_host(value: Any) -> Any:

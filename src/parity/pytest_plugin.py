@@ -247,12 +247,13 @@ def pytest_configure(config: pytest.Config) -> None:
             raise pytest.UsageError(str(e)) from None
     if isa is not None:
         cap_isa(isa)
+    # Before the runtime: joining a multi-process run starts jax's backends.
+    _enable_compile_cache(config)
     place = worker_place()
     if place is not None:
         from parity.processes import initialize
 
         initialize(place[2], place[1], place[0])
-    _enable_compile_cache(config)
     config.stash[_RESULTS] = []
     config.stash[_NARROWED] = any("::" in str(a) for a in config.args)
     from parity.check import GoldenDir

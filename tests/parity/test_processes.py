@@ -31,6 +31,7 @@ import numpy as np
 from jax.sharding import Mesh, NamedSharding, PartitionSpec
 
 HERE = Path(__file__).parent
+LATE_S = 40  # past gloo's fixed 30 s wait for a communicator's first collective
 
 
 def g():
@@ -45,6 +46,8 @@ def g():
     if jax.process_index() == 1:
         if mode == "raise":
             raise RuntimeError("deliberate failure on process 1")
+        if mode == "late":  # reaches the first collective long after process 0 does
+            time.sleep(LATE_S)
         if mode in ("hang", "kill"):
             (HERE / "pid.txt").write_text(str(os.getpid()))
             time.sleep(3600)
@@ -150,6 +153,19 @@ def test_a_producer_raising_on_one_process_ends_the_run_naming_it(
     _fault(proc.stderr, "process 1 of 2 exited with status 1")
     assert "RuntimeError: deliberate failure on process 1" in proc.stderr
     _assert_nothing_left(project, proc.stderr)
+
+
+def test_a_process_reaching_the_first_collective_40_s_late_is_waited_for(
+    project: Path, run_parity, mode
+) -> None:
+    """gloo waits 30 s at a communicator's first collective; the workers build the one over
+    every device as they join (`parity.processes._open_communicator`), so a producer's
+    first sum, reached 40 s apart (as when one process compiles a large program far
+    behind the other), is waited for instead of ending the run."""
+    mode("late")
+    proc = run_parity(project, "check", "--processes", "2", "--devices", "2")
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    assert _workers_of(project) == [], "worker processes outlived the run"
 
 
 def test_a_hanging_worker_is_stopped_at_the_timeout(project: Path, run_parity, mode) -> None:
