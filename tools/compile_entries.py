@@ -192,7 +192,9 @@ def _spd(s: Structure, remat: str | None) -> tuple[Any, Any, Any, Any, Any]:
     )
     from decomp.mesh import make_dp_mesh
 
-    mesh = make_dp_mesh(jax.devices()[: s.devices])
+    # This process's own devices: over several processes each compiles (and measures) the
+    # same one-process program on a device it can address; on one process, the same list.
+    mesh = make_dp_mesh(jax.local_devices()[: s.devices])
     state = init_train_state(model, spd, key=jax.random.key(4), seq_len=s.seq, mesh=mesh)
     return model, spd, state, _tokens(s), mesh
 

@@ -335,7 +335,9 @@ def initialize(coordinator: str, processes: int, process_id: int) -> None:
 
 
 def _open_communicator() -> None:
-    """Build gloo's communicator over every device of the run now, with one tiny sum.
+    """Build gloo's communicators now: the one over every device of the run (one tiny sum)
+    and the one over the first device of each process (what `multihost_utils`' broadcasts
+    and barriers use, so `agree`'s verdict among them).
 
     gloo builds the communicator of a set of devices at the first collective over them and
     waits a fixed 30 s there for every process. Started later, by the first program of a
@@ -361,6 +363,9 @@ def _open_communicator() -> None:
             f"the run's first sum over its {jax.device_count()} devices gave "
             f"{int(np.asarray(total))}: the processes do not see the same devices"
         )
+    from jax.experimental import multihost_utils
+
+    multihost_utils.sync_global_devices("parity: the processes are together")
 
 
 def to_host(value: Any) -> Any:

@@ -23,17 +23,8 @@ from producers import GROUPS, TRAIN_STEPS, branches_setup, sources_arrays
 DEVICE_OVERRIDES = [("traj.*", "device_count"), ("*.toy.*", "device_count")]
 
 
-#: Over several processes (`--parity-processes 2`), process 1 was killed by SIGSEGV while
-#: this group compiled its budgeted entry points (jax 0.10.2, 2 processes x 2 CPU devices,
-#: after the eight other groups had passed). HLO size and instruction counts are figures of
-#: one program on one process; they are checked on 1 and 4 devices.
-SINGLE_PROCESS_GROUPS = ("compile_budget",)
-
-
 @pytest.mark.parametrize("group", list(GROUPS))
 def test_group_matches_its_goldens(group, parity_check, parity_goldens):
-    if group in SINGLE_PROCESS_GROUPS and jax.process_count() > 1:
-        pytest.skip(f"{group} runs on one process (see SINGLE_PROCESS_GROUPS)")
     t0 = time.perf_counter()
     actual = GROUPS[group]()
     produce_s = time.perf_counter() - t0
