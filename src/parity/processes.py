@@ -337,7 +337,7 @@ def initialize(coordinator: str, processes: int, process_id: int) -> None:
 def _open_communicator() -> None:
     """Build gloo's communicators now: the one over every device of the run (one tiny sum)
     and the one over the first device of each process (what `multihost_utils`' broadcasts
-    and barriers use, so `agree`'s verdict among them).
+    and barriers use, `agree`'s verdict among them).
 
     gloo builds the communicator of a set of devices at the first collective over them and
     waits a fixed 30 s there for every process. Started later, by the first program of a
@@ -357,11 +357,12 @@ def _open_communicator() -> None:
         np.ones(jax.local_device_count(), np.int32),
         (jax.device_count(),),
     )
-    total = jax.jit(jnp.sum, out_shardings=NamedSharding(mesh, PartitionSpec()))(ones)
-    if int(np.asarray(total)) != jax.device_count():
+    sum_all = jax.jit(jnp.sum, out_shardings=NamedSharding(mesh, PartitionSpec()))
+    total = int(np.asarray(sum_all(ones)))
+    if total != jax.device_count():
         raise RuntimeError(
-            f"the run's first sum over its {jax.device_count()} devices gave "
-            f"{int(np.asarray(total))}: the processes do not see the same devices"
+            f"the run's first sum over its {jax.device_count()} devices gave {total}: the "
+            "processes do not see the same devices"
         )
     from jax.experimental import multihost_utils
 

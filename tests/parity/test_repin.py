@@ -268,8 +268,8 @@ def test_sigint_leaves_old_goldens_and_no_worktree(repo, tmp_path, git):
         proc.send_signal(signal.SIGUSR1)
         time.sleep(1)
         proc.kill()
-        out = proc.stdout.read().decode("utf-8", "replace") if proc.stdout else ""
-        pytest.fail(f"repin did not end within 180 s of SIGINT; its stack and output:\n{out}")
+        printed = proc.stdout.read().decode("utf-8", "replace") if proc.stdout else ""
+        pytest.fail(f"repin did not end within 180 s of SIGINT; its stack and output:\n{printed}")
     assert proc.returncode != 0
     assert (out / "g.h5").read_bytes() == old
     assert sorted(p.name for p in out.iterdir()) == ["g.h5"]
