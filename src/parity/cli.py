@@ -641,8 +641,10 @@ def main(argv: Sequence[str] | None = None) -> int:
         if args.command in ("diff", "show"):
             return (_cmd_diff if args.command == "diff" else _cmd_show)(args, sys.stdout)
         from parity.commands import run_command
+        from parity.signals import signals_reach_main_thread
 
-        return run_command(args, sys.stdout)
+        with signals_reach_main_thread():
+            return run_command(args, sys.stdout)
     except (CLIError, CommandError, ConfigError) as e:
         sys.stdout.flush()
         print(f"parity: error: {_one_line(str(e))}", file=sys.stderr)

@@ -30,6 +30,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import IO, Any
 
+from parity.signals import signals_reach_main_thread
+
 __all__ = [
     "DEFAULT_TIMEOUT_S",
     "ENV_COORDINATOR",
@@ -199,7 +201,8 @@ def run_workers(
                     start_new_session=True,
                 )
             )
-        return _watch(procs, list(ids), n, folder, timeout, ok, echo, progress)
+        with signals_reach_main_thread():
+            return _watch(procs, list(ids), n, folder, timeout, ok, echo, progress)
     finally:
         _stop(procs, KILL_GRACE_S)
         for log in logs:

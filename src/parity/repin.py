@@ -36,6 +36,7 @@ import numpy as np
 
 from parity.devices import DEFAULT_ISA_CAP, isolated_env
 from parity.provenance import digest_sources
+from parity.signals import signals_reach_main_thread
 from parity.staging import (
     JOURNAL_NAME,
     RUNNER_PREFIX,
@@ -276,7 +277,7 @@ def run_producers(
         )
         return flags
     tail: list[str] = []
-    with _child(cmd, env) as proc:
+    with signals_reach_main_thread(), _child(cmd, env) as proc:
         assert proc.stdout is not None
         for line in proc.stdout:
             line = line.rstrip("\n")
@@ -339,7 +340,7 @@ def repin(
             f"cannot use {out} as the golden folder: {e.strerror or e}; pass --out a "
             "writable folder"
         ) from None
-    with _locked(out):
+    with signals_reach_main_thread(), _locked(out):
         for line in recover(out, repo=root):
             progress(line)
         return _repin_locked(

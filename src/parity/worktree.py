@@ -19,6 +19,8 @@ from collections.abc import Iterator
 from pathlib import Path
 from types import FrameType
 
+from parity.signals import deferred_signals, signals_reach_main_thread
+
 
 class GitError(RuntimeError):
     """A git command failed, or a revision does not name a commit of the repository."""
@@ -150,23 +152,18 @@ def temporary_worktree(repo: Path | str, sha: str, *, keep: bool = False) -> Ite
     path = tmp / full[:12]
     added = False
     try:
-        with _sigterm_as_exception():
+        with signals_reach_main_thread(), _sigterm_as_exception():
             _git(root, "worktree", "add", "--detach", "--quiet", str(path), full)
             added = True
             yield path
     finally:
         if not keep:
-            # Block Ctrl-C while cleaning up so that a second interrupt cannot leave debris.
-            old = signal.getsignal(signal.SIGINT)
-            with contextlib.suppress(ValueError):
-                signal.signal(signal.SIGINT, signal.SIG_IGN)
-            try:
+            # Ctrl-C or SIGTERM while cleaning up is held back until the worktree is gone
+            # (not ignored: the run still stops), so a second interrupt cannot leave debris.
+            with deferred_signals():
                 if added:
                     with contextlib.suppress(GitError):
                         _git(root, "worktree", "remove", "--force", str(path))
                 shutil.rmtree(tmp, ignore_errors=True)
                 with contextlib.suppress(GitError):
                     _git(root, "worktree", "prune")
-            finally:
-                with contextlib.suppress(ValueError, TypeError):
-                    signal.signal(signal.SIGINT, old)
