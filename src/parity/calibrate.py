@@ -38,8 +38,9 @@ import numpy as np
 from parity.check import Overrides, class_resolver, pinned_class_map
 from parity.compare import Finding, compare_arrays
 from parity.config import ParityConfig
+from parity.noise import Spreads
 from parity.store import GoldenFile, write_goldens
-from parity.tolerance import REGISTRY, ToleranceClass, get_class
+from parity.tolerance import REGISTRY, ToleranceClass, get_class, parse_class_name
 from parity.ulp import is_float_dtype, to_float64
 
 __all__ = [
@@ -110,13 +111,20 @@ def host_isa_caps(flags: Iterable[str] | None = None) -> list[str]:
 class Perturbation:
     """One environment to produce in.
 
-    **Fields:** `label` (as reports show it: `isa=SSE4_2`, `devices=4`, `repeat`), `isa`
-    (the ISA cap, `None` for none) and `devices` (simulated CPU devices).
+    **Fields:** `label` (as reports show it: `isa=SSE4_2`, `devices=4`, `processes=2x2`,
+    `repeat`), `isa` (the ISA cap, `None` for none), `devices` (simulated CPU devices per
+    process) and `processes` (processes of one distributed run).
     """
 
     label: str
     isa: str | None
     devices: int
+    processes: int = 1
+
+    @property
+    def kind(self) -> str:
+        """The dimension it perturbs: `isa`, `devices`, `processes` or `repeat`."""
+        return self.label.partition("=")[0]
 
 
 def perturbations(
@@ -128,7 +136,9 @@ def perturbations(
 
     - `spec`: items `isa` (every cap of `host_caps` but the baseline's), `isa=CAP` (one
       cap, which the host must support), `devices` (`DEVICE_COUNTS` but the baseline's),
-      `devices=N`, `repeat` (the baseline environment again: run-to-run determinism).
+      `devices=N`, `processes` (2 processes of the baseline's devices each), `processes=PxD`
+      (P processes of D devices), `repeat` (the baseline environment again: run-to-run
+      determinism).
     - `baseline`: the configuration the goldens were pinned in (ISA cap, devices).
     - `host_caps`: the caps this host supports (default `host_isa_caps()`).
 
@@ -163,12 +173,21 @@ def perturbations(
             if not value.isdigit() or int(value) < 1:
                 raise CalibrationError(f"--perturb {item}: the device count must be an int >= 1")
             add(Perturbation(f"devices={int(value)}", baseline.isa, int(value)))
+        elif name == "processes":
+            procs, _, devs = (value or f"2x{baseline.devices}").partition("x")
+            if not (procs.isdigit() and devs.isdigit() and int(procs) >= 2 and int(devs) >= 1):
+                raise CalibrationError(
+                    f"--perturb {item}: a process layout is PxD with P >= 2 processes of D >= 1 "
+                    "devices each, for example processes=2x2"
+                )
+            add(Perturbation(f"processes={int(procs)}x{int(devs)}", baseline.isa, int(devs),
+                             int(procs)))  # fmt: skip
         elif name == "repeat" and not eq:
             add(Perturbation("repeat", baseline.isa, baseline.devices))
         else:
             raise CalibrationError(
-                f"unknown perturbation {item!r}; expected isa, isa=CAP, devices, devices=N "
-                "or repeat, comma-separated"
+                f"unknown perturbation {item!r}; expected isa, isa=CAP, devices, devices=N, "
+                "processes, processes=PxD or repeat, comma-separated"
             )
     if not out:
         raise CalibrationError(
@@ -221,6 +240,17 @@ class KeySpread:
         out["by_perturbation"] = [[lb, a, _json(r)] for lb, a, r in self.by_perturbation]
         return out
 
+    @classmethod
+    def from_dict(cls, data: Mapping[str, Any]) -> KeySpread:
+        """Read `to_dict`'s output back (after a JSON round trip)."""
+        kw = {f.name: _unjson(data[f.name]) for f in dataclasses.fields(cls) if f.name in data}
+        for name in ("failing", "unmeasured"):
+            kw[name] = tuple(kw.get(name, ()))
+        kw["by_perturbation"] = tuple(
+            (str(lb), float(a), float(_unjson(r))) for lb, a, r in data.get("by_perturbation", ())
+        )
+        return cls(**kw)
+
 
 @dataclass(frozen=True)
 class ClassSpread:
@@ -259,6 +289,12 @@ def _json(x: Any) -> Any:
         return "nan" if math.isnan(x) else ("inf" if x > 0 else "-inf")
     if isinstance(x, tuple):
         return list(x)  # pyright: ignore[reportUnknownArgumentType]
+    return x
+
+
+def _unjson(x: Any) -> Any:
+    if x in ("nan", "inf", "-inf"):
+        return float(x)
     return x
 
 
@@ -318,9 +354,16 @@ def measure(
     )
     out: list[KeySpread] = []
     ordered = golden.ordered_keys()
+    recorded = Spreads.of(golden.provenance)
     for key in ordered + sorted(set(golden) - set(ordered)):
         g = np.asarray(golden[key])
-        tol = get_class(resolve(key), registry)
+        name = resolve(key)
+        base, params = parse_class_name(name)
+        # A `calibrated` key is measured against its recorded spread; never calibrated
+        # before, against this measurement's own (its ratio is then 1/k by construction).
+        pending = base == "calibrated" and "spread" not in params
+        spread = recorded.envelope(key) if pending else None
+        tol = get_class(_with_spread(name, spread or 0.0) if pending else name, registry)
         scale = _scale(g)
         findings: list[tuple[str, Finding]] = []
         unmeasured: list[str] = []
@@ -333,6 +376,11 @@ def measure(
                 unmeasured.append(f"{label}: {f.reason}")
                 continue
             findings.append((label, f))
+        if pending and spread is None and findings:
+            tol = get_class(_with_spread(name, max(f.max_abs or 0.0 for _, f in findings)),
+                            registry)  # fmt: skip
+            findings = [(label, compare_arrays(key, runs[label][key], g, tol))
+                        for label, _ in findings]  # fmt: skip
         bound = next((f.bound for _, f in findings if f.bound is not None), 0.0) or 0.0
         ratios = [(_ratio(_figure(f), f.bound or 0.0), label, f) for label, f in findings]
         # Ties (several perturbations break a bitwise class: inf) go to the larger |a-b|.
@@ -360,6 +408,12 @@ def measure(
             )
         )
     return out
+
+
+def _with_spread(name: str, spread: float) -> str:
+    base, params = parse_class_name(name)
+    inner = ",".join([*(f"{p}={v}" for p, v in params.items()), f"spread={spread:.6g}"])
+    return f"{base}[{inner}]"
 
 
 def class_spreads(keys: Sequence[KeySpread]) -> list[ClassSpread]:
@@ -442,6 +496,30 @@ class Calibration:
             "keys": [k.to_dict() for k in self.keys],
         }
 
+    @classmethod
+    def from_dict(cls, data: Mapping[str, Any]) -> Calibration:
+        """Read `to_dict`'s output back (a measurement saved with `--json`)."""
+        return cls(
+            baseline=dict(data["baseline"]),
+            perturbations=tuple(Perturbation(**p) for p in data["perturbations"]),
+            seconds=dict(data.get("seconds", {})),
+            keys=tuple(KeySpread.from_dict(k) for k in data["keys"]),
+            host=tuple(data.get("host_isa_caps", ())),
+        )
+
+    def spreads(self, group: str) -> dict[str, dict[str, float | None]]:
+        """Per key of `group`, per perturbation label, the largest `|a-b|` against the
+        golden (`None` where the key could not be compared under that perturbation)."""
+        out: dict[str, dict[str, float | None]] = {}
+        for k in self.keys:
+            if k.group != group:
+                continue
+            got: dict[str, float | None] = {p.label: None for p in self.perturbations}
+            for label, max_abs, _ in k.by_perturbation:
+                got[label] = float(max_abs)
+            out[k.key] = got
+        return out
+
     def summary(self, group: str | None = None) -> str:
         """One line: per class, worst figure against its bound and the verdict."""
         parts = []
@@ -481,7 +559,7 @@ def calibrate(
     seconds: dict[str, float] = {}
     for i, p in enumerate(perturbs, 1):
         progress(f"[calibrate {i}/{len(perturbs)}] {p.label}: producing {', '.join(goldens)}")
-        env = dataclasses.replace(config, isa=p.isa, devices=p.devices)
+        env = dataclasses.replace(config, isa=p.isa, devices=p.devices, processes=p.processes)
         produced = produce(config.root, env, groups=list(goldens), progress=progress)
         seconds[p.label] = round(produced.seconds, 2)
         for group in goldens:
@@ -593,8 +671,38 @@ def format_calibration(cal: Calibration) -> str:
     return "\n".join(lines) + "\n"
 
 
+def recorded_spreads(provenance: Mapping[str, Any]) -> dict[str, Any]:
+    """The per-key spreads a golden file's provenance records (`calibration.spread`):
+    `{"labels": [perturbation labels], "keys": {key: [max |a-b| per label, or None]}}`,
+    empty lists where none is recorded."""
+    cal = provenance.get("calibration")
+    spread = cal.get("spread") if isinstance(cal, Mapping) else None
+    if not isinstance(spread, Mapping):
+        return {"labels": [], "keys": {}}
+    return {"labels": list(spread.get("labels", [])), "keys": dict(spread.get("keys", {}))}
+
+
+def merge_spreads(
+    old: Mapping[str, Any], new: Mapping[str, Mapping[str, float | None]], labels: Sequence[str]
+) -> dict[str, Any]:
+    """`old` (as `recorded_spreads` gives it) with the perturbations `labels` measured anew
+    in `new` (key -> label -> spread): a label measured again replaces its old column, the
+    others are kept, so calibrating one dimension at a time adds up."""
+    all_labels = list(old["labels"]) + [lb for lb in labels if lb not in old["labels"]]
+    keys: dict[str, list[float | None]] = {}
+    for key in sorted(set(old["keys"]) | set(new)):
+        row = old["keys"].get(key, [None] * len(old["labels"]))
+        before = dict(zip(old["labels"], row, strict=True))
+        before |= {lb: v for lb, v in new.get(key, {}).items() if lb in labels}
+        keys[key] = [before.get(lb) for lb in all_labels]
+    return {"labels": all_labels, "keys": keys}
+
+
 def record(cal: Calibration, golden: GoldenFile, group: str, path: Path | None = None) -> Path:
-    """Write the group's measurement into its golden file's provenance (`calibration`).
+    """Write the group's measurement into its golden file's provenance (`calibration`):
+    the per-class summary, and per key the spread under each perturbation (`spread`,
+    merged with the spreads recorded before: see `merge_spreads`), which the
+    `calibrated` class and environment-aware checks read.
 
     The arrays, their classes, the class map and the order are written back unchanged
     (the same bytes per array); only the provenance gains (or replaces) `calibration`, so
@@ -620,6 +728,9 @@ def record(cal: Calibration, golden: GoldenFile, group: str, path: Path | None =
         "perturbations": [p.label for p in cal.perturbations],
         "summary": cal.summary(group),
         "classes": [c.to_dict() for c in cal.classes(group)],
+        "spread": merge_spreads(
+            recorded_spreads(provenance), cal.spreads(group), [p.label for p in cal.perturbations]
+        ),
     }
     dest = Path(path) if path is not None else golden.path
     class_map_json, order = golden.class_map_json, golden.ordered_keys()

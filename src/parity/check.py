@@ -33,11 +33,19 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, cast
 
-from parity.compare import Comparison, Finding, Order, compare_trees
+from parity.compare import Comparison, Finding, Order, compare_arrays, compare_trees
+from parity.noise import Spreads, differences
 from parity.provenance import PolicyMode, bitwise_policy, collect_provenance, drift
 from parity.rules import Ulp
 from parity.store import GoldenFile, GoldenMissingError, GoldenStoreError, open_goldens
-from parity.tolerance import REGISTRY, ClassMap, ToleranceClass, UnknownClassError
+from parity.tolerance import (
+    REGISTRY,
+    ClassMap,
+    ToleranceClass,
+    UnknownClassError,
+    get_class,
+    parse_class_name,
+)
 from parity.trees import flatten
 
 __all__ = [
@@ -355,17 +363,24 @@ def check_group(
     except GoldenStoreError as e:
         raise CheckError(f"golden group {group!r} is unusable: {e}") from None
     pinned = pinned_class_map(gf)
+    current = current_provenance if current_provenance is not None else collect_provenance()
     registry, drift_header = drift_registry(
-        gf.provenance, drift_mode, registry=registry, current=current_provenance
+        gf.provenance, drift_mode, registry=registry, current=current
     )
     header = {"golden": str(folder.path_of(group)), "base_sha": str(gf.provenance.get("base_sha"))}
     header |= drift_header
     calibration = gf.provenance.get("calibration")
     if isinstance(calibration, dict) and calibration.get("summary"):
         header["calibration"] = str(cast(dict[str, Any], calibration)["summary"])
-    resolve = class_resolver(
-        overrides=overrides, class_map=class_map, pinned=pinned, recorded=recorded
+    spreads = Spreads.of(gf.provenance)
+    resolve = _bind_calibrated(
+        class_resolver(overrides=overrides, class_map=class_map, pinned=pinned, recorded=recorded),
+        spreads,
+        group,
+        folder.path_of(group),
     )
+    for key in golden_arrays:
+        resolve(key)  # a calibrated key without a recorded spread is an error before any work
     load_s = time.perf_counter() - t0
     try:
         comparison, flat_a, compare_s = _compare(
@@ -376,8 +391,12 @@ def check_group(
             order=gf.ordered_keys() if order is None else order,
             name=name or group,
         )
+        comparison, env_header = _judge_environment(
+            comparison, flat_a, gf, spreads, differences(gf.provenance, current), registry
+        )
     except GoldenStoreError as e:
         raise CheckError(f"golden group {group!r} is unusable: {e}") from None
+    header |= env_header
     saved = command = None
     if save_actual is not None and not comparison.passed:
         path = save_arrays(save_actual, name or group, flat_a, classes=resolve,
@@ -397,6 +416,92 @@ def check_group(
         saved=saved,
         command=command,
     )
+
+
+#: The class of the calibrated bounds: its `k` and floor, from the registry's `calibrated`.
+CALIBRATED = "calibrated"
+
+
+def calibrate_command(group: str) -> str:
+    """The command that records the per-key spreads of `group`."""
+    return f"parity calibrate --groups {group} --perturb isa,devices,processes,repeat --write"
+
+
+def _bind_calibrated(
+    resolve: Callable[[str], str], spreads: Spreads, group: str, path: Path
+) -> Callable[[str], str]:
+    """`resolve`, with each key under the `calibrated` class given its recorded spread
+    (its envelope over every perturbation, `parity.noise.Spreads.envelope`) as the class
+    parameter `spread`; `CheckError` naming the calibrate command where none is recorded."""
+
+    def bound(key: str) -> str:
+        name = resolve(key)
+        base, params = parse_class_name(name)
+        if base != CALIBRATED or "spread" in params:
+            return name
+        spread = spreads.envelope(key)
+        if spread is None:
+            raise CheckError(
+                f"key {key!r} of group {group!r} is under the class {name!r}, but {path} "
+                f"records no calibration of it; measure and record it with "
+                f"`{calibrate_command(group)}`"
+            )
+        inner = ",".join([*(f"{p}={v}" for p, v in params.items()), f"spread={spread:.6g}"])
+        return f"{base}[{inner}]"
+
+    return bound
+
+
+def _judge_environment(
+    comparison: Comparison,
+    flat_a: Mapping[str, Any],
+    gf: GoldenFile,
+    spreads: Spreads,
+    dims: Sequence[Any],
+    registry: Mapping[str, ToleranceClass],
+) -> tuple[Comparison, dict[str, str]]:
+    """Where the check's environment differs from the pin's in calibrated dimensions, judge
+    each key that fails its pinned class again under its calibrated bound for those
+    dimensions (`max(floor, k * spread)`, the spread measured there): the looser of the
+    two decides. In the pin's environment nothing changes.
+
+    **Returns:** the comparison, with the findings that passed by calibration replaced
+    (their note says so), and the header lines saying what differed and how many keys were
+    judged by calibration."""
+    if not dims:
+        return comparison, {}
+    change = ", ".join(d.change for d in dims)
+    columns = spreads.columns_for(dims) if spreads else None
+    if columns is None:
+        return comparison, {
+            "environment": f"differs from the pin's ({change}); no calibration of it is "
+            f"recorded, so the pinned classes stand (record one: "
+            f"`{calibrate_command(gf.path.stem)}`)"
+        }
+    base = registry.get(CALIBRATED) or REGISTRY[CALIBRATED]
+    judged = 0
+    findings: list[Finding] = []
+    for f in comparison.findings:
+        spread = spreads.for_columns(f.key, columns)
+        if f.verdict != "fail" or spread is None or f.key not in flat_a:
+            findings.append(f)
+            continue
+        params = {**base.rule.params(), "spread": spread}
+        inner = ",".join(f"{p}={v:.6g}" for p, v in params.items() if v is not None)
+        tol = get_class(f"{CALIBRATED}[{inner}]", registry)
+        again = compare_arrays(f.key, flat_a[f.key], gf.source(f.key), tol, order=f.order)
+        if again.passed:
+            judged += 1
+            note = f"judged by calibration ({', '.join(columns)}): {f.class_name} alone fails"
+            findings.append(dataclasses.replace(again, note=note))
+        else:
+            findings.append(f)
+    line = (
+        f"differs from the pin's ({change}); each key is judged by the looser of its pinned "
+        f"class and its calibrated bound there ({base.describe_allowed()}, spread over "
+        f"{', '.join(columns)}): {judged} key(s) passed by calibration alone"
+    )
+    return Comparison(tuple(findings)), {"environment": line}
 
 
 def _compare(
@@ -465,6 +570,21 @@ def check_live(
         saved=saved,
         command=command,
     )
+
+
+def merged_header_lines(
+    results: Sequence[CheckResult], header: Mapping[str, str]
+) -> dict[str, str]:
+    """The per-check header lines a report of several checks shows beside its own
+    `header`: each drift line once (named after the first check that has it), and each
+    check's calibration and environment lines, named after the check."""
+    out: dict[str, str] = {}
+    for r in results:
+        for k, v in r.header.items():
+            new_drift = v not in header.values() and v not in out.values()
+            if (k.startswith("drift") and new_drift) or k in ("calibration", "environment"):
+                out[f"{k} ({r.name})"] = v
+    return out
 
 
 def results_to_json(results: Sequence[CheckResult]) -> str:

@@ -304,7 +304,7 @@ def _require_goldens(config: Any) -> None:
 
 
 def _cmd_check(args: argparse.Namespace, out: IO[str]) -> int:
-    from parity.check import CheckError, GoldenDir
+    from parity.check import CheckError, GoldenDir, merged_header_lines
     from parity.report import format_table
     from parity.runner import ProducersFailed, check_produced, produce
 
@@ -366,12 +366,8 @@ def _cmd_check(args: argparse.Namespace, out: IO[str]) -> int:
         "produce": f"{produced.seconds:.1f}s in "
         + ("a fresh process" if produced.layout.processes == 1 else "fresh processes"),
     }
+    header |= merged_header_lines(results, header)
     for r in results:
-        for k, v in r.header.items():
-            if k.startswith("drift") and v not in header.values():
-                header[f"{k} ({r.name})"] = v
-            elif k == "calibration":
-                header[f"calibration ({r.name})"] = v
         if r.header.get("base_sha"):
             header.setdefault("base_sha", r.header["base_sha"])
     merged = _merged(results)

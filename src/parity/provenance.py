@@ -60,7 +60,9 @@ Severity = Literal["info", "bits"]
 PolicyMode = Literal["strict", "relax", "warn"]
 
 #: Fields whose drift can change the last bits of XLA's output.
-BITS_FIELDS = ("jax", "jaxlib", "isa_cap", "xla_flags", "machine", "cpu", "x64", "device_count")
+BITS_FIELDS = (
+    "jax", "jaxlib", "isa_cap", "xla_flags", "machine", "cpu", "x64", "device_count", "processes",
+)  # fmt: skip
 #: Fields whose drift is shown but cannot move XLA's bits by itself.
 INFO_FIELDS = ("python", "numpy", "h5py", "ml_dtypes", "platform", "base_sha", "producer_digest")
 #: ulp allowed for bitwise classes under the "relax" policy (see the module docstring).
@@ -168,7 +170,9 @@ def collect_provenance(
 
     **Returns:** a JSON-serialisable dict with keys `python`, `jax`, `jaxlib`, `numpy`,
     `h5py`, `ml_dtypes` (versions, None if not installed), `platform`, `machine`,
-    `processor`, `cpu` (vendor, family, model and vector ISA flags), `device_count`,
+    `processor`, `cpu` (vendor, family, model and vector ISA flags), `device_count` (jax's
+    global count: every process's devices), `processes` (of a multi-process run, from
+    `parity.processes`' worker environment; 1 otherwise),
     `xla_flags`, `isa_cap` (None if no cap), `x64`,
     `base_sha`, `producer_digest`.
     """
@@ -186,6 +190,7 @@ def collect_provenance(
         "processor": _processor(),
         "cpu": _cpu(),
         "device_count": int(device_count) if device_count is not None else _device_count(xla_flags),
+        "processes": int(os.environ.get("PARITY_PROCESSES") or 1),
         "xla_flags": xla_flags,
         "isa_cap": isa[-1] if isa else None,
         "x64": _x64(),
@@ -269,6 +274,8 @@ class Drift:
 
 
 def _same(field: str, a: Any, b: Any) -> bool:
+    if field == "processes":  # files pinned before the field was recorded: one process
+        return int(a or 1) == int(b or 1)
     if field == "xla_flags":
         # Flag order is not meaning, and the device count has its own field (a count of 1
         # written out or left implicit is the same run); compare the other flags as a set.

@@ -517,12 +517,9 @@ def _header(results: list[CheckResult]) -> dict[str, str]:
         "xla_flags": prov["xla_flags"],
         "jax": str(prov["jax"]),
     }
-    for r in results:
-        for k, v in r.header.items():
-            if k.startswith("drift") and v not in header.values():
-                # Keep the line's own number: a check can have a "bits" and an "info" line.
-                header[f"{k} ({r.name})"] = v
-    return header
+    from parity.check import merged_header_lines
+
+    return header | merged_header_lines(results, header)
 
 
 def _layout() -> str:

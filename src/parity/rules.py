@@ -50,6 +50,7 @@ __all__ = [
     "RULES",
     "Bitwise",
     "Budget",
+    "Calibrated",
     "Close",
     "Elements",
     "Judgement",
@@ -432,6 +433,59 @@ class Reduction(Rule):
 
 
 @dataclass(frozen=True)
+class Calibrated(Rule):
+    """`|a - b| <= max(floor_ulps * ulp(max|b|), k * spread)`: the key's own measured noise
+    as its bound.
+
+    `spread` is the largest `|a-b|` that benign perturbations of the environment (other
+    ISA caps, device counts, process layouts, a repeat) moved this key from its golden,
+    as `parity calibrate --write` recorded it in the golden file; `parity.check` sets it
+    per key (`"calibrated[k=4,spread=3.1e-06]"`), so the class map names the class alone.
+    `k` is the margin over the measured noise; the floor, in ulps of the golden's largest
+    finite magnitude, keeps a key whose noise measured zero from being held to bitwise
+    where the next environment may move its last bit. The choice of both is argued in
+    docs/design.md ("Tolerance from measured noise").
+    """
+
+    k: float
+    floor_ulps: float = 0.0
+    spread: float | None = None
+    kind: ClassVar[str] = "calibrated"
+    elementwise: ClassVar[bool] = True
+
+    def __post_init__(self) -> None:
+        _check_nonneg("calibrated", "k", self.k)
+        _check_nonneg("calibrated", "floor_ulps", self.floor_ulps)
+        object.__setattr__(self, "k", float(self.k))
+        object.__setattr__(self, "floor_ulps", float(self.floor_ulps))
+        if self.spread is not None:
+            _check_nonneg("calibrated", "spread", self.spread)
+            object.__setattr__(self, "spread", float(self.spread))
+
+    def missing(self) -> list[str]:
+        return [] if self.spread is not None else ["spread"]
+
+    def describe(self) -> str:
+        spread = "spread" if self.spread is None else f"{self.spread:.3g}"
+        return f"|a-b| <= max({self.floor_ulps:g} ulp(max|b|), {self.k:g}*{spread})"
+
+    def needs_scale(self) -> bool:
+        return self.floor_ulps != 0
+
+    def bound(self, scale: Scale) -> float:
+        if self.spread is None:
+            raise ValueError(
+                "rule 'calibrated' has no recorded spread for this key; record one with "
+                "parity calibrate --write"
+            )
+        floor = self.floor_ulps * spacing_at(scale.max_abs, scale.dtype) if self.floor_ulps else 0.0
+        return max(floor, self.k * self.spread)
+
+    def judge(self, e: Elements, scale: Scale) -> Judgement:
+        return _judge_within(e, self.bound(scale))
+
+
+@dataclass(frozen=True)
 class Budget(Rule):
     """`a <= b + rtol*|b|`: a one-sided budget (HLO bytes, instruction counts).
 
@@ -598,7 +652,7 @@ class LogitKL(Rule):
 
 #: Every rule by its `kind`.
 RULES: Mapping[str, type[Rule]] = {
-    r.kind: r for r in (Bitwise, Ulp, Close, RelativeToMax, Reduction, Budget, LogitKL)
+    r.kind: r for r in (Bitwise, Ulp, Close, RelativeToMax, Reduction, Calibrated, Budget, LogitKL)
 }
 
 

@@ -33,6 +33,7 @@ import numpy as np
 from parity.rules import (
     Bitwise,
     Budget,
+    Calibrated,
     Close,
     LogitKL,
     Reduction,
@@ -186,6 +187,16 @@ BF16_LOGITS_MEASURED = (
 )
 
 
+#: The `calibrated` class's margin over a key's measured spread, and its floor in ulps of
+#: the golden's largest magnitude (docs/design.md, "Tolerance from measured noise").
+CALIBRATED_K = 4.0
+CALIBRATED_FLOOR_ULPS = 2.0
+CALIBRATED_MEASURED = (
+    "per key, from parity calibrate --write (the spread under other ISA caps, device counts, "
+    "process layouts and a repeat, recorded in the golden file)"
+)
+
+
 def _frozen_registry(*classes: ToleranceClass) -> Mapping[str, ToleranceClass]:
     return types.MappingProxyType({c.name: c for c in classes})
 
@@ -272,6 +283,15 @@ REGISTRY: Mapping[str, ToleranceClass] = _frozen_registry(
             "|a-b| <= k*sqrt(K)*u*max|b|, u the unit roundoff of the golden's dtype"
         ),
         measured=REDUCTION_MEASURED,
+    ),
+    ToleranceClass(
+        "calibrated",
+        Calibrated(k=CALIBRATED_K, floor_ulps=CALIBRATED_FLOOR_ULPS),
+        meaning=(
+            "the key's own measured noise: |a-b| <= max(floor, k * the largest spread benign "
+            "perturbations of the environment gave it), as calibrate recorded it"
+        ),
+        measured=CALIBRATED_MEASURED,
     ),
     ToleranceClass(
         "bf16_logits",

@@ -33,6 +33,7 @@ _FIELDS = {
     "cpu",
     "processor",
     "device_count",
+    "processes",
     "xla_flags",
     "isa_cap",
     "x64",

@@ -1,0 +1,177 @@
+"""Measured noise as the bound: per-key spreads recorded by `parity calibrate --write`, the
+`calibrated` class, and checks that know the pin's environment and their own.
+
+The project's producers are numpy only and move some keys by a known amount per
+environment (read from the XLA flags the runner sets), so every bound here is computed by
+another path than the harness's."""
+
+from __future__ import annotations
+
+import textwrap
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from parity.calibrate import merge_spreads
+from parity.noise import Dimension, Spreads, differences, layout_of
+from parity.rules import Calibrated, Scale
+from parity.store import open_goldens
+from parity.tolerance import CALIBRATED_FLOOR_ULPS, CALIBRATED_K, REGISTRY
+
+DEVICE_NOISE = 2.5e-7
+
+PRODUCERS = f"""\
+import os
+import re
+
+import numpy as np
+
+FLAGS = os.environ.get("XLA_FLAGS", "")
+DEVICES = re.search(r"device_count=(\\d+)", FLAGS)
+NOISE = {DEVICE_NOISE!r} if DEVICES and DEVICES.group(1) != "1" else 0.0
+BUG = 0.0
+BASE = np.linspace(1.0, 2.0, 8)
+
+
+def group():
+    return {{
+        "exact.v": (BASE + NOISE).astype(np.float32),   # bitwise where pinned, moved on 4
+        "steady.w": BASE.astype(np.float32),            # never moves
+        "calib.u": (BASE + NOISE + BUG).astype(np.float32),
+    }}
+
+
+GROUPS = {{"g": group}}
+CLASS_MAP = [("exact.*", "bitwise"), ("steady.*", "bitwise"), ("calib.*", "calibrated")]
+"""
+
+
+def _moved(noise: float) -> float:
+    """max |a-b| of the producers' arrays moved by `noise`, in float32."""
+    base = np.linspace(1.0, 2.0, 8)
+    a = (base + noise).astype(np.float32).astype(np.float64)
+    return float(np.max(np.abs(a - base.astype(np.float32).astype(np.float64))))
+
+
+@pytest.fixture
+def project(tmp_path: Path, git, run_parity) -> Path:
+    repo = tmp_path / "proj"
+    repo.mkdir()
+    (repo / "producers.py").write_text(PRODUCERS)
+    (repo / "pyproject.toml").write_text('[tool.parity]\nproducers = "producers.py"\nsrc = "."\n')
+    git(repo, "init", "-q", "-b", "main")
+    git(repo, "add", "-A")
+    git(repo, "commit", "-qm", "one")
+    pinned = run_parity(repo, "repin", "--base", "HEAD")
+    assert pinned.returncode == 0, pinned.stdout + pinned.stderr
+    return repo
+
+
+def test_a_calibrated_key_without_a_record_is_exit_2_naming_the_command(project, run_parity):
+    proc = run_parity(project, "check")
+    assert proc.returncode == 2, proc.stdout + proc.stderr
+    assert "'calib.u'" in proc.stderr and "records no calibration" in proc.stderr
+    assert "parity calibrate --groups g --perturb isa,devices,processes,repeat --write" in (
+        proc.stderr
+    )
+
+
+def test_calibration_is_recorded_per_key_and_perturbation_and_moves_no_array(project, run_parity):
+    path = project / "goldens" / "g.h5"
+    with open_goldens(path) as gf:
+        before = {k: gf.info(k).sha256 for k in gf}
+    proc = run_parity(project, "calibrate", "--perturb", "devices=4,repeat", "--write")
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    with open_goldens(path) as gf:
+        assert {k: gf.info(k).sha256 for k in gf} == before
+        assert gf.verify() == 3
+        spreads = Spreads.of(gf.provenance)
+    assert spreads.labels == ("devices=4", "repeat")
+    assert list(spreads.keys["exact.v"]) == [pytest.approx(_moved(DEVICE_NOISE)), 0.0]
+    assert list(spreads.keys["steady.w"]) == [0.0, 0.0]
+    # A second calibration of another dimension adds its column and keeps the others.
+    proc = run_parity(project, "calibrate", "--perturb", "devices=2", "--write")
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    with open_goldens(path) as gf:
+        assert Spreads.of(gf.provenance).labels == ("devices=4", "repeat", "devices=2")
+
+
+def test_checks_pass_where_pinned_and_on_calibrated_layouts_and_catch_a_bug_beyond_k_spread(
+    project, run_parity
+):
+    # Before calibration, 4 devices break the bitwise key that moves there.
+    proc = run_parity(project, "check", "--devices", "4", "--groups", "g")
+    assert proc.returncode == 2  # calib.u has no record yet
+    assert (
+        run_parity(project, "calibrate", "--perturb", "devices=4,repeat", "--write").returncode == 0
+    )
+    pinned = run_parity(project, "check")
+    assert pinned.returncode == 0, pinned.stdout + pinned.stderr
+    assert "environment" not in pinned.stdout  # the pin's environment: pinned classes stand
+    four = run_parity(project, "check", "--devices", "4")
+    assert four.returncode == 0, four.stdout + four.stderr
+    env = [ln for ln in four.stdout.splitlines() if ln.strip().startswith("environment")]
+    assert env and "devices 1 -> 4" in env[0] and "1 key(s) passed by calibration alone" in env[0]
+    # A change of 10x the recorded spread on the calibrated key fails in the pin's
+    # environment (its bound is k = 4 times its spread).
+    spread = _moved(DEVICE_NOISE)
+    (project / "producers.py").write_text(PRODUCERS.replace("BUG = 0.0", f"BUG = {10 * spread!r}"))
+    bug = run_parity(project, "check")
+    assert bug.returncode == 1, bug.stdout + bug.stderr
+    assert "calib.u" in bug.stdout
+
+
+def test_a_layout_that_was_not_calibrated_keeps_the_pinned_classes_and_says_so(project, run_parity):
+    assert run_parity(project, "calibrate", "--perturb", "repeat", "--write").returncode == 0
+    proc = run_parity(project, "check", "--devices", "4")
+    assert proc.returncode == 1, proc.stdout + proc.stderr
+    assert "no calibration of it is recorded" in proc.stdout
+    assert "exact.v" in proc.stdout
+
+
+def test_the_calibrated_rule_is_k_times_the_spread_over_a_floor_in_ulps():
+    scale = Scale(np.dtype(np.float32), 2.0)
+    ulp = float(np.spacing(np.float32(2.0)))
+    assert Calibrated(k=4, floor_ulps=2, spread=1e-5).bound(scale) == pytest.approx(4e-5)
+    assert Calibrated(k=4, floor_ulps=2, spread=0.0).bound(scale) == pytest.approx(2 * ulp)
+    assert Calibrated(k=4, spread=0.0).bound(scale) == 0.0
+    assert Calibrated(k=4).missing() == ["spread"]
+    rule = REGISTRY["calibrated"].rule
+    assert isinstance(rule, Calibrated)
+    assert (rule.k, rule.floor_ulps, rule.spread) == (CALIBRATED_K, CALIBRATED_FLOOR_ULPS, None)
+
+
+def test_the_dimensions_a_check_differs_in():
+    pin = {"device_count": 1, "isa_cap": "AVX2", "cpu": "a"}
+    assert differences(pin, dict(pin)) == []
+    assert [d.label for d in differences(pin, {**pin, "device_count": 4})] == ["devices=4"]
+    two_by_two = {**pin, "device_count": 4, "processes": 2}
+    assert layout_of(two_by_two) == (2, 2)
+    assert [d.label for d in differences(pin, two_by_two)] == ["processes=2x2"]
+    assert [d.kind for d in differences(pin, {**pin, "isa_cap": "AVX"})] == ["isa"]
+    assert [d.kind for d in differences(pin, {**pin, "cpu": "b"})] == ["cpu"]
+
+
+def test_spreads_take_the_exact_column_else_every_column_of_the_kind_and_repeat():
+    s = Spreads(("devices=2", "devices=4", "isa=AVX", "repeat"), {"k": [1.0, 3.0, 5.0, 0.5]})
+    four = [Dimension("devices", "devices=4", "")]
+    eight = [Dimension("devices", "devices=8", "")]
+    assert s.for_columns("k", s.columns_for(four) or []) == 3.0
+    assert s.for_columns("k", s.columns_for(eight) or []) == 3.0
+    assert s.columns_for([Dimension("processes", "processes=2x2", "")]) is None
+    assert s.for_columns("k", s.columns_for([Dimension("cpu", "isa", "")]) or []) == 5.0
+    assert s.envelope("k") == 5.0 and s.envelope("other") is None
+
+
+def test_merging_spreads_replaces_remeasured_columns_and_keeps_the_rest():
+    old = {"labels": ["a", "b"], "keys": {"x": [1.0, 2.0]}}
+    merged = merge_spreads(old, {"x": {"b": 7.0, "c": 3.0}, "y": {"b": 1.0}}, ["b", "c"])
+    assert merged == {
+        "labels": ["a", "b", "c"],
+        "keys": {"x": [1.0, 7.0, 3.0], "y": [None, 1.0, None]},
+    }
+
+
+def test_producers_text_is_valid_python():
+    compile(textwrap.dedent(PRODUCERS), "producers.py", "exec")
