@@ -7,20 +7,22 @@ forward order and names the first divergence.
 
 Differences are computed in float64 after an exact upcast, so bfloat16 and the other
 ml_dtypes floats work like float32. jax arrays are taken through `np.asarray`; this
-module imports numpy and ml_dtypes only.
+module imports numpy only (ml_dtypes' types are recognised without importing it:
+`parity.mldtypes`).
 """
 
 from __future__ import annotations
 
 import dataclasses
+import functools
 import math
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any, Literal, cast
 
-import ml_dtypes
 import numpy as np
 
+from parity import mldtypes
 from parity.chunks import DEFAULT_BUDGET, ArraySource, Block, Source, elements_per_chunk, plan
 from parity.rules import Elements, Scale
 from parity.tolerance import REGISTRY, ClassMap, ToleranceClass, get_class
@@ -288,31 +290,31 @@ def _max_finite_abs(g: np.ndarray) -> float:
     (no float64 copy of the chunk), else through float64."""
     if g.size == 0:
         return 0.0
-    ieee = g.dtype in _IEEE_FLOATS
-    if not ieee:
+    inf_bits = _ieee_inf_bits(g.dtype)
+    if inf_bits is None:
         a = np.abs(to_float64(g))
         a = np.where(np.isfinite(a), a, 0.0)
         return float(a.max())
     width = 8 * g.dtype.itemsize
     bits = g.view(np.dtype(f"u{g.dtype.itemsize}"))
     mag = bits & np.array((1 << (width - 1)) - 1, bits.dtype)
-    inf_bits = _IEEE_FLOATS[g.dtype]
     # Sign cleared, IEEE magnitudes order like their bits; patterns from inf upwards are
     # inf and NaN.
     top = np.where(mag < inf_bits, mag, 0).max()
     return float(to_float64(np.array([top], bits.dtype).view(g.dtype))[0])
 
 
-def _ieee_inf_bits(dtype: Any) -> tuple[np.dtype[Any], Any]:
-    dt = np.dtype(dtype)
-    inf = np.array([np.inf], np.float64).astype(dt).view(np.dtype(f"u{dt.itemsize}"))
-    return dt, inf[0]
+_NUMPY_IEEE = frozenset(np.dtype(d) for d in (np.float16, np.float32, np.float64))
 
 
-# IEEE dtypes with infinities: dtype -> the bits of +inf.
-_IEEE_FLOATS: dict[np.dtype[Any], Any] = dict(
-    _ieee_inf_bits(d) for d in (np.float16, np.float32, np.float64, ml_dtypes.bfloat16)
-)
+@functools.cache
+def _ieee_inf_bits(dtype: np.dtype[Any]) -> Any | None:
+    """The bits of +inf for an IEEE dtype with infinities (float16/32/64, bfloat16), as an
+    unsigned int of its width; None for every other dtype."""
+    if dtype not in _NUMPY_IEEE and not mldtypes.is_bfloat16(dtype):
+        return None
+    inf = np.array([np.inf], np.float64).astype(dtype).view(np.dtype(f"u{dtype.itemsize}"))
+    return inf[0]
 
 
 @dataclass

@@ -365,9 +365,12 @@ def unit_roundoff(dtype: Any) -> float:
     """The unit roundoff `u` of a float dtype: half its machine epsilon (2**-24 for
     float32, 2**-8 for bfloat16, 2**-53 for float64), the largest relative error of one
     correctly rounded operation."""
+    dt = np.dtype(dtype)
+    if dt.kind == "f":  # numpy's own floats: no import of ml_dtypes for them
+        return float(np.finfo(dt).eps) / 2
     import ml_dtypes
 
-    return float(ml_dtypes.finfo(np.dtype(dtype)).eps) / 2
+    return float(ml_dtypes.finfo(dt).eps) / 2
 
 
 @dataclass(frozen=True)

@@ -99,6 +99,7 @@ import h5py.h5s as h5s
 import h5py.h5t as h5t
 import numpy as np
 
+from parity import mldtypes
 from parity.chunks import ArraySource, Block, Source, elements_per_chunk, plan
 
 __all__ = [
@@ -304,24 +305,6 @@ def decode_path(path: str) -> str:
 # --------------------------------------------------------------------------- dtypes
 
 
-def _ml_dtype(name: str) -> np.dtype | None:
-    """The ml_dtypes dtype called `name`, or None if ml_dtypes has none by that name."""
-    import ml_dtypes
-
-    obj = getattr(ml_dtypes, name, None)
-    if obj is None:
-        return None
-    try:
-        dt = np.dtype(obj)
-    except TypeError:
-        return None
-    return dt if _is_ml_dtype(dt) else None
-
-
-def _is_ml_dtype(dt: np.dtype) -> bool:
-    return getattr(dt.type, "__module__", "").split(".")[0] == "ml_dtypes"
-
-
 def _uint_of_width(itemsize: int) -> np.dtype:
     if itemsize not in (1, 2, 4, 8):
         raise UnsupportedDtypeError(f"no unsigned int of {itemsize} bytes to store this dtype")
@@ -332,7 +315,7 @@ def _to_storage(key: str, value: Any) -> tuple[np.ndarray, str]:
     """Convert an array-like to (C-order little-endian storage array, logical dtype name)."""
     arr = np.asarray(value)
     dt = arr.dtype
-    if _is_ml_dtype(dt):
+    if mldtypes.is_ml_dtype(dt):
         stored = _c_order(arr).view(_uint_of_width(dt.itemsize))
         return stored, dt.name
     if dt.name not in _NATIVE_DTYPES or dt.fields is not None:
@@ -359,7 +342,8 @@ def _digest(stored: np.ndarray) -> str:
 def _logical_dtype(name: str, *, path: Path, key: str) -> np.dtype:
     if name in _NATIVE_DTYPES:
         return np.dtype(name)
-    dt = _ml_dtype(name)
+    # Only a name numpy does not know imports ml_dtypes: reading a float32 file never does.
+    dt = mldtypes.by_name(name)
     if dt is None:
         raise GoldenFormatError(
             f"{path}: golden {key!r} has dtype {name!r}, which neither numpy nor the installed "
@@ -586,7 +570,7 @@ def _storage_type(logical: np.dtype) -> tuple[np.dtype, Any]:
     unsigned ints of their width) and its HDF5 type. Cached: a file holds few dtypes, and
     comparing HDF5 types (H5Tequal) costs less than half what h5py's `DatasetID.dtype`, which
     builds a numpy dtype from the file's type, costs on a freshly opened dataset."""
-    stored = _uint_of_width(logical.itemsize) if _is_ml_dtype(logical) else logical
+    stored = _uint_of_width(logical.itemsize) if mldtypes.is_ml_dtype(logical) else logical
     stored = stored.newbyteorder("<")
     return stored, h5t.py_create(stored)
 
@@ -1049,7 +1033,7 @@ class GoldenFile(_MappingABC[str, np.ndarray]):
                 f"{self.path}: golden {key!r} is corrupt: expected sha256 {info.sha256}, found "
                 f"{found}. {_RESTORE_HINT}"
             )
-        if _is_ml_dtype(info.dtype):
+        if mldtypes.is_ml_dtype(info.dtype):
             return _c_order(stored).view(info.dtype)
         return stored.astype(info.dtype, copy=False)
 
@@ -1206,7 +1190,7 @@ class _GoldenSource:
         else:
             self._next = -1
         flat = stored.reshape(-1)
-        return flat.view(self._info.dtype) if _is_ml_dtype(self._info.dtype) else flat
+        return flat.view(self._info.dtype) if mldtypes.is_ml_dtype(self._info.dtype) else flat
 
     def finish(self) -> None:
         """Check the pass that just ended against the pinned sha256."""

@@ -5,7 +5,8 @@ dtype's values) so that it works for float16/32/64 and every ml_dtypes float, in
 layouts without negative zero or without a sign. `spacing_at` gives the gap between a
 value and its neighbour, which the `close` rule's `atol_ulps` uses.
 
-This module imports numpy and ml_dtypes only.
+This module imports numpy only: ml_dtypes' types are recognised without importing it
+(`parity.mldtypes`), so comparing float32 arrays never pays for its import.
 """
 
 from __future__ import annotations
@@ -14,8 +15,9 @@ import functools
 import math
 from typing import Any
 
-import ml_dtypes
 import numpy as np
+
+from parity import mldtypes
 
 __all__ = [
     "ULP_NAN",
@@ -32,20 +34,6 @@ __all__ = [
 #: callers check NaN positions separately (as `parity.compare` does).
 ULP_NAN = np.uint64(np.iinfo(np.uint64).max)
 
-_ML_INT_NAMES = ("int1", "int2", "int4", "uint1", "uint2", "uint4")
-_ML_INT_DTYPES = frozenset(
-    np.dtype(getattr(ml_dtypes, n)) for n in _ML_INT_NAMES if hasattr(ml_dtypes, n)
-)
-
-
-@functools.cache
-def _is_ml_float(dtype: np.dtype[Any]) -> bool:
-    try:
-        ml_dtypes.finfo(dtype)
-    except (ValueError, TypeError):
-        return False
-    return True
-
 
 def is_float_dtype(dtype: np.dtype[Any]) -> bool:
     """Whether `dtype` is a real floating dtype parity can put on the ulp line.
@@ -55,12 +43,12 @@ def is_float_dtype(dtype: np.dtype[Any]) -> bool:
     """
     if dtype.kind == "f":
         return dtype.itemsize <= 8
-    return dtype.kind == "V" and _is_ml_float(dtype)
+    return dtype.kind == "V" and mldtypes.finfo(dtype) is not None
 
 
 def is_int_dtype(dtype: np.dtype[Any]) -> bool:
     """Whether `dtype` is an integer or bool dtype (numpy's or ml_dtypes' int2/int4/...)."""
-    return dtype.kind in "biu" or dtype in _ML_INT_DTYPES
+    return dtype.kind in "biu" or mldtypes.is_ml_int(dtype)
 
 
 def to_float64(x: np.ndarray) -> np.ndarray:
@@ -98,9 +86,10 @@ def _rank_table(dtype: np.dtype[Any]) -> np.ndarray:
     return ranks
 
 
-# 16-bit IEEE layouts (a sign, infinities, every pattern below inf a distinct value), whose
-# sign-magnitude bits give their places on the line directly.
-_IEEE_HALF = frozenset({np.dtype(np.float16), np.dtype(ml_dtypes.bfloat16)})
+def _is_ieee_half(dtype: np.dtype[Any]) -> bool:
+    """float16 or bfloat16: 16-bit IEEE layouts (a sign, infinities, every pattern below inf
+    a distinct value), whose sign-magnitude bits give their places on the line directly."""
+    return dtype == np.float16 or mldtypes.is_bfloat16(dtype)
 
 
 def _ordinal(x: np.ndarray) -> np.ndarray:
@@ -109,7 +98,7 @@ def _ordinal(x: np.ndarray) -> np.ndarray:
     NaN elements get an arbitrary place; callers mask them.
     """
     dtype = x.dtype
-    if dtype.itemsize <= 2 and dtype not in _IEEE_HALF:
+    if dtype.itemsize <= 2 and not _is_ieee_half(dtype):
         return _rank_table(dtype)[_uint_view(x)]
     # IEEE float16/bfloat16/float32/float64: sign-magnitude bits, folded so negatives count
     # down from 0 (the same distances as the rank table, without a lookup per element).
@@ -158,7 +147,7 @@ def ordinal_distance(a: np.ndarray, b: np.ndarray) -> np.ndarray:
     """`ulp_distance` without its checks and without marking NaN: for callers that have
     checked dtypes and shapes and mask NaN positions themselves (`parity.compare`, which
     has the float64 values at hand). **Returns:** uint64, arbitrary where either is NaN."""
-    if a.dtype in _IEEE_HALF or a.dtype == np.float32:
+    if a.dtype == np.float32 or _is_ieee_half(a.dtype):
         # Narrow lines: in int32 (halves) or int64 (float32) the difference cannot wrap.
         wide = np.int32 if a.dtype.itemsize == 2 else np.int64
         dist = np.abs(_sign_magnitude(a, wide) - _sign_magnitude(b, wide))

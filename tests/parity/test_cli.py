@@ -309,3 +309,59 @@ def test_the_cli_does_not_import_jax(tmp_path: Path, golden: Path) -> None:
     )
     assert proc.returncode == 0, proc.stderr
     assert proc.stdout.strip().splitlines()[-1] == "[]"
+
+
+# What a fresh process running `parity.cli.main(argv)` imported: exit code, then the names.
+_IMPORTS_AFTER = (
+    "import json, sys\n"
+    "from parity.cli import main\n"
+    "code = main(json.loads(sys.argv[1]))\n"
+    "print(json.dumps([code, sorted(m for m in ('ml_dtypes', 'jax') if m in sys.modules)]))\n"
+)
+
+
+def _imports_after(*argv: str | Path) -> tuple[int, list[str], str]:
+    """Run `parity.cli.main(argv)` in a fresh process; **returns** its exit code, which of
+    ml_dtypes and jax it had imported by the end, and its output."""
+    proc = subprocess.run(
+        [sys.executable, "-c", _IMPORTS_AFTER, json.dumps([str(a) for a in argv])],
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    *shown, last = proc.stdout.strip().splitlines()
+    code, loaded = json.loads(last)
+    return code, loaded, "\n".join(shown)
+
+
+def test_show_and_diff_of_float32_files_import_neither_ml_dtypes_nor_jax(
+    tmp_path: Path, golden: Path
+) -> None:
+    # ml_dtypes 0.7.0 takes 0.5 s or more to import: more than the rest of a small diff.
+    actual = _write(tmp_path / "actual.h5", _arrays())
+    assert _imports_after("show", golden)[:2] == (0, [])
+    assert _imports_after("show", "--verify", golden)[:2] == (0, [])
+    assert _imports_after("diff", actual, golden)[:2] == (0, [])
+    plain_a, plain_g = tmp_path / "plain_a.h5", tmp_path / "plain_g.h5"
+    for path in (plain_a, plain_g):
+        with h5py.File(path, "w") as f:
+            for key, value in _arrays().items():
+                f.create_dataset(key.replace(".", "/"), data=value)
+    assert _imports_after("diff", plain_a, plain_g)[:2] == (0, [])
+
+
+def test_a_bfloat16_file_still_shows_and_diffs_by_the_ulp(tmp_path: Path) -> None:
+    import ml_dtypes
+
+    g = np.linspace(-2, 2, 48, dtype=np.float32).reshape(4, 12).astype(ml_dtypes.bfloat16)
+    a = g.copy()
+    a.view(np.uint16)[1, 3] += 2  # two bfloat16 ulps at (1, 3)
+    golden = write_goldens(tmp_path / "g.h5", {"x": g, "f": np.float32(1)})
+    actual = write_goldens(tmp_path / "a.h5", {"x": a, "f": np.float32(1)})
+    code, loaded, shown = _imports_after("show", "--verify", golden)
+    assert code == 0 and loaded == ["ml_dtypes"]  # needed for the dtype, and imported
+    assert "bfloat16" in shown and "all verified" in shown
+    code, loaded, shown = _imports_after("diff", actual, golden)
+    assert code == 1 and loaded == ["ml_dtypes"]
+    assert "x [bitwise, fail]" in shown and "max ulp 2" in shown and "(1, 3)" in shown
