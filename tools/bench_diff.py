@@ -22,7 +22,12 @@ median of `--repeats` runs:
 With `--sizes`, the scale table instead (issue: bounded memory on large goldens): for each
 size, two parity files each holding one bfloat16 array of about that many bytes (shaped
 like logits, `[8, T, V]`; the actual a copy of the golden with one element in 8 moved by
-one ulp, and again with none moved), written in a temporary folder and deleted after.
+one ulp, and again with none moved), written in a temporary folder and deleted after;
+with `--plain`, plain h5py files (no parity attributes) of one float32 array instead,
+which `parity diff` reads by hyperslab in the same chunks. `--memory MIB` is passed to
+`parity diff` (its default budget, 512 MiB, otherwise): at a budget below the smallest
+file every size is compared in chunks of one size, so peak RSS must not grow with the
+size, which small files then show as well as files of GiB.
 Each figure is a fresh process, its peak RSS read from `os.wait4`, the median of
 `--repeats` runs:
 
@@ -37,7 +42,8 @@ both files over the wall time.
 Usage:
 
     python tools/bench_diff.py [--repeats 5] [--json FILE] [--profile]
-    python tools/bench_diff.py --sizes 64M,1G,4G [--many 100000] [--repeats 3] [--json FILE]
+    python tools/bench_diff.py --sizes 64M,1G,4G [--plain] [--memory MIB] [--many 100000]
+        [--repeats 3] [--json FILE]
 
 `--profile` prints the top functions of one in-process `parity diff` under cProfile.
 """
@@ -185,10 +191,23 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument(
         "--many", type=int, default=100_000, help="small arrays in the --sizes table's last row"
     )
+    parser.add_argument(
+        "--plain",
+        action="store_true",
+        help="--sizes: plain h5py files of float32 (no parity attributes) instead of goldens",
+    )
+    parser.add_argument(
+        "--memory",
+        type=int,
+        metavar="MIB",
+        help="--sizes: parity diff --memory MIB (default: its own, 512); a budget below the "
+        "smallest file shows peak RSS flat across sizes without files of GiB",
+    )
     args = parser.parse_args(argv)
     if args.sizes:
+        sizes = [_parse_size(t) for t in args.sizes.split(",")]
         return scale_table(
-            [_parse_size(t) for t in args.sizes.split(",")], args.many, args.repeats, args.json
+            sizes, args.many, args.repeats, args.json, plain_files=args.plain, memory=args.memory
         )
 
     arrays = make_arrays()
@@ -269,36 +288,62 @@ def main(argv: list[str] | None = None) -> int:
 
 _WRITE_BIG = """
 import sys
+import h5py
 import ml_dtypes
 import numpy as np
 from parity.store import write_goldens
 
 n_bytes, vocab, every = int(sys.argv[1]), int(sys.argv[2]), int(sys.argv[3])
-golden, actual = sys.argv[4], sys.argv[5]
-t = max(1, n_bytes // (2 * 8 * vocab))
+plain = sys.argv[4] == "plain"
+golden, actual = sys.argv[5], sys.argv[6]
+# Plain HDF5 has no bfloat16: plain files hold float32.
+dtype = np.dtype(np.float32 if plain else ml_dtypes.bfloat16)
+t = max(1, n_bytes // (dtype.itemsize * 8 * vocab))
 rng = np.random.default_rng(0)
-g = np.empty((8, t, vocab), ml_dtypes.bfloat16)
+g = np.empty((8, t, vocab), dtype)
 for i in range(8):  # drawn a slice at a time: the float32 draw is twice the bf16 array
-    g[i] = (4 * rng.standard_normal((t, vocab), dtype=np.float32)).astype(ml_dtypes.bfloat16)
-write_goldens(golden, {"logits": g}, classes={"logits": "fp32_reassoc"})
-if every:
-    g.view(np.uint16).reshape(-1)[::every] ^= 1  # one ulp on one element in `every`
-write_goldens(actual, {"logits": g})
+    g[i] = (4 * rng.standard_normal((t, vocab), dtype=np.float32)).astype(dtype)
+
+
+def write(path, classes):
+    if not plain:
+        write_goldens(path, {"logits": g}, classes=classes)
+        return
+    with h5py.File(path, "w") as f:
+        f.create_dataset("logits", data=g)
+
+
+write(golden, {"logits": "fp32_reassoc"})
+if every:  # one ulp on one element in `every`
+    g.view(f"u{dtype.itemsize}").reshape(-1)[::every] ^= 1
+write(actual, {})
 """
 
 _WRITE_MANY = """
 import sys
+import h5py
 import numpy as np
 from parity.store import write_goldens
 
-n, golden, actual = int(sys.argv[1]), sys.argv[2], sys.argv[3]
+n, plain, golden, actual = int(sys.argv[1]), sys.argv[2] == "plain", sys.argv[3], sys.argv[4]
 rng = np.random.default_rng(0)
 arrays = {f"acts.{i // 1000}.k{i}": rng.standard_normal(16).astype(np.float32) for i in range(n)}
-write_goldens(golden, arrays, classes=dict.fromkeys(arrays, "fp32_reassoc"))
+
+
+def write(path, classes):
+    if not plain:
+        write_goldens(path, arrays, classes=classes)
+        return
+    with h5py.File(path, "w") as f:
+        for key, value in arrays.items():
+            f.create_dataset(key.replace(".", "/"), data=value)
+
+
+write(golden, dict.fromkeys(arrays, "fp32_reassoc"))
 for i, v in enumerate(arrays.values()):
     if i % 8 == 0:
         v.view(np.uint32)[0] ^= 1
-write_goldens(actual, arrays)
+write(actual, {})
 """
 
 _PLAIN_READ = """
@@ -346,19 +391,40 @@ def _measure(cmd: list[str], repeats: int, ok: tuple[int, ...]) -> dict[str, flo
             "peak_rss": max(peaks)}  # fmt: skip
 
 
-def scale_table(sizes: list[int], many: int, repeats: int, json_path: str | None) -> int:
+def scale_table(
+    sizes: list[int],
+    many: int,
+    repeats: int,
+    json_path: str | None,
+    *,
+    plain_files: bool = False,
+    memory: int | None = None,
+) -> int:
     """The `--sizes` table: throughput and peak RSS of `parity diff` against a plain read.
+
+    **Arguments:**
+
+    - `sizes`: bytes of one file, per pair of rows (1/8 of the elements moved, and equal).
+    - `many`: small arrays in the last row (0: no such row).
+    - `repeats`: runs per figure (median; peak RSS: the largest).
+    - `json_path`: also write the rows there, if given.
+    - `plain_files`: plain h5py files of float32 instead of parity files of bfloat16.
+    - `memory`: `parity diff --memory MIB`, if given (its default, 512, otherwise).
 
     **Returns:** 0.
     """
     rows: list[dict[str, Any]] = []
     cases: list[tuple[str, list[str]]] = []
+    kind = "plain" if plain_files else "parity"
     for n in sizes:
-        cases.append((f"{n / 2**20:g} MiB, 1/8 moved", [_WRITE_BIG, str(n), "32000", "8"]))
-        cases.append((f"{n / 2**20:g} MiB, equal", [_WRITE_BIG, str(n), "32000", "0"]))
+        big = [_WRITE_BIG, str(n), "32000"]
+        cases.append((f"{n / 2**20:g} MiB, 1/8 moved", [*big, "8", kind]))
+        cases.append((f"{n / 2**20:g} MiB, equal", [*big, "0", kind]))
     if many:
-        cases.append((f"{many} arrays", [_WRITE_MANY, str(many)]))
+        cases.append((f"{many} arrays", [_WRITE_MANY, str(many), kind]))
     print(
+        f"{'plain h5py files of float32' if plain_files else 'parity files of bfloat16'}; "
+        f"parity diff --memory {memory if memory is not None else 'default'}; "
         f"median of {repeats} runs; throughput = both files' bytes / wall time; CPU = user + "
         "system seconds (steadier than wall time on a shared machine); ratio = parity's "
         "throughput / plain's, by wall and by CPU"
@@ -378,11 +444,10 @@ def scale_table(sizes: list[int], many: int, repeats: int, json_path: str | None
             plain = _measure(
                 [sys.executable, "-c", _PLAIN_READ, str(actual), str(golden)], repeats, (0,)
             )
-            par = _measure(
-                [sys.executable, "-m", "parity", "diff", str(actual), str(golden)],
-                repeats,
-                (0, 1),
-            )
+            diff = [sys.executable, "-m", "parity", "diff", str(actual), str(golden)]
+            if memory is not None:
+                diff += ["--memory", str(memory)]
+            par = _measure(diff, repeats, (0, 1))
         row = {
             "case": label,
             "file_bytes": both // 2,
@@ -401,7 +466,8 @@ def scale_table(sizes: list[int], many: int, repeats: int, json_path: str | None
             f"{row['throughput_ratio']:5.2f}  {row['cpu_ratio']:9.2f}"
         )
     if json_path:
-        Path(json_path).write_text(json.dumps({"repeats": repeats, "rows": rows}, indent=2) + "\n")
+        doc = {"repeats": repeats, "files": kind, "memory_mib": memory, "rows": rows}
+        Path(json_path).write_text(json.dumps(doc, indent=2) + "\n")
     return 0
 
 

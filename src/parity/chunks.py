@@ -15,7 +15,8 @@ boundaries).
 A **source** is anything with `shape`, `dtype`, `read(block) -> np.ndarray` (the block's
 elements, C order, flattened) and `finish()` (called after the last block of a full pass;
 a file source verifies its checksum there). `ArraySource` wraps an in-memory array;
-`parity.store.GoldenFile.source` gives one over a golden file.
+`parity.store.GoldenFile.source` gives one over an array of a golden file or a numeric
+dataset of a plain HDF5 file (one hyperslab a block).
 
 This module imports numpy only.
 """

@@ -71,7 +71,8 @@ dataset), and loading reads each dataset straight into a preallocated array, ski
 h5py's high-level objects, whose construction cost more than the reads themselves.
 
 Plain HDF5 files without parity's attributes are readable too: every dataset is a key (its
-path with "/" -> "."), with class "" and no checksum.
+path with "/" -> "."), with class "" and no checksum; `GoldenFile.source` reads a numeric
+one by hyperslab, as it reads a golden array, so a diff of plain files is bounded in memory.
 """
 
 from __future__ import annotations
@@ -1070,8 +1071,11 @@ class GoldenFile(_MappingABC[str, np.ndarray]):
 
         A full pass over one plan's blocks, in order, is checked against the pinned sha256
         when it ends (`finish` raises `GoldenCorruptError`); a pass that does not reach the
-        end (a pre-pass that only measures the golden's scale) is not. Files without an
-        index (plain HDF5, schema-1 files written before it) are loaded whole, as by
+        end (a pre-pass that only measures the golden's scale) is not. A numeric dataset of
+        a plain HDF5 file is read by hyperslab too (it has no checksum to verify), so a diff
+        of plain files is as bounded in memory as one of golden files. Datasets h5py reads
+        only whole (strings, objects, compound or empty dataspaces) and schema-1 parity
+        files (no index, the checksum over the whole array) are loaded whole, as by
         `self[key]`.
 
         **Arguments:**
@@ -1083,9 +1087,23 @@ class GoldenFile(_MappingABC[str, np.ndarray]):
         """
         if key not in self._paths:
             raise self._missing(key)
-        if self._index is None:
-            return ArraySource(self[key])
-        return _GoldenSource(self, self._index[key])
+        if self._index is not None:
+            return _GoldenSource(self, self._index[key])
+        if not self.is_parity_file:
+            info = self._attr_infos.get(key)
+            if info is None:
+                with self._reading("reading its attributes", key):
+                    held = key in self._dsids
+                    dsid = self._open_dataset(key)
+                    if held:  # back for the first read, as the opening scan left it
+                        self._dsids[key] = dsid
+                    if dsid.shape is not None:  # a null dataspace (h5py.Empty) has none
+                        info = self._attr_infos[key] = self._attr_info(key, dsid)
+            # Strings, objects and compound types have no hyperslab reads into numpy; they
+            # (and empty dataspaces) are loaded whole, as before, for compare to refuse.
+            if info is not None and info.dtype.kind in "biufc" and not info.dtype.fields:
+                return _PlainSource(self, info)
+        return ArraySource(self[key])
 
     def get(self, key: str, default: Any = None) -> Any:
         """`self[key]` if the key is present, else `default`."""
@@ -1104,7 +1122,7 @@ class GoldenFile(_MappingABC[str, np.ndarray]):
         disagreement.
         """
         for key in self._keys:
-            if self._index is None:
+            if self._index is None and self.is_parity_file:
                 self[key]
                 continue
             # In chunks, so that verifying a file of any size holds one chunk at a time.
@@ -1112,6 +1130,8 @@ class GoldenFile(_MappingABC[str, np.ndarray]):
             for block in plan(src.shape, elements_per_chunk(src.dtype.itemsize)):
                 src.read(block)
             src.finish()
+            if self._index is None:  # a plain file: no index to check the attributes against
+                continue
             with self._reading("reading its attributes", key):
                 own = self._attr_info(key, self._open_dataset(key))
             listed = self._index[key]
@@ -1146,6 +1166,49 @@ class GoldenFile(_MappingABC[str, np.ndarray]):
         return f"GoldenFile({str(self.path)!r}, {len(self)} arrays, {kind})"
 
 
+def _read_block(dsid: h5d.DatasetID, block: Block, size: int, out: np.ndarray) -> None:
+    """Read `block` of the dataset `dsid` (`size` elements in all) into `out` (shaped as the
+    block's counts): one hyperslab, or the whole dataspace where the block is all of it."""
+    if out.size == 0:
+        return  # HDF5 refuses to read an empty selection
+    if block.size == size:  # the whole array (a 0-d one has no hyperslabs)
+        dsid.read(h5s.ALL, h5s.ALL, out)
+        return
+    space = dsid.get_space()
+    space.select_hyperslab(block.offsets, block.counts)
+    dsid.read(h5s.create_simple(block.counts), space, out)
+
+
+class _PlainSource:
+    """A numeric dataset of a plain HDF5 file read block by block, in the dataset's own
+    dtype (as `GoldenFile[key]` loads it: no checksum, no logical dtype). Opened at the
+    first read and closed when a pass ends, as `_GoldenSource`."""
+
+    def __init__(self, gf: GoldenFile, info: ArrayInfo):
+        self._gf, self._info = gf, info
+        self._dsid: h5d.DatasetID | None = None
+        self._size = math.prod(info.shape)
+
+    @property
+    def shape(self) -> tuple[int, ...]:
+        return self._info.shape
+
+    @property
+    def dtype(self) -> np.dtype:
+        return self._info.dtype
+
+    def read(self, block: Block) -> np.ndarray:
+        out = np.empty(block.counts, self._info.dtype)
+        with self._gf._reading("reading its data", self._info.key):
+            if self._dsid is None:
+                self._dsid = self._gf._open_dataset(self._info.key)
+            _read_block(self._dsid, block, self._size, out)
+        return out.reshape(-1)
+
+    def finish(self) -> None:
+        self._dsid = None
+
+
 class _GoldenSource:
     """One golden array read block by block, its sha256 computed over a full pass. The
     dataset is opened at the first read and closed when a pass ends, so that many sources
@@ -1176,14 +1239,7 @@ class _GoldenSource:
             if dsid is None:
                 dsid = self._dsid = self._gf._open_dataset(self._info.key)
                 self._gf._check_indexed(self._info, dsid)
-            if stored.size == 0:
-                pass
-            elif block.size == self._size:  # the whole array (a 0-d one has no hyperslabs)
-                dsid.read(h5s.ALL, h5s.ALL, stored)
-            else:
-                space = dsid.get_space()
-                space.select_hyperslab(block.offsets, block.counts)
-                dsid.read(h5s.create_simple(block.counts), space, stored)
+            _read_block(dsid, block, self._size, stored)
         if self._next == block.start:
             self._hash.update(stored.reshape(-1).view(np.uint8).data)
             self._next += block.size

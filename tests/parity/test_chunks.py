@@ -11,9 +11,11 @@ from __future__ import annotations
 import math
 import subprocess
 import sys
+import tracemalloc
 from pathlib import Path
 from typing import Any
 
+import h5py
 import ml_dtypes
 import numpy as np
 import pytest
@@ -24,6 +26,7 @@ from hypothesis.extra import numpy as hnp
 from parity.chunks import ArraySource, Block, elements_per_chunk, plan
 from parity.cli import run_diff
 from parity.compare import compare_arrays
+from parity.report import format_table
 from parity.rules import Close, RelativeToMax, Ulp
 from parity.store import GoldenCorruptError, open_goldens, write_goldens
 from parity.tolerance import REGISTRY, ToleranceClass
@@ -225,6 +228,89 @@ def test_parity_diff_in_chunks_reports_what_the_whole_comparison_does(tmp_path: 
     got = one_mib.comparison.finding("logits")
     assert got.to_dict() | {"order": None} == whole.to_dict()
     assert elements_per_chunk(2, 2**20) < a.size
+
+
+def _f32_pair(shape: tuple[int, ...]) -> tuple[np.ndarray, np.ndarray]:
+    rng = np.random.default_rng(1)
+    g = rng.standard_normal(shape).astype(np.float32)
+    a = g.copy()
+    a.view(np.uint32).reshape(-1)[::7] ^= 3
+    return a, g
+
+
+def _write_plain(path: Path, arrays: dict[str, np.ndarray], **kwargs: Any) -> Path:
+    """A plain HDF5 file (no parity attributes): one dataset per key, '.' -> '/'."""
+    with h5py.File(path, "w") as f:
+        for key, value in arrays.items():
+            f.create_dataset(key.replace(".", "/"), data=value, **kwargs)
+    return path
+
+
+def test_plain_file_sources_read_at_most_the_budget_and_give_the_whole_finding(
+    tmp_path: Path,
+) -> None:
+    a, g = _f32_pair((40, 100, 64))  # 1 MB a file, against a budget of 1000 elements
+    _write_plain(tmp_path / "g.h5", {"logits": g})
+    _write_plain(tmp_path / "a.h5", {"logits": a})
+    tol = REGISTRY["fp32_reassoc_scaled"]  # two passes over the golden
+    budget = _budget_for(1000, 4)
+    whole = compare_arrays("logits", a, g, tol)
+    with open_goldens(tmp_path / "g.h5") as gf, open_goldens(tmp_path / "a.h5") as af:
+        assert not gf.is_parity_file and not af.is_parity_file
+        tracemalloc.start()
+        try:
+            src_a, src_g = _Recording(af.source("logits")), _Recording(gf.source("logits"))
+            finding = compare_arrays("logits", src_a, src_g, tol, budget=budget)
+            _, peak = tracemalloc.get_traced_memory()
+        finally:
+            tracemalloc.stop()
+    assert finding == whole
+    assert max(src_a.sizes + src_g.sizes) <= elements_per_chunk(4, budget) == 1000
+    assert sum(src_a.sizes) == a.size and sum(src_g.sizes) == 2 * g.size
+    # Neither file was loaded whole (a whole load is one array of 1 MB per file).
+    assert peak < g.nbytes / 2, (peak, g.nbytes)
+
+
+def test_parity_diff_of_plain_files_in_chunks_gives_the_default_table(tmp_path: Path) -> None:
+    a, g = _f32_pair((3, 700, 300))  # 2.5 MB: more than one chunk at --memory 1
+    rng = np.random.default_rng(2)
+    others = {
+        "half": rng.standard_normal((50, 33)).astype(np.float16),
+        "big_endian": rng.standard_normal((20, 70)).astype(">f8"),
+        "counts": rng.integers(-9, 9, (30, 40)).astype(np.int16),
+        "mask": rng.random((17, 19)) < 0.5,
+        "z": (rng.standard_normal((8, 9)) + 1j).astype(np.complex64),
+        "scalar": np.float32(0.5),
+        "empty": np.zeros((0, 3), np.float32),
+    }
+    moved = {k: v.copy() for k, v in others.items()}
+    moved["half"].reshape(-1)[::9] *= 2
+    moved["counts"][3] += 1
+    moved["mask"][0] = ~moved["mask"][0]
+    _write_plain(tmp_path / "g.h5", {"nested.logits": g, **others})
+    _write_plain(tmp_path / "a.h5", {"nested.logits": a, **moved})
+    # Chunked, compressed HDF5 storage is read by hyperslab too.
+    _write_plain(tmp_path / "gz.h5", {"nested.logits": a}, chunks=(1, 64, 64), compression="gzip")
+    tiny = run_diff(tmp_path / "a.h5", tmp_path / "g.h5", budget=_budget_for(50, 8))
+    default = run_diff(tmp_path / "a.h5", tmp_path / "g.h5")
+    assert tiny.comparison.to_dict() == default.comparison.to_dict()
+    assert format_table(tiny.comparison, header=tiny.header) == format_table(
+        default.comparison, header=default.header
+    )
+    assert not default.comparison.passed and default.comparison.finding("scalar").passed
+    whole = compare_arrays("nested.logits", a, g, REGISTRY["bitwise"])
+    assert default.comparison.finding("nested.logits").to_dict() | {"order": None} == (
+        whole.to_dict()
+    )
+    gz = run_diff(tmp_path / "gz.h5", tmp_path / "g.h5", budget=2**20)
+    assert gz.comparison.finding("nested.logits") == default.comparison.finding("nested.logits")
+    # The command line: --memory 1 prints the default's table.
+    cmd = [sys.executable, "-m", "parity", "diff", str(tmp_path / "a.h5"), str(tmp_path / "g.h5")]
+    one_mib = subprocess.run([*cmd, "--memory", "1"], capture_output=True, text=True)
+    plain = subprocess.run(cmd, capture_output=True, text=True)
+    assert one_mib.returncode == plain.returncode == 1, one_mib.stderr + plain.stderr
+    assert one_mib.stdout == plain.stdout
+    assert elements_per_chunk(4, 2**20) < a.size
 
 
 def test_memory_flag_is_checked() -> None:
