@@ -122,6 +122,11 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--producers", required=True)
     p.add_argument("--out", required=True)
     p.add_argument("--groups", default="", help="comma-separated subset of groups")
+    p.add_argument(
+        "--class-map-only",
+        action="store_true",
+        help="import the producers and save their CLASS_MAP and group names, run no group",
+    )
     args = p.parse_args(argv)
     _die_with_parent(args.parent_pid)
     place = _join_run()
@@ -164,6 +169,9 @@ def main(argv: list[str] | None = None) -> int:
         _log(f"unknown group(s) {unknown}; the producers define {list(groups)}")
         return EXIT_PRODUCER_FAILED
     out = Path(args.out)
+    if args.class_map_only:
+        (out / "class_map.json").write_text(json.dumps({"class_map": class_map, "groups": wanted}))
+        return 0
     for i, name in enumerate(wanted, 1):
         t0 = time.perf_counter()
         _log(f"[{i}/{len(wanted)}] {name}: running")

@@ -14,11 +14,12 @@ Importing this module imports neither jax nor h5py; each command imports what it
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import json
 import sys
 import tempfile
 import time
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import IO, Any
 
@@ -102,7 +103,15 @@ def add_parsers(sub: Any) -> None:
         "print what changed. Your working tree, index and branches are not touched.",
         formatter_class=fmt,
     )
-    repin.add_argument("--base", required=True, metavar="REV", help="commit to pin at")
+    repin.add_argument(
+        "--base", metavar="REV", help="commit to pin at (required unless --classes-only)"
+    )
+    repin.add_argument(
+        "--classes-only",
+        action="store_true",
+        help="give the existing goldens the producers' current CLASS_MAP without producing: "
+        "arrays, order and provenance stay byte for byte (a class decision on main)",
+    )
     repin.add_argument("--groups", metavar="a,b", help="a subset of the producer groups")
     repin.add_argument(
         "--out", metavar="DIR", help="golden folder (default: [tool.parity] goldens)"
@@ -154,11 +163,13 @@ def add_parsers(sub: Any) -> None:
         help="measure the environment's harmless noise against each class's bound",
         description="Run the producers on the current tree under benign perturbations of the "
         "pinned environment, each in a fresh process (every XLA CPU ISA cap this host supports, "
-        "simulated device counts 1, 2, 4, or the same environment again), compare every array "
-        "with its golden under its class, and print per class the measured spread (max abs, "
-        "max ulp, max abs over max|golden|) next to the bound, flagging classes below the "
-        "noise (false alarms) or more than 100x above it (blunt). Exit 0 when measured, 2 on "
-        "unusable input.",
+        "simulated device counts 1, 2, 4, process layouts such as 2x2, or the same environment "
+        "again), compare every array with its golden under its class, and print per class the "
+        "measured spread (max abs, max ulp, max abs over max|golden|) next to the bound, "
+        "flagging classes below the noise (false alarms) or more than 100x above it (blunt). "
+        "With --write, each key's spread per perturbation is recorded in its golden file: the "
+        "bound of the 'calibrated' class, and of every key on a layout, ISA cap or processor "
+        "other than the pinned one. Exit 0 when measured, 2 on unusable input.",
         formatter_class=fmt,
     )
     cal.add_argument("--groups", metavar="a,b", help="a subset of the golden groups")
@@ -166,13 +177,22 @@ def add_parsers(sub: Any) -> None:
         "--perturb",
         default="isa,devices",
         metavar="LIST",
-        help="comma-separated: isa, isa=CAP, devices, devices=N, repeat (default isa,devices)",
+        help="comma-separated: isa, isa=CAP, devices, devices=N, processes, processes=PxD, "
+        "repeat (default isa,devices)",
     )
     cal.add_argument("--json", dest="json_path", metavar="FILE", help="write the measurement")
     cal.add_argument(
+        "--from-json",
+        dest="from_json",
+        metavar="FILE",
+        help="take the measurement a calibrate --json run saved instead of running the producers "
+        "(to --write it later: a full calibration takes many minutes)",
+    )
+    cal.add_argument(
         "--write",
         action="store_true",
-        help="record each group's measurement in its golden file's provenance (arrays unchanged)",
+        help="record each group's measurement, per key and perturbation, in its golden file's "
+        "provenance (arrays unchanged; columns measured before are kept)",
     )
     _override_flag(cal)
     _config_flags(cal)
@@ -219,6 +239,12 @@ def _cmd_repin(args: argparse.Namespace, out: IO[str]) -> int:
 
     config = _config(args)
     target = Path(args.out).resolve() if args.out else config.goldens
+    if args.classes_only:
+        if args.base or args.keep_worktree:
+            raise CommandError("--classes-only produces nothing: drop --base and --keep-worktree")
+        return _reclass(config, target, args, out)
+    if not args.base:
+        raise CommandError("repin needs --base REV (the commit to pin at), or --classes-only")
     try:
         result = repin(
             args.base,
@@ -244,6 +270,25 @@ def _cmd_repin(args: argparse.Namespace, out: IO[str]) -> int:
     for change in result.changes:
         out.write(change.describe() + "\n")
     return _EXIT_OK
+
+
+def _reclass(config: Any, target: Path, args: argparse.Namespace, out: IO[str]) -> int:
+    from parity.repin import RepinError, reclass
+    from parity.runner import failure_reason
+
+    try:
+        done = reclass(producers=config.need_producers(), out_dir=target, repo=config.root,
+                       groups=_groups(args.groups), progress=_progress,
+                       src=config.src_relative())  # fmt: skip
+    except RepinError as e:
+        text = str(e)
+        head, _, output = text.partition(" Producer output:\n")
+        why = failure_reason(output) if output else ""
+        raise CommandError(f"repin --classes-only failed: {head} {why}".strip()) from None
+    out.write(f"class map of the current producers written into {target}\n")
+    for r in done:
+        out.write(r.describe() + "\n")
+    return _EXIT_OK if not any(r.moved for r in done) else _EXIT_FAIL
 
 
 # --------------------------------------------------------------------------- check
@@ -442,6 +487,27 @@ def _cmd_bisect(args: argparse.Namespace, out: IO[str]) -> int:
 # --------------------------------------------------------------------------- calibrate
 
 
+def _saved_calibration(path: Path, groups: Sequence[str], goldens: Mapping[str, Any]) -> Any:
+    """A measurement saved by `calibrate --json`, limited to `groups`; every key of each
+    group's golden must be in it (else the file is of other goldens)."""
+    from parity.calibrate import Calibration
+
+    try:
+        cal = Calibration.from_dict(json.loads(path.read_text()))
+    except (OSError, ValueError, KeyError, TypeError) as e:
+        raise CommandError(f"--from-json {path}: not a calibrate --json file ({e})") from None
+    for group in groups:
+        measured = {k.key for k in cal.keys if k.group == group}
+        missing = sorted(set(goldens[group]) - measured)
+        if missing:
+            raise CommandError(
+                f"--from-json {path} does not measure group {group!r} in full ({len(missing)} "
+                f"key(s) missing, e.g. {missing[0]!r}); calibrate that group again"
+            )
+    keys = tuple(k for k in cal.keys if k.group in groups)
+    return dataclasses.replace(cal, keys=keys)
+
+
 def _cmd_calibrate(args: argparse.Namespace, out: IO[str]) -> int:
     from parity.calibrate import CalibrationError, calibrate, format_calibration, perturbations
     from parity.calibrate import record as record_calibration
@@ -458,7 +524,7 @@ def _cmd_calibrate(args: argparse.Namespace, out: IO[str]) -> int:
             "drop --override to record, or drop --write to measure a candidate class"
         )
     try:
-        perturbs = perturbations(_groups(args.perturb), config)
+        perturbs = [] if args.from_json else perturbations(_groups(args.perturb), config)
     except CalibrationError as e:
         raise CommandError(str(e)) from None
     folder = GoldenDir(config.goldens)
@@ -471,7 +537,10 @@ def _cmd_calibrate(args: argparse.Namespace, out: IO[str]) -> int:
         )
     try:
         goldens = {g: folder.open(g) for g in groups}
-        cal = calibrate(config, goldens, perturbs, overrides=overrides, progress=_progress)
+        if args.from_json:
+            cal = _saved_calibration(Path(args.from_json), groups, goldens)
+        else:
+            cal = calibrate(config, goldens, perturbs, overrides=overrides, progress=_progress)
     except (GoldenStoreError, CheckError) as e:
         folder.close()
         raise CommandError(str(e)) from None

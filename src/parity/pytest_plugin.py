@@ -51,7 +51,7 @@ import dataclasses
 import json
 import os
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
@@ -294,6 +294,7 @@ class _Check:
         order: Sequence[str] | Callable[[str], Any] | None = None,
         produce_s: float | None = None,
         fail: bool = True,
+        provenance: Mapping[str, Any] | None = None,
     ) -> Any:
         """Compare `actual` against a golden group (by name) or a live reference.
 
@@ -311,6 +312,9 @@ class _Check:
         - `order`: forward order (default: the golden file's pinned order).
         - `produce_s`: seconds the caller spent producing `actual`, for the timing summary.
         - `fail`: fail the test (with the report table) when the comparison fails.
+        - `provenance`: the environment `actual` was produced in, when that was another
+          process (`parity.runner.produce`'s `Produced.provenance[group]`); default this
+          one's. A golden check judges environment drift and calibrated layouts by it.
 
         **Returns:** the `parity.compare.Comparison`.
         """
@@ -347,6 +351,7 @@ class _Check:
                     node=self.node,
                     produce_s=produce_s,
                     save_actual=save,
+                    current_provenance=provenance,
                 )
             else:
                 result = check_live(

@@ -232,6 +232,7 @@ def run_producers(
     timeout: float | None = None,
     coordinator: str | None = None,
     process_id: int | None = None,
+    class_map_only: bool = False,
 ) -> str:
     """Run `producers` in a subprocess importing code from `code_root/src` (or, with
     `src`, from each of these folders relative to `code_root`, first one first).
@@ -259,6 +260,8 @@ def run_producers(
         cmd += ["--drop-path", str(p)]
     if groups:
         cmd += ["--groups", ",".join(groups)]
+    if class_map_only:  # `out/class_map.json`: the producers' CLASS_MAP; no group runs
+        cmd += ["--class-map-only"]
     if processes > 1:
         from parity.processes import DEFAULT_TIMEOUT_S, run_workers
 
@@ -443,6 +446,99 @@ def _repin_locked(
                     with contextlib.suppress(FileNotFoundError):
                         new.unlink()
     return RepinResult(sha, out, tuple(changes))
+
+
+@dataclass(frozen=True)
+class Reclassed:
+    """What `reclass` did to one golden file.
+
+    **Fields:** `group`, `path`, `arrays` (how many), `moved` (keys whose stored sha256
+    changed: always empty unless the file was damaged) and `changed` (`(key, old class,
+    new class)` for every key whose class changed).
+    """
+
+    group: str
+    path: Path
+    arrays: int
+    moved: tuple[str, ...]
+    changed: tuple[tuple[str, str, str], ...]
+
+    def describe(self) -> str:
+        """One line, then one per class change (counted by old -> new)."""
+        moved = "unchanged" if not self.moved else f"{len(self.moved)} MOVED"
+        lines = [f"{self.group}: {self.arrays} arrays, {moved}; {len(self.changed)} changed class"]
+        counts: dict[tuple[str, str], int] = {}
+        for _, old, new in self.changed:
+            counts[(old, new)] = counts.get((old, new), 0) + 1
+        lines += [f"  {n} key(s) {old} -> {new}" for (old, new), n in sorted(counts.items())]
+        return "\n".join(lines)
+
+
+def reclass(
+    *,
+    producers: Path | str,
+    out_dir: Path | str,
+    repo: Path | str = ".",
+    groups: Sequence[str] = (),
+    progress: Callable[[str], None] = print,
+    src: Sequence[str] | None = None,
+) -> list[Reclassed]:
+    """Give existing goldens the class map of the current producers, without producing.
+
+    The producers file is imported (the current tree's code, as `parity check` does) only
+    to read its `CLASS_MAP`; every golden file of `groups` (default all in `out_dir`) is
+    rewritten with that map and the classes it gives each key, its arrays, order and
+    provenance (calibration included) byte for byte as they were. The files are replaced
+    together, under the folder's lock, crash-safely (`parity.staging`). For a class
+    decision made on main from a calibration, where a repin on another host would
+    re-produce every array.
+
+    **Returns:** one `Reclassed` per file. Raises `RepinError` if the producers cannot
+    be imported or a group has no golden file.
+    """
+    root = repo_root(repo)
+    producers = Path(producers).resolve()
+    out = Path(out_dir).resolve()
+    with signals_reach_main_thread(), _locked(out), owned_tempdir(RUNNER_PREFIX) as tmp:
+        for line in recover(out, repo=root):
+            progress(line)
+        run_producers(root, producers, Path(tmp), progress=progress, src=src,
+                      class_map_only=True)  # fmt: skip
+        doc = json.loads((Path(tmp) / "class_map.json").read_text())
+        class_map = ClassMap(rules=tuple((p, c) for p, c in doc["class_map"]))
+        names = list(groups) or sorted(p.stem for p in out.glob("*.h5"))
+        missing = [g for g in names if not (out / f"{g}.h5").is_file()]
+        if missing:
+            raise RepinError(f"no golden file for group(s) {missing} in {out}; pin them first")
+        staged: list[tuple[Path, Path]] = []
+        done: list[Reclassed] = []
+        try:
+            for name in names:
+                dest = out / f"{name}.h5"
+                with open_goldens(dest) as gf:
+                    arrays = {k: gf[k] for k in gf}
+                    before = {k: gf.info(k).class_name for k in gf}
+                    sha = {k: gf.info(k).sha256 for k in gf}
+                    provenance, order = dict(gf.provenance), gf.ordered_keys()
+                classes = {k: _class_of(class_map, k) for k in arrays}
+                new = staged_name(dest)
+                staged.append((new, dest))
+                write_goldens(new, arrays, classes=classes, class_map_json=class_map.to_json(),
+                              provenance=provenance, order=order)  # fmt: skip
+                with open_goldens(new) as check:
+                    moved = tuple(k for k in check if check.info(k).sha256 != sha.get(k))
+                changed = tuple((k, before[k], classes[k]) for k in arrays
+                                if before[k] != classes[k])  # fmt: skip
+                done.append(Reclassed(name, dest, len(arrays), moved, changed))
+            commit_staged(out, staged)
+        except StagingError as e:
+            raise RepinError(str(e)) from None
+        finally:
+            if not (out / JOURNAL_NAME).exists():
+                for new, _ in staged:
+                    with contextlib.suppress(FileNotFoundError):
+                        new.unlink()
+    return done
 
 
 def golden_provenance(path: Path) -> dict[str, Any]:

@@ -175,3 +175,43 @@ def test_merging_spreads_replaces_remeasured_columns_and_keeps_the_rest():
 
 def test_producers_text_is_valid_python():
     compile(textwrap.dedent(PRODUCERS), "producers.py", "exec")
+
+
+def test_repin_classes_only_gives_the_goldens_the_new_map_and_moves_no_array(project, run_parity):
+    path = project / "goldens" / "g.h5"
+    assert run_parity(project, "calibrate", "--perturb", "repeat", "--write").returncode == 0
+    with open_goldens(path) as gf:
+        sha = {k: gf.info(k).sha256 for k in gf}
+        calibration = gf.provenance["calibration"]
+    (project / "producers.py").write_text(
+        PRODUCERS.replace('("exact.*", "bitwise")', '("exact.*", "calibrated")')
+    )
+    proc = run_parity(project, "repin", "--classes-only")
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    assert "g: 3 arrays, unchanged; 1 changed class" in proc.stdout
+    assert "1 key(s) bitwise -> calibrated" in proc.stdout
+    with open_goldens(path) as gf:
+        assert {k: gf.info(k).sha256 for k in gf} == sha
+        assert gf.info("exact.v").class_name == "calibrated"
+        assert '"calibrated"' in gf.class_map_json
+        assert gf.provenance["calibration"] == calibration
+    assert run_parity(project, "check").returncode == 0
+    bad = run_parity(project, "repin", "--classes-only", "--base", "HEAD")
+    assert bad.returncode == 2 and "drop --base" in bad.stderr
+
+
+def test_calibrate_records_a_measurement_saved_as_json(project, run_parity, tmp_path):
+    saved = tmp_path / "cal.json"
+    proc = run_parity(project, "calibrate", "--perturb", "devices=4", "--json", str(saved))
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    with open_goldens(project / "goldens" / "g.h5") as gf:
+        assert not Spreads.of(gf.provenance)
+    proc = run_parity(project, "calibrate", "--from-json", str(saved), "--write")
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    with open_goldens(project / "goldens" / "g.h5") as gf:
+        spreads = Spreads.of(gf.provenance)
+    assert spreads.labels == ("devices=4",)
+    assert list(spreads.keys["exact.v"]) == [pytest.approx(_moved(DEVICE_NOISE))]
+    saved.write_text("{}")
+    bad = run_parity(project, "calibrate", "--from-json", str(saved), "--write")
+    assert bad.returncode == 2 and "not a calibrate --json file" in bad.stderr
