@@ -723,8 +723,14 @@ def record(cal: Calibration, golden: GoldenFile, group: str, path: Path | None =
     arrays = {k: golden[k] for k in golden}
     classes = {k: golden.info(k).class_name for k in golden}
     provenance = dict(golden.provenance)
+    from parity.provenance import collect_provenance
+
+    here = collect_provenance()
     provenance["calibration"] = {
         "baseline": cal.baseline,
+        # Where it was measured: every column holds the difference between that host and
+        # the pin's, so a calibration on another processor than the pin's measures that too.
+        "host": {"cpu": here["cpu"], "processor": here["processor"], "isa_caps": list(cal.host)},
         "perturbations": [p.label for p in cal.perturbations],
         "summary": cal.summary(group),
         "classes": [c.to_dict() for c in cal.classes(group)],

@@ -394,6 +394,7 @@ def check_group(
         comparison, env_header = _judge_environment(
             comparison, flat_a, gf, spreads, differences(gf.provenance, current), registry
         )
+        comparison = Comparison(tuple(_unbound(f) for f in comparison.findings))
     except GoldenStoreError as e:
         raise CheckError(f"golden group {group!r} is unusable: {e}") from None
     header |= env_header
@@ -450,6 +451,20 @@ def _bind_calibrated(
         return f"{base}[{inner}]"
 
     return bound
+
+
+def _unbound(f: Finding) -> Finding:
+    """The finding under its class's name without the per-key `spread` the check bound
+    (reports group findings by class name: one row for `calibrated`, not one per key);
+    what the key was allowed stays in `allowed` and `bound`."""
+    base, params = parse_class_name(f.class_name)
+    if base != CALIBRATED or "spread" not in params:
+        return f
+    kept = {p: v for p, v in params.items() if p != "spread"}
+    defaults = REGISTRY[CALIBRATED].rule.params()
+    shown = {p: v for p, v in kept.items() if defaults.get(p) != v}
+    name = f"{base}[{','.join(f'{p}={v:g}' for p, v in shown.items())}]" if shown else base
+    return dataclasses.replace(f, class_name=name)
 
 
 def _judge_environment(
