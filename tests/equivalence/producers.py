@@ -40,6 +40,14 @@ CLASS_MAP: list[tuple[str, str]] = [
     ("*.bf16.*", "bitwise"),
     ("logits.*", "bitwise"),
     ("taps.*", "fp32_reassoc"),
+    # Issue 13's decision, from the calibration (goldens/README.md, "Calibration"): the PGD
+    # sources of train_branches amplify harmless noise through three Adam ascent steps
+    # (6.4e-5 to 9.4e-5 under every perturbation, 19x `trajectory`), so they are held to
+    # k times their own measured spread; the metrics (the loss and its terms, grad norms, p)
+    # move a few ulps at most, so they are held to theirs, where `trajectory`'s 5e-6 would
+    # let a 1e-5 relative change of a loss term through.
+    ("traj.branches.*.sources.*", "calibrated"),
+    ("traj.*.metrics.*", "calibrated"),
     ("traj.*", "trajectory"),
     ("sources.*", "bitwise"),
     ("eval.*", "eval_metric"),
