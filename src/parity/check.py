@@ -331,6 +331,7 @@ def check_group(
     produce_s: float | None = None,
     save_actual: str | os.PathLike[str] | None = None,
     current_provenance: Mapping[str, Any] | None = None,
+    keys: Sequence[str] | None = None,
 ) -> CheckResult:
     """Compare `actual` against the golden group `group`.
 
@@ -349,6 +350,7 @@ def check_group(
       as `<name>.h5` in golden format (see `CheckResult.command`).
     - `current_provenance`: the environment `actual` was produced in, when that was another
       process (`parity check`); default this process's.
+    - `keys`: check only these keys of the group (a producer of part of it); default all.
 
     **Returns:** a `CheckResult`. Raises `CheckError` for unusable input.
     """
@@ -358,8 +360,9 @@ def check_group(
     gf = folder.open(group)
     try:
         # Sources, not arrays: each is read in chunks when compared, checksum verified.
-        golden_arrays = {k: gf.source(k) for k in gf}
-        recorded = {k: gf.info(k).class_name for k in gf}
+        wanted = list(gf) if keys is None else [k for k in gf if k in set(keys)]
+        golden_arrays = {k: gf.source(k) for k in wanted}
+        recorded = {k: gf.info(k).class_name for k in wanted}
     except GoldenStoreError as e:
         raise CheckError(f"golden group {group!r} is unusable: {e}") from None
     pinned = pinned_class_map(gf)
@@ -388,7 +391,7 @@ def check_group(
             golden_arrays,
             resolve,
             registry=registry,
-            order=gf.ordered_keys() if order is None else order,
+            order=[k for k in gf.ordered_keys() if k in golden_arrays] if order is None else order,
             name=name or group,
         )
         comparison, env_header = _judge_environment(

@@ -7,6 +7,7 @@ import dataclasses
 import functools
 
 import jax
+import numpy as np
 import pytest
 from producers import forward_group
 
@@ -41,8 +42,11 @@ def test_a_dropped_qk_norm_fails_first_at_layer_0_attention_output(parity_golden
     assert not result.passed
     assert result.first_failure is not None
     assert result.first_failure.key == "taps.qwen3.full_depth.layers.0.self_attn.o_proj"
-    # Everything before attention (the post-LN1 taps of block 0) is untouched.
-    assert result.finding("taps.qwen3.full_depth.layers.0.self_attn.v_proj").bitwise_equal
+    # Everything before attention (the post-LN1 taps of block 0) is untouched: bit for bit
+    # against the unperturbed forward on this host (goldens pinned on another processor may
+    # differ from it in the last bits).
+    key = "taps.qwen3.full_depth.layers.0.self_attn.v_proj"
+    assert np.array_equal(actual[key], forward_group("qwen3")[key])
 
 
 @pytest.fixture
