@@ -57,6 +57,8 @@ class ParityConfig:
     - `devices`: simulated CPU devices, per process.
     - `processes`: processes of one distributed run.
     - `explicit`: the keys the table (or a flag) set, as opposed to defaults.
+    - `table`: whether `pyproject` has a `[tool.parity]` table (empty or not): the project
+      adopted parity, as opposed to a folder that merely has a `pyproject.toml`.
     """
 
     root: Path
@@ -68,6 +70,7 @@ class ParityConfig:
     devices: int = 1
     processes: int = 1
     explicit: frozenset[str] = frozenset()
+    table: bool = False
 
     @property
     def where(self) -> str:
@@ -189,6 +192,7 @@ def load_config(
     path = Path(pyproject).resolve() if pyproject is not None else find_pyproject(start)
     root = path.parent if path is not None else Path(start or Path.cwd()).resolve()
     table: dict[str, Any] = {}
+    found = False
     if path is not None:
         try:
             doc = tomllib.loads(path.read_text(encoding="utf-8"))
@@ -196,7 +200,9 @@ def load_config(
             raise ConfigError(
                 f"{path}: cannot be read as TOML: {' '.join(str(e).split())}"
             ) from None
-        raw = doc.get("tool", {}).get("parity", {})
+        tool = doc.get("tool", {})
+        found = isinstance(tool, dict) and "parity" in tool
+        raw = tool.get("parity", {}) if isinstance(tool, dict) else {}
         if not isinstance(raw, dict):
             raise ConfigError(f"{path}: [tool.parity] must be a table, got {raw!r}")
         table = raw
@@ -205,4 +211,4 @@ def load_config(
     if "src" not in values:
         values["src"] = ((root / "src") if (root / "src").is_dir() else root,)
     values.setdefault("goldens", root / "goldens")
-    return ParityConfig(root=root, pyproject=path, explicit=frozenset(table), **values)
+    return ParityConfig(root=root, pyproject=path, explicit=frozenset(table), table=found, **values)

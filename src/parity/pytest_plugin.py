@@ -4,7 +4,9 @@ Options:
 
 Defaults come from `[tool.parity]` in the nearest `pyproject.toml` (`parity.config`:
 `goldens`, `isa`, `devices`), so in an adopting project `parity_check(actual, "group")`
-works with no options; the options below override it.
+works with no options; the options below override it. Where that table exists, its `src`
+roots go to the front of `sys.path` before conftests and test modules are imported (as
+`parity check` runs the producers), so tests import the project's package uninstalled.
 
 - `--parity-devices N` (env `PARITY_DEVICES`): simulated CPU device count, set before jax
   starts (a clear error if it already started with another count); per process with
@@ -183,6 +185,43 @@ def _project_config(config: pytest.Config) -> ParityConfig:
         raise pytest.UsageError(str(e)) from None
 
 
+_SRC_ROOTS = pytest.StashKey[list[str]]()
+
+
+def _put_src_on_path(config: pytest.Config) -> None:
+    """Put `[tool.parity]`'s src roots at the front of `sys.path`, as the producer runner
+    does for `parity check`, so the tests import the user's package with no PYTHONPATH
+    and no install. Only where a `[tool.parity]` table exists: elsewhere the plugin does
+    not know the project's layout. Once per session; `pytest_unconfigure` takes them off.
+    """
+    import sys
+
+    if _SRC_ROOTS in config.stash:
+        return
+    try:
+        project = load_config(config.invocation_params.dir)
+    except ConfigError:
+        return  # pytest_configure reports it
+    added = [str(p) for p in project.src] if project.table else []
+    sys.path[:0] = added
+    config.stash[_SRC_ROOTS] = added
+
+
+@pytest.hookimpl(tryfirst=True)
+def pytest_load_initial_conftests(early_config: pytest.Config) -> None:
+    """Before the conftests (and later the test modules) are imported: they may import the
+    project's package."""
+    _put_src_on_path(early_config)
+
+
+def pytest_unconfigure(config: pytest.Config) -> None:
+    import sys
+
+    for root in config.stash.get(_SRC_ROOTS, []):
+        if root in sys.path:
+            sys.path.remove(root)
+
+
 @pytest.hookimpl(tryfirst=True)
 def pytest_cmdline_main(config: pytest.Config) -> int | None:
     """With `--parity-processes N` (N > 1), this pytest runs no tests: it starts N copies of
@@ -233,6 +272,8 @@ def pytest_cmdline_main(config: pytest.Config) -> int | None:
 
 def pytest_configure(config: pytest.Config) -> None:
     project = _project_config(config)
+    # Loaded through a conftest's pytest_plugins, the plugin missed the early hook.
+    _put_src_on_path(config)
     n = _device_count(config)
     if n is None and "devices" in project.explicit:
         n = project.devices

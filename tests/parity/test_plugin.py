@@ -7,6 +7,7 @@ count once per process, and the plugin must set it before jax starts.
 from __future__ import annotations
 
 import json
+import os
 import re
 import subprocess
 import sys
@@ -337,3 +338,43 @@ def test_a_failing_check_leaves_its_obtained_arrays_for_parity_diff(inner: pytes
     assert diff.returncode == 1, diff.stderr
     assert "layers.0.h1 [fp32_reassoc, fail]" in diff.stdout
     assert "first breaking its class: layers.0.h1" in diff.stdout
+
+
+# --------------------------------------------------------------------------- adopting
+
+
+def _bare_env() -> dict[str, str]:
+    """The environment of a user's shell: no PYTHONPATH (which would hide whether the plugin
+    finds the project's code), no outer pytest or jax settings."""
+    drop = ("PYTHONPATH", "PYTEST_ADDOPTS", "XLA_FLAGS")
+    env = {
+        k: v
+        for k, v in os.environ.items()
+        if k not in drop and not k.startswith(("PYTEST_XDIST", "PARITY_"))
+    }
+    return env | {"JAX_PLATFORMS": "cpu"}
+
+
+def test_the_plugin_puts_the_configured_src_roots_on_sys_path(tmp_path: Path) -> None:
+    (tmp_path / "pyproject.toml").write_text(
+        '[project]\nname = "mypkg"\n\n[tool.parity]\nsrc = "src"\n'
+    )
+    (tmp_path / "src" / "mypkg").mkdir(parents=True)
+    (tmp_path / "src" / "mypkg" / "__init__.py").write_text("ANSWER = 42\n")
+    (tmp_path / "tests").mkdir()
+    # A conftest is imported before pytest_configure: the roots must be there by then.
+    (tmp_path / "tests" / "conftest.py").write_text("import mypkg  # noqa: F401\n")
+    (tmp_path / "tests" / "test_mine.py").write_text(
+        "import mypkg\n\n\ndef test_imports():\n    assert mypkg.ANSWER == 42\n"
+    )
+    argv = ["-q", "-p", "no:cacheprovider", "--parity-cache", "none", "tests"]
+    done = subprocess.run(
+        [sys.executable, "-m", "pytest", *argv],
+        cwd=tmp_path,
+        env=_bare_env(),
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
+    assert done.returncode == 0, done.stdout + done.stderr
+    assert "1 passed" in done.stdout
