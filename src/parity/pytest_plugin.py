@@ -20,7 +20,8 @@ roots go to the front of `sys.path` before conftests and test modules are import
 - `--parity-isa CAP`: the XLA CPU ISA cap set before jax starts (default `[tool.parity]`
   isa, else AVX2; `none`).
 - `--parity-cache DIR` (env `PARITY_JAX_CACHE`): jax's persistent compilation cache folder;
-  each xdist worker gets its own subfolder. `none` disables it. Default `.jax_cache`.
+  each xdist worker gets its own subfolder. `none` disables it. Default `.jax_cache` in
+  the rootdir, which ignores itself for git (its own `.gitignore`, as `.pytest_cache`).
 - `--parity-goldens DIR`: the golden folder (default `[tool.parity]` goldens, else ini
   `parity_goldens`, else `goldens`).
 - `--parity-report DIR`: write the session's comparisons as a text table, JSON and HTML.
@@ -169,12 +170,24 @@ def _enable_compile_cache(config: pytest.Config) -> None:
     name = f"process{place[0]}" if place else os.environ.get("PYTEST_XDIST_WORKER", "main")
     folder = base / name
     folder.mkdir(parents=True, exist_ok=True)
+    if not raw:
+        _ignore_for_git(base)
     import jax
 
     jax.config.update("jax_compilation_cache_dir", str(folder))
     # Test programs compile in well under a second each; cache them all.
     jax.config.update("jax_persistent_cache_min_compile_time_secs", 0.0)
     jax.config.update("jax_persistent_cache_min_entry_size_bytes", 0)
+
+
+def _ignore_for_git(folder: Path) -> None:
+    """Make `folder` ignore itself, as `.pytest_cache/` does, so the default cache in the
+    user's project root shows in no `git status` and needs no `.gitignore` line."""
+    try:
+        with open(folder / ".gitignore", "x") as f:
+            f.write("# the parity pytest plugin's jax compilation cache: never committed\n*\n")
+    except FileExistsError:  # written before, or by another xdist worker just now
+        pass
 
 
 def _project_config(config: pytest.Config) -> ParityConfig:

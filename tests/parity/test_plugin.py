@@ -378,3 +378,27 @@ def test_the_plugin_puts_the_configured_src_roots_on_sys_path(tmp_path: Path) ->
     )
     assert done.returncode == 0, done.stdout + done.stderr
     assert "1 passed" in done.stdout
+
+
+def test_the_default_compile_cache_leaves_nothing_for_git_to_show(tmp_path: Path, git) -> None:
+    (tmp_path / ".gitignore").write_text("__pycache__/\n")
+    (tmp_path / "pyproject.toml").write_text('[project]\nname = "p"\n\n[tool.parity]\n')
+    (tmp_path / "tests").mkdir()
+    (tmp_path / "tests" / "test_jit.py").write_text(
+        "import jax\nimport jax.numpy as jnp\n\n\n"
+        "def test_jit():\n    assert float(jax.jit(jnp.sin)(0.0)) == 0.0\n"
+    )
+    git(tmp_path, "init", "-q")
+    git(tmp_path, "add", ".")
+    git(tmp_path, "commit", "-qm", "a project")
+    done = subprocess.run(
+        [sys.executable, "-m", "pytest", "-q", "tests"],  # the default cache, pytest's own too
+        cwd=tmp_path,
+        env=_bare_env(),
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
+    assert done.returncode == 0, done.stdout + done.stderr
+    assert any((tmp_path / ".jax_cache").rglob("*-cache")), "the cache stayed empty"
+    assert git(tmp_path, "status", "--porcelain", "--untracked-files=all") == ""
