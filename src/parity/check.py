@@ -287,9 +287,23 @@ def save_arrays(
     *,
     classes: Callable[[str], str],
     order: Sequence[str] = (),
+    provenance: Mapping[str, Any] | None = None,
 ) -> Path:
     """Write `arrays` in golden format to `directory/<name>.h5` (atomically), with the
-    classes they were checked under, the forward order and this process's provenance.
+    classes they were checked under, the forward order and the provenance of the process
+    that produced them.
+
+    **Arguments:**
+
+    - `directory`: the folder to write into (created if missing).
+    - `name`: the file's stem.
+    - `arrays`: `{key: array}`.
+    - `classes`: key -> the class it was checked under.
+    - `order`: the forward order (keys not in `arrays` are left out).
+    - `provenance`: the producing process's environment, when that was another process
+      (`parity check` saves from its jax-free CLI process, whose XLA flags and ISA cap are
+      not the producer's: recording them would make `parity diff` report a false drift);
+      default this process's.
 
     **Returns:** the file written.
     """
@@ -302,7 +316,7 @@ def save_arrays(
         out / f"{name}.h5",
         arrays,
         classes={k: classes(k) for k in arrays},
-        provenance=collect_provenance(),
+        provenance=dict(provenance) if provenance is not None else collect_provenance(),
         order=keys,
     )
 
@@ -404,7 +418,7 @@ def check_group(
     saved = command = None
     if save_actual is not None and not comparison.passed:
         path = save_arrays(save_actual, name or group, flat_a, classes=resolve,
-                           order=gf.ordered_keys())  # fmt: skip
+                           order=gf.ordered_keys(), provenance=current)  # fmt: skip
         saved, command = str(path), _diff_command(path, folder.path_of(group), overrides)
     return CheckResult(
         name=name or group,

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import json
 import subprocess
+import sys
 from pathlib import Path
 
 import pytest
@@ -68,3 +69,25 @@ def test_repin_check_json_report_and_save_actual(project: Path, tmp_path: Path, 
 
 def test_repin_of_a_revision_that_is_not_a_commit_is_one_line(project: Path, run_parity) -> None:
     _one_line_error(run_parity(project, "repin", "--base", "no-such-rev"), "not a commit")
+
+
+def test_save_actual_records_the_producer_process_environment_so_diff_sees_no_drift(
+    project: Path, run_parity, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # The CLI process sets no XLA flags (the producer process does): a shell without them.
+    monkeypatch.delenv("XLA_FLAGS", raising=False)
+    assert run_parity(project, "repin", "--base", "HEAD").returncode == 0
+    (project / "src" / "tinylib" / "__init__.py").write_text("VALUE = 1.5\n")
+    bad = run_parity(project, "check", "--save-actual", "saved")
+    assert bad.returncode == 1, bad.stdout + bad.stderr
+    command = next(ln.strip() for ln in bad.stdout.splitlines() if "parity diff" in ln)
+    diff = subprocess.run(
+        command.replace("python", sys.executable, 1).split(),
+        cwd=project,
+        capture_output=True,
+        text=True,
+    )
+    assert diff.returncode == 1, diff.stdout + diff.stderr
+    assert "drift" in diff.stdout
+    drift = [ln for ln in diff.stdout.splitlines() if "drift" in ln]
+    assert not [ln for ln in drift if "isa_cap" in ln or "xla_flags" in ln], drift
