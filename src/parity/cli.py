@@ -464,7 +464,10 @@ def format_inventory(doc: dict[str, Any]) -> str:
     else:
         lines.append("class map (first matching rule wins):")
         lines += [f"  {rule[0]}  ->  {rule[1]}" for rule in cmap.get("rules", [])]
-        lines.append(f"  default  ->  {cmap.get('default') or '(none: unmatched keys error)'}")
+        # What parity check does with a key no rule matches (`parity.check`'s precedence):
+        # the class recorded with its array, else bitwise. The class column shows each.
+        fallback = "none pinned: an unmatched key takes its array's recorded class, else bitwise"
+        lines.append(f"  default  ->  {cmap.get('default') or f'({fallback})'}")
     lines += ["", f"arrays ({len(arrays)}):"]
     rows = [["key", "shape", "dtype", "class", "order"]] + [
         [

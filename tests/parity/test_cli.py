@@ -259,6 +259,26 @@ def test_show_text_lists_provenance_map_and_every_array(golden: Path) -> None:
         assert key in out
 
 
+def test_show_says_an_unmatched_key_falls_back_as_the_check_does(tmp_path: Path) -> None:
+    # A map without a default: parity check gives "loss" and "weights.w" the class recorded
+    # with the array (none here), then bitwise; show must not call that an error.
+    cmap = ClassMap((("taps.*", "fp32_reassoc"),))
+    arrays = _arrays()
+    path = write_goldens(
+        tmp_path / "g.h5",
+        arrays,
+        classes={k: "fp32_reassoc" for k in arrays if k.startswith("taps.")},
+        class_map_json=cmap.to_json(),
+    )
+    out = _parity("show", path).stdout
+    default = next(ln for ln in out.splitlines() if ln.strip().startswith("default"))
+    assert "error" not in default and "bitwise" in default, default
+    rows = {ln.split()[0]: ln.split() for ln in out.splitlines() if ln.startswith("  loss")}
+    assert rows["loss"][3] == "bitwise"
+    diff = _parity("diff", path, path)
+    assert diff.returncode == 0 and "bitwise" in diff.stdout, diff.stdout + diff.stderr
+
+
 def test_diff_json_and_html_reports(tmp_path: Path, golden: Path) -> None:
     arrays = _arrays()
     arrays["loss"] = np.asarray(np.float32(np.nan))
