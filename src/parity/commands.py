@@ -204,7 +204,11 @@ COMMANDS = ("repin", "check", "bisect", "calibrate")
 def _config(args: argparse.Namespace) -> ParityConfig:
     keys = ("goldens", "producers", "src", "isa", "devices", "processes")
     flags = {k: getattr(args, k, None) for k in keys}
-    return load_config().with_overrides(**flags)
+    config = load_config().with_overrides(**flags)
+    # Before any other complaint: outside a project, "golden folder does not exist" or
+    # "no producers file" would send the user to the wrong fix.
+    config.need_table()
+    return config
 
 
 def _overrides(args: argparse.Namespace) -> list[tuple[str, str]]:

@@ -107,6 +107,31 @@ class ParityConfig:
             raise ConfigError(f"{self.where}: producers file {self.producers} does not exist")
         return self.producers
 
+    def need_table(self, start: str | os.PathLike[str] | None = None) -> None:
+        """A `ConfigError` unless this is an adopting project: a `[tool.parity]` table was
+        found, or a `--producers` flag stands in for it. The message names the folders
+        walked from `start` (default the working directory, where `load_config` began)
+        and what to add.
+        """
+        if self.table or "producers" in self.explicit:
+            return
+        here = Path(start if start is not None else Path.cwd()).resolve()
+        top = self.pyproject.parent if self.pyproject is not None else None
+        walked = [here]
+        while walked[-1] != top and walked[-1].parent != walked[-1]:
+            walked.append(walked[-1].parent)
+        found = (
+            f"the first pyproject.toml there, {self.pyproject}, has none"
+            if self.pyproject is not None
+            else "none of them has a pyproject.toml"
+        )
+        raise ConfigError(
+            f"no [tool.parity] table found: looked for one in {', '.join(map(str, walked))} "
+            f"({found}); run from inside your project, or add to its pyproject.toml "
+            '[tool.parity] with producers = "tests/producers.py" (the file defining GROUPS; '
+            "docs/adopting.md, section 1), or pass --producers FILE"
+        )
+
     def with_overrides(self, **flags: Any) -> ParityConfig:
         """This config with the flags that are not None applied (same names as the keys;
         relative paths resolve against the working directory, as a shell user expects).

@@ -10,6 +10,8 @@ from pathlib import Path
 
 import pytest
 
+from parity.config import find_pyproject
+
 PRODUCERS = """\
 import numpy as np
 import tinylib
@@ -91,3 +93,24 @@ def test_save_actual_records_the_producer_process_environment_so_diff_sees_no_dr
     assert "drift" in diff.stdout
     drift = [ln for ln in diff.stdout.splitlines() if "drift" in ln]
     assert not [ln for ln in drift if "isa_cap" in ln or "xla_flags" in ln], drift
+
+
+def test_check_outside_a_project_says_no_table_was_found_and_where_it_looked(
+    tmp_path: Path, run_parity
+) -> None:
+    outside = tmp_path / "somewhere" / "deep"
+    outside.mkdir(parents=True)
+    if find_pyproject(outside) is not None:
+        pytest.skip(f"a pyproject.toml above {outside}: not outside a project here")
+    proc = run_parity(outside, "check")
+    _one_line_error(proc, "no [tool.parity] table")
+    assert f"{outside}, {outside.parent}, {outside.parent.parent}" in proc.stderr
+    assert 'producers = "' in proc.stderr and "pyproject.toml" in proc.stderr
+    assert "golden folder" not in proc.stderr
+
+    # A pyproject.toml without the table marks the root: the walk stops there.
+    (tmp_path / "somewhere" / "pyproject.toml").write_text('[project]\nname = "x"\n')
+    proc = run_parity(outside, "check")
+    _one_line_error(proc, "no [tool.parity] table")
+    assert f"{outside}, {outside.parent} " in proc.stderr
+    assert str(tmp_path / "somewhere" / "pyproject.toml") in proc.stderr
