@@ -175,12 +175,17 @@ def main(argv: list[str] | None = None) -> int:
     for i, name in enumerate(wanted, 1):
         t0 = time.perf_counter()
         _log(f"[{i}/{len(wanted)}] {name}: running")
+        split: list[bool] = []
         try:
             # Producers may return any pytree: flattened to `{"a.b": array}` keys.
-            from parity.processes import to_host
+            from parity.processes import sharded_over_processes, to_host
             from parity.trees import flatten
 
-            arrays = flatten(groups[name](), to_array=to_host)
+            def host(value: object, split: list[bool] = split) -> np.ndarray:
+                split.append(sharded_over_processes(value))
+                return to_host(value)
+
+            arrays = flatten(groups[name](), to_array=host)
         except Exception as exc:
             traceback.print_exc()
             msg = _missing_symbol(exc, args.src)
@@ -216,6 +221,13 @@ def main(argv: list[str] | None = None) -> int:
         }
         (out / f"{name}.json").write_text(json.dumps(manifest))
         _log(f"[{i}/{len(wanted)}] {name}: {len(arrays)} arrays in {time.perf_counter() - t0:.1f}s")
+        if place is not None and place[1] > 1 and not any(split):
+            # The run passes, but it tested nothing a single process does not: the
+            # producer never split its work (inputs not sharded over the global mesh).
+            _log(
+                f"group {name!r}: no array was sharded across the {place[1]} processes; each "
+                "process computed everything (see docs/adopting.md section 7)"
+            )
     if place is not None:
         import jax
 

@@ -45,6 +45,7 @@ __all__ = [
     "free_port",
     "initialize",
     "run_workers",
+    "sharded_over_processes",
     "to_host",
     "worker_place",
 ]
@@ -372,19 +373,26 @@ def _open_communicator() -> None:
     multihost_utils.sync_global_devices("parity: the processes are together")
 
 
+def sharded_over_processes(value: Any) -> bool:
+    """Whether `value` is a jax array split over several processes, each holding only
+    part of it: the work that made it was divided between them. A numpy value or a fully
+    replicated array is one every process computed in full."""
+    jax = sys.modules.get("jax")
+    return (
+        jax is not None
+        and isinstance(value, jax.Array)
+        and not value.is_fully_addressable
+        and not value.is_fully_replicated
+    )
+
+
 def to_host(value: Any) -> Any:
     """`value` as a host (numpy) array: a jax array sharded over several processes is
     gathered (`multihost_utils.process_allgather`, a collective every process must call
     in the same order); anything else goes through `np.asarray`."""
     import numpy as np
 
-    jax = sys.modules.get("jax")
-    if (
-        jax is not None
-        and isinstance(value, jax.Array)
-        and not value.is_fully_addressable
-        and not value.is_fully_replicated
-    ):
+    if sharded_over_processes(value):
         from jax.experimental import multihost_utils
 
         return np.asarray(multihost_utils.process_allgather(value, tiled=True))

@@ -138,6 +138,7 @@ def test_check_over_two_processes_passes_and_records_the_layout(
     )
     assert ok.returncode == 0, ok.stdout + ok.stderr
     assert re.search(r"layout\s+2 processes x 2 devices \(4 in all\)", ok.stdout), ok.stdout
+    assert "no array was sharded" not in ok.stderr  # the batch is split over the processes
     doc = json.loads((tmp_path / "report.json").read_text())
     assert doc["header"]["layout"] == "2 processes x 2 devices (4 in all)"
     assert doc["checks"][0]["passed"] is True
@@ -288,6 +289,32 @@ def test_multi_process_flags_are_checked_before_anything_runs(
     assert proc.returncode == 2, proc.stdout + proc.stderr
     _fault(proc.stderr, needle)
     assert "[producers]" not in proc.stderr
+
+
+NUMPY_PRODUCERS = """\
+import numpy as np
+
+GROUPS = {"plain": lambda: {"x": np.arange(4, dtype=np.float32)}}
+"""
+
+
+def test_a_group_with_nothing_sharded_over_processes_says_so(
+    tmp_path: Path, git, run_parity
+) -> None:
+    repo = tmp_path / "proj"
+    repo.mkdir()
+    (repo / "producers.py").write_text(NUMPY_PRODUCERS)
+    (repo / "pyproject.toml").write_text('[tool.parity]\nproducers = "producers.py"\n')
+    git(repo, "init", "-q", "-b", "main")
+    git(repo, "add", "-A")
+    git(repo, "commit", "-qm", "one")
+    assert run_parity(repo, "repin", "--base", "HEAD").returncode == 0
+    proc = run_parity(repo, "check", "--processes", "2", "--devices", "1")
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    hint = [ln for ln in proc.stderr.splitlines() if "no array was sharded" in ln]
+    assert len(hint) == 1, proc.stderr
+    assert "group 'plain'" in hint[0] and "2 processes" in hint[0]
+    assert "docs/adopting.md section 7" in hint[0]
 
 
 # --------------------------------------------------------------------------- the plugin
