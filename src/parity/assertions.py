@@ -10,7 +10,7 @@ from __future__ import annotations
 from collections.abc import Mapping, Sequence
 from typing import Any
 
-from parity.check import CheckError, class_resolver
+from parity.check import BARE_KEY, CheckError, class_resolver
 from parity.compare import Comparison, Order, compare_trees
 from parity.report import format_table
 from parity.tolerance import REGISTRY, ClassMap, ToleranceClass, UnknownClassError
@@ -41,8 +41,9 @@ def assert_equivalent(
 
     - `actual`, `expected`: pytrees: dicts, lists, tuples, named tuples, and (where jax is
         imported) equinox modules and other registered pytrees. A leaf's key is its path,
-        joined by "." (`mlp.layers.0.weight`). Non-array leaves (an equinox MLP's activation
-        function) are compared with `==`.
+        joined by "." (`mlp.layers.0.weight`); a bare array is a tree of one leaf, named
+        `array`. Non-array leaves (an equinox MLP's activation function) are compared with
+        `==`.
     - `class_map`: a class name for every leaf (default `"bitwise"`), or a `ClassMap` by
         key pattern.
     - `order`: the forward order (keys, or a callable key -> sort key) in which the first
@@ -56,8 +57,8 @@ def assert_equivalent(
     """
     statics_a: dict[str, Any] = {}
     statics_e: dict[str, Any] = {}
-    flat_a = flatten(actual, non_arrays=statics_a)
-    flat_e = flatten(expected, non_arrays=statics_e)
+    flat_a = flatten(actual, non_arrays=statics_a, bare=BARE_KEY)
+    flat_e = flatten(expected, non_arrays=statics_e, bare=BARE_KEY)
     resolve = class_resolver(overrides=overrides, class_map=class_map)
     try:
         comparison = compare_trees(flat_a, flat_e, resolve, registry=registry, order=order)

@@ -49,6 +49,7 @@ from parity.tolerance import (
 from parity.trees import flatten
 
 __all__ = [
+    "BARE_KEY",
     "DEFAULT_CLASS",
     "REPIN_HINT",
     "CheckError",
@@ -63,6 +64,8 @@ __all__ = [
 
 #: The class of a key that no level of the precedence covers.
 DEFAULT_CLASS = "bitwise"
+#: The key of a bare array (a one-leaf pytree) in a live check or `assert_equivalent`.
+BARE_KEY = "array"
 #: How to pin a golden group; named in every "missing golden" message.
 REPIN_HINT = "parity repin --base <SHA>"
 
@@ -544,11 +547,12 @@ def _compare(
     registry: Mapping[str, ToleranceClass],
     order: Order | None,
     name: str,
+    bare: str | None = None,
 ) -> tuple[Comparison, dict[str, Any], float]:
     t0 = time.perf_counter()
     try:
-        flat_a = flatten(actual)
-        flat_e = flatten(expected)
+        flat_a = flatten(actual, bare=bare)
+        flat_e = flatten(expected, bare=bare)
     except (TypeError, ValueError) as e:
         raise CheckError(f"check {name!r}: {e}") from None
     try:
@@ -572,7 +576,8 @@ def check_live(
     save_actual: str | os.PathLike[str] | None = None,
 ) -> CheckResult:
     """Compare `actual` against a live reference `expected` (the old implementation run
-    on the same inputs), both pytrees of arrays.
+    on the same inputs), both pytrees of arrays (a bare array is a tree of one leaf, named
+    `BARE_KEY`).
 
     **Arguments:** as `check_group`, with `expected` in place of the golden group and
     `class_map` defaulting to `bitwise`. With `save_actual`, a failing check writes
@@ -583,14 +588,14 @@ def check_live(
     started = time.time()
     resolve = class_resolver(overrides=overrides, class_map=class_map)
     comparison, flat_a, compare_s = _compare(
-        actual, expected, resolve, registry=registry, order=order, name=name
+        actual, expected, resolve, registry=registry, order=order, name=name, bare=BARE_KEY
     )
     saved = command = None
     if save_actual is not None and not comparison.passed:
         keys = [f.key for f in comparison.findings]
         path = save_arrays(save_actual, name, flat_a, classes=resolve, order=keys)
-        ref = save_arrays(save_actual, f"{name}.expected", flatten(expected), classes=resolve,
-                          order=keys)  # fmt: skip
+        ref = save_arrays(save_actual, f"{name}.expected", flatten(expected, bare=BARE_KEY),
+                          classes=resolve, order=keys)  # fmt: skip
         saved, command = str(path), _diff_command(path, ref, overrides)
     return CheckResult(
         name=name,

@@ -382,12 +382,14 @@ class _Check:
         if place is not None:
             # Arrays sharded over processes come to every process's host (in the same
             # order everywhere: a collective); process 0 alone saves what failed.
+            from parity.check import BARE_KEY
             from parity.processes import to_host
             from parity.trees import flatten
 
-            actual = flatten(actual, to_array=to_host)
-            if not isinstance(golden, str):
-                golden = flatten(golden, to_array=to_host)
+            live = not isinstance(golden, str)
+            actual = flatten(actual, to_array=to_host, bare=BARE_KEY if live else None)
+            if live:
+                golden = flatten(golden, to_array=to_host, bare=BARE_KEY)
             save = save if place[0] == 0 else None
         problem = None
         result: CheckResult | None = None

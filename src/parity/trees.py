@@ -56,6 +56,7 @@ def flatten(
     sep: str = ".",
     non_arrays: dict[str, Any] | None = None,
     to_array: Callable[[Any], np.ndarray] = np.asarray,
+    bare: str | None = None,
 ) -> dict[str, np.ndarray]:
     """Flatten a pytree of arrays into `{"a.b.c": array}`.
 
@@ -74,12 +75,17 @@ def flatten(
     - `to_array`: turns an array leaf into a numpy array, in traversal order (default
       `np.asarray`; a multi-process run passes `parity.processes.to_host`, a gather every
       process joins in the same order).
+    - `bare`: the key a bare array at the top gets (a one-leaf pytree, as in jax and
+      chex), for callers comparing two user trees; None (the default) refuses it, where
+      keys must match a golden group's names.
 
     **Returns:** a dict from joined key to array, in traversal order. Raises `ValueError` if
-    two paths join to the same key, and `TypeError` if `tree` is a bare array or holds a
-    non-array leaf and `non_arrays` is None.
+    two paths join to the same key, and `TypeError` if `tree` is a bare array (without
+    `bare`) or holds a non-array leaf and `non_arrays` is None.
     """
     if _is_array_like(tree):
+        if bare is not None:
+            return {bare: to_array(tree)}
         raise TypeError(
             f"flatten needs a container of arrays at the top, got {type(tree).__name__}; "
             "wrap a single array as {'name': array}"

@@ -19,6 +19,7 @@ from hypothesis import strategies as st
 from hypothesis.extra import numpy as hnp
 
 import parity
+from parity.check import check_live
 from parity.compare import compare_arrays
 from parity.rules import Elements, Judgement, RelativeToMax, Rule, Scale
 from parity.store import open_goldens, write_goldens
@@ -42,6 +43,24 @@ def _net(seed: int) -> Net:
         for i in range(2)
     ]
     return Net(blocks, jnp.ones(4))
+
+
+def test_two_bare_arrays_are_a_one_leaf_pytree() -> None:
+    a = np.linspace(0, 1, 5, dtype=np.float32)
+    assert parity.assert_equivalent(a, a.copy()).passed
+    assert parity.assert_equivalent(jnp.asarray(a), a, class_map="fp32_reassoc").passed
+    b = a.copy()
+    b[3] += 1e-3
+    with pytest.raises(AssertionError) as info:
+        parity.assert_equivalent(b, a)
+    text = str(info.value)
+    assert "key 'array' breaks class 'bitwise'" in text and "(3,)" in text, text
+    # A bare array against a tree is a difference of structure, named as such.
+    with pytest.raises(AssertionError, match="array"):
+        parity.assert_equivalent(a, {"w": a})
+    # The live check of parity_check takes them too.
+    assert check_live(a, a.copy()).passed
+    assert not check_live(b, a).passed
 
 
 def test_nested_equinox_modules_pass_when_equal_and_name_the_leaf_path_when_not() -> None:
