@@ -1,6 +1,7 @@
 """The command line: `python -m parity` (or the `parity` script).
 
-`repin`, `check` and `bisect` (which run producers) live in `parity.commands`. `diff` and
+`repin`, `check`, `bisect` and `calibrate` (which run producers) live in
+`parity.commands`. `diff` and
 `show` are thin layers over `parity.store`, `parity.compare` and `parity.report`:
 
 - `parity diff ACTUAL GOLDEN [--class NAME] [--json FILE] [--html DIR]` compares every
@@ -39,11 +40,12 @@ from typing import IO, Any, cast
 
 import numpy as np
 
-from parity.check import CheckError, class_resolver, pinned_class_map
+from parity.check import CheckError, bind_calibrated, class_resolver, pinned_class_map, unbound
 from parity.chunks import DEFAULT_BUDGET, Block
 from parity.commands import CommandError, add_parsers
 from parity.compare import Comparison, Finding, compare_arrays, compare_trees
 from parity.config import ConfigError
+from parity.noise import Spreads
 from parity.provenance import bitwise_policy, drift
 from parity.report import format_table, write_html, write_json
 from parity.store import GoldenFile, GoldenStoreError, open_goldens
@@ -211,9 +213,21 @@ def _class_resolver(
         pinned = pinned_class_map(gf)
     except CheckError as e:
         raise CLIError(f"GOLDEN: {e}") from None
-    return class_resolver(
-        overrides=overrides, class_map=class_name, pinned=pinned, recorded=recorded
+    # A key under `calibrated` is bound to the spread GOLDEN records for it, as in a check.
+    bound = bind_calibrated(
+        class_resolver(overrides=overrides, class_map=class_name, pinned=pinned, recorded=recorded),
+        Spreads.of(gf.provenance),
+        gf.path.stem,
+        gf.path,
     )
+
+    def resolve(key: str) -> str:
+        try:
+            return bound(key)
+        except CheckError as e:
+            raise CLIError(f"GOLDEN: {e}") from None
+
+    return resolve
 
 
 def parse_override(text: str) -> tuple[str, str]:
@@ -330,7 +344,7 @@ def run_diff(
         findings: list[Finding] = []
         for key in placed + rest:
             tol = _tolerance(resolve(key), key, gf, tols)
-            findings.append(_compare_key(key, af, gf, tol, place.get(key), budget))
+            findings.append(unbound(_compare_key(key, af, gf, tol, place.get(key), budget)))
         if class_name is not None:
             source = f"--class {class_name} for every key"
         elif gf.class_map_json or any(recorded.values()):
@@ -499,9 +513,11 @@ Differential equivalence checks on HDF5 array files.
   parity repin --base REV        pin goldens at a commit (a temporary worktree)
   parity check                   run the producers on this tree, check against the goldens
   parity bisect GOOD BAD         find the first commit that breaks a check
+  parity calibrate               measure the harmless noise against each class's bound
 
-repin, check and bisect read [tool.parity] in the nearest pyproject.toml (goldens,
-producers, src, isa, devices); a flag of the same name overrides each key.
+repin, check, bisect and calibrate read [tool.parity] in the nearest pyproject.toml
+(goldens, producers, src, isa, devices, processes); a flag of the same name overrides
+each key.
 
 exit codes: 0 every array holds its class; 1 some array does not (each is printed);
 2 unusable input (missing, truncated, corrupt or unsafe file, unknown class).

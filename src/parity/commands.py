@@ -4,9 +4,9 @@ that run producers.
 Thin layers over `parity.repin`, `parity.runner` (which checks through `parity.check`),
 `parity.bisect` and `parity.calibrate`, configured by `[tool.parity]` (`parity.config`);
 each key can be overridden by the flag of the same name (`--goldens`, `--producers`,
-`--src`, `--isa`, `--devices`). Exit codes as every parity command: 0 pass, 1 some key
-breaks its class, 2 a usage or input error, printed as one `parity: error: ...` line by
-`parity.cli.main`.
+`--src`, `--isa`, `--devices`, `--processes`). Exit codes as every parity command: 0 pass,
+1 some key breaks its class, 2 a usage or input error, printed as one `parity: error: ...`
+line by `parity.cli.main`.
 
 Importing this module imports neither jax nor h5py; each command imports what it needs.
 """
@@ -93,7 +93,8 @@ def _override_flag(p: argparse.ArgumentParser) -> None:
 
 
 def add_parsers(sub: Any) -> None:
-    """Add the `repin`, `check` and `bisect` subcommands to `sub` (argparse subparsers)."""
+    """Add the `repin`, `check`, `bisect` and `calibrate` subcommands to `sub` (argparse
+    subparsers)."""
     fmt = argparse.RawDescriptionHelpFormatter
     repin = sub.add_parser(
         "repin",

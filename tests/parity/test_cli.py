@@ -312,6 +312,22 @@ def test_help_explains_commands_and_exit_codes() -> None:
     assert _parity().returncode == 2  # no command: argparse's usage error
 
 
+def test_help_lists_every_subcommand_and_every_tool_parity_key() -> None:
+    import argparse
+
+    from parity.cli import build_parser
+    from parity.config import KEYS
+
+    sub = next(a for a in build_parser()._actions if isinstance(a, argparse._SubParsersAction))
+    text = _parity("--help").stdout
+    overview = text.split("positional arguments:")[0]
+    for name in sub.choices:
+        assert f"  parity {name}" in overview, (name, overview)
+    listing = " ".join(overview.split("[tool.parity]", 1)[1].split(";")[0].split())
+    for key in KEYS:
+        assert key in listing, (key, listing)
+
+
 def test_the_cli_does_not_import_jax(tmp_path: Path, golden: Path) -> None:
     actual = _write(tmp_path / "actual.h5", _arrays())
     script = (
