@@ -55,11 +55,13 @@ __all__ = [
     "CheckError",
     "CheckResult",
     "GoldenDir",
+    "bind_calibrated",
     "check_group",
     "check_live",
     "class_resolver",
     "drift_registry",
     "save_arrays",
+    "unbound",
 ]
 
 #: The class of a key that no level of the precedence covers.
@@ -393,7 +395,7 @@ def check_group(
     if isinstance(calibration, dict) and calibration.get("summary"):
         header["calibration"] = str(cast(dict[str, Any], calibration)["summary"])
     spreads = Spreads.of(gf.provenance)
-    resolve = _bind_calibrated(
+    resolve = bind_calibrated(
         class_resolver(overrides=overrides, class_map=class_map, pinned=pinned, recorded=recorded),
         spreads,
         group,
@@ -414,7 +416,7 @@ def check_group(
         comparison, env_header = _judge_environment(
             comparison, flat_a, gf, spreads, differences(gf.provenance, current), registry
         )
-        comparison = Comparison(tuple(_unbound(f) for f in comparison.findings))
+        comparison = Comparison(tuple(unbound(f) for f in comparison.findings))
     except GoldenStoreError as e:
         raise CheckError(f"golden group {group!r} is unusable: {e}") from None
     header |= env_header
@@ -448,7 +450,7 @@ def calibrate_command(group: str) -> str:
     return f"parity calibrate --groups {group} --perturb isa,devices,processes,repeat --write"
 
 
-def _bind_calibrated(
+def bind_calibrated(
     resolve: Callable[[str], str], spreads: Spreads, group: str, path: Path
 ) -> Callable[[str], str]:
     """`resolve`, with each key under the `calibrated` class given its recorded spread
@@ -473,7 +475,7 @@ def _bind_calibrated(
     return bound
 
 
-def _unbound(f: Finding) -> Finding:
+def unbound(f: Finding) -> Finding:
     """The finding under its class's name without the per-key `spread` the check bound
     (reports group findings by class name: one row for `calibrated`, not one per key);
     what the key was allowed stays in `allowed` and `bound`."""
