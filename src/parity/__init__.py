@@ -12,6 +12,10 @@ h5py, matplotlib or rich: the public names load their module on first use.
 import importlib
 from typing import TYPE_CHECKING, Any
 
+#: This package's version, for a source tree run without installing it (`parity --version`
+#: prefers the installed distribution's); kept equal to pyproject.toml's by a test.
+__version__ = "0.1.0"
+
 if TYPE_CHECKING:
     from parity.assertions import assert_equivalent
     from parity.check import CheckError, CheckResult, GoldenDir, check_group, check_live

@@ -64,6 +64,7 @@ __all__ = [
     "main",
     "parse_override",
     "run_diff",
+    "version",
 ]
 
 #: Every array holds its class.
@@ -544,6 +545,19 @@ class `parity diff` would check it under, forward order) without loading the dat
 """
 
 
+def version() -> str:
+    """The installed distribution's version (`parity-decomp`), else the package's own
+    (`parity.__version__`, a source tree on the path without an install)."""
+    from importlib import metadata
+
+    try:
+        return metadata.version("parity-decomp")
+    except metadata.PackageNotFoundError:
+        import parity
+
+        return parity.__version__
+
+
 def build_parser() -> argparse.ArgumentParser:
     """The argument parser of `python -m parity`.
 
@@ -555,6 +569,7 @@ def build_parser() -> argparse.ArgumentParser:
         description=_DESCRIPTION,
         formatter_class=argparse.RawDescriptionHelpFormatter,
     )
+    parser.add_argument("--version", action="version", version=f"%(prog)s {version()}")
     sub = parser.add_subparsers(dest="command", metavar="COMMAND", required=True)
 
     diff = sub.add_parser(

@@ -328,6 +328,20 @@ def test_help_lists_every_subcommand_and_every_tool_parity_key() -> None:
         assert key in listing, (key, listing)
 
 
+def test_version_is_the_installed_distribution_s_and_the_package_agrees() -> None:
+    import tomllib
+    from importlib import metadata
+
+    import parity
+
+    proc = _parity("--version")
+    assert proc.returncode == 0, proc.stderr
+    assert proc.stdout.strip() == f"parity {metadata.version('parity-decomp')}"
+    # The fallback of an uninstalled source tree: kept equal to pyproject.toml's version.
+    pyproject = Path(__file__).parents[2] / "pyproject.toml"
+    assert parity.__version__ == tomllib.loads(pyproject.read_text())["project"]["version"]
+
+
 def test_the_cli_does_not_import_jax(tmp_path: Path, golden: Path) -> None:
     actual = _write(tmp_path / "actual.h5", _arrays())
     script = (
