@@ -162,7 +162,9 @@ def _error(where: str, key: str, expected: str, value: Any) -> ConfigError:
     return ConfigError(f"{where}: {key} must be {expected}, got {value!r}")
 
 
-def _parse(table: Mapping[str, Any], *, base: Path, where: str) -> dict[str, Any]:
+def _parse(
+    table: Mapping[str, Any], *, base: Path, where: str, toml: bool = False
+) -> dict[str, Any]:
     out: dict[str, Any] = {}
     for key, value in table.items():
         if key == "goldens":
@@ -187,10 +189,15 @@ def _parse(table: Mapping[str, Any], *, base: Path, where: str) -> dict[str, Any
                 raise _error(where, key, 'an ISA name such as "AVX2", or "none"', value)
             out[key] = None if value.lower() == "none" else value
         elif key in ("devices", "processes"):
-            if isinstance(value, str) and value.strip().isdigit():
+            # A string is a number only from Python callers of `with_overrides`; in TOML
+            # `devices = "2"` is a string the user did not mean, so it is an error.
+            if not toml and isinstance(value, str) and value.strip().isdigit():
                 value = int(value)
             if isinstance(value, bool) or not isinstance(value, int) or value < 1:
-                raise _error(where, key, f"a whole number of {key}, at least 1", value)
+                expected = f"a whole number of {key}, at least 1"
+                if toml:
+                    expected += f" (a TOML integer, without quotes: {key} = 2)"
+                raise _error(where, key, expected, value)
             out[key] = value
         else:
             raise ConfigError(
@@ -232,7 +239,7 @@ def load_config(
             raise ConfigError(f"{path}: [tool.parity] must be a table, got {raw!r}")
         table = raw
     where = f"{path} [tool.parity]" if path is not None else str(root)
-    values = _parse(table, base=root, where=where)
+    values = _parse(table, base=root, where=where, toml=True)
     if "src" not in values:
         values["src"] = ((root / "src") if (root / "src").is_dir() else root,)
     values.setdefault("goldens", root / "goldens")

@@ -77,6 +77,17 @@ def test_unknown_keys_and_wrong_types_name_the_file_and_key(tmp_path, table, nee
     assert "\n" not in str(info.value)
 
 
+@pytest.mark.parametrize("key", ["devices", "processes"])
+def test_a_quoted_number_is_a_wrong_type_not_a_number(tmp_path, key):
+    root = _project(tmp_path, f'[tool.parity]\n{key} = "2"\n')
+    with pytest.raises(ConfigError) as info:
+        load_config(root)
+    text = str(info.value)
+    assert str(root / "pyproject.toml") in text and "\n" not in text
+    assert f"{key} must be a whole number of {key}" in text and f"{key} = 2" in text, text
+    assert "'2'" in text
+
+
 def test_cli_reports_a_bad_table_in_one_line_and_exits_2(tmp_path):
     root = _project(tmp_path, "[tool.parity]\ncolour = 1\n")
     proc = subprocess.run(
