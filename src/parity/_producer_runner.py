@@ -1,8 +1,9 @@
 """Run a producers file against another checkout's code and save what it returns.
 
 Started by `parity.repin` in a subprocess, by path. The harness (`parity`) is the current
-tree's, imported first; the code under test comes from `--src` (the base commit's
-worktree); the producers file is the current tree's. Arrays go to `OUT/<group>.npz` with a
+tree's, imported first; the code under test comes from `--src` (the worktree of the
+commit tried, named by `--code` in messages, or the current tree); the producers file is
+the current tree's. Arrays go to `OUT/<group>.npz` with a
 manifest `OUT/<group>.json` (key order, dtype names; ml_dtypes are saved as same-width
 unsigned ints) and `provenance`: the environment of *this* process, collected right after the
 group ran (x64 mode and device count as jax saw them, the XLA flags it ran under), so a
@@ -45,12 +46,14 @@ def _log(msg: str) -> None:
     print(f"[producers] {msg}", file=sys.stderr, flush=True)
 
 
-def _missing_symbol(exc: BaseException, src: str) -> str | None:
+def _missing_symbol(exc: BaseException, src: str, code: str) -> str | None:
+    """What the code under test lacks, when `exc` says so: `code` names it (the commit
+    tried, the base commit of a repin, the current tree), `src` where it was imported."""
     if isinstance(exc, ImportError) and exc.name:
         what = f"module {exc.name!r}" if isinstance(exc, ModuleNotFoundError) else str(exc)
-        return f"the code at the base commit ({src}) lacks {what}, which the producers need"
+        return f"{code} ({src}) lacks {what}, which the producers need"
     if isinstance(exc, (ImportError, AttributeError)):
-        return f"the code at the base commit ({src}) lacks a symbol the producers need: {exc}"
+        return f"{code} ({src}) lacks a symbol the producers need: {exc}"
     return None
 
 
@@ -120,6 +123,11 @@ def main(argv: list[str] | None = None) -> int:
     )
     p.add_argument("--drop-path", action="append", default=[], help="sys.path entries to remove")
     p.add_argument("--producers", required=True)
+    p.add_argument(
+        "--code",
+        default="the code under test",
+        help="what --src holds, for messages (a commit, the current tree)",
+    )
     p.add_argument("--out", required=True)
     p.add_argument("--groups", default="", help="comma-separated subset of groups")
     p.add_argument(
@@ -155,7 +163,7 @@ def main(argv: list[str] | None = None) -> int:
         sys.modules["parity_producers"] = module
         spec.loader.exec_module(module)
     except Exception as exc:
-        msg = _missing_symbol(exc, args.src)
+        msg = _missing_symbol(exc, args.src, args.code)
         traceback.print_exc()
         if msg:
             _log(msg)
@@ -188,7 +196,7 @@ def main(argv: list[str] | None = None) -> int:
             arrays = flatten(groups[name](), to_array=host)
         except Exception as exc:
             traceback.print_exc()
-            msg = _missing_symbol(exc, args.src)
+            msg = _missing_symbol(exc, args.src, args.code)
             if msg:
                 _log(f"group {name!r}: {msg}")
                 return EXIT_MISSING_SYMBOL

@@ -157,7 +157,9 @@ def _evaluate(
 
     try:
         with temporary_worktree(root, sha) as wt:
-            produced = produce(wt, config, groups=groups, drop_paths=config.src)
+            produced = produce(
+                wt, config, groups=groups, drop_paths=config.src, code=f"commit {sha[:12]}"
+            )
     except ProducersFailed as e:
         return step("skip", f"cannot run the producers: {e.reason}")
     except GitError as e:

@@ -233,9 +233,12 @@ def run_producers(
     coordinator: str | None = None,
     process_id: int | None = None,
     class_map_only: bool = False,
+    code: str = "the code under test",
 ) -> str:
     """Run `producers` in a subprocess importing code from `code_root/src` (or, with
-    `src`, from each of these folders relative to `code_root`, first one first).
+    `src`, from each of these folders relative to `code_root`, first one first). `code`
+    names that code in messages (`"commit 1a2b3c4d5e6f"`): a symbol the producers need
+    and it lacks is reported as lacking there.
 
     With `processes` above 1, the producers run as that many workers of one JAX
     distributed run, `device_count` devices each (`parity.processes.run_workers`, which
@@ -252,7 +255,7 @@ def run_producers(
     flags = env["XLA_FLAGS"]
     roots = [code_root / r for r in src] if src else [code_root / "src"]
     cmd = [sys.executable, str(_RUNNER), "--parent-pid", str(os.getpid())]
-    cmd += ["--src", str(roots[0]), "--producers"]
+    cmd += ["--code", code, "--src", str(roots[0]), "--producers"]
     for extra in roots[1:]:
         cmd += ["--also-src", str(extra)]
     cmd += [str(producers), "--out", str(out)]
@@ -292,7 +295,7 @@ def run_producers(
     if rc != 0:
         output = "\n".join(tail)
         reason = (
-            "the base commit lacks a symbol the producers need"
+            f"{code} lacks a symbol the producers need"
             if rc == EXIT_MISSING_SYMBOL
             else f"the producers failed (exit {rc})"
         )
@@ -403,6 +406,7 @@ def _repin_locked(
             drop_paths=[root / r for r in src] if src else [root / "src"],
             progress=progress,
             src=src,
+            code=f"the base commit {sha[:12]}",
         )
         digest = digest_sources([producers])
         names = sorted(p.stem for p in Path(tmp).glob("*.json"))

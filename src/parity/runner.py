@@ -90,6 +90,7 @@ def produce(
     timeout: float | None = None,
     coordinator: str | None = None,
     process_id: int | None = None,
+    code: str = "the code under test",
 ) -> Produced:
     """Run the configured producers against `code_root` in a fresh process.
 
@@ -107,6 +108,7 @@ def produce(
     - `coordinator`, `process_id`: on a cluster, process 0's `HOST:PORT` and this host's
       process id: only this host's worker starts here (one process per host), and only
       process 0's host gets the outputs (the others get no groups).
+    - `code`: what `code_root` holds, for messages (`"commit 1a2b3c4d5e6f"`).
 
     With `config.processes` above 1 the producers run SPMD as the workers of one JAX
     distributed run, `config.devices` devices each, and process 0's outputs are loaded.
@@ -134,6 +136,7 @@ def produce(
                 timeout=timeout,
                 coordinator=coordinator,
                 process_id=process_id,
+                code=code,
             )
         except WorkerFailed as e:
             raise ProducersFailed(e.reason, e.output, e.tail) from None

@@ -94,3 +94,22 @@ def test_revisions_that_cannot_be_bisected_are_errors(monkeypatch, history):
         _run(monkeypatch, repo, [shas[7], shas[0]], {})
     with pytest.raises(BisectError, match="not a commit"):
         _run(monkeypatch, repo, ["no-such-rev", shas[0]], {})
+
+
+def test_a_commit_lacking_what_the_producers_need_is_named_in_the_skip(tmp_path, git):
+    # Real producers (numpy only): the commit tried lacks the module they import.
+    repo = tmp_path / "repo"
+    (repo / "src").mkdir(parents=True)
+    (repo / "producers.py").write_text(
+        "import numpy as np\nimport tinylib\n\nGROUPS = {'g': lambda: {'x': np.zeros(2)}}\n"
+    )
+    git(repo, "init", "-q", "-b", "main")
+    git(repo, "add", "-A")
+    git(repo, "commit", "-qm", "no tinylib yet")
+    sha = git(repo, "rev-parse", "HEAD")
+    config = ParityConfig(root=repo, producers=repo / "producers.py", src=(repo / "src",))
+    goldens = bisection.GoldenDir(tmp_path / "goldens")
+    step = bisection._evaluate(repo, sha, config, goldens, groups=(), overrides=(), role="step 1")
+    assert step.outcome == "skip"
+    assert f"commit {sha[:12]}" in step.detail and "base" not in step.detail, step.detail
+    assert "module 'tinylib'" in step.detail
