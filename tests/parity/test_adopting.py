@@ -146,13 +146,14 @@ def test_a_project_that_is_not_this_one_pins_checks_and_bisects(
     assert green.returncode == 0, green.stdout + green.stderr
     assert "parity: PASS (0 of 4 arrays fail)" in green.stdout
 
-    # The pytest plugin reads the same [tool.parity]: no options needed.
+    # The pytest plugin reads the same [tool.parity]: no options needed, and no PYTHONPATH
+    # (a user's shell has none): the plugin puts the src roots on sys.path itself.
     plugin = subprocess.run(
         [sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", "tests"],
         cwd=repo,
         capture_output=True,
         text=True,
-        env={**os.environ, "PYTHONPATH": os.pathsep.join([str(repo / "src"), *sys.path])},
+        env={k: v for k, v in os.environ.items() if k != "PYTHONPATH"},
         timeout=300,
     )
     assert plugin.returncode == 0, plugin.stdout + plugin.stderr
