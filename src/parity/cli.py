@@ -1,8 +1,8 @@
 """The command line: `python -m parity` (or the `parity` script).
 
 `repin`, `check`, `bisect` and `calibrate` (which run producers) live in
-`parity.commands`. `diff` and
-`show` are thin layers over `parity.store`, `parity.compare` and `parity.report`:
+`parity.commands`. `diff` and `show` are thin layers over `parity.store`, `parity.compare`
+and `parity.report`:
 
 - `parity diff ACTUAL GOLDEN [--class NAME] [--json FILE] [--html DIR]` compares every
   array of two HDF5 files (parity-written or plain h5py files) and prints the report table.
