@@ -546,12 +546,12 @@ class `parity diff` would check it under, forward order) without loading the dat
 
 
 def version() -> str:
-    """The installed distribution's version (`parity-decomp`), else the package's own
+    """The installed distribution's version (`parity-harness`), else the package's own
     (`parity.__version__`, a source tree on the path without an install)."""
     from importlib import metadata
 
     try:
-        return metadata.version("parity-decomp")
+        return metadata.version("parity-harness")
     except metadata.PackageNotFoundError:
         import parity
 

@@ -588,7 +588,8 @@ def write_html(
     except ImportError:
         w(
             '<p class="note">matplotlib is not installed, so this report has no plots; '
-            "install it (<code>pip install parity-decomp[plots]</code>) and rerun.</p>\n"
+            "install it (<code>pip install matplotlib</code>, the <code>plots</code> extra) "
+            "and rerun.</p>\n"
         )
     else:
         for i, (name, findings) in enumerate(comparison.by_class().items()):

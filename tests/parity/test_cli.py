@@ -336,7 +336,7 @@ def test_version_is_the_installed_distribution_s_and_the_package_agrees() -> Non
 
     proc = _parity("--version")
     assert proc.returncode == 0, proc.stderr
-    assert proc.stdout.strip() == f"parity {metadata.version('parity-decomp')}"
+    assert proc.stdout.strip() == f"parity {metadata.version('parity-harness')}"
     # The fallback of an uninstalled source tree: kept equal to pyproject.toml's version.
     pyproject = Path(__file__).parents[2] / "pyproject.toml"
     assert parity.__version__ == tomllib.loads(pyproject.read_text())["project"]["version"]
