@@ -20,6 +20,14 @@ handler (`KeyboardInterrupt` for SIGINT) exactly once, however many nudges were 
 signal that landed on the main thread in the first place is handled as usual and its
 nudge finds nothing to do.
 
+A process started with SIGINT ignored keeps ignoring it: a command run in the background
+(`cmd &`) of a non-interactive shell gets SIGINT set to ignore by the shell, its children
+inherit that, and CPython installs its `KeyboardInterrupt` handler only where SIGINT was not
+ignored at start. parity honours that (it is how `nohup` and background jobs are meant to
+behave); a test that sends SIGINT to a child it started must give the child the terminal's
+handler itself. The repin SIGINT test failed that way too, in fresh-clone CI runs started
+in the background: the repin never saw the signal and exited 0 after its producer's sleep.
+
 `deferred_signals` holds SIGINT and SIGTERM back during a cleanup (removing a worktree)
 and raises them again when it is done, where the old code ignored them: a second Ctrl-C
 can neither leave debris nor be lost.

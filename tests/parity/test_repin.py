@@ -287,7 +287,10 @@ def test_sigint_anywhere_leaves_old_goldens_no_worktree_and_no_process(
         )
     tmpdir = tmp_path / "tmp"
     tmpdir.mkdir()
-    prelude = f"import pathlib\nMARKER = {str(marker)!r}\n" + textwrap.dedent(_BYSTANDER)
+    # SIGINT raising KeyboardInterrupt, as in the user's terminal: a CI job started in the
+    # background of a non-interactive shell hands its children SIGINT ignored.
+    prelude = "import signal\nsignal.signal(signal.SIGINT, signal.default_int_handler)\n"
+    prelude += f"import pathlib\nMARKER = {str(marker)!r}\n" + textwrap.dedent(_BYSTANDER)
     prelude += textwrap.dedent(_PAUSES.get(where, ""))
     code = prelude + textwrap.dedent(
         f"""

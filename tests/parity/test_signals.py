@@ -16,7 +16,16 @@ from parity.signals import deferred_signals
 pytestmark = pytest.mark.skipif(os.uname().machine != "x86_64", reason="tgkill is x86-64's 234")
 
 
-def test_a_sigint_during_a_deferred_block_is_raised_after_it_once():
+@pytest.fixture
+def sigint_as_in_a_terminal():
+    """SIGINT raising KeyboardInterrupt, as in a terminal: a CI job started in the
+    background of a non-interactive shell inherits SIGINT ignored, which Python keeps."""
+    old = signal.signal(signal.SIGINT, signal.default_int_handler)
+    yield
+    signal.signal(signal.SIGINT, old)
+
+
+def test_a_sigint_during_a_deferred_block_is_raised_after_it_once(sigint_as_in_a_terminal):
     reached_end = False
     with pytest.raises(KeyboardInterrupt), deferred_signals():
         signal.raise_signal(signal.SIGINT)
@@ -28,6 +37,7 @@ def test_a_sigint_during_a_deferred_block_is_raised_after_it_once():
 
 _WAITER = """
     import ctypes, os, select, signal, sys, threading, time
+    signal.signal(signal.SIGINT, signal.default_int_handler)  # as in a terminal (see above)
     from parity.signals import signals_reach_main_thread
     {launcher}
     tid = []
@@ -67,6 +77,7 @@ def test_a_sigint_delivered_to_another_thread_interrupts_the_main_thread_at_once
 
 _LAUNCHER = """
     import ctypes, os, pathlib, signal, sys, threading, time
+    signal.signal(signal.SIGINT, signal.default_int_handler)  # as in a terminal (see above)
     from parity.processes import run_workers
     import numpy
     PIDS = pathlib.Path({pids!r})
