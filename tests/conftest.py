@@ -62,6 +62,29 @@ def run_parity() -> Callable[..., subprocess.CompletedProcess[str]]:
     return _run_parity
 
 
+def _pinned_project(
+    root: Path, producers: str, table: str = 'producers = "producers.py"\n'
+) -> Path:
+    repo = root / "proj"
+    repo.mkdir()
+    (repo / "producers.py").write_text(producers)
+    (repo / "pyproject.toml").write_text(f"[tool.parity]\n{table}")
+    _git(repo, "init", "-q", "-b", "main")
+    _git(repo, "add", "-A")
+    _git(repo, "commit", "-qm", "one")
+    pinned = _run_parity(repo, "repin", "--base", "HEAD")
+    assert pinned.returncode == 0, pinned.stdout + pinned.stderr
+    return repo
+
+
+@pytest.fixture(scope="session")
+def pinned_project() -> Callable[..., Path]:
+    """`pinned_project(root, producers_text, table=...)`: a git repository `root/proj` with
+    a producers file and a `[tool.parity]` table (its body `table`), goldens pinned at its
+    one commit."""
+    return _pinned_project
+
+
 def _checkout_snapshot(repo: Path) -> dict[str, str]:
     out = {}
     for p in sorted(repo.rglob("*")):

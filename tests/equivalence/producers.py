@@ -284,7 +284,9 @@ def step_inputs(model: Any, step: int) -> tuple[jax.Array, jax.Array]:
     return tokens(model.config.vocab_size, seed=10 + step), jax.random.key(100 + step)
 
 
-def trajectory(model: Any, spd: Any, mode: str, *, evidence: bool = False) -> dict[str, np.ndarray]:
+def trajectory(
+    model: Any, spd: Any, mode: str, *, evidence: bool = False, step: Any = None
+) -> dict[str, np.ndarray]:
     """`TRAIN_STEPS` SPD steps from `init_train_state(key=key(1))`: after each step, every
     V/U, the CI function's leaves, the persistent sources and every metric, keyed
     `traj.{mode}.step{i}.*`.
@@ -294,15 +296,23 @@ def trajectory(model: Any, spd: Any, mode: str, *, evidence: bool = False) -> di
     and `evidence.pgd_max_move_in_lr` (the largest change of any source over the step, in
     units of `pgd_lr`: one Adam step moves an element by at most `pgd_lr`, so a value above
     1 shows that more than one ascent step took effect).
+
+    `step(i, state, inputs, key) -> (state, metrics)` replaces the train step (a test's
+    perturbed step); default `make_train_step(model, spd)` for every step.
     """
     from decomp.train import init_train_state, make_train_step
 
     state = init_train_state(model, spd, key=jax.random.key(1), seq_len=SEQ)
-    step = make_train_step(model, spd, donate=False)
+    if step is None:
+        train_step = make_train_step(model, spd, donate=False)
+
+        def step(i: int, state: Any, inputs: Any, key: Any) -> Any:
+            return train_step(state, inputs, key)
+
     out: dict[str, np.ndarray] = {}
     for i in range(1, TRAIN_STEPS + 1):
         before = {s: np.asarray(v, np.float32) for s, v in state.sources.items()}
-        state, metrics = step(state, *step_inputs(model, i))
+        state, metrics = step(i, state, *step_inputs(model, i))
         prefix = f"traj.{mode}.step{i}"
         for site in model.site_names:
             out[f"{prefix}.components.{site}.V"] = np.asarray(state.components[site].V)

@@ -16,18 +16,14 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 from producers import (
-    SEQ,
-    TRAIN_STEPS,
-    _leaves,
     branches_setup,
-    step_inputs,
     train_group,
     trajectory,
 )
 
 import decomp.nn
 import decomp.train
-from decomp.train import TERMS, init_train_state, make_train_step
+from decomp.train import TERMS, make_train_step
 from parity.check import check_group
 
 pytestmark = pytest.mark.skipif(
@@ -130,26 +126,11 @@ def test_each_loss_term_scaled_by_1e_5_at_step_1_fails_train_branches(parity_gol
         return inner(state, inputs, key)
 
     def run(step1_scales: list[float]) -> dict[str, np.ndarray]:
-        state = init_train_state(model, spd, key=jax.random.key(1), seq_len=SEQ)
-        out: dict[str, np.ndarray] = {}
-        for i in range(1, TRAIN_STEPS + 1):
-            before = {s: np.asarray(v, np.float32) for s, v in state.sources.items()}
-            scales = jnp.asarray(step1_scales if i == 1 else [1.0] * len(TERMS), jnp.float32)
-            state, metrics = step(scales, state, *step_inputs(model, i))
-            prefix = f"traj.branches.step{i}"
-            for site in model.site_names:
-                out[f"{prefix}.components.{site}.V"] = np.asarray(state.components[site].V)
-                out[f"{prefix}.components.{site}.U"] = np.asarray(state.components[site].U)
-            out |= _leaves(f"{prefix}.ci", state.ci)
-            for site in model.site_names:
-                out[f"{prefix}.sources.{site}"] = np.asarray(state.sources[site])
-            for name in sorted(metrics):
-                out[f"{prefix}.metrics.{name}"] = np.asarray(metrics[name])
-            move = max(float(np.max(np.abs(np.asarray(state.sources[s], np.float32) - before[s])))
-                       for s in model.site_names)  # fmt: skip
-            out[f"{prefix}.evidence.grad_clip"] = np.float32(spd.grad_clip)
-            out[f"{prefix}.evidence.pgd_max_move_in_lr"] = np.float32(move / spd.pgd_lr)
-        return out
+        def scaled_step(i, state, inputs, key):
+            scales = step1_scales if i == 1 else [1.0] * len(TERMS)
+            return step(jnp.asarray(scales, jnp.float32), state, inputs, key)
+
+        return trajectory(model, spd, "branches", evidence=True, step=scaled_step)
 
     try:
         control = check_group(run([1.0] * len(TERMS)), "train_branches", goldens=parity_goldens)

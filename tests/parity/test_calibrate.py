@@ -69,17 +69,8 @@ def _expected_max_abs(noises: list[float], dtype: type) -> float:
 
 
 @pytest.fixture
-def project(tmp_path: Path, git, run_parity) -> Path:
-    repo = tmp_path / "proj"
-    repo.mkdir()
-    (repo / "producers.py").write_text(PRODUCERS)
-    (repo / "pyproject.toml").write_text('[tool.parity]\nproducers = "producers.py"\nsrc = "."\n')
-    git(repo, "init", "-q", "-b", "main")
-    git(repo, "add", "-A")
-    git(repo, "commit", "-qm", "one")
-    pinned = run_parity(repo, "repin", "--base", "HEAD")
-    assert pinned.returncode == 0, pinned.stdout + pinned.stderr
-    return repo
+def project(tmp_path: Path, pinned_project) -> Path:
+    return pinned_project(tmp_path, PRODUCERS, 'producers = "producers.py"\nsrc = "."\n')
 
 
 def test_perturbations_leave_the_baseline_out_and_refuse_what_the_host_lacks() -> None:

@@ -299,16 +299,9 @@ GROUPS = {"plain": lambda: {"x": np.arange(4, dtype=np.float32)}}
 
 
 def test_a_group_with_nothing_sharded_over_processes_says_so(
-    tmp_path: Path, git, run_parity
+    tmp_path: Path, run_parity, pinned_project
 ) -> None:
-    repo = tmp_path / "proj"
-    repo.mkdir()
-    (repo / "producers.py").write_text(NUMPY_PRODUCERS)
-    (repo / "pyproject.toml").write_text('[tool.parity]\nproducers = "producers.py"\n')
-    git(repo, "init", "-q", "-b", "main")
-    git(repo, "add", "-A")
-    git(repo, "commit", "-qm", "one")
-    assert run_parity(repo, "repin", "--base", "HEAD").returncode == 0
+    repo = pinned_project(tmp_path, NUMPY_PRODUCERS)
     proc = run_parity(repo, "check", "--processes", "2", "--devices", "1")
     assert proc.returncode == 0, proc.stdout + proc.stderr
     hint = [ln for ln in proc.stderr.splitlines() if "no array was sharded" in ln]
