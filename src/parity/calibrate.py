@@ -35,7 +35,7 @@ from typing import Any, Literal
 
 import numpy as np
 
-from parity.check import Overrides, class_resolver, pinned_class_map
+from parity.check import Overrides, class_resolver, pinned_class_map, with_spread
 from parity.compare import Finding, compare_arrays
 from parity.config import ParityConfig
 from parity.noise import Spreads
@@ -363,7 +363,7 @@ def measure(
         # before, against this measurement's own (its ratio is then 1/k by construction).
         pending = base == "calibrated" and "spread" not in params
         spread = recorded.envelope(key) if pending else None
-        tol = get_class(_with_spread(name, spread or 0.0) if pending else name, registry)
+        tol = get_class(with_spread(name, spread or 0.0) if pending else name, registry)
         scale = _scale(g)
         findings: list[tuple[str, Finding]] = []
         unmeasured: list[str] = []
@@ -377,7 +377,7 @@ def measure(
                 continue
             findings.append((label, f))
         if pending and spread is None and findings:
-            tol = get_class(_with_spread(name, max(f.max_abs or 0.0 for _, f in findings)),
+            tol = get_class(with_spread(name, max(f.max_abs or 0.0 for _, f in findings)),
                             registry)  # fmt: skip
             findings = [(label, compare_arrays(key, runs[label][key], g, tol))
                         for label, _ in findings]  # fmt: skip
@@ -408,12 +408,6 @@ def measure(
             )
         )
     return out
-
-
-def _with_spread(name: str, spread: float) -> str:
-    base, params = parse_class_name(name)
-    inner = ",".join([*(f"{p}={v}" for p, v in params.items()), f"spread={spread:.6g}"])
-    return f"{base}[{inner}]"
 
 
 def class_spreads(keys: Sequence[KeySpread]) -> list[ClassSpread]:

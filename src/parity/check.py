@@ -62,6 +62,7 @@ __all__ = [
     "drift_registry",
     "save_arrays",
     "unbound",
+    "with_spread",
 ]
 
 #: The class of a key that no level of the precedence covers.
@@ -469,10 +470,17 @@ def bind_calibrated(
                 f"records no calibration of it; measure and record it with "
                 f"`{calibrate_command(group)}`"
             )
-        inner = ",".join([*(f"{p}={v}" for p, v in params.items()), f"spread={spread:.6g}"])
-        return f"{base}[{inner}]"
+        return with_spread(name, spread)
 
     return bound
+
+
+def with_spread(name: str, spread: float) -> str:
+    """The class name `name` (`calibrated`, `calibrated[k=8]`) with the parameter
+    `spread` set: the name a key's bound spread is judged under."""
+    base, params = parse_class_name(name)
+    inner = ",".join([*(f"{p}={v}" for p, v in params.items()), f"spread={spread:.6g}"])
+    return f"{base}[{inner}]"
 
 
 def unbound(f: Finding) -> Finding:
@@ -523,9 +531,7 @@ def _judge_environment(
         if f.verdict != "fail" or spread is None or f.key not in flat_a:
             findings.append(f)
             continue
-        params = {**base.rule.params(), "spread": spread}
-        inner = ",".join(f"{p}={v:.6g}" for p, v in params.items() if v is not None)
-        tol = get_class(f"{CALIBRATED}[{inner}]", registry)
+        tol = get_class(with_spread(CALIBRATED, spread), registry)
         again = compare_arrays(f.key, flat_a[f.key], gf.source(f.key), tol, order=f.order)
         if again.passed:
             judged += 1
