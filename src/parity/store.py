@@ -1181,8 +1181,9 @@ def _read_block(dsid: h5d.DatasetID, block: Block, size: int, out: np.ndarray) -
 
 class _PlainSource:
     """A numeric dataset of a plain HDF5 file read block by block, in the dataset's own
-    dtype (as `GoldenFile[key]` loads it: no checksum, no logical dtype). Opened at the
-    first read and closed when a pass ends, as `_GoldenSource`."""
+    dtype (as `GoldenFile[key]` loads it: no checksum, no logical dtype). The dataset is
+    opened at the first read and closed when a pass ends, so that many sources (one per
+    key of a group) hold no HDF5 handles until they are read."""
 
     def __init__(self, gf: GoldenFile, info: ArrayInfo):
         self._gf, self._info = gf, info
@@ -1197,49 +1198,45 @@ class _PlainSource:
     def dtype(self) -> np.dtype:
         return self._info.dtype
 
+    def _dataset(self) -> h5d.DatasetID:
+        """The dataset, opened at the first read of a pass (inside `_reading`)."""
+        if self._dsid is None:
+            self._dsid = self._gf._open_dataset(self._info.key)
+            self._opened(self._dsid)
+        return self._dsid
+
+    def _opened(self, dsid: h5d.DatasetID) -> None:
+        """Called once when the dataset is opened."""
+
     def read(self, block: Block) -> np.ndarray:
         out = np.empty(block.counts, self._info.dtype)
         with self._gf._reading("reading its data", self._info.key):
-            if self._dsid is None:
-                self._dsid = self._gf._open_dataset(self._info.key)
-            _read_block(self._dsid, block, self._size, out)
+            _read_block(self._dataset(), block, self._size, out)
         return out.reshape(-1)
 
     def finish(self) -> None:
         self._dsid = None
 
 
-class _GoldenSource:
-    """One golden array read block by block, its sha256 computed over a full pass. The
-    dataset is opened at the first read and closed when a pass ends, so that many sources
-    (one per key of a group) hold no HDF5 handles until they are read."""
+class _GoldenSource(_PlainSource):
+    """One golden array read block by block (as `_PlainSource`), in its logical dtype, its
+    sha256 computed over a full pass and checked by `finish`."""
 
     def __init__(self, gf: GoldenFile, info: ArrayInfo):
-        self._gf, self._info = gf, info
-        self._dsid: h5d.DatasetID | None = None
+        super().__init__(gf, info)
         self._stored = _storage_type(info.dtype)[0]
-        self._size = math.prod(info.shape)
         self._hash: Any = None
         self._next = 0  # flat index the next in-order block must start at; -1: out of order
 
-    @property
-    def shape(self) -> tuple[int, ...]:
-        return self._info.shape
-
-    @property
-    def dtype(self) -> np.dtype:
-        return self._info.dtype
+    def _opened(self, dsid: h5d.DatasetID) -> None:
+        self._gf._check_indexed(self._info, dsid)
 
     def read(self, block: Block) -> np.ndarray:
         if block.start == 0:
             self._hash, self._next = hashlib.sha256(), 0
         stored = np.empty(block.counts, self._stored)
         with self._gf._reading("reading its data", self._info.key):
-            dsid = self._dsid
-            if dsid is None:
-                dsid = self._dsid = self._gf._open_dataset(self._info.key)
-                self._gf._check_indexed(self._info, dsid)
-            _read_block(dsid, block, self._size, stored)
+            _read_block(self._dataset(), block, self._size, stored)
         if self._next == block.start:
             self._hash.update(stored.reshape(-1).view(np.uint8).data)
             self._next += block.size
