@@ -355,6 +355,12 @@ def _bare_env() -> dict[str, str]:
     return env | {"JAX_PLATFORMS": "cpu"}
 
 
+def _pytest_bare(cwd: Path, *argv: str) -> subprocess.CompletedProcess[str]:
+    """`python -m pytest ARGV` in `cwd` with `_bare_env()`, as a user's shell runs it."""
+    return subprocess.run([sys.executable, "-m", "pytest", *argv], cwd=cwd, env=_bare_env(),
+                          capture_output=True, text=True, timeout=300)  # fmt: skip
+
+
 def test_the_plugin_puts_the_configured_src_roots_on_sys_path(tmp_path: Path) -> None:
     (tmp_path / "pyproject.toml").write_text(
         '[project]\nname = "mypkg"\n\n[tool.parity]\nsrc = "src"\n'
@@ -367,15 +373,7 @@ def test_the_plugin_puts_the_configured_src_roots_on_sys_path(tmp_path: Path) ->
     (tmp_path / "tests" / "test_mine.py").write_text(
         "import mypkg\n\n\ndef test_imports():\n    assert mypkg.ANSWER == 42\n"
     )
-    argv = ["-q", "-p", "no:cacheprovider", "--parity-cache", "none", "tests"]
-    done = subprocess.run(
-        [sys.executable, "-m", "pytest", *argv],
-        cwd=tmp_path,
-        env=_bare_env(),
-        capture_output=True,
-        text=True,
-        timeout=300,
-    )
+    done = _pytest_bare(tmp_path, "-q", "-p", "no:cacheprovider", "--parity-cache", "none", "tests")
     assert done.returncode == 0, done.stdout + done.stderr
     assert "1 passed" in done.stdout
 
@@ -391,14 +389,7 @@ def test_the_default_compile_cache_leaves_nothing_for_git_to_show(tmp_path: Path
     git(tmp_path, "init", "-q")
     git(tmp_path, "add", ".")
     git(tmp_path, "commit", "-qm", "a project")
-    done = subprocess.run(
-        [sys.executable, "-m", "pytest", "-q", "tests"],  # the default cache, pytest's own too
-        cwd=tmp_path,
-        env=_bare_env(),
-        capture_output=True,
-        text=True,
-        timeout=300,
-    )
+    done = _pytest_bare(tmp_path, "-q", "tests")  # the default cache, pytest's own too
     assert done.returncode == 0, done.stdout + done.stderr
     assert any((tmp_path / ".jax_cache").rglob("*-cache")), "the cache stayed empty"
     assert git(tmp_path, "status", "--porcelain", "--untracked-files=all") == ""
