@@ -380,7 +380,8 @@ def check_group(
     gf = folder.open(group)
     try:
         # Sources, not arrays: each is read in chunks when compared, checksum verified.
-        wanted = list(gf) if keys is None else [k for k in gf if k in set(keys)]
+        chosen = None if keys is None else set(keys)
+        wanted = [k for k in gf if chosen is None or k in chosen]
         golden_arrays = {k: gf.source(k) for k in wanted}
         recorded = {k: gf.info(k).class_name for k in wanted}
     except GoldenStoreError as e:
