@@ -33,6 +33,7 @@ import numpy as np
 from jax import Array
 
 from decomp import nn
+from decomp.stacked import SiteLayout, gather_rows
 
 #: Slope of the leaky parts of `ci_lower`'s backward and of `ci_upper` above 1. Small, so the
 #: leak barely moves the forward of `ci_upper` and only nudges gradients outside [0, 1].
@@ -375,6 +376,19 @@ def _check_taps(ci: CIFunction, taps: Mapping[str, Array]) -> tuple[int, int]:
     return bt
 
 
+def _pre_from_positions(ci: CIFunction, by_position: Sequence[Array], seq: int) -> list[Array]:
+    """The chunk transformer on `by_position[p] [n_chunks, b, t, d_in_p]` (the raw tap at
+    position `p` of every chunk): the pre-activations per position, `[n_chunks, b, t, C_p]`.
+    """
+    cfg = ci.config
+    # Each norm is one op for all chunks, then the positions are concatenated:
+    # [n_chunks, b, t, sum d_in].
+    h = jnp.concatenate([nn.rms_norm(x, None, cfg.eps) for x in by_position], axis=-1)
+    cos, sin = nn.rope_cos_sin(nn.rope_inv_freq(cfg.head_dim, cfg.rope_theta), seq)
+    pre = jax.vmap(lambda params, hc: _apply_chunk(cfg, params, hc, cos, sin))(ci._params(), h)
+    return jnp.split(pre, np.cumsum(ci.cs)[:-1].tolist(), axis=-1)
+
+
 def ci_pre_activations(ci: CIFunction, taps: Mapping[str, Array]) -> dict[str, Array]:
     """CI pre-activations of every site, all chunks under one vmap.
 
@@ -386,21 +400,38 @@ def ci_pre_activations(ci: CIFunction, taps: Mapping[str, Array]) -> dict[str, A
     **Returns:** `{site: [batch, seq, C]}`, in canonical order (returned from a jit, a dict
     comes back in sorted-key order, as any pytree dict does).
     """
-    cfg = ci.config
     _, seq = _check_taps(ci, taps)
-    # Stack position by position ([n_chunks, b, t, d_in_p]) so each norm is one op for all
-    # chunks, then concatenate the positions: [n_chunks, b, t, sum d_in].
-    h = jnp.concatenate(
-        [
-            nn.rms_norm(jnp.stack([taps[chunk[p]] for chunk in ci.chunks]), None, cfg.eps)
-            for p in range(len(ci.d_ins))
-        ],
-        axis=-1,
-    )
-    cos, sin = nn.rope_cos_sin(nn.rope_inv_freq(cfg.head_dim, cfg.rope_theta), seq)
-    pre = jax.vmap(lambda params, hc: _apply_chunk(cfg, params, hc, cos, sin))(ci._params(), h)
-    parts = jnp.split(pre, np.cumsum(ci.cs)[:-1].tolist(), axis=-1)
+    positions = [jnp.stack([taps[chunk[p]] for chunk in ci.chunks]) for p in range(len(ci.d_ins))]
+    parts = _pre_from_positions(ci, positions, seq)
     return {site: parts[p][j] for j, chunk in enumerate(ci.chunks) for p, site in enumerate(chunk)}
+
+
+def ci_pre_activations_by_kind(
+    ci: CIFunction, taps: Mapping[str, Array], layout: SiteLayout
+) -> dict[str, Array]:
+    """`ci_pre_activations` stacked per kind: `taps` is `{kind: [n_kind, batch, seq, d_in]}`
+    (row `l`: the input of the kind's `l`-th site) and so is the result, `{kind: [n_kind,
+    batch, seq, C]}`. The same numbers as the per-site form: the taps are only regrouped
+    (by chunk position, then back by kind), in a number of operations that does not grow
+    with the number of sites.
+    """
+    if sorted(layout.names) != sorted(ci.site_names):
+        raise ValueError("the layout's sites are not the CI function's sites")
+    where = layout.where()
+    for kind, sites in layout.kinds:
+        x = taps[kind]
+        if x.ndim != 4 or x.shape[0] != len(sites):
+            raise ValueError(
+                f"taps[{kind!r}] has shape {tuple(x.shape)}; expected "
+                f"[{len(sites)}, batch, seq, d_in]"
+            )
+    seq = next(iter(taps.values())).shape[2]
+    positions = [
+        gather_rows(taps, [where[chunk[p]] for chunk in ci.chunks]) for p in range(len(ci.d_ins))
+    ]
+    parts = dict(enumerate(_pre_from_positions(ci, positions, seq)))
+    slot = {site: (p, j) for j, chunk in enumerate(ci.chunks) for p, site in enumerate(chunk)}
+    return {kind: gather_rows(parts, [slot[s] for s in sites]) for kind, sites in layout.kinds}
 
 
 # --- importances ---------------------------------------------------------------------------
@@ -442,6 +473,18 @@ def ci_upper(x: Array) -> Array:
     **Returns:** `[...]`, at least 0.
     """
     return jnp.where(x < 0, 0.0, jnp.where(x > 1, 1 + LEAK * (x - 1), x)).astype(x.dtype)
+
+
+def causal_importances_by_kind(
+    ci: CIFunction, taps: Mapping[str, Array], layout: SiteLayout
+) -> tuple[dict[str, Array], dict[str, Array]]:
+    """`causal_importances` stacked per kind: `{kind: [n_kind, batch, seq, C]}` from taps
+    `{kind: [n_kind, batch, seq, d_in]}` (see `ci_pre_activations_by_kind`)."""
+    pre = ci_pre_activations_by_kind(ci, taps, layout)
+    return (
+        {k: ci_lower(x) for k, x in pre.items()},
+        {k: ci_upper(x) for k, x in pre.items()},
+    )
 
 
 def causal_importances(

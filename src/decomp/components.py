@@ -18,6 +18,8 @@ import jax.numpy as jnp
 import numpy as np
 from jax import Array
 
+from decomp.stacked import SiteLayout
+
 
 class SiteComponents(NamedTuple):
     """Components of one site: `V [d_in, C]`, `U [C, d_out]`."""
@@ -72,9 +74,37 @@ def init_components(
     return out
 
 
+def init_components_by_kind(
+    layout: SiteLayout, site_shapes: Mapping[str, tuple[int, int]], n_components: int, *, key: Array
+) -> dict[str, SiteComponents]:
+    """`init_components`, stacked per kind: `{kind: SiteComponents(V [n_kind, d_in, C],
+    U [n_kind, C, d_out])}`, bit-identical row by row to `init_components(site_shapes, ...)`.
+
+    Site number `i` in canonical order keeps its keys `2i` (V) and `2i + 1` (U) of the one
+    split; each kind draws its rows under one `vmap` (flat, then reshaped: the same bits,
+    and a batched draw over a flat shape compiles faster on XLA CPU).
+    """
+    if n_components < 1:
+        raise ValueError(f"the number of components C must be >= 1, got {n_components}")
+    keys = jax.random.split(key, 2 * len(layout.names))
+    out = {}
+    for kind, sites in layout.kinds:
+        d_in, d_out = site_shapes[sites[0]]
+        pos = layout.positions(kind)
+        c = n_components
+
+        def draw(k: Array, shape: tuple[int, int]) -> Array:
+            return jax.random.normal(k, (shape[0] * shape[1],), jnp.float32).reshape(shape)
+
+        v = jax.vmap(lambda k, s=(d_in, c): draw(k, s))(keys[2 * pos]) / np.sqrt(d_in)
+        u = jax.vmap(lambda k, s=(c, d_out): draw(k, s))(keys[2 * pos + 1]) / np.sqrt(c)
+        out[kind] = SiteComponents(v, u)
+    return out
+
+
 def weight_delta(w: Array, comp: SiteComponents) -> Array:
-    """`dW = W - (V @ U).T`, `[d_out, d_in]`."""
-    return w - (comp.V @ comp.U).T
+    """`dW = W - (V @ U).T`, `[..., d_out, d_in]` (leading axes: stacked sites)."""
+    return w - jnp.swapaxes(comp.V @ comp.U, -1, -2)
 
 
 def site_output(x: Array, w: Array, comp: SiteComponents, site_mask: SiteMask) -> Array:

@@ -11,11 +11,14 @@ Mask modes (every site at every position, no routing):
 | `rounded`     | `ci_lower > 0.5`              | 0                     |
 | `zero_masked` | 0                             | 0 (sites output 0)    |
 
-`u ~ U[0, 1)` per site as in training (`masks.stochastic_masks`), from two keys split off
-the step's key. Sequence targets report `kl/{mode}` (KL of clean against masked logits,
-averaged over positions) and `ce_diff/{mode}` (next-token cross-entropy of the masked
-logits minus that of the clean ones, plus `ce/clean`); the toys, whose outputs are not
-logits, report `mse/{mode}` and no cross-entropy.
+`u ~ U[0, 1)` per site as in training (`masks.stochastic_masks_by_kind`), from two keys
+split off the step's key. As in the train step, everything per site is stacked per kind on a
+leading layer axis (`decomp.stacked`); only the `l0/{site}` metrics are per site. The
+per-site step this replaced is `decomp.legacy.eval`. Sequence targets report `kl/{mode}`
+(KL of clean against masked logits, averaged over positions) and `ce_diff/{mode}`
+(next-token cross-entropy of the masked logits minus that of the clean ones, plus
+`ce/clean`); the toys, whose outputs are not logits, report `mse/{mode}` and no
+cross-entropy.
 """
 
 from __future__ import annotations
@@ -32,8 +35,9 @@ from jax.sharding import Mesh
 from decomp.components import SiteMask
 from decomp.config import SPDConfig
 from decomp.losses import kl_divergence, mse
-from decomp.masks import constant_masks, stochastic_masks
+from decomp.masks import constant_masks, stochastic_masks_by_kind
 from decomp.mesh import batch_sharding, check_batch, make_dp_mesh, replicate, replicated
+from decomp.stacked import SiteLayout
 from decomp.train import TrainState, frozen_forward, importances, is_sequence_target
 
 #: The masked runs, in the order the eval step computes them.
@@ -56,17 +60,19 @@ def next_token_ce(logits: Array, tokens: Array) -> Array:
 
 
 def mode_masks(
-    lower: Mapping[str, Array], *, key: Array
+    lower: Mapping[str, Array], layout: SiteLayout, *, key: Array
 ) -> tuple[Callable[[], dict[str, SiteMask]], ...]:
     """One mask builder per mode in `MODES`, all returning the same structure (mask and
     delta arrays, no routing), so that `lax.switch` can pick one inside a map.
 
     **Arguments:**
 
-    - `lower`: `{site: [..., C]}`, `ci_lower` in canonical order.
+    - `lower`: `{kind: [n_kind, ..., C]}`, `ci_lower` stacked per kind.
+    - `layout`: which sites each kind stacks.
     - `key`: the eval step's key (keyword-only); split into the stochastic and random keys.
 
-    **Returns:** builders, each `() -> {site: SiteMask(mask [..., C], delta [...])}`.
+    **Returns:** builders, each `() -> {kind: SiteMask(mask [n_kind, ..., C], delta
+    [n_kind, ...])}`.
     """
     k_stoch, k_random = jax.random.split(key)
 
@@ -83,12 +89,12 @@ def mode_masks(
         return constant_masks(lower, 1.0, 1.0)
 
     def stochastic() -> dict[str, SiteMask]:
-        return stochastic_masks(lower, key=k_stoch)
+        return stochastic_masks_by_kind(lower, layout, key=k_stoch)
 
     def random() -> dict[str, SiteMask]:
         # `ci = 0` turns the stochastic mask into the bare draw.
         zeros = {s: jnp.zeros_like(ci) for s, ci in lower.items()}
-        return zero_delta(stochastic_masks(zeros, key=k_random))
+        return zero_delta(stochastic_masks_by_kind(zeros, layout, key=k_random))
 
     def rounded() -> dict[str, SiteMask]:
         return {
@@ -114,8 +120,8 @@ def _eval_step(
     config: SPDConfig, model: Any, state: TrainState, inputs: Array, key: Array
 ) -> dict[str, Array]:
     clean, taps = frozen_forward(model, inputs)
-    lower, _ = importances(state.ci, taps)
-    builders = mode_masks(lower, key=key)
+    lower, _ = importances(state.ci, taps, state.layout)
+    builders = mode_masks(lower, state.layout, key=key)
     sequence = is_sequence_target(model)
 
     def run(i: Array) -> tuple[Array, Array]:
@@ -123,9 +129,9 @@ def _eval_step(
         # switch, so only the chosen builder runs.
         masks = jax.lax.switch(i, builders)
         if sequence:
-            out = model.masked_output(inputs, state.components, masks, remat=None)
+            out = model.masked_output_by_kind(inputs, state.components, masks, remat=None)
             return kl_divergence(clean, out), next_token_ce(out, inputs)
-        out = model.masked_output(inputs, state.components, masks)
+        out = model.masked_output_by_kind(inputs, state.components, masks)
         return mse(clean, out), jnp.zeros((), jnp.float32)
 
     divs, ces = jax.lax.map(run, jnp.arange(len(MODES)))
@@ -139,12 +145,16 @@ def _eval_step(
     else:
         for i, mode in enumerate(MODES):
             metrics[f"mse/{mode}"] = divs[i]
-    l0 = {
-        s: jnp.mean(jnp.sum(ci > config.l0_threshold, axis=-1, dtype=jnp.float32))
-        for s, ci in lower.items()
+    per_kind = {
+        k: jnp.mean(
+            jnp.sum(ci > config.l0_threshold, axis=-1, dtype=jnp.float32),
+            axis=tuple(range(1, ci.ndim - 1)),
+        )
+        for k, ci in lower.items()
     }
-    metrics.update({f"l0/{s}": v for s, v in l0.items()})
-    metrics["l0/total"] = jnp.sum(jnp.stack(list(l0.values())))
+    l0 = state.layout.canonical(per_kind)
+    metrics.update({f"l0/{s}": l0[i] for i, s in enumerate(state.layout.names)})
+    metrics["l0/total"] = jnp.sum(l0)
     return metrics
 
 

@@ -1,9 +1,11 @@
-"""The four SPD loss terms, each a small pure function.
+"""The four SPD loss terms, each a small pure function, on per-site data stacked per kind.
 
-`MaskedForward(components, masks) -> output` is the target's masked forward with the
-inputs bound; `divergence(clean, masked) -> scalar` compares outputs per position and
-averages (`kl_divergence` for logits, `mse` for the toys' real-valued outputs). See
-docs/design.md, "The subject: SPD training".
+Components, masks, causal importances and sources are `{kind: [n_kind, ...]}`
+(`decomp.stacked`); every loss runs a constant number of operations per kind, whatever the
+depth. `MaskedForward(components, masks) -> output` is the target's masked forward
+(`masked_output_by_kind`) with the inputs bound; `divergence(clean, masked) -> scalar`
+compares outputs per position and averages (`kl_divergence` for logits, `mse` for the
+toys' real-valued outputs). See docs/design.md, "The subject: SPD training".
 """
 
 from __future__ import annotations
@@ -17,7 +19,8 @@ import optax
 from jax import Array
 
 from decomp.components import SiteMask
-from decomp.masks import route_chunk, source_masks, stochastic_masks
+from decomp.masks import route_chunk_by_kind, source_masks, stochastic_masks_by_kind
+from decomp.stacked import SiteLayout, sum_in_order
 
 MaskedForward = Callable[[Any, Mapping[str, SiteMask]], Array]
 Divergence = Callable[[Array, Array], Array]
@@ -26,35 +29,50 @@ Divergence = Callable[[Array, Array], Array]
 IMPORTANCE_EPS = 1e-12
 
 
-def faithfulness_loss(weight_deltas: Mapping[str, Array]) -> Array:
+def faithfulness_loss(weight_deltas: Mapping[str, Array], layout: SiteLayout) -> Array:
     """`sum_sites ||dW||^2 / sum_sites numel(W)`.
+
+    Each site's sum is taken on its own and the sites are added in canonical order, one at
+    a time, as the per-site step added them: the value is bit-identical to it.
 
     **Arguments:**
 
-    - `weight_deltas`: `{site: dW [d_out, d_in]}`.
+    - `weight_deltas`: `{kind: dW [n_kind, d_out, d_in]}`.
+    - `layout`: which sites each kind stacks.
 
     **Returns:** fp32 scalar.
     """
-    total = sum(jnp.sum(jnp.square(dw.astype(jnp.float32))) for dw in weight_deltas.values())
+    per_site = {
+        k: jnp.sum(jnp.square(dw.astype(jnp.float32)), axis=(-2, -1))
+        for k, dw in weight_deltas.items()
+    }
     count = sum(dw.size for dw in weight_deltas.values())
-    return jnp.asarray(total, jnp.float32) / count
+    return sum_in_order(layout.canonical(per_site)) / count
 
 
 def importance_minimality_loss(
-    ci_upper: Mapping[str, Array], p: Array | float, *, eps: float = IMPORTANCE_EPS
+    ci_upper: Mapping[str, Array],
+    p: Array | float,
+    layout: SiteLayout,
+    *,
+    eps: float = IMPORTANCE_EPS,
 ) -> Array:
     """`sum_sites sum_c (ci_upper + eps)^p`, averaged over positions.
 
     **Arguments:**
 
-    - `ci_upper`: `{site: [..., C]}`, non-negative.
+    - `ci_upper`: `{kind: [n_kind, ..., C]}`, non-negative.
     - `p`: the exponent (annealed by the caller).
+    - `layout`: which sites each kind stacks (the sites are summed in canonical order).
     - `eps`: keeps the gradient finite at 0 for `p < 1`.
 
     **Returns:** fp32 scalar.
     """
-    terms = [jnp.mean(jnp.sum((ci + eps) ** p, axis=-1)) for ci in ci_upper.values()]
-    return jnp.sum(jnp.stack(terms))
+    per_site = {
+        k: jnp.mean(jnp.sum((ci + eps) ** p, axis=-1), axis=tuple(range(1, ci.ndim - 1)))
+        for k, ci in ci_upper.items()
+    }
+    return jnp.sum(layout.canonical(per_site))
 
 
 def kl_divergence(clean_logits: Array, masked_logits: Array) -> Array:
@@ -81,6 +99,7 @@ def stochastic_recon_loss(
     components: Any,
     clean: Array,
     ci_lower: Mapping[str, Array],
+    layout: SiteLayout,
     chunks: Sequence[Sequence[str]],
     *,
     key: Array,
@@ -90,7 +109,7 @@ def stochastic_recon_loss(
     """Stochastic reconstruction: the divergence of masked from clean outputs, averaged over
     `n_mask_samples` mask draws, over the reconstruction chunks and over positions.
 
-    Draw `d` takes its masks from `stochastic_masks(key=fold_in(k_mask, d))`; chunk `c` of
+    Draw `d` takes its masks from `stochastic_masks_by_kind(key=fold_in(k_mask, d))`; chunk `c` of
     draw `d` routes its sites with `fold_in(fold_in(k_route, d), c)` (uniform-k subsets) and
     runs every other site plain, where `k_mask, k_route = split(key)`. The (draw, chunk)
     pairs are walked by one `lax.map`: one masked forward in the graph and one live at a
@@ -101,7 +120,8 @@ def stochastic_recon_loss(
     - `forward`: the masked forward with the inputs bound.
     - `components`: passed to `forward`.
     - `clean`: the clean output (logits `[batch, seq, vocab]`).
-    - `ci_lower`: `{site: [..., C]}` for every site, canonical order.
+    - `ci_lower`: `{kind: [n_kind, ..., C]}`.
+    - `layout`: which sites each kind stacks.
     - `chunks`: from `masks.recon_chunks`.
     - `key`, `n_mask_samples`, `divergence`: keyword-only.
 
@@ -114,9 +134,9 @@ def stochastic_recon_loss(
         # One flat map over (draw, chunk) pairs: a draw's masks are recomputed per chunk
         # (cheap, and bit-identical), which saves a level of scan nesting under the grad.
         d, c = r // n_chunks, r % n_chunks
-        masks = stochastic_masks(ci_lower, key=jax.random.fold_in(k_mask, d))
+        masks = stochastic_masks_by_kind(ci_lower, layout, key=jax.random.fold_in(k_mask, d))
         route_key = jax.random.fold_in(jax.random.fold_in(k_route, d), c)
-        routed = route_chunk(masks, chunks, c, key=route_key)
+        routed = route_chunk_by_kind(masks, layout, chunks, c, key=route_key)
         return divergence(clean, forward(components, routed))
 
     n_runs = n_mask_samples * n_chunks
@@ -146,7 +166,7 @@ def pgd_ascend(
     **Arguments:**
 
     - `forward`, `components`, `clean`, `ci_lower`: as for `stochastic_recon_loss`.
-    - `sources`: `{site: [1, ..., C + 1]}` in `[0, 1]`, any float dtype.
+    - `sources`: `{kind: [n_kind, 1, ..., C + 1]}` in `[0, 1]`, any float dtype.
     - `steps`, `lr`, `divergence`: keyword-only.
 
     **Returns:** the ascended sources, fp32, same shapes.
@@ -192,7 +212,7 @@ def pgd_recon_loss(
 
     **Arguments:** as for `pgd_ascend`.
 
-    **Returns:** `(fp32 scalar, ascended sources {site: [1, ..., C + 1]} in fp32)`.
+    **Returns:** `(fp32 scalar, ascended sources, as given, in fp32)`.
     """
     src = pgd_ascend(
         forward, components, clean, ci_lower, sources, steps=steps, lr=lr, divergence=divergence

@@ -13,9 +13,11 @@ from collections.abc import Mapping, Sequence
 
 import jax
 import jax.numpy as jnp
+import numpy as np
 from jax import Array
 
 from decomp.components import SiteMask
+from decomp.stacked import SiteLayout
 
 
 def mask_from_draw(ci: Array, u: Array) -> SiteMask:
@@ -68,6 +70,24 @@ def stochastic_masks(ci_lower: Mapping[str, Array], *, key: Array) -> dict[str, 
     return {name: out[name] for name in names}
 
 
+def stochastic_masks_by_kind(
+    ci_lower: Mapping[str, Array], layout: SiteLayout, *, key: Array
+) -> dict[str, SiteMask]:
+    """`stochastic_masks` stacked per kind: `ci_lower` is `{kind: [n_kind, ..., C]}` and row
+    `l` of a kind draws from `fold_in(key, i)`, `i` the canonical position of the kind's
+    `l`-th site: bit-identical, row by row, to the per-site masks. One vmapped draw per kind.
+
+    **Returns:** `{kind: SiteMask(mask [n_kind, ..., C], delta [n_kind, ...])}`.
+    """
+    out = {}
+    for kind, ci in ci_lower.items():
+        shape = (*ci.shape[1:-1], ci.shape[-1] + 1)
+        keys = jax.vmap(lambda i: jax.random.fold_in(key, i))(jnp.asarray(layout.positions(kind)))
+        u = jax.vmap(lambda k, shape=shape: jax.random.uniform(k, shape, jnp.float32))(keys)
+        out[kind] = mask_from_draw(ci, u)
+    return out
+
+
 def source_masks(
     ci_lower: Mapping[str, Array], sources: Mapping[str, Array]
 ) -> dict[str, SiteMask]:
@@ -104,6 +124,34 @@ def recon_chunks(site_names: Sequence[str], sites_per_chunk: int) -> tuple[tuple
         )
     names = tuple(site_names)
     return tuple(names[i : i + sites_per_chunk] for i in range(0, n, sites_per_chunk))
+
+
+def route_chunk_by_kind(
+    masks: Mapping[str, SiteMask],
+    layout: SiteLayout,
+    chunks: Sequence[Sequence[str]],
+    chunk: Array | int,
+    *,
+    key: Array,
+) -> dict[str, SiteMask]:
+    """`route_chunk` stacked per kind: `masks` is `{kind: SiteMask(mask [n_kind, ..., C],
+    delta [n_kind, ...])}`; row `l` of a kind gets the routing its site gets from
+    `route_chunk` (the same draw, the same column of it), in two operations per kind.
+
+    **Returns:** `{kind: SiteMask(mask, delta, routing [n_kind, ...])}`.
+    """
+    chunk_of = {name: (c, j) for c, sites in enumerate(chunks) for j, name in enumerate(sites)}
+    first = next(iter(masks.values()))
+    positions = first.mask.shape[1:-1]
+    routed = uniform_k_routing(key, positions, len(chunks[0]))
+    out = {}
+    for kind, m in masks.items():
+        rows = [chunk_of[s] for s in layout.sites(kind)]
+        in_chunk = jnp.asarray([c for c, _ in rows], jnp.int32) == jnp.asarray(chunk)
+        column = jnp.moveaxis(routed[..., np.asarray([j for _, j in rows])], -1, 0)
+        routing = jnp.logical_and(in_chunk.reshape((-1,) + (1,) * len(positions)), column)
+        out[kind] = m._replace(routing=routing)
+    return out
 
 
 def uniform_k_routing(key: Array, shape: tuple[int, ...], n_sites: int) -> Array:

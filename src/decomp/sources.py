@@ -27,6 +27,8 @@ import numpy as np
 from jax import Array
 from jax.sharding import NamedSharding, PartitionSpec, Sharding
 
+from decomp.stacked import SiteLayout
+
 #: The slicing jit donates the stacks so that XLA may reuse their buffers for the outputs.
 #: jax 0.10 only takes a donation when some output has the stack's element count (a group of
 #: one site); otherwise it drops the donation and warns. That is expected here, not a bug in
@@ -162,3 +164,36 @@ def init_sources(
         warnings.filterwarnings("ignore", message=_UNUSED_DONATION)
         outs = fan_out(stacks, **kw)
     return dict(zip(site_cs, outs, strict=True))
+
+
+def _stacked_draws(
+    key: Array, *, layout: SiteLayout, c: int, seq_len: int, dtype: np.dtype
+) -> dict[str, Array]:
+    keys = jax.random.split(key, len(layout.names))
+    return {
+        kind: jax.vmap(lambda k: _draw_site(k, c, seq_len, dtype))(keys[layout.positions(kind)])
+        for kind, _ in layout.kinds
+    }
+
+
+def init_sources_by_kind(
+    layout: SiteLayout,
+    n_components: int,
+    seq_len: int,
+    *,
+    key: Array,
+    dtype: Any = jnp.float32,
+    sharding: Sharding | None = None,
+) -> dict[str, Array]:
+    """Persistent sources stacked per kind, `{kind: [n_kind, 1, seq_len, C + 1]}`: row `l`
+    of a kind is bit-identical to `init_sources`' array of the kind's `l`-th site (site `i`
+    in canonical order keeps key `i` of the one split), from one jit with one vmapped draw
+    per kind.
+
+    **Arguments:** as for `init_sources`, with `layout` (`decomp.stacked.SiteLayout`) in place of
+    the per-site `C`s (every site has `n_components`); `sharding` places every stack.
+    """
+    dt = _check(dict.fromkeys(layout.names, n_components), seq_len, dtype)
+    kw: dict[str, Any] = {} if sharding is None else {"out_shardings": sharding}
+    draw = jax.jit(_stacked_draws, static_argnames=("layout", "c", "seq_len", "dtype"), **kw)
+    return draw(key, layout=layout, c=n_components, seq_len=seq_len, dtype=dt)

@@ -1,6 +1,6 @@
 """The SPD train step: one frozen forward, value-and-grad of the weighted loss, optax updates.
 
-    clean, taps   = model.clean_output_and_activations(inputs, sites)     # frozen
+    clean, taps   = model.clean_output_and_taps_by_kind(inputs)           # frozen
     lower, upper  = causal_importances(ci, taps)
     total         = fc * faithfulness(dW) + ic * importance(upper, p)
                   + sc * stochastic_recon(lower) + pc * pgd_recon(lower, sources)
@@ -10,6 +10,13 @@ step's persistent sources. Sequence targets (the GLU transformer: int tokens in,
 out) compare outputs by KL; the toys (float inputs `[batch, d]`, real outputs) by mean
 squared error, and their taps get a seq axis of 1 for the CI function. See docs/design.md,
 "The subject: SPD training".
+
+Inside the step, everything per site is stacked per site kind on a leading layer axis
+(`decomp.stacked`): components, optimizer states, sources, taps, masks, causal importances
+and weight deltas are `{kind: [n_kind, ...]}`, so the program holds a constant number of
+operations whatever the depth. `TrainState.site_components` and `TrainState.site_sources`
+are the per-site views. The per-site step this replaced is `decomp.legacy.train`, the live
+reference.
 """
 
 from __future__ import annotations
@@ -25,8 +32,8 @@ import optax
 from jax import Array
 from jax.sharding import Mesh
 
-from decomp.ci_function import CIFunction, causal_importances, init_ci_function
-from decomp.components import Components, SiteMask, init_components
+from decomp.ci_function import CIFunction, causal_importances_by_kind, init_ci_function
+from decomp.components import Components, SiteComponents, SiteMask, init_components_by_kind
 from decomp.config import SPDConfig
 from decomp.losses import (
     Divergence,
@@ -39,7 +46,8 @@ from decomp.losses import (
 )
 from decomp.masks import recon_chunks
 from decomp.mesh import batch_sharding, check_batch, make_dp_mesh, replicate, replicated
-from decomp.sources import init_sources
+from decomp.sources import init_sources_by_kind
+from decomp.stacked import SiteLayout, gather_rows, sum_in_order
 from decomp.targets.glu_transformer import GLUTransformer
 
 #: The loss terms, in the order metrics report them.
@@ -47,21 +55,32 @@ TERMS = ("faithfulness", "importance", "stochastic_recon", "pgd_recon")
 
 
 class TrainState(eqx.Module):
-    """Everything a train step updates.
+    """Everything a train step updates, per-site data stacked per kind.
 
-    - `components`: `{site: SiteComponents(V [d_in, C], U [C, d_out])}`.
+    - `components`: `{kind: SiteComponents(V [n_kind, d_in, C], U [n_kind, C, d_out])}`.
     - `ci`: the CI function.
-    - `opt_state_components`, `opt_state_ci`: optax states.
-    - `sources`: `{site: [1, seq, C + 1]}` in `SPDConfig.sources_dtype` (toys: seq 1).
+    - `opt_state_components`, `opt_state_ci`: optax states (of the stacked components).
+    - `sources`: `{kind: [n_kind, 1, seq, C + 1]}` in `SPDConfig.sources_dtype` (toys:
+      seq 1).
     - `step`: int32 scalar, the number of steps taken.
+    - `layout` (static): which sites each kind stacks.
     """
 
-    components: Components
+    components: dict[str, SiteComponents]
     ci: CIFunction
     opt_state_components: Any
     opt_state_ci: Any
     sources: dict[str, Array]
     step: Array
+    layout: SiteLayout = eqx.field(static=True)
+
+    def site_components(self) -> Components:
+        """`{site: SiteComponents(V [d_in, C], U [C, d_out])}` in canonical order."""
+        return self.layout.to_sites(self.components)
+
+    def site_sources(self) -> dict[str, Array]:
+        """`{site: [1, seq, C + 1]}` in canonical order."""
+        return self.layout.to_sites(self.sources)
 
 
 def is_sequence_target(model: Any) -> bool:
@@ -75,10 +94,43 @@ def output_divergence(model: Any) -> Divergence:
     return kl_divergence if is_sequence_target(model) else mse
 
 
-def component_optimizer(config: SPDConfig) -> optax.GradientTransformation:
-    """Global-norm clip at `grad_clip`, then AdamW."""
+def site_global_norm(components: Mapping[str, SiteComponents], layout: SiteLayout) -> Array:
+    """The global L2 norm of components stacked per kind, summed as `optax.tree.norm` sums
+    the per-site tree `{site: SiteComponents}`: each leaf (a site's V, then its U, sites in
+    sorted-name order, as a dict pytree orders them) squared and summed on its own, then
+    the leaves added one at a time. A constant number of operations per kind, and the same
+    bits as the per-site step's norm."""
+    where = layout.where()
+    fields = SiteComponents._fields
+    per_row = {
+        (kind, f): jnp.sum(jnp.square(x), axis=tuple(range(1, x.ndim)))
+        for kind, comp in components.items()
+        for f, x in zip(fields, comp, strict=True)
+    }
+    picks = [((where[s][0], f), where[s][1]) for s in sorted(layout.names) for f in fields]
+    return jnp.sqrt(sum_in_order(gather_rows(per_row, picks)))
+
+
+def clip_by_site_global_norm(max_norm: float, layout: SiteLayout) -> optax.GradientTransformation:
+    """`optax.clip_by_global_norm` for components stacked per kind, with the norm of
+    `site_global_norm`: the clip (and so every update) is bit-identical to the per-site
+    step's."""
+
+    def update(updates: Any, state: Any, params: Any = None) -> tuple[Any, Any]:
+        del params
+        g_norm = site_global_norm(updates, layout)
+        keep = g_norm < max_norm
+        return jax.tree.map(
+            lambda t: jax.lax.select(keep, t, (t / g_norm.astype(t.dtype)) * max_norm), updates
+        ), state
+
+    return optax.GradientTransformation(optax.init_empty_state, update)
+
+
+def component_optimizer(config: SPDConfig, layout: SiteLayout) -> optax.GradientTransformation:
+    """Global-norm clip at `grad_clip` (`clip_by_site_global_norm`), then AdamW."""
     return optax.chain(
-        optax.clip_by_global_norm(config.grad_clip),
+        clip_by_site_global_norm(config.grad_clip, layout),
         optax.adamw(config.lr_components, weight_decay=config.weight_decay),
     )
 
@@ -90,21 +142,25 @@ def ci_optimizer(config: SPDConfig) -> optax.GradientTransformation:
 
 @functools.lru_cache(maxsize=16)
 def _param_init(
-    config: SPDConfig, layout: tuple[tuple[str, tuple[int, int]], ...], mesh: Mesh
-) -> Callable[[Array, Array], tuple[Components, CIFunction, Any, Any]]:
+    config: SPDConfig,
+    layout: SiteLayout,
+    shapes: tuple[tuple[str, tuple[int, int]], ...],
+    mesh: Mesh,
+) -> Callable[[Array, Array], tuple[dict[str, SiteComponents], CIFunction, Any, Any]]:
     """One jitted program for every parameter and optimiser state (not one dispatch per
     site), replicated where it is made; cached, so a second state of the same structure
-    reuses the compiled program. `layout`: `((site, (d_in, d_out)), ...)` in canonical
+    reuses the compiled program. `shapes`: `((site, (d_in, d_out)), ...)` in canonical
     order."""
-    shapes = dict(layout)
-    names = tuple(shapes)
+    site_shapes = dict(shapes)
     c = config.n_components
-    dims = {s: (shapes[s][0], c) for s in names}
+    dims = {s: (site_shapes[s][0], c) for s in layout.names}
 
-    def init_params(k_comp: Array, k_ci: Array) -> tuple[Components, CIFunction, Any, Any]:
-        components = init_components(shapes, c, key=k_comp)
-        ci = init_ci_function(config.ci, names, dims, key=k_ci)
-        opt_comp = component_optimizer(config).init(components)
+    def init_params(
+        k_comp: Array, k_ci: Array
+    ) -> tuple[dict[str, SiteComponents], CIFunction, Any, Any]:
+        components = init_components_by_kind(layout, site_shapes, c, key=k_comp)
+        ci = init_ci_function(config.ci, layout.names, dims, key=k_ci)
+        opt_comp = component_optimizer(config, layout).init(components)
         return components, ci, opt_comp, ci_optimizer(config).init(cast(Any, ci))
 
     return jax.jit(init_params, out_shardings=replicated(mesh))
@@ -120,8 +176,9 @@ def init_train_state(
 ) -> TrainState:
     """Fresh components, CI function, optimiser states and sources, replicated on `mesh`.
 
-    `key` is split into three: components (`init_components`), CI function
-    (`init_ci_function`), sources (`init_sources`).
+    `key` is split into three: components (`init_components_by_kind`), CI function
+    (`init_ci_function`), sources (`init_sources_by_kind`): each bit-identical, site by
+    site, to the per-site init of `decomp.legacy.train`.
 
     **Arguments:**
 
@@ -149,14 +206,11 @@ def init_train_state(
     shapes = model.site_shapes()
     k_comp, k_ci, k_src = jax.random.split(key, 3)
     mesh = make_dp_mesh() if mesh is None else mesh
-    layout = tuple((s, shapes[s]) for s in names)
-    components, ci, opt_comp, opt_ci = _param_init(config, layout, mesh)(k_comp, k_ci)
-    sources = init_sources(
-        {s: c for s in names},
-        t,
-        key=k_src,
-        dtype=config.sources_jnp_dtype,
-        sharding=replicated(mesh),
+    layout = SiteLayout.of(model)
+    init = _param_init(config, layout, tuple((s, shapes[s]) for s in names), mesh)
+    components, ci, opt_comp, opt_ci = init(k_comp, k_ci)
+    sources = init_sources_by_kind(
+        layout, c, t, key=k_src, dtype=config.sources_jnp_dtype, sharding=replicated(mesh)
     )
     state = TrainState(
         components=components,
@@ -165,6 +219,7 @@ def init_train_state(
         opt_state_ci=opt_ci,
         sources=sources,
         step=jnp.zeros((), jnp.int32),
+        layout=layout,
     )
     return replicate(state, mesh)
 
@@ -176,36 +231,44 @@ def _bind_forward(
     model: Any, inputs: Array, config: SPDConfig
 ) -> Callable[[Any, Mapping[str, SiteMask]], Array]:
     if is_sequence_target(model):
-        return lambda comps, masks: model.masked_output(inputs, comps, masks, remat=config.remat)
+        return lambda comps, masks: model.masked_output_by_kind(
+            inputs, comps, masks, remat=config.remat
+        )
     # The toys have no scan over blocks: nothing to checkpoint, `remat` does not apply.
-    return lambda comps, masks: model.masked_output(inputs, comps, masks)
+    return lambda comps, masks: model.masked_output_by_kind(inputs, comps, masks)
 
 
 def frozen_forward(model: Any, inputs: Array) -> tuple[Array, dict[str, Array]]:
-    """Clean output and every site-input tap from one forward, under `stop_gradient`."""
-    clean, taps = model.clean_output_and_activations(inputs, model.site_names)
+    """Clean output and every site's input, `{kind: [n_kind, ...]}`, from one forward,
+    under `stop_gradient`."""
+    clean, taps = model.clean_output_and_taps_by_kind(inputs)
     return jax.lax.stop_gradient((clean, taps))
 
 
 def importances(
-    ci: CIFunction, taps: Mapping[str, Array]
+    ci: CIFunction, taps: Mapping[str, Array], layout: SiteLayout
 ) -> tuple[dict[str, Array], dict[str, Array]]:
-    """`causal_importances` for taps with (`[b, t, d]`) or without (`[b, d]`) a seq axis;
-    the results have the taps' position shape: `{site: [b, t, C]}` or `{site: [b, C]}`."""
+    """`causal_importances_by_kind` for taps with (`[n, b, t, d]`) or without (`[n, b, d]`)
+    a seq axis; the results have the taps' position shape: `{kind: [n, b, t, C]}` or
+    `{kind: [n, b, C]}`."""
     first = next(iter(taps.values()))
-    if first.ndim == 3:
-        return causal_importances(ci, taps)
-    lower, upper = causal_importances(ci, {s: x[:, None] for s, x in taps.items()})
-    return {s: x[:, 0] for s, x in lower.items()}, {s: x[:, 0] for s, x in upper.items()}
+    if first.ndim == 4:
+        return causal_importances_by_kind(ci, taps, layout)
+    lower, upper = causal_importances_by_kind(
+        ci, {k: x[:, :, None] for k, x in taps.items()}, layout
+    )
+    return {k: x[:, :, 0] for k, x in lower.items()}, {k: x[:, :, 0] for k, x in upper.items()}
 
 
 def _check_sources(sources: Mapping[str, Array], ci_lower: Mapping[str, Array]) -> None:
-    for name, ci in ci_lower.items():
-        # `[1, seq, C + 1]` against `[batch, seq, C]`; toys: `[1, 1, C + 1]` against `[b, C]`.
-        want = (1, *ci.shape[1:-1], ci.shape[-1] + 1) if ci.ndim == 3 else (1, 1, ci.shape[-1] + 1)
-        if tuple(sources[name].shape) != want:
+    for kind, ci in ci_lower.items():
+        # `[n, 1, seq, C + 1]` against `[n, batch, seq, C]`; toys: `[n, 1, 1, C + 1]` against
+        # `[n, b, C]`.
+        n, c = ci.shape[0], ci.shape[-1]
+        want = (n, 1, *ci.shape[2:-1], c + 1) if ci.ndim == 4 else (n, 1, 1, c + 1)
+        if tuple(sources[kind].shape) != want:
             raise ValueError(
-                f"sources[{name!r}] has shape {tuple(sources[name].shape)}, expected {want} "
+                f"sources[{kind!r}] has shape {tuple(sources[kind].shape)}, expected {want} "
                 "(the sources' seq length must equal the inputs'; init the state with "
                 "seq_len equal to the training sequence length)"
             )
@@ -214,12 +277,13 @@ def _check_sources(sources: Mapping[str, Array], ci_lower: Mapping[str, Array]) 
 def spd_losses(
     model: Any,
     config: SPDConfig,
-    params: tuple[Components, CIFunction],
+    params: tuple[dict[str, SiteComponents], CIFunction],
     sources: Mapping[str, Array],
     clean: Array,
     taps: Mapping[str, Array],
     inputs: Array,
     p: Array,
+    layout: SiteLayout,
     *,
     key: Array,
 ) -> tuple[Array, tuple[dict[str, Array], dict[str, Array]]]:
@@ -228,38 +292,40 @@ def spd_losses(
     **Arguments:**
 
     - `model`, `config`: the target and the SPD configuration.
-    - `params`: `(components, ci)`, what the gradient is taken of.
-    - `sources`: `{site: [1, seq, C + 1]}`, any float dtype.
+    - `params`: `(components, ci)`, what the gradient is taken of; components per kind.
+    - `sources`: `{kind: [n_kind, 1, seq, C + 1]}`, any float dtype.
     - `clean`, `taps`: from `frozen_forward`.
     - `inputs`: the batch the masked forwards run on.
     - `p`: the importance exponent.
+    - `layout`: which sites each kind stacks.
     - `key`: the stochastic masks' key (keyword-only).
 
     **Returns:** `(total, (terms, new sources))`; terms in `TERMS`, fp32 scalars, a term of
-    weight 0 not computed and reported as 0; new sources `{site: [1, seq, C + 1]}` fp32
-    (the given ones when PGD is off).
+    weight 0 not computed and reported as 0; new sources `{kind: [n_kind, 1, seq, C + 1]}`
+    fp32 (the given ones when PGD is off).
     """
     components, ci = params
-    lower, upper = importances(ci, taps)
+    lower, upper = importances(ci, taps, layout)
     forward = _bind_forward(model, inputs, config)
     divergence = output_divergence(model)
     _check_sources(sources, lower)
-    seq = next(iter(lower.values())).ndim == 3
-    # Toys: the sources' seq axis of 1 is dropped so they broadcast over `[batch, C + 1]`.
-    src = {s: (v if seq else v[:, 0]) for s, v in sources.items()}
+    seq = next(iter(lower.values())).ndim == 4
+    # Toys: the sources' seq axis of 1 is dropped so they broadcast over `[n, batch, C + 1]`.
+    src = {k: (v if seq else v[:, :, 0]) for k, v in sources.items()}
     zero = jnp.zeros((), jnp.float32)
     terms: dict[str, Array] = dict.fromkeys(TERMS, zero)
-    new_src = {s: v.astype(jnp.float32) for s, v in src.items()}
+    new_src = {k: v.astype(jnp.float32) for k, v in src.items()}
     if config.faithfulness_coeff:
-        terms["faithfulness"] = faithfulness_loss(model.weight_deltas(components))
+        terms["faithfulness"] = faithfulness_loss(model.weight_deltas_by_kind(components), layout)
     if config.importance_coeff:
-        terms["importance"] = importance_minimality_loss(upper, p)
+        terms["importance"] = importance_minimality_loss(upper, p, layout)
     if config.stochastic_recon_coeff:
         terms["stochastic_recon"] = stochastic_recon_loss(
             forward,
             components,
             clean,
             lower,
+            layout,
             recon_chunks(model.site_names, config.recon_sites_per_chunk),
             key=key,
             n_mask_samples=config.n_mask_samples,
@@ -284,7 +350,7 @@ def spd_losses(
     }
     total = sum((coeffs[t] * terms[t] for t in TERMS if coeffs[t]), zero)
     if not seq:
-        new_src = {s: v[:, None] for s, v in new_src.items()}
+        new_src = {k: v[:, :, None] for k, v in new_src.items()}
     return total, (terms, new_src)
 
 
@@ -294,13 +360,15 @@ def _train_step(
     clean, taps = frozen_forward(model, inputs)
     p = config.p_at(state.step)
 
-    def loss_fn(params: tuple[Components, CIFunction]) -> tuple[Array, Any]:
-        return spd_losses(model, config, params, state.sources, clean, taps, inputs, p, key=key)
+    def loss_fn(params: tuple[dict[str, SiteComponents], CIFunction]) -> tuple[Array, Any]:
+        return spd_losses(
+            model, config, params, state.sources, clean, taps, inputs, p, state.layout, key=key
+        )
 
     (total, (terms, new_src)), (g_comp, g_ci) = jax.value_and_grad(loss_fn, has_aux=True)(
         (state.components, state.ci)
     )
-    upd_comp, opt_comp = component_optimizer(config).update(
+    upd_comp, opt_comp = component_optimizer(config, state.layout).update(
         g_comp, state.opt_state_components, state.components
     )
     # optax types its trees as arrays; components and the CI function are pytrees of them.
@@ -313,11 +381,12 @@ def _train_step(
         opt_state_ci=opt_ci,
         sources={s: v.astype(config.sources_jnp_dtype) for s, v in new_src.items()},
         step=state.step + 1,
+        layout=state.layout,
     )
     metrics = {
         "total": total,
         **terms,
-        "grad_norm_components": optax.tree.norm(g_comp),
+        "grad_norm_components": site_global_norm(g_comp, state.layout),
         "grad_norm_ci": optax.tree.norm(g_ci),
         "p": p,
     }

@@ -229,7 +229,7 @@ def test_training_lowers_the_loss_on_a_toy() -> None:
         if i:
             later_events += events
     assert later_events == [], later_events
-    for name, src in state.sources.items():
+    for name, src in state.site_sources().items():
         assert src.dtype == jnp.bfloat16 and src.shape == (1, 1, 9), (name, src.dtype, src.shape)
         assert float(jnp.min(src)) >= 0.0 and float(jnp.max(src)) <= 1.0, name
     start, end = np.mean(totals[:3]), np.mean(totals[-3:])

@@ -285,7 +285,13 @@ def step_inputs(model: Any, step: int) -> tuple[jax.Array, jax.Array]:
 
 
 def trajectory(
-    model: Any, spd: Any, mode: str, *, evidence: bool = False, step: Any = None
+    model: Any,
+    spd: Any,
+    mode: str,
+    *,
+    evidence: bool = False,
+    step: Any = None,
+    impl: ModuleType | None = None,
 ) -> dict[str, np.ndarray]:
     """`TRAIN_STEPS` SPD steps from `init_train_state(key=key(1))`: after each step, every
     V/U, the CI function's leaves, the persistent sources and every metric, keyed
@@ -298,33 +304,37 @@ def trajectory(
     1 shows that more than one ascent step took effect).
 
     `step(i, state, inputs, key) -> (state, metrics)` replaces the train step (a test's
-    perturbed step); default `make_train_step(model, spd)` for every step.
+    perturbed step); default `make_train_step(model, spd)` for every step. `impl` is the
+    module whose `init_train_state` and `make_train_step` run (default `decomp.train`;
+    `decomp.legacy.train` for the per-site reference).
     """
-    from decomp.train import init_train_state, make_train_step
+    if impl is None:
+        import decomp.train as impl
 
-    state = init_train_state(model, spd, key=jax.random.key(1), seq_len=SEQ)
+    state = impl.init_train_state(model, spd, key=jax.random.key(1), seq_len=SEQ)
     if step is None:
-        train_step = make_train_step(model, spd, donate=False)
+        train_step = impl.make_train_step(model, spd, donate=False)
 
         def step(i: int, state: Any, inputs: Any, key: Any) -> Any:
             return train_step(state, inputs, key)
 
     out: dict[str, np.ndarray] = {}
     for i in range(1, TRAIN_STEPS + 1):
-        before = {s: np.asarray(v, np.float32) for s, v in state.sources.items()}
+        before = {s: np.asarray(v, np.float32) for s, v in state.site_sources().items()}
         state, metrics = step(i, state, *step_inputs(model, i))
         prefix = f"traj.{mode}.step{i}"
+        components, sources = state.site_components(), state.site_sources()
         for site in model.site_names:
-            out[f"{prefix}.components.{site}.V"] = np.asarray(state.components[site].V)
-            out[f"{prefix}.components.{site}.U"] = np.asarray(state.components[site].U)
+            out[f"{prefix}.components.{site}.V"] = np.asarray(components[site].V)
+            out[f"{prefix}.components.{site}.U"] = np.asarray(components[site].U)
         out |= _leaves(f"{prefix}.ci", state.ci)
         for site in model.site_names:
-            out[f"{prefix}.sources.{site}"] = np.asarray(state.sources[site])
+            out[f"{prefix}.sources.{site}"] = np.asarray(sources[site])
         for name in sorted(metrics):
             out[f"{prefix}.metrics.{name}"] = np.asarray(metrics[name])
         if evidence:
             move = max(
-                float(np.max(np.abs(np.asarray(state.sources[s], np.float32) - before[s])))
+                float(np.max(np.abs(np.asarray(sources[s], np.float32) - before[s])))
                 for s in model.site_names
             )
             out[f"{prefix}.evidence.grad_clip"] = np.float32(spd.grad_clip)
@@ -400,14 +410,19 @@ def sources_group() -> dict[str, np.ndarray]:
     return {k: np.asarray(v) for k, v in sources_arrays().items()}
 
 
-def eval_group(spd: Any = None) -> dict[str, np.ndarray]:
+def eval_group(spd: Any = None, *, legacy: bool = False) -> dict[str, np.ndarray]:
     """Eval-step metrics of a freshly initialised decomposition on two batches (the train
     step is pinned by the trajectories; evaluating without it keeps this group cheap).
 
-    `spd` replaces the pinned configuration (the sensitivity sweep perturbs it).
+    `spd` replaces the pinned configuration (the sensitivity sweep perturbs it); `legacy`
+    runs the per-site reference (`decomp.legacy.train` and `decomp.legacy.eval`).
     """
-    from decomp.eval import make_eval_step
-    from decomp.train import init_train_state
+    if legacy:
+        from decomp.legacy.eval import make_eval_step
+        from decomp.legacy.train import init_train_state
+    else:
+        from decomp.eval import make_eval_step
+        from decomp.train import init_train_state
 
     model, pinned = _spd_setup("nothing")
     spd = pinned if spd is None else spd

@@ -8,11 +8,24 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 from jax.sharding import NamedSharding, PartitionSpec
-from producers import _init_glu, _leaves, dp_mesh, glu_config, tokens, wanted_sets
+from producers import (
+    SEQ,
+    _init_glu,
+    _leaves,
+    _spd_setup,
+    dp_mesh,
+    eval_group,
+    glu_config,
+    tokens,
+    trajectory,
+    wanted_sets,
+)
 
 from decomp import legacy
 from decomp.ci_function import CIConfig, init_ci_function
+from decomp.legacy import train as legacy_train
 from decomp.sources import init_sources
+from decomp.train import init_train_state
 
 
 @pytest.mark.parametrize("family", ["llama", "qwen3"])
@@ -81,3 +94,42 @@ def test_two_stage_sources_init_is_bit_identical_to_the_legacy_per_site_init(dty
     reference = {f"sources.{s}.shard{i}": np.asarray(sh.data)
                  for s in names for i, sh in enumerate(old[s].addressable_shards)}  # fmt: skip
     parity_check(actual, reference, name=f"live.sources_init.{dtype}", class_map="bitwise")
+
+
+# --- the train and eval steps, stacked per site kind, against the per-site steps ------------
+
+
+@pytest.mark.parametrize("remat", ["nothing", "dots"])
+def test_stacked_train_step_matches_the_legacy_per_site_step(remat, parity_check):
+    """Three steps of the train step stacked per site kind against the per-site step it
+    replaced (`decomp.legacy.train`), from the same init, on the pinned trajectory's inputs:
+    the initial state bitwise (every random stream keeps its per-site derivation), then every
+    component, CI leaf, source and metric under the class the trajectories' components are
+    pinned with."""
+    model, spd = _spd_setup(remat)
+    new = init_train_state(model, spd, key=jax.random.key(1), seq_len=SEQ)
+    old = legacy_train.init_train_state(model, spd, key=jax.random.key(1), seq_len=SEQ)
+
+    def initial(state):
+        out = {f"init.components.{s}.{f}": getattr(c, f)
+               for s, c in state.site_components().items() for f in ("V", "U")}  # fmt: skip
+        out |= {f"init.sources.{s}": v for s, v in state.site_sources().items()}
+        return out | _leaves("init.ci", state.ci)
+
+    parity_check(initial(new), initial(old), name=f"live.train_init.{remat}", class_map="bitwise")
+    mode = f"remat_{remat}"
+    parity_check(
+        trajectory(model, spd, mode),
+        trajectory(model, spd, mode, impl=legacy_train),
+        name=f"live.train_stacked_vs_per_site.{remat}",
+        class_map="trajectory",
+    )
+
+
+def test_stacked_eval_step_matches_the_legacy_per_site_step(parity_check):
+    parity_check(
+        eval_group(),
+        eval_group(legacy=True),
+        name="live.eval_stacked_vs_per_site",
+        class_map="eval_metric",
+    )

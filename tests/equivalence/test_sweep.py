@@ -215,11 +215,12 @@ def _traced_config(base: SPDConfig, values: Mapping[str, jax.Array]) -> SPDConfi
 def _trajectory_leaves(model, state, metrics, i: int, *, sources: bool = True) -> dict[str, Any]:
     prefix = f"traj.branches.step{i}"
     out = {}
+    components, site_sources = state.site_components(), state.site_sources()
     for site in model.site_names:
-        out[f"{prefix}.components.{site}.V"] = state.components[site].V
-        out[f"{prefix}.components.{site}.U"] = state.components[site].U
+        out[f"{prefix}.components.{site}.V"] = components[site].V
+        out[f"{prefix}.components.{site}.U"] = components[site].U
         if sources:
-            out[f"{prefix}.sources.{site}"] = state.sources[site]
+            out[f"{prefix}.sources.{site}"] = site_sources[site]
     for name in metrics:
         out[f"{prefix}.metrics.{name}"] = metrics[name]
     return out
@@ -295,9 +296,12 @@ def _step1_losses(model, config) -> dict[str, np.ndarray]:
         clean, taps = frozen_forward(model, x)
         params = (state.components, state.ci)
         p = config.p_at(state.step)
-        return spd_losses(model, config, params, state.sources, clean, taps, x, p, key=key)
+        return spd_losses(
+            model, config, params, state.sources, clean, taps, x, p, state.layout, key=key
+        )
 
     total, (terms, sources) = losses(state, x, key)
+    sources = state.layout.to_sites(sources)
     out = {"traj.branches.step1.metrics.total": np.asarray(total)}
     out |= {f"traj.branches.step1.metrics.{k}": np.asarray(v) for k, v in terms.items()}
     out |= {f"traj.branches.step1.sources.{s}": np.asarray(v) for s, v in sources.items()}

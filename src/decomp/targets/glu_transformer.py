@@ -401,7 +401,29 @@ class GLUTransformer(eqx.Module):
 
         **Returns:** logits `[batch, seq, vocab]`.
         """
-        site_xs = _stack_by_kind(self.config.n_layer, components, masks)
+        stacked = _stack_by_kind(self.config.n_layer, components, masks)
+        return self.masked_output_by_kind(
+            inputs,
+            {k: comp for k, (comp, _) in stacked.items()},
+            {k: mask for k, (_, mask) in stacked.items()},
+            remat=remat,
+        )
+
+    def masked_output_by_kind(
+        self,
+        inputs: Array,
+        components: Mapping[str, SiteComponents],
+        masks: Mapping[str, SiteMask],
+        *,
+        remat: Remat = None,
+    ) -> Array:
+        """`masked_output` with components and masks stacked per kind on the layer axis
+        (`{kind: SiteComponents(V [n_layer, d_in, C], U [n_layer, C, d_out])}`, `{kind:
+        SiteMask(mask [n_layer, batch, seq, C], ...)}`), as the scan consumes them."""
+        missing = [k for k in SITE_KINDS if k not in components or k not in masks]
+        if missing:
+            raise ValueError(f"components and masks need every site kind; missing {missing}")
+        site_xs = {k: (components[k], masks[k]) for k in SITE_KINDS}
 
         def site_apply(kind: str, w: Array, site_x: Any, x: Array) -> Array:
             comp, site_mask = site_x[kind]
@@ -413,11 +435,29 @@ class GLUTransformer(eqx.Module):
         assert logits is not None
         return logits
 
+    def clean_output_and_taps_by_kind(self, inputs: Array) -> tuple[Array, dict[str, Array]]:
+        """Clean logits and the input of every site, stacked per kind: `{kind: [n_layer,
+        batch, seq, d_in]}` (the scan's ys, which the per-site taps are rows of)."""
+        classes = tuple(c for c in TAP_CLASSES if c in KIND_CLASS.values())
+        x, ys = self._scan(self.embed[inputs], 0, None, classes, _plain_site, None, None)
+        return self._logits(x), {k: ys[KIND_CLASS[k]] for k in SITE_KINDS}
+
     def weight_deltas(self, components: Mapping[str, SiteComponents]) -> dict[str, Array]:
         """`{site: W - (V @ U).T}` for every site."""
         return {
             name: weight_delta(self.site_weight(name), components[name]) for name in self.site_names
         }
+
+    def weight_deltas_by_kind(self, components: Mapping[str, SiteComponents]) -> dict[str, Array]:
+        """`{kind: W - (V @ U).T}`, `[n_layer, d_out, d_in]`, from components stacked per
+        kind."""
+        return {k: weight_delta(self.layers[k], components[k]) for k in SITE_KINDS}
+
+    @property
+    def site_kinds(self) -> dict[str, tuple[str, ...]]:
+        """`{kind: its sites, layer ascending}` for the kinds `q`, `k`, ..., `down`."""
+        n = self.config.n_layer
+        return {k: tuple(site_name(i, k) for i in range(n)) for k in SITE_KINDS}
 
     def site_shapes(self) -> dict[str, tuple[int, int]]:
         """`{site: (d_in, d_out)}` in canonical order."""

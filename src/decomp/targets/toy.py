@@ -23,6 +23,7 @@ import numpy as np
 from jax import Array
 
 from decomp.components import SiteComponents, SiteMask, site_output, weight_delta
+from decomp.stacked import SiteLayout
 
 #: `site(name, x) -> y`: apply the weight of site `name` to its input `x` `[..., d_in]`.
 _Site = Callable[[str, Array], Array]
@@ -173,6 +174,38 @@ class _Toy(eqx.Module):
         """`{site: W - (V @ U).T}` for every site, each `[d_out, d_in]`."""
         return {
             name: weight_delta(self.site_weight(name), components[name]) for name in self.site_names
+        }
+
+    # --- stacked per kind (the train and eval steps' layout, `decomp.stacked`) ----------
+
+    @property
+    def site_kinds(self) -> dict[str, tuple[str, ...]]:
+        """`{kind: sites}`: by default every site is a kind of its own (the toys' sites
+        differ in shape); a toy with repeated layers groups them."""
+        return {name: (name,) for name in self.site_names}
+
+    def clean_output_and_taps_by_kind(self, inputs: Array) -> tuple[Array, dict[str, Array]]:
+        """Output and the input of every site, stacked per kind: `{kind: [n_kind, batch,
+        d_in]}`."""
+        out, acts = self._forward(inputs, self._plain)
+        return out, SiteLayout.of(self).from_sites(acts)
+
+    def masked_output_by_kind(
+        self,
+        inputs: Array,
+        components: Mapping[str, SiteComponents],
+        masks: Mapping[str, SiteMask],
+    ) -> Array:
+        """`masked_output` from components and masks stacked per kind (the toys have no
+        scan over layers: each site takes its row)."""
+        layout = SiteLayout.of(self)
+        return self.masked_output(inputs, layout.to_sites(components), layout.to_sites(masks))
+
+    def weight_deltas_by_kind(self, components: Mapping[str, SiteComponents]) -> dict[str, Array]:
+        """`{kind: W - (V @ U).T}`, `[n_kind, d_out, d_in]`."""
+        return {
+            kind: weight_delta(jnp.stack([self.site_weight(s) for s in sites]), components[kind])
+            for kind, sites in self.site_kinds.items()
         }
 
 
@@ -372,6 +405,12 @@ class ResidMLP(_Toy):
             for i in range(self.config.n_layers)
             for kind in ("mlp_in", "mlp_out")
         )
+
+    @property
+    def site_kinds(self) -> dict[str, tuple[str, ...]]:
+        """`mlp_in` and `mlp_out`, each with one site per layer."""
+        n = self.config.n_layers
+        return {k: tuple(f"layers.{i}.{k}" for i in range(n)) for k in ("mlp_in", "mlp_out")}
 
     def site_weight(self, name: str) -> Array:
         """`W_in[i]` for `layers.{i}.mlp_in`, `W_out[i]` for `layers.{i}.mlp_out`."""

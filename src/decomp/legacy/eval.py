@@ -1,0 +1,192 @@
+"""The per-site SPD eval step, as it was before the step was stacked per site kind
+(`decomp.eval`): the live reference of the new-vs-legacy differentials.
+
+Masked runs against the clean run, and L0 per site.
+
+Mask modes (every site at every position, no routing):
+
+| mode          | component mask `m`            | weight-delta mask `d` |
+|---------------|-------------------------------|-----------------------|
+| `ci_masked`   | `ci_lower`                    | 0                     |
+| `unmasked`    | 1                             | 1 (the original model)|
+| `stochastic`  | `ci + (1 - ci) * u`           | `u` (last channel)    |
+| `random`      | `u`                           | 0                     |
+| `rounded`     | `ci_lower > 0.5`              | 0                     |
+| `zero_masked` | 0                             | 0 (sites output 0)    |
+
+`u ~ U[0, 1)` per site as in training (`masks.stochastic_masks`), from two keys split off
+the step's key. Sequence targets report `kl/{mode}` (KL of clean against masked logits,
+averaged over positions) and `ce_diff/{mode}` (next-token cross-entropy of the masked
+logits minus that of the clean ones, plus `ce/clean`); the toys, whose outputs are not
+logits, report `mse/{mode}` and no cross-entropy.
+"""
+
+from __future__ import annotations
+
+import functools
+from collections.abc import Callable, Mapping
+from typing import Any
+
+import jax
+import jax.numpy as jnp
+from jax import Array
+from jax.sharding import Mesh
+
+from decomp.components import SiteMask
+from decomp.config import SPDConfig
+from decomp.legacy.losses import kl_divergence, mse
+from decomp.legacy.train import TrainState, frozen_forward, importances, is_sequence_target
+from decomp.masks import constant_masks, stochastic_masks
+from decomp.mesh import batch_sharding, check_batch, make_dp_mesh, replicate, replicated
+
+#: The masked runs, in the order the eval step computes them.
+MODES = ("ci_masked", "unmasked", "stochastic", "random", "rounded", "zero_masked")
+
+
+def next_token_ce(logits: Array, tokens: Array) -> Array:
+    """Mean cross-entropy of `logits[:, :-1]` against `tokens[:, 1:]`.
+
+    **Arguments:**
+
+    - `logits`: `[batch, seq, vocab]`.
+    - `tokens`: int `[batch, seq]`.
+
+    **Returns:** fp32 scalar.
+    """
+    log_q = jax.nn.log_softmax(logits[:, :-1].astype(jnp.float32), axis=-1)
+    picked = jnp.take_along_axis(log_q, tokens[:, 1:, None], axis=-1)[..., 0]
+    return -jnp.mean(picked)
+
+
+def mode_masks(
+    lower: Mapping[str, Array], *, key: Array
+) -> tuple[Callable[[], dict[str, SiteMask]], ...]:
+    """One mask builder per mode in `MODES`, all returning the same structure (mask and
+    delta arrays, no routing), so that `lax.switch` can pick one inside a map.
+
+    **Arguments:**
+
+    - `lower`: `{site: [..., C]}`, `ci_lower` in canonical order.
+    - `key`: the eval step's key (keyword-only); split into the stochastic and random keys.
+
+    **Returns:** builders, each `() -> {site: SiteMask(mask [..., C], delta [...])}`.
+    """
+    k_stoch, k_random = jax.random.split(key)
+
+    def zero_delta(masks: Mapping[str, SiteMask]) -> dict[str, SiteMask]:
+        return {
+            s: m._replace(delta=jnp.zeros(m.mask.shape[:-1], m.mask.dtype))
+            for s, m in masks.items()
+        }
+
+    def ci_masked() -> dict[str, SiteMask]:
+        return {s: SiteMask(ci, jnp.zeros(ci.shape[:-1], ci.dtype)) for s, ci in lower.items()}
+
+    def unmasked() -> dict[str, SiteMask]:
+        return constant_masks(lower, 1.0, 1.0)
+
+    def stochastic() -> dict[str, SiteMask]:
+        return stochastic_masks(lower, key=k_stoch)
+
+    def random() -> dict[str, SiteMask]:
+        # `ci = 0` turns the stochastic mask into the bare draw.
+        zeros = {s: jnp.zeros_like(ci) for s, ci in lower.items()}
+        return zero_delta(stochastic_masks(zeros, key=k_random))
+
+    def rounded() -> dict[str, SiteMask]:
+        return {
+            s: SiteMask((ci > 0.5).astype(ci.dtype), jnp.zeros(ci.shape[:-1], ci.dtype))
+            for s, ci in lower.items()
+        }
+
+    def zero_masked() -> dict[str, SiteMask]:
+        return constant_masks(lower, 0.0, 0.0)
+
+    builders = {
+        "ci_masked": ci_masked,
+        "unmasked": unmasked,
+        "stochastic": stochastic,
+        "random": random,
+        "rounded": rounded,
+        "zero_masked": zero_masked,
+    }
+    return tuple(builders[m] for m in MODES)
+
+
+def _eval_step(
+    config: SPDConfig, model: Any, state: TrainState, inputs: Array, key: Array
+) -> dict[str, Array]:
+    clean, taps = frozen_forward(model, inputs)
+    lower, _ = importances(state.ci, taps)
+    builders = mode_masks(lower, key=key)
+    sequence = is_sequence_target(model)
+
+    def run(i: Array) -> tuple[Array, Array]:
+        # One masked forward in the graph: the mode's masks are built inside the map by a
+        # switch, so only the chosen builder runs.
+        masks = jax.lax.switch(i, builders)
+        if sequence:
+            out = model.masked_output(inputs, state.components, masks, remat=None)
+            return kl_divergence(clean, out), next_token_ce(out, inputs)
+        out = model.masked_output(inputs, state.components, masks)
+        return mse(clean, out), jnp.zeros((), jnp.float32)
+
+    divs, ces = jax.lax.map(run, jnp.arange(len(MODES)))
+    metrics: dict[str, Array] = {}
+    if sequence:
+        ce_clean = next_token_ce(clean, inputs)
+        metrics["ce/clean"] = ce_clean
+        for i, mode in enumerate(MODES):
+            metrics[f"kl/{mode}"] = divs[i]
+            metrics[f"ce_diff/{mode}"] = ces[i] - ce_clean
+    else:
+        for i, mode in enumerate(MODES):
+            metrics[f"mse/{mode}"] = divs[i]
+    l0 = {
+        s: jnp.mean(jnp.sum(ci > config.l0_threshold, axis=-1, dtype=jnp.float32))
+        for s, ci in lower.items()
+    }
+    metrics.update({f"l0/{s}": v for s, v in l0.items()})
+    metrics["l0/total"] = jnp.sum(jnp.stack(list(l0.values())))
+    return metrics
+
+
+def make_eval_step(
+    model: Any, config: SPDConfig, *, mesh: Mesh | None = None
+) -> Callable[[TrainState, Array, Array], dict[str, Array]]:
+    """A jitted eval step, `eval_step(state, inputs, key) -> metrics`.
+
+    Sharded as the train step: model and state replicated, inputs on `dp`.
+
+    **Arguments:**
+
+    - `model`: the target.
+    - `config`: the SPD configuration (`l0_threshold`).
+    - `mesh`: the data-parallel mesh (default: every visible device).
+
+    **Returns:** the step; metrics are a flat dict of fp32 scalars: `kl/{mode}`,
+    `ce_diff/{mode}` and `ce/clean` (sequence targets) or `mse/{mode}` (toys), for each
+    mode in `MODES`; `l0/{site}` (mean number of components with `ci_lower >
+    l0_threshold` per position) and `l0/total`.
+    """
+    config.check_sites(model.site_names)
+    mesh = make_dp_mesh() if mesh is None else mesh
+    rep = replicated(mesh)
+    model = replicate(model, mesh)
+    jitted = jax.jit(
+        functools.partial(_eval_step, config),
+        in_shardings=(rep, rep, batch_sharding(mesh), rep),
+        out_shardings=rep,
+    )
+
+    def eval_step(state: TrainState, inputs: Array, key: Array) -> dict[str, Array]:
+        check_batch(inputs.shape[0], mesh)
+        return jitted(model, state, inputs, key)
+
+    def lower(state: TrainState, inputs: Array, key: Array) -> jax.stages.Lowered:
+        check_batch(inputs.shape[0], mesh)
+        return jitted.lower(model, state, inputs, key)
+
+    # The same program, lowered, for compile statistics (as `TrainStep.lower`).
+    eval_step.lower = lower  # pyright: ignore[reportFunctionMemberAccess]
+    return eval_step
