@@ -33,6 +33,7 @@ from decomp.masks import (
     stochastic_masks,
     uniform_k_routing,
 )
+from decomp.stacked import SiteLayout
 from decomp.targets.glu_transformer import GLUConfig, GLUTransformer
 
 CI_CFG = CIConfig(d_hidden=16, n_blocks=1, n_head=2, d_mlp=32, sites_per_chunk=7)
@@ -51,6 +52,11 @@ def _np_kl(p_logits: np.ndarray, q_logits: np.ndarray) -> float:
 # --- losses against numpy ------------------------------------------------------------------
 
 
+def own_kinds(names: tuple[str, ...]) -> SiteLayout:
+    """Every site a kind of its own (stacks of one row)."""
+    return SiteLayout(names, tuple((n, (n,)) for n in names))
+
+
 def test_faithfulness_matches_numpy() -> None:
     rng = np.random.default_rng(0)
     deltas = {
@@ -59,7 +65,9 @@ def test_faithfulness_matches_numpy() -> None:
         "c": rng.normal(size=(4, 4)),
     }
     want = sum(float(np.sum(d**2)) for d in deltas.values()) / (15 + 14 + 16)
-    got = faithfulness_loss({k: jnp.asarray(v, jnp.float32) for k, v in deltas.items()})
+    layout = own_kinds(tuple(deltas))
+    stacked = layout.from_sites({k: jnp.asarray(v, jnp.float32) for k, v in deltas.items()})
+    got = faithfulness_loss(stacked, layout)
     np.testing.assert_allclose(float(got), want, rtol=1e-6)
 
 
@@ -82,7 +90,11 @@ def test_faithfulness_of_a_glu_model_matches_numpy() -> None:
         v, u = np.asarray(comps[name].V, np.float64), np.asarray(comps[name].U, np.float64)
         total += float(np.sum((w - (v @ u).T) ** 2))
         count += w.size
-    got = jax.jit(lambda m, c: faithfulness_loss(m.weight_deltas(c)))(model, comps)
+    layout = SiteLayout.of(model)
+    stacked = layout.from_sites(comps)
+    got = jax.jit(lambda m, c: faithfulness_loss(m.weight_deltas_by_kind(c), layout))(
+        model, stacked
+    )
     np.testing.assert_allclose(float(got), total / count, rtol=1e-5)
 
 
@@ -92,13 +104,17 @@ def test_importance_minimality_matches_hand_sum(p: float) -> None:
     upper = {"a": rng.uniform(0, 1.2, size=(2, 3, 4)), "b": rng.uniform(0, 1.2, size=(2, 3, 4))}
     # Sum over sites and components, mean over the 2 * 3 positions.
     want = sum(float(np.sum((u + IMPORTANCE_EPS) ** p)) for u in upper.values()) / 6
-    got = importance_minimality_loss({k: jnp.asarray(v, jnp.float32) for k, v in upper.items()}, p)
+    layout = SiteLayout(("a", "b"), (("ab", ("a", "b")),))
+    stacked = layout.from_sites({k: jnp.asarray(v, jnp.float32) for k, v in upper.items()})
+    got = importance_minimality_loss(stacked, p, layout)
     np.testing.assert_allclose(float(got), want, rtol=1e-5)
 
 
 def test_importance_with_p_1_is_the_plain_sum() -> None:
     upper = {"a": jnp.array([[0.0, 0.5], [1.0, 0.25]]), "b": jnp.array([[1.0, 1.0], [0.0, 0.0]])}
-    assert float(importance_minimality_loss(upper, 1.0, eps=0.0)) == pytest.approx((1.75 + 2.0) / 2)
+    layout = own_kinds(("a", "b"))
+    got = importance_minimality_loss(layout.from_sites(upper), 1.0, layout, eps=0.0)
+    assert float(got) == pytest.approx((1.75 + 2.0) / 2)
 
 
 def test_kl_matches_numpy_and_is_zero_on_equal_logits() -> None:
@@ -234,9 +250,16 @@ def test_stochastic_recon_matches_a_loop_over_draws_and_chunks(
     comps, clean, ci = _linear_setup()
     chunks = recon_chunks(SITES, per_chunk)
     key = jax.random.key(3)
+    # Kinds that interleave the canonical order, so that rows and positions differ.
+    layout = SiteLayout(SITES, (("x", ("a", "c")), ("y", ("b", "d"))))
+
+    def forward(comps: dict, masks: dict) -> jax.Array:
+        return _linear_forward(comps, layout.to_sites(masks))
+
     got = stochastic_recon_loss(
-        _linear_forward, comps, clean, ci, chunks, key=key, n_mask_samples=n_draws
-    )
+        forward, comps, clean, layout.from_sites(ci), layout, chunks, key=key,
+        n_mask_samples=n_draws,
+    )  # fmt: skip
     k_mask, k_route = jax.random.split(key)
     values = []
     for d in range(n_draws):

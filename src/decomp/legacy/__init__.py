@@ -15,6 +15,13 @@ What the references still share with the refactored code, and why that is safe:
   its own unit tests;
 - the data types the references build or read (`GLUConfig`, `GLUTransformer`, `CIConfig`,
   `CIFunction`, `CIBlocks`): plain containers whose fields are what the goldens pin;
+- the per-site public functions the per-site train and eval steps (`decomp.legacy.train`,
+  `decomp.legacy.eval`, with their own copy of the losses in `decomp.legacy.losses`) call:
+  `init_components`, `init_sources`, `init_ci_function`, `causal_importances`, the
+  per-site masks (`stochastic_masks`, `route_chunk`, `source_masks`, `constant_masks`) and
+  the model's `masked_output`, `weight_deltas` and `clean_output_and_activations`. The
+  stacked steps call their `_by_kind` forms instead, and the inits' bitwise differentials
+  (`tests/equivalence/test_live.py`) tie each stacked form to its per-site one;
 - `jax.random`: the draws themselves (the sources and CI init are pinned bitwise in the
   `sources` and train groups).
 """

@@ -347,17 +347,17 @@ class TrainStep:
     """
 
     def __init__(self, jitted: Any, model: Any, mesh: Mesh) -> None:
-        self._jitted, self._model, self.mesh = jitted, model, mesh
+        self.jitted, self.model, self.mesh = jitted, model, mesh
 
     def __call__(
         self, state: TrainState, inputs: Array, key: Array
     ) -> tuple[TrainState, dict[str, Array]]:
         check_batch(inputs.shape[0], self.mesh)
-        return self._jitted(self._model, state, inputs, key)
+        return self.jitted(self.model, state, inputs, key)
 
     def lower(self, state: TrainState, inputs: Array, key: Array) -> jax.stages.Lowered:
         check_batch(inputs.shape[0], self.mesh)
-        return self._jitted.lower(self._model, state, inputs, key)
+        return self.jitted.lower(self.model, state, inputs, key)
 
 
 def make_train_step(
