@@ -1,5 +1,5 @@
-"""Compile hygiene: the scanned forward's program does not grow with depth; the legacy
-unrolled one does.
+"""Compile hygiene: the scanned forward's and the stacked train step's programs do not grow
+with depth; the legacy unrolled forward and the per-site train step do.
 
 Measured (lowered StableHLO text of `clean_output`, d_model 32, batch 2 x seq 8):
 
@@ -12,11 +12,15 @@ Measured (lowered StableHLO text of `clean_output`, d_model 32, batch 2 x seq 8)
 from __future__ import annotations
 
 import dataclasses
+from types import ModuleType
 
 import jax
 import pytest
 
-from decomp import legacy
+from decomp import legacy, train
+from decomp.ci_function import CIConfig
+from decomp.config import SPDConfig
+from decomp.legacy import train as legacy_train
 from decomp.targets import GLUConfig, GLUTransformer
 
 BASE = GLUConfig(
@@ -59,3 +63,39 @@ def test_legacy_clean_output_hlo_grows_with_depth(sizes):
     grows at least 4x from 2 to 16 layers."""
     lo, hi = sizes["legacy", DEPTHS[0]], sizes["legacy", DEPTHS[-1]]
     assert hi >= 4 * lo, f"legacy HLO only grew from {lo} to {hi} bytes ({DEPTHS} layers)"
+
+
+# --- the SPD train step ----------------------------------------------------------------------
+
+#: Measured (lowered StableHLO text of the train step, remat "nothing", the widths above, C 4,
+#: one CI chunk per layer, batch 2 x seq 8): stacked 872,365 bytes at 2 layers and 874,639 at
+#: 8 (x1.00); the per-site legacy step 1,110,468 and 2,463,956 (x2.22).
+TRAIN_DEPTHS = (2, 8)
+
+
+def train_step_hlo_bytes(impl: ModuleType, n_layer: int) -> int:
+    """Size of the lowered train step of `impl` (`decomp.train` or `decomp.legacy.train`)
+    at `n_layer`; the state is abstract (`eval_shape`), so nothing is initialised."""
+    cfg = dataclasses.replace(BASE, n_layer=n_layer)
+    spd = SPDConfig(
+        n_components=4,
+        ci=CIConfig(d_hidden=16, n_blocks=1, n_head=2, d_mlp=32, sites_per_chunk=7),
+        recon_sites_per_chunk=7,
+        remat="nothing",
+    )
+    model = jax.jit(lambda k: GLUTransformer.init(cfg, key=k))(jax.random.key(0))
+    state = jax.eval_shape(
+        lambda k: impl.init_train_state(model, spd, key=k, seq_len=8), jax.random.key(1)
+    )
+    step = impl.make_train_step(model, spd, donate=False)
+    tokens = jax.ShapeDtypeStruct((2, 8), jax.numpy.int32)
+    return len(step.lower(state, tokens, jax.random.key(2)).as_text().encode())
+
+
+def test_stacked_train_step_is_flat_in_depth_where_the_per_site_step_grows():
+    lo, hi = (train_step_hlo_bytes(train, n) for n in TRAIN_DEPTHS)
+    old_lo, old_hi = (train_step_hlo_bytes(legacy_train, n) for n in TRAIN_DEPTHS)
+    print(f"train step HLO bytes at {TRAIN_DEPTHS} layers: stacked {lo} -> {hi}, "
+          f"per-site {old_lo} -> {old_hi}")  # fmt: skip
+    assert hi <= 1.05 * lo, f"the stacked train step grew from {lo} to {hi} bytes"
+    assert old_hi >= 1.8 * old_lo, f"the per-site step no longer grows: {old_lo} -> {old_hi}"
