@@ -75,17 +75,27 @@ def stochastic_masks_by_kind(
 ) -> dict[str, SiteMask]:
     """`stochastic_masks` stacked per kind: `ci_lower` is `{kind: [n_kind, ..., C]}` and row
     `l` of a kind draws from `fold_in(key, i)`, `i` the canonical position of the kind's
-    `l`-th site: bit-identical, row by row, to the per-site masks. One vmapped draw per kind.
+    `l`-th site: bit-identical, row by row, to the per-site masks.
+
+    Kinds whose masks have one shape draw under one `vmap` over all their sites (one copy of
+    the generator in the graph for a GLU, not one per kind), then take their rows.
 
     **Returns:** `{kind: SiteMask(mask [n_kind, ..., C], delta [n_kind, ...])}`.
     """
-    out = {}
+    by_shape: dict[tuple[int, ...], list[str]] = {}
     for kind, ci in ci_lower.items():
-        shape = (*ci.shape[1:-1], ci.shape[-1] + 1)
-        keys = jax.vmap(lambda i: jax.random.fold_in(key, i))(jnp.asarray(layout.positions(kind)))
+        by_shape.setdefault((*ci.shape[1:-1], ci.shape[-1] + 1), []).append(kind)
+    out = {}
+    for shape, kinds in by_shape.items():
+        positions = np.concatenate([layout.positions(k) for k in kinds])
+        keys = jax.vmap(lambda i: jax.random.fold_in(key, i))(jnp.asarray(positions))
         u = jax.vmap(lambda k, shape=shape: jax.random.uniform(k, shape, jnp.float32))(keys)
-        out[kind] = mask_from_draw(ci, u)
-    return out
+        start = 0
+        for kind in kinds:
+            n = ci_lower[kind].shape[0]
+            out[kind] = mask_from_draw(ci_lower[kind], u[start : start + n])
+            start += n
+    return {kind: out[kind] for kind in ci_lower}
 
 
 def source_masks(
