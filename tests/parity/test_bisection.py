@@ -1,6 +1,6 @@
 """The bisection search: three outcomes per commit, skips never counted as bad, the
 search continuing around them; GOOD and BAD confirmed first. Producers are faked here;
-tests/parity/test_adopting.py runs the real thing end to end."""
+tests/tools/test_adopting_guide.py runs the real thing end to end (docs/adopting.md)."""
 
 from __future__ import annotations
 

@@ -1,5 +1,5 @@
 """`parity repin`, `parity check` as subprocesses on a numpy-only project: options,
-outputs and exit codes (tests/parity/test_adopting.py runs a JAX model end to end)."""
+outputs and exit codes (tests/tools/test_adopting_guide.py runs a JAX model end to end)."""
 
 from __future__ import annotations
 

@@ -1,0 +1,217 @@
+"""docs/adopting.md is what its commands print. tools/adopting_guide.py walks the guide on a
+throwaway project (tinymlp, a fresh git repository built from the guide's own file blocks):
+`[tool.parity]`, repin at the first commit, a live `assert_equivalent`, a green check after
+a `lax.scan` refactor, the pytest fixture passing, a commit that breaks layer 1 (the red
+check naming its key, `--save-actual` and `parity diff`, the failing pytest test), a
+bisect naming that commit without touching the checkout, a revert, a 2x2 check, calibrate,
+`repin --classes-only` and the calibrated 2x2 check. One walk serves two kinds of test: the
+committed guide must equal the fresh rendering beyond the normalisation, and the walk must
+tell the story the guide tells (exit codes, the key and the commit named, nothing left
+behind), so that rewriting the guide cannot bless a regression."""
+
+from __future__ import annotations
+
+import importlib.util
+import json
+import sys
+import tomllib
+from collections.abc import Callable
+from pathlib import Path
+from types import ModuleType
+from typing import Any
+
+import pytest
+
+ROOT = Path(__file__).resolve().parents[2]
+
+
+def _load_tool() -> ModuleType:
+    spec = importlib.util.spec_from_file_location(
+        "adopting_guide", ROOT / "tools" / "adopting_guide.py"
+    )
+    assert spec is not None and spec.loader is not None
+    module = importlib.util.module_from_spec(spec)
+    sys.modules[spec.name] = module  # dataclasses look their module up there
+    spec.loader.exec_module(module)
+    return module
+
+
+guide = _load_tool()
+
+# --------------------------------------------------------------------------- normalising
+
+_REAL = "0123456789abcdef0123456789abcdef01234567"
+_SHOWN = guide.stand_in("tinymlp: a 3-layer MLP")
+_ROOT = "/tmp/adopting-guide-3fa9c0d1"
+
+
+def _normalise(text: str) -> str:
+    return guide.normalise(text, root=_ROOT, shas={_REAL: _SHOWN})
+
+
+def test_normalise_replaces_what_differs_between_two_runs() -> None:
+    text = (
+        f"repin at {_REAL[:12]}: adding a temporary worktree\n"
+        "[producers] [1/1] forward: 4 arrays in 1.5s   \n"
+        f"pinned at {_REAL} into {_ROOT}/tinymlp/goldens\n"
+        f"{_REAL[:7]} pin goldens at the loop\n"
+        "joined the run at localhost:48567; 1 passed in 12.3 s; compare 40ms\n"
+        " Date: Wed Dec 2 06:12:14 2026 +0000\n"
+        "parity calibrate: baseline isa AVX2; host ISA caps SSE4_2, AVX, AVX2, AVX512_BF16\n"
+        "a temporary file parity-3f2a9c1 elsewhere\n"
+    )
+    assert _normalise(text) == (
+        f"repin at {_SHOWN[:12]}: adding a temporary worktree\n"
+        "[producers] [1/1] forward: 4 arrays in <t>\n"
+        f"pinned at {_SHOWN} into ~/tinymlp/goldens\n"
+        f"{_SHOWN[:7]} pin goldens at the loop\n"
+        "joined the run at localhost:<port>; 1 passed in <t>; compare <t>\n"
+        " Date: <date>\n"
+        "parity calibrate: baseline isa AVX2; host ISA caps <this host's>\n"
+        "a temporary file parity-<hex> elsewhere\n"
+    )
+
+
+@pytest.mark.parametrize(
+    ("before", "after"),
+    [
+        ("parity: PASS (0 of 4 arrays fail)", "parity: FAIL (0 of 4 arrays fail)"),
+        ("parity: PASS (0 of 4 arrays fail)", "parity: PASS (0 of 5 arrays fail)"),
+        ("first breaking its class: acts.1", "first breaking its class: acts.2"),
+        ("max |a-b| 1.18, max ulp 2088177374", "max |a-b| 1.19, max ulp 2088177375"),
+        ("fp32_reassoc 7.15e-07/2e-05 abs (ok)", "fp32_reassoc 7.15e-06/2e-05 abs (ok)"),
+        ("bisecting 4 commit(s) between GOOD", "bisecting 3 commit(s) between GOOD"),
+        ("step 2  good  <sha>", "step 2  bad   <sha>"),
+        ("into ~/tinymlp/goldens", "into ~/tinymlp/golden"),
+        ("forward: 4 arrays in 1.5s", "forward: 4 keys in 1.5s"),
+        ("1 passed in 2.01s", "1 failed in 2.01s"),
+        (
+            "process 0 of 2 joined the run at localhost:4",
+            "process 1 of 2 joined the run at localhost:4",
+        ),
+    ],
+)
+def test_normalise_keeps_every_word_and_figure_of_the_output(before: str, after: str) -> None:
+    assert _normalise(before) != _normalise(after)
+
+
+# --------------------------------------------------------------------------- the rules
+
+
+def test_a_command_that_fails_where_the_guide_does_not_show_it_stops_the_walk(
+    tmp_path: Path,
+) -> None:
+    text = (
+        "<!-- guide:file a.txt -->\n```text\nhello\n```\n\n"
+        "<!-- guide:run shown -->\n```console\n$ grep -c hello a.txt\n$ false\n$ echo $?\n"
+        "```\n<!-- /guide:run -->\n\n"
+        "<!-- guide:run hidden -->\n```console\n$ grep goodbye a.txt\n$ echo done\n"
+        "```\n<!-- /guide:run -->\n"
+    )
+    with pytest.raises(guide.GuideError, match=r"'grep goodbye a\.txt' exited 1"):
+        guide.walk(guide.parse(text), tmp_path)
+    shown = text.split("<!-- guide:run hidden", 1)[0]
+    done = guide.walk(guide.parse(shown), tmp_path / "again")
+    rendered = guide.render(shown, guide.parse(shown), done)
+    assert rendered.split("<!-- guide:run shown -->\n")[1] == (
+        "```console\n$ grep -c hello a.txt\n1\n$ false\n$ echo $?\n1\n```\n<!-- /guide:run -->\n\n"
+    )
+
+
+def test_the_install_sentences_agree_with_pyproject_and_readme() -> None:
+    text, readme = guide.GUIDE.read_text(), (ROOT / "README.md").read_text()
+    pyproject = tomllib.loads((ROOT / "pyproject.toml").read_text())
+    assert guide.install_problems(text, readme, pyproject) == []
+    stale = text.replace("jax, jaxlib, numpy", "jax, numpy").replace("# devices = 1", "# gpus = 1")
+    problems = guide.install_problems(stale, readme.replace("pip install pytest ", ""), pyproject)
+    assert [p.split(" ", 3)[:3] for p in problems] == [
+        ["the", "guide", "installs"],
+        ["the", "guide", "should"],
+        ["the", "guide's", "[tool.parity]"],
+    ], problems
+
+
+# --------------------------------------------------------------------------- the walk
+
+
+@pytest.fixture(scope="module")
+def walked(
+    tmp_path_factory: pytest.TempPathFactory,
+    checkout_snapshot: Callable[[Path], dict[str, str]],
+) -> tuple[str, Any, dict[str, dict[str, str]]]:
+    """The committed guide, a fresh walk of it, and the checkout around the bisect."""
+    committed = guide.GUIDE.read_text()
+    around: dict[str, dict[str, str]] = {}
+
+    def snapshot(when: str) -> Callable[[str, Path], None]:
+        def hook(command: str, project: Path) -> None:
+            if command.startswith("parity bisect"):
+                around[when] = checkout_snapshot(project)
+
+        return hook
+
+    done = guide.walk(
+        guide.parse(committed),
+        tmp_path_factory.mktemp("guide").resolve(),
+        before=snapshot("before"),
+        after=snapshot("after"),
+    )
+    return committed, done, around
+
+
+@pytest.mark.slow
+def test_the_committed_guide_is_what_a_fresh_run_prints(walked) -> None:
+    committed, done, _ = walked
+    diff = guide.difference(committed, guide.render(committed, guide.parse(committed), done))
+    if diff:
+        pytest.fail(
+            "docs/adopting.md differs from a fresh run of its commands (if the new output is "
+            "right: python tools/adopting_guide.py --write, then fix the prose around it)\n" + diff,
+            pytrace=False,
+        )
+
+
+@pytest.mark.slow
+def test_the_walk_tells_the_story_the_guide_tells(walked) -> None:
+    _, done, around = walked
+    real = {shown: sha for sha, shown in done.shas.items()}
+    first = real[guide.stand_in("tinymlp: a 3-layer MLP, Python loop over layers")]
+    broken = real[guide.stand_in("init: a bias scale per layer")]
+
+    pinned = done.step("pin", "parity repin")
+    assert pinned.returncode == 0 and f"pinned at {first} " in pinned.output
+    assert "forward: new file, 4 arrays" in pinned.output
+    assert done.step("live").returncode == 0
+    assert "parity: PASS (0 of 4 arrays fail)" in done.step("check", "parity check").output
+    assert "1 passed" in done.step("pytest", "pytest").output
+
+    red = done.step("break", "parity check")
+    assert red.returncode == 1
+    assert "first breaking its class: acts.1 [fp32_reassoc, fail]" in red.output
+    assert "forward/acts.0 " not in red.output.split("failures (")[1]
+    assert done.step("diff", "parity diff").returncode == 1
+    failing = done.step("pytest-red", "pytest")
+    assert failing.returncode == 1 and "1 failed" in failing.output
+
+    found = done.step("bisect", "parity bisect")
+    assert found.returncode == 0
+    assert f"first bad commit: {broken}\n" in found.output
+    assert "group forward, key acts.1, class fp32_reassoc" in found.output
+    answer = json.loads((done.root / "bisect.json").read_text())
+    assert (answer["status"], answer["first_bad_commit"], answer["key"]) == (
+        "found",
+        broken,
+        "acts.1",
+    )
+    assert [s["outcome"] for s in answer["steps"][:2]] == ["good", "bad"]  # GOOD, BAD confirmed
+    assert around["before"] == around["after"]  # the checkout, .git included, untouched
+    assert not (done.project / ".git" / "BISECT_LOG").exists()
+
+    for name in ("processes", "calibrated-check"):
+        multi = done.step(name, "parity check")
+        assert multi.returncode == 0 and "2 processes x 2 devices (4 in all)" in multi.output
+    assert "0 key(s) passed by calibration alone" in done.step("calibrated-check").output
+
+    status = done.step("done", "git status").output.splitlines()
+    assert status and all(line.startswith("!! ") for line in status), status
+    assert list(done.tmp.iterdir()) == []  # no temporary worktree, golden or log left
