@@ -2,7 +2,7 @@
 
 `parity.assert_equivalent(actual, expected, class_map=...)` compares any two pytrees;
 `parity.check_group` / `parity.check_live` are the core that the CLI and the pytest plugin
-share. Tolerance classes as data (rules as objects, `parity.rules`), comparison of arrays
+share. Tolerance classes as data (rules as objects, `parity.judge.rules`), comparison of arrays
 and pytrees with a finding per key and the first divergence named, an HDF5 golden store
 with provenance and checksums, repin at a git base commit, compile statistics, reports, a
 CLI (`python -m parity`) and a pytest plugin. `import parity` does not import jax,
@@ -19,46 +19,46 @@ __version__ = "0.1.0"
 if TYPE_CHECKING:
     from parity.assertions import assert_equivalent
     from parity.check import CheckError, CheckResult, GoldenDir, check_group, check_live
-    from parity.compare import Comparison, Finding, compare_arrays, compare_trees, flatten
+    from parity.judge.compare import Comparison, Finding, compare_arrays, compare_trees, flatten
+    from parity.judge.rules import RULES, Bitwise, Close, RelativeToMax, Rule, Ulp
+    from parity.judge.tolerance import REGISTRY, ClassMap, ToleranceClass, get_class, ulp_distance
     from parity.provenance import bitwise_policy, collect_provenance, drift
     from parity.report import format_table, to_json, write_html, write_json
-    from parity.rules import RULES, Bitwise, Close, RelativeToMax, Rule, Ulp
     from parity.store import GoldenFile, GoldenStoreError, open_goldens, write_goldens
-    from parity.tolerance import REGISTRY, ClassMap, ToleranceClass, get_class, ulp_distance
 
 #: Public name -> the module defining it, imported on first access (PEP 562), so that
 #: `python -m parity diff` pays only for the modules it uses.
 _LAZY = {
-    "Bitwise": "parity.rules",
+    "Bitwise": "parity.judge.rules",
     "CheckError": "parity.check",
     "CheckResult": "parity.check",
-    "ClassMap": "parity.tolerance",
-    "Close": "parity.rules",
-    "Comparison": "parity.compare",
-    "Finding": "parity.compare",
+    "ClassMap": "parity.judge.tolerance",
+    "Close": "parity.judge.rules",
+    "Comparison": "parity.judge.compare",
+    "Finding": "parity.judge.compare",
     "GoldenDir": "parity.check",
     "GoldenFile": "parity.store",
     "GoldenStoreError": "parity.store",
-    "REGISTRY": "parity.tolerance",
-    "RULES": "parity.rules",
-    "RelativeToMax": "parity.rules",
-    "Rule": "parity.rules",
-    "ToleranceClass": "parity.tolerance",
-    "Ulp": "parity.rules",
+    "REGISTRY": "parity.judge.tolerance",
+    "RULES": "parity.judge.rules",
+    "RelativeToMax": "parity.judge.rules",
+    "Rule": "parity.judge.rules",
+    "ToleranceClass": "parity.judge.tolerance",
+    "Ulp": "parity.judge.rules",
     "assert_equivalent": "parity.assertions",
     "bitwise_policy": "parity.provenance",
     "check_group": "parity.check",
     "check_live": "parity.check",
     "collect_provenance": "parity.provenance",
-    "compare_arrays": "parity.compare",
-    "compare_trees": "parity.compare",
+    "compare_arrays": "parity.judge.compare",
+    "compare_trees": "parity.judge.compare",
     "drift": "parity.provenance",
-    "flatten": "parity.compare",
+    "flatten": "parity.judge.compare",
     "format_table": "parity.report",
-    "get_class": "parity.tolerance",
+    "get_class": "parity.judge.tolerance",
     "open_goldens": "parity.store",
     "to_json": "parity.report",
-    "ulp_distance": "parity.tolerance",
+    "ulp_distance": "parity.judge.tolerance",
     "write_goldens": "parity.store",
     "write_html": "parity.report",
     "write_json": "parity.report",

@@ -186,8 +186,8 @@ def main(argv: list[str] | None = None) -> int:
         split: list[bool] = []
         try:
             # Producers may return any pytree: flattened to `{"a.b": array}` keys.
+            from parity.judge.trees import flatten
             from parity.processes import sharded_over_processes, to_host
-            from parity.trees import flatten
 
             def host(value: object, split: list[bool] = split) -> np.ndarray:
                 split.append(sharded_over_processes(value))

@@ -11,10 +11,10 @@ from collections.abc import Mapping, Sequence
 from typing import Any
 
 from parity.check import BARE_KEY, CheckError, class_resolver
-from parity.compare import Comparison, Order, compare_trees
+from parity.judge.compare import Comparison, Order, compare_trees
+from parity.judge.tolerance import REGISTRY, ClassMap, ToleranceClass, UnknownClassError
+from parity.judge.trees import flatten
 from parity.report import format_table
-from parity.tolerance import REGISTRY, ClassMap, ToleranceClass, UnknownClassError
-from parity.trees import flatten
 
 __all__ = ["assert_equivalent"]
 

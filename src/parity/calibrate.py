@@ -36,12 +36,12 @@ from typing import Any, Literal
 import numpy as np
 
 from parity.check import Overrides, class_resolver, pinned_class_map, with_spread
-from parity.compare import Finding, compare_arrays
 from parity.config import ParityConfig
+from parity.judge.compare import Finding, compare_arrays
+from parity.judge.tolerance import REGISTRY, ToleranceClass, get_class, parse_class_name
+from parity.judge.ulp import is_float_dtype, to_float64
 from parity.noise import Spreads
 from parity.store import GoldenFile, write_goldens
-from parity.tolerance import REGISTRY, ToleranceClass, get_class, parse_class_name
-from parity.ulp import is_float_dtype, to_float64
 
 __all__ = [
     "DEVICE_COUNTS",

@@ -33,12 +33,9 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, cast
 
-from parity.compare import Comparison, Finding, Order, compare_arrays, compare_trees
-from parity.noise import Spreads, differences
-from parity.provenance import PolicyMode, bitwise_policy, collect_provenance, drift
-from parity.rules import Ulp
-from parity.store import GoldenFile, GoldenMissingError, GoldenStoreError, open_goldens
-from parity.tolerance import (
+from parity.judge.compare import Comparison, Finding, Order, compare_arrays, compare_trees
+from parity.judge.rules import Ulp
+from parity.judge.tolerance import (
     REGISTRY,
     ClassMap,
     ToleranceClass,
@@ -46,7 +43,10 @@ from parity.tolerance import (
     get_class,
     parse_class_name,
 )
-from parity.trees import flatten
+from parity.judge.trees import flatten
+from parity.noise import Spreads, differences
+from parity.provenance import PolicyMode, bitwise_policy, collect_provenance, drift
+from parity.store import GoldenFile, GoldenMissingError, GoldenStoreError, open_goldens
 
 __all__ = [
     "BARE_KEY",

@@ -1,7 +1,7 @@
 """The command line: `python -m parity` (or the `parity` script).
 
 `repin`, `check`, `bisect` and `calibrate` (which run producers) live in
-`parity.commands`. `diff` and `show` are thin layers over `parity.store`, `parity.compare`
+`parity.commands`. `diff` and `show` are thin layers over `parity.store`, `parity.judge.compare`
 and `parity.report`:
 
 - `parity diff ACTUAL GOLDEN [--class NAME] [--json FILE] [--html DIR]` compares every
@@ -41,15 +41,15 @@ from typing import IO, Any, cast
 import numpy as np
 
 from parity.check import CheckError, bind_calibrated, class_resolver, pinned_class_map, unbound
-from parity.chunks import DEFAULT_BUDGET, Block
 from parity.commands import CommandError, add_parsers
-from parity.compare import Comparison, Finding, compare_arrays, compare_trees
 from parity.config import ConfigError
+from parity.judge.chunks import DEFAULT_BUDGET, Block
+from parity.judge.compare import Comparison, Finding, compare_arrays, compare_trees
+from parity.judge.tolerance import REGISTRY, ToleranceClass, UnknownClassError, get_class
 from parity.noise import Spreads
 from parity.provenance import bitwise_policy, drift
 from parity.report import format_table, write_html, write_json
 from parity.store import GoldenFile, GoldenStoreError, open_goldens
-from parity.tolerance import REGISTRY, ToleranceClass, UnknownClassError, get_class
 
 __all__ = [
     "EXIT_FAIL",
@@ -310,7 +310,7 @@ def run_diff(
     """Compare every array of the file `actual` against the file `golden`.
 
     Arrays are read one key at a time and each in chunks of at most `budget` bytes of
-    working memory (`parity.chunks`; both checksums verified over the chunks), so memory
+    working memory (`parity.judge.chunks`; both checksums verified over the chunks), so memory
     stays bounded whatever the file sizes.
 
     **Arguments:**

@@ -333,7 +333,7 @@ def _write_reports(
 def _merged(results: Sequence[Any]) -> Any:
     import dataclasses
 
-    from parity.compare import Comparison
+    from parity.judge.compare import Comparison
 
     return Comparison(
         tuple(

@@ -370,7 +370,7 @@ class _Check:
           process (`parity.runner.produce`'s `Produced.provenance[group]`); default this
           one's. A golden check judges environment drift and calibrated layouts by it.
 
-        **Returns:** the `parity.compare.Comparison`.
+        **Returns:** the `parity.judge.compare.Comparison`.
         """
         from parity.check import CheckError, check_group, check_live
         from parity.report import format_table
@@ -383,8 +383,8 @@ class _Check:
             # Arrays sharded over processes come to every process's host (in the same
             # order everywhere: a collective); process 0 alone saves what failed.
             from parity.check import BARE_KEY
+            from parity.judge.trees import flatten
             from parity.processes import to_host
-            from parity.trees import flatten
 
             live = not isinstance(golden, str)
             actual = flatten(actual, to_array=to_host, bare=BARE_KEY if live else None)
@@ -473,7 +473,7 @@ class _Summary:
     """What the session's checks add up to, worked out once on the controller."""
 
     results: list[CheckResult]  # in the order they ran
-    merged: Any  # parity.compare.Comparison, keys as "<check>/<key>"
+    merged: Any  # parity.judge.compare.Comparison, keys as "<check>/<key>"
     header: dict[str, str]
     unchecked: dict[str, list[str]]
 
@@ -556,7 +556,7 @@ def _unchecked(config: pytest.Config, results: list[CheckResult]) -> dict[str, l
 def _merged(results: list[CheckResult]) -> Any:
     """Every finding of the session, keyed `<check>/<key>`: groups can share keys (two
     train groups pin the same leaves), and a key means nothing without its check."""
-    from parity.compare import Comparison
+    from parity.judge.compare import Comparison
 
     return Comparison(
         tuple(

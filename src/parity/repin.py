@@ -35,6 +35,7 @@ from typing import Any
 import numpy as np
 
 from parity.devices import DEFAULT_ISA_CAP, isolated_env
+from parity.judge.tolerance import ClassMap
 from parity.provenance import digest_sources
 from parity.signals import signals_reach_main_thread
 from parity.staging import (
@@ -48,7 +49,6 @@ from parity.staging import (
     staged_name,
 )
 from parity.store import GoldenStoreError, open_goldens, write_goldens
-from parity.tolerance import ClassMap
 from parity.worktree import repo_root, resolve_sha, temporary_worktree
 
 _RUNNER = Path(__file__).with_name("_producer_runner.py")

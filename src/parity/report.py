@@ -21,7 +21,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import IO, Any
 
-from parity.compare import Comparison, Finding
+from parity.judge.compare import Comparison, Finding
 
 __all__ = [
     "ClassSummary",

@@ -100,8 +100,8 @@ import h5py.h5s as h5s
 import h5py.h5t as h5t
 import numpy as np
 
-from parity import mldtypes
-from parity.chunks import ArraySource, Block, Source, elements_per_chunk, plan
+from parity.judge import mldtypes
+from parity.judge.chunks import ArraySource, Block, Source, elements_per_chunk, plan
 
 __all__ = [
     "INDEX_ATTR",
@@ -1066,7 +1066,7 @@ class GoldenFile(_MappingABC[str, np.ndarray]):
         return want
 
     def source(self, key: str) -> Source:
-        """`key` as a `parity.chunks.Source`: read block by block (one HDF5 hyperslab each),
+        """`key` as a `parity.judge.chunks.Source`: read block by block (one HDF5 hyperslab each),
         so that a comparison holds a chunk at a time, not the array.
 
         A full pass over one plan's blocks, in order, is checked against the pinned sha256

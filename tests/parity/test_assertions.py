@@ -20,10 +20,10 @@ from hypothesis.extra import numpy as hnp
 
 import parity
 from parity.check import check_live
-from parity.compare import compare_arrays
-from parity.rules import Elements, Judgement, RelativeToMax, Rule, Scale
+from parity.judge.compare import compare_arrays
+from parity.judge.rules import Elements, Judgement, RelativeToMax, Rule, Scale
+from parity.judge.tolerance import REGISTRY, ClassMap, ToleranceClass
 from parity.store import open_goldens, write_goldens
-from parity.tolerance import REGISTRY, ClassMap, ToleranceClass
 
 
 class Block(eqx.Module):

@@ -11,9 +11,9 @@ import pytest
 
 from parity.check import CheckError, CheckResult, GoldenDir, check_group, check_live
 from parity.cli import main, run_diff
+from parity.judge.tolerance import ClassMap
 from parity.report import format_table
 from parity.store import write_goldens
-from parity.tolerance import ClassMap
 
 # Pinned map: layers.* -> fp32_reassoc; "rec" has no rule in it but records trajectory.
 _PINNED = ClassMap((("layers.*", "fp32_reassoc"),))

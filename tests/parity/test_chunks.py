@@ -23,14 +23,14 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 from hypothesis.extra import numpy as hnp
 
-from parity.chunks import ArraySource, Block, elements_per_chunk, plan
 from parity.cli import run_diff
-from parity.compare import compare_arrays
+from parity.judge.chunks import ArraySource, Block, elements_per_chunk, plan
+from parity.judge.compare import compare_arrays
+from parity.judge.rules import Close, RelativeToMax, Ulp
+from parity.judge.tolerance import REGISTRY, ToleranceClass
+from parity.judge.ulp import to_float64, ulp_distance
 from parity.report import format_table
-from parity.rules import Close, RelativeToMax, Ulp
 from parity.store import GoldenCorruptError, open_goldens, write_goldens
-from parity.tolerance import REGISTRY, ToleranceClass
-from parity.ulp import to_float64, ulp_distance
 
 CLASSES = [
     REGISTRY["bitwise"],

@@ -12,8 +12,8 @@ import h5py
 import numpy as np
 import pytest
 
+from parity.judge.tolerance import ClassMap
 from parity.store import write_goldens
-from parity.tolerance import ClassMap
 
 _CMAP = ClassMap((("taps.*", "fp32_reassoc"),), default="bitwise")
 

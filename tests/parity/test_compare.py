@@ -9,9 +9,9 @@ import ml_dtypes
 import numpy as np
 import pytest
 
-from parity.compare import Comparison, Finding, compare_arrays, compare_trees, flatten
-from parity.rules import Close, Ulp
-from parity.tolerance import REGISTRY, ClassMap, ToleranceClass, UnmatchedKeyError
+from parity.judge.compare import Comparison, Finding, compare_arrays, compare_trees, flatten
+from parity.judge.rules import Close, Ulp
+from parity.judge.tolerance import REGISTRY, ClassMap, ToleranceClass, UnmatchedKeyError
 
 BITWISE = REGISTRY["bitwise"]
 ULP0 = ToleranceClass("ulp0", Ulp(max_ulp=0), meaning="test")

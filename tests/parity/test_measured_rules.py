@@ -10,10 +10,10 @@ import ml_dtypes
 import numpy as np
 import pytest
 
-from parity.compare import compare_arrays, compare_trees
+from parity.judge.compare import compare_arrays, compare_trees
+from parity.judge.rules import Budget, LogitKL, Reduction, Scale, unit_roundoff
+from parity.judge.tolerance import REGISTRY, ClassMap, ToleranceClass, UnknownClassError, get_class
 from parity.report import format_table
-from parity.rules import Budget, LogitKL, Reduction, Scale, unit_roundoff
-from parity.tolerance import REGISTRY, ClassMap, ToleranceClass, UnknownClassError, get_class
 
 
 def _cls(rule, name: str = "t") -> ToleranceClass:

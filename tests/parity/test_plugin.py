@@ -16,8 +16,8 @@ from pathlib import Path
 import numpy as np
 import pytest
 
+from parity.judge.tolerance import ClassMap
 from parity.store import write_goldens
-from parity.tolerance import ClassMap
 
 pytest_plugins = ["pytester"]
 

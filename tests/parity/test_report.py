@@ -11,9 +11,9 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from parity.compare import Comparison, compare_trees
+from parity.judge.compare import Comparison, compare_trees
+from parity.judge.tolerance import ClassMap
 from parity.report import format_table, print_report, summarize, to_json, write_html, write_json
-from parity.tolerance import ClassMap
 
 
 def _comparison() -> tuple[Comparison, dict[str, np.ndarray], dict[str, np.ndarray]]:

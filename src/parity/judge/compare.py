@@ -8,7 +8,7 @@ forward order and names the first divergence.
 Differences are computed in float64 after an exact upcast, so bfloat16 and the other
 ml_dtypes floats work like float32. jax arrays are taken through `np.asarray`; this
 module imports numpy only (ml_dtypes' types are recognised without importing it:
-`parity.mldtypes`).
+`parity.judge.mldtypes`).
 """
 
 from __future__ import annotations
@@ -22,12 +22,12 @@ from typing import Any, Literal, cast
 
 import numpy as np
 
-from parity import mldtypes
-from parity.chunks import DEFAULT_BUDGET, ArraySource, Block, Source, elements_per_chunk, plan
-from parity.rules import Elements, Scale
-from parity.tolerance import REGISTRY, ClassMap, ToleranceClass, get_class
-from parity.trees import flatten
-from parity.ulp import is_float_dtype, is_int_dtype, ordinal_distance, to_float64
+from parity.judge import mldtypes
+from parity.judge.chunks import DEFAULT_BUDGET, ArraySource, Block, Source, elements_per_chunk, plan
+from parity.judge.rules import Elements, Scale
+from parity.judge.tolerance import REGISTRY, ClassMap, ToleranceClass, get_class
+from parity.judge.trees import flatten
+from parity.judge.ulp import is_float_dtype, is_int_dtype, ordinal_distance, to_float64
 
 __all__ = [
     "Comparison",
@@ -194,7 +194,7 @@ def _as_array(key: str, x: Any, side: str) -> np.ndarray:
 
 
 def is_source(x: Any) -> bool:
-    """Whether `x` is a `parity.chunks.Source` (read block by block) rather than an array."""
+    """Whether `x` is a `parity.judge.chunks.Source` (read block by block) rather than an array."""
     return all(hasattr(x, name) for name in ("read", "finish", "shape", "dtype"))
 
 
@@ -519,12 +519,12 @@ def compare_arrays(
 
     - `key`: the array's key, for messages.
     - `actual`: the array the changed code produced (numpy, jax, anything `np.asarray`
-        takes), or a `parity.chunks.Source` (read block by block).
+        takes), or a `parity.judge.chunks.Source` (read block by block).
     - `golden`: the pinned array, or a `Source` (`GoldenFile.source(key)`).
     - `tol`: the tolerance class.
     - `order`: the key's place in a forward order, stored on the finding.
     - `budget`: bytes the comparison may hold at once (chunks and temporaries); arrays
-        larger than that are compared in chunks (`parity.chunks`), with the same finding.
+        larger than that are compared in chunks (`parity.judge.chunks`), with the same finding.
 
     **Returns:** a `Finding`. Dtypes and shapes are strict: a mismatch is a `"fail"` whose
     reason names both, never a cast or broadcast. NaN and inf (with sign) must sit at the
@@ -769,7 +769,7 @@ def compare_trees(
         come last, by name. Without an order, findings are sorted by key.
     - `budget`: bytes one array comparison may hold at once (`compare_arrays`).
 
-    Leaves may be `parity.chunks.Source`s (a golden file's `source(key)`) as well as
+    Leaves may be `parity.judge.chunks.Source`s (a golden file's `source(key)`) as well as
     arrays: those are read block by block, so that memory stays within `budget` whatever
     the arrays' sizes.
 

@@ -1,4 +1,4 @@
-"""Arrays read in pieces: the chunk plan and the sources `parity.compare` reads from.
+"""Arrays read in pieces: the chunk plan and the sources `parity.judge.compare` reads from.
 
 A comparison of two arrays far larger than memory (logits `[8, 4096, 128256]` in bf16 are
 8 GiB) reads both in **chunks**: consecutive ranges of the C-order flattened array, each a

@@ -31,7 +31,7 @@ def _is_array_like(x: Any) -> bool:
 
 
 def _is_source(x: Any) -> bool:
-    # A `parity.chunks.Source` (a golden file's array, read block by block): a leaf.
+    # A `parity.judge.chunks.Source` (a golden file's array, read block by block): a leaf.
     return all(hasattr(x, name) for name in ("read", "finish", "shape", "dtype"))
 
 

@@ -6,7 +6,7 @@ layouts without negative zero or without a sign. `spacing_at` gives the gap betw
 value and its neighbour, which the `close` rule's `atol_ulps` uses.
 
 This module imports numpy only: ml_dtypes' types are recognised without importing it
-(`parity.mldtypes`), so comparing float32 arrays never pays for its import.
+(`parity.judge.mldtypes`), so comparing float32 arrays never pays for its import.
 """
 
 from __future__ import annotations
@@ -17,7 +17,7 @@ from typing import Any
 
 import numpy as np
 
-from parity import mldtypes
+from parity.judge import mldtypes
 
 __all__ = [
     "ULP_NAN",
@@ -31,7 +31,7 @@ __all__ = [
 
 #: What `ulp_distance` returns where either operand is NaN: the largest uint64. NaN has no
 #: place on the number line, so it is at no finite distance from anything, itself included;
-#: callers check NaN positions separately (as `parity.compare` does).
+#: callers check NaN positions separately (as `parity.judge.compare` does).
 ULP_NAN = np.uint64(np.iinfo(np.uint64).max)
 
 
@@ -145,7 +145,7 @@ def ulp_distance(a: Any, b: Any) -> np.ndarray:
 
 def ordinal_distance(a: np.ndarray, b: np.ndarray) -> np.ndarray:
     """`ulp_distance` without its checks and without marking NaN: for callers that have
-    checked dtypes and shapes and mask NaN positions themselves (`parity.compare`, which
+    checked dtypes and shapes and mask NaN positions themselves (`parity.judge.compare`, which
     has the float64 values at hand). **Returns:** uint64, arbitrary where either is NaN."""
     if a.dtype == np.float32 or _is_ieee_half(a.dtype):
         # Narrow lines: in int32 (halves) or int64 (float32) the difference cannot wrap.
