@@ -70,9 +70,9 @@ import numpy as np
 
 from parity.cli import run_diff
 from parity.judge.tolerance import ClassMap
-from parity.provenance import collect_provenance
 from parity.report import format_table
 from parity.store import write_goldens
+from parity.store.provenance import collect_provenance
 
 # (shape, count) per kind: 600 arrays, about 3.3 MB of float32.
 _MIX = (("taps", (4, 12, 32), 200), ("mlp", (4, 12, 64), 150), ("weights", (32, 8), 150))

@@ -22,9 +22,9 @@ if TYPE_CHECKING:
     from parity.judge.compare import Comparison, Finding, compare_arrays, compare_trees, flatten
     from parity.judge.rules import RULES, Bitwise, Close, RelativeToMax, Rule, Ulp
     from parity.judge.tolerance import REGISTRY, ClassMap, ToleranceClass, get_class, ulp_distance
-    from parity.provenance import bitwise_policy, collect_provenance, drift
     from parity.report import format_table, to_json, write_html, write_json
     from parity.store import GoldenFile, GoldenStoreError, open_goldens, write_goldens
+    from parity.store.provenance import bitwise_policy, collect_provenance, drift
 
 #: Public name -> the module defining it, imported on first access (PEP 562), so that
 #: `python -m parity diff` pays only for the modules it uses.
@@ -46,13 +46,13 @@ _LAZY = {
     "ToleranceClass": "parity.judge.tolerance",
     "Ulp": "parity.judge.rules",
     "assert_equivalent": "parity.assertions",
-    "bitwise_policy": "parity.provenance",
+    "bitwise_policy": "parity.store.provenance",
     "check_group": "parity.check",
     "check_live": "parity.check",
-    "collect_provenance": "parity.provenance",
+    "collect_provenance": "parity.store.provenance",
     "compare_arrays": "parity.judge.compare",
     "compare_trees": "parity.judge.compare",
-    "drift": "parity.provenance",
+    "drift": "parity.store.provenance",
     "flatten": "parity.judge.compare",
     "format_table": "parity.report",
     "get_class": "parity.judge.tolerance",

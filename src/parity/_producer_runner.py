@@ -146,7 +146,7 @@ def main(argv: list[str] | None = None) -> int:
     try:
         import parity
         import parity.compile_stats  # noqa: F401
-        from parity.provenance import collect_provenance
+        from parity.store.provenance import collect_provenance
     except ImportError:
         pass
     drop = {os.path.realpath(d) for d in args.drop_path}

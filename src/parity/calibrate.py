@@ -717,7 +717,7 @@ def record(cal: Calibration, golden: GoldenFile, group: str, path: Path | None =
     arrays = {k: golden[k] for k in golden}
     classes = {k: golden.info(k).class_name for k in golden}
     provenance = dict(golden.provenance)
-    from parity.provenance import collect_provenance
+    from parity.store.provenance import collect_provenance
 
     here = collect_provenance()
     provenance["calibration"] = {

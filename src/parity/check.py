@@ -45,8 +45,8 @@ from parity.judge.tolerance import (
 )
 from parity.judge.trees import flatten
 from parity.noise import Spreads, differences
-from parity.provenance import PolicyMode, bitwise_policy, collect_provenance, drift
 from parity.store import GoldenFile, GoldenMissingError, GoldenStoreError, open_goldens
+from parity.store.provenance import PolicyMode, bitwise_policy, collect_provenance, drift
 
 __all__ = [
     "BARE_KEY",
@@ -199,7 +199,7 @@ def drift_registry(
     registry: Mapping[str, ToleranceClass] = REGISTRY,
     current: Mapping[str, Any] | None = None,
 ) -> tuple[dict[str, ToleranceClass], dict[str, str]]:
-    """Apply the bitwise drift policy (`parity.provenance.bitwise_policy`).
+    """Apply the bitwise drift policy (`parity.store.provenance.bitwise_policy`).
 
     **Arguments:**
 
@@ -362,7 +362,7 @@ def check_group(
     - `goldens`: the golden folder (a `GoldenDir` keeps files open across checks).
     - `class_map`, `overrides`: see the module docstring's precedence.
     - `order`: the forward order; default the golden's pinned order.
-    - `drift_mode`: the bitwise drift policy (`parity.provenance`).
+    - `drift_mode`: the bitwise drift policy (`parity.store.provenance`).
     - `registry`: the classes by name.
     - `name`, `node`: for reports (`name` defaults to the group).
     - `produce_s`: seconds the caller spent producing `actual`, for the timing summary.

@@ -47,9 +47,9 @@ from parity.judge.chunks import DEFAULT_BUDGET, Block
 from parity.judge.compare import Comparison, Finding, compare_arrays, compare_trees
 from parity.judge.tolerance import REGISTRY, ToleranceClass, UnknownClassError, get_class
 from parity.noise import Spreads
-from parity.provenance import bitwise_policy, drift
 from parity.report import format_table, write_html, write_json
 from parity.store import GoldenFile, GoldenStoreError, open_goldens
+from parity.store.provenance import bitwise_policy, drift
 
 __all__ = [
     "EXIT_FAIL",

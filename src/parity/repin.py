@@ -7,7 +7,7 @@ process also collects the provenance, so it describes the arrays' environment, n
 caller's); write the new golden files atomically; report what changed against the old ones;
 remove the worktree on success, failure and interrupt.
 
-Crash safety (`parity.staging`): a repin holds an exclusive lock on the golden folder, first
+Crash safety (`parity.store.staging`): a repin holds an exclusive lock on the golden folder, first
 finishes or cleans up after a killed one (`recover`), stages every new file completely and
 replaces the old ones through a journal, so SIGKILL at any moment leaves the old goldens or
 the complete new ones. A full disk or an unwritable folder is a `RepinError` with the old
@@ -36,9 +36,10 @@ import numpy as np
 
 from parity.devices import DEFAULT_ISA_CAP, isolated_env
 from parity.judge.tolerance import ClassMap
-from parity.provenance import digest_sources
 from parity.signals import signals_reach_main_thread
-from parity.staging import (
+from parity.store import GoldenStoreError, open_goldens, write_goldens
+from parity.store.provenance import digest_sources
+from parity.store.staging import (
     JOURNAL_NAME,
     RUNNER_PREFIX,
     StagingError,
@@ -48,7 +49,6 @@ from parity.staging import (
     recover,
     staged_name,
 )
-from parity.store import GoldenStoreError, open_goldens, write_goldens
 from parity.worktree import repo_root, resolve_sha, temporary_worktree
 
 _RUNNER = Path(__file__).with_name("_producer_runner.py")
@@ -135,7 +135,7 @@ def load_runner_output(out: Path, group: str) -> RunnerOutput:
     if not isinstance(provenance, dict):
         raise RepinError(
             f"the producer process recorded no provenance for group {group!r} (it could not "
-            "import parity.provenance); check that parity is importable there"
+            "import parity.store.provenance); check that parity is importable there"
         )
     return RunnerOutput(arrays, manifest["class_map"], provenance)
 
@@ -365,7 +365,7 @@ def _locked(out: Path) -> Iterator[None]:
 
 
 def recover_folder(out_dir: Path | str, *, repo: Path | str = ".") -> list[str]:
-    """Finish or clean up after a repin of `out_dir` that was killed (`parity.staging`).
+    """Finish or clean up after a repin of `out_dir` that was killed (`parity.store.staging`).
 
     **Returns:** one line per thing done. Raises `RepinError` if a repin holds the folder.
     """
@@ -440,7 +440,7 @@ def _repin_locked(
                         f"{type(e).__name__}: {' '.join(str(e).split())}; old goldens are "
                         "untouched"
                     ) from None
-            # Every file is complete before any replaces an old one (see parity.staging).
+            # Every file is complete before any replaces an old one (see parity.store.staging).
             commit_staged(out, staged)
         except StagingError as e:
             raise RepinError(str(e)) from None
@@ -493,7 +493,7 @@ def reclass(
     to read its `CLASS_MAP`; every golden file of `groups` (default all in `out_dir`) is
     rewritten with that map and the classes it gives each key, its arrays, order and
     provenance (calibration included) byte for byte as they were. The files are replaced
-    together, under the folder's lock, crash-safely (`parity.staging`). For a class
+    together, under the folder's lock, crash-safely (`parity.store.staging`). For a class
     decision made on main from a calibration, where a repin on another host would
     re-produce every array.
 

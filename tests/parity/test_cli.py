@@ -162,7 +162,7 @@ def test_a_missing_file_exits_2_with_one_line(tmp_path: Path, golden: Path, whic
     args = (nope, golden) if which == "ACTUAL" else (golden, nope)
     line = _assert_unusable(_parity("diff", *args), which, str(nope), "does not exist")
     if which == "GOLDEN":
-        assert "repin_goldens.py" in line
+        assert "parity repin" in line
     _assert_unusable(_parity("show", nope), "does not exist")
 
 

@@ -12,7 +12,7 @@ import textwrap
 
 import pytest
 
-from parity.provenance import (
+from parity.store.provenance import (
     DEFAULT_RELAX_ULPS,
     Drift,
     bitwise_policy,
@@ -58,7 +58,7 @@ def test_provenance_reads_flags_and_env_without_importing_jax(tmp_path):
         """
         import json, sys
         import parity, parity.store
-        from parity.provenance import collect_provenance
+        from parity.store.provenance import collect_provenance
         prov = collect_provenance()
         leaked = sorted(m for m in ("jax", "parity.compile_stats") if m in sys.modules)
         print(json.dumps({"prov": prov, "leaked": leaked}))
@@ -228,7 +228,7 @@ def test_unknown_policy_and_bad_ulps_are_refused():
 
 
 def test_device_count_flag_is_not_counted_as_xla_flags_drift():
-    from parity.provenance import drift as _drift
+    from parity.store.provenance import drift as _drift
 
     golden = {"xla_flags": "--xla_force_host_platform_device_count=1 --xla_cpu_max_isa=AVX2"}
     assert [d.field for d in _drift(golden, {"xla_flags": "--xla_cpu_max_isa=AVX2"})] == []

@@ -229,7 +229,7 @@ _PAUSES = {
     """,
     "staging": """
         import os, pathlib, time
-        import parity.staging as staging
+        import parity.store.staging as staging
         def _checkpoint(step):
             if step == "staged":
                 pathlib.Path(MARKER).write_text(str(os.getpid()))
@@ -428,7 +428,7 @@ def _repin_in_child(
 def _kill_at(step: str) -> str:
     return f"""
         import os, signal
-        import parity.staging as staging
+        import parity.store.staging as staging
 
         def _checkpoint(step):
             if step == {step!r}:
@@ -533,7 +533,8 @@ def test_a_second_repin_refuses_while_the_first_holds_the_lock(pinned):
         [
             sys.executable,
             "-c",
-            "import sys, time\nfrom pathlib import Path\nfrom parity.staging import folder_lock\n"
+            "import sys, time\nfrom pathlib import Path\n"
+            "from parity.store.staging import folder_lock\n"
             f"with folder_lock(Path({str(p['out'])!r})):\n"
             "    print('locked', flush=True)\n    time.sleep(60)\n",
         ],

@@ -31,7 +31,9 @@ from parity.store import (
     UnsupportedDtypeError,
     open_goldens,
     write_goldens,
+    writer,
 )
+from parity.store.format import meta_digest
 
 
 def _bits(a: np.ndarray) -> bytes:
@@ -312,7 +314,7 @@ def test_a_failing_rename_leaves_the_destination_and_no_temp_files(tmp_path, mon
     def refuse(*_args):
         raise OSError("disk on fire")
 
-    monkeypatch.setattr(store.os, "replace", refuse)
+    monkeypatch.setattr(writer.os, "replace", refuse)
     with pytest.raises(OSError, match="disk on fire"):
         write_goldens(dest, {"a": np.ones(3)})
     assert dest.read_bytes() == before
@@ -328,7 +330,7 @@ def test_written_files_are_readable_by_others(tmp_path):
 
 
 def test_a_missing_file_is_refused_with_the_repin_command(tmp_path):
-    with pytest.raises(GoldenMissingError, match="repin_goldens"):
+    with pytest.raises(GoldenMissingError, match="parity repin"):
         open_goldens(tmp_path / "nope.h5")
 
 
@@ -482,7 +484,7 @@ def _reseal(f: h5py.File) -> None:
     """Recompute the metadata checksum after an edit, as a deliberate forger would, so a
     test reaches the checks behind it."""
     a: Any = f.attrs
-    meta = store._meta_digest(  # pyright: ignore[reportPrivateUsage]
+    meta = meta_digest(
         int(a["schema_version"]),
         a["class_map"].decode(),
         a["provenance"].decode(),
@@ -493,7 +495,7 @@ def _reseal(f: h5py.File) -> None:
 
 
 def _set_text(f: h5py.File, name: str, text: str) -> None:
-    store._set_text(f.attrs, name, text)  # pyright: ignore[reportPrivateUsage]
+    writer.set_text(f.attrs, name, text)
 
 
 def _rewrite_index(path: Path, rows: Any, *, reseal: bool = True) -> None:

@@ -99,7 +99,7 @@ def forked(fn: Callable[[], Any], timeout: float = 60.0) -> Any:
     hang could not be interrupted; in a child both become a reportable failure. (Found by
     this fuzzer: a zeroed range inside HDF5's global heap made a variable-length string
     read loop forever. parity no longer writes variable-length strings; see
-    `parity.store._set_text`.)
+    `parity.store.writer.set_text`.)
     """
     r, w = os.pipe()
     with warnings.catch_warnings():

@@ -34,7 +34,7 @@ import tempfile
 from collections.abc import Iterator, Sequence
 from pathlib import Path
 
-from parity.store import JOURNAL_NAME
+from parity.store.format import JOURNAL_NAME
 from parity.worktree import OWNER_NAME, owner_dead, remove_stale_worktrees
 
 __all__ = [
