@@ -1,0 +1,124 @@
+"""What each layer of parity may import, held by tests: each subpackage's docstring says it in
+prose, these tests in fresh processes; and parity's modules import one another without a
+cycle (issue 23)."""
+
+from __future__ import annotations
+
+import ast
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+import parity
+
+SRC = Path(parity.__file__).resolve().parent
+
+#: Each layer, and the top-level modules it must never load, with every module in it imported.
+FORBIDDEN = {
+    "parity": ("jax", "h5py", "decomp"),
+    "parity.judge": ("jax", "h5py", "decomp"),
+    "parity.store": ("jax", "decomp"),
+}
+
+
+def _modules_of(package: str) -> list[str]:
+    folder = SRC.joinpath(*package.split(".")[1:])
+    if package == "parity":
+        return ["parity"]
+    names = [package]
+    names += [f"{package}.{p.stem}" for p in sorted(folder.glob("*.py")) if p.stem != "__init__"]
+    return names
+
+
+@pytest.mark.parametrize("package", sorted(FORBIDDEN))
+def test_a_layer_loads_none_of_what_its_docstring_forbids(package: str) -> None:
+    modules = _modules_of(package)
+    script = (
+        "import importlib, json, sys\n"
+        f"for name in {modules!r}:\n"
+        "    importlib.import_module(name)\n"
+        f"print(json.dumps(sorted(m for m in {list(FORBIDDEN[package])!r} if m in sys.modules)))\n"
+    )
+    proc = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True)
+    assert proc.returncode == 0, proc.stderr
+    assert json.loads(proc.stdout) == [], (package, modules)
+
+
+def _module_name(path: Path) -> str:
+    parts = path.relative_to(SRC.parent).with_suffix("").parts
+    return ".".join(parts[:-1] if parts[-1] == "__init__" else parts)
+
+
+def _top_level_imports(path: Path, known: set[str]) -> set[str]:
+    """The parity modules `path` imports at its top level (not inside a function, and not
+    under `if TYPE_CHECKING:`), so importing it runs them first."""
+    name = _module_name(path)
+    package = name if path.stem == "__init__" else name.rpartition(".")[0]
+    found: set[str] = set()
+    for node in ast.parse(path.read_text(), str(path)).body:
+        if isinstance(node, ast.Import):
+            found.update(alias.name for alias in node.names)
+        elif isinstance(node, ast.ImportFrom):
+            base = node.module or ""
+            if node.level:
+                anchor = package.rsplit(".", node.level - 1)[0] if node.level > 1 else package
+                base = f"{anchor}.{base}" if base else anchor
+            found.add(base)
+            # `from parity.store import writer` imports the submodule too.
+            found.update(f"{base}.{alias.name}" for alias in node.names)
+    return {m for m in found if m in known and m != name}
+
+
+def _import_graph() -> dict[str, set[str]]:
+    paths = sorted(SRC.rglob("*.py"))
+    known = {_module_name(p) for p in paths}
+    return {_module_name(p): _top_level_imports(p, known) for p in paths}
+
+
+def _cycles(graph: dict[str, set[str]]) -> list[list[str]]:
+    """The strongly connected components of more than one module (Tarjan's algorithm)."""
+    index: dict[str, int] = {}
+    low: dict[str, int] = {}
+    stack: list[str] = []
+    on_stack: set[str] = set()
+    found: list[list[str]] = []
+
+    def visit(v: str) -> None:
+        index[v] = low[v] = len(index)
+        stack.append(v)
+        on_stack.add(v)
+        for w in sorted(graph[v]):
+            if w not in index:
+                visit(w)
+                low[v] = min(low[v], low[w])
+            elif w in on_stack:
+                low[v] = min(low[v], index[w])
+        if low[v] == index[v]:
+            component: list[str] = []
+            while True:
+                w = stack.pop()
+                on_stack.discard(w)
+                component.append(w)
+                if w == v:
+                    break
+            if len(component) > 1:
+                found.append(sorted(component))
+
+    for v in sorted(graph):
+        if v not in index:
+            visit(v)
+    return found
+
+
+def test_the_cycle_finder_finds_a_cycle() -> None:
+    graph = {"a": {"b"}, "b": {"c"}, "c": {"a"}, "d": {"a"}}
+    assert _cycles(graph) == [["a", "b", "c"]]
+
+
+def test_parity_modules_import_one_another_without_a_cycle() -> None:
+    graph = _import_graph()
+    assert "parity.store.reader" in graph and "parity.judge.compare" in graph
+    assert _cycles(graph) == []
