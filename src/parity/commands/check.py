@@ -1,0 +1,176 @@
+"""`parity check`: run the producers on the current tree and check them against the
+goldens; the report table, and the report files on request."""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+from collections.abc import Sequence
+from pathlib import Path
+from typing import IO, Any
+
+from parity.commands.common import (
+    EXIT_FAIL,
+    EXIT_OK,
+    CLIError,
+    config_flags,
+    config_of,
+    keep_log,
+    override_flag,
+    overrides_of,
+    process_flags,
+    report_progress,
+    require_goldens,
+    split_groups,
+)
+
+__all__ = ["add_parser", "run"]
+
+
+def add_parser(sub: Any) -> None:
+    """Add `check` to `sub` (argparse subparsers)."""
+    fmt = argparse.RawDescriptionHelpFormatter
+    check = sub.add_parser(
+        "check",
+        help="run the producers on the current tree and check them against the goldens",
+        description="Run the producers on the current tree in a fresh process (ISA cap and "
+        "device count set before jax starts), compare each group with its golden file, print "
+        "the table and the first divergence per group. Exit 0 pass, 1 some key breaks its "
+        "class, 2 unusable input.",
+        formatter_class=fmt,
+    )
+    check.add_argument("--groups", metavar="a,b", help="a subset of the producer groups")
+    check.add_argument("--json", dest="json_path", metavar="FILE", help="write JSON here")
+    check.add_argument(
+        "--report", metavar="DIR", help="write report.txt, report.json, index.html to DIR"
+    )
+    check.add_argument(
+        "--save-actual", metavar="DIR", help="write a failing group's arrays to DIR/<group>.h5"
+    )
+    override_flag(check)
+    config_flags(check)
+    process_flags(check)
+
+
+def _write_reports(
+    results: Sequence[Any], header: dict[str, str], args: argparse.Namespace, out: IO[str]
+) -> None:
+    from parity.report import format_table, to_json, write_html
+
+    merged = _merged(results)
+    checks = [(r.name, r.comparison) for r in results]
+
+    def doc() -> dict[str, Any]:
+        d = to_json(merged, header=header, checks=checks)
+        for entry, r in zip(d["checks"], results, strict=True):
+            entry |= {"group": r.group, "passed": r.passed, "produce_s": r.produce_s,
+                      "load_s": r.load_s, "compare_s": r.compare_s, "saved": r.saved}  # fmt: skip
+        return d
+
+    try:
+        if args.json_path:
+            Path(args.json_path).write_text(json.dumps(doc(), indent=1, sort_keys=True))
+            out.write(f"JSON report written to {args.json_path}\n")
+        if args.report:
+            folder = Path(args.report)
+            folder.mkdir(parents=True, exist_ok=True)
+            text = format_table(merged, header=header, checks=checks)
+            (folder / "report.txt").write_text(text + "\n")
+            (folder / "report.json").write_text(json.dumps(doc(), indent=1, sort_keys=True))
+            write_html(folder, merged, header=header, checks=checks, title="parity check")
+            out.write(f"report written to {folder} (report.txt, report.json, index.html)\n")
+    except OSError as e:
+        raise CLIError(f"cannot write the report: {e}") from None
+
+
+def _merged(results: Sequence[Any]) -> Any:
+    import dataclasses
+
+    from parity.judge.compare import Comparison
+
+    return Comparison(
+        tuple(
+            dataclasses.replace(f, key=f"{r.name}/{f.key}")
+            for r in results
+            for f in r.comparison.findings
+        )
+    )
+
+
+def run(args: argparse.Namespace, out: IO[str]) -> int:
+    from parity.check import CheckError, GoldenDir, merged_header_lines
+    from parity.report import format_table
+    from parity.runner import ProducersFailed, check_produced, produce
+
+    config = config_of(args)
+    overrides = overrides_of(args)
+    require_goldens(config)
+    if args.timeout is not None and args.timeout <= 0:
+        raise CLIError(f"--timeout must be a positive number of seconds, got {args.timeout}")
+    if (args.coordinator is None) != (args.process_id is None):
+        raise CLIError(
+            "--coordinator and --process-id go together (one process per host of a cluster); "
+            "pass both, or neither to run every process here"
+        )
+    if args.process_id is not None and config.processes < 2:
+        raise CLIError(
+            f"--coordinator and --process-id need a run of several processes, got --processes "
+            f"{config.processes}; pass --processes N (the number of hosts)"
+        )
+    if args.process_id is not None and not 0 <= args.process_id < config.processes:
+        raise CLIError(
+            f"--process-id {args.process_id} is not one of the run's processes 0..."
+            f"{config.processes - 1} (--processes {config.processes})"
+        )
+    try:
+        produced = produce(
+            config.root,
+            config,
+            groups=split_groups(args.groups),
+            progress=report_progress,
+            timeout=args.timeout,
+            coordinator=args.coordinator,
+            process_id=args.process_id,
+        )
+    except ProducersFailed as e:
+        log = keep_log(e.output)
+        if e.tail:  # a worker's last lines, before the one-line verdict
+            print(f"parity: last output lines:\n{e.tail}", file=sys.stderr, flush=True)
+        raise CLIError(f"the producers cannot run: {e.reason} (output: {log})") from None
+    if args.process_id:  # a host other than process 0's: its part is done
+        out.write(
+            f"process {args.process_id} of {config.processes} ran its part; process 0's host "
+            "checks the outputs and reports\n"
+        )
+        return EXIT_OK
+    save = Path(args.save_actual).resolve() if args.save_actual else None
+    try:
+        with GoldenDir(config.goldens) as goldens:
+            results = check_produced(
+                produced, goldens, overrides=overrides, save_actual=save, node="parity check"
+            )
+    except CheckError as e:
+        raise CLIError(str(e)) from None
+    header = {
+        "goldens": str(config.goldens),
+        "producers": str(config.producers),
+        "src": ", ".join(str(s) for s in config.src),
+        "layout": str(produced.layout),
+        "xla_flags": produced.xla_flags,
+        "produce": f"{produced.seconds:.1f}s in "
+        + ("a fresh process" if produced.layout.processes == 1 else "fresh processes"),
+    }
+    header |= merged_header_lines(results, header)
+    for r in results:
+        if r.header.get("base_sha"):
+            header.setdefault("base_sha", r.header["base_sha"])
+    merged = _merged(results)
+    checks = [(r.name, r.comparison) for r in results]
+    out.write(format_table(merged, header=header, checks=checks))
+    for r in results:
+        if r.saved:
+            out.write(f"obtained arrays of {r.name} written to {r.saved}; reproduce with:\n")
+            out.write(f"  {r.command}\n")
+    _write_reports(results, header, args, out)
+    return EXIT_OK if all(r.passed for r in results) else EXIT_FAIL

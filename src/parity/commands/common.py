@@ -1,0 +1,175 @@
+"""What every subcommand shares: the one error class, the exit codes, the flags of
+`[tool.parity]`, and the class names given on the command line."""
+
+from __future__ import annotations
+
+import argparse
+import sys
+import tempfile
+
+from parity.config import ParityConfig, load_config
+from parity.judge.tolerance import REGISTRY, ToleranceClass, UnknownClassError, get_class
+
+__all__ = [
+    "EXIT_FAIL",
+    "EXIT_OK",
+    "EXIT_UNUSABLE",
+    "CLIError",
+    "check_class_name",
+    "config_flags",
+    "config_of",
+    "keep_log",
+    "one_line",
+    "override_flag",
+    "overrides_of",
+    "parse_override",
+    "process_flags",
+    "report_progress",
+    "require_goldens",
+    "split_groups",
+]
+
+#: Every array holds its class.
+EXIT_OK = 0
+#: At least one array breaks its class, or is missing or unexpected.
+EXIT_FAIL = 1
+#: The input cannot be used (also argparse's code for a bad command line).
+EXIT_UNUSABLE = 2
+
+
+class CLIError(Exception):
+    """Input a command cannot use (a usage or input error): `parity.cli.main` prints it as
+    one line and exits 2."""
+
+
+def one_line(text: str) -> str:
+    return " ".join(str(text).split())
+
+
+def parse_override(text: str) -> tuple[str, str]:
+    """`PATTERN=CLASS` from the command line as a `(pattern, class)` pair; `CLIError` if
+    malformed or the class is unknown. The class may carry parameters
+    (`'taps.*=reduction[K=512]'`): the split is at the last `=` outside brackets."""
+    head = text[: text.rindex("[")] if text.endswith("]") and "[" in text else text
+    pattern, sep, _ = head.rpartition("=")
+    name = text[len(pattern) + 1 :] if sep else ""
+    if not sep or not pattern or not name:
+        raise CLIError(
+            f"--override {text!r} is not PATTERN=CLASS; for example "
+            "--override 'traj.*=device_count'"
+        )
+    check_class_name(name)
+    return pattern, name
+
+
+def check_class_name(name: str) -> ToleranceClass:
+    """The registry's class called `name`; a `CLIError` listing the known names otherwise.
+
+    **Arguments:**
+
+    - `name`: a class name given on the command line.
+
+    **Returns:** the `ToleranceClass`.
+    """
+    try:
+        return get_class(name)
+    except UnknownClassError as e:
+        raise CLIError(
+            f"--class {name!r} is not a usable tolerance class ({e}); expected one of: "
+            f"{', '.join(sorted(REGISTRY))}, with parameters where a class needs them"
+        ) from None
+
+
+def split_groups(text: str | None) -> list[str]:
+    return [g.strip() for g in (text or "").split(",") if g.strip()]
+
+
+def config_flags(p: argparse.ArgumentParser, *, goldens: bool = True) -> None:
+    g = p.add_argument_group("settings (override [tool.parity] in pyproject.toml)")
+    if goldens:
+        g.add_argument("--goldens", metavar="DIR", help="golden folder (default: goldens)")
+    g.add_argument("--producers", metavar="FILE", help="producers file (GROUPS, CLASS_MAP)")
+    g.add_argument(
+        "--src", metavar="DIR[,DIR]", help="import root(s) of the code under test (default: src)"
+    )
+    g.add_argument("--isa", metavar="CAP", help="XLA CPU ISA cap before jax starts (default AVX2)")
+    g.add_argument(
+        "--devices", type=int, metavar="N", help="simulated CPU devices per process (default 1)"
+    )
+
+
+def process_flags(p: argparse.ArgumentParser) -> None:
+    g = p.add_argument_group("multi-process runs (JAX's distributed runtime)")
+    g.add_argument(
+        "--processes",
+        type=int,
+        metavar="N",
+        help="run the producers as N processes of one distributed run, --devices each, "
+        "outputs gathered to process 0 (default 1)",
+    )
+    g.add_argument(
+        "--timeout",
+        type=float,
+        metavar="S",
+        help="with --processes: seconds the run may take before every worker is stopped "
+        "(default 1800); a worker that fails stops the others at once",
+    )
+    g.add_argument(
+        "--coordinator",
+        metavar="HOST:PORT",
+        help="on a cluster: where process 0 listens (host 0's address); start the same "
+        "command on every host with its --process-id (default: this host, a free port)",
+    )
+    g.add_argument(
+        "--process-id",
+        type=int,
+        metavar="I",
+        help="on a cluster: this host's process id, 0 to N-1; process 0 checks and reports",
+    )
+
+
+def override_flag(p: argparse.ArgumentParser) -> None:
+    p.add_argument(
+        "--override",
+        action="append",
+        default=[],
+        metavar="PATTERN=CLASS",
+        help="check keys matching PATTERN under CLASS, before the pinned class map (repeatable)",
+    )
+
+
+def config_of(args: argparse.Namespace) -> ParityConfig:
+    keys = ("goldens", "producers", "src", "isa", "devices", "processes")
+    flags = {k: getattr(args, k, None) for k in keys}
+    config = load_config().with_overrides(**flags)
+    # Before any other complaint: outside a project, "golden folder does not exist" or
+    # "no producers file" would send the user to the wrong fix.
+    config.need_table()
+    return config
+
+
+def overrides_of(args: argparse.Namespace) -> list[tuple[str, str]]:
+    """The `--override PATTERN=CLASS` flags as `(pattern, class)` pairs."""
+    return [parse_override(o) for o in args.override]
+
+
+def report_progress(line: str) -> None:
+    print(line, file=sys.stderr, flush=True)
+
+
+def keep_log(output: str) -> str:
+    """Write a failed producer run's output to a file that outlives the command."""
+    with tempfile.NamedTemporaryFile(
+        "w", prefix="parity-producers-", suffix=".log", delete=False
+    ) as f:
+        f.write(output)
+    return f.name
+
+
+def require_goldens(config: ParityConfig) -> None:
+    """A `CLIError` unless the configured golden folder exists."""
+    if not config.goldens.is_dir():
+        raise CLIError(
+            f"golden folder {config.goldens} does not exist; pin it first with "
+            "`parity repin --base <REV>`"
+        )

@@ -1,0 +1,82 @@
+"""HDF5 files as `parity diff` and `parity show` open them: every refusal of the store, and
+every read error, becomes a `CLIError` naming the file's role (ACTUAL or GOLDEN)."""
+
+from __future__ import annotations
+
+import contextlib
+from collections.abc import Callable, Iterator, Sequence
+from pathlib import Path
+
+from parity.check import CheckError, bind_calibrated, class_resolver, pinned_class_map
+from parity.commands.common import CLIError
+from parity.noise import Spreads
+from parity.store import GoldenFile, GoldenStoreError, open_goldens
+
+__all__ = ["key_classes", "opened", "read_errors"]
+
+
+@contextlib.contextmanager
+def opened(path: str | Path, role: str) -> Iterator[GoldenFile]:
+    """Open `path` read-only, turning every refusal into a `CLIError` that names `role`."""
+    if role == "ACTUAL" and not Path(path).exists():
+        # The store's own message suggests pinning, which is right for goldens only.
+        raise CLIError(
+            f"ACTUAL: {path} does not exist; expected the HDF5 file the changed code wrote "
+            "(check the path, or run the producer first)"
+        )
+    try:
+        gf = open_goldens(path)
+    except GoldenStoreError as e:
+        raise CLIError(f"{role}: {e}") from None
+    except OSError as e:  # a directory, no permission, ...
+        raise CLIError(f"{role}: {path} cannot be opened as HDF5: {e}") from None
+    try:
+        yield gf
+    finally:
+        gf.close()
+
+
+@contextlib.contextmanager
+def read_errors(gf: GoldenFile, key: str, role: str) -> Iterator[None]:
+    """Store and HDF5 read errors of `gf[key]` become a `CLIError` naming `role`."""
+    try:
+        yield
+    except GoldenStoreError as e:
+        raise CLIError(f"{role}: {e}") from None
+    except OSError as e:
+        # A file truncated after its metadata opens fine and fails only when data is read.
+        raise CLIError(
+            f"{role}: {gf.path}: array {key!r} cannot be read (truncated or damaged file: {e}); "
+            "restore the file or produce it again"
+        ) from None
+
+
+def key_classes(
+    gf: GoldenFile,
+    recorded: dict[str, str],
+    *,
+    class_name: str | None = None,
+    overrides: Sequence[tuple[str, str]] = (),
+) -> Callable[[str], str]:
+    """key -> class name in `gf`, by `parity.check.class_resolver`'s precedence: `overrides`,
+    then `class_name` for every key, then `gf`'s pinned map, then the class `recorded` with
+    each array, then bitwise."""
+    try:
+        pinned = pinned_class_map(gf)
+    except CheckError as e:
+        raise CLIError(f"GOLDEN: {e}") from None
+    # A key under `calibrated` is bound to the spread GOLDEN records for it, as in a check.
+    bound = bind_calibrated(
+        class_resolver(overrides=overrides, class_map=class_name, pinned=pinned, recorded=recorded),
+        Spreads.of(gf.provenance),
+        gf.path.stem,
+        gf.path,
+    )
+
+    def resolve(key: str) -> str:
+        try:
+            return bound(key)
+        except CheckError as e:
+            raise CLIError(f"GOLDEN: {e}") from None
+
+    return resolve

@@ -1,0 +1,108 @@
+"""`parity repin --base REV`: pin goldens at a commit, in a temporary worktree; and
+`parity repin --classes-only`: give the goldens the producers' current class map."""
+
+from __future__ import annotations
+
+import argparse
+from pathlib import Path
+from typing import IO, Any
+
+from parity.commands.common import (
+    EXIT_FAIL,
+    EXIT_OK,
+    CLIError,
+    config_flags,
+    config_of,
+    keep_log,
+    report_progress,
+    split_groups,
+)
+
+__all__ = ["add_parser", "run"]
+
+
+def add_parser(sub: Any) -> None:
+    """Add `repin` to `sub` (argparse subparsers)."""
+    fmt = argparse.RawDescriptionHelpFormatter
+    repin = sub.add_parser(
+        "repin",
+        help="pin goldens at a commit (a temporary worktree; your checkout is untouched)",
+        description="Run the producers (current tree) against the code of commit REV in a "
+        "temporary worktree, in a fresh process, and write one golden file per group; "
+        "print what changed. Your working tree, index and branches are not touched.",
+        formatter_class=fmt,
+    )
+    repin.add_argument(
+        "--base", metavar="REV", help="commit to pin at (required unless --classes-only)"
+    )
+    repin.add_argument(
+        "--classes-only",
+        action="store_true",
+        help="give the existing goldens the producers' current CLASS_MAP without producing: "
+        "arrays, order and provenance stay byte for byte (a class decision on main)",
+    )
+    repin.add_argument("--groups", metavar="a,b", help="a subset of the producer groups")
+    repin.add_argument(
+        "--out", metavar="DIR", help="golden folder (default: [tool.parity] goldens)"
+    )
+    repin.add_argument("--keep-worktree", action="store_true", help="leave the worktree")
+    config_flags(repin, goldens=False)
+
+
+def run(args: argparse.Namespace, out: IO[str]) -> int:
+    from parity.repin import RepinError, repin
+    from parity.runner import failure_reason
+    from parity.worktree import GitError
+
+    config = config_of(args)
+    target = Path(args.out).resolve() if args.out else config.goldens
+    if args.classes_only:
+        if args.base or args.keep_worktree:
+            raise CLIError("--classes-only produces nothing: drop --base and --keep-worktree")
+        return _reclass(config, target, args, out)
+    if not args.base:
+        raise CLIError("repin needs --base REV (the commit to pin at), or --classes-only")
+    try:
+        result = repin(
+            args.base,
+            producers=config.need_producers(),
+            out_dir=target,
+            repo=config.root,
+            device_count=config.devices,
+            isa_cap=config.isa,
+            groups=split_groups(args.groups),
+            keep_worktree=args.keep_worktree,
+            progress=report_progress,
+            src=config.src_relative(),
+        )
+    except GitError as e:
+        raise CLIError(str(e)) from None
+    except RepinError as e:
+        text = str(e)
+        head, _, output = text.partition(" Producer output:\n")
+        why = failure_reason(output) if output else ""
+        log = keep_log(output or text)
+        raise CLIError(f"repin failed: {head} {why} (producer output: {log})") from None
+    out.write(f"pinned at {result.sha} into {result.out_dir}\n")
+    for change in result.changes:
+        out.write(change.describe() + "\n")
+    return EXIT_OK
+
+
+def _reclass(config: Any, target: Path, args: argparse.Namespace, out: IO[str]) -> int:
+    from parity.repin import RepinError, reclass
+    from parity.runner import failure_reason
+
+    try:
+        done = reclass(producers=config.need_producers(), out_dir=target, repo=config.root,
+                       groups=split_groups(args.groups), progress=report_progress,
+                       src=config.src_relative())  # fmt: skip
+    except RepinError as e:
+        text = str(e)
+        head, _, output = text.partition(" Producer output:\n")
+        why = failure_reason(output) if output else ""
+        raise CLIError(f"repin --classes-only failed: {head} {why}".strip()) from None
+    out.write(f"class map of the current producers written into {target}\n")
+    for r in done:
+        out.write(r.describe() + "\n")
+    return EXIT_OK if not any(r.moved for r in done) else EXIT_FAIL

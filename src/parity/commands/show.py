@@ -1,0 +1,169 @@
+"""`parity show GOLDEN [--json] [--verify]`: a file's provenance, class map and inventory."""
+
+from __future__ import annotations
+
+import argparse
+import json
+from pathlib import Path
+from typing import IO, Any, cast
+
+from parity.commands.common import EXIT_OK, CLIError
+from parity.commands.files import key_classes, opened
+from parity.store import GoldenFile, GoldenStoreError
+
+__all__ = ["add_parser", "format_inventory", "inventory", "run"]
+
+
+def _verify(gf: GoldenFile) -> int:
+    """`gf.verify()`: every checksum, and the file's index against each array's own
+    attributes; store and HDF5 read errors become `CLIError`."""
+    try:
+        return gf.verify()
+    except GoldenStoreError as e:
+        raise CLIError(f"GOLDEN: {e}") from None
+    except OSError as e:
+        raise CLIError(
+            f"GOLDEN: {gf.path}: an array cannot be read (truncated or damaged file: {e}); "
+            "restore the file or produce it again"
+        ) from None
+
+
+def inventory(golden: str | Path, *, verify: bool = False) -> dict[str, Any]:
+    """What `parity show --json` prints: provenance, class map and arrays of a file.
+
+    **Arguments:**
+
+    - `golden`: an HDF5 file (parity-written or plain).
+    - `verify`: also load every array and verify its checksum, and check that the file's
+      index agrees with every array's own attributes.
+
+    **Returns:** a JSON-safe dict with `path`, `format` (`"parity"` or `"plain"`),
+    `schema_version` (null for plain files), `provenance` (a dict, empty if none),
+    `class_map` (the pinned map as parsed JSON, or null), `arrays` (a list of `{key, shape,
+    dtype, class, order}`, sorted by key; `class` is the one `diff` would use without
+    `--class`, `order` the pinned forward place or -1) and `verified` (how many arrays were
+    read and, in a parity file, checksum-verified; null without `verify`). Raises
+    `CLIError` for unusable input.
+    """
+    with opened(golden, "GOLDEN") as gf:
+        try:
+            infos = [gf.info(k) for k in gf]
+        except GoldenStoreError as e:
+            raise CLIError(f"GOLDEN: {e}") from None
+        class_map = None
+        if gf.class_map_json:
+            try:
+                class_map = json.loads(gf.class_map_json)
+            except json.JSONDecodeError as e:
+                raise CLIError(
+                    f"GOLDEN: {gf.path}: the pinned class map is not JSON ({e}); repin the file"
+                ) from None
+        resolve = key_classes(gf, {i.key: i.class_name for i in infos})
+        verified = _verify(gf) if verify else None
+        return {
+            "path": str(gf.path),
+            "format": "parity" if gf.is_parity_file else "plain",
+            "schema_version": gf.schema_version,
+            "provenance": gf.provenance,
+            "class_map": class_map,
+            "arrays": [
+                {
+                    "key": i.key,
+                    "shape": list(i.shape),
+                    "dtype": i.dtype.name,
+                    "class": resolve(i.key),
+                    "order": i.order,
+                }
+                for i in infos
+            ],
+            "verified": verified,
+        }
+
+
+def format_inventory(doc: dict[str, Any]) -> str:
+    """`inventory`'s dict as text for a terminal.
+
+    **Arguments:**
+
+    - `doc`: the output of `inventory`.
+
+    **Returns:** the text: the file and its format, provenance, class map, then one row per
+    array (key, shape, dtype, class, order).
+    """
+    arrays = doc["arrays"]
+    if doc["format"] == "parity":
+        kind = f"parity schema {doc['schema_version']}"
+    else:
+        kind = "plain HDF5 (no parity attributes: no checksums, every key compares bitwise)"
+    lines = [f"golden: {doc['path']}", f"format: {kind}, {len(arrays)} arrays"]
+    if doc["verified"] is not None:
+        verified = "none to verify (plain HDF5)" if doc["format"] != "parity" else "all verified"
+        lines.append(f"checksums: {verified} ({doc['verified']} arrays read)")
+    prov = doc["provenance"]
+    lines.append("provenance:" + ("" if prov else " none recorded"))
+    if prov:
+        width = max(len(k) for k in prov)
+        for k in sorted(prov):
+            value = prov[k]
+            if isinstance(value, dict) and "summary" in value:  # a calibration: its one line
+                value = cast(dict[str, Any], value)["summary"]
+            lines.append(f"  {k.ljust(width)}  {value}")
+    cmap = doc["class_map"]
+    if not isinstance(cmap, dict):
+        lines.append("class map: none pinned")
+    else:
+        lines.append("class map (first matching rule wins):")
+        lines += [f"  {rule[0]}  ->  {rule[1]}" for rule in cmap.get("rules", [])]
+        # What parity check does with a key no rule matches (`parity.check`'s precedence):
+        # the class recorded with its array, else bitwise. The class column shows each.
+        fallback = "none pinned: an unmatched key takes its array's recorded class, else bitwise"
+        lines.append(f"  default  ->  {cmap.get('default') or f'({fallback})'}")
+    lines += ["", f"arrays ({len(arrays)}):"]
+    rows = [["key", "shape", "dtype", "class", "order"]] + [
+        [
+            a["key"],
+            str(tuple(a["shape"])),
+            a["dtype"],
+            a["class"],
+            str(a["order"]) if a["order"] >= 0 else "-",
+        ]
+        for a in arrays
+    ]
+    widths = [max(len(r[i]) for r in rows) for i in range(len(rows[0]))]
+    for n, row in enumerate(rows):
+        lines.append(
+            "  " + "  ".join(c.ljust(w) for c, w in zip(row, widths, strict=True)).rstrip()
+        )
+        if n == 0:
+            lines.append("  " + "  ".join("-" * w for w in widths))
+    return "\n".join(lines) + "\n"
+
+
+_SHOW_DESCRIPTION = """\
+Print a file's provenance, its pinned class map and every array (key, shape, dtype, the
+class `parity diff` would check it under, forward order) without loading the data.
+"""
+
+
+def add_parser(sub: Any) -> None:
+    """Add `show` to `sub` (argparse subparsers)."""
+    show = sub.add_parser(
+        "show",
+        help="provenance, class map and arrays of a file",
+        description=_SHOW_DESCRIPTION,
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+    )
+    show.add_argument("golden", metavar="GOLDEN", help="HDF5 file to describe")
+    show.add_argument("--json", action="store_true", help="print one JSON object instead of text")
+    show.add_argument(
+        "--verify", action="store_true", help="also load every array and verify its checksum"
+    )
+
+
+def run(args: argparse.Namespace, out: IO[str]) -> int:
+    doc = inventory(args.golden, verify=args.verify)
+    if args.json:
+        out.write(json.dumps(doc, indent=2, sort_keys=False) + "\n")
+    else:
+        out.write(format_inventory(doc))
+    return EXIT_OK
