@@ -38,9 +38,11 @@ import numpy as np
 from parity.check import Overrides, class_resolver, pinned_class_map, with_spread
 from parity.config import ParityConfig
 from parity.judge.compare import Finding, compare_arrays
+from parity.judge.floats import from_json_float, json_float, largest_finite_abs
 from parity.judge.tolerance import REGISTRY, ToleranceClass, get_class, parse_class_name
 from parity.judge.ulp import is_float_dtype, to_float64
 from parity.noise import Spreads
+from parity.report import text_table
 from parity.store import GoldenFile, write_goldens
 
 __all__ = [
@@ -243,11 +245,14 @@ class KeySpread:
     @classmethod
     def from_dict(cls, data: Mapping[str, Any]) -> KeySpread:
         """Read `to_dict`'s output back (after a JSON round trip)."""
-        kw = {f.name: _unjson(data[f.name]) for f in dataclasses.fields(cls) if f.name in data}
+        kw = {
+            f.name: from_json_float(data[f.name]) for f in dataclasses.fields(cls) if f.name in data
+        }
         for name in ("failing", "unmeasured"):
             kw[name] = tuple(kw.get(name, ()))
         kw["by_perturbation"] = tuple(
-            (str(lb), float(a), float(_unjson(r))) for lb, a, r in data.get("by_perturbation", ())
+            (str(lb), float(a), float(from_json_float(r)))
+            for lb, a, r in data.get("by_perturbation", ())
         )
         return cls(**kw)
 
@@ -285,16 +290,10 @@ class ClassSpread:
 
 
 def _json(x: Any) -> Any:
-    if isinstance(x, float) and not math.isfinite(x):
-        return "nan" if math.isnan(x) else ("inf" if x > 0 else "-inf")
+    if isinstance(x, float):
+        return json_float(x)
     if isinstance(x, tuple):
         return list(x)  # pyright: ignore[reportUnknownArgumentType]
-    return x
-
-
-def _unjson(x: Any) -> Any:
-    if x in ("nan", "inf", "-inf"):
-        return float(x)
     return x
 
 
@@ -319,11 +318,8 @@ def _ratio(figure: float, bound: float) -> float:
 
 def _scale(golden: np.ndarray) -> float:
     if not is_float_dtype(golden.dtype):
-        g = np.abs(golden.astype(np.float64))
-    else:
-        g = np.abs(to_float64(golden))
-    g = g[np.isfinite(g)]
-    return float(g.max()) if g.size else 0.0
+        return largest_finite_abs(golden.astype(np.float64))
+    return largest_finite_abs(to_float64(golden))
 
 
 def measure(
@@ -580,19 +576,6 @@ def _num(x: float | int | None) -> str:
     return f"{x:.3g}"
 
 
-def _table(rows: list[list[str]], right: Sequence[bool]) -> list[str]:
-    widths = [max(len(r[i]) for r in rows) for i in range(len(rows[0]))]
-    lines = []
-    for n, row in enumerate(rows):
-        cells = [
-            c.rjust(w) if r else c.ljust(w) for c, w, r in zip(row, widths, right, strict=True)
-        ]
-        lines.append("  ".join(cells).rstrip())
-        if n == 0:
-            lines.append("  ".join("-" * w for w in widths))
-    return lines
-
-
 def format_calibration(cal: Calibration) -> str:
     """The measurement as text: the environments, then per class its measured noise
     next to its bound, the flags, and the keys that broke their class."""
@@ -625,7 +608,7 @@ def format_calibration(cal: Calibration) -> str:
             ]
         )
     right = (False, False, True, True, True, True, True, True, True, False, False)
-    lines += _table(rows, right)
+    lines += text_table(rows, right)
     lines += ["", "per perturbation, per class: worst/bound (max abs):"]
     names = [c.class_name for c in cal.classes()]
     rows = [["perturbation", *names]]
@@ -638,7 +621,7 @@ def format_calibration(cal: Calibration) -> str:
                 f"{_num(max(r for r, _ in got))} ({_num(max(a for _, a in got))})" if got else "-"
             )
         rows.append(row)
-    lines += _table(rows, (False, *([True] * len(names))))
+    lines += text_table(rows, (False, *([True] * len(names))))
     flagged = [c for c in cal.classes() if c.verdict != "ok"]
     if flagged:
         lines += ["", "flags:"]

@@ -13,8 +13,10 @@ import sys
 #: x86 host with at least AVX2 (see docs/design.md, "Reproducing bits across hosts").
 DEFAULT_ISA_CAP = "AVX2"
 
-_DEVICE_FLAG = "--xla_force_host_platform_device_count"
-_ISA_FLAG = "--xla_cpu_max_isa"
+#: The XLA flag of the simulated CPU device count.
+DEVICE_FLAG = "--xla_force_host_platform_device_count"
+#: The XLA flag of the CPU ISA cap.
+ISA_FLAG = "--xla_cpu_max_isa"
 
 
 class DeviceCountError(RuntimeError):
@@ -40,9 +42,9 @@ def xla_flags_for(n_devices: int, *, isa_cap: str | None = DEFAULT_ISA_CAP, base
     """
     if n_devices < 1:
         raise ValueError(f"device count must be at least 1, got {n_devices}")
-    flags = _set_flag(base, _DEVICE_FLAG, str(n_devices))
+    flags = _set_flag(base, DEVICE_FLAG, str(n_devices))
     if isa_cap is not None:
-        flags = _set_flag(flags, _ISA_FLAG, isa_cap)
+        flags = _set_flag(flags, ISA_FLAG, isa_cap)
     return flags.strip()
 
 
@@ -68,9 +70,9 @@ def cap_isa(isa_cap: str) -> None:
     if jax_backend_started():
         return
     flags = os.environ.get("XLA_FLAGS", "")
-    if _ISA_FLAG + "=" in flags:
+    if ISA_FLAG + "=" in flags:
         return  # the user chose a cap explicitly
-    os.environ["XLA_FLAGS"] = f"{flags} {_ISA_FLAG}={isa_cap}".strip()
+    os.environ["XLA_FLAGS"] = f"{flags} {ISA_FLAG}={isa_cap}".strip()
 
 
 def jax_backend_started() -> bool:
@@ -97,7 +99,7 @@ def set_cpu_device_count(n_devices: int, *, isa_cap: str | None = DEFAULT_ISA_CA
                 f"jax already started with {have} device(s) in this process, but {n_devices} "
                 "were asked for. The count is fixed when jax first creates an array: set it "
                 "before that (the pytest option --parity-devices, or PARITY_DEVICES, or "
-                f"XLA_FLAGS={_DEVICE_FLAG}={n_devices}) and run one count per process."
+                f"XLA_FLAGS={DEVICE_FLAG}={n_devices}) and run one count per process."
             )
         return
     os.environ["XLA_FLAGS"] = xla_flags_for(

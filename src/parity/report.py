@@ -22,12 +22,14 @@ from pathlib import Path
 from typing import IO, Any
 
 from parity.judge.compare import Comparison, Finding
+from parity.judge.floats import json_float
 
 __all__ = [
     "ClassSummary",
     "format_table",
     "print_report",
     "summarize",
+    "text_table",
     "to_json",
     "write_html",
     "write_json",
@@ -77,9 +79,7 @@ class ClassSummary:
 
 
 def _json_float(x: float | None) -> float | str | None:
-    if x is not None and not math.isfinite(x):
-        return "nan" if math.isnan(x) else ("inf" if x > 0 else "-inf")
-    return x
+    return x if x is None else json_float(x)
 
 
 def _severity(f: Finding) -> tuple[bool, float, float, float]:
@@ -143,7 +143,10 @@ def _value(v: Any, dtype: str | None) -> str:
     return repr(v)
 
 
-def _table(rows: Sequence[Sequence[str]], right: Sequence[bool]) -> list[str]:
+def text_table(rows: Sequence[Sequence[str]], right: Sequence[bool]) -> list[str]:
+    """`rows` (the first one the column titles) as aligned text lines: columns two spaces
+    apart, each left-aligned or, where `right` says so, right-aligned; a line of dashes
+    under the titles; no trailing spaces."""
     widths = [max(len(r[i]) for r in rows) for i in range(len(rows[0]))]
     lines = []
     for n, row in enumerate(rows):
@@ -261,7 +264,7 @@ def format_table(
     lines.append("")
     rows = [list(_CLASS_COLUMNS)] + [_class_row(c) for c in summarize(comparison)]
     right = _CLASS_RIGHT
-    lines += _table(rows, right) if len(rows) > 1 else ["(no arrays compared)"]
+    lines += text_table(rows, right) if len(rows) > 1 else ["(no arrays compared)"]
     if checks is None:
         lines += [
             "",

@@ -9,6 +9,7 @@ from typing import IO, Any, cast
 
 from parity.commands.common import EXIT_OK, CLIError
 from parity.commands.files import key_classes, opened
+from parity.report import text_table
 from parity.store import GoldenFile, GoldenStoreError
 
 __all__ = ["add_parser", "format_inventory", "inventory", "run"]
@@ -129,13 +130,7 @@ def format_inventory(doc: dict[str, Any]) -> str:
         ]
         for a in arrays
     ]
-    widths = [max(len(r[i]) for r in rows) for i in range(len(rows[0]))]
-    for n, row in enumerate(rows):
-        lines.append(
-            "  " + "  ".join(c.ljust(w) for c, w in zip(row, widths, strict=True)).rstrip()
-        )
-        if n == 0:
-            lines.append("  " + "  ".join("-" * w for w in widths))
+    lines += ["  " + line for line in text_table(rows, [False] * len(rows[0]))]
     return "\n".join(lines) + "\n"
 
 

@@ -37,6 +37,7 @@ __all__ = [
     "Block",
     "Source",
     "elements_per_chunk",
+    "is_source",
     "plan",
 ]
 
@@ -149,6 +150,11 @@ class Source(Protocol):
     def finish(self) -> None:
         """Called after a full pass over the blocks of one plan, in order."""
         ...
+
+
+def is_source(x: Any) -> bool:
+    """Whether `x` is a `Source` (read block by block) rather than an array."""
+    return all(hasattr(x, name) for name in ("read", "finish", "shape", "dtype"))
 
 
 class ArraySource:

@@ -23,7 +23,16 @@ from typing import Any, Literal, cast
 import numpy as np
 
 from parity.judge import mldtypes
-from parity.judge.chunks import DEFAULT_BUDGET, ArraySource, Block, Source, elements_per_chunk, plan
+from parity.judge.chunks import (
+    DEFAULT_BUDGET,
+    ArraySource,
+    Block,
+    Source,
+    elements_per_chunk,
+    is_source,
+    plan,
+)
+from parity.judge.floats import from_json_float, json_float, largest_finite_abs
 from parity.judge.rules import Elements, Scale
 from parity.judge.tolerance import REGISTRY, ClassMap, ToleranceClass, get_class
 from parity.judge.trees import flatten
@@ -59,16 +68,10 @@ _FLOAT_FIELDS = (
 
 def _json_float(x: Any) -> Any:
     # JSON has no NaN or inf; strings keep them readable and unambiguous (null means absent).
-    if isinstance(x, float) and not math.isfinite(x):
-        return "nan" if math.isnan(x) else ("inf" if x > 0 else "-inf")
+    if isinstance(x, float):
+        return json_float(x)
     if isinstance(x, complex):
         return str(x)
-    return x
-
-
-def _from_json_float(x: Any) -> Any:
-    if isinstance(x, str) and x in ("nan", "inf", "-inf"):
-        return float(x)
     return x
 
 
@@ -175,7 +178,7 @@ class Finding:
                 kwargs[name] = tuple(kwargs[name])
         for name in _FLOAT_FIELDS:
             if name in kwargs:
-                kwargs[name] = _from_json_float(kwargs[name])
+                kwargs[name] = from_json_float(kwargs[name])
         return cls(**kwargs)
 
 
@@ -191,11 +194,6 @@ def _as_array(key: str, x: Any, side: str) -> np.ndarray:
     arr = np.asarray(x)
     _check_dtype(key, arr.dtype, side)
     return arr
-
-
-def is_source(x: Any) -> bool:
-    """Whether `x` is a `parity.judge.chunks.Source` (read block by block) rather than an array."""
-    return all(hasattr(x, name) for name in ("read", "finish", "shape", "dtype"))
 
 
 def _as_source(key: str, x: Any, side: str) -> Source:
@@ -292,9 +290,7 @@ def _max_finite_abs(g: np.ndarray) -> float:
         return 0.0
     inf_bits = _ieee_inf_bits(g.dtype)
     if inf_bits is None:
-        a = np.abs(to_float64(g))
-        a = np.where(np.isfinite(a), a, 0.0)
-        return float(a.max())
+        return largest_finite_abs(to_float64(g))
     width = 8 * g.dtype.itemsize
     bits = g.view(np.dtype(f"u{g.dtype.itemsize}"))
     mag = bits & np.array((1 << (width - 1)) - 1, bits.dtype)

@@ -44,6 +44,7 @@ from typing import Any, ClassVar, Literal
 
 import numpy as np
 
+from parity.judge.floats import largest_finite_abs
 from parity.judge.ulp import spacing_at
 
 __all__ = [
@@ -88,9 +89,8 @@ class Scale:
     @classmethod
     def of(cls, golden: np.ndarray, g64: np.ndarray | None = None) -> Scale:
         """The scale of `golden` (`g64`: the same array as float64, if the caller has it)."""
-        g = np.abs(g64 if g64 is not None else golden.astype(np.float64))
-        finite = g[np.isfinite(g)]
-        return cls(golden.dtype, float(finite.max()) if finite.size else 0.0)
+        x64 = g64 if g64 is not None else golden.astype(np.float64)
+        return cls(golden.dtype, largest_finite_abs(x64))
 
 
 @dataclass(frozen=True)

@@ -20,6 +20,8 @@ from typing import Any, cast
 
 import numpy as np
 
+from parity.judge.chunks import is_source
+
 __all__ = ["flatten"]
 
 
@@ -28,11 +30,6 @@ def _is_array_like(x: Any) -> bool:
         return True
     # jax arrays and anything else with an array interface (not str/bytes/callables)
     return hasattr(x, "__array__") or hasattr(x, "__array_interface__")
-
-
-def _is_source(x: Any) -> bool:
-    # A `parity.judge.chunks.Source` (a golden file's array, read block by block): a leaf.
-    return all(hasattr(x, name) for name in ("read", "finish", "shape", "dtype"))
 
 
 def _jax_children(node: Any) -> list[tuple[str, Any]] | None:
@@ -95,7 +92,8 @@ def flatten(
     def leaf(path: str, node: Any) -> None:
         if path in out or (non_arrays is not None and path in non_arrays):
             raise ValueError(f"flatten: two paths join to the key {path!r}")
-        if _is_source(node):
+        # A `Source` (a golden file's array, read block by block) is a leaf.
+        if is_source(node):
             out[path] = node  # read block by block by the comparison, not loaded here
         elif _is_array_like(node):
             out[path] = to_array(node)
@@ -117,7 +115,7 @@ def flatten(
             items = zip(cast(Any, node)._fields, cast(tuple[Any, ...], node), strict=True)
         elif isinstance(node, list | tuple):
             items = enumerate(cast(Sequence[Any], node))
-        elif _is_array_like(node) or _is_source(node):
+        elif _is_array_like(node) or is_source(node):
             leaf(path, node)
             return
         else:

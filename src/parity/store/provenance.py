@@ -44,6 +44,8 @@ from collections.abc import Iterable, Mapping, Sequence
 from pathlib import Path
 from typing import Any, Literal
 
+from parity.devices import DEVICE_FLAG, ISA_FLAG
+
 __all__ = [
     "BITS_FIELDS",
     "DEFAULT_RELAX_ULPS",
@@ -68,8 +70,8 @@ INFO_FIELDS = ("python", "numpy", "h5py", "ml_dtypes", "platform", "base_sha", "
 #: ulp allowed for bitwise classes under the "relax" policy (see the module docstring).
 DEFAULT_RELAX_ULPS = 2
 
-_DEVICE_FLAG_RE = re.compile(r"--xla_force_host_platform_device_count=(\d+)")
-_ISA_FLAG_RE = re.compile(r"--xla_cpu_max_isa=(\S+)")
+_DEVICE_FLAG_RE = re.compile(re.escape(DEVICE_FLAG) + r"=(\d+)")
+_ISA_FLAG_RE = re.compile(re.escape(ISA_FLAG) + r"=(\S+)")
 _SKIPPED_PARTS = frozenset({"__pycache__", ".git", ".pytest_cache", ".ruff_cache"})
 
 

@@ -35,6 +35,7 @@ from collections.abc import Iterator, Sequence
 from pathlib import Path
 
 from parity.store.format import JOURNAL_NAME
+from parity.store.writer import fsync_dir
 from parity.worktree import OWNER_NAME, owner_dead, remove_stale_worktrees
 
 __all__ = [
@@ -73,14 +74,6 @@ def staged_name(dest: Path) -> Path:
     return dest.with_name(f".{dest.name}.new")
 
 
-def _fsync_dir(folder: Path) -> None:
-    fd = os.open(folder, os.O_RDONLY)
-    try:
-        os.fsync(fd)
-    finally:
-        os.close(fd)
-
-
 def _write_atomic(path: Path, text: str) -> None:
     fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
     try:
@@ -93,7 +86,7 @@ def _write_atomic(path: Path, text: str) -> None:
         with contextlib.suppress(FileNotFoundError):
             os.unlink(tmp)
         raise
-    _fsync_dir(path.parent)
+    fsync_dir(path.parent, strict=True)
 
 
 def _owner_pid(text: str) -> int | None:
@@ -191,7 +184,7 @@ def commit_staged(folder: Path, renames: Sequence[tuple[Path, Path]]) -> None:
             "`python tools/repin_goldens.py --recover`) to finish"
         ) from None
     journal.unlink()
-    _fsync_dir(folder)
+    fsync_dir(folder, strict=True)
     _checkpoint("done")
 
 
@@ -203,7 +196,7 @@ def _roll_forward(folder: Path, renames: Sequence[Sequence[str]]) -> int:
             os.replace(src, folder / dest)
             done += 1
         _checkpoint(f"replaced-{n + 1}")
-    _fsync_dir(folder)
+    fsync_dir(folder, strict=True)
     return done
 
 
@@ -237,7 +230,7 @@ def recover(folder: Path, *, repo: Path | None = None) -> list[str]:
             ) from None
         n = _roll_forward(folder, renames)
         journal.unlink()
-        _fsync_dir(folder)
+        fsync_dir(folder, strict=True)
         done.append(f"finished an interrupted replace: {n} of {len(renames)} files moved")
     for p in sorted(folder.iterdir()):
         if _is_debris(p.name) and p.is_file():

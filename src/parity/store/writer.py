@@ -167,15 +167,26 @@ def _mode_for(dest: Path) -> int:
         return 0o644
 
 
-def fsync_dir(directory: Path) -> None:
-    # Makes the rename itself durable; not every platform can open a directory.
+def fsync_dir(directory: Path, *, strict: bool = False) -> None:
+    """Make the renames in `directory` durable (fsync the folder itself).
+
+    **Arguments:**
+
+    - `directory`: the folder.
+    - `strict`: raise `OSError` where the folder cannot be opened or synced (a repin's
+      journal must be durable before it goes on); otherwise pass, since not every platform
+      can open a directory.
+    """
     try:
         fd = os.open(directory, os.O_RDONLY)
     except OSError:
+        if strict:
+            raise
         return
     try:
         os.fsync(fd)
     except OSError:
-        pass
+        if strict:
+            raise
     finally:
         os.close(fd)
