@@ -32,7 +32,7 @@ from parity.check import CheckError, GoldenDir
 from parity.config import ParityConfig
 from parity.repin import RepinError, repin
 from parity.runner import ProducersFailed, check_produced, failure_reason, produce
-from parity.worktree import GitError, _git, repo_root, resolve_sha, temporary_worktree
+from parity.worktree import GitError, git, repo_root, resolve_sha, temporary_worktree
 
 __all__ = ["BisectError", "BisectResult", "Step", "bisect", "first_parent_commits"]
 
@@ -121,12 +121,12 @@ class BisectResult:
 
 def first_parent_commits(root: Path, good: str, bad: str) -> list[str]:
     """The first-parent commits after `good` up to and including `bad`, oldest first."""
-    out = _git(root, "rev-list", "--first-parent", "--reverse", bad, f"^{good}")
+    out = git(root, "rev-list", "--first-parent", "--reverse", bad, f"^{good}")
     return out.split()
 
 
 def _subject(root: Path, sha: str) -> str:
-    return _git(root, "log", "-1", "--format=%s", sha)
+    return git(root, "log", "-1", "--format=%s", sha)
 
 
 def _is_ancestor(root: Path, a: str, b: str) -> bool:

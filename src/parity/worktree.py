@@ -26,7 +26,9 @@ class GitError(RuntimeError):
     """A git command failed, or a revision does not name a commit of the repository."""
 
 
-def _git(repo: Path, *args: str) -> str:
+def git(repo: Path, *args: str) -> str:
+    """Run `git -C repo ARGS` without touching the user's index; **returns** its stdout,
+    stripped. Raises `GitError` when git is missing or the command fails."""
     try:
         proc = subprocess.run(
             ["git", "-C", str(repo), *args],
@@ -45,7 +47,7 @@ def _git(repo: Path, *args: str) -> str:
 
 def repo_root(path: Path | str = ".") -> Path:
     """The top folder of the git repository holding `path`."""
-    return Path(_git(Path(path), "rev-parse", "--show-toplevel"))
+    return Path(git(Path(path), "rev-parse", "--show-toplevel"))
 
 
 def resolve_sha(repo: Path | str, rev: str) -> str:
@@ -55,7 +57,7 @@ def resolve_sha(repo: Path | str, rev: str) -> str:
             f"not a revision: {rev!r}; pass a commit SHA, e.g. --base $(git rev-parse HEAD~1)"
         )
     try:
-        return _git(Path(repo), "rev-parse", "--verify", "--quiet", f"{rev}^{{commit}}")
+        return git(Path(repo), "rev-parse", "--verify", "--quiet", f"{rev}^{{commit}}")
     except GitError:
         raise GitError(
             f"{rev!r} is not a commit of the repository at {repo}; list candidates with "
@@ -94,7 +96,7 @@ def remove_stale_worktrees(repo: Path | str) -> list[str]:
     """
     root = repo_root(repo)
     done: list[str] = []
-    listing = _git(root, "worktree", "list", "--porcelain")
+    listing = git(root, "worktree", "list", "--porcelain")
     for line in listing.splitlines():
         if not line.startswith("worktree "):
             continue
@@ -103,10 +105,10 @@ def remove_stale_worktrees(repo: Path | str) -> list[str]:
         if not folder.name.startswith(WORKTREE_PREFIX) or not owner_dead(folder / OWNER_NAME):
             continue
         with contextlib.suppress(GitError):
-            _git(root, "worktree", "remove", "--force", str(path))
+            git(root, "worktree", "remove", "--force", str(path))
         shutil.rmtree(folder, ignore_errors=True)
         done.append(f"removed the worktree {path}, left by a killed repin")
-    _git(root, "worktree", "prune")
+    git(root, "worktree", "prune")
     return done
 
 
@@ -153,7 +155,7 @@ def temporary_worktree(repo: Path | str, sha: str, *, keep: bool = False) -> Ite
     added = False
     try:
         with signals_reach_main_thread(), _sigterm_as_exception():
-            _git(root, "worktree", "add", "--detach", "--quiet", str(path), full)
+            git(root, "worktree", "add", "--detach", "--quiet", str(path), full)
             added = True
             yield path
     finally:
@@ -163,7 +165,7 @@ def temporary_worktree(repo: Path | str, sha: str, *, keep: bool = False) -> Ite
             with deferred_signals():
                 if added:
                     with contextlib.suppress(GitError):
-                        _git(root, "worktree", "remove", "--force", str(path))
+                        git(root, "worktree", "remove", "--force", str(path))
                 shutil.rmtree(tmp, ignore_errors=True)
                 with contextlib.suppress(GitError):
-                    _git(root, "worktree", "prune")
+                    git(root, "worktree", "prune")

@@ -219,13 +219,13 @@ _PAUSES = {
     "before-worktree": """
         import os, pathlib, time
         import parity.worktree as worktree
-        _real_git = worktree._git
+        _real_git = worktree.git
         def _git(repo, *args):
             if args[:2] == ("worktree", "add"):
                 pathlib.Path(MARKER).write_text(str(os.getpid()))
                 time.sleep(60)
             return _real_git(repo, *args)
-        worktree._git = _git
+        worktree.git = _git
     """,
     "staging": """
         import os, pathlib, time

@@ -37,16 +37,18 @@ def opened(path: str | Path, role: str) -> Iterator[GoldenFile]:
 
 
 @contextlib.contextmanager
-def read_errors(gf: GoldenFile, key: str, role: str) -> Iterator[None]:
-    """Store and HDF5 read errors of `gf[key]` become a `CLIError` naming `role`."""
+def read_errors(gf: GoldenFile, key: str | None, role: str) -> Iterator[None]:
+    """Store and HDF5 read errors of `gf[key]` (of any array of `gf` where `key` is None)
+    become a `CLIError` naming `role`."""
     try:
         yield
     except GoldenStoreError as e:
         raise CLIError(f"{role}: {e}") from None
     except OSError as e:
         # A file truncated after its metadata opens fine and fails only when data is read.
+        which = "an array" if key is None else f"array {key!r}"
         raise CLIError(
-            f"{role}: {gf.path}: array {key!r} cannot be read (truncated or damaged file: {e}); "
+            f"{role}: {gf.path}: {which} cannot be read (truncated or damaged file: {e}); "
             "restore the file or produce it again"
         ) from None
 

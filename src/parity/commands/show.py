@@ -8,7 +8,7 @@ from pathlib import Path
 from typing import IO, Any, cast
 
 from parity.commands.common import EXIT_OK, CLIError
-from parity.commands.files import key_classes, opened
+from parity.commands.files import key_classes, opened, read_errors
 from parity.report import text_table
 from parity.store import GoldenFile, GoldenStoreError
 
@@ -18,15 +18,8 @@ __all__ = ["add_parser", "format_inventory", "inventory", "run"]
 def _verify(gf: GoldenFile) -> int:
     """`gf.verify()`: every checksum, and the file's index against each array's own
     attributes; store and HDF5 read errors become `CLIError`."""
-    try:
+    with read_errors(gf, None, "GOLDEN"):
         return gf.verify()
-    except GoldenStoreError as e:
-        raise CLIError(f"GOLDEN: {e}") from None
-    except OSError as e:
-        raise CLIError(
-            f"GOLDEN: {gf.path}: an array cannot be read (truncated or damaged file: {e}); "
-            "restore the file or produce it again"
-        ) from None
 
 
 def inventory(golden: str | Path, *, verify: bool = False) -> dict[str, Any]:

@@ -1,17 +1,9 @@
 """Golden keys and the HDF5 group paths that store them.
 
-**Layout.** Each key is split on "." into segments and stored as a group path with a
-fixed dataset name at its end:
-
-    "taps.llama.layers.3.mlp"   ->   /taps/llama/layers/3/mlp/%value
-
-A fixed leaf name is what makes the mapping safe when one key is a prefix of another:
-`a.b` and `a.b.c` become `/a/b/%value` and `/a/b/c/%value`, so the group `/a/b` holds both
-the dataset of `a.b` and the subgroup of `a.b.c`. Inside a segment, "%" and "/" are written
-as "%25" and "%2F" (upper-case hex); no escaped segment can equal `%value` (the "%" of an
-escape is always followed by two hex digits, and "v" is not one), so keys round-trip
-exactly. Keys that are empty, contain NUL, or have an empty segment (`a..b`, `.a`, `a.`)
-are refused: HDF5 names cannot hold them.
+A key is split on "." into segments, each escaped ("%" as "%25", "/" as "%2F"), and joined
+by "/" into the group path that holds its dataset (`parity.store.format` has the layout and
+why it round-trips). Keys that are empty, contain NUL, or have an empty segment (`a..b`,
+`.a`, `a.`) are refused: HDF5 names cannot hold them.
 """
 
 from __future__ import annotations
