@@ -30,7 +30,7 @@ from typing import Any, Literal
 
 from parity.check import CheckError, GoldenDir
 from parity.config import ParityConfig
-from parity.repin import RepinError, repin
+from parity.repin import ProducerRunError, RepinError, repin
 from parity.runner import ProducersFailed, check_produced, failure_reason, produce
 from parity.worktree import GitError, git, repo_root, resolve_sha, temporary_worktree
 
@@ -244,9 +244,7 @@ def bisect(
                 src=config.src_relative(),
             )
         except RepinError as e:
-            text = str(e)
-            _, _, output = text.partition("Producer output:\n")
-            why = failure_reason(output or text)
+            why = failure_reason((e.output if isinstance(e, ProducerRunError) else "") or str(e))
             record(Step(good_sha, _subject(root, good_sha), "skip", f"cannot pin: {why}", "GOOD"))
             return result("cannot_run")
         with GoldenDir(tmp) as goldens:

@@ -59,6 +59,20 @@ class RepinError(RuntimeError):
     """Repinning failed; the old goldens are untouched."""
 
 
+class ProducerRunError(RepinError):
+    """The producer process ran and failed (a crash, a missing symbol).
+
+    **Fields:** `head` (one sentence: why, and that the old goldens are untouched) and
+    `output` (the last lines the process printed, traceback included; may be empty). Its
+    text is the head, then the output.
+    """
+
+    def __init__(self, reason: str, output: str):
+        self.head = f"{reason}; old goldens are untouched."
+        self.output = output
+        super().__init__(f"{self.head} Producer output:\n{output}")
+
+
 @dataclass(frozen=True)
 class GroupChange:
     """What a repin changed in one golden file."""
@@ -299,7 +313,7 @@ def run_producers(
             if rc == EXIT_MISSING_SYMBOL
             else f"the producers failed (exit {rc})"
         )
-        raise RepinError(f"{reason}; old goldens are untouched. Producer output:\n{output}")
+        raise ProducerRunError(reason, output)
     return flags
 
 

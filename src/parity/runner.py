@@ -24,7 +24,7 @@ import numpy as np
 from parity.check import CheckResult, GoldenDir, check_group
 from parity.config import ParityConfig
 from parity.processes import Layout, WorkerFailed
-from parity.repin import RepinError, load_runner_output, run_producers
+from parity.repin import ProducerRunError, RepinError, load_runner_output, run_producers
 
 __all__ = ["Produced", "ProducersFailed", "check_produced", "failure_reason", "produce"]
 
@@ -141,9 +141,8 @@ def produce(
         except WorkerFailed as e:
             raise ProducersFailed(e.reason, e.output, e.tail) from None
         except RepinError as e:
-            text = str(e)
-            _, _, output = text.partition("Producer output:\n")
-            raise ProducersFailed(failure_reason(output or text), output or text) from None
+            output = (e.output if isinstance(e, ProducerRunError) else "") or str(e)
+            raise ProducersFailed(failure_reason(output), output) from None
         out: dict[str, dict[str, np.ndarray]] = {}
         maps: dict[str, list[list[str]]] = {}
         provenance: dict[str, dict[str, Any]] = {}

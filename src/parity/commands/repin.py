@@ -50,7 +50,7 @@ def add_parser(sub: Any) -> None:
 
 
 def run(args: argparse.Namespace, out: IO[str]) -> int:
-    from parity.repin import RepinError, repin
+    from parity.repin import ProducerRunError, RepinError, repin
     from parity.runner import failure_reason
     from parity.worktree import GitError
 
@@ -79,7 +79,7 @@ def run(args: argparse.Namespace, out: IO[str]) -> int:
         raise CLIError(str(e)) from None
     except RepinError as e:
         text = str(e)
-        head, _, output = text.partition(" Producer output:\n")
+        head, output = (e.head, e.output) if isinstance(e, ProducerRunError) else (text, "")
         why = failure_reason(output) if output else ""
         log = keep_log(output or text)
         raise CLIError(f"repin failed: {head} {why} (producer output: {log})") from None
@@ -90,7 +90,7 @@ def run(args: argparse.Namespace, out: IO[str]) -> int:
 
 
 def _reclass(config: Any, target: Path, args: argparse.Namespace, out: IO[str]) -> int:
-    from parity.repin import RepinError, reclass
+    from parity.repin import ProducerRunError, RepinError, reclass
     from parity.runner import failure_reason
 
     try:
@@ -99,7 +99,7 @@ def _reclass(config: Any, target: Path, args: argparse.Namespace, out: IO[str]) 
                        src=config.src_relative())  # fmt: skip
     except RepinError as e:
         text = str(e)
-        head, _, output = text.partition(" Producer output:\n")
+        head, output = (e.head, e.output) if isinstance(e, ProducerRunError) else (text, "")
         why = failure_reason(output) if output else ""
         raise CLIError(f"repin --classes-only failed: {head} {why}".strip()) from None
     out.write(f"class map of the current producers written into {target}\n")
