@@ -50,8 +50,6 @@ controller as `parity.check.CheckResult` dicts.
 
 from __future__ import annotations
 
-import dataclasses
-import json
 import os
 import time
 from collections.abc import Callable, Mapping, Sequence
@@ -75,6 +73,7 @@ SESSION_TIMEOUT_S = 3600.0
 
 if TYPE_CHECKING:  # parity.check loads h5py: imported only when a check runs
     from parity.check import CheckResult, GoldenDir
+    from parity.report import ReportSession
 
 _RESULTS = pytest.StashKey[list["CheckResult"]]()
 _GOLDENS = pytest.StashKey["GoldenDir"]()
@@ -472,14 +471,8 @@ def parity_check(request: pytest.FixtureRequest) -> _Check:
 class _Summary:
     """What the session's checks add up to, worked out once on the controller."""
 
-    results: list[CheckResult]  # in the order they ran
-    merged: Any  # parity.judge.compare.Comparison, keys as "<check>/<key>"
-    header: dict[str, str]
+    session: ReportSession  # the checks in the order they ran, merged once
     unchecked: dict[str, list[str]]
-
-    @property
-    def checks(self) -> list[tuple[str, Any]]:
-        return [(r.name, r.comparison) for r in self.results]
 
 
 _SUMMARY = pytest.StashKey[_Summary]()
@@ -503,7 +496,9 @@ def pytest_sessionfinish(session: pytest.Session, exitstatus: int) -> None:
         return
     # Runs before the terminal summary (pytest's reporter prints after the other
     # sessionfinish hooks), which reads this instead of merging and scanning again.
-    summary = _Summary(results, _merged(results), _header(results), _unchecked(config, results))
+    from parity.report import ReportSession
+
+    summary = _Summary(ReportSession.of(results, _header(results)), _unchecked(config, results))
     config.stash[_SUMMARY] = summary
     mode = config.getoption("--parity-unchecked")
     if summary.unchecked and mode == "fail" and session.exitstatus == 0:
@@ -553,20 +548,6 @@ def _unchecked(config: pytest.Config, results: list[CheckResult]) -> dict[str, l
     return out
 
 
-def _merged(results: list[CheckResult]) -> Any:
-    """Every finding of the session, keyed `<check>/<key>`: groups can share keys (two
-    train groups pin the same leaves), and a key means nothing without its check."""
-    from parity.judge.compare import Comparison
-
-    return Comparison(
-        tuple(
-            dataclasses.replace(f, key=f"{r.name}/{f.key}")
-            for r in results
-            for f in r.comparison.findings
-        )
-    )
-
-
 def _header(results: list[CheckResult]) -> dict[str, str]:
     from parity.store.provenance import collect_provenance
 
@@ -593,7 +574,7 @@ def _layout() -> str:
     return str(Layout(jax.process_count(), jax.local_device_count()))
 
 
-def _timing(results: list[CheckResult]) -> dict[str, float]:
+def _timing(results: Sequence[CheckResult]) -> dict[str, float]:
     return {
         phase: round(sum(getattr(r, phase) or 0.0 for r in results), 3)
         for phase in ("produce_s", "load_s", "compare_s")
@@ -601,34 +582,17 @@ def _timing(results: list[CheckResult]) -> dict[str, float]:
 
 
 def _write_report(out: Path, summary: _Summary) -> None:
-    from parity.report import format_table, to_json, write_html
+    from parity.report.session import CHECK_FIELDS
 
     t0 = time.perf_counter()
-    out.mkdir(parents=True, exist_ok=True)
-    results, merged, header, checks = (
-        summary.results,
-        summary.merged,
-        summary.header,
-        summary.checks,
-    )
-    (out / "report.txt").write_text(format_table(merged, header=header, checks=checks) + "\n")
-    write_html(out, merged, header=header, checks=checks)
-    timing = _timing(results)
-    timing["report_s"] = round(time.perf_counter() - t0, 3)
-    doc = to_json(merged, header=header, checks=checks)
-    for entry, r in zip(doc["checks"], results, strict=True):
-        entry |= {
-            "node": r.node,
-            "group": r.group,
-            "passed": r.passed,
-            "produce_s": r.produce_s,
-            "load_s": r.load_s,
-            "compare_s": r.compare_s,
-            "saved": r.saved,
-        }
-    doc["timing"] = timing
-    doc["unchecked"] = summary.unchecked
-    (out / "report.json").write_text(json.dumps(doc, indent=1, sort_keys=True))
+
+    def complete(doc: dict[str, Any]) -> None:
+        timing = _timing(summary.session.results)
+        timing["report_s"] = round(time.perf_counter() - t0, 3)
+        doc["timing"] = timing
+        doc["unchecked"] = summary.unchecked
+
+    summary.session.write_folder(out, fields=("node", *CHECK_FIELDS), complete=complete)
 
 
 def pytest_terminal_summary(terminalreporter: Any, exitstatus: int, config: pytest.Config) -> None:
@@ -637,19 +601,12 @@ def pytest_terminal_summary(terminalreporter: Any, exitstatus: int, config: pyte
     summary = config.stash.get(_SUMMARY, None)
     if summary is None:
         return
-    from parity.report import format_table
-
     tr = terminalreporter
     tr.section("parity")
-    results, merged = summary.results, summary.merged
+    results, merged = summary.session.results, summary.session.merged
     # The per-class table and each failing check's first divergence; every failing key was
     # already printed by its test, so keep the summary short.
-    table = format_table(
-        merged, header=summary.header, checks=summary.checks, failing_checks_only=True
-    )
-    lines = table.splitlines()
-    cut = next((i for i, line in enumerate(lines) if line.startswith("failures (")), len(lines))
-    for line in lines[:cut]:
+    for line in summary.session.table(failing_checks_only=True, failures=False).splitlines():
         tr.write_line(line)
     t = _timing(results)
     tr.write_line(

@@ -21,6 +21,7 @@ FORBIDDEN = {
     "parity": ("jax", "h5py", "decomp"),
     "parity.judge": ("jax", "h5py", "decomp"),
     "parity.store": ("jax", "decomp"),
+    "parity.report": ("jax", "h5py", "decomp"),
 }
 
 

@@ -4,11 +4,9 @@ goldens; the report table, and the report files on request."""
 from __future__ import annotations
 
 import argparse
-import json
 import sys
-from collections.abc import Sequence
 from pathlib import Path
-from typing import IO, Any
+from typing import IO, TYPE_CHECKING, Any
 
 from parity.commands.common import (
     EXIT_FAIL,
@@ -24,6 +22,9 @@ from parity.commands.common import (
     require_goldens,
     split_groups,
 )
+
+if TYPE_CHECKING:
+    from parity.report import ReportSession
 
 __all__ = ["add_parser", "run"]
 
@@ -53,54 +54,22 @@ def add_parser(sub: Any) -> None:
     process_flags(check)
 
 
-def _write_reports(
-    results: Sequence[Any], header: dict[str, str], args: argparse.Namespace, out: IO[str]
-) -> None:
-    from parity.report import format_table, to_json, write_html
-
-    merged = _merged(results)
-    checks = [(r.name, r.comparison) for r in results]
-
-    def doc() -> dict[str, Any]:
-        d = to_json(merged, header=header, checks=checks)
-        for entry, r in zip(d["checks"], results, strict=True):
-            entry |= {"group": r.group, "passed": r.passed, "produce_s": r.produce_s,
-                      "load_s": r.load_s, "compare_s": r.compare_s, "saved": r.saved}  # fmt: skip
-        return d
-
+def _write_reports(session: ReportSession, args: argparse.Namespace, out: IO[str]) -> None:
     try:
         if args.json_path:
-            Path(args.json_path).write_text(json.dumps(doc(), indent=1, sort_keys=True))
+            session.write_json(Path(args.json_path), session.to_json())
             out.write(f"JSON report written to {args.json_path}\n")
         if args.report:
             folder = Path(args.report)
-            folder.mkdir(parents=True, exist_ok=True)
-            text = format_table(merged, header=header, checks=checks)
-            (folder / "report.txt").write_text(text + "\n")
-            (folder / "report.json").write_text(json.dumps(doc(), indent=1, sort_keys=True))
-            write_html(folder, merged, header=header, checks=checks, title="parity check")
+            session.write_folder(folder, title="parity check")
             out.write(f"report written to {folder} (report.txt, report.json, index.html)\n")
     except OSError as e:
         raise CLIError(f"cannot write the report: {e}") from None
 
 
-def _merged(results: Sequence[Any]) -> Any:
-    import dataclasses
-
-    from parity.judge.compare import Comparison
-
-    return Comparison(
-        tuple(
-            dataclasses.replace(f, key=f"{r.name}/{f.key}")
-            for r in results
-            for f in r.comparison.findings
-        )
-    )
-
-
 def run(args: argparse.Namespace, out: IO[str]) -> int:
     from parity.check import CheckError, GoldenDir, merged_header_lines
-    from parity.report import format_table
+    from parity.report import ReportSession
     from parity.runner import ProducersFailed, check_produced, produce
 
     config = config_of(args)
@@ -165,12 +134,11 @@ def run(args: argparse.Namespace, out: IO[str]) -> int:
     for r in results:
         if r.header.get("base_sha"):
             header.setdefault("base_sha", r.header["base_sha"])
-    merged = _merged(results)
-    checks = [(r.name, r.comparison) for r in results]
-    out.write(format_table(merged, header=header, checks=checks))
+    session = ReportSession.of(results, header)
+    out.write(session.table())
     for r in results:
         if r.saved:
             out.write(f"obtained arrays of {r.name} written to {r.saved}; reproduce with:\n")
             out.write(f"  {r.command}\n")
-    _write_reports(results, header, args, out)
+    _write_reports(session, args, out)
     return EXIT_OK if all(r.passed for r in results) else EXIT_FAIL

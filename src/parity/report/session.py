@@ -1,0 +1,108 @@
+"""The checks of one session (a `parity check` run, a pytest session) reported as one: the
+merged findings, the table, the JSON document and the report folder. `parity check` and the
+pytest plugin both build one and print or write what it gives."""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+from collections.abc import Callable, Sequence
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+from parity.judge.compare import Comparison
+from parity.report.html import write_html
+from parity.report.jsondoc import to_json
+from parity.report.text import format_table
+
+if TYPE_CHECKING:
+    from parity.check import CheckResult
+
+__all__ = ["CHECK_FIELDS", "ReportSession", "merged_findings"]
+
+#: What the JSON document adds to each check's entry, from its `CheckResult`.
+CHECK_FIELDS = ("group", "passed", "produce_s", "load_s", "compare_s", "saved")
+
+
+def merged_findings(results: Sequence[CheckResult]) -> Comparison:
+    """Every finding of the session, keyed `<check>/<key>`: groups can share keys (two
+    train groups pin the same leaves), and a key means nothing without its check."""
+    return Comparison(
+        tuple(
+            dataclasses.replace(f, key=f"{r.name}/{f.key}")
+            for r in results
+            for f in r.comparison.findings
+        )
+    )
+
+
+@dataclasses.dataclass(frozen=True)
+class ReportSession:
+    """The checks of one session, in the order they ran, and the header of their report.
+
+    **Fields:** `results` (the `CheckResult`s), `header` (the report's header lines) and
+    `merged` (`merged_findings(results)`, worked out once).
+    """
+
+    results: tuple[CheckResult, ...]
+    header: dict[str, str]
+    merged: Comparison
+
+    @classmethod
+    def of(cls, results: Sequence[CheckResult], header: dict[str, str]) -> ReportSession:
+        """The session of `results` (in the order they ran) under `header`."""
+        return cls(tuple(results), header, merged_findings(results))
+
+    @property
+    def checks(self) -> list[tuple[str, Comparison]]:
+        """(name, comparison) of each check, in the order they ran."""
+        return [(r.name, r.comparison) for r in self.results]
+
+    def table(self, *, failing_checks_only: bool = False, failures: bool = True) -> str:
+        """`format_table` of the merged findings, a first divergence per check."""
+        return format_table(
+            self.merged,
+            header=self.header,
+            checks=self.checks,
+            failing_checks_only=failing_checks_only,
+            failures=failures,
+        )
+
+    def to_json(self, fields: Sequence[str] = CHECK_FIELDS) -> dict[str, Any]:
+        """`to_json` of the merged findings, each check's entry with `fields` of its result."""
+        doc = to_json(self.merged, header=self.header, checks=self.checks)
+        for entry, r in zip(doc["checks"], self.results, strict=True):
+            entry |= {name: getattr(r, name) for name in fields}
+        return doc
+
+    def write_json(self, path: Path, doc: dict[str, Any]) -> None:
+        """Write `doc` (from `to_json`) to `path`, indented, keys sorted."""
+        path.write_text(json.dumps(doc, indent=1, sort_keys=True))
+
+    def write_folder(
+        self,
+        folder: Path,
+        *,
+        title: str | None = None,
+        fields: Sequence[str] = CHECK_FIELDS,
+        complete: Callable[[dict[str, Any]], None] | None = None,
+    ) -> None:
+        """Write `report.txt`, `index.html` (titled `title`, else `write_html`'s default) and
+        `report.json` into `folder`, made if missing.
+
+        **Arguments:**
+
+        - `folder`: the report folder.
+        - `title`: the HTML page's title.
+        - `fields`: what each check's JSON entry takes from its result.
+        - `complete`: called with the JSON document before it is written, to add to it
+          (the plugin's timing, which includes writing the text and the page).
+        """
+        folder.mkdir(parents=True, exist_ok=True)
+        (folder / "report.txt").write_text(self.table() + "\n")
+        html_title = {} if title is None else {"title": title}
+        write_html(folder, self.merged, header=self.header, checks=self.checks, **html_title)
+        doc = self.to_json(fields)
+        if complete is not None:
+            complete(doc)
+        self.write_json(folder / "report.json", doc)
