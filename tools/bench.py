@@ -211,6 +211,60 @@ def bench_train_step(args: argparse.Namespace, results: Results) -> None:
         )
 
 
+@section("step_time")
+def bench_step_time(args: argparse.Namespace, results: Results) -> None:
+    """Wall time of one executed SPD train step, the stacked step (`decomp.train`) against
+    the per-site one it replaced (`decomp.legacy.train`), in both remat modes, on the GLU
+    structure (`--n-layer`, `--c`, `--seq-len`; toy widths, batch 4). Both are compiled and
+    warmed up first; then `--steps` steps of each, alternating old and new, so that the
+    machine's load falls on both alike. Records `step_{remat}_{legacy,new}_s` (medians).
+    """
+    import jax
+
+    from decomp import train
+    from decomp.ci_function import CIConfig
+    from decomp.config import SPDConfig
+    from decomp.legacy import train as legacy_train
+    from decomp.targets.glu_transformer import GLUConfig, GLUTransformer
+
+    glu = GLUConfig(
+        n_layer=args.n_layer, d_model=32, n_head=2, n_kv_head=1, head_dim=16, d_mlp=64,
+        vocab_size=64,
+    )  # fmt: skip
+    model = jax.jit(lambda k: GLUTransformer.init(glu, key=k))(jax.random.key(0))
+    inputs = jax.random.randint(jax.random.key(1), (4, args.seq_len), 0, glu.vocab_size)
+    for remat in ("nothing", "dots"):
+        cfg = SPDConfig(
+            n_components=args.c,
+            ci=CIConfig(d_hidden=32, n_blocks=2, n_head=2, d_mlp=64, sites_per_chunk=7),
+            recon_sites_per_chunk=7,
+            remat=remat,
+        )
+        runs: dict[str, Any] = {}
+        for name, impl in (("legacy", legacy_train), ("new", train)):
+            state = impl.init_train_state(model, cfg, key=jax.random.key(2), seq_len=args.seq_len)
+            step = impl.make_train_step(model, cfg)
+            state, metrics = step(state, inputs, jax.random.key(3))
+            jax.block_until_ready((state, metrics))
+            runs[name] = [step, state, []]
+        for i in range(args.steps):
+            for name in ("legacy", "new"):
+                step, state, times = runs[name]
+                t0 = time.perf_counter()
+                state, metrics = step(state, inputs, jax.random.key(4 + i))
+                jax.block_until_ready((state, metrics))
+                times.append(time.perf_counter() - t0)
+                runs[name][1] = state
+        legacy_s, new_s = runs["legacy"][2], runs["new"][2]
+        results.add_pair("step", f"train step remat={remat}", f"step_{remat}", legacy_s, new_s)
+        print(
+            f"train step remat={remat!r}, {args.n_layer} layers: per-site "
+            f"{statistics.median(legacy_s) * 1e3:.2f} ms, stacked "
+            f"{statistics.median(new_s) * 1e3:.2f} ms (medians of {args.steps}; stacked/per-site "
+            f"{statistics.median(new_s) / statistics.median(legacy_s):.3f})"
+        )
+
+
 # --- driver --------------------------------------------------------------------------------
 
 
@@ -234,6 +288,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser.add_argument("--n-layer", type=int, default=32, help="GLU layers (7 sites each)")
     parser.add_argument("--c", type=int, default=8, help="components per site")
     parser.add_argument("--seq-len", type=int, default=16, help="T of the sources")
+    parser.add_argument("--steps", type=int, default=10, help="timed steps (step_time)")
     args = parser.parse_args(argv)
     if args.repeats < 1:
         parser.error("--repeats must be at least 1")

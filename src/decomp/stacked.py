@@ -78,10 +78,17 @@ class SiteLayout:
         return np.asarray([index[s] for s in self.sites(kind)], np.int32)
 
     def to_sites(self, by_kind: Mapping[str, Any]) -> dict[str, Any]:
-        """`{site: row of its kind}` in canonical order, for any pytree per kind."""
+        """`{site: row of its kind}` in canonical order, for any pytree per kind (abstract
+        leaves, as `jax.eval_shape` gives them, become the abstract row)."""
         where = self.where()
+
+        def row_of(a: Any, row: int) -> Any:
+            if isinstance(a, jax.ShapeDtypeStruct):
+                return jax.ShapeDtypeStruct(a.shape[1:], a.dtype)
+            return a[row]
+
         return {
-            s: jax.tree.map(lambda a, row=where[s][1]: a[row], by_kind[where[s][0]])
+            s: jax.tree.map(lambda a, row=where[s][1]: row_of(a, row), by_kind[where[s][0]])
             for s in self.names
         }
 
