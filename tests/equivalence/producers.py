@@ -19,6 +19,8 @@ than it (repin, bisect).
 from __future__ import annotations
 
 import dataclasses
+import functools
+import importlib
 import importlib.util
 import sys
 from collections.abc import Callable, Mapping
@@ -342,11 +344,22 @@ def trajectory(
     return out
 
 
-def train_group(remat: str | None) -> dict[str, np.ndarray]:
-    """A 3-step SPD trajectory: after each step, every V/U, the CI function's leaves, the
-    persistent sources and every metric."""
+@functools.cache
+def _train_group(remat: str | None, legacy: bool) -> dict[str, np.ndarray]:
     model, spd = _spd_setup(remat)
-    return trajectory(model, spd, "remat_" + (remat or "none"))
+    impl = importlib.import_module("decomp.legacy.train" if legacy else "decomp.train")
+    return trajectory(model, spd, "remat_" + (remat or "none"), impl=impl)
+
+
+def train_group(remat: str | None, *, legacy: bool = False) -> dict[str, np.ndarray]:
+    """A 3-step SPD trajectory: after each step, every V/U, the CI function's leaves, the
+    persistent sources and every metric. `legacy` runs the per-site reference step
+    (`decomp.legacy.train`).
+
+    Computed once per process (a copy is returned): the golden check and the live
+    differential against the per-site step both read it, and each costs a train-step
+    compile."""
+    return dict(_train_group(remat, legacy))
 
 
 #: What the branches trajectory changes from `_spd_setup`, so that every branch of the step

@@ -17,7 +17,7 @@ from producers import (
     eval_group,
     glu_config,
     tokens,
-    trajectory,
+    train_group,
     wanted_sets,
 )
 
@@ -117,10 +117,9 @@ def test_stacked_train_step_matches_the_legacy_per_site_step(remat, parity_check
         return out | _leaves("init.ci", state.ci)
 
     parity_check(initial(new), initial(old), name=f"live.train_init.{remat}", class_map="bitwise")
-    mode = f"remat_{remat}"
     parity_check(
-        trajectory(model, spd, mode),
-        trajectory(model, spd, mode, impl=legacy_train),
+        train_group(remat),
+        train_group(remat, legacy=True),
         name=f"live.train_stacked_vs_per_site.{remat}",
         class_map="trajectory",
     )
