@@ -17,6 +17,7 @@ from parity.commands.common import (
     override_flag,
     overrides_of,
     split_groups,
+    subparser,
 )
 
 __all__ = ["add_parser", "run"]
@@ -24,8 +25,8 @@ __all__ = ["add_parser", "run"]
 
 def add_parser(sub: Any) -> None:
     """Add `bisect` to `sub` (argparse subparsers)."""
-    fmt = argparse.RawDescriptionHelpFormatter
-    bisect = sub.add_parser(
+    bisect = subparser(
+        sub,
         "bisect",
         help="find the first commit between GOOD and BAD that breaks a check",
         description="Pin goldens at GOOD into a temporary folder, confirm GOOD passes and BAD "
@@ -34,7 +35,6 @@ def add_parser(sub: Any) -> None:
         "bad. Your checkout, goldens and `git bisect` state are not touched. Exit 0 the first "
         "bad commit is named; 1 it lies among commits that could not run (listed); 2 GOOD "
         "does not pass, BAD does not fail, or unusable input.",
-        formatter_class=fmt,
     )
     bisect.add_argument("good", metavar="GOOD", help="a commit whose outputs are right")
     bisect.add_argument("bad", metavar="BAD", help="a later commit that fails the check")

@@ -21,6 +21,7 @@ from parity.commands.common import (
     report_progress,
     require_goldens,
     split_groups,
+    subparser,
 )
 
 __all__ = ["add_parser", "run"]
@@ -28,8 +29,8 @@ __all__ = ["add_parser", "run"]
 
 def add_parser(sub: Any) -> None:
     """Add `calibrate` to `sub` (argparse subparsers)."""
-    fmt = argparse.RawDescriptionHelpFormatter
-    cal = sub.add_parser(
+    cal = subparser(
+        sub,
         "calibrate",
         help="measure the environment's harmless noise against each class's bound",
         description="Run the producers on the current tree under benign perturbations of the "
@@ -41,7 +42,6 @@ def add_parser(sub: Any) -> None:
         "With --write, each key's spread per perturbation is recorded in its golden file: the "
         "bound of the 'calibrated' class, and of every key on a layout, ISA cap or processor "
         "other than the pinned one. Exit 0 when measured, 2 on unusable input.",
-        formatter_class=fmt,
     )
     cal.add_argument("--groups", metavar="a,b", help="a subset of the golden groups")
     cal.add_argument(

@@ -21,6 +21,7 @@ from parity.commands.common import (
     report_progress,
     require_goldens,
     split_groups,
+    subparser,
 )
 
 if TYPE_CHECKING:
@@ -31,15 +32,14 @@ __all__ = ["add_parser", "run"]
 
 def add_parser(sub: Any) -> None:
     """Add `check` to `sub` (argparse subparsers)."""
-    fmt = argparse.RawDescriptionHelpFormatter
-    check = sub.add_parser(
+    check = subparser(
+        sub,
         "check",
         help="run the producers on the current tree and check them against the goldens",
         description="Run the producers on the current tree in a fresh process (ISA cap and "
         "device count set before jax starts), compare each group with its golden file, print "
         "the table and the first divergence per group. Exit 0 pass, 1 some key breaks its "
         "class, 2 unusable input.",
-        formatter_class=fmt,
     )
     check.add_argument("--groups", metavar="a,b", help="a subset of the producer groups")
     check.add_argument("--json", dest="json_path", metavar="FILE", help="write JSON here")

@@ -6,6 +6,7 @@ from __future__ import annotations
 import argparse
 import sys
 import tempfile
+from typing import Any
 
 from parity.config import ParityConfig, load_config
 from parity.judge.tolerance import REGISTRY, ToleranceClass, UnknownClassError, get_class
@@ -27,6 +28,7 @@ __all__ = [
     "report_progress",
     "require_goldens",
     "split_groups",
+    "subparser",
 ]
 
 #: Every array holds its class.
@@ -78,6 +80,17 @@ def check_class_name(name: str) -> ToleranceClass:
             f"--class {name!r} is not a usable tolerance class ({e}); expected one of: "
             f"{', '.join(sorted(REGISTRY))}, with parameters where a class needs them"
         ) from None
+
+
+def subparser(sub: Any, name: str, *, help: str, description: str) -> argparse.ArgumentParser:
+    """Add the subcommand `name` to `sub` (argparse subparsers), its description shown as
+    written (line breaks kept)."""
+    return sub.add_parser(
+        name,
+        help=help,
+        description=description,
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+    )
 
 
 def split_groups(text: str | None) -> list[str]:

@@ -30,6 +30,7 @@ from parity.commands.common import (
     check_class_name,
     one_line,
     parse_override,
+    subparser,
 )
 from parity.commands.files import key_classes, opened, read_errors
 from parity.judge.chunks import DEFAULT_BUDGET, Block
@@ -247,11 +248,11 @@ than that is read and compared in chunks along its leading axes, with the same f
 def add_parser(sub: Any) -> None:
     """Add `diff` to `sub` (argparse subparsers)."""
     known = ", ".join(sorted(REGISTRY))
-    diff = sub.add_parser(
+    diff = subparser(
+        sub,
         "diff",
         help="compare two HDF5 files array by array",
         description=_DIFF_DESCRIPTION,
-        formatter_class=argparse.RawDescriptionHelpFormatter,
     )
     diff.add_argument("actual", metavar="ACTUAL", help="HDF5 file from the changed code")
     diff.add_argument("golden", metavar="GOLDEN", help="pinned HDF5 file to compare against")

@@ -16,6 +16,7 @@ from parity.commands.common import (
     keep_log,
     report_progress,
     split_groups,
+    subparser,
 )
 
 __all__ = ["add_parser", "run"]
@@ -23,14 +24,13 @@ __all__ = ["add_parser", "run"]
 
 def add_parser(sub: Any) -> None:
     """Add `repin` to `sub` (argparse subparsers)."""
-    fmt = argparse.RawDescriptionHelpFormatter
-    repin = sub.add_parser(
+    repin = subparser(
+        sub,
         "repin",
         help="pin goldens at a commit (a temporary worktree; your checkout is untouched)",
         description="Run the producers (current tree) against the code of commit REV in a "
         "temporary worktree, in a fresh process, and write one golden file per group; "
         "print what changed. Your working tree, index and branches are not touched.",
-        formatter_class=fmt,
     )
     repin.add_argument(
         "--base", metavar="REV", help="commit to pin at (required unless --classes-only)"

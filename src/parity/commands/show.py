@@ -7,7 +7,7 @@ import json
 from pathlib import Path
 from typing import IO, Any, cast
 
-from parity.commands.common import EXIT_OK, CLIError
+from parity.commands.common import EXIT_OK, CLIError, subparser
 from parity.commands.files import key_classes, opened, read_errors
 from parity.report import text_table
 from parity.store import GoldenFile, GoldenStoreError
@@ -135,11 +135,11 @@ class `parity diff` would check it under, forward order) without loading the dat
 
 def add_parser(sub: Any) -> None:
     """Add `show` to `sub` (argparse subparsers)."""
-    show = sub.add_parser(
+    show = subparser(
+        sub,
         "show",
         help="provenance, class map and arrays of a file",
         description=_SHOW_DESCRIPTION,
-        formatter_class=argparse.RawDescriptionHelpFormatter,
     )
     show.add_argument("golden", metavar="GOLDEN", help="HDF5 file to describe")
     show.add_argument("--json", action="store_true", help="print one JSON object instead of text")
