@@ -19,7 +19,16 @@ import pytest
 from producers import GROUPS, TRAIN_STEPS, branches_setup, sources_arrays
 
 
-@pytest.mark.parametrize("group", list(GROUPS))
+def _group_param(group: str) -> object:
+    """The two remat trajectories run on the xdist worker that runs the live differential
+    against the per-site step (`test_live.py`), which reads the same per-process cached
+    trajectory (`producers.train_group`) instead of compiling the step again."""
+    if group in ("train_remat_nothing", "train_remat_dots"):
+        return pytest.param(group, marks=pytest.mark.xdist_group(f"trajectory.{group}"))
+    return group
+
+
+@pytest.mark.parametrize("group", [_group_param(g) for g in GROUPS])
 def test_group_matches_its_goldens(group, parity_check):
     t0 = time.perf_counter()
     actual = GROUPS[group]()

@@ -99,7 +99,12 @@ def test_two_stage_sources_init_is_bit_identical_to_the_legacy_per_site_init(dty
 # --- the train and eval steps, stacked per site kind, against the per-site steps ------------
 
 
-@pytest.mark.parametrize("remat", ["nothing", "dots"])
+@pytest.mark.parametrize(
+    "remat",
+    # On the xdist worker of the golden check of the same trajectory (`test_goldens.py`).
+    [pytest.param(r, marks=pytest.mark.xdist_group(f"trajectory.train_remat_{r}"))
+     for r in ("nothing", "dots")],
+)  # fmt: skip
 def test_stacked_train_step_matches_the_legacy_per_site_step(remat, parity_check):
     """Three steps of the train step stacked per site kind against the per-site step it
     replaced (`decomp.legacy.train`), from the same init, on the pinned trajectory's inputs:
