@@ -1,15 +1,22 @@
-"""Hugging Face state-dict naming for the GLU transformer (load and export)."""
+"""Hugging Face state-dict naming for the GLU transformer (load and export).
+
+`decomp.targets.glu_transformer` imports this module (its `from_hf_state_dict` and
+`to_hf_state_dict` call it) and this module imports nothing of it: the config, the model and
+its class arrive as arguments, read by their fields (`family`, `n_layer`, the widths,
+`tie_word_embeddings`; `embed`, `layers`, `norm`, `lm_head`), so the import goes one way.
+"""
 
 from __future__ import annotations
 
 from collections.abc import Mapping
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 import jax.numpy as jnp
 import numpy as np
 
-if TYPE_CHECKING:
-    from decomp.targets.glu_transformer import GLUConfig, GLUTransformer
+#: The GLU config, the model and its class, as this module sees them (see the docstring).
+GLUConfig = Any
+GLUTransformer = Any
 
 # Our stacked-layer field -> the HF module path inside `model.layers.{i}`.
 _LAYER_PATHS = {
@@ -47,9 +54,7 @@ def _expected_shapes(cfg: GLUConfig) -> dict[str, tuple[str, int | None, tuple[i
     return out
 
 
-def load_state_dict(
-    cls: type[GLUTransformer], cfg: GLUConfig, state_dict: Mapping[str, Any]
-) -> GLUTransformer:
+def load_state_dict(cls: Any, cfg: GLUConfig, state_dict: Mapping[str, Any]) -> GLUTransformer:
     expected = _expected_shapes(cfg)
     arrays = {k: np.asarray(v) for k, v in state_dict.items()}
     problems: list[str] = []

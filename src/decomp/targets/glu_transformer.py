@@ -29,6 +29,7 @@ from decomp.taps import (
     site_name,
     site_names,
 )
+from decomp.targets._hf import export_state_dict, load_state_dict
 
 Family = Literal["llama", "qwen3"]
 Remat = Literal["nothing", "dots"] | None
@@ -253,14 +254,10 @@ class GLUTransformer(eqx.Module):
         **Returns:** the model. Raises a `ValueError` naming every missing, extra or
         mis-shaped tensor at once.
         """
-        from decomp.targets._hf import load_state_dict
-
         return load_state_dict(cls, config, state_dict)
 
     def to_hf_state_dict(self) -> dict[str, np.ndarray]:
         """The weights as a Hugging Face style state dict of numpy arrays."""
-        from decomp.targets._hf import export_state_dict
-
         return export_state_dict(self)
 
     # --- structure -----------------------------------------------------------------------
