@@ -56,7 +56,7 @@ echoes worker 0's output as it comes, and with jaxlib 0.10.2 it carries none.
 environment running this tool instead. The install block and the sentences about it are
 checked against pyproject.toml and README.md (`install_problems`): the same pip commands
 as README's, the distribution's name, its requirements, the jax floor, the extras, and the
-`[tool.parity]` keys of the guide's pyproject against `parity.config.KEYS`.
+`[tool.parity]` keys of the guide's pyproject against `parity.run.config.KEYS`.
 
 Exit 0: the guide matches (`--check`) or was rewritten (`--write`); 1: it differs, an
 install sentence disagrees with pyproject.toml or README.md, or the commands left something
@@ -82,7 +82,7 @@ from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
-from parity.config import KEYS
+from parity.run.config import KEYS
 
 ROOT = Path(__file__).resolve().parents[1]
 GUIDE = ROOT / "docs" / "adopting.md"

@@ -22,7 +22,7 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
-from parity.devices import set_cpu_device_count
+from parity.run.devices import set_cpu_device_count
 
 #: A section: `(args, results) -> None`, adding median seconds (and table rows) to `results`.
 SectionFn = Callable[[argparse.Namespace, "Results"], None]

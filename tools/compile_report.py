@@ -61,7 +61,7 @@ def _measure_child(args: argparse.Namespace) -> int:
 
 
 def _run_one(name: str, src: Path, layers: int) -> dict[str, Any]:
-    from parity.devices import isolated_env
+    from parity.run.devices import isolated_env
 
     env = isolated_env(1)
     cmd = [sys.executable, __file__, "--measure", name, "--src", str(src), "--layers", str(layers)]
@@ -215,7 +215,7 @@ def main(argv: list[str] | None = None) -> int:
     def progress(line: str) -> None:
         print(line, file=sys.stderr, flush=True)
 
-    from parity.worktree import GitError, resolve_sha, temporary_worktree
+    from parity.run.worktree import GitError, resolve_sha, temporary_worktree
 
     repo = args.repo.resolve()
     sha = ""

@@ -21,8 +21,8 @@ import argparse
 import sys
 from pathlib import Path
 
-from parity.repin import RepinError, recover_folder, repin
-from parity.worktree import GitError
+from parity.run.repin import RepinError, recover_folder, repin
+from parity.run.worktree import GitError
 
 ROOT = Path(__file__).resolve().parents[1]
 

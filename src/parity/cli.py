@@ -36,7 +36,7 @@ from parity.commands.common import (
 )
 from parity.commands.diff import DiffResult, run_diff
 from parity.commands.show import format_inventory, inventory
-from parity.config import ConfigError
+from parity.run.config import ConfigError
 
 __all__ = [
     "EXIT_FAIL",
@@ -133,7 +133,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     try:
         if args.command not in _RUN_PRODUCERS:
             return run(args, sys.stdout)
-        from parity.signals import signals_reach_main_thread
+        from parity.run.signals import signals_reach_main_thread
 
         with signals_reach_main_thread():
             return run(args, sys.stdout)

@@ -2,7 +2,7 @@
 
 Options:
 
-Defaults come from `[tool.parity]` in the nearest `pyproject.toml` (`parity.config`:
+Defaults come from `[tool.parity]` in the nearest `pyproject.toml` (`parity.run.config`:
 `goldens`, `isa`, `devices`), so in an adopting project `parity_check(actual, "group")`
 works with no options; the options below override it. Where that table exists, its `src`
 roots go to the front of `sys.path` before conftests and test modules are imported (as
@@ -12,7 +12,7 @@ roots go to the front of `sys.path` before conftests and test modules are import
   starts (a clear error if it already started with another count); per process with
   `--parity-processes`.
 - `--parity-processes N`: run the session as N processes of one JAX distributed run
-  (`parity.processes`): this pytest starts N copies of itself (without xdist), each joins
+  (`parity.run.processes`): this pytest starts N copies of itself (without xdist), each joins
   the run before jax starts, the tests run SPMD over the global mesh, each check gathers
   its arrays to every process, compares and takes process 0's verdict; process 0's output
   is shown and it alone writes the report. A worker that crashes, is killed or outlives
@@ -59,14 +59,14 @@ from typing import TYPE_CHECKING, Any
 
 import pytest
 
-from parity.config import ConfigError, ParityConfig, load_config
-from parity.devices import (
+from parity.run.config import ConfigError, ParityConfig, load_config
+from parity.run.devices import (
     DEFAULT_ISA_CAP,
     DeviceCountError,
     cap_isa,
     set_cpu_device_count,
 )
-from parity.processes import worker_place
+from parity.run.processes import worker_place
 
 #: The default of `--parity-timeout`: a whole session, not one producer run.
 SESSION_TIMEOUT_S = 3600.0
@@ -243,7 +243,7 @@ def pytest_cmdline_main(config: pytest.Config) -> int | None:
         return None
     import sys
 
-    from parity.processes import WorkerFailed, run_workers
+    from parity.run.processes import WorkerFailed, run_workers
 
     timeout = config.getoption("--parity-timeout")
     if timeout is None or timeout <= 0:
@@ -304,7 +304,7 @@ def pytest_configure(config: pytest.Config) -> None:
     _enable_compile_cache(config)
     place = worker_place()
     if place is not None:
-        from parity.processes import initialize
+        from parity.run.processes import initialize
 
         initialize(place[2], place[1], place[0])
     config.stash[_RESULTS] = []
@@ -366,7 +366,7 @@ class _Check:
         - `produce_s`: seconds the caller spent producing `actual`, for the timing summary.
         - `fail`: fail the test (with the report table) when the comparison fails.
         - `provenance`: the environment `actual` was produced in, when that was another
-          process (`parity.runner.produce`'s `Produced.provenance[group]`); default this
+          process (`parity.run.runner.produce`'s `Produced.provenance[group]`); default this
           one's. A golden check judges environment drift and calibrated layouts by it.
 
         **Returns:** the `parity.judge.compare.Comparison`.
@@ -383,7 +383,7 @@ class _Check:
             # order everywhere: a collective); process 0 alone saves what failed.
             from parity.check import BARE_KEY
             from parity.judge.trees import flatten
-            from parity.processes import to_host
+            from parity.run.processes import to_host
 
             live = not isinstance(golden, str)
             actual = flatten(actual, to_array=to_host, bare=BARE_KEY if live else None)
@@ -443,7 +443,7 @@ class _Check:
     def _agree(result: CheckResult | None, problem: str | None, process: int) -> CheckResult | None:
         """Every process takes process 0's verdict; a process whose own arrays judge
         otherwise fails, saying so (its values differ from process 0's)."""
-        from parity.processes import agree
+        from parity.run.processes import agree
 
         mine = result is not None and problem is None and result.passed
         verdict = agree(mine)
@@ -569,7 +569,7 @@ def _layout() -> str:
     that made checks ends)."""
     import jax
 
-    from parity.processes import Layout
+    from parity.run.processes import Layout
 
     return str(Layout(jax.process_count(), jax.local_device_count()))
 

@@ -14,7 +14,7 @@ from pathlib import Path
 
 import numpy as np
 
-from parity.devices import xla_flags_for
+from parity.run.devices import xla_flags_for
 
 RTOL, ATOL = 1e-4, 1e-7
 

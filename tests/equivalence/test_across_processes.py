@@ -30,12 +30,12 @@ from typing import Any
 
 import pytest
 
-from parity.config import load_config
 from parity.judge.tolerance import ClassMap
 from parity.noise import Spreads
-from parity.processes import worker_place
 from parity.report import format_table
-from parity.runner import Produced, produce
+from parity.run.config import load_config
+from parity.run.processes import worker_place
+from parity.run.runner import Produced, produce
 
 ROOT = Path(__file__).resolve().parents[2]
 DEFAULT_GROUPS = ("eval",)

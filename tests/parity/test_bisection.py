@@ -8,9 +8,9 @@ from pathlib import Path
 
 import pytest
 
-import parity.bisection as bisection
-from parity.bisection import BisectError, Step, bisect
-from parity.config import ParityConfig
+import parity.run.bisection as bisection
+from parity.run.bisection import BisectError, Step, bisect
+from parity.run.config import ParityConfig
 
 
 @pytest.fixture

@@ -11,7 +11,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from parity.calibrate import (
+from parity.run.calibrate import (
     CalibrationError,
     KeySpread,
     Perturbation,
@@ -19,7 +19,7 @@ from parity.calibrate import (
     host_isa_caps,
     perturbations,
 )
-from parity.config import ParityConfig
+from parity.run.config import ParityConfig
 from parity.store import open_goldens
 
 #: Noise per environment; the producers below and the expectations share only these numbers.

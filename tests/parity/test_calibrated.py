@@ -13,10 +13,10 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from parity.calibrate import merge_spreads
 from parity.judge.rules import Calibrated, Scale
 from parity.judge.tolerance import CALIBRATED_FLOOR_ULPS, CALIBRATED_K, REGISTRY
 from parity.noise import Dimension, Spreads, differences, layout_of
+from parity.run.calibrate import merge_spreads
 from parity.store import open_goldens
 
 DEVICE_NOISE = 2.5e-7

@@ -316,7 +316,7 @@ def test_help_lists_every_subcommand_and_every_tool_parity_key() -> None:
     import argparse
 
     from parity.cli import build_parser
-    from parity.config import KEYS
+    from parity.run.config import KEYS
 
     sub = next(a for a in build_parser()._actions if isinstance(a, argparse._SubParsersAction))
     text = _parity("--help").stdout

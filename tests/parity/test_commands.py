@@ -10,7 +10,7 @@ from pathlib import Path
 
 import pytest
 
-from parity.config import find_pyproject
+from parity.run.config import find_pyproject
 
 PRODUCERS = """\
 import numpy as np

@@ -22,6 +22,7 @@ FORBIDDEN = {
     "parity.judge": ("jax", "h5py", "decomp"),
     "parity.store": ("jax", "decomp"),
     "parity.report": ("jax", "h5py", "decomp"),
+    "parity.run": ("jax", "decomp"),
 }
 
 

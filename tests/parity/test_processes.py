@@ -160,7 +160,7 @@ def test_a_process_reaching_the_first_collective_40_s_late_is_waited_for(
     project: Path, run_parity, mode
 ) -> None:
     """gloo waits 30 s at a communicator's first collective; the workers build the one over
-    every device as they join (`parity.processes._open_communicator`), so a producer's
+    every device as they join (`parity.run.processes._open_communicator`), so a producer's
     first sum, reached 40 s apart (as when one process compiles a large program far
     behind the other), is waited for instead of ending the run."""
     mode("late")
@@ -246,7 +246,7 @@ def test_a_value_that_differs_between_processes_is_named(project: Path, run_pari
 def test_one_process_per_host_with_the_coordinator_of_host_0(project: Path) -> None:
     """The cluster form, both "hosts" on this machine: the same command on each, with the
     coordinator's address and the host's process id; process 0 checks and reports."""
-    from parity.processes import free_port
+    from parity.run.processes import free_port
 
     tmp = project.parent / "tmp"
     tmp.mkdir(exist_ok=True)

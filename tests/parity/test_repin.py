@@ -15,9 +15,9 @@ from typing import Any
 import numpy as np
 import pytest
 
-from parity.repin import RepinError, repin
+from parity.run.repin import RepinError, repin
+from parity.run.worktree import GitError
 from parity.store import open_goldens
-from parity.worktree import GitError
 
 ROOT = Path(__file__).resolve().parents[2]
 
@@ -218,7 +218,7 @@ def test_crashing_producer_shows_its_traceback_and_leaves_old_goldens(repo, tmp_
 _PAUSES = {
     "before-worktree": """
         import os, pathlib, time
-        import parity.worktree as worktree
+        import parity.run.worktree as worktree
         _real_git = worktree.git
         def _git(repo, *args):
             if args[:2] == ("worktree", "add"):
@@ -296,7 +296,7 @@ def test_sigint_anywhere_leaves_old_goldens_no_worktree_and_no_process(
         f"""
         import faulthandler, signal, sys
         faulthandler.register(signal.SIGUSR1)  # a stack dump if the test finds it stuck
-        from parity.repin import repin
+        from parity.run.repin import repin
         try:
             repin({first!r}, producers={str(producers)!r}, out_dir={str(out)!r},
                   repo={str(repo_dir)!r})
@@ -407,7 +407,7 @@ def _repin_in_child(
     code = textwrap.dedent(prelude) + textwrap.dedent(
         f"""
         import sys
-        from parity.repin import RepinError, repin
+        from parity.run.repin import RepinError, repin
         try:
             repin({base!r}, producers={str(producers)!r}, out_dir={str(out)!r},
                   repo={str(repo_dir)!r}, progress=lambda line: print(line, flush=True))
@@ -479,7 +479,7 @@ def pinned(repo, tmp_path) -> dict[str, Any]:
 def test_sigkill_at_any_step_leaves_old_or_complete_new_goldens(
     pinned, git, monkeypatch, step, committed
 ):
-    from parity.repin import recover_folder
+    from parity.run.repin import recover_folder
     from parity.store import GoldenBusyError
 
     p = pinned
@@ -568,7 +568,7 @@ def test_a_full_disk_is_a_clear_error_and_leaves_the_old_goldens(pinned):
     # (Python ignores SIGXFSZ, so the write returns EFBIG) as a full disk would.
     prelude = """
         import resource
-        import parity.repin as r
+        import parity.run.repin as r
 
         real = r.write_goldens
 

@@ -1,12 +1,13 @@
 """The subcommands of `parity`, one module each, and what they share (`common`, `files`).
 
 `diff` and `show` read HDF5 files (`parity.store`) and compare them (`parity.judge`);
-`repin`, `check`, `bisect` and `calibrate` run producers (`parity.repin`, `parity.runner`,
-`parity.bisection`, `parity.calibrate`), configured by `[tool.parity]` (`parity.config`);
-each key can be overridden by the flag of the same name (`--goldens`, `--producers`,
-`--src`, `--isa`, `--devices`, `--processes`). Each module adds its subparser to the one
-argparse tree that `parity.cli.build_parser` builds and runs its command; every input error
-is a `common.CLIError`, printed by `parity.cli.main` as one `parity: error: ...` line with
-exit code 2. Importing any of these modules imports no jax; the commands that run
-producers import what they need when they run, and never import `parity.cli`.
+`repin`, `check`, `bisect` and `calibrate` run producers (`parity.run.repin`,
+`parity.run.runner`, `parity.run.bisection`, `parity.run.calibrate`), configured by
+`[tool.parity]` (`parity.run.config`); each key can be overridden by the flag of the same
+name (`--goldens`, `--producers`, `--src`, `--isa`, `--devices`, `--processes`). Each
+module adds its subparser to the one argparse tree that `parity.cli.build_parser` builds
+and runs its command; every input error is a `common.CLIError`, printed by
+`parity.cli.main` as one `parity: error: ...` line with exit code 2. Importing any of these
+modules imports no jax; the commands that run producers import what they need when they
+run, and never import `parity.cli`.
 """

@@ -45,7 +45,7 @@ def add_parser(sub: Any) -> None:
 
 
 def run(args: argparse.Namespace, out: IO[str]) -> int:
-    from parity.bisection import BisectError, bisect
+    from parity.run.bisection import BisectError, bisect
 
     config = config_of(args)
     overrides = overrides_of(args)

@@ -72,7 +72,7 @@ def add_parser(sub: Any) -> None:
 def _saved_calibration(path: Path, groups: Sequence[str], goldens: Mapping[str, Any]) -> Any:
     """A measurement saved by `calibrate --json`, limited to `groups`; every key of each
     group's golden must be in it (else the file is of other goldens)."""
-    from parity.calibrate import Calibration
+    from parity.run.calibrate import Calibration
 
     try:
         cal = Calibration.from_dict(json.loads(path.read_text()))
@@ -91,10 +91,10 @@ def _saved_calibration(path: Path, groups: Sequence[str], goldens: Mapping[str, 
 
 
 def run(args: argparse.Namespace, out: IO[str]) -> int:
-    from parity.calibrate import CalibrationError, calibrate, format_calibration, perturbations
-    from parity.calibrate import record as record_calibration
     from parity.check import CheckError, GoldenDir
-    from parity.runner import ProducersFailed
+    from parity.run.calibrate import CalibrationError, calibrate, format_calibration, perturbations
+    from parity.run.calibrate import record as record_calibration
+    from parity.run.runner import ProducersFailed
     from parity.store import GoldenStoreError
 
     config = config_of(args)

@@ -70,7 +70,7 @@ def _write_reports(session: ReportSession, args: argparse.Namespace, out: IO[str
 def run(args: argparse.Namespace, out: IO[str]) -> int:
     from parity.check import CheckError, GoldenDir, merged_header_lines
     from parity.report import ReportSession
-    from parity.runner import ProducersFailed, check_produced, produce
+    from parity.run.runner import ProducersFailed, check_produced, produce
 
     config = config_of(args)
     overrides = overrides_of(args)

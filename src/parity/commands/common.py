@@ -8,8 +8,8 @@ import sys
 import tempfile
 from typing import Any
 
-from parity.config import ParityConfig, load_config
 from parity.judge.tolerance import REGISTRY, ToleranceClass, UnknownClassError, get_class
+from parity.run.config import ParityConfig, load_config
 
 __all__ = [
     "EXIT_FAIL",

@@ -50,9 +50,9 @@ def add_parser(sub: Any) -> None:
 
 
 def run(args: argparse.Namespace, out: IO[str]) -> int:
-    from parity.repin import ProducerRunError, RepinError, repin
-    from parity.runner import failure_reason
-    from parity.worktree import GitError
+    from parity.run.repin import ProducerRunError, RepinError, repin
+    from parity.run.runner import failure_reason
+    from parity.run.worktree import GitError
 
     config = config_of(args)
     target = Path(args.out).resolve() if args.out else config.goldens
@@ -90,8 +90,8 @@ def run(args: argparse.Namespace, out: IO[str]) -> int:
 
 
 def _reclass(config: Any, target: Path, args: argparse.Namespace, out: IO[str]) -> int:
-    from parity.repin import ProducerRunError, RepinError, reclass
-    from parity.runner import failure_reason
+    from parity.run.repin import ProducerRunError, RepinError, reclass
+    from parity.run.runner import failure_reason
 
     try:
         done = reclass(producers=config.need_producers(), out_dir=target, repo=config.root,

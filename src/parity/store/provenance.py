@@ -44,7 +44,7 @@ from collections.abc import Iterable, Mapping, Sequence
 from pathlib import Path
 from typing import Any, Literal
 
-from parity.devices import DEVICE_FLAG, ISA_FLAG
+from parity.run.devices import DEVICE_FLAG, ISA_FLAG
 
 __all__ = [
     "BITS_FIELDS",
@@ -131,11 +131,11 @@ def _device_count(xla_flags: str) -> int:
     if "jax" in sys.modules:
         import jax
 
-        from parity.devices import jax_backend_started
+        from parity.run.devices import jax_backend_started
 
         if jax_backend_started():
             return int(jax.device_count())
-        # Set by parity.devices.set_cpu_device_count when jax was imported but not started.
+        # Set by parity.run.devices.set_cpu_device_count when jax was imported but not started.
         configured = getattr(jax.config, "jax_num_cpu_devices", -1)
         if isinstance(configured, int) and configured > 0:
             return configured
@@ -174,7 +174,7 @@ def collect_provenance(
     `h5py`, `ml_dtypes` (versions, None if not installed), `platform`, `machine`,
     `processor`, `cpu` (vendor, family, model and vector ISA flags), `device_count` (jax's
     global count: every process's devices), `processes` (of a multi-process run, from
-    `parity.processes`' worker environment; 1 otherwise),
+    `parity.run.processes`' worker environment; 1 otherwise),
     `xla_flags`, `isa_cap` (None if no cap), `x64`,
     `base_sha`, `producer_digest`.
     """

@@ -18,8 +18,11 @@ a check would read. The protocol:
 While a journal is present the folder is mid-replace: `parity.store.open_goldens` refuses
 to read it. `recover` (run by every repin under the lock before it does anything else, and
 by `tools/repin_goldens.py --recover`) rolls a journal forward, then removes staged and
-temporary files a killed repin left, its temporary runner folders and worktrees (see
-`parity.worktree.remove_stale_worktrees`).
+temporary files a killed repin left and its temporary runner folders; the repin removes its
+stale worktrees itself (`parity.run.worktree.remove_stale_worktrees`: the store knows no git).
+A folder a process owns holds `OWNER_NAME` with that process's pid (`owned_tempdir` here,
+the worktrees in `parity.run.worktree`), so a later run can tell a killed owner's from a
+live one (`owner_dead`).
 """
 
 from __future__ import annotations
@@ -36,16 +39,17 @@ from pathlib import Path
 
 from parity.store.format import JOURNAL_NAME
 from parity.store.writer import fsync_dir
-from parity.worktree import OWNER_NAME, owner_dead, remove_stale_worktrees
 
 __all__ = [
     "JOURNAL_NAME",
     "LOCK_NAME",
+    "OWNER_NAME",
     "FolderLockedError",
     "StagingError",
     "commit_staged",
     "folder_lock",
     "owned_tempdir",
+    "owner_dead",
     "recover",
     "staged_name",
 ]
@@ -54,6 +58,25 @@ __all__ = [
 LOCK_NAME = ".parity-repin.lock"
 #: Prefix of the temporary folders a repin's producer process writes its arrays to.
 RUNNER_PREFIX = "parity-repin-"
+#: File in a temporary folder naming the process that owns it.
+OWNER_NAME = "parity-owner.pid"
+
+
+def owner_dead(owner_file: Path) -> bool:
+    """Whether the pid in `owner_file` names no running process. A missing or unreadable
+    file is not proof: the folder may belong to a running parity that writes none (an
+    older version), so it is left alone."""
+    try:
+        pid = int(owner_file.read_text().split()[0])
+    except (OSError, ValueError, IndexError):
+        return False
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return True
+    except PermissionError:
+        return False
+    return False
 
 
 class StagingError(RuntimeError):
@@ -206,12 +229,12 @@ def _is_debris(name: str) -> bool:
     return name.startswith(".") and (name.endswith(".new") or name.endswith(".tmp"))
 
 
-def recover(folder: Path, *, repo: Path | None = None) -> list[str]:
+def recover(folder: Path) -> list[str]:
     """Finish or clean up after a repin that was killed. Call it under `folder_lock`.
 
     Rolls a journal forward (the new files are complete once it exists), removes staged and
-    temporary files, temporary runner folders (`parity-repin-*`) whose owner is dead and,
-    given `repo`, stale parity worktrees registered in it.
+    temporary files and temporary runner folders (`parity-repin-*`) whose owner is dead.
+    Stale worktrees are the caller's (`parity.run.worktree.remove_stale_worktrees`).
 
     **Returns:** one line per thing done, for the progress output.
     """
@@ -240,6 +263,4 @@ def recover(folder: Path, *, repo: Path | None = None) -> list[str]:
         if tmp.is_dir() and owner_dead(tmp / OWNER_NAME):
             shutil.rmtree(tmp, ignore_errors=True)
             done.append(f"removed {tmp}, left by a killed repin")
-    if repo is not None:
-        done += remove_stale_worktrees(repo)
     return done

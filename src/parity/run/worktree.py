@@ -19,7 +19,8 @@ from collections.abc import Iterator
 from pathlib import Path
 from types import FrameType
 
-from parity.signals import deferred_signals, signals_reach_main_thread
+from parity.run.signals import deferred_signals, signals_reach_main_thread
+from parity.store.staging import OWNER_NAME, owner_dead
 
 
 class GitError(RuntimeError):
@@ -67,25 +68,6 @@ def resolve_sha(repo: Path | str, rev: str) -> str:
 
 #: Prefix of the temporary folders holding parity's worktrees.
 WORKTREE_PREFIX = "parity-worktree-"
-#: File in such a folder naming the process that owns it.
-OWNER_NAME = "parity-owner.pid"
-
-
-def owner_dead(owner_file: Path) -> bool:
-    """Whether the pid in `owner_file` names no running process. A missing or unreadable
-    file is not proof: the folder may belong to a running parity that writes none (an
-    older version), so it is left alone."""
-    try:
-        pid = int(owner_file.read_text().split()[0])
-    except (OSError, ValueError, IndexError):
-        return False
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return True
-    except PermissionError:
-        return False
-    return False
 
 
 def remove_stale_worktrees(repo: Path | str) -> list[str]:

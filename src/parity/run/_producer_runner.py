@@ -1,6 +1,6 @@
 """Run a producers file against another checkout's code and save what it returns.
 
-Started by `parity.repin` in a subprocess, by path. The harness (`parity`) is the current
+Started by `parity.run.repin` in a subprocess, by path. The harness (`parity`) is the current
 tree's, imported first; the code under test comes from `--src` (the worktree of the
 commit tried, named by `--code` in messages, or the current tree); the producers file is
 the current tree's. Arrays go to `OUT/<group>.npz` with a
@@ -11,7 +11,7 @@ group ran (x64 mode and device count as jax saw them, the XLA flags it ran under
 be recorded for arrays made without it. Exit codes: 0 ok, 1 a producer raised, 3 the base
 lacks a needed symbol.
 
-As one worker of a multi-process run (`parity.processes.run_workers` sets
+As one worker of a multi-process run (`parity.run.processes.run_workers` sets
 `PARITY_PROCESS_ID`, `PARITY_PROCESSES` and `PARITY_COORDINATOR`), it joins JAX's
 distributed runtime before anything touches jax, runs every group on every process (SPMD),
 brings arrays sharded over processes to the host (a gather every process joins), checks
@@ -31,12 +31,12 @@ import time
 import traceback
 from pathlib import Path
 
-# Run as a script, this file's folder (parity/) comes first on sys.path, and its modules
-# (config, report, runner, ...) would shadow a project's own modules of the same name: the
+# Run as a script, this file's folder (parity/run/) comes first on sys.path, and its modules
+# (config, runner, repin, ...) would shadow a project's own modules of the same name: the
 # folder holding the parity package takes its place.
 _HERE = os.path.dirname(os.path.realpath(__file__))
 if sys.path and os.path.realpath(sys.path[0] or ".") == _HERE:
-    sys.path[0] = os.path.dirname(_HERE)
+    sys.path[0] = os.path.dirname(os.path.dirname(_HERE))
 
 EXIT_PRODUCER_FAILED = 1
 EXIT_MISSING_SYMBOL = 3
@@ -74,7 +74,7 @@ def _die_with_parent(parent: int) -> None:
 def _join_run() -> tuple[int, int] | None:
     """Join the distributed run this process is a worker of, if any: `(process id,
     processes)`, else None."""
-    from parity.processes import initialize, worker_place
+    from parity.run.processes import initialize, worker_place
 
     place = worker_place()
     if place is None:
@@ -187,7 +187,7 @@ def main(argv: list[str] | None = None) -> int:
         try:
             # Producers may return any pytree: flattened to `{"a.b": array}` keys.
             from parity.judge.trees import flatten
-            from parity.processes import sharded_over_processes, to_host
+            from parity.run.processes import sharded_over_processes, to_host
 
             def host(value: object, split: list[bool] = split) -> np.ndarray:
                 split.append(sharded_over_processes(value))
@@ -249,7 +249,7 @@ def _exit(code: int) -> None:
     `distributed.shutdown`, which waits for every other process at a shutdown barrier, so
     the failing worker would outlive the ones it left stuck in a collective, and the
     launcher would name one of them (a gloo timeout) instead of the worker that failed."""
-    from parity.processes import worker_place
+    from parity.run.processes import worker_place
 
     if code and worker_place() is not None:
         sys.stdout.flush()

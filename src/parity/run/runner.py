@@ -1,7 +1,7 @@
 """Produce in a fresh process, then check: the one runner behind `parity check` and
-`parity bisect` (and, through `parity.repin.run_producers`, repin).
+`parity bisect` (and, through `parity.run.repin.run_producers`, repin).
 
-`produce` runs the producers file in a subprocess (`parity._producer_runner`) with the ISA
+`produce` runs the producers file in a subprocess (`parity.run._producer_runner`) with the ISA
 cap and device count set before jax starts, importing the code under test from the
 configured src roots of some code root (the current tree, or a worktree at a commit), and
 loads what it saved. `check_produced` compares each group with the goldens through
@@ -22,9 +22,9 @@ from typing import Any
 import numpy as np
 
 from parity.check import CheckResult, GoldenDir, check_group
-from parity.config import ParityConfig
-from parity.processes import Layout, WorkerFailed
-from parity.repin import ProducerRunError, RepinError, load_runner_output, run_producers
+from parity.run.config import ParityConfig
+from parity.run.processes import Layout, WorkerFailed
+from parity.run.repin import ProducerRunError, RepinError, load_runner_output, run_producers
 
 __all__ = ["Produced", "ProducersFailed", "check_produced", "failure_reason", "produce"]
 
@@ -104,7 +104,7 @@ def produce(
       src roots, when `code_root` is another commit).
     - `progress`: receives the producer's progress lines.
     - `timeout`: with `config.processes` above 1, the seconds the run may take (default
-      `parity.processes.DEFAULT_TIMEOUT_S`).
+      `parity.run.processes.DEFAULT_TIMEOUT_S`).
     - `coordinator`, `process_id`: on a cluster, process 0's `HOST:PORT` and this host's
       process id: only this host's worker starts here (one process per host), and only
       process 0's host gets the outputs (the others get no groups).
@@ -115,7 +115,7 @@ def produce(
 
     **Returns:** a `Produced`. Raises `ProducersFailed` if the producers cannot run
     there (in a multi-process run: a worker failed, was killed or timed out), and
-    `parity.config.ConfigError` if nothing says which producers to run.
+    `parity.run.config.ConfigError` if nothing says which producers to run.
     """
     producers = config.need_producers()
     src = config.src_relative()

@@ -11,7 +11,7 @@ still marks the project root, and every key takes its default. Keys:
 - `isa`: the XLA CPU ISA cap set before jax starts, `"none"` leaves it alone (default
   `AVX2`);
 - `devices`: simulated CPU devices, per process (default 1);
-- `processes`: processes of one JAX distributed run (default 1; see `parity.processes`).
+- `processes`: processes of one JAX distributed run (default 1; see `parity.run.processes`).
 
 Relative paths resolve against the folder holding the `pyproject.toml`. Every key can be
 overridden by a command-line flag of the same name (`with_overrides`). An unknown key or a
@@ -29,7 +29,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from parity.devices import DEFAULT_ISA_CAP
+from parity.run.devices import DEFAULT_ISA_CAP
 
 __all__ = ["KEYS", "ConfigError", "ParityConfig", "find_pyproject", "load_config"]
 

@@ -4,8 +4,8 @@ touching the user's repository state.
 `bisect(good, bad, config=...)` pins goldens at GOOD into a temporary folder (the user's
 goldens are never read or written), confirms that GOOD passes against them and that BAD
 fails, then binary-searches the first-parent commits between them. Each commit is checked
-out as a temporary detached worktree (`parity.worktree.temporary_worktree`), the current
-tree's producers run against its code in a fresh process (`parity.runner.produce`), and
+out as a temporary detached worktree (`parity.run.worktree.temporary_worktree`), the current
+tree's producers run against its code in a fresh process (`parity.run.runner.produce`), and
 the arrays are checked against GOOD's goldens (`parity.check.check_group`). Three outcomes
 per commit, as `git bisect run` has (exit 125 there):
 
@@ -29,10 +29,10 @@ from pathlib import Path
 from typing import Any, Literal
 
 from parity.check import CheckError, GoldenDir
-from parity.config import ParityConfig
-from parity.repin import ProducerRunError, RepinError, repin
-from parity.runner import ProducersFailed, check_produced, failure_reason, produce
-from parity.worktree import GitError, git, repo_root, resolve_sha, temporary_worktree
+from parity.run.config import ParityConfig
+from parity.run.repin import ProducerRunError, RepinError, repin
+from parity.run.runner import ProducersFailed, check_produced, failure_reason, produce
+from parity.run.worktree import GitError, git, repo_root, resolve_sha, temporary_worktree
 
 __all__ = ["BisectError", "BisectResult", "Step", "bisect", "first_parent_commits"]
 
@@ -202,7 +202,7 @@ def bisect(
     - `progress`: receives one line per step.
 
     **Returns:** a `BisectResult`. Raises `BisectError` for revisions that cannot be
-    bisected, `parity.config.ConfigError` for a missing producers file.
+    bisected, `parity.run.config.ConfigError` for a missing producers file.
     """
     config.need_producers()
     try:

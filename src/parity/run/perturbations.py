@@ -7,7 +7,7 @@ from __future__ import annotations
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 
-from parity.config import ParityConfig
+from parity.run.config import ParityConfig
 
 __all__ = [
     "DEVICE_COUNTS",

@@ -34,9 +34,15 @@ from typing import Any
 
 import numpy as np
 
-from parity.devices import DEFAULT_ISA_CAP, isolated_env
 from parity.judge.tolerance import ClassMap
-from parity.signals import signals_reach_main_thread
+from parity.run.devices import DEFAULT_ISA_CAP, isolated_env
+from parity.run.signals import signals_reach_main_thread
+from parity.run.worktree import (
+    remove_stale_worktrees,
+    repo_root,
+    resolve_sha,
+    temporary_worktree,
+)
 from parity.store import GoldenStoreError, open_goldens, write_goldens
 from parity.store.provenance import digest_sources
 from parity.store.staging import (
@@ -49,7 +55,6 @@ from parity.store.staging import (
     recover,
     staged_name,
 )
-from parity.worktree import repo_root, resolve_sha, temporary_worktree
 
 _RUNNER = Path(__file__).with_name("_producer_runner.py")
 EXIT_MISSING_SYMBOL = 3
@@ -255,14 +260,14 @@ def run_producers(
     and it lacks is reported as lacking there.
 
     With `processes` above 1, the producers run as that many workers of one JAX
-    distributed run, `device_count` devices each (`parity.processes.run_workers`, which
+    distributed run, `device_count` devices each (`parity.run.processes.run_workers`, which
     stops them all at the first failure or after `timeout` seconds, default
-    `parity.processes.DEFAULT_TIMEOUT_S`); process 0 saves. On a cluster, `process_id` and
+    `parity.run.processes.DEFAULT_TIMEOUT_S`); process 0 saves. On a cluster, `process_id` and
     `coordinator` (`HOST0:PORT`) start only this host's worker.
 
     **Returns:** the XLA flags the subprocess ran under. Raises `RepinError` with the
     producer's output (traceback included) if it fails, and
-    `parity.processes.WorkerFailed` when a worker of a multi-process run fails.
+    `parity.run.processes.WorkerFailed` when a worker of a multi-process run fails.
     """
     env = isolated_env(device_count, isa_cap=isa_cap)
     env["PYTHONHASHSEED"] = "0"
@@ -280,7 +285,7 @@ def run_producers(
     if class_map_only:  # `out/class_map.json`: the producers' CLASS_MAP; no group runs
         cmd += ["--class-map-only"]
     if processes > 1:
-        from parity.processes import DEFAULT_TIMEOUT_S, run_workers
+        from parity.run.processes import DEFAULT_TIMEOUT_S, run_workers
 
         def forward(line: str) -> None:
             if line.startswith("[producers]"):
@@ -361,7 +366,7 @@ def repin(
             "writable folder"
         ) from None
     with signals_reach_main_thread(), _locked(out):
-        for line in recover(out, repo=root):
+        for line in _recover(out, root):
             progress(line)
         return _repin_locked(
             root, sha, producers, out, device_count, isa_cap, groups, keep_worktree, progress,
@@ -378,6 +383,12 @@ def _locked(out: Path) -> Iterator[None]:
         raise RepinError(str(e)) from None
 
 
+def _recover(out: Path, root: Path) -> list[str]:
+    """`recover` the golden folder, then remove the stale worktrees a killed repin left in
+    the repository at `root`; **returns** one line per thing done."""
+    return recover(out) + remove_stale_worktrees(root)
+
+
 def recover_folder(out_dir: Path | str, *, repo: Path | str = ".") -> list[str]:
     """Finish or clean up after a repin of `out_dir` that was killed (`parity.store.staging`).
 
@@ -386,7 +397,7 @@ def recover_folder(out_dir: Path | str, *, repo: Path | str = ".") -> list[str]:
     out = Path(out_dir).resolve()
     with _locked(out):
         try:
-            return recover(out, repo=repo_root(repo))
+            return _recover(out, repo_root(repo))
         except StagingError as e:
             raise RepinError(str(e)) from None
 
@@ -518,7 +529,7 @@ def reclass(
     producers = Path(producers).resolve()
     out = Path(out_dir).resolve()
     with signals_reach_main_thread(), _locked(out), owned_tempdir(RUNNER_PREFIX) as tmp:
-        for line in recover(out, repo=root):
+        for line in _recover(out, root):
             progress(line)
         run_producers(root, producers, Path(tmp), progress=progress, src=src,
                       class_map_only=True)  # fmt: skip

@@ -30,7 +30,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import IO, Any
 
-from parity.signals import signals_reach_main_thread
+from parity.run.signals import signals_reach_main_thread
 
 __all__ = [
     "DEFAULT_TIMEOUT_S",
@@ -318,13 +318,13 @@ def initialize(coordinator: str, processes: int, process_id: int) -> None:
     A worker that `run_workers` started dies with its launcher from here on. With more
     than one process it also starts jax's backends and runs one sum over every device (see
     `_open_communicator`), so configure jax (compilation cache and the like) before."""
-    from parity.devices import jax_backend_started
+    from parity.run.devices import jax_backend_started
 
     _die_with_launcher()
     if jax_backend_started():
         raise RuntimeError(
             "jax started its backends before the distributed runtime was initialised; "
-            "nothing may create a jax array before parity.processes.initialize runs"
+            "nothing may create a jax array before parity.run.processes.initialize runs"
         )
     import jax
 

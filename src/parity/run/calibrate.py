@@ -2,8 +2,8 @@
 class's bound.
 
 The goldens are pinned in one environment (an ISA cap and a device count, see
-`parity.devices`). Calibration runs the same producers on the same code under benign
-perturbations of that environment, each in a fresh process through `parity.runner.produce`
+`parity.run.devices`). Calibration runs the same producers on the same code under benign
+perturbations of that environment, each in a fresh process through `parity.run.runner.produce`
 (another XLA CPU ISA cap the host supports, another simulated device count, or the same
 environment again), and compares every array with its golden under the class it is
 checked with. Per key it keeps the largest spread over the perturbations: max `|a-b|`, max
@@ -36,13 +36,14 @@ from typing import Any, Literal
 import numpy as np
 
 from parity.check import Overrides, class_resolver, pinned_class_map, with_spread
-from parity.config import ParityConfig
 from parity.judge.compare import Finding, compare_arrays
 from parity.judge.floats import from_json_float, json_float, largest_finite_abs
 from parity.judge.tolerance import REGISTRY, ToleranceClass, get_class, parse_class_name
 from parity.judge.ulp import is_float_dtype, to_float64
 from parity.noise import Spreads
-from parity.perturbations import (
+from parity.report import text_table
+from parity.run.config import ParityConfig
+from parity.run.perturbations import (
     DEVICE_COUNTS,
     ISA_CAPS,
     CalibrationError,
@@ -50,7 +51,6 @@ from parity.perturbations import (
     host_isa_caps,
     perturbations,
 )
-from parity.report import text_table
 from parity.store import GoldenFile, write_goldens
 
 __all__ = [
@@ -417,10 +417,10 @@ def calibrate(
     - `progress`: receives progress lines.
     - `registry`: the classes by name.
 
-    **Returns:** a `Calibration`. Raises `parity.runner.ProducersFailed` if the producers
+    **Returns:** a `Calibration`. Raises `parity.run.runner.ProducersFailed` if the producers
     cannot run in some environment.
     """
-    from parity.runner import produce
+    from parity.run.runner import produce
 
     runs: dict[str, dict[str, dict[str, Any]]] = {g: {} for g in goldens}
     seconds: dict[str, float] = {}
