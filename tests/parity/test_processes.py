@@ -178,6 +178,37 @@ def test_a_hanging_worker_is_stopped_at_the_timeout(project: Path, run_parity, m
     _assert_nothing_left(project, proc.stderr)
 
 
+SLEEPING_PRODUCERS = """\
+import time
+
+
+def g():
+    time.sleep(3600)
+
+
+GROUPS = {"g": g}
+"""
+
+
+def test_a_hanging_single_process_producer_is_stopped_at_the_timeout(tmp_path: Path) -> None:
+    """One producer process runs under the same supervisor as the workers of a
+    multi-process run: given a timeout, a hang ends with `WorkerFailed` saying so, and no
+    process is left."""
+    from parity.run.processes import WorkerFailed
+    from parity.run.repin import run_producers
+
+    (tmp_path / "src").mkdir()
+    (tmp_path / "out").mkdir()
+    producers = tmp_path / "producers.py"
+    producers.write_text(SLEEPING_PRODUCERS)
+    with pytest.raises(WorkerFailed) as failed:
+        run_producers(tmp_path, producers, tmp_path / "out", timeout=2.0, progress=print)
+    assert failed.value.worker == 0
+    assert failed.value.reason.startswith("the run timed out after 2 s"), failed.value.reason
+    assert "they were stopped" in failed.value.reason
+    assert _workers_of(tmp_path) == [], "the producer process outlived the run"
+
+
 def test_a_worker_killed_mid_run_ends_the_run_naming_it(project: Path, mode) -> None:
     mode("kill")
     tmp = project.parent / "tmp"

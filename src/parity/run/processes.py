@@ -1,15 +1,16 @@
 """Runs over several processes on JAX's own multi-controller runtime (docs/design.md,
 "Multi-process runs").
 
-Two halves. The launcher (`run_workers`, `free_port`), imported by jax-free parents (the
-`parity check` command, the pytest plugin's launching session), starts N worker processes,
-watches them and owns them: a worker that exits badly, is killed or outlives the timeout
-ends the whole run (every other worker is stopped, its process group killed), with a
-`WorkerFailed` naming the worker and its last output lines; no process, port or temporary
-file outlives the call. The worker half (`initialize`, `to_host`, `agree`), used inside the
-workers, starts the distributed runtime before anything touches jax's backends, brings
-arrays sharded over every process to the host, and makes every process reach process 0's
-verdict.
+Two halves. The launcher (`run_workers`, `free_port`, over `supervise`, the one process
+supervisor, which a single producer process runs under too), imported by jax-free parents
+(the `parity check` command, the pytest plugin's launching session), starts N worker
+processes, watches them and owns them: a worker that exits badly, is killed or outlives the
+timeout ends the whole run (every other worker is stopped, its process group killed), with
+a `WorkerFailed` naming the worker and its last output lines; no process, port or
+temporary file outlives the call. The worker half (`initialize`, `to_host`, `agree`), used
+inside the workers, starts the distributed runtime before anything touches jax's backends,
+brings arrays sharded over every process to the host, and makes every process reach
+process 0's verdict.
 
 Nothing here imports jax at module level.
 """
@@ -18,7 +19,6 @@ from __future__ import annotations
 
 import contextlib
 import os
-import shutil
 import signal
 import socket
 import subprocess
@@ -27,7 +27,6 @@ import tempfile
 import time
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
-from pathlib import Path
 from typing import IO, Any
 
 from parity.run.signals import signals_reach_main_thread
@@ -46,6 +45,7 @@ __all__ = [
     "initialize",
     "run_workers",
     "sharded_over_processes",
+    "supervise",
     "to_host",
     "worker_place",
 ]
@@ -149,10 +149,9 @@ def run_workers(
     """Run `n` copies of `argv` as the processes of one distributed run, and own them.
 
     Worker `i` gets `env` plus `PARITY_PROCESS_ID=i`, `PARITY_PROCESSES=n` and
-    `PARITY_COORDINATOR=localhost:<port>` (a port free when the run starts), in a process
-    group of its own; its stdout and stderr go to a temporary file that is removed at the
-    end. On a cluster, each host starts one worker of the run: `process_id` says which,
-    `coordinator` where process 0 listens (`HOST0:PORT`).
+    `PARITY_COORDINATOR=localhost:<port>` (a port free when the run starts); `supervise`
+    runs them. On a cluster, each host starts one worker of the run: `process_id` says
+    which, `coordinator` where process 0 listens (`HOST0:PORT`).
 
     **Arguments:**
 
@@ -179,22 +178,67 @@ def run_workers(
         raise ValueError(f"process id {process_id} is not one of the run's 0..{n - 1}")
     if process_id is not None and coordinator is None:
         raise ValueError("a run spread over hosts needs the coordinator's HOST:PORT")
-    folder = Path(tempfile.mkdtemp(prefix="parity-workers-"))
+    coordinator = coordinator or f"localhost:{free_port()}"
+    ids = list(range(n)) if process_id is None else [process_id]
+    envs = []
+    for i in ids:
+        worker_env = {**env, ENV_PROCESS_ID: str(i), ENV_PROCESSES: str(n)}
+        worker_env[ENV_COORDINATOR] = coordinator
+        worker_env[ENV_LAUNCHER] = str(os.getpid())
+        envs.append(worker_env)
+    return supervise(
+        argv, envs, ids=ids, n=n, timeout=timeout, ok=ok, echo=echo, progress=progress, cwd=cwd
+    )
+
+
+def supervise(
+    argv: Sequence[str],
+    envs: Sequence[Mapping[str, str]],
+    *,
+    timeout: float | None,
+    ids: Sequence[int] | None = None,
+    n: int | None = None,
+    ok: Callable[[int], bool] = lambda code: code == 0,
+    echo: IO[str] | None = None,
+    progress: Callable[[str], None] | None = None,
+    cwd: str | os.PathLike[str] | None = None,
+) -> list[int]:
+    """Run `argv` once per environment in `envs`, and own the processes: the one supervisor
+    of a single producer process (`parity.run.repin.run_producers`) and of the workers of a
+    multi-process run (`run_workers`).
+
+    Each process runs in a process group of its own, stdin closed, its stdout and stderr
+    going to an anonymous temporary file (no name on disk, so none is left even when this
+    process is killed). No process or process group outlives the call: on return, on a
+    failure, at the timeout and on Ctrl-C or SIGTERM alike, every process still running gets
+    SIGTERM and, `KILL_GRACE_S` later, SIGKILL.
+
+    **Arguments:**
+
+    - `argv`: the command line, the same for every process.
+    - `envs`: one environment per process.
+    - `timeout`: seconds the whole run may take; None for no limit.
+    - `ids`: the processes' ids in messages (default 0, 1, ...); `n`: the size of the run
+      they belong to (default `len(envs)`).
+    - `ok`, `echo`, `progress`, `cwd`: as for `run_workers`; `echo` and `progress` follow
+      the first process (the last line too, if it ends without a newline).
+
+    **Returns:** the exit statuses, by process, once every process exited with a status
+    `ok` accepts. Raises `WorkerFailed` as soon as one process exits with another status or
+    is killed, or at the timeout.
+    """
+    ids = list(range(len(envs))) if ids is None else list(ids)
+    n = len(envs) if n is None else n
     logs: list[IO[bytes]] = []
     procs: list[subprocess.Popen[bytes]] = []
-    coordinator = coordinator or f"localhost:{free_port()}"
-    ids = range(n) if process_id is None else [process_id]
     try:
-        for j, i in enumerate(ids):
-            log = open(folder / f"process{j}.log", "wb")  # noqa: SIM115 (closed below)
+        for proc_env in envs:
+            log = tempfile.TemporaryFile(prefix="parity-workers-")  # noqa: SIM115 (closed below)
             logs.append(log)
-            worker_env = {**env, ENV_PROCESS_ID: str(i), ENV_PROCESSES: str(n)}
-            worker_env[ENV_COORDINATOR] = coordinator
-            worker_env[ENV_LAUNCHER] = str(os.getpid())
             procs.append(
                 subprocess.Popen(
                     list(argv),
-                    env=worker_env,
+                    env=dict(proc_env),
                     cwd=cwd,
                     stdin=subprocess.DEVNULL,
                     stdout=log,
@@ -203,26 +247,32 @@ def run_workers(
                 )
             )
         with signals_reach_main_thread():
-            return _watch(procs, list(ids), n, folder, timeout, ok, echo, progress)
+            return _watch(procs, ids, n, logs, timeout, ok, echo, progress)
     finally:
         _stop(procs, KILL_GRACE_S)
         for log in logs:
             log.close()
-        shutil.rmtree(folder, ignore_errors=True)
+
+
+def _read(log: IO[bytes], start: int = 0) -> bytes:
+    """What a process wrote to `log` from byte `start` on. `pread` leaves the file offset,
+    which the writing process shares, where that process put it."""
+    fd = log.fileno()
+    return os.pread(fd, max(os.fstat(fd).st_size - start, 0), start)
 
 
 def _watch(
     procs: Sequence[subprocess.Popen[bytes]],
     ids: Sequence[int],
     n: int,
-    folder: Path,
-    timeout: float,
+    logs: Sequence[IO[bytes]],
+    timeout: float | None,
     ok: Callable[[int], bool],
     echo: IO[str] | None,
     progress: Callable[[str], None] | None,
 ) -> list[int]:
     def output(j: int) -> str:
-        return (folder / f"process{j}.log").read_bytes().decode("utf-8", "replace")
+        return _read(logs[j]).decode("utf-8", "replace")
 
     def everything() -> str:
         return "\n".join(f"--- process {i} ---\n{output(j)}" for j, i in enumerate(ids))
@@ -230,13 +280,11 @@ def _watch(
     seen = 0
     pending = ""
 
-    def forward() -> None:
+    def forward(last: bool = False) -> None:
         nonlocal seen, pending
         if echo is None and progress is None:
             return
-        with open(folder / "process0.log", "rb") as f:
-            f.seek(seen)
-            chunk = f.read()
+        chunk = _read(logs[0], seen)
         seen += len(chunk)
         text = pending + chunk.decode("utf-8", "replace")
         if echo is not None:
@@ -244,18 +292,21 @@ def _watch(
             echo.flush()
         lines = text.split("\n")
         pending = lines.pop()
+        if last and pending:
+            lines.append(pending)
+            pending = ""
         if progress is not None:
             for line in lines:
                 progress(line)
 
-    deadline = time.monotonic() + timeout
+    deadline = None if timeout is None else time.monotonic() + timeout
     while True:
         forward()
         codes = [p.poll() for p in procs]
         for j, code in enumerate(codes):
             if code is not None and not ok(code):
                 _stop(procs, KILL_GRACE_S)
-                forward()
+                forward(last=True)
                 tail = "\n".join(f"  {ln}" for ln in _tail(output(j)))
                 others = (
                     "the other processes were stopped" if len(procs) > 1 else "it ran alone here"
@@ -267,9 +318,9 @@ def _watch(
                     everything(),
                 )
         if all(c is not None for c in codes):
-            forward()
+            forward(last=True)
             return [c for c in codes if c is not None]
-        if time.monotonic() > deadline:
+        if deadline is not None and time.monotonic() > deadline:
             running = [i for i, c in enumerate(codes) if c is None]
             _stop(procs, KILL_GRACE_S)
             tail = "\n".join(f"  process {i}: {ln}" for i in running for ln in _tail(output(i), 4))

@@ -24,8 +24,6 @@ from __future__ import annotations
 import contextlib
 import json
 import os
-import signal
-import subprocess
 import sys
 from collections.abc import Callable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
@@ -36,6 +34,7 @@ import numpy as np
 
 from parity.judge.tolerance import ClassMap
 from parity.run.devices import DEFAULT_ISA_CAP, isolated_env
+from parity.run.processes import DEFAULT_TIMEOUT_S, run_workers, supervise
 from parity.run.signals import signals_reach_main_thread
 from parity.run.worktree import (
     remove_stale_worktrees,
@@ -201,32 +200,6 @@ def summarize_change(group: str, path: Path, new: Mapping[str, np.ndarray]) -> G
         )
 
 
-@contextlib.contextmanager
-def _child(cmd: Sequence[str], env: Mapping[str, str]) -> Iterator[subprocess.Popen[str]]:
-    """A subprocess that is stopped (SIGINT, then kill) if we leave early."""
-    proc = subprocess.Popen(
-        list(cmd),
-        env=dict(env),
-        stdout=subprocess.PIPE,
-        stderr=subprocess.STDOUT,
-        text=True,
-        start_new_session=True,  # our Ctrl-C handling decides when the child stops
-    )
-    try:
-        yield proc
-    finally:
-        if proc.poll() is None:
-            with contextlib.suppress(ProcessLookupError):
-                proc.send_signal(signal.SIGINT)
-            try:
-                proc.wait(timeout=10)
-            except subprocess.TimeoutExpired:
-                proc.kill()
-                proc.wait()
-        if proc.stdout is not None:
-            proc.stdout.close()
-
-
 def _class_of(class_map: ClassMap, key: str) -> str:
     """`key`'s class under the producers' `CLASS_MAP`; `bitwise` where no rule matches
     (`CLASS_MAP` is optional)."""
@@ -259,15 +232,18 @@ def run_producers(
     names that code in messages (`"commit 1a2b3c4d5e6f"`): a symbol the producers need
     and it lacks is reported as lacking there.
 
-    With `processes` above 1, the producers run as that many workers of one JAX
-    distributed run, `device_count` devices each (`parity.run.processes.run_workers`, which
-    stops them all at the first failure or after `timeout` seconds, default
-    `parity.run.processes.DEFAULT_TIMEOUT_S`); process 0 saves. On a cluster, `process_id` and
-    `coordinator` (`HOST0:PORT`) start only this host's worker.
+    One process or several, the run goes through one supervisor
+    (`parity.run.processes.supervise`), which stops it after `timeout` seconds. With
+    `processes` above 1, the producers run as that many workers of one JAX distributed run,
+    `device_count` devices each (`parity.run.processes.run_workers`, which stops them all at
+    the first failure; the timeout defaults to `parity.run.processes.DEFAULT_TIMEOUT_S`);
+    process 0 saves. On a cluster, `process_id` and `coordinator` (`HOST0:PORT`) start only
+    this host's worker. A single process has no timeout unless one is given.
 
     **Returns:** the XLA flags the subprocess ran under. Raises `RepinError` with the
     producer's output (traceback included) if it fails, and
-    `parity.run.processes.WorkerFailed` when a worker of a multi-process run fails.
+    `parity.run.processes.WorkerFailed` when a worker of a multi-process run fails, and when
+    the run, of one process or several, outlives `timeout`.
     """
     env = isolated_env(device_count, isa_cap=isa_cap)
     env["PYTHONHASHSEED"] = "0"
@@ -285,7 +261,6 @@ def run_producers(
     if class_map_only:  # `out/class_map.json`: the producers' CLASS_MAP; no group runs
         cmd += ["--class-map-only"]
     if processes > 1:
-        from parity.run.processes import DEFAULT_TIMEOUT_S, run_workers
 
         def forward(line: str) -> None:
             if line.startswith("[producers]"):
@@ -302,15 +277,14 @@ def run_producers(
         )
         return flags
     tail: list[str] = []
-    with signals_reach_main_thread(), _child(cmd, env) as proc:
-        assert proc.stdout is not None
-        for line in proc.stdout:
-            line = line.rstrip("\n")
-            tail.append(line)
-            del tail[:-200]
-            if line.startswith("[producers]"):
-                progress(line)
-        rc = proc.wait()
+
+    def collect(line: str) -> None:
+        tail.append(line)
+        del tail[:-200]
+        if line.startswith("[producers]"):
+            progress(line)
+
+    (rc,) = supervise(cmd, [env], timeout=timeout, ok=lambda _: True, progress=collect)
     if rc != 0:
         output = "\n".join(tail)
         reason = (

@@ -103,8 +103,8 @@ def produce(
     - `drop_paths`: `sys.path` entries the child must not import from (the user's own
       src roots, when `code_root` is another commit).
     - `progress`: receives the producer's progress lines.
-    - `timeout`: with `config.processes` above 1, the seconds the run may take (default
-      `parity.run.processes.DEFAULT_TIMEOUT_S`).
+    - `timeout`: the seconds the run may take (with `config.processes` above 1 the default
+      is `parity.run.processes.DEFAULT_TIMEOUT_S`; one process has no limit by default).
     - `coordinator`, `process_id`: on a cluster, process 0's `HOST:PORT` and this host's
       process id: only this host's worker starts here (one process per host), and only
       process 0's host gets the outputs (the others get no groups).
@@ -114,7 +114,7 @@ def produce(
     distributed run, `config.devices` devices each, and process 0's outputs are loaded.
 
     **Returns:** a `Produced`. Raises `ProducersFailed` if the producers cannot run
-    there (in a multi-process run: a worker failed, was killed or timed out), and
+    there (a worker of a multi-process run failed or was killed, or the run timed out), and
     `parity.run.config.ConfigError` if nothing says which producers to run.
     """
     producers = config.need_producers()
