@@ -33,7 +33,8 @@ and `tmp/`, the commands' TMPDIR, which must be empty at the end (nothing left b
 commands run in the shell environment of a fresh user: this interpreter's bin folder first
 on PATH (the `parity` and `pytest` of the environment that runs the tool, an editable
 install of this checkout), and none of the caller's XLA_*, JAX_*, PARITY_*, PYTEST_*, GIT_*,
-PYTHONPATH, PYTHONDONTWRITEBYTECODE or PYTHONWARNINGS. Fixed on top: a git identity and no
+PYTHONPATH, PYTHONDONTWRITEBYTECODE, PYTHONWARNINGS, CI or BUILD_NUMBER (under either,
+pytest prints its summary lines whole), FORCE_COLOR, PY_COLORS or NO_COLOR. Fixed on top: a git identity and no
 global or system git configuration, COLUMNS=80 (pytest's rule width), LC_ALL=C.UTF-8 (git's
 messages), and PYTHONUNBUFFERED=1, so that stdout and stderr, read through one pipe,
 interleave as on a terminal (where stdout is line-buffered) instead of stdout arriving last.
@@ -97,7 +98,19 @@ _END_RUN = "<!-- /guide:run -->"
 _FENCE = "```"
 # What the commands do not inherit from the caller: a fresh user's shell sets none of it.
 _DROPPED_PREFIXES = ("XLA_", "JAX_", "PARITY_", "PYTEST_", "GIT_")
-_DROPPED = ("PYTHONPATH", "PYTHONDONTWRITEBYTECODE", "PYTHONWARNINGS")
+#: `CI` and `BUILD_NUMBER`: pytest stops shortening its summary lines when either is set, so
+#: a walk under a CI runner printed what a user's terminal does not; the colour switches
+#: would put escape codes into pytest's and rich's output.
+_DROPPED = (
+    "PYTHONPATH",
+    "PYTHONDONTWRITEBYTECODE",
+    "PYTHONWARNINGS",
+    "CI",
+    "BUILD_NUMBER",
+    "FORCE_COLOR",
+    "PY_COLORS",
+    "NO_COLOR",
+)
 _IDENTITY = {
     "GIT_AUTHOR_NAME": "A. User",
     "GIT_AUTHOR_EMAIL": "user@example.com",
