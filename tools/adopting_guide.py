@@ -34,10 +34,11 @@ commands run in the shell environment of a fresh user: this interpreter's bin fo
 on PATH (the `parity` and `pytest` of the environment that runs the tool, an editable
 install of this checkout), and none of the caller's XLA_*, JAX_*, PARITY_*, PYTEST_*, GIT_*,
 PYTHONPATH, PYTHONDONTWRITEBYTECODE, PYTHONWARNINGS, CI or BUILD_NUMBER (under either,
-pytest prints its summary lines whole), FORCE_COLOR, PY_COLORS or NO_COLOR. Fixed on top: a git identity and no
-global or system git configuration, COLUMNS=80 (pytest's rule width), LC_ALL=C.UTF-8 (git's
-messages), and PYTHONUNBUFFERED=1, so that stdout and stderr, read through one pipe,
-interleave as on a terminal (where stdout is line-buffered) instead of stdout arriving last.
+pytest prints its summary lines whole), FORCE_COLOR, PY_COLORS or NO_COLOR. Fixed on top: a
+git identity and no global or system git configuration, COLUMNS=80 (pytest's rule width),
+LC_ALL=C.UTF-8 (git's messages), and PYTHONUNBUFFERED=1, so that stdout and stderr, read
+through one pipe, interleave as on a terminal (where stdout is line-buffered) instead of
+stdout arriving last.
 
 **Normalisation** (`normalise`), applied to every command's output before it is shown or
 compared, replaces what differs between two runs on the same code and nothing else: the
