@@ -26,58 +26,7 @@ if TYPE_CHECKING:
     from parity.store import GoldenFile, GoldenStoreError, open_goldens, write_goldens
     from parity.store.provenance import bitwise_policy, collect_provenance, drift
 
-#: Public name -> the module defining it, imported on first access (PEP 562), so that
-#: `python -m parity diff` pays only for the modules it uses.
-_LAZY = {
-    "Bitwise": "parity.judge.rules",
-    "CheckError": "parity.check",
-    "CheckResult": "parity.check",
-    "ClassMap": "parity.judge.tolerance",
-    "Close": "parity.judge.rules",
-    "Comparison": "parity.judge.compare",
-    "Finding": "parity.judge.compare",
-    "GoldenDir": "parity.check",
-    "GoldenFile": "parity.store",
-    "GoldenStoreError": "parity.store",
-    "REGISTRY": "parity.judge.tolerance",
-    "RULES": "parity.judge.rules",
-    "RelativeToMax": "parity.judge.rules",
-    "Rule": "parity.judge.rules",
-    "ToleranceClass": "parity.judge.tolerance",
-    "Ulp": "parity.judge.rules",
-    "assert_equivalent": "parity.assertions",
-    "bitwise_policy": "parity.store.provenance",
-    "check_group": "parity.check",
-    "check_live": "parity.check",
-    "collect_provenance": "parity.store.provenance",
-    "compare_arrays": "parity.judge.compare",
-    "compare_trees": "parity.judge.compare",
-    "drift": "parity.store.provenance",
-    "flatten": "parity.judge.compare",
-    "format_table": "parity.report",
-    "get_class": "parity.judge.tolerance",
-    "open_goldens": "parity.store",
-    "to_json": "parity.report",
-    "ulp_distance": "parity.judge.tolerance",
-    "write_goldens": "parity.store",
-    "write_html": "parity.report",
-    "write_json": "parity.report",
-}
-
-
-def __getattr__(name: str) -> Any:
-    module = _LAZY.get(name)
-    if module is None:
-        raise AttributeError(f"module 'parity' has no attribute {name!r}")
-    value = getattr(importlib.import_module(module), name)
-    globals()[name] = value
-    return value
-
-
-def __dir__() -> list[str]:
-    return sorted(set(globals()) | set(_LAZY))
-
-
+#: The public names, each loaded from its module on first use.
 __all__ = [
     "REGISTRY",
     "RULES",
@@ -113,3 +62,39 @@ __all__ = [
     "write_html",
     "write_json",
 ]
+
+#: Public name -> its module, once a public name is first used.
+_SOURCES: dict[str, str] | None = None
+
+
+def _sources() -> dict[str, str]:
+    """Public name -> the module defining it, read from the `if TYPE_CHECKING:` imports
+    above (what type checkers see), so that `__all__` is the one list of the public names
+    and where each comes from is written once too."""
+    import ast
+    from pathlib import Path
+
+    found: dict[str, str] = {}
+    for node in ast.parse(Path(__file__).read_text(encoding="utf-8")).body:
+        if isinstance(node, ast.If) and ast.unparse(node.test) == "TYPE_CHECKING":
+            for imp in node.body:
+                if isinstance(imp, ast.ImportFrom) and imp.module:
+                    found.update((alias.name, imp.module) for alias in imp.names)
+    return found
+
+
+def __getattr__(name: str) -> Any:
+    """Each public name loads its module on first use (PEP 562), so that `python -m parity
+    diff` pays only for the modules it uses."""
+    if name not in __all__:
+        raise AttributeError(f"module 'parity' has no attribute {name!r}")
+    global _SOURCES
+    if _SOURCES is None:
+        _SOURCES = _sources()
+    value = getattr(importlib.import_module(_SOURCES[name]), name)
+    globals()[name] = value
+    return value
+
+
+def __dir__() -> list[str]:
+    return sorted(set(globals()) | set(__all__))

@@ -124,3 +124,19 @@ def test_parity_modules_import_one_another_without_a_cycle() -> None:
     graph = _import_graph()
     assert "parity.store.reader" in graph and "parity.judge.compare" in graph
     assert _cycles(graph) == []
+
+
+def test_the_public_names_are_listed_once_and_each_loads_its_module() -> None:
+    """`parity.__all__` names exactly what the `if TYPE_CHECKING:` imports bring in (where
+    each public name comes from), and every one of them loads on first use."""
+    typed: set[str] = set()
+    for node in ast.parse((SRC / "__init__.py").read_text()).body:
+        if isinstance(node, ast.If) and ast.unparse(node.test) == "TYPE_CHECKING":
+            typed.update(
+                a.name for imp in node.body if isinstance(imp, ast.ImportFrom) for a in imp.names
+            )
+    assert sorted(typed) == sorted(parity.__all__)
+    assert len(set(parity.__all__)) == len(parity.__all__)
+    script = "import parity\nfor name in parity.__all__:\n    getattr(parity, name)\n"
+    proc = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True)
+    assert proc.returncode == 0, proc.stderr
