@@ -46,7 +46,13 @@ def test_the_wheel_carries_parity_and_no_decomp(wheel: Path) -> None:
     tops = {n.split("/", 1)[0] for n in names}
     assert {t for t in tops if not t.endswith(".dist-info")} == {"parity"}, sorted(tops)
     assert not [n for n in names if "decomp/" in n]
-    for module in ("__init__", "cli", "pytest_plugin", "run/_producer_runner", "compile_stats"):
+    for module in (
+        "__init__",
+        "cli",
+        "pytest_plugin/__init__",
+        "run/_producer_runner",
+        "compile_stats",
+    ):
         assert f"parity/{module}.py" in names, (module, names)
 
 

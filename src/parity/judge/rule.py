@@ -1,0 +1,181 @@
+"""What every rule shares: the `Rule` base, the `Scale` of a golden array, the `Elements` a
+rule judges and the `Judgement` it returns (see `parity.judge.rules` for what each method
+means), and two helpers of the rules: `check_nonneg` (a parameter is a finite number >= 0)
+and `judge_within` (one bound on `|a-b|` for the whole array).
+
+This module imports numpy only.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import math
+from dataclasses import dataclass
+from typing import Any, ClassVar, Literal
+
+import numpy as np
+
+from parity.judge.floats import largest_finite_abs
+
+__all__ = ["Elements", "Judgement", "Rule", "Scale", "Unit", "check_nonneg", "judge_within"]
+
+Unit = Literal["abs", "ulp", "kl"]
+
+
+@dataclass(frozen=True)
+class Scale:
+    """Facts about a whole golden array that a rule may need before judging its elements.
+
+    **Fields:**
+
+    - `dtype`: the golden's dtype.
+    - `max_abs`: its largest finite magnitude, 0.0 when it has no finite element.
+    """
+
+    dtype: np.dtype[Any]
+    max_abs: float
+
+    @classmethod
+    def for_rule(cls, rule: Rule, golden: np.ndarray, g64: np.ndarray | None = None) -> Scale:
+        """`Scale.of(golden)` if `rule` needs it, else a placeholder without the pass."""
+        return cls.of(golden, g64) if rule.needs_scale() else cls(golden.dtype, 0.0)
+
+    @classmethod
+    def of(cls, golden: np.ndarray, g64: np.ndarray | None = None) -> Scale:
+        """The scale of `golden` (`g64`: the same array as float64, if the caller has it)."""
+        x64 = g64 if g64 is not None else golden.astype(np.float64)
+        return cls(golden.dtype, largest_finite_abs(x64))
+
+
+@dataclass(frozen=True)
+class Elements:
+    """The elements of one pair of float arrays, flattened, as the rules see them.
+
+    **Fields:**
+
+    - `differ`: the bits differ.
+    - `finite`: both values are finite.
+    - `special`: a NaN or ±inf sits in one array only (or the infs differ in sign).
+    - `diff`: `|a-b|` in float64 where both are finite, else 0.
+    - `abs_golden`: `|b|` in float64 where both are finite, else 0.
+    - `ulp`: ulp distance where both are finite, else 0 (uint64).
+    - `actual`, `golden`: the judged elements of both arrays as float64, flattened (for an
+      `elementwise` rule only those whose bits differ; `None` where a caller builds
+      elements without them; the rules that need them say so).
+    - `shape`: the arrays' shape for a rule judging whole arrays, for rules that judge
+      rows; `(n,)` for the `n` elements an elementwise rule is handed (`None` likewise).
+    """
+
+    differ: np.ndarray
+    finite: np.ndarray
+    special: np.ndarray
+    diff: np.ndarray
+    abs_golden: np.ndarray
+    ulp: np.ndarray
+    actual: np.ndarray | None = None
+    golden: np.ndarray | None = None
+    shape: tuple[int, ...] | None = None
+
+    def both(self, rule: str) -> tuple[np.ndarray, np.ndarray, tuple[int, ...]]:
+        """`actual`, `golden` and `shape`; `ValueError` naming `rule` if absent."""
+        if self.actual is None or self.golden is None or self.shape is None:
+            raise ValueError(
+                f"rule {rule!r} needs both arrays and their shape in Elements (actual, golden, "
+                "shape); build Elements as parity.judge.compare does"
+            )
+        return self.actual, self.golden, self.shape
+
+
+@dataclass(frozen=True)
+class Judgement:
+    """What a rule makes of some elements.
+
+    **Fields:**
+
+    - `violating`: the elements that break the rule.
+    - `score`: how badly each element fares, larger is worse (a figure divided by what is
+      allowed there, or the ulp distance); `None` for rules without degrees (bitwise),
+      where the worst element is the first that differs.
+    - `allowed`: what was allowed per element, in the rule's unit (for messages), or `None`.
+    - `figure`: the array's worst figure in the rule's own unit, for rules whose unit is
+      neither `|a-b|` nor ulps (`LogitKL`: the largest per-position KL); `None` otherwise.
+    - `note`: a line to report even when the array passes (`Budget`: below budget), or "".
+    """
+
+    violating: np.ndarray
+    score: np.ndarray | None
+    allowed: np.ndarray | float | None
+    figure: float | None = None
+    note: str = ""
+
+
+def check_nonneg(rule: str, field: str, value: object) -> None:
+    if isinstance(value, bool) or not isinstance(value, int | float | np.integer | np.floating):
+        raise ValueError(
+            f"rule {rule!r}: {field} must be a number, got {value!r} ({type(value).__name__})"
+        )
+    if not math.isfinite(float(value)) or value < 0:
+        raise ValueError(f"rule {rule!r}: {field} must be finite and >= 0, got {value!r}")
+
+
+def judge_within(e: Elements, bound: float) -> Judgement:
+    """`|a-b| <= bound` for every element, one bound for the whole array."""
+    with np.errstate(over="ignore", invalid="ignore", divide="ignore"):
+        # `not <=` rather than `>` so that a NaN difference (inf - inf) is a violation.
+        violating = (e.finite & ~(e.diff <= bound)) | e.special
+        score = np.where(e.diff == 0, 0.0, e.diff / bound)
+    return Judgement(violating, score, bound)
+
+
+class Rule:
+    """Base of every rule; see the module docstring for what each method means."""
+
+    kind: ClassVar[str]
+    unit: ClassVar[Unit] = "abs"
+    #: Whether the rule tolerates some difference (False only for bitwise): decides whether
+    #: a NaN/inf misplacement is the worst element and how a failure is worded.
+    tolerant: ClassVar[bool] = True
+    #: Whether each element is judged on its own (its verdict and score depend on that
+    #: element and the `Scale` only). Such a rule sees only elements whose bits differ, a
+    #: chunk at a time; a rule that is not (a median, a per-row statistic) sees every
+    #: element of the whole array in one call, so the array is read whole. False unless a
+    #: rule says otherwise, so that a rule written elsewhere keeps whole-array semantics.
+    elementwise: ClassVar[bool] = False
+
+    def describe(self) -> str:
+        raise NotImplementedError
+
+    def needs_scale(self) -> bool:
+        """Whether `bound` and `judge` read the golden's `Scale`; when not, callers skip the
+        pass over the golden that measures it."""
+        return True
+
+    def judge_needs_scale(self) -> bool:
+        """Whether `judge` itself reads the `Scale` (not only `bound`): then a chunked
+        comparison measures the golden's scale in a pass of its own before judging."""
+        return self.needs_scale()
+
+    def bound(self, scale: Scale) -> float:
+        raise NotImplementedError
+
+    def missing(self) -> list[str]:
+        """Parameters the rule needs but has not been given (a `Reduction` without `K`):
+        a class whose rule misses some can only be used with them set in the class map
+        (`"name[K=512]"`)."""
+        return []
+
+    def judge(self, e: Elements, scale: Scale) -> Judgement:
+        raise NotImplementedError
+
+    def detail(self, j: Judgement, e: Elements, i: int) -> str:
+        """The worst element's figure against what was allowed, for a failure's reason."""
+        if j.allowed is None:
+            return ""
+        allowed = float(j.allowed) if np.ndim(j.allowed) == 0 else float(np.asarray(j.allowed)[i])
+        if self.unit == "ulp":
+            return f", {int(e.ulp[i])} ulp vs allowed {allowed:g}"
+        return f", |a-b| {float(e.diff[i]):.3g} vs allowed {allowed:.3g}"
+
+    def params(self) -> dict[str, Any]:
+        """The rule's parameters, JSON-safe (`rule_from_dict` reads them back)."""
+        return {f.name: getattr(self, f.name) for f in dataclasses.fields(self)}  # pyright: ignore[reportArgumentType]

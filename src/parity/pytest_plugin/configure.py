@@ -1,0 +1,200 @@
+"""Setting the session up: `[tool.parity]` and the options applied before jax starts
+(device count, ISA cap, compilation cache, src roots on `sys.path`), the launch of a
+multi-process session, the golden folder."""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Sequence
+from pathlib import Path
+from typing import TYPE_CHECKING
+
+import pytest
+
+from parity.pytest_plugin.stash import GOLDENS, NARROWED, RESULTS
+from parity.run.config import ConfigError, ParityConfig, load_config
+from parity.run.devices import (
+    DeviceCountError,
+    cap_isa,
+    set_cpu_device_count,
+)
+from parity.run.processes import worker_place
+
+if TYPE_CHECKING:  # parity.check loads h5py: imported only when a check runs
+    pass
+
+
+def _device_count(config: pytest.Config) -> int | None:
+    value = config.getoption("--parity-devices")
+    if value is None and os.environ.get("PARITY_DEVICES"):
+        raw = os.environ["PARITY_DEVICES"]
+        try:
+            value = int(raw)
+        except ValueError:
+            raise pytest.UsageError(f"PARITY_DEVICES must be an integer, got {raw!r}") from None
+    return value
+
+
+def _enable_compile_cache(config: pytest.Config) -> None:
+    raw = config.getoption("--parity-cache") or os.environ.get("PARITY_JAX_CACHE")
+    if raw is not None and raw.lower() == "none":
+        return
+    base = Path(raw) if raw else Path(config.rootpath) / ".jax_cache"
+    place = worker_place()
+    name = f"process{place[0]}" if place else os.environ.get("PYTEST_XDIST_WORKER", "main")
+    folder = base / name
+    folder.mkdir(parents=True, exist_ok=True)
+    if not raw:
+        _ignore_for_git(base)
+    import jax
+
+    jax.config.update("jax_compilation_cache_dir", str(folder))
+    # Test programs compile in well under a second each; cache them all.
+    jax.config.update("jax_persistent_cache_min_compile_time_secs", 0.0)
+    jax.config.update("jax_persistent_cache_min_entry_size_bytes", 0)
+
+
+def _ignore_for_git(folder: Path) -> None:
+    """Make `folder` ignore itself, as `.pytest_cache/` does, so the default cache in the
+    user's project root shows in no `git status` and needs no `.gitignore` line."""
+    try:
+        with open(folder / ".gitignore", "x") as f:
+            f.write("# the parity pytest plugin's jax compilation cache: never committed\n*\n")
+    except FileExistsError:  # written before, or by another xdist worker just now
+        pass
+
+
+def _project_config(config: pytest.Config) -> ParityConfig:
+    """`[tool.parity]` of the nearest pyproject.toml above the invocation folder."""
+    try:
+        return load_config(config.invocation_params.dir)
+    except ConfigError as e:
+        raise pytest.UsageError(str(e)) from None
+
+
+_SRC_ROOTS = pytest.StashKey[list[str]]()
+
+
+def _put_src_on_path(config: pytest.Config) -> None:
+    """Put `[tool.parity]`'s src roots at the front of `sys.path`, as the producer runner
+    does for `parity check`, so the tests import the user's package with no PYTHONPATH
+    and no install. Only where a `[tool.parity]` table exists: elsewhere the plugin does
+    not know the project's layout. Once per session; `pytest_unconfigure` takes them off.
+    """
+    import sys
+
+    if _SRC_ROOTS in config.stash:
+        return
+    try:
+        project = load_config(config.invocation_params.dir)
+    except ConfigError:
+        return  # pytest_configure reports it
+    added = [str(p) for p in project.src] if project.table else []
+    sys.path[:0] = added
+    config.stash[_SRC_ROOTS] = added
+
+
+@pytest.hookimpl(tryfirst=True)
+def pytest_load_initial_conftests(early_config: pytest.Config) -> None:
+    """Before the conftests (and later the test modules) are imported: they may import the
+    project's package."""
+    _put_src_on_path(early_config)
+
+
+def pytest_unconfigure(config: pytest.Config) -> None:
+    import sys
+
+    for root in config.stash.get(_SRC_ROOTS, []):
+        if root in sys.path:
+            sys.path.remove(root)
+
+
+@pytest.hookimpl(tryfirst=True)
+def pytest_cmdline_main(config: pytest.Config) -> int | None:
+    """With `--parity-processes N` (N > 1), this pytest runs no tests: it starts N copies of
+    itself as the workers of one distributed run and ends with their verdict."""
+    n = config.getoption("--parity-processes")
+    if n is None or n <= 1 or worker_place() is not None:
+        return None
+    import sys
+
+    from parity.run.processes import WorkerFailed, run_workers
+
+    timeout = config.getoption("--parity-timeout")
+    if timeout is None or timeout <= 0:
+        raise pytest.UsageError(f"--parity-timeout must be positive, got {timeout}")
+    argv = [sys.executable, "-m", "pytest", *config.invocation_params.args]
+    if config.pluginmanager.hasplugin("xdist"):
+        argv += ["-n", "0"]  # one jax process per worker; xdist would start more
+    passed = (pytest.ExitCode.OK, pytest.ExitCode.TESTS_FAILED, pytest.ExitCode.NO_TESTS_COLLECTED)
+    try:
+        codes = run_workers(
+            argv,
+            n,
+            env=dict(os.environ),
+            timeout=timeout,
+            ok=lambda code: code in passed,
+            echo=sys.stdout,
+            cwd=config.invocation_params.dir,
+        )
+    except WorkerFailed as e:
+        import tempfile
+
+        with tempfile.NamedTemporaryFile(
+            "w", prefix="parity-session-", suffix=".log", delete=False
+        ) as log:
+            log.write(e.output)
+        print(f"parity: {e}\nparity: every process's output: {log.name}", file=sys.stderr)
+        return pytest.ExitCode.INTERRUPTED
+    if len(set(codes)) > 1:
+        print(
+            f"parity: the processes ended with different statuses {codes} (by process id): a "
+            "test outside parity_check failed on some processes only; process 0's output is "
+            "above, run with --parity-processes 1 to see the others'",
+            file=sys.stderr,
+            flush=True,
+        )
+    return max(codes)
+
+
+def pytest_configure(config: pytest.Config) -> None:
+    project = _project_config(config)
+    # Loaded through a conftest's pytest_plugins, the plugin missed the early hook.
+    _put_src_on_path(config)
+    n = _device_count(config)
+    if n is None and "devices" in project.explicit:
+        n = project.devices
+    raw_isa = config.getoption("--parity-isa")
+    isa = project.isa if raw_isa is None else (None if raw_isa.lower() == "none" else raw_isa)
+    if n is not None:
+        if n < 1:
+            raise pytest.UsageError(f"--parity-devices must be at least 1, got {n}")
+        try:
+            set_cpu_device_count(n, isa_cap=isa)
+        except DeviceCountError as e:
+            raise pytest.UsageError(str(e)) from None
+    if isa is not None:
+        cap_isa(isa)
+    # Before the runtime: joining a multi-process run starts jax's backends.
+    _enable_compile_cache(config)
+    place = worker_place()
+    if place is not None:
+        from parity.run.processes import initialize
+
+        initialize(place[2], place[1], place[0])
+    config.stash[RESULTS] = []
+    config.stash[NARROWED] = any("::" in str(a) for a in config.args)
+    from parity.check import GoldenDir
+
+    raw = config.getoption("--parity-goldens")
+    if raw is None and "goldens" in project.explicit:
+        path = project.goldens
+    else:
+        path = Path(raw or config.getini("parity_goldens"))
+    config.stash[GOLDENS] = GoldenDir(path if path.is_absolute() else config.rootpath / path)
+
+
+def pytest_deselected(items: Sequence[pytest.Item]) -> None:
+    """`-k`, `-m`, `--deselect`, `--lf` narrowed the run: unopened groups are not judged."""
+    if items:
+        items[0].config.stash[NARROWED] = True

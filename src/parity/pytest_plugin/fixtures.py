@@ -1,0 +1,156 @@
+"""The fixtures: `parity_goldens` and `parity_check`, which checks, records the result for
+the session report and fails with the table."""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+import pytest
+
+from parity.pytest_plugin.stash import GOLDENS, RESULTS
+from parity.run.processes import worker_place
+
+if TYPE_CHECKING:  # parity.check loads h5py: imported only when a check runs
+    from parity.check import CheckResult, GoldenDir
+
+
+@pytest.fixture(scope="session")
+def parity_goldens(pytestconfig: pytest.Config) -> GoldenDir:
+    """The golden folder (`--parity-goldens`), files opened lazily and read-only."""
+    return pytestconfig.stash[GOLDENS]
+
+
+@dataclass
+class _Check:
+    config: pytest.Config
+    node: str
+
+    def __call__(
+        self,
+        actual: Any,
+        golden: Any,
+        *,
+        name: str | None = None,
+        class_map: Any = None,
+        class_overrides: Sequence[tuple[str, str]] = (),
+        order: Sequence[str] | Callable[[str], Any] | None = None,
+        produce_s: float | None = None,
+        fail: bool = True,
+        provenance: Mapping[str, Any] | None = None,
+    ) -> Any:
+        """Compare `actual` against a golden group (by name) or a live reference.
+
+        **Arguments:**
+
+        - `actual`: a pytree of arrays from the code under test (`{key: array}`, nested
+          containers, equinox modules).
+        - `golden`: a golden group name, or a pytree from a live reference (then
+          `class_map` defaults to `bitwise`).
+        - `name`: the check's name in the report (default: the group name or test id).
+        - `class_map`: a `ClassMap` or a single class name, before the pinned map in the
+          precedence of `parity.check`.
+        - `class_overrides`: `(pattern, class)` rules tried first, e.g.
+          `[("traj.*", "device_count")]` on 4 devices.
+        - `order`: forward order (default: the golden file's pinned order).
+        - `produce_s`: seconds the caller spent producing `actual`, for the timing summary.
+        - `fail`: fail the test (with the report table) when the comparison fails.
+        - `provenance`: the environment `actual` was produced in, when that was another
+          process (`parity.run.runner.produce`'s `Produced.provenance[group]`); default this
+          one's. A golden check judges environment drift and calibrated layouts by it.
+
+        **Returns:** the `parity.judge.compare.Comparison`.
+        """
+        from parity.check import CheckError, check_group, check_live
+        from parity.report import format_table
+
+        config = self.config
+        save = config.getoption("--parity-save-actual")
+        save = None if save is None else Path(config.invocation_params.dir, save).resolve()
+        place = worker_place()
+        if place is not None:
+            # Arrays sharded over processes come to every process's host (in the same
+            # order everywhere: a collective); process 0 alone saves what failed.
+            from parity.check import BARE_KEY
+            from parity.judge.trees import flatten
+            from parity.run.processes import to_host
+
+            live = not isinstance(golden, str)
+            actual = flatten(actual, to_array=to_host, bare=BARE_KEY if live else None)
+            if live:
+                golden = flatten(golden, to_array=to_host, bare=BARE_KEY)
+            save = save if place[0] == 0 else None
+        problem = None
+        result: CheckResult | None = None
+        try:
+            if isinstance(golden, str):
+                result = check_group(
+                    actual,
+                    golden,
+                    goldens=config.stash[GOLDENS],
+                    class_map=class_map,
+                    overrides=class_overrides,
+                    order=order,
+                    drift_mode=config.getoption("--parity-drift") or "warn",
+                    name=name,
+                    node=self.node,
+                    produce_s=produce_s,
+                    save_actual=save,
+                    current_provenance=provenance,
+                )
+            else:
+                result = check_live(
+                    actual,
+                    golden,
+                    class_map="bitwise" if class_map is None else class_map,
+                    overrides=class_overrides,
+                    order=order,
+                    name=name or self.node,
+                    node=self.node,
+                    produce_s=produce_s,
+                    save_actual=save,
+                )
+        except CheckError as e:
+            # Failed outside the except clause: inside it pytest also prints "During
+            # handling of the above exception".
+            problem = str(e)
+        if place is not None:
+            result = self._agree(result, problem, place[0])
+        if problem is not None or result is None:
+            pytest.fail(problem or "parity check produced no result", pytrace=False)
+        if place is None or place[0] == 0:  # one report: process 0's
+            config.stash[RESULTS].append(result)
+        if fail and not result.passed:
+            text = f"parity check {result.name!r} failed\n"
+            text += format_table(result.comparison, header=result.header)
+            if result.saved:
+                text += f"obtained arrays written to {result.saved}; reproduce with:\n"
+                text += f"  {result.command}\n"
+            pytest.fail(text, pytrace=False)
+        return result.comparison
+
+    @staticmethod
+    def _agree(result: CheckResult | None, problem: str | None, process: int) -> CheckResult | None:
+        """Every process takes process 0's verdict; a process whose own arrays judge
+        otherwise fails, saying so (its values differ from process 0's)."""
+        from parity.run.processes import agree
+
+        mine = result is not None and problem is None and result.passed
+        verdict = agree(mine)
+        if result is None or mine == verdict:
+            return result
+        pytest.fail(
+            f"parity check {result.name!r}: process {process} judges it "
+            f"{'passing' if mine else 'failing'}, process 0 "
+            f"{'passing' if verdict else 'failing'}: the processes hold different arrays "
+            "for it (a value made per process); compare with --parity-processes 1",
+            pytrace=False,
+        )
+
+
+@pytest.fixture
+def parity_check(request: pytest.FixtureRequest) -> _Check:
+    """Compare arrays against goldens or a live reference; see `_Check.__call__`."""
+    return _Check(request.config, request.node.nodeid)

@@ -1,0 +1,17 @@
+"""What the plugin's hooks and fixtures keep on the pytest config (`config.stash`)."""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING
+
+import pytest
+
+if TYPE_CHECKING:  # parity.check loads h5py: imported only when a check runs
+    from parity.check import CheckResult, GoldenDir
+
+#: The checks recorded in this process (on the xdist controller: every worker's too).
+RESULTS: pytest.StashKey[list[CheckResult]] = pytest.StashKey()
+#: The golden folder of the session.
+GOLDENS: pytest.StashKey[GoldenDir] = pytest.StashKey()
+#: Whether the run was narrowed (`-k`, `-m`, `--deselect`, `--lf`, node ids).
+NARROWED = pytest.StashKey[bool]()
