@@ -16,7 +16,7 @@ import pytest
 from parity.judge.rules import Calibrated, Scale
 from parity.judge.tolerance import CALIBRATED_FLOOR_ULPS, CALIBRATED_K, REGISTRY
 from parity.noise import Dimension, Spreads, differences, layout_of
-from parity.run.calibrate import merge_spreads
+from parity.run.calibration_record import merge_spreads
 from parity.store import open_goldens
 
 DEVICE_NOISE = 2.5e-7

@@ -93,7 +93,7 @@ def _saved_calibration(path: Path, groups: Sequence[str], goldens: Mapping[str, 
 def run(args: argparse.Namespace, out: IO[str]) -> int:
     from parity.check import CheckError, GoldenDir
     from parity.run.calibrate import CalibrationError, calibrate, format_calibration, perturbations
-    from parity.run.calibrate import record as record_calibration
+    from parity.run.calibration_record import record as record_calibration
     from parity.run.runner import ProducersFailed
     from parity.store import GoldenStoreError
 
