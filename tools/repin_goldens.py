@@ -21,7 +21,8 @@ import argparse
 import sys
 from pathlib import Path
 
-from parity.run.repin import RepinError, recover_folder, repin
+from parity.run.launcher import RepinError
+from parity.run.repin import recover_folder, repin
 from parity.run.worktree import GitError
 
 ROOT = Path(__file__).resolve().parents[1]

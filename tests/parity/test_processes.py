@@ -194,8 +194,8 @@ def test_a_hanging_single_process_producer_is_stopped_at_the_timeout(tmp_path: P
     """One producer process runs under the same supervisor as the workers of a
     multi-process run: given a timeout, a hang ends with `WorkerFailed` saying so, and no
     process is left."""
+    from parity.run.launcher import run_producers
     from parity.run.processes import WorkerFailed
-    from parity.run.repin import run_producers
 
     (tmp_path / "src").mkdir()
     (tmp_path / "out").mkdir()

@@ -15,7 +15,8 @@ from typing import Any
 import numpy as np
 import pytest
 
-from parity.run.repin import RepinError, repin
+from parity.run.launcher import RepinError
+from parity.run.repin import repin
 from parity.run.worktree import GitError
 from parity.store import open_goldens
 
@@ -407,7 +408,8 @@ def _repin_in_child(
     code = textwrap.dedent(prelude) + textwrap.dedent(
         f"""
         import sys
-        from parity.run.repin import RepinError, repin
+        from parity.run.launcher import RepinError
+        from parity.run.repin import repin
         try:
             repin({base!r}, producers={str(producers)!r}, out_dir={str(out)!r},
                   repo={str(repo_dir)!r}, progress=lambda line: print(line, flush=True))

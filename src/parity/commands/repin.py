@@ -50,7 +50,8 @@ def add_parser(sub: Any) -> None:
 
 
 def run(args: argparse.Namespace, out: IO[str]) -> int:
-    from parity.run.repin import ProducerRunError, RepinError, repin
+    from parity.run.launcher import ProducerRunError, RepinError
+    from parity.run.repin import repin
     from parity.run.runner import failure_reason
     from parity.run.worktree import GitError
 
@@ -90,7 +91,8 @@ def run(args: argparse.Namespace, out: IO[str]) -> int:
 
 
 def _reclass(config: Any, target: Path, args: argparse.Namespace, out: IO[str]) -> int:
-    from parity.run.repin import ProducerRunError, RepinError, reclass
+    from parity.run.launcher import ProducerRunError, RepinError
+    from parity.run.repin import reclass
     from parity.run.runner import failure_reason
 
     try:

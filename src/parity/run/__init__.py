@@ -2,11 +2,12 @@
 
 `config` (`[tool.parity]`), `devices` (simulated device counts, the ISA cap, the XLA flag
 names), `signals` (SIGINT/SIGTERM that reach the main thread) and `worktree` (git) are the
-ground; `repin` launches the producer process (`_producer_runner`, started by path) and pins
-its arrays, `processes` supervises the workers of a multi-process run, `runner` produces
-and checks, `bisection`, `calibrate` and `perturbations` search and measure on top. It may
-import numpy, `parity.judge`, `parity.store`, `parity.report` and the core (`parity.check`);
-jax only lazily, inside a function that runs once jax is wanted; never decomp at all
+ground; `processes` holds the one process supervisor and a multi-process run's workers,
+`launcher` starts the producer process (`_producer_runner`, started by path) under it,
+`repin` pins what it saved, `runner` produces and checks, `bisection`, `calibrate` and
+`perturbations` search and measure on top. It may import numpy, `parity.judge`,
+`parity.store`, `parity.report` and the core (`parity.check`); jax only lazily, inside a
+function that runs once jax is wanted; never decomp at all
 (`tests/parity/test_import_boundaries.py` holds it to that). Nothing is re-exported: import
 each module by its name.
 """

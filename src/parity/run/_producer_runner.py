@@ -1,6 +1,6 @@
 """Run a producers file against another checkout's code and save what it returns.
 
-Started by `parity.run.repin` in a subprocess, by path. The harness (`parity`) is the current
+Started by `parity.run.launcher` in a subprocess, by path. The harness (`parity`) is the current
 tree's, imported first; the code under test comes from `--src` (the worktree of the
 commit tried, named by `--code` in messages, or the current tree); the producers file is
 the current tree's. Arrays go to `OUT/<group>.npz` with a

@@ -30,7 +30,8 @@ from typing import Any, Literal
 
 from parity.check import CheckError, GoldenDir
 from parity.run.config import ParityConfig
-from parity.run.repin import ProducerRunError, RepinError, repin
+from parity.run.launcher import ProducerRunError, RepinError
+from parity.run.repin import repin
 from parity.run.runner import ProducersFailed, check_produced, failure_reason, produce
 from parity.run.worktree import GitError, git, repo_root, resolve_sha, temporary_worktree
 

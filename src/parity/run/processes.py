@@ -204,7 +204,7 @@ def supervise(
     cwd: str | os.PathLike[str] | None = None,
 ) -> list[int]:
     """Run `argv` once per environment in `envs`, and own the processes: the one supervisor
-    of a single producer process (`parity.run.repin.run_producers`) and of the workers of a
+    of a single producer process (`parity.run.launcher.run_producers`) and of the workers of a
     multi-process run (`run_workers`).
 
     Each process runs in a process group of its own, stdin closed, its stdout and stderr

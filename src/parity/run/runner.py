@@ -1,5 +1,5 @@
 """Produce in a fresh process, then check: the one runner behind `parity check` and
-`parity bisect` (and, through `parity.run.repin.run_producers`, repin).
+`parity bisect` (and, through `parity.run.launcher.run_producers`, repin).
 
 `produce` runs the producers file in a subprocess (`parity.run._producer_runner`) with the ISA
 cap and device count set before jax starts, importing the code under test from the
@@ -23,8 +23,8 @@ import numpy as np
 
 from parity.check import CheckResult, GoldenDir, check_group
 from parity.run.config import ParityConfig
+from parity.run.launcher import ProducerRunError, RepinError, load_runner_output, run_producers
 from parity.run.processes import Layout, WorkerFailed
-from parity.run.repin import ProducerRunError, RepinError, load_runner_output, run_producers
 
 __all__ = ["Produced", "ProducersFailed", "check_produced", "failure_reason", "produce"]
 

@@ -1,0 +1,181 @@
+"""The producer launcher: the producers file run against a code root in a fresh process
+(`_producer_runner`, started by path), under the one process supervisor
+(`parity.run.processes.supervise`), and what that process saved read back. `repin` pins
+what it returns, `parity.run.runner` checks it. A run that fails raises `ProducerRunError`
+(a `RepinError` with fields), a multi-process run or a timeout
+`parity.run.processes.WorkerFailed`.
+
+Nothing here imports jax.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import sys
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from parity.run.devices import DEFAULT_ISA_CAP, isolated_env
+from parity.run.processes import DEFAULT_TIMEOUT_S, run_workers, supervise
+
+__all__ = [
+    "EXIT_MISSING_SYMBOL",
+    "ProducerRunError",
+    "RepinError",
+    "RunnerOutput",
+    "load_runner_output",
+    "run_producers",
+]
+
+_RUNNER = Path(__file__).with_name("_producer_runner.py")
+EXIT_MISSING_SYMBOL = 3
+
+
+class RepinError(RuntimeError):
+    """Repinning failed; the old goldens are untouched."""
+
+
+class ProducerRunError(RepinError):
+    """The producer process ran and failed (a crash, a missing symbol).
+
+    **Fields:** `head` (one sentence: why, and that the old goldens are untouched) and
+    `output` (the last lines the process printed, traceback included; may be empty). Its
+    text is the head, then the output.
+    """
+
+    def __init__(self, reason: str, output: str):
+        self.head = f"{reason}; old goldens are untouched."
+        self.output = output
+        super().__init__(f"{self.head} Producer output:\n{output}")
+
+
+def _restore_dtype(raw: np.ndarray, name: str) -> np.ndarray:
+    if raw.dtype.name == name:
+        return raw
+    import ml_dtypes
+
+    return raw.view(getattr(ml_dtypes, name))
+
+
+@dataclass(frozen=True)
+class RunnerOutput:
+    """What the producer process saved for one group.
+
+    - `arrays`: `{key: array}` in producer order.
+    - `class_map`: the producers' `CLASS_MAP` rules.
+    - `provenance`: the producer process's environment (`collect_provenance` run there).
+    """
+
+    arrays: dict[str, np.ndarray]
+    class_map: list[list[str]]
+    provenance: dict[str, Any]
+
+
+def load_runner_output(out: Path, group: str) -> RunnerOutput:
+    """What the runner saved for `group` in `out`. Raises `RepinError` if it recorded no
+    provenance (it could not import parity)."""
+    manifest = json.loads((out / f"{group}.json").read_text())
+    with np.load(out / f"{group}.npz") as npz:
+        arrays = {
+            key: _restore_dtype(npz[f"a{j}"], manifest["dtypes"][key])
+            for j, key in enumerate(manifest["keys"])
+        }
+    provenance = manifest.get("provenance")
+    if not isinstance(provenance, dict):
+        raise RepinError(
+            f"the producer process recorded no provenance for group {group!r} (it could not "
+            "import parity.store.provenance); check that parity is importable there"
+        )
+    return RunnerOutput(arrays, manifest["class_map"], provenance)
+
+
+def run_producers(
+    code_root: Path,
+    producers: Path,
+    out: Path,
+    *,
+    device_count: int = 1,
+    isa_cap: str | None = DEFAULT_ISA_CAP,
+    groups: Sequence[str] = (),
+    drop_paths: Sequence[Path] = (),
+    progress: Callable[[str], None] = print,
+    src: Sequence[str] | None = None,
+    processes: int = 1,
+    timeout: float | None = None,
+    coordinator: str | None = None,
+    process_id: int | None = None,
+    class_map_only: bool = False,
+    code: str = "the code under test",
+) -> str:
+    """Run `producers` in a subprocess importing code from `code_root/src` (or, with
+    `src`, from each of these folders relative to `code_root`, first one first). `code`
+    names that code in messages (`"commit 1a2b3c4d5e6f"`): a symbol the producers need
+    and it lacks is reported as lacking there.
+
+    One process or several, the run goes through one supervisor
+    (`parity.run.processes.supervise`), which stops it after `timeout` seconds. With
+    `processes` above 1, the producers run as that many workers of one JAX distributed run,
+    `device_count` devices each (`parity.run.processes.run_workers`, which stops them all at
+    the first failure; the timeout defaults to `parity.run.processes.DEFAULT_TIMEOUT_S`);
+    process 0 saves. On a cluster, `process_id` and `coordinator` (`HOST0:PORT`) start only
+    this host's worker. A single process has no timeout unless one is given.
+
+    **Returns:** the XLA flags the subprocess ran under. Raises `RepinError` with the
+    producer's output (traceback included) if it fails, and
+    `parity.run.processes.WorkerFailed` when a worker of a multi-process run fails, and when
+    the run, of one process or several, outlives `timeout`.
+    """
+    env = isolated_env(device_count, isa_cap=isa_cap)
+    env["PYTHONHASHSEED"] = "0"
+    flags = env["XLA_FLAGS"]
+    roots = [code_root / r for r in src] if src else [code_root / "src"]
+    cmd = [sys.executable, str(_RUNNER), "--parent-pid", str(os.getpid())]
+    cmd += ["--code", code, "--src", str(roots[0]), "--producers"]
+    for extra in roots[1:]:
+        cmd += ["--also-src", str(extra)]
+    cmd += [str(producers), "--out", str(out)]
+    for p in drop_paths:
+        cmd += ["--drop-path", str(p)]
+    if groups:
+        cmd += ["--groups", ",".join(groups)]
+    if class_map_only:  # `out/class_map.json`: the producers' CLASS_MAP; no group runs
+        cmd += ["--class-map-only"]
+    if processes > 1:
+
+        def forward(line: str) -> None:
+            if line.startswith("[producers]"):
+                progress(line)
+
+        run_workers(
+            cmd,
+            processes,
+            env=env,
+            timeout=DEFAULT_TIMEOUT_S if timeout is None else timeout,
+            progress=forward,
+            coordinator=coordinator,
+            process_id=process_id,
+        )
+        return flags
+    tail: list[str] = []
+
+    def collect(line: str) -> None:
+        tail.append(line)
+        del tail[:-200]
+        if line.startswith("[producers]"):
+            progress(line)
+
+    (rc,) = supervise(cmd, [env], timeout=timeout, ok=lambda _: True, progress=collect)
+    if rc != 0:
+        output = "\n".join(tail)
+        reason = (
+            f"{code} lacks a symbol the producers need"
+            if rc == EXIT_MISSING_SYMBOL
+            else f"the producers failed (exit {rc})"
+        )
+        raise ProducerRunError(reason, output)
+    return flags
