@@ -153,6 +153,22 @@ def bench_inits(args: argparse.Namespace, results: Results) -> None:
     )
 
 
+def _toy_width_glu(args: argparse.Namespace) -> tuple[Any, Any]:
+    """The GLU of the train-step sections (`--n-layer` layers at toy widths) and its batch
+    of 4 token sequences of `--seq-len`."""
+    import jax
+
+    from decomp.targets.glu_transformer import GLUConfig, GLUTransformer
+
+    glu = GLUConfig(
+        n_layer=args.n_layer, d_model=32, n_head=2, n_kv_head=1, head_dim=16, d_mlp=64,
+        vocab_size=64,
+    )  # fmt: skip
+    model = jax.jit(lambda k: GLUTransformer.init(glu, key=k))(jax.random.key(0))
+    inputs = jax.random.randint(jax.random.key(1), (4, args.seq_len), 0, glu.vocab_size)
+    return model, inputs
+
+
 @section("train_step")
 def bench_train_step(args: argparse.Namespace, results: Results) -> None:
     """SPD train step on the GLU structure (`--n-layer`, `--c`, `--seq-len`; batch 4): the
@@ -167,15 +183,9 @@ def bench_train_step(args: argparse.Namespace, results: Results) -> None:
 
     from decomp.ci_function import CIConfig
     from decomp.config import Remat, SPDConfig
-    from decomp.targets.glu_transformer import GLUConfig, GLUTransformer
     from decomp.train import init_train_state, make_train_step
 
-    glu = GLUConfig(
-        n_layer=args.n_layer, d_model=32, n_head=2, n_kv_head=1, head_dim=16, d_mlp=64,
-        vocab_size=64,
-    )  # fmt: skip
-    model = jax.jit(lambda k: GLUTransformer.init(glu, key=k))(jax.random.key(0))
-    inputs = jax.random.randint(jax.random.key(1), (4, args.seq_len), 0, glu.vocab_size)
+    model, inputs = _toy_width_glu(args)
     modes: tuple[tuple[Remat, str], ...] = (
         ("nothing", "train_step_remat"),
         (None, "train_step_noremat"),
@@ -225,14 +235,8 @@ def bench_step_time(args: argparse.Namespace, results: Results) -> None:
     from decomp.ci_function import CIConfig
     from decomp.config import SPDConfig
     from decomp.legacy import train as legacy_train
-    from decomp.targets.glu_transformer import GLUConfig, GLUTransformer
 
-    glu = GLUConfig(
-        n_layer=args.n_layer, d_model=32, n_head=2, n_kv_head=1, head_dim=16, d_mlp=64,
-        vocab_size=64,
-    )  # fmt: skip
-    model = jax.jit(lambda k: GLUTransformer.init(glu, key=k))(jax.random.key(0))
-    inputs = jax.random.randint(jax.random.key(1), (4, args.seq_len), 0, glu.vocab_size)
+    model, inputs = _toy_width_glu(args)
     for remat in ("nothing", "dots"):
         cfg = SPDConfig(
             n_components=args.c,
