@@ -60,10 +60,6 @@ class SiteLayout:
         kinds = tuple((k, tuple(sites)) for k, sites in model.site_kinds.items())
         return cls(tuple(model.site_names), kinds)
 
-    @property
-    def kind_names(self) -> tuple[str, ...]:
-        return tuple(k for k, _ in self.kinds)
-
     def sites(self, kind: str) -> tuple[str, ...]:
         """The sites of `kind`, row by row."""
         return dict(self.kinds)[kind]
@@ -110,10 +106,6 @@ class SiteLayout:
         """`[n_sites, ...]`: the rows of every kind's array, in canonical site order."""
         where = self.where()
         return gather_rows(by_kind, [where[s] for s in self.names])
-
-    def split_canonical(self, rows: Array) -> dict[str, Array]:
-        """The inverse of `canonical`: `{kind: [n_kind, ...]}` from `[n_sites, ...]`."""
-        return {k: rows[self.positions(k)] for k, _ in self.kinds}
 
 
 def gather_rows(sources: Mapping[K, Array], picks: Sequence[tuple[K, int]]) -> Array:
