@@ -1,10 +1,10 @@
 """Running producers: the code of a commit, in fresh processes, and what is built on that.
 
-`config` (`[tool.parity]`), `devices` (simulated device counts, the ISA cap, the XLA flag
-names), `signals` (SIGINT/SIGTERM that reach the main thread) and `worktree` (git) are the
-ground; `processes` holds the one process supervisor and a multi-process run's workers,
-`launcher` starts the producer process (`_producer_runner`, started by path) under it,
-`repin` pins what it saved, `runner` produces and checks, `bisection`, `calibrate` and
+`config` (`[tool.parity]`), `devices` (simulated device counts and the ISA cap, set in
+`XLA_FLAGS`), `signals` (SIGINT/SIGTERM that reach the main thread) and `worktree` (git)
+are the ground; `processes` holds the one process supervisor and a multi-process run's
+workers, `launcher` starts the producer process (`_producer_runner`, started by path) under
+it, `repin` pins what it saved, `runner` produces and checks, `bisection`, `calibrate` and
 `perturbations` search and measure on top. It may import numpy, `parity.judge`,
 `parity.store`, `parity.report` and the core (`parity.check`); jax only lazily, inside a
 function that runs once jax is wanted; never decomp at all

@@ -9,14 +9,11 @@ from __future__ import annotations
 import os
 import sys
 
+from parity.xla_env import DEVICE_FLAG, ISA_FLAG, jax_backend_started
+
 #: The ISA cap every pinning or checking run uses, so that bitwise goldens reproduce on any
 #: x86 host with at least AVX2 (see docs/design.md, "Reproducing bits across hosts").
 DEFAULT_ISA_CAP = "AVX2"
-
-#: The XLA flag of the simulated CPU device count.
-DEVICE_FLAG = "--xla_force_host_platform_device_count"
-#: The XLA flag of the CPU ISA cap.
-ISA_FLAG = "--xla_cpu_max_isa"
 
 
 class DeviceCountError(RuntimeError):
@@ -73,15 +70,6 @@ def cap_isa(isa_cap: str) -> None:
     if ISA_FLAG + "=" in flags:
         return  # the user chose a cap explicitly
     os.environ["XLA_FLAGS"] = f"{flags} {ISA_FLAG}={isa_cap}".strip()
-
-
-def jax_backend_started() -> bool:
-    """Whether jax has initialised its backends in this process (so the count is fixed)."""
-    if "jax" not in sys.modules:
-        return False
-    from jax._src import xla_bridge
-
-    return bool(xla_bridge.backends_are_initialized())
 
 
 def set_cpu_device_count(n_devices: int, *, isa_cap: str | None = DEFAULT_ISA_CAP) -> None:

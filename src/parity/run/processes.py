@@ -369,7 +369,7 @@ def initialize(coordinator: str, processes: int, process_id: int) -> None:
     A worker that `run_workers` started dies with its launcher from here on. With more
     than one process it also starts jax's backends and runs one sum over every device (see
     `_open_communicator`), so configure jax (compilation cache and the like) before."""
-    from parity.run.devices import jax_backend_started
+    from parity.xla_env import jax_backend_started
 
     _die_with_launcher()
     if jax_backend_started():

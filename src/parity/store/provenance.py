@@ -44,7 +44,7 @@ from collections.abc import Iterable, Mapping, Sequence
 from pathlib import Path
 from typing import Any, Literal
 
-from parity.run.devices import DEVICE_FLAG, ISA_FLAG
+from parity.xla_env import DEVICE_FLAG, ISA_FLAG, jax_backend_started
 
 __all__ = [
     "BITS_FIELDS",
@@ -130,8 +130,6 @@ def _cpu() -> str | None:
 def _device_count(xla_flags: str) -> int:
     if "jax" in sys.modules:
         import jax
-
-        from parity.run.devices import jax_backend_started
 
         if jax_backend_started():
             return int(jax.device_count())
