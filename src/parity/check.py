@@ -31,16 +31,10 @@ from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
 from typing import Any, cast
 
+from parity.judge.classes import REGISTRY, ToleranceClass
 from parity.judge.compare import Comparison, Finding, Order, compare_arrays, compare_trees
 from parity.judge.rules import Ulp
-from parity.judge.tolerance import (
-    REGISTRY,
-    ClassMap,
-    ToleranceClass,
-    UnknownClassError,
-    get_class,
-    parse_class_name,
-)
+from parity.judge.tolerance import ClassMap, UnknownClassError, get_class, parse_class_name
 from parity.judge.trees import flatten
 from parity.noise import Spreads, differences
 from parity.results import (

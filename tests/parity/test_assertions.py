@@ -20,9 +20,10 @@ from hypothesis.extra import numpy as hnp
 
 import parity
 from parity.check import check_live
+from parity.judge.classes import REGISTRY, ToleranceClass
 from parity.judge.compare import compare_arrays
 from parity.judge.rules import Elements, Judgement, RelativeToMax, Rule, Scale
-from parity.judge.tolerance import REGISTRY, ClassMap, ToleranceClass
+from parity.judge.tolerance import ClassMap
 from parity.store import open_goldens, write_goldens
 
 

@@ -13,8 +13,8 @@ from pathlib import Path
 import numpy as np
 import pytest
 
+from parity.judge.classes import CALIBRATED_FLOOR_ULPS, CALIBRATED_K, REGISTRY
 from parity.judge.rules import Calibrated, Scale
-from parity.judge.tolerance import CALIBRATED_FLOOR_ULPS, CALIBRATED_K, REGISTRY
 from parity.noise import Dimension, Spreads, differences, layout_of
 from parity.run.calibration_record import merge_spreads
 from parity.store import open_goldens

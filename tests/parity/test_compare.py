@@ -9,9 +9,10 @@ import ml_dtypes
 import numpy as np
 import pytest
 
+from parity.judge.classes import REGISTRY, ToleranceClass
 from parity.judge.compare import Comparison, Finding, compare_arrays, compare_trees, flatten
 from parity.judge.rules import Close, Ulp
-from parity.judge.tolerance import REGISTRY, ClassMap, ToleranceClass, UnmatchedKeyError
+from parity.judge.tolerance import ClassMap, UnmatchedKeyError
 
 BITWISE = REGISTRY["bitwise"]
 ULP0 = ToleranceClass("ulp0", Ulp(max_ulp=0), meaning="test")

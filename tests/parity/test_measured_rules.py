@@ -10,9 +10,10 @@ import ml_dtypes
 import numpy as np
 import pytest
 
+from parity.judge.classes import REGISTRY, ToleranceClass
 from parity.judge.compare import compare_arrays, compare_trees
 from parity.judge.rules import Budget, LogitKL, Reduction, Scale, unit_roundoff
-from parity.judge.tolerance import REGISTRY, ClassMap, ToleranceClass, UnknownClassError, get_class
+from parity.judge.tolerance import ClassMap, UnknownClassError, get_class
 from parity.report import format_table
 
 

@@ -8,7 +8,8 @@ import sys
 import tempfile
 from typing import Any
 
-from parity.judge.tolerance import REGISTRY, ToleranceClass, UnknownClassError, get_class
+from parity.judge.classes import REGISTRY, ToleranceClass
+from parity.judge.tolerance import UnknownClassError, get_class
 from parity.run.config import ParityConfig, load_config
 
 __all__ = [

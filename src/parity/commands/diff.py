@@ -34,8 +34,9 @@ from parity.commands.common import (
 )
 from parity.commands.files import key_classes, opened, read_errors
 from parity.judge.chunks import DEFAULT_BUDGET, Block
+from parity.judge.classes import REGISTRY, ToleranceClass
 from parity.judge.compare import Comparison, Finding, compare_arrays, compare_trees
-from parity.judge.tolerance import REGISTRY, ToleranceClass, UnknownClassError, get_class
+from parity.judge.tolerance import UnknownClassError, get_class
 from parity.report import format_table, write_html, write_json
 from parity.store import GoldenFile, GoldenStoreError
 from parity.store.provenance import bitwise_policy, drift

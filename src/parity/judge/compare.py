@@ -27,9 +27,10 @@ from parity.judge.chunks import (
     is_source,
     plan,
 )
+from parity.judge.classes import REGISTRY, ToleranceClass
 from parity.judge.findings import Comparison, Finding, Verdict
 from parity.judge.tally import Tally, scan_scale
-from parity.judge.tolerance import REGISTRY, ClassMap, ToleranceClass, get_class
+from parity.judge.tolerance import ClassMap, get_class
 from parity.judge.trees import flatten
 from parity.judge.ulp import is_float_dtype, is_int_dtype
 

@@ -13,10 +13,10 @@ import numpy as np
 
 from parity.judge import mldtypes
 from parity.judge.chunks import Block, Source
+from parity.judge.classes import ToleranceClass
 from parity.judge.findings import Scalar
 from parity.judge.floats import largest_finite_abs
 from parity.judge.rules import Elements, Scale
-from parity.judge.tolerance import ToleranceClass
 from parity.judge.ulp import ordinal_distance, to_float64
 
 __all__ = ["Tally", "Worst", "scan_scale"]

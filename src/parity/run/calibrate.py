@@ -35,9 +35,10 @@ from typing import Any, Literal
 import numpy as np
 
 from parity.check import Overrides, class_resolver, pinned_class_map, with_spread
+from parity.judge.classes import REGISTRY, ToleranceClass
 from parity.judge.compare import Finding, compare_arrays
 from parity.judge.floats import from_json_float, json_float, largest_finite_abs
-from parity.judge.tolerance import REGISTRY, ToleranceClass, get_class, parse_class_name
+from parity.judge.tolerance import get_class, parse_class_name
 from parity.judge.ulp import is_float_dtype, to_float64
 from parity.noise import Spreads
 from parity.report import text_table
