@@ -18,13 +18,14 @@ __version__ = "0.1.0"
 
 if TYPE_CHECKING:
     from parity.assertions import assert_equivalent
-    from parity.check import CheckError, CheckResult, GoldenDir, check_group, check_live
+    from parity.check import GoldenDir, check_group, check_live
     from parity.judge.classes import REGISTRY, ToleranceClass
     from parity.judge.compare import Comparison, Finding, compare_arrays, compare_trees, flatten
     from parity.judge.rules import RULES, Bitwise, Close, RelativeToMax, Rule, Ulp
     from parity.judge.tolerance import ClassMap, get_class
     from parity.judge.ulp import ulp_distance
     from parity.report import format_table, to_json, write_html, write_json
+    from parity.results import CheckError, CheckResult
     from parity.store import GoldenFile, GoldenStoreError, open_goldens, write_goldens
     from parity.store.provenance import bitwise_policy, collect_provenance, drift
 

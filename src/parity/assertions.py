@@ -10,12 +10,13 @@ from __future__ import annotations
 from collections.abc import Mapping, Sequence
 from typing import Any
 
-from parity.check import BARE_KEY, CheckError, class_resolver
+from parity.check import BARE_KEY, class_resolver
 from parity.judge.classes import REGISTRY, ToleranceClass
 from parity.judge.compare import Comparison, Order, compare_trees
 from parity.judge.tolerance import ClassMap, UnknownClassError
 from parity.judge.trees import flatten
 from parity.report import format_table
+from parity.results import CheckError
 
 __all__ = ["assert_equivalent"]
 

@@ -16,14 +16,18 @@ module; none of them resolves classes or applies the drift policy on its own.
 A level that has no answer for a key (a `ClassMap` without a default whose rules do not
 match) passes the key to the next level.
 
+A key under the `calibrated` class is judged against its recorded spread, and in an
+environment other than the pin's each key by the looser of its class and its calibrated
+bound there: `parity.calibrated` does both, here applied by `check_group`.
+
 **Errors.** Input the check cannot use raises a `CheckError` (a missing or unusable golden
 group, a refused drift, an unknown class); a comparison that fails is not an error: it is
-a `CheckResult` whose `passed` is False. Nothing here knows about pytest.
+a `CheckResult` whose `passed` is False. Both live in `parity.results`. Nothing here knows
+about pytest.
 """
 
 from __future__ import annotations
 
-import dataclasses
 import fnmatch
 import os
 import time
@@ -31,19 +35,14 @@ from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
 from typing import Any, cast
 
+from parity.calibrated import bind_calibrated, judge_environment, unbound
 from parity.judge.classes import REGISTRY, ToleranceClass
-from parity.judge.compare import Comparison, Finding, Order, compare_arrays, compare_trees
+from parity.judge.compare import Comparison, Order, compare_trees
 from parity.judge.rules import Ulp
-from parity.judge.tolerance import ClassMap, UnknownClassError, get_class, parse_class_name
+from parity.judge.tolerance import ClassMap, UnknownClassError
 from parity.judge.trees import flatten
 from parity.noise import Spreads, differences
-from parity.results import (
-    CheckResult,
-    merged_header_lines,
-    results_from_json,
-    results_to_json,
-    save_arrays,
-)
+from parity.results import CheckError, CheckResult, save_arrays
 from parity.store import GoldenFile, GoldenMissingError, GoldenStoreError, open_goldens
 from parity.store.provenance import PolicyMode, bitwise_policy, collect_provenance, drift
 
@@ -51,20 +50,12 @@ __all__ = [
     "BARE_KEY",
     "DEFAULT_CLASS",
     "REPIN_HINT",
-    "CheckError",
-    "CheckResult",
     "GoldenDir",
-    "bind_calibrated",
     "check_group",
     "check_live",
     "class_resolver",
     "drift_registry",
-    "merged_header_lines",
-    "results_from_json",
-    "results_to_json",
-    "save_arrays",
-    "unbound",
-    "with_spread",
+    "pinned_class_map",
 ]
 
 #: The class of a key that no level of the precedence covers.
@@ -76,11 +67,6 @@ REPIN_HINT = "parity repin --base <SHA>"
 
 Overrides = Sequence[tuple[str, str]]
 ClassMapLike = ClassMap | str | None
-
-
-class CheckError(Exception):
-    """Input a check cannot use: a missing or unusable golden group, a drift the policy
-    refuses, a class the registry lacks. Its message is one line saying what to do."""
 
 
 # --------------------------------------------------------------------------- goldens
@@ -319,7 +305,7 @@ def check_group(
             order=[k for k in gf.ordered_keys() if k in golden_arrays] if order is None else order,
             name=name or group,
         )
-        comparison, env_header = _judge_environment(
+        comparison, env_header = judge_environment(
             comparison, flat_a, gf, spreads, differences(gf.provenance, current), registry
         )
         comparison = Comparison(tuple(unbound(f) for f in comparison.findings))
@@ -345,111 +331,6 @@ def check_group(
         saved=saved,
         command=command,
     )
-
-
-#: The class of the calibrated bounds: its `k` and floor, from the registry's `calibrated`.
-CALIBRATED = "calibrated"
-
-
-def calibrate_command(group: str) -> str:
-    """The command that records the per-key spreads of `group`."""
-    return f"parity calibrate --groups {group} --perturb isa,devices,processes,repeat --write"
-
-
-def bind_calibrated(
-    resolve: Callable[[str], str], spreads: Spreads, group: str, path: Path
-) -> Callable[[str], str]:
-    """`resolve`, with each key under the `calibrated` class given its recorded spread
-    (its envelope over every perturbation, `parity.noise.Spreads.envelope`) as the class
-    parameter `spread`; `CheckError` naming the calibrate command where none is recorded."""
-
-    def bound(key: str) -> str:
-        name = resolve(key)
-        base, params = parse_class_name(name)
-        if base != CALIBRATED or "spread" in params:
-            return name
-        spread = spreads.envelope(key)
-        if spread is None:
-            raise CheckError(
-                f"key {key!r} of group {group!r} is under the class {name!r}, but {path} "
-                f"records no calibration of it; measure and record it with "
-                f"`{calibrate_command(group)}`"
-            )
-        return with_spread(name, spread)
-
-    return bound
-
-
-def with_spread(name: str, spread: float) -> str:
-    """The class name `name` (`calibrated`, `calibrated[k=8]`) with the parameter
-    `spread` set: the name a key's bound spread is judged under."""
-    base, params = parse_class_name(name)
-    inner = ",".join([*(f"{p}={v}" for p, v in params.items()), f"spread={spread:.6g}"])
-    return f"{base}[{inner}]"
-
-
-def unbound(f: Finding) -> Finding:
-    """The finding under its class's name without the per-key `spread` the check bound
-    (reports group findings by class name: one row for `calibrated`, not one per key);
-    what the key was allowed stays in `allowed` and `bound`."""
-    base, params = parse_class_name(f.class_name)
-    if base != CALIBRATED or "spread" not in params:
-        return f
-    kept = {p: v for p, v in params.items() if p != "spread"}
-    defaults = REGISTRY[CALIBRATED].rule.params()
-    shown = {p: v for p, v in kept.items() if defaults.get(p) != v}
-    name = f"{base}[{','.join(f'{p}={v:g}' for p, v in shown.items())}]" if shown else base
-    return dataclasses.replace(f, class_name=name)
-
-
-def _judge_environment(
-    comparison: Comparison,
-    flat_a: Mapping[str, Any],
-    gf: GoldenFile,
-    spreads: Spreads,
-    dims: Sequence[Any],
-    registry: Mapping[str, ToleranceClass],
-) -> tuple[Comparison, dict[str, str]]:
-    """Where the check's environment differs from the pin's in calibrated dimensions, judge
-    each key that fails its pinned class again under its calibrated bound for those
-    dimensions (`max(floor, k * spread)`, the spread measured there): the looser of the
-    two decides. In the pin's environment nothing changes.
-
-    **Returns:** the comparison, with the findings that passed by calibration replaced
-    (their note says so), and the header lines saying what differed and how many keys were
-    judged by calibration."""
-    if not dims:
-        return comparison, {}
-    change = ", ".join(d.change for d in dims)
-    columns = spreads.columns_for(dims) if spreads else None
-    if columns is None:
-        return comparison, {
-            "environment": f"differs from the pin's ({change}); no calibration of it is "
-            f"recorded, so the pinned classes stand (record one: "
-            f"`{calibrate_command(gf.path.stem)}`)"
-        }
-    base = registry.get(CALIBRATED) or REGISTRY[CALIBRATED]
-    judged = 0
-    findings: list[Finding] = []
-    for f in comparison.findings:
-        spread = spreads.for_columns(f.key, columns)
-        if f.verdict != "fail" or spread is None or f.key not in flat_a:
-            findings.append(f)
-            continue
-        tol = get_class(with_spread(CALIBRATED, spread), registry)
-        again = compare_arrays(f.key, flat_a[f.key], gf.source(f.key), tol, order=f.order)
-        if again.passed:
-            judged += 1
-            note = f"judged by calibration ({', '.join(columns)}): {f.class_name} alone fails"
-            findings.append(dataclasses.replace(again, note=note))
-        else:
-            findings.append(f)
-    line = (
-        f"differs from the pin's ({change}); each key is judged by the looser of its pinned "
-        f"class and its calibrated bound there ({base.describe_allowed()}, spread over "
-        f"{', '.join(columns)}): {judged} key(s) passed by calibration alone"
-    )
-    return Comparison(tuple(findings)), {"environment": line}
 
 
 def _compare(

@@ -1,7 +1,8 @@
 """What a check hands back: `CheckResult` (one golden group or live differential,
-compared), its arrays saved in golden format on failure, the header lines a report of
-several checks shows, and results as JSON between processes. `parity.check` makes them;
-the CLI, the pytest plugin and the report session read them."""
+compared), or `CheckError` when its input cannot be used; its arrays saved in golden format
+on failure, the header lines a report of several checks shows, and results as JSON between
+processes. `parity.check` makes them; the CLI, the pytest plugin and the report session
+read them."""
 
 from __future__ import annotations
 
@@ -17,12 +18,18 @@ from parity.judge.compare import Comparison, Finding
 from parity.store.provenance import collect_provenance
 
 __all__ = [
+    "CheckError",
     "CheckResult",
     "merged_header_lines",
     "results_from_json",
     "results_to_json",
     "save_arrays",
 ]
+
+
+class CheckError(Exception):
+    """Input a check cannot use: a missing or unusable golden group, a drift the policy
+    refuses, a class the registry lacks. Its message is one line saying what to do."""
 
 
 @dataclass(frozen=True)

@@ -9,10 +9,11 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from parity.check import CheckError, CheckResult, GoldenDir, check_group, check_live
+from parity.check import GoldenDir, check_group, check_live
 from parity.cli import main, run_diff
 from parity.judge.tolerance import ClassMap
 from parity.report import format_table
+from parity.results import CheckError, CheckResult
 from parity.store import write_goldens
 
 # Pinned map: layers.* -> fp32_reassoc; "rec" has no rule in it but records trajectory.

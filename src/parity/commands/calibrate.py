@@ -91,7 +91,8 @@ def _saved_calibration(path: Path, groups: Sequence[str], goldens: Mapping[str, 
 
 
 def run(args: argparse.Namespace, out: IO[str]) -> int:
-    from parity.check import CheckError, GoldenDir
+    from parity.check import GoldenDir
+    from parity.results import CheckError
     from parity.run.calibrate import CalibrationError, calibrate, format_calibration, perturbations
     from parity.run.calibration_record import record as record_calibration
     from parity.run.runner import ProducersFailed

@@ -68,8 +68,9 @@ def _write_reports(session: ReportSession, args: argparse.Namespace, out: IO[str
 
 
 def run(args: argparse.Namespace, out: IO[str]) -> int:
-    from parity.check import CheckError, GoldenDir, merged_header_lines
+    from parity.check import GoldenDir
     from parity.report import ReportSession
+    from parity.results import CheckError, merged_header_lines
     from parity.run.runner import ProducersFailed, check_produced, produce
 
     config = config_of(args)

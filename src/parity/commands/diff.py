@@ -22,7 +22,7 @@ from typing import IO, Any
 
 import numpy as np
 
-from parity.check import unbound
+from parity.calibrated import unbound
 from parity.commands.common import (
     EXIT_FAIL,
     EXIT_OK,

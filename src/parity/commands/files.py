@@ -7,9 +7,11 @@ import contextlib
 from collections.abc import Callable, Iterator, Sequence
 from pathlib import Path
 
-from parity.check import CheckError, bind_calibrated, class_resolver, pinned_class_map
+from parity.calibrated import bind_calibrated
+from parity.check import class_resolver, pinned_class_map
 from parity.commands.common import CLIError
 from parity.noise import Spreads
+from parity.results import CheckError
 from parity.store import GoldenFile, GoldenStoreError, open_goldens
 
 __all__ = ["key_classes", "opened", "read_errors"]

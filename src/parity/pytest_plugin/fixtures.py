@@ -14,7 +14,8 @@ from parity.pytest_plugin.stash import GOLDENS, RESULTS
 from parity.run.processes import worker_place
 
 if TYPE_CHECKING:  # parity.check loads h5py: imported only when a check runs
-    from parity.check import CheckResult, GoldenDir
+    from parity.check import GoldenDir
+    from parity.results import CheckResult
 
 
 @pytest.fixture(scope="session")
@@ -63,8 +64,9 @@ class _Check:
 
         **Returns:** the `parity.judge.compare.Comparison`.
         """
-        from parity.check import CheckError, check_group, check_live
+        from parity.check import check_group, check_live
         from parity.report import format_table
+        from parity.results import CheckError
 
         config = self.config
         save = config.getoption("--parity-save-actual")

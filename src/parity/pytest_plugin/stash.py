@@ -7,7 +7,8 @@ from typing import TYPE_CHECKING
 import pytest
 
 if TYPE_CHECKING:  # parity.check loads h5py: imported only when a check runs
-    from parity.check import CheckResult, GoldenDir
+    from parity.check import GoldenDir
+    from parity.results import CheckResult
 
 #: The checks recorded in this process (on the xdist controller: every worker's too).
 RESULTS: pytest.StashKey[list[CheckResult]] = pytest.StashKey()

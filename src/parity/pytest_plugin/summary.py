@@ -15,8 +15,8 @@ from parity.pytest_plugin.stash import GOLDENS, NARROWED, RESULTS
 from parity.run.processes import worker_place
 
 if TYPE_CHECKING:  # parity.check loads h5py: imported only when a check runs
-    from parity.check import CheckResult
     from parity.report import ReportSession
+    from parity.results import CheckResult
 
 
 @dataclass(frozen=True)
@@ -34,7 +34,7 @@ def pytest_sessionfinish(session: pytest.Session, exitstatus: int) -> None:
     config = session.config
     config.stash[GOLDENS].close()
     workeroutput = getattr(config, "workeroutput", None)
-    from parity.check import results_to_json
+    from parity.results import results_to_json
 
     if workeroutput is not None:  # an xdist worker: hand the results to the controller
         workeroutput["parity_results"] = results_to_json(config.stash[RESULTS])
@@ -63,7 +63,7 @@ def pytest_sessionfinish(session: pytest.Session, exitstatus: int) -> None:
 @pytest.hookimpl(optionalhook=True)
 def pytest_testnodedown(node: Any, error: Any) -> None:
     """xdist controller: collect the results a worker made."""
-    from parity.check import results_from_json
+    from parity.results import results_from_json
 
     output = getattr(node, "workeroutput", {})
     raw = output.get("parity_results")
@@ -111,7 +111,7 @@ def _header(results: list[CheckResult]) -> dict[str, str]:
         "xla_flags": prov["xla_flags"],
         "jax": str(prov["jax"]),
     }
-    from parity.check import merged_header_lines
+    from parity.results import merged_header_lines
 
     return header | merged_header_lines(results, header)
 

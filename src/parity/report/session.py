@@ -16,7 +16,7 @@ from parity.report.jsondoc import to_json
 from parity.report.text import format_table
 
 if TYPE_CHECKING:
-    from parity.check import CheckResult
+    from parity.results import CheckResult
 
 __all__ = ["CHECK_FIELDS", "ReportSession", "merged_findings"]
 

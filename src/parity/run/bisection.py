@@ -28,7 +28,8 @@ from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any, Literal
 
-from parity.check import CheckError, GoldenDir
+from parity.check import GoldenDir
+from parity.results import CheckError
 from parity.run.config import ParityConfig
 from parity.run.launcher import ProducerRunError, RepinError
 from parity.run.repin import repin

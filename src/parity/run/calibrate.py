@@ -34,7 +34,8 @@ from typing import Any, Literal
 
 import numpy as np
 
-from parity.check import Overrides, class_resolver, pinned_class_map, with_spread
+from parity.calibrated import with_spread
+from parity.check import Overrides, class_resolver, pinned_class_map
 from parity.judge.classes import REGISTRY, ToleranceClass
 from parity.judge.compare import Finding, compare_arrays
 from parity.judge.floats import from_json_float, json_float, largest_finite_abs

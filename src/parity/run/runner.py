@@ -21,7 +21,8 @@ from typing import Any
 
 import numpy as np
 
-from parity.check import CheckResult, GoldenDir, check_group
+from parity.check import GoldenDir, check_group
+from parity.results import CheckResult
 from parity.run.config import ParityConfig
 from parity.run.launcher import ProducerRunError, RepinError, load_runner_output, run_producers
 from parity.run.processes import Layout, WorkerFailed
