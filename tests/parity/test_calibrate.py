@@ -11,15 +11,9 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from parity.run.calibrate import (
-    CalibrationError,
-    KeySpread,
-    Perturbation,
-    class_spreads,
-    host_isa_caps,
-    perturbations,
-)
 from parity.run.config import ParityConfig
+from parity.run.measure import KeySpread, class_spreads
+from parity.run.perturbations import CalibrationError, Perturbation, host_isa_caps, perturbations
 from parity.store import open_goldens
 
 #: Noise per environment; the producers below and the expectations share only these numbers.

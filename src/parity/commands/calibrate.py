@@ -93,8 +93,9 @@ def _saved_calibration(path: Path, groups: Sequence[str], goldens: Mapping[str, 
 def run(args: argparse.Namespace, out: IO[str]) -> int:
     from parity.check import GoldenDir
     from parity.results import CheckError
-    from parity.run.calibrate import CalibrationError, calibrate, format_calibration, perturbations
+    from parity.run.calibrate import calibrate, format_calibration
     from parity.run.calibration_record import record as record_calibration
+    from parity.run.perturbations import CalibrationError, perturbations
     from parity.run.runner import ProducersFailed
     from parity.store import GoldenStoreError
 
