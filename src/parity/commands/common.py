@@ -125,8 +125,9 @@ def process_flags(p: argparse.ArgumentParser) -> None:
         "--timeout",
         type=float,
         metavar="S",
-        help="with --processes: seconds the run may take before every worker is stopped "
-        "(default 1800); a worker that fails stops the others at once",
+        help="seconds the producer run may take before its process, or every worker of a "
+        "--processes run, is stopped (default: no limit for one process, 1800 with "
+        "--processes above 1); a worker that fails stops the others at once",
     )
     g.add_argument(
         "--coordinator",
