@@ -1,4 +1,4 @@
-"""The subject across processes, through parity's launcher (`parity.runner.produce`, what
+"""The subject across processes, through parity's launcher (`parity.run.runner.produce`, what
 `parity check --processes 2 --devices 2` runs): the producers run as 2 processes x 2
 devices of one JAX distributed run, each process supplying its own rows of the batch, and
 as 1 process x 4 devices; the 2x2 outputs must pass their goldens under the pinned class
