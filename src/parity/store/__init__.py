@@ -12,18 +12,8 @@ the faces): `tests/parity/test_import_boundaries.py` holds it to that. This pack
 re-exports the store's public names: `from parity.store import open_goldens` is the way in.
 """
 
-from parity.store.errors import (
-    GoldenBusyError,
-    GoldenCorruptError,
-    GoldenFormatError,
-    GoldenKeyError,
-    GoldenMissingError,
-    GoldenReadError,
-    GoldenSchemaError,
-    GoldenStoreError,
-    GoldenUnsafeError,
-    UnsupportedDtypeError,
-)
+from parity.store import errors
+from parity.store.errors import *  # noqa: F403 (every refusal: the names of errors.__all__)
 from parity.store.format import INDEX_ATTR, JOURNAL_NAME, META_ATTR, SCHEMA_VERSION, VALUE_NAME
 from parity.store.header import ArrayInfo
 from parity.store.keys import decode_path, encode_key
@@ -37,19 +27,10 @@ __all__ = [
     "SCHEMA_VERSION",
     "VALUE_NAME",
     "ArrayInfo",
-    "GoldenBusyError",
-    "GoldenCorruptError",
     "GoldenFile",
-    "GoldenFormatError",
-    "GoldenKeyError",
-    "GoldenMissingError",
-    "GoldenReadError",
-    "GoldenSchemaError",
-    "GoldenStoreError",
-    "GoldenUnsafeError",
-    "UnsupportedDtypeError",
     "decode_path",
     "encode_key",
     "open_goldens",
     "write_goldens",
 ]
+__all__ += errors.__all__

@@ -5,13 +5,15 @@ line naming the file, the key where there is one, and what is wrong: HDF5 and h5
 from a damaged file (a failed checksum of HDF5's metadata, a truncated file, a structure
 pointing nowhere, undecodable text) become `GoldenReadError`; names that are not UTF-8 are
 shown escaped. A folder with a pending repin journal (`JOURNAL_NAME`, see
-`parity.staging`) is refused with `GoldenBusyError`. `tests/parity/test_store_fuzz.py`
+`parity.store.staging`) is refused with `GoldenBusyError`. `tests/parity/test_store_fuzz.py`
 checks all this against random damage to the committed goldens.
 
 """
 
 from __future__ import annotations
 
+#: The refusals, every one re-exported by `parity.store`; `printable`, the helper that keeps
+#: their text on one line, is the store's own and is imported by name.
 __all__ = [
     "GoldenBusyError",
     "GoldenCorruptError",
@@ -23,7 +25,6 @@ __all__ = [
     "GoldenStoreError",
     "GoldenUnsafeError",
     "UnsupportedDtypeError",
-    "printable",
 ]
 
 
@@ -41,7 +42,7 @@ class GoldenStoreError(Exception):
 
 class GoldenBusyError(GoldenStoreError):
     """The file's folder is mid-replace: a repin was interrupted between its first and last
-    rename (see `parity.staging`)."""
+    rename (see `parity.store.staging`)."""
 
 
 class GoldenMissingError(GoldenStoreError, FileNotFoundError):
