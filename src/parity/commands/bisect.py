@@ -14,6 +14,7 @@ from parity.commands.common import (
     CLIError,
     config_flags,
     config_of,
+    groups_flag,
     override_flag,
     overrides_of,
     split_groups,
@@ -38,7 +39,7 @@ def add_parser(sub: Any) -> None:
     )
     bisect.add_argument("good", metavar="GOOD", help="a commit whose outputs are right")
     bisect.add_argument("bad", metavar="BAD", help="a later commit that fails the check")
-    bisect.add_argument("--groups", metavar="a,b", help="a subset of the producer groups")
+    groups_flag(bisect)
     bisect.add_argument("--json", dest="json_path", metavar="FILE", help="write steps and answer")
     override_flag(bisect)
     config_flags(bisect, goldens=False)

@@ -15,6 +15,7 @@ from parity.commands.common import (
     CLIError,
     config_flags,
     config_of,
+    groups_flag,
     keep_log,
     override_flag,
     overrides_of,
@@ -43,7 +44,7 @@ def add_parser(sub: Any) -> None:
         "bound of the 'calibrated' class, and of every key on a layout, ISA cap or processor "
         "other than the pinned one. Exit 0 when measured, 2 on unusable input.",
     )
-    cal.add_argument("--groups", metavar="a,b", help="a subset of the golden groups")
+    groups_flag(cal, of="golden")
     cal.add_argument(
         "--perturb",
         default="isa,devices",

@@ -14,6 +14,7 @@ from parity.commands.common import (
     CLIError,
     config_flags,
     config_of,
+    groups_flag,
     keep_log,
     override_flag,
     overrides_of,
@@ -41,7 +42,7 @@ def add_parser(sub: Any) -> None:
         "the table and the first divergence per group. Exit 0 pass, 1 some key breaks its "
         "class, 2 unusable input.",
     )
-    check.add_argument("--groups", metavar="a,b", help="a subset of the producer groups")
+    groups_flag(check)
     check.add_argument("--json", dest="json_path", metavar="FILE", help="write JSON here")
     check.add_argument(
         "--report", metavar="DIR", help="write report.txt, report.json, index.html to DIR"

@@ -20,6 +20,7 @@ __all__ = [
     "check_class_name",
     "config_flags",
     "config_of",
+    "groups_flag",
     "keep_log",
     "one_line",
     "override_flag",
@@ -96,6 +97,12 @@ def subparser(sub: Any, name: str, *, help: str, description: str) -> argparse.A
 
 def split_groups(text: str | None) -> list[str]:
     return [g.strip() for g in (text or "").split(",") if g.strip()]
+
+
+def groups_flag(p: argparse.ArgumentParser, *, of: str = "producer") -> None:
+    """`--groups a,b`: a subset of the producer groups (`of="golden"`: of the golden
+    groups); `split_groups` reads it."""
+    p.add_argument("--groups", metavar="a,b", help=f"a subset of the {of} groups")
 
 
 def config_flags(p: argparse.ArgumentParser, *, goldens: bool = True) -> None:

@@ -13,6 +13,7 @@ from parity.commands.common import (
     CLIError,
     config_flags,
     config_of,
+    groups_flag,
     keep_log,
     report_progress,
     split_groups,
@@ -41,7 +42,7 @@ def add_parser(sub: Any) -> None:
         help="give the existing goldens the producers' current CLASS_MAP without producing: "
         "arrays, order and provenance stay byte for byte (a class decision on main)",
     )
-    repin.add_argument("--groups", metavar="a,b", help="a subset of the producer groups")
+    groups_flag(repin)
     repin.add_argument(
         "--out", metavar="DIR", help="golden folder (default: [tool.parity] goldens)"
     )
