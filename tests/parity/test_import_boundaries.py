@@ -1,6 +1,6 @@
 """What each layer of parity may import, held by tests: each subpackage's docstring says it in
-prose, these tests in fresh processes; and parity's modules import one another without a
-cycle (issue 23)."""
+prose, these tests in fresh processes; parity's modules import one another without a cycle,
+and each layer only the layers below it (issue 23)."""
 
 from __future__ import annotations
 
@@ -54,13 +54,25 @@ def _module_name(path: Path) -> str:
     return ".".join(parts[:-1] if parts[-1] == "__init__" else parts)
 
 
-def _top_level_imports(path: Path, known: set[str]) -> set[str]:
+def _imports(path: Path, known: set[str], *, anywhere: bool = False) -> set[str]:
     """The parity modules `path` imports at its top level (not inside a function, and not
-    under `if TYPE_CHECKING:`), so importing it runs them first."""
+    under `if TYPE_CHECKING:`), so importing it runs them first; with `anywhere`, inside
+    functions and classes too (they run as soon as the function does), still never under
+    `if TYPE_CHECKING:` (which never runs)."""
     name = _module_name(path)
     package = name if path.stem == "__init__" else name.rpartition(".")[0]
+    tree = ast.parse(path.read_text(), str(path))
+    nodes = list(ast.walk(tree)) if anywhere else tree.body
+    never_run = {
+        id(n)
+        for node in nodes
+        if isinstance(node, ast.If) and ast.unparse(node.test) == "TYPE_CHECKING"
+        for n in ast.walk(node)
+    }
     found: set[str] = set()
-    for node in ast.parse(path.read_text(), str(path)).body:
+    for node in nodes:
+        if id(node) in never_run:
+            continue
         if isinstance(node, ast.Import):
             found.update(alias.name for alias in node.names)
         elif isinstance(node, ast.ImportFrom):
@@ -74,10 +86,55 @@ def _top_level_imports(path: Path, known: set[str]) -> set[str]:
     return {m for m in found if m in known and m != name}
 
 
+#: parity's layers, lowest first. A module may import its own unit and the units of every
+#: tier before its own, never a sibling of its tier nor a unit of a later tier; imports inside
+#: functions count (they run as soon as the function does), those under `if TYPE_CHECKING:`
+#: (which never run) do not. `parity` itself (the package's `__init__`, which imports nothing
+#: until a public name is used) sits below every tier. The order is the one the code had
+#: when it was written down (issue 23); each subpackage's docstring says it in prose.
+LAYERS: tuple[tuple[str, ...], ...] = (
+    # leaves: the XLA flag names; the recorded spreads; compile statistics (jax only)
+    ("parity.xla_env", "parity.noise", "parity.compile_stats"),
+    ("parity.judge",),  # numpy only
+    ("parity.store", "parity.report"),  # each over the judge (the store: h5py, xla_env too)
+    ("parity.results",),  # the core: what a check hands back (CheckResult, CheckError)
+    ("parity.calibrated",),  # the core: the calibrated class in a check
+    ("parity.check",),  # the core: golden folder, class precedence, drift policy, compare
+    ("parity.run",),  # running producers: config, git, processes, repin, bisect, calibrate
+    ("parity.assertions", "parity.commands", "parity.pytest_plugin"),  # the faces
+    ("parity.cli",),  # the one argparse tree over the commands
+    ("parity.__main__",),
+)
+
+
+def _unit_of(module: str) -> str | None:
+    units = [u for tier in LAYERS for u in tier if module == u or module.startswith(u + ".")]
+    return max(units, key=len, default=None)
+
+
+def test_each_layer_imports_only_the_layers_below_it() -> None:
+    paths = sorted(SRC.rglob("*.py"))
+    known = {_module_name(p) for p in paths}
+    tier = {u: i for i, units in enumerate(LAYERS) for u in units}
+    assert sorted(m for m in known if m != "parity" and _unit_of(m) is None) == []
+    imports = {_module_name(p): _imports(p, known, anywhere=True) for p in paths}
+    # The reader sees an import inside a function, and skips one under TYPE_CHECKING.
+    assert "parity.run.runner" in imports["parity.run.calibrate"]
+    assert "parity.results" not in imports["parity.report.session"]
+    upward = []
+    for module, imported in sorted(imports.items()):
+        unit = _unit_of(module)
+        for other in sorted(imported - {"parity"}):
+            under = _unit_of(other)
+            if unit and under and under != unit and tier[under] >= tier[unit]:
+                upward.append(f"{module} imports {other}")
+    assert upward == []
+
+
 def _import_graph() -> dict[str, set[str]]:
     paths = sorted(SRC.rglob("*.py"))
     known = {_module_name(p) for p in paths}
-    return {_module_name(p): _top_level_imports(p, known) for p in paths}
+    return {_module_name(p): _imports(p, known) for p in paths}
 
 
 def _cycles(graph: dict[str, set[str]]) -> list[list[str]]:

@@ -9,5 +9,8 @@ module adds its subparser to the one argparse tree that `parity.cli.build_parser
 and runs its command; every input error is a `common.CLIError`, printed by
 `parity.cli.main` as one `parity: error: ...` line with exit code 2. Importing any of these
 modules imports no jax; the commands that run producers import what they need when they
-run, and never import `parity.cli`.
+run. A face: it may import every layer below it (`parity.judge`, `parity.store`,
+`parity.report`, the core, `parity.run`), never a sibling face (`parity.pytest_plugin`,
+`parity.assertions`) nor `parity.cli` above it (`tests/parity/test_import_boundaries.py`
+holds it to that).
 """

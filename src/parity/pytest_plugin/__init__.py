@@ -45,7 +45,10 @@ Fixtures:
 
 The hooks stay thin: class resolution, the drift policy and comparison live in
 `parity.check`; the report in `parity.report`. Results cross from xdist workers to the
-controller as `parity.check.CheckResult` dicts.
+controller as `parity.results.CheckResult` dicts. A face: the plugin may import every layer
+below it (`parity.judge`, `parity.store`, `parity.report`, the core, `parity.run`), never
+a sibling face (`parity.commands`, `parity.assertions`) nor `parity.cli`
+(`tests/parity/test_import_boundaries.py` holds it to that).
 
 The plugin is a folder: `options` (the options above), `configure` (the session set up
 before jax starts), `fixtures`, `summary` (the session's end and its report) and `stash`

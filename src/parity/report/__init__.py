@@ -7,9 +7,11 @@ a plot of each key's error along the forward order against the allowed band.
 
 `summary` (what every report shares), `text`, `jsondoc` and `html` (the three forms) and
 `session` (the checks of one session reported as one, for `parity check` and the pytest
-plugin). It may import numpy and `parity.judge`; `rich` (colour on a terminal) and
-`matplotlib` (plots) only lazily; never jax, h5py or decomp (`tests/parity/
-test_import_boundaries.py` holds it to that). This package re-exports the public names.
+plugin). It may import numpy and `parity.judge`, the layer below it; `rich` (colour on a
+terminal) and `matplotlib` (plots) only lazily; never jax, h5py or decomp, nor its sibling
+`parity.store` or a layer above it (the core, `parity.run`, the faces):
+`tests/parity/test_import_boundaries.py` holds it to that. This package re-exports the
+public names.
 """
 
 from parity.report.html import write_html

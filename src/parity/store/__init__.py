@@ -6,10 +6,11 @@ printable line each), `writer` (atomic, byte-reproducible writes), `header` (the
 attributes and the index, read and checked), `reader` (`GoldenFile`: read-only, checked on
 open and on every load), `source` (an array read block by block), `staging` (replacing a
 folder's golden files all at once) and `provenance` (what produced a golden, and the drift
-policy). It may import numpy, h5py, `parity.judge` and `parity.xla_env` (the XLA flag
-names); never jax or decomp, nor a layer above it (`parity.report`, the core, `parity.run`,
-the faces): `tests/parity/test_import_boundaries.py` holds it to that. This package
-re-exports the store's public names: `from parity.store import open_goldens` is the way in.
+policy). It may import numpy, h5py and the layers below it, `parity.judge` and
+`parity.xla_env` (the XLA flag names); never jax or decomp, nor its sibling `parity.report`
+or a layer above it (the core, `parity.run`, the faces):
+`tests/parity/test_import_boundaries.py` holds it to that. This package re-exports the
+store's public names: `from parity.store import open_goldens` is the way in.
 """
 
 from parity.store import errors
