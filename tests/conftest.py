@@ -1,12 +1,14 @@
 """Shared fixtures. Nothing here may import jax at module level: the parity plugin must set
 the simulated device count before jax starts."""
 
+import contextlib
 import hashlib
 import os
 import subprocess
 import sys
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -20,6 +22,14 @@ def pytest_addoption(parser: pytest.Parser) -> None:
         "against its goldens (default), or the trajectories too, and each against a 1x4 "
         "run (all; tox -e equivalence)",
     )
+
+
+def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
+    """Tests marked `slow` run first, each group in its collected order. xdist hands out work
+    in collection order, one unit at a time as a worker frees up: a test of a minute
+    collected last keeps one worker busy while the other has nothing left to do, so the
+    longest units go out first and the short ones fill in behind them."""
+    items.sort(key=lambda item: item.get_closest_marker("slow") is None)
 
 
 def _git(repo: Path, *args: str) -> str:
@@ -104,3 +114,34 @@ def checkout_snapshot() -> Callable[[Path], dict[str, str]]:
     reflogs) by hash, plus HEAD, status, branches and worktrees: a tool that must not touch
     the user's checkout leaves it equal."""
     return _checkout_snapshot
+
+
+_COMPILE_EVENTS = (
+    "/jax/core/compile/jaxpr_trace_duration",
+    "/jax/core/compile/jaxpr_to_mlir_module_duration",
+    "/jax/core/compile/backend_compile_duration",
+)
+
+
+@contextlib.contextmanager
+def _compile_events() -> Iterator[list[str]]:
+    import jax
+
+    events: list[str] = []
+
+    def listener(event: str, duration: float, **kwargs: Any) -> None:
+        if event in _COMPILE_EVENTS:
+            events.append(f"{event} {kwargs.get('fun_name', '')}")
+
+    jax.monitoring.register_event_duration_secs_listener(listener)
+    try:
+        yield events
+    finally:
+        jax.monitoring.unregister_event_duration_listener(listener)
+
+
+@pytest.fixture(scope="session")
+def compile_events() -> Callable[[], contextlib.AbstractContextManager[list[str]]]:
+    """`with compile_events() as events:` collects the trace, lowering and backend-compile
+    events jax raises inside the block (a step that reuses its program raises none)."""
+    return _compile_events

@@ -92,6 +92,7 @@ def train_step_hlo_bytes(impl: ModuleType, n_layer: int) -> int:
     return len(step.lower(state, tokens, jax.random.key(2)).as_text().encode())
 
 
+@pytest.mark.slow
 def test_stacked_train_step_is_flat_in_depth_where_the_per_site_step_grows():
     lo, hi = (train_step_hlo_bytes(train, n) for n in TRAIN_DEPTHS)
     old_lo, old_hi = (train_step_hlo_bytes(legacy_train, n) for n in TRAIN_DEPTHS)

@@ -13,6 +13,7 @@ import sys
 from pathlib import Path
 
 import numpy as np
+import pytest
 
 from parity.run.devices import xla_flags_for
 
@@ -100,6 +101,7 @@ def _run_arms(tmp_path: Path, counts: tuple[int, ...]) -> dict[int, dict[str, np
     return out
 
 
+@pytest.mark.slow
 def test_train_and_eval_on_four_devices_match_one_device(tmp_path: Path) -> None:
     """Both arms in one test, so that under xdist one worker starts them (in parallel).
 

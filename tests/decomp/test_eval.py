@@ -51,6 +51,7 @@ def glu_eval() -> tuple[GLUTransformer, TrainState, jax.Array, dict[str, np.ndar
     return model, state, inputs, {k: np.asarray(v) for k, v in metrics.items()}
 
 
+@pytest.mark.slow
 def test_eval_reports_every_mode_and_site() -> None:
     model, _, _, metrics = glu_eval()
     want = {"ce/clean", "l0/total"}

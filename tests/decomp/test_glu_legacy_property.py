@@ -57,6 +57,7 @@ def cases(draw, family: str, keys_of):
 
 
 # One test per family, so that pytest-xdist can run the two halves side by side.
+@pytest.mark.slow
 @pytest.mark.parametrize("family", ["llama", "qwen3"])
 @settings(max_examples=10, deadline=None, suppress_health_check=[HealthCheck.too_slow])
 @given(data=st.data())

@@ -68,6 +68,7 @@ def _between_layouts(gf: Any, labels: tuple[str, str]) -> ClassMap:
     return ClassMap(rules=tuple(rules))
 
 
+@pytest.mark.slow
 def test_groups_at_2x2_match_their_goldens_and_the_1x4_run(
     pytestconfig, parity_check, parity_goldens
 ):

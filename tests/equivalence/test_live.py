@@ -101,8 +101,9 @@ def test_two_stage_sources_init_is_bit_identical_to_the_legacy_per_site_init(dty
 
 @pytest.mark.parametrize(
     "remat",
-    # On the xdist worker of the golden check of the same trajectory (`test_goldens.py`).
-    [pytest.param(r, marks=pytest.mark.xdist_group(f"trajectory.train_remat_{r}"))
+    # On the xdist worker of the golden checks of the same trajectories (`test_goldens.py`).
+    [pytest.param(r, marks=[pytest.mark.xdist_group("trajectory.train_remat"),
+                            pytest.mark.slow])
      for r in ("nothing", "dots")],
 )  # fmt: skip
 def test_stacked_train_step_matches_the_legacy_per_site_step(remat, parity_check):
@@ -130,6 +131,7 @@ def test_stacked_train_step_matches_the_legacy_per_site_step(remat, parity_check
     )
 
 
+@pytest.mark.slow
 def test_stacked_eval_step_matches_the_legacy_per_site_step(parity_check):
     parity_check(
         eval_group(),

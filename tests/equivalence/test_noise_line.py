@@ -22,9 +22,12 @@ import decomp.train
 from decomp.train import TERMS, make_train_step
 from parity.check import check_group
 
-pytestmark = pytest.mark.skipif(
-    jax.device_count() != 1, reason="the goldens were pinned on 1 device; runs there only"
-)
+pytestmark = [
+    pytest.mark.skipif(
+        jax.device_count() != 1, reason="the goldens were pinned on 1 device; runs there only"
+    ),
+    pytest.mark.slow,
+]
 
 #: The relative change each loss term gets at step 1.
 SCALE = 1 + 1e-5

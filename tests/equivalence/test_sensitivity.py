@@ -23,6 +23,7 @@ def _with_config(model, **changes):
     return dataclasses.replace(model, config=dataclasses.replace(model.config, **changes))
 
 
+@pytest.mark.slow
 def test_a_different_rms_eps_fails_first_at_layer_0_post_ln1(parity_goldens):
     actual = forward_group("llama", edit=lambda m: _with_config(m, rms_norm_eps=1e-2))
     result = _against_goldens(parity_goldens, "forward_llama", actual)

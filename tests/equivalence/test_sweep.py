@@ -226,6 +226,7 @@ def _trajectory_leaves(model, state, metrics, i: int, *, sources: bool = True) -
     return out
 
 
+@pytest.mark.slow
 def test_traced_fields_each_fail_the_branches_trajectory(parity_goldens):
     model, spd = branches_setup()
     state0 = init_train_state(model, spd, key=jax.random.key(1), seq_len=SEQ)
@@ -308,6 +309,7 @@ def _step1_losses(model, config) -> dict[str, np.ndarray]:
     return out
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("field", [None, *STRUCTURAL])
 def test_structural_fields_fail_the_step_1_terms(parity_goldens, field):
     model, spd = branches_setup()
