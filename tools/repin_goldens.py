@@ -11,7 +11,7 @@ files replace the old ones only once every group has been produced; a summary of
 changed is printed. Only one repin of a folder runs at a time (a second one fails at once,
 naming the first one's pid). A repin killed at any moment (even SIGKILL) leaves the old
 goldens or the complete new ones; the next repin, or `--recover`, finishes its replace and
-removes what it left (see src/parity/staging.py). Exit 0 on success, 1 if repinning failed
+removes what it left (see src/parity/store/staging.py). Exit 0 on success, 1 if repinning failed
 (old goldens untouched), 130 on Ctrl-C.
 """
 

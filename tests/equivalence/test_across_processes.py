@@ -18,9 +18,11 @@ other), times the calibrated class's margin.
 
 The default suite checks the `eval` group at 2x2 against its goldens (the cheapest group
 that reduces across processes: one run of about 30 s of compile per process);
-`--across-processes all` (tox -e equivalence) adds the three trajectories and the 1x4 run
-with the live checks. Each run starts its own processes, so the module runs in 1-device
-sessions only.
+`--across-processes all` (by hand: `pytest tests/equivalence/test_across_processes.py
+--across-processes all`) adds the three trajectories and the 1x4 run with the live checks.
+Each run starts its own processes, so the module runs in 1-device sessions only; it is part
+of the test suite (`pytest -n 2`), not of tox -e equivalence, whose 2x2 session runs every
+group at that layout through the pytest plugin.
 """
 
 from __future__ import annotations

@@ -29,8 +29,13 @@ def _group_param(group: str) -> object:
     if group in ("train_remat_nothing", "train_remat_dots"):
         marks = [pytest.mark.xdist_group("trajectory.train_remat"), pytest.mark.slow]
         return pytest.param(group, marks=marks)
-    if group in ("train_branches", "compile_budget"):
+    if group == "train_branches":
         return pytest.param(group, marks=pytest.mark.slow)
+    if group == "compile_budget":
+        # Its programs are built on a 1-device mesh whatever the process's device count
+        # (tools/compile_entries.py), and calibration measured zero spread at 4 devices and
+        # at 2x2: another layout compiles and measures the same programs again.
+        return pytest.param(group, marks=[pytest.mark.slow, pytest.mark.one_layout])
     return group
 
 

@@ -97,13 +97,17 @@ def test_two_stage_sources_init_is_bit_identical_to_the_legacy_per_site_init(dty
 
 
 # --- the train and eval steps, stacked per site kind, against the per-site steps ------------
+#
+# `one_layout`: each compiles a per-site step, as long as a stacked one at 2 layers. tox -e
+# equivalence compares the two where the goldens were pinned, and judges the stacked steps
+# against the goldens at 4 devices and at 2x2.
 
 
 @pytest.mark.parametrize(
     "remat",
     # On the xdist worker of the golden checks of the same trajectories (`test_goldens.py`).
     [pytest.param(r, marks=[pytest.mark.xdist_group("trajectory.train_remat"),
-                            pytest.mark.slow])
+                            pytest.mark.slow, pytest.mark.one_layout])
      for r in ("nothing", "dots")],
 )  # fmt: skip
 def test_stacked_train_step_matches_the_legacy_per_site_step(remat, parity_check):
@@ -132,6 +136,7 @@ def test_stacked_train_step_matches_the_legacy_per_site_step(remat, parity_check
 
 
 @pytest.mark.slow
+@pytest.mark.one_layout
 def test_stacked_eval_step_matches_the_legacy_per_site_step(parity_check):
     parity_check(
         eval_group(),
