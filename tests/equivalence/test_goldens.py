@@ -20,14 +20,14 @@ from producers import GROUPS, TRAIN_STEPS, branches_setup, sources_arrays
 
 
 def _group_param(group: str) -> object:
-    """The two remat trajectories run on one xdist worker with the live differentials
-    against the per-site step (`test_live.py`), which read the same per-process cached
-    trajectories (`producers.train_group`) instead of compiling the steps again, and with
-    the remat modes' agreement (`test_remat.py`), which loads their programs from the
-    persistent compilation cache. The groups that compile a train step are `slow` (scheduled
-    first: tests/conftest.py)."""
+    """Each remat trajectory runs on the xdist worker of its live differential against the
+    per-site step (`test_live.py`), which reads the same per-process cached trajectory
+    (`producers.train_group`) instead of compiling the step again; `train_remat_nothing`'s
+    worker also runs the remat modes' agreement (`test_remat.py`), which loads the program
+    from the persistent compilation cache. The groups that compile a train step are `slow`
+    (scheduled first: tests/conftest.py)."""
     if group in ("train_remat_nothing", "train_remat_dots"):
-        marks = [pytest.mark.xdist_group("trajectory.train_remat"), pytest.mark.slow]
+        marks = [pytest.mark.xdist_group(f"trajectory.{group}"), pytest.mark.slow]
         return pytest.param(group, marks=marks)
     if group == "train_branches":
         return pytest.param(group, marks=pytest.mark.slow)

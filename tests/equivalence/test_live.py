@@ -71,6 +71,9 @@ def _ci_structure():
     return CIConfig(d_hidden=16, n_blocks=2, n_head=2, d_mlp=32, sites_per_chunk=7), names, dims
 
 
+# `one_layout`: both inits run on one device whatever the layout (no mesh), so another layout
+# runs the same programs again.
+@pytest.mark.one_layout
 def test_vmapped_ci_init_is_bit_identical_to_the_legacy_loop(parity_check):
     cfg, names, dims = _ci_structure()
     key = jax.random.key(5)
@@ -106,7 +109,7 @@ def test_two_stage_sources_init_is_bit_identical_to_the_legacy_per_site_init(dty
 @pytest.mark.parametrize(
     "remat",
     # On the xdist worker of the golden checks of the same trajectories (`test_goldens.py`).
-    [pytest.param(r, marks=[pytest.mark.xdist_group("trajectory.train_remat"),
+    [pytest.param(r, marks=[pytest.mark.xdist_group(f"trajectory.train_remat_{r}"),
                             pytest.mark.slow, pytest.mark.one_layout])
      for r in ("nothing", "dots")],
 )  # fmt: skip

@@ -7,10 +7,12 @@ on a CI weight, and 1.6e-6 on a source; 1.1e-6 and 5.4e-7 with `nothing`); and e
 steps 2 and 3 must reuse step 1's program.
 
 The programs are the pinned trajectories' own (`producers._spd_setup`, `donate=False`, the
-same input shapes), and this test shares one xdist worker with their golden checks and live
-differentials (`xdist_group("trajectory.train_remat")`): whichever of them comes first
-compiles a remat program, and the others lower it and load it from jax's persistent
-compilation cache, so this test adds one compile, the step without remat.
+same input shapes), so the remat ones are lowered here and loaded from jax's persistent
+compilation cache wherever a golden check of the trajectories compiled them first: this test
+runs after `train_remat_nothing`'s golden check and live differential on their xdist worker
+(`xdist_group`, collection order), and, as the slow tests go out first, after the other
+worker's `train_remat_dots` in the usual case. It compiles the step without remat, and each
+remat program the cache does not hold yet.
 
 Like the sweep, this runs in 1-device sessions only: the remat modes are one program
 transformation, judged where the goldens were pinned.
@@ -27,7 +29,7 @@ from decomp.train import init_train_state, make_train_step
 
 pytestmark = [
     pytest.mark.skipif(jax.device_count() != 1, reason="runs in 1-device sessions only"),
-    pytest.mark.xdist_group("trajectory.train_remat"),
+    pytest.mark.xdist_group("trajectory.train_remat_nothing"),
     pytest.mark.slow,
 ]
 

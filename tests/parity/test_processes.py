@@ -156,6 +156,7 @@ def test_a_producer_raising_on_one_process_ends_the_run_naming_it(
     _assert_nothing_left(project, proc.stderr)
 
 
+@pytest.mark.slow
 def test_a_process_reaching_the_first_collective_40_s_late_is_waited_for(
     project: Path, run_parity, mode
 ) -> None:
@@ -169,6 +170,7 @@ def test_a_process_reaching_the_first_collective_40_s_late_is_waited_for(
     assert _workers_of(project) == [], "worker processes outlived the run"
 
 
+@pytest.mark.slow
 def test_a_hanging_worker_is_stopped_at_the_timeout(project: Path, run_parity, mode) -> None:
     mode("hang")
     proc = run_parity(project, "check", "--processes", "2", "--devices", "2", "--timeout", "25")
