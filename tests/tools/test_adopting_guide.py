@@ -134,6 +134,12 @@ def test_the_install_sentences_agree_with_pyproject_and_readme() -> None:
 # --------------------------------------------------------------------------- the walk
 
 
+#: The xdist group of the tests that read the walk: one worker walks the guide once for both
+#: (as the slow tests go out first, the two would otherwise start on both workers, each
+#: walking it).
+WALK = "adopting_guide.walk"
+
+
 @pytest.fixture(scope="module")
 def walked(
     tmp_path_factory: pytest.TempPathFactory,
@@ -160,6 +166,7 @@ def walked(
 
 
 @pytest.mark.slow
+@pytest.mark.xdist_group(WALK)
 def test_the_committed_guide_is_what_a_fresh_run_prints(walked) -> None:
     committed, done, _ = walked
     diff = guide.difference(committed, guide.render(committed, guide.parse(committed), done))
@@ -172,6 +179,7 @@ def test_the_committed_guide_is_what_a_fresh_run_prints(walked) -> None:
 
 
 @pytest.mark.slow
+@pytest.mark.xdist_group(WALK)
 def test_the_walk_tells_the_story_the_guide_tells(walked) -> None:
     _, done, around = walked
     real = {shown: sha for sha, shown in done.shas.items()}
