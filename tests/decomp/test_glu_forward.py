@@ -20,8 +20,8 @@ from jax.sharding import PartitionSpec as P
 from decomp import legacy
 from decomp.targets import GLUConfig
 from parity import assert_equivalent
+from parity.judge.classes import REGISTRY, ToleranceClass
 from parity.judge.rules import RelativeToMax
-from parity.judge.tolerance import REGISTRY, ToleranceClass
 
 N_LAYER = 4
 CONFIGS = {

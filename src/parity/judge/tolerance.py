@@ -10,9 +10,8 @@ A class map may set rule parameters per pattern by writing them after the class 
 set to 512 (`get_class` builds it; reports name it as written). A class whose rule needs
 a parameter the registry leaves open (`Reduction.K`) can only be used that way.
 
-`ToleranceClass` and `REGISTRY` are defined in `parity.judge.classes`; they are public
-names (`parity.ToleranceClass`, `parity.REGISTRY`), and importing them from here keeps
-working.
+`ToleranceClass` and `REGISTRY` are defined in `parity.judge.classes` (public as
+`parity.ToleranceClass` and `parity.REGISTRY`).
 
 This module imports numpy and ml_dtypes only: jax arrays reach it through `np.asarray`.
 """
@@ -32,9 +31,7 @@ from parity.judge.rules import Close, Scale, rule_from_dict
 from parity.judge.ulp import is_float_dtype, to_float64
 
 __all__ = [
-    "REGISTRY",
     "ClassMap",
-    "ToleranceClass",
     "UnknownClassError",
     "UnmatchedKeyError",
     "effective_atol",
