@@ -6,6 +6,7 @@ word (constraints.txt)."""
 
 from __future__ import annotations
 
+import os
 import subprocess
 import sys
 from pathlib import Path
@@ -45,7 +46,7 @@ def test_an_xdist_group_runs_on_one_worker(tmp_path: Path) -> None:
         [sys.executable, "-m", "pytest", "-n", "2", "--dist", "loadgroup", "-p", "no:parity",
          "-p", "no:cacheprovider", "-q", "test_grouped.py"],
         cwd=tmp_path, capture_output=True, text=True, timeout=120,
-        env={**__import__("os").environ, "WHERE": str(where)},
+        env={**os.environ, "WHERE": str(where)},
     )  # fmt: skip
     assert proc.returncode == 0, proc.stdout + proc.stderr
     ran = dict(line.split() for line in where.read_text().splitlines())
