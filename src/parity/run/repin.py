@@ -137,7 +137,7 @@ def summarize_change(group: str, path: Path, new: Mapping[str, np.ndarray]) -> G
         )
 
 
-def _class_of(class_map: ClassMap, key: str) -> str:
+def class_of(class_map: ClassMap, key: str) -> str:
     """`key`'s class under the producers' `CLASS_MAP`; `bitwise` where no rule matches
     (`CLASS_MAP` is optional)."""
     try:
@@ -269,7 +269,7 @@ def _repin_locked(
                 # describes the process that made the arrays, not this one.
                 provenance = {**produced.provenance, "base_sha": sha, "producer_digest": digest}
                 class_map = ClassMap(rules=tuple((p, c) for p, c in produced.class_map))
-                classes = {k: _class_of(class_map, k) for k in arrays}
+                classes = {k: class_of(class_map, k) for k in arrays}
                 dest = out / f"{name}.h5"
                 changes.append(summarize_change(name, dest, arrays))
                 new = staged_name(dest)
@@ -373,7 +373,7 @@ def reclass(
                     before = {k: gf.info(k).class_name for k in gf}
                     sha = {k: gf.info(k).sha256 for k in gf}
                     provenance, order = dict(gf.provenance), gf.ordered_keys()
-                classes = {k: _class_of(class_map, k) for k in arrays}
+                classes = {k: class_of(class_map, k) for k in arrays}
                 new = staged_name(dest)
                 staged.append((new, dest))
                 write_goldens(new, arrays, classes=classes, class_map_json=class_map.to_json(),
