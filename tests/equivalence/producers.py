@@ -247,13 +247,14 @@ def toy_group() -> dict[str, np.ndarray]:
 TRAIN_STEPS = 3
 
 
-def _spd_setup(remat: str | None) -> tuple[Any, Any]:
+def spd_configs(remat: str | None) -> tuple[GLUConfig, Any]:
+    """The GLU and SPD configurations of every pinned trajectory (and of the eval group),
+    without the model's weights."""
     from decomp.ci_function import CIConfig
     from decomp.config import SPDConfig
 
     cfg = GLUConfig(n_layer=2, d_model=32, n_head=2, n_kv_head=1, head_dim=16, d_mlp=64,
                     vocab_size=64)  # fmt: skip
-    model = _init_glu(cfg, 0)
     spd = SPDConfig(
         n_components=4,
         ci=CIConfig(d_hidden=16, n_blocks=1, n_head=2, d_mlp=32, sites_per_chunk=7),
@@ -266,7 +267,12 @@ def _spd_setup(remat: str | None) -> tuple[Any, Any]:
         pgd_warmup_steps=2,
         remat=remat,  # type: ignore[arg-type]
     )
-    return model, spd
+    return cfg, spd
+
+
+def _spd_setup(remat: str | None) -> tuple[Any, Any]:
+    cfg, spd = spd_configs(remat)
+    return _init_glu(cfg, 0), spd
 
 
 def _leaves(prefix: str, tree: Any) -> dict[str, np.ndarray]:

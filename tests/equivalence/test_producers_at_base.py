@@ -58,9 +58,13 @@ CLASS_MAP = P.CLASS_MAP
 
 def sources_of_the_train_state():
     import jax
+    from decomp.targets.glu_transformer import GLUTransformer
     from decomp.train import init_train_state
 
-    model, spd = P._spd_setup(None)
+    # The trajectories' model and config. Only the sites' shapes enter the state's init, so
+    # the weights are left abstract: their init would compile for seconds and change nothing.
+    cfg, spd = P.spd_configs(None)
+    model = jax.eval_shape(lambda k: GLUTransformer.init(cfg, key=k), jax.random.key(0))
     state = init_train_state(model, spd, key=jax.random.key(1), seq_len=P.SEQ)
     sources = P.per_site(state, "sources")
     return {{f"sources.float32.uniform_c.{{s}}": sources[s] for s in model.site_names}}
