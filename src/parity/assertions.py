@@ -49,7 +49,10 @@ def assert_equivalent(
     - `class_map`: a class name for every leaf (default `"bitwise"`), or a `ClassMap` by
         key pattern.
     - `order`: the forward order (keys, or a callable key -> sort key) in which the first
-        divergence is named; default: keys sorted by name.
+        divergence is named; default: `expected`'s own order (as `flatten` walks it), then
+        keys only in `actual`. A dict that came out of `jax.jit` is in alphabetical order
+        (jax sorts dict keys): pass the outputs of `parity.in_dataflow_order(fn)(...)`, or
+        `order=parity.dataflow_order(fn, ...)`, to walk them as the program computed them.
     - `overrides`: `(pattern, class)` rules tried before `class_map`.
     - `registry`: the classes by name.
 

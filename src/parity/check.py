@@ -38,6 +38,7 @@ from typing import Any, cast
 from parity.calibrated import bind_calibrated, judge_environment, unbound
 from parity.judge.classes import REGISTRY, ToleranceClass
 from parity.judge.compare import Comparison, Order, compare_trees
+from parity.judge.dataflow import order_hint
 from parity.judge.rules import Ulp
 from parity.judge.tolerance import ClassMap, UnknownClassError
 from parity.judge.trees import flatten
@@ -283,6 +284,8 @@ def check_group(
     )
     header = {"golden": str(folder.path_of(group)), "base_sha": str(gf.provenance.get("base_sha"))}
     header |= drift_header
+    if hint := order_hint(gf.provenance.get("order"), gf.ordered_keys()):
+        header["order"] = hint
     calibration = gf.provenance.get("calibration")
     if isinstance(calibration, dict) and calibration.get("summary"):
         header["calibration"] = str(cast(dict[str, Any], calibration)["summary"])

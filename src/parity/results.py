@@ -127,17 +127,21 @@ def save_arrays(
     )
 
 
+#: The header lines a session report shows for each check, named after it.
+_PER_CHECK = ("calibration", "environment", "order")
+
+
 def merged_header_lines(
     results: Sequence[CheckResult], header: Mapping[str, str]
 ) -> dict[str, str]:
     """The per-check header lines a report of several checks shows beside its own
     `header`: each drift line once (named after the first check that has it), and each
-    check's calibration and environment lines, named after the check."""
+    check's calibration, environment and order lines, named after the check."""
     out: dict[str, str] = {}
     for r in results:
         for k, v in r.header.items():
             new_drift = v not in header.values() and v not in out.values()
-            if (k.startswith("drift") and new_drift) or k in ("calibration", "environment"):
+            if (k.startswith("drift") and new_drift) or k in _PER_CHECK:
                 out[f"{k} ({r.name})"] = v
     return out
 

@@ -323,7 +323,10 @@ def compare_trees(
     - `registry`: the classes by name; defaults to `REGISTRY`.
     - `order`: the forward order: a sequence of keys, or a callable `key -> sort key`
         returning `None` for keys it does not cover. Findings follow it; uncovered keys
-        come last, by name. Without an order, findings are sorted by key.
+        come last, by name. Without an order, the golden's own order is the forward order
+        (its keys as `flatten` walks it: a dict's insertion order, a `Dataflow`'s dataflow
+        order), then keys only in `actual` in its order: the one rule every face of parity
+        follows (a golden file's pinned order is its producer's, `parity.judge.dataflow`).
     - `budget`: bytes one array comparison may hold at once (`compare_arrays`).
 
     Leaves may be `parity.judge.chunks.Source`s (a golden file's `source(key)`) as well as
@@ -342,6 +345,8 @@ def compare_trees(
         class_for = class_map.class_for
     else:
         class_for = class_map
+    if order is None:
+        order = [*flat_g, *(k for k in flat_a if k not in flat_g)]
     findings: list[Finding] = []
     for key, place in _ordered(set(flat_a) | set(flat_g), order):
         tol = get_class(class_for(key), registry)

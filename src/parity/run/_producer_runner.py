@@ -29,7 +29,9 @@ import signal
 import sys
 import time
 import traceback
+from collections.abc import Callable
 from pathlib import Path
+from typing import Any
 
 # Run as a script, this file's folder (parity/run/) comes first on sys.path, and its modules
 # (config, runner, repin, ...) would shadow a project's own modules of the same name: the
@@ -114,6 +116,54 @@ def _disagreement(hosted: dict) -> str | None:
     return None
 
 
+def _forward_order(
+    group: Callable[[], Any], result: Any, arrays: dict[str, Any], place: tuple[int, int] | None
+) -> tuple[str, dict[str, Any]]:
+    """How the group's forward order is made, and its arrays in that order.
+
+    A `Dataflow` (the group returned `parity.in_dataflow_order`'s outputs) is in dataflow
+    order already. A group whose every output is a jax array is traced once more
+    (`parity.judge.dataflow.dataflow_order`: nothing is computed, the global numpy and
+    Python random states are put back) and its keys placed as its program computed them.
+    Anything else (numpy outputs, a group that does not trace, a multi-process run) keeps
+    the order the group declared: its containers' order."""
+    from parity.judge.dataflow import DATAFLOW, DECLARED, Dataflow, DataflowError, dataflow_order
+
+    if isinstance(result, Dataflow):
+        return DATAFLOW, arrays
+    if place is not None or not _all_jax_arrays(result):
+        return DECLARED, arrays
+    import random
+
+    import numpy as np
+
+    states = random.getstate(), np.random.get_state()
+    try:
+        order = dataflow_order(group)
+    except DataflowError as e:
+        _log(f"the forward order stays the declared one: {e.reason}")
+        return DECLARED, arrays
+    finally:
+        random.setstate(states[0])
+        np.random.set_state(states[1])
+    if sorted(order) != sorted(arrays):
+        return DECLARED, arrays
+    return DATAFLOW, {k: arrays[k] for k in order}
+
+
+def _all_jax_arrays(result: Any) -> bool:
+    """Whether every leaf of `result` is a jax array (what a traceable group returns)."""
+    import jax
+
+    from parity.judge.trees import flatten
+
+    try:
+        leaves = flatten(result, to_array=lambda x: x).values()
+    except (TypeError, ValueError):
+        return False
+    return bool(leaves) and all(isinstance(x, jax.Array) for x in leaves)
+
+
 def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser()
     p.add_argument("--parent-pid", type=int, default=0, help="die when this process dies")
@@ -193,7 +243,9 @@ def main(argv: list[str] | None = None) -> int:
                 split.append(sharded_over_processes(value))
                 return to_host(value)
 
-            arrays = flatten(groups[name](), to_array=host)
+            result = groups[name]()
+            arrays = flatten(result, to_array=host)
+            order_source, arrays = _forward_order(groups[name], result, arrays, place)
         except Exception as exc:
             traceback.print_exc()
             msg = _missing_symbol(exc, args.src, args.code)
@@ -225,6 +277,7 @@ def main(argv: list[str] | None = None) -> int:
             "keys": list(arrays),
             "dtypes": dtypes,
             "class_map": class_map,
+            "order": order_source,
             "provenance": collect_provenance() if collect_provenance is not None else None,
         }
         (out / f"{name}.json").write_text(json.dumps(manifest))

@@ -69,11 +69,14 @@ class RunnerOutput:
     - `arrays`: `{key: array}` in producer order.
     - `class_map`: the producers' `CLASS_MAP` rules.
     - `provenance`: the producer process's environment (`collect_provenance` run there).
+    - `order`: how `arrays`' order was made: `"dataflow"` (read from the program,
+      `parity.judge.dataflow`) or `"declared"` (the order of the group's containers).
     """
 
     arrays: dict[str, np.ndarray]
     class_map: list[list[str]]
     provenance: dict[str, Any]
+    order: str = "declared"
 
 
 def load_runner_output(out: Path, group: str) -> RunnerOutput:
@@ -91,7 +94,9 @@ def load_runner_output(out: Path, group: str) -> RunnerOutput:
             f"the producer process recorded no provenance for group {group!r} (it could not "
             "import parity.store.provenance); check that parity is importable there"
         )
-    return RunnerOutput(arrays, manifest["class_map"], provenance)
+    return RunnerOutput(
+        arrays, manifest["class_map"], provenance, str(manifest.get("order", "declared"))
+    )
 
 
 def run_producers(

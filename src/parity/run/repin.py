@@ -267,7 +267,8 @@ def _repin_locked(
                 arrays = produced.arrays
                 # Collected in the producer process (see `_producer_runner`), so it
                 # describes the process that made the arrays, not this one.
-                provenance = {**produced.provenance, "base_sha": sha, "producer_digest": digest}
+                provenance = {**produced.provenance, "base_sha": sha, "producer_digest": digest,
+                              "order": produced.order}  # fmt: skip
                 class_map = ClassMap(rules=tuple((p, c) for p, c in produced.class_map))
                 classes = {k: _class_of(class_map, k) for k in arrays}
                 dest = out / f"{name}.h5"
