@@ -25,6 +25,7 @@ import contextlib
 import importlib.util
 import json
 import os
+import re
 import signal
 import sys
 import time
@@ -52,7 +53,12 @@ def _missing_symbol(exc: BaseException, src: str, code: str) -> str | None:
     """What the code under test lacks, when `exc` says so: `code` names it (the commit
     tried, the base commit of a repin, the current tree), `src` where it was imported."""
     if isinstance(exc, ImportError) and exc.name:
-        what = f"module {exc.name!r}" if isinstance(exc, ModuleNotFoundError) else str(exc)
+        if isinstance(exc, ModuleNotFoundError):
+            what = f"the module {exc.name!r}"
+        else:  # `from module import name`: Python's message is the one place naming `name`
+            named = re.search(r"cannot import name '([^']+)'", str(exc))
+            symbol = f"{named.group(1)!r}" if named else "a name the producers import"
+            what = f"{symbol} in the module {exc.name!r}"
         return f"{code} ({src}) lacks {what}, which the producers need"
     if isinstance(exc, (ImportError, AttributeError)):
         return f"{code} ({src}) lacks a symbol the producers need: {exc}"
