@@ -66,7 +66,9 @@ def assert_equivalent(
     flat_e = flatten(expected, non_arrays=statics_e, bare=BARE_KEY)
     resolve = class_resolver(overrides=overrides, class_map=class_map)
     try:
-        comparison = compare_trees(flat_a, flat_e, resolve, registry=registry, order=order)
+        comparison = compare_trees(
+            flat_a, flat_e, resolve, registry=registry, order=order, reference="expected"
+        )
     except UnknownClassError as e:
         raise ValueError(str(e)) from None
     except TypeError as e:

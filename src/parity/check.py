@@ -345,6 +345,7 @@ def _compare(
     order: Order | None,
     name: str,
     bare: str | None = None,
+    reference: str = "golden",
 ) -> tuple[Comparison, dict[str, Any], float]:
     t0 = time.perf_counter()
     try:
@@ -353,7 +354,9 @@ def _compare(
     except (TypeError, ValueError) as e:
         raise CheckError(f"check {name!r}: {e}") from None
     try:
-        comparison = compare_trees(flat_a, flat_e, resolve, registry=registry, order=order)
+        comparison = compare_trees(
+            flat_a, flat_e, resolve, registry=registry, order=order, reference=reference
+        )
     except (TypeError, UnknownClassError) as e:
         raise CheckError(f"check {name!r}: {e}") from None
     return comparison, flat_a, time.perf_counter() - t0
@@ -385,8 +388,9 @@ def check_live(
     started = time.time()
     resolve = class_resolver(overrides=overrides, class_map=class_map)
     comparison, flat_a, compare_s = _compare(
-        actual, expected, resolve, registry=registry, order=order, name=name, bare=BARE_KEY
-    )
+        actual, expected, resolve, registry=registry, order=order, name=name, bare=BARE_KEY,
+        reference="expected",
+    )  # fmt: skip
     saved = command = None
     if save_actual is not None and not comparison.passed:
         keys = [f.key for f in comparison.findings]
