@@ -218,9 +218,18 @@ def drift_registry(
     return out, header
 
 
-def _diff_command(saved: Path, golden: Path | None, overrides: Overrides) -> str:
+def _diff_command(
+    saved: Path, golden: Path | None, overrides: Overrides, class_map: ClassMapLike = None
+) -> str:
+    """The `parity diff` command that judges `saved` against `golden` as the check did:
+    its overrides, then the caller's class map (its rules as further `--override`s, its
+    default as `--class`), so that the table it prints is the check's."""
+    caller = ClassMap(default=class_map) if isinstance(class_map, str) else class_map
+    rules = [*overrides, *(caller.rules if caller is not None else ())]
     parts = ["python -m parity diff", str(saved), str(golden) if golden else "<expected>"]
-    parts += [f"--override '{p}={c}'" for p, c in overrides]
+    parts += [f"--override '{p}={c}'" for p, c in rules]
+    if caller is not None and caller.default is not None:
+        parts.append(f"--class '{caller.default}'")
     return " ".join(parts)
 
 
@@ -319,7 +328,7 @@ def check_group(
     if save_actual is not None and not comparison.passed:
         path = save_arrays(save_actual, name or group, flat_a, classes=resolve,
                            order=gf.ordered_keys(), provenance=current)  # fmt: skip
-        saved, command = str(path), _diff_command(path, folder.path_of(group), overrides)
+        saved, command = str(path), _diff_command(path, folder.path_of(group), overrides, class_map)
     return CheckResult(
         name=name or group,
         comparison=comparison,
@@ -397,7 +406,7 @@ def check_live(
         path = save_arrays(save_actual, name, flat_a, classes=resolve, order=keys)
         ref = save_arrays(save_actual, f"{name}.expected", flatten(expected, bare=BARE_KEY),
                           classes=resolve, order=keys)  # fmt: skip
-        saved, command = str(path), _diff_command(path, ref, overrides)
+        saved, command = str(path), _diff_command(path, ref, overrides, class_map)
     return CheckResult(
         name=name,
         comparison=comparison,
