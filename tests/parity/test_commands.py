@@ -114,3 +114,14 @@ def test_check_outside_a_project_says_no_table_was_found_and_where_it_looked(
     _one_line_error(proc, "no [tool.parity] table")
     assert f"{outside}, {outside.parent} " in proc.stderr
     assert str(tmp_path / "somewhere" / "pyproject.toml") in proc.stderr
+
+
+def test_classes_only_on_a_truncated_golden_is_one_line_saying_to_pin_again(
+    project: Path, run_parity
+) -> None:
+    pinned = run_parity(project, "repin", "--base", "HEAD")
+    assert pinned.returncode == 0, pinned.stderr
+    golden = project / "goldens" / "g.h5"
+    data = golden.read_bytes()
+    golden.write_bytes(data[: len(data) // 2])
+    _one_line_error(run_parity(project, "repin", "--classes-only"), "pin it again")

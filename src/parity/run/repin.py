@@ -369,11 +369,18 @@ def reclass(
         try:
             for name in names:
                 dest = out / f"{name}.h5"
-                with open_goldens(dest) as gf:
-                    arrays = {k: gf[k] for k in gf}
-                    before = {k: gf.info(k).class_name for k in gf}
-                    sha = {k: gf.info(k).sha256 for k in gf}
-                    provenance, order = dict(gf.provenance), gf.ordered_keys()
+                try:
+                    with open_goldens(dest) as gf:
+                        arrays = {k: gf[k] for k in gf}
+                        before = {k: gf.info(k).class_name for k in gf}
+                        sha = {k: gf.info(k).sha256 for k in gf}
+                        provenance, order = dict(gf.provenance), gf.ordered_keys()
+                except GoldenStoreError as e:
+                    raise RepinError(
+                        f"the golden file of group {name!r} cannot be read, so its classes "
+                        f"cannot be rewritten ({' '.join(str(e).split())}); pin it again with "
+                        "parity repin --base <SHA>"
+                    ) from None
                 classes = {k: _class_of(class_map, k) for k in arrays}
                 new = staged_name(dest)
                 staged.append((new, dest))
