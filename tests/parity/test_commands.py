@@ -125,3 +125,41 @@ def test_classes_only_on_a_truncated_golden_is_one_line_saying_to_pin_again(
     data = golden.read_bytes()
     golden.write_bytes(data[: len(data) // 2])
     _one_line_error(run_parity(project, "repin", "--classes-only"), "pin it again")
+
+
+CALIBRATED = """\
+import numpy as np
+
+GROUPS = {"g": lambda: {"x": np.linspace(0, 1, 5, dtype=np.float32), "y": np.ones(3, np.float32)}}
+CLASS_MAP = [("*", "calibrated")]
+"""
+
+
+def test_a_repin_of_unchanged_arrays_keeps_the_calibration_and_show_always_shows(
+    tmp_path: Path, run_parity, pinned_project
+) -> None:
+    """After `calibrate --write`, a repin whose arrays are unchanged keeps every key's
+    spread (and says so), so `check` and `show` work as before; `show` of a file whose
+    calibrated keys have no spread still shows it, with the check's refusal as a note
+    (issue 29)."""
+    repo = pinned_project(tmp_path, CALIBRATED)
+    uncalibrated = run_parity(repo, "show", "goldens/g.h5", "--json")
+    assert uncalibrated.returncode == 0, uncalibrated.stderr
+    doc = json.loads(uncalibrated.stdout)
+    assert {a["class"] for a in doc["arrays"]} == {"calibrated (no spread recorded)"}
+    assert len(doc["notes"]) == 1 and "parity calibrate" in doc["notes"][0]
+    _one_line_error(run_parity(repo, "check"), "parity calibrate")
+
+    measured = run_parity(repo, "calibrate", "--groups", "g", "--perturb", "repeat", "--write")
+    assert measured.returncode == 0, measured.stdout + measured.stderr
+    assert run_parity(repo, "check").returncode == 0
+
+    repinned = run_parity(repo, "repin", "--base", "HEAD")
+    assert repinned.returncode == 0, repinned.stdout + repinned.stderr
+    assert "g: 2 arrays, unchanged" in repinned.stdout
+    assert "calibration kept: 2 keys' spreads, their arrays unchanged" in repinned.stdout
+    checked = run_parity(repo, "check")
+    assert checked.returncode == 0, checked.stdout + checked.stderr
+    shown = run_parity(repo, "show", "goldens/g.h5", "--json")
+    assert shown.returncode == 0, shown.stderr
+    assert json.loads(shown.stdout)["notes"] == []

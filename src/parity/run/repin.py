@@ -22,6 +22,7 @@ returning `{key: array}` in forward order (the order first-divergence reports fo
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import json
 from collections.abc import Callable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
@@ -65,16 +66,18 @@ class GroupChange:
     removed: tuple[str, ...] = ()
     changed: tuple[tuple[str, str], ...] = ()  # (key, how much)
     new_file: bool = False
+    calibration: str = ""  # what became of the old file's calibration, one line
 
     @property
     def unchanged(self) -> bool:
         return not (self.added or self.removed or self.changed or self.new_file)
 
     def describe(self, limit: int = 10) -> str:
+        tail = f"\n  {self.calibration}" if self.calibration else ""
         if self.new_file:
             return f"{self.group}: new file, {self.n_arrays} arrays"
         if self.unchanged:
-            return f"{self.group}: {self.n_arrays} arrays, unchanged"
+            return f"{self.group}: {self.n_arrays} arrays, unchanged{tail}"
         lines = [
             f"{self.group}: {self.n_arrays} arrays; {len(self.added)} added, "
             f"{len(self.removed)} removed, {len(self.changed)} changed"
@@ -85,7 +88,7 @@ class GroupChange:
         hidden = sum(max(0, len(x) - limit) for x in (self.added, self.removed, self.changed))
         if hidden:
             lines.append(f"  ... and {hidden} more")
-        return "\n".join(lines)
+        return "\n".join(lines) + tail
 
 
 @dataclass(frozen=True)
@@ -135,6 +138,48 @@ def summarize_change(group: str, path: Path, new: Mapping[str, np.ndarray]) -> G
             removed=tuple(sorted(old_keys - set(new))),
             changed=tuple(changed),
         )
+
+
+def carry_calibration(path: Path, change: GroupChange) -> tuple[dict[str, Any] | None, str]:
+    """What a repin keeps of the calibration recorded in the old golden file at `path`.
+
+    A key's spread measures the harmless noise of its computation; a repin that leaves the
+    key's bytes alone leaves that computation alone, so its spread stays (the `calibrated`
+    class and checks off the pin's environment go on reading it). A key that changed, was
+    added or was removed loses its spread: its noise is measured again by `parity
+    calibrate`.
+
+    **Returns:** the calibration to record in the new file (None where the old file
+    recorded none, or none of its keys stayed) and one line for the repin's summary (empty
+    where there was nothing to keep).
+    """
+    if change.new_file:
+        return None, ""
+    try:
+        with open_goldens(path) as old:
+            calibration = old.provenance.get("calibration")
+    except GoldenStoreError:
+        return None, ""
+    if not isinstance(calibration, dict):
+        return None, ""
+    spread = calibration.get("spread")
+    keys = spread.get("keys", {}) if isinstance(spread, dict) else {}
+    moved = {k for k, _ in change.changed} | set(change.removed) | set(change.added)
+    kept = {k: v for k, v in keys.items() if k not in moved}
+    lost = sorted(set(keys) - set(kept))
+    redo = (
+        f"parity calibrate --groups {change.group} --perturb isa,devices,processes,repeat "
+        "--write measures them again"
+    )
+    if not kept:
+        return None, f"calibration dropped: every calibrated key changed; {redo}"
+    carried = {**calibration, "spread": {**spread, "keys": kept}}  # pyright: ignore[reportGeneralTypeIssues]
+    if not lost and not change.added:
+        return carried, f"calibration kept: {len(kept)} keys' spreads, their arrays unchanged"
+    return carried, (
+        f"calibration kept for {len(kept)} unchanged keys, dropped for "
+        f"{len(lost) + len(change.added)} changed or new ones; {redo}"
+    )
 
 
 def _class_of(class_map: ClassMap, key: str) -> str:
@@ -272,7 +317,11 @@ def _repin_locked(
                 class_map = ClassMap(rules=tuple((p, c) for p, c in produced.class_map))
                 classes = {k: _class_of(class_map, k) for k in arrays}
                 dest = out / f"{name}.h5"
-                changes.append(summarize_change(name, dest, arrays))
+                change = summarize_change(name, dest, arrays)
+                calibration, note = carry_calibration(dest, change)
+                if calibration is not None:
+                    provenance["calibration"] = calibration
+                changes.append(dataclasses.replace(change, calibration=note))
                 new = staged_name(dest)
                 staged.append((new, dest))
                 try:
