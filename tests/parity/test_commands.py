@@ -163,3 +163,20 @@ def test_a_repin_of_unchanged_arrays_keeps_the_calibration_and_show_always_shows
     shown = run_parity(repo, "show", "goldens/g.h5", "--json")
     assert shown.returncode == 0, shown.stderr
     assert json.loads(shown.stdout)["notes"] == []
+
+
+def test_bisect_and_calibrate_of_a_group_that_does_not_exist_name_it_and_list_the_groups(
+    project: Path, run_parity, git
+) -> None:
+    """Not "pick commits that have what the producers need", nor "pin them first": the
+    group does not exist, and the groups that do are listed (issue 29)."""
+    pinned = run_parity(project, "repin", "--base", "HEAD")
+    assert pinned.returncode == 0, pinned.stderr
+    first = git(project, "rev-parse", "HEAD")
+    (project / "src" / "tinylib" / "__init__.py").write_text("VALUE = 2.0\n")
+    git(project, "commit", "-qam", "two")
+    wanted = "no group named 'forwrd': the producers"
+    for args in (("bisect", first, "HEAD"), ("calibrate", "--perturb", "repeat")):
+        proc = run_parity(project, *args, "--groups", "forwrd")
+        _one_line_error(proc, wanted)
+        assert "define g; pass one of them to --groups" in proc.stderr

@@ -9,7 +9,8 @@ unsigned ints) and `provenance`: the environment of *this* process, collected ri
 group ran (x64 mode and device count as jax saw them, the XLA flags it ran under), so a
 `JAX_ENABLE_X64` or `XLA_FLAGS` in the user's shell, which this process never sees, cannot
 be recorded for arrays made without it. Exit codes: 0 ok, 1 a producer raised, 3 the base
-lacks a needed symbol.
+lacks a needed symbol, 4 a group asked for is not defined (`OUT/unknown_groups.json` says
+which, and which are).
 
 As one worker of a multi-process run (`parity.run.processes.run_workers` sets
 `PARITY_PROCESS_ID`, `PARITY_PROCESSES` and `PARITY_COORDINATOR`), it joins JAX's
@@ -43,6 +44,9 @@ if sys.path and os.path.realpath(sys.path[0] or ".") == _HERE:
 
 EXIT_PRODUCER_FAILED = 1
 EXIT_MISSING_SYMBOL = 3
+EXIT_UNKNOWN_GROUP = 4
+#: What the runner writes into OUT when asked for groups the producers do not define.
+UNKNOWN_GROUPS = "unknown_groups.json"
 
 
 def _log(msg: str) -> None:
@@ -229,10 +233,12 @@ def main(argv: list[str] | None = None) -> int:
     class_map = [list(rule) for rule in getattr(module, "CLASS_MAP", [])]
     wanted = [g for g in args.groups.split(",") if g] or list(groups)
     unknown = [g for g in wanted if g not in groups]
-    if unknown:
-        _log(f"unknown group(s) {unknown}; the producers define {list(groups)}")
-        return EXIT_PRODUCER_FAILED
     out = Path(args.out)
+    if unknown:
+        # Typed for the launcher (`UnknownGroupsError`), a line for the log.
+        (out / UNKNOWN_GROUPS).write_text(json.dumps({"unknown": unknown, "defined": list(groups)}))
+        _log(f"unknown group(s) {unknown}; the producers define {list(groups)}")
+        return EXIT_UNKNOWN_GROUP
     if args.class_map_only:
         (out / "class_map.json").write_text(json.dumps({"class_map": class_map, "groups": wanted}))
         return 0
