@@ -180,3 +180,54 @@ def test_bisect_and_calibrate_of_a_group_that_does_not_exist_name_it_and_list_th
         proc = run_parity(project, *args, "--groups", "forwrd")
         _one_line_error(proc, wanted)
         assert "define g; pass one of them to --groups" in proc.stderr
+
+
+PRODUCERS_BAC = (
+    "import numpy as np\n\n"
+    "GROUPS = {{'g': lambda: {{'b': {b}, 'a': np.zeros(3), 'c': np.arange(4.0)}}}}\n"
+)
+PRODUCERS_ABC = (
+    "import numpy as np\n\n"
+    "GROUPS = {{'g': lambda: {{'a': np.zeros(3), 'b': {b}, 'c': np.arange(4.0)}}}}\n"
+)
+
+
+def test_classes_only_with_order_rewrites_the_order_and_keeps_every_array(
+    tmp_path: Path, run_parity, pinned_project
+) -> None:
+    """`repin --classes-only --order` takes the current producers' key order and nothing
+    else: every array's checksum and the provenance's environment stay as pinned."""
+    first = PRODUCERS_BAC.format(b="np.ones(2)")
+    repo = pinned_project(tmp_path, first)
+    before = json.loads(run_parity(repo, "show", "goldens/g.h5", "--json").stdout)
+    # The producers now return the same keys in another order (and another value, which
+    # must not reach the golden: only the order is taken).
+    (repo / "producers.py").write_text(PRODUCERS_ABC.format(b="np.full(2, 7.0)"))
+    done = run_parity(repo, "repin", "--classes-only", "--order")
+    assert done.returncode == 0, done.stdout + done.stderr
+    assert "g: 3 arrays, unchanged; 0 changed class; 2 changed place" in done.stdout
+    after = json.loads(run_parity(repo, "show", "goldens/g.h5", "--json", "--verify").stdout)
+    assert after["verified"] == 3
+
+    def places(doc: dict) -> list[str]:
+        return [a["key"] for a in sorted(doc["arrays"], key=lambda a: a["order"])]
+
+    assert places(before) == ["b", "a", "c"] and places(after) == ["a", "b", "c"]
+    assert {k: v for k, v in after["provenance"].items() if k != "order"} == {
+        k: v for k, v in before["provenance"].items() if k != "order"
+    }
+    # Each array's stored checksum is still that of the array first pinned (computed here
+    # from the values, not read from a file).
+    import numpy as np
+
+    from parity.store import open_goldens
+    from parity.store.dtypes import digest, to_storage
+
+    pinned = {"b": np.ones(2), "a": np.zeros(3), "c": np.arange(4.0)}
+    with open_goldens(repo / "goldens" / "g.h5") as gf:
+        assert {k: gf.info(k).sha256 for k in gf} == {
+            k: digest(to_storage(k, v)[0]) for k, v in pinned.items()
+        }
+
+    (repo / "producers.py").write_text(first.replace("'c'", "'d'"))
+    _one_line_error(run_parity(repo, "repin", "--classes-only", "--order"), "--order only reorders")

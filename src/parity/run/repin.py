@@ -356,8 +356,9 @@ class Reclassed:
     """What `reclass` did to one golden file.
 
     **Fields:** `group`, `path`, `arrays` (how many), `moved` (keys whose stored sha256
-    changed: always empty unless the file was damaged) and `changed` (`(key, old class,
-    new class)` for every key whose class changed).
+    changed: always empty unless the file was damaged), `changed` (`(key, old class,
+    new class)` for every key whose class changed) and `reordered` (with `reorder`: how
+    many keys changed place in the forward order; else None).
     """
 
     group: str
@@ -365,11 +366,14 @@ class Reclassed:
     arrays: int
     moved: tuple[str, ...]
     changed: tuple[tuple[str, str, str], ...]
+    reordered: int | None = None
 
     def describe(self) -> str:
         """One line, then one per class change (counted by old -> new)."""
         moved = "unchanged" if not self.moved else f"{len(self.moved)} MOVED"
         lines = [f"{self.group}: {self.arrays} arrays, {moved}; {len(self.changed)} changed class"]
+        if self.reordered is not None:
+            lines[0] += f"; {self.reordered} changed place in the forward order"
         counts: dict[tuple[str, str], int] = {}
         for _, old, new in self.changed:
             counts[(old, new)] = counts.get((old, new), 0) + 1
@@ -385,8 +389,16 @@ def reclass(
     groups: Sequence[str] = (),
     progress: Callable[[str], None] = print,
     src: Sequence[str] | None = None,
+    reorder: bool = False,
 ) -> list[Reclassed]:
     """Give existing goldens the class map of the current producers, without producing.
+
+    With `reorder`, also their forward order: the producers run (the current tree's code,
+    in a fresh process) and only the order of the keys they return is kept, with how it was
+    made (`parity.judge.dataflow`); every array stays the one pinned, byte for byte. For
+    a change to the producers' order alone (each train step's metrics before the
+    parameters it produced), where a repin would re-produce every array. A group whose
+    produced keys are not the golden's is refused.
 
     The producers file is imported (the current tree's code, as `parity check` does) only
     to read its `CLASS_MAP`; every golden file of `groups` (default all in `out_dir`) is
@@ -413,6 +425,14 @@ def reclass(
         missing = [g for g in names if not (out / f"{g}.h5").is_file()]
         if missing:
             raise RepinError(f"no golden file for group(s) {missing} in {out}; pin them first")
+        orders: dict[str, tuple[list[str], str]] = {}
+        if reorder:
+            produced = Path(tmp) / "produced"
+            produced.mkdir()
+            run_producers(root, producers, produced, progress=progress, src=src, groups=names)
+            for name in names:
+                run = load_runner_output(produced, name)
+                orders[name] = (list(run.arrays), run.order)
         staged: list[tuple[Path, Path]] = []
         done: list[Reclassed] = []
         try:
@@ -431,6 +451,18 @@ def reclass(
                         "parity repin --base <SHA>"
                     ) from None
                 classes = {k: _class_of(class_map, k) for k in arrays}
+                reordered = None
+                if name in orders:
+                    keys, made = orders[name]
+                    if sorted(keys) != sorted(arrays):
+                        raise RepinError(
+                            f"the producers return other keys for group {name!r} than its "
+                            f"golden holds ({len(set(keys) ^ set(arrays))} differ); "
+                            "--order only reorders: repin it with parity repin --base <SHA>"
+                        )
+                    old_place = {k: i for i, k in enumerate(order)}
+                    reordered = sum(old_place.get(k) != i for i, k in enumerate(keys))
+                    order, provenance = keys, {**provenance, "order": made}
                 new = staged_name(dest)
                 staged.append((new, dest))
                 write_goldens(new, arrays, classes=classes, class_map_json=class_map.to_json(),
@@ -439,7 +471,7 @@ def reclass(
                     moved = tuple(k for k in check if check.info(k).sha256 != sha.get(k))
                 changed = tuple((k, before[k], classes[k]) for k in arrays
                                 if before[k] != classes[k])  # fmt: skip
-                done.append(Reclassed(name, dest, len(arrays), moved, changed))
+                done.append(Reclassed(name, dest, len(arrays), moved, changed, reordered))
             commit_staged(out, staged)
         except StagingError as e:
             raise RepinError(str(e)) from None
