@@ -148,6 +148,31 @@ def test_scan_outputs_are_placed_by_iteration_and_calls_and_conds_by_their_bodie
     assert dataflow_order(jax.jit(f), x, ws) == expected
 
 
+def test_rows_of_a_stack_are_placed_where_each_row_was_computed() -> None:
+    """What a Python loop over layers gives (`jnp.stack(acts)`), indexed after the jit
+    that made it: each row where its layer ran, the sum of the last one after them all."""
+
+    def forward(x: Any) -> tuple[Any, Any]:
+        acts = []
+        for _ in range(3):
+            x = jnp.tanh(x * 2.0)
+            acts.append(x)
+        return x.sum(), jnp.stack(acts)
+
+    def group(x: Any) -> dict[str, Any]:
+        total, acts = jax.jit(forward)(x)
+        return {"acts": [acts[i] for i in range(3)], "a_total": total}
+
+    expected = ["acts.0", "acts.1", "acts.2", "a_total"]
+    assert dataflow_order(group, jnp.ones(4)) == expected
+
+    def concatenated(x: Any) -> dict[str, Any]:
+        rows = jnp.concatenate([jnp.tanh(x)[None], jnp.sin(x)[None]])
+        return {"z_first": rows[0], "second": rows[1], "a_sum": rows.sum()}
+
+    assert dataflow_order(concatenated, jnp.ones(3)) == ["z_first", "second", "a_sum"]
+
+
 def test_a_function_that_does_not_trace_says_why() -> None:
     import numpy as np
 

@@ -9,8 +9,9 @@ gives each output leaf a position: the index of the equation that produced it, a
 a call (`jit`, `custom_jvp_call`, `custom_vjp_call`, `checkpoint`, `while`, ...), a `cond`
 (the earliest branch) or a `scan` the position within its body, a `scan`'s outputs also by
 iteration: a slice of its stacked outputs at a static index (what `ys[i]` traces to) is
-placed at that iteration. Slices, squeezes, reshapes and copies of an array are placed
-where the array was computed. An output that is an input or a constant comes first.
+placed at that iteration, and a row of a `jnp.stack` where that row was computed. Slices,
+squeezes, reshapes, broadcasts, casts and copies of an array are placed where the array
+was computed. An output that is an input or a constant comes first.
 
 `in_dataflow_order(fn)` wraps `fn` so that it returns `Dataflow`, a flat `{key: array}`
 dict (keys as `parity.judge.trees.flatten` names them) in that order; a producer returns
@@ -59,6 +60,8 @@ _MOVES = frozenset(
         "copy_p",
         "dynamic_slice",
         "device_put",
+        "broadcast_in_dim",
+        "convert_element_type",
     }
 )
 
@@ -129,8 +132,22 @@ def _position(
     eqn = jaxpr.eqns[i]
     name = eqn.primitive.name
     if name in _MOVES and eqn.invars and not isinstance(eqn.invars[0], jex.Literal):
-        start = _static_start(eqn)
-        return _position(eqn.invars[0], jaxpr, seen, start if start is not None else iteration)
+        # Only a slice says which row of its operand it reads; through the other moves the
+        # leading axis is another one.
+        return _position(eqn.invars[0], jaxpr, seen, _static_start(eqn))
+    stacked = name == "stack" and eqn.params.get("axis") == 0
+    if iteration is not None and (
+        stacked or (name == "concatenate" and eqn.params["dimension"] == 0)
+    ):
+        # A row of a stack (`jnp.stack(acts)[i]`): where that row's operand was computed.
+        for operand in eqn.invars:
+            rows = 1 if stacked or not operand.aval.shape else int(operand.aval.shape[0])
+            if iteration < rows:
+                if isinstance(operand, jex.Literal):
+                    return (-1,)
+                return _position(operand, jaxpr, seen, None if stacked else iteration)
+            iteration -= rows
+        return (i,)
     subs = _sub_jaxprs(eqn.params, len(eqn.outvars))
     if not subs:
         return (i,)
@@ -141,7 +158,7 @@ def _position(
         if eqn.params.get("reverse"):
             k = length - 1 - k
         return (i, k, *_position(subs[0].outvars[j], subs[0], seen))
-    return (i, *min(_position(sub.outvars[j], sub, seen) for sub in subs))
+    return (i, *min(_position(sub.outvars[j], sub, seen, iteration) for sub in subs))
 
 
 def dataflow_order(fn: Callable[..., Any], *args: Any, **kwargs: Any) -> list[str]:
