@@ -3,8 +3,9 @@ whatever container they came in, and one order for every face of parity.
 
 The end-to-end test is a fresh project whose taps come out of `jax.jit` as a dict (jax
 sorts its keys): a LayerNorm epsilon changed in a middle layer is named first, at the right
-tap, by `parity check`, `parity bisect` and `parity.assert_equivalent`, and `parity show`,
-`parity diff` and the check list the keys in one order.
+tap, by `parity check`, the pytest plugin, `parity bisect` and `parity.assert_equivalent`,
+and `parity show`, `parity diff`, the check and `assert_equivalent` list the keys in one
+order.
 """
 
 from __future__ import annotations
@@ -82,6 +83,17 @@ def forward():
 
 
 GROUPS = {"forward": forward}
+"""
+
+PLUGIN_TEST = """\
+import jax
+
+import convnet
+
+
+def test_forward(parity_check):
+    params = convnet.init(jax.random.key(0))
+    parity_check(convnet.apply(params, jax.numpy.arange(12) % 16), "forward")
 """
 
 #: The order the model computes its outputs in.
@@ -250,6 +262,17 @@ def test_a_bug_in_a_middle_layer_is_named_first_by_check_bisect_and_assert_equiv
     diff_doc = json.loads(diff_json.read_text())
     assert diff_doc["first_failure"]["key"] == "taps.ln0"
     assert [f["key"] for f in diff_doc["findings"]] == FORWARD
+
+    # The plugin: a test checking the jitted dict (sorted by jax) against the goldens.
+    (repo / "tests").mkdir()
+    (repo / "tests" / "test_forward.py").write_text(PLUGIN_TEST)
+    plugin = subprocess.run(
+        [sys.executable, "-m", "pytest", "-q", "-p", "no:randomly", "-p", "no:cacheprovider",
+         "tests/test_forward.py"],
+        cwd=repo, capture_output=True, text=True, timeout=300,
+    )  # fmt: skip
+    assert plugin.returncode == 1, plugin.stdout + plugin.stderr
+    assert "first breaking its class: taps.ln0" in plugin.stdout, plugin.stdout
 
     bisect_json = tmp_path / "bisect.json"
     found = _parity(run_parity, repo, "bisect", good, "HEAD", "--json", bisect_json)
