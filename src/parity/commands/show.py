@@ -138,7 +138,7 @@ def format_inventory(doc: dict[str, Any]) -> str:
         fallback = "none pinned: an unmatched key takes its array's recorded class, else bitwise"
         lines.append(f"  default  ->  {cmap.get('default') or f'({fallback})'}")
     order = doc.get("order") or {}
-    if order.get("describe"):
+    if order.get("describe") and doc["format"] == "parity":
         lines.append(f"forward order: {order['describe']}")
     if order.get("hint"):
         lines.append(f"hint: {order['hint']}")
