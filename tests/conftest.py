@@ -6,7 +6,7 @@ import hashlib
 import os
 import subprocess
 import sys
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterator, Mapping
 from pathlib import Path
 from typing import Any
 
@@ -61,7 +61,13 @@ def _run_parity(repo: Path, *args: str) -> subprocess.CompletedProcess[str]:
         cwd=repo,
         capture_output=True,
         text=True,
-        env={**os.environ, "PYTHONWARNINGS": "ignore", "TMPDIR": str(tmp)},
+        # A private cache of re-produced bases too (parity.run.baseline): never the user's.
+        env={
+            **os.environ,
+            "PYTHONWARNINGS": "ignore",
+            "TMPDIR": str(tmp),
+            "PARITY_BASELINE_CACHE": str(repo.parent / "baselines"),
+        },
         timeout=300,
     )
 
@@ -73,11 +79,17 @@ def run_parity() -> Callable[..., subprocess.CompletedProcess[str]]:
 
 
 def _pinned_project(
-    root: Path, producers: str, table: str = 'producers = "producers.py"\n'
+    root: Path,
+    producers: str,
+    table: str = 'producers = "producers.py"\n',
+    files: Mapping[str, str] | None = None,
 ) -> Path:
     repo = root / "proj"
     repo.mkdir()
     (repo / "producers.py").write_text(producers)
+    for rel, text in (files or {}).items():
+        (repo / rel).parent.mkdir(parents=True, exist_ok=True)
+        (repo / rel).write_text(text)
     (repo / "pyproject.toml").write_text(f"[tool.parity]\n{table}")
     _git(repo, "init", "-q", "-b", "main")
     _git(repo, "add", "-A")
@@ -89,9 +101,9 @@ def _pinned_project(
 
 @pytest.fixture(scope="session")
 def pinned_project() -> Callable[..., Path]:
-    """`pinned_project(root, producers_text, table=...)`: a git repository `root/proj` with
-    a producers file and a `[tool.parity]` table (its body `table`), goldens pinned at its
-    one commit."""
+    """`pinned_project(root, producers_text, table=..., files=...)`: a git repository
+    `root/proj` with a producers file, a `[tool.parity]` table (its body `table`) and
+    `files` (relative path -> text), goldens pinned at its one commit."""
     return _pinned_project
 
 

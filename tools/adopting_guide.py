@@ -36,7 +36,9 @@ install of this checkout), and none of the caller's XLA_*, JAX_*, PARITY_*, PYTE
 PYTHONPATH, PYTHONDONTWRITEBYTECODE, PYTHONWARNINGS, CI or BUILD_NUMBER (under either,
 pytest prints its summary lines whole), FORCE_COLOR, PY_COLORS or NO_COLOR. Fixed on top: a
 git identity and no global or system git configuration, COLUMNS=80 (pytest's rule width),
-LC_ALL=C.UTF-8 (git's messages), and PYTHONUNBUFFERED=1, so that stdout and stderr, read
+LC_ALL=C.UTF-8 (git's messages), XDG_CACHE_HOME beside the project (`~/cache`: the
+user's cache folder, where `parity` keeps re-produced bases), and PYTHONUNBUFFERED=1, so
+that stdout and stderr, read
 through one pipe, interleave as on a terminal (where stdout is line-buffered) instead of
 stdout arriving last.
 
@@ -52,6 +54,12 @@ the one line that depends on the machine rather than the run. Numbers, keys, ver
 words are compared as printed; lines lose trailing whitespace. jaxlib's "[Gloo] Rank 0 is
 connected to N peer ranks" lines are not normalised away: the multi-process launcher
 echoes worker 0's output as it comes, and with jaxlib 0.10.2 it carries none.
+
+**Processors.** Figures (values, ulps, spreads) are XLA's on the processor that ran the
+walk: kernels differ between processors, so their last digits do. `--write` records that
+processor in a `<!-- guide:host ... -->` line under the title; `--check` on the same
+processor compares everything, on another every word, command, key and verdict but no
+number (`masked`).
 
 **Install** is not run: a fresh virtual environment would download jax, jaxlib and the rest
 (hundreds of MB), which is not cheap enough for the test suite; the walk uses the
@@ -293,6 +301,8 @@ def environment(tmp: Path) -> dict[str, str]:
         PYTHONUNBUFFERED="1",
         GIT_CONFIG_GLOBAL=os.devnull,
         GIT_CONFIG_NOSYSTEM="1",
+        # A fresh user's cache folder, beside the project: where re-produced bases go.
+        XDG_CACHE_HOME=str(tmp.parent / "cache"),
     )
     return env
 
@@ -470,8 +480,52 @@ def render(text: str, blocks: Sequence[Block], done: Walk) -> str:
     return "\n".join(lines)
 
 
-def difference(committed: str, fresh: str) -> str:
-    """A unified diff from the committed guide to the freshly rendered one ('' if equal)."""
+#: The marker naming the processor whose run wrote the guide's console blocks.
+HOST_MARKER = re.compile(r"^<!-- guide:host (.*) -->$", re.MULTILINE)
+#: A number as the commands print it (not a digit inside a key such as `acts.1`).
+_NUMBER = re.compile(r"(?<![\w.])[-+]?\d+(?:\.\d+)?(?:e[-+]?\d+)?(?![\w])")
+
+
+def this_host() -> str:
+    """The processor of this machine as provenance records it (vendor, family, model and
+    vector instruction sets): what XLA's kernels, and so the printed figures, depend on."""
+    from parity.store.provenance import collect_provenance
+
+    return str(collect_provenance()["cpu"])
+
+
+def written_on(text: str) -> str | None:
+    """The processor the guide's `<!-- guide:host ... -->` marker names, if any."""
+    found = HOST_MARKER.search(text)
+    return found.group(1) if found else None
+
+
+def with_host(text: str, host: str) -> str:
+    """`text` with its host marker naming `host` (added after the title if missing)."""
+    line = f"<!-- guide:host {host} -->"
+    if HOST_MARKER.search(text):
+        return HOST_MARKER.sub(lambda _: line, text, count=1)
+    title, _, rest = text.partition("\n")
+    return f"{title}\n{line}\n{rest}"
+
+
+def masked(text: str) -> str:
+    """`text` with every printed number `<n>` and runs of spaces as one (table columns
+    widen with their numbers): what a run on another processor must still print alike."""
+    out = []
+    for line in text.splitlines(keepends=True):
+        out.append(re.sub(r" {2,}", " ", _NUMBER.sub("<n>", line)))
+    return "".join(out)
+
+
+def difference(committed: str, fresh: str, *, numbers: bool = True) -> str:
+    """A unified diff from the committed guide to the freshly rendered one ('' if equal).
+
+    With `numbers` False (a run on another processor than the one that wrote the guide:
+    XLA's kernels, and so the last digits of every figure, differ between processors),
+    numbers are left out of the comparison; commands, words, keys and verdicts are not."""
+    if not numbers:
+        committed, fresh = masked(committed), masked(fresh)
     return "".join(
         difflib.unified_diff(
             committed.splitlines(keepends=True),
@@ -623,8 +677,16 @@ def main(argv: Sequence[str] | None = None) -> int:
     if left:
         print(f"adopting_guide: the commands left {left} in their TMPDIR", file=sys.stderr)
         return 1
-    fresh = render(committed, blocks, done)
-    diff = difference(committed, fresh)
+    host = this_host()
+    fresh = with_host(render(committed, blocks, done), host)
+    same = written_on(committed) == host
+    diff = difference(committed, fresh, numbers=same or args.write)
+    if not same and not args.write:
+        print(
+            f"adopting_guide: written on another processor ({written_on(committed)}), so its "
+            "figures are not compared here; commands, words, keys and verdicts are",
+            file=sys.stderr,
+        )
     if args.write:
         if diff:
             _write_atomically(GUIDE, fresh)

@@ -35,6 +35,7 @@ from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
 from typing import Any, cast
 
+from parity.base_judge import BaseSource, BaseUnavailable, bits_changes, judge_by_base
 from parity.calibrated import bind_calibrated, judge_environment, unbound
 from parity.judge.classes import REGISTRY, ToleranceClass
 from parity.judge.compare import Comparison, Order, compare_trees
@@ -218,6 +219,43 @@ def drift_registry(
     return out, header
 
 
+def _second_judge(
+    base: BaseSource,
+    group: str,
+    gf: GoldenFile,
+    current: Mapping[str, Any],
+    flat_a: Mapping[str, Any],
+    resolve: Callable[[str], str],
+    exact_registry: Mapping[str, ToleranceClass],
+    held_registry: Mapping[str, ToleranceClass],
+    order: Order | None,
+    keys: Sequence[str],
+) -> tuple[Comparison | None, str, str]:
+    """The comparison against the base re-produced here, the header line naming that
+    judge and the base's file; `(None, line, "")` where the base cannot be re-produced
+    (the line says why, and the calibrated judgement of the goldens stands)."""
+    try:
+        reproduced = base.reproduce(group, gf.provenance, current)
+    except BaseUnavailable as e:
+        return (
+            None,
+            (
+                f"the goldens, by calibration: the base cannot be re-produced here ({e.reason}); "
+                f"{e.hint}"
+            ),
+            "",
+        )
+    comparison, line = judge_by_base(
+        flat_a, gf, reproduced, resolve, registry=exact_registry, held_registry=held_registry,
+        current=current, order=order, keys=keys, group=group,
+    )  # fmt: skip
+    return comparison, line, str(reproduced.path)
+
+
+def _bits_drift_line(key: str, line: str) -> bool:
+    return key.startswith("drift") and line.startswith("environment drift that can change")
+
+
 def _diff_command(
     saved: Path, golden: Path | None, overrides: Overrides, class_map: ClassMapLike = None
 ) -> str:
@@ -252,6 +290,7 @@ def check_group(
     save_actual: str | os.PathLike[str] | None = None,
     current_provenance: Mapping[str, Any] | None = None,
     keys: Sequence[str] | None = None,
+    base: BaseSource | None = None,
 ) -> CheckResult:
     """Compare `actual` against the golden group `group`.
 
@@ -271,8 +310,14 @@ def check_group(
     - `current_provenance`: the environment `actual` was produced in, when that was another
       process (`parity check`); default this process's.
     - `keys`: check only these keys of the group (a producer of part of it); default all.
+    - `base`: the second judge (`parity.base_judge`): where the environment differs from
+      the pin's in a way that can move bits and some key fails its pinned class, the group
+      re-produced at its base commit here judges the tree, exactly. None: the goldens
+      judge, by calibration where the environment differs.
 
-    **Returns:** a `CheckResult`. Raises `CheckError` for unusable input.
+    **Returns:** a `CheckResult`; its header's `judge` line names the judge used. Raises
+    `CheckError` for unusable input, and where the base re-produced here is outside the
+    goldens' recorded noise.
     """
     started = time.time()
     t0 = time.perf_counter()
@@ -288,6 +333,7 @@ def check_group(
         raise CheckError(f"golden group {group!r} is unusable: {e}") from None
     pinned = pinned_class_map(gf)
     current = current_provenance if current_provenance is not None else collect_provenance()
+    exact_registry = registry
     registry, drift_header = drift_registry(
         gf.provenance, drift_mode, registry=registry, current=current
     )
@@ -308,27 +354,42 @@ def check_group(
     for key in golden_arrays:
         resolve(key)  # a calibrated key without a recorded spread is an error before any work
     load_s = time.perf_counter() - t0
+    forward = [k for k in gf.ordered_keys() if k in golden_arrays] if order is None else order
+    changes = bits_changes(gf.provenance, current)
     try:
         comparison, flat_a, compare_s = _compare(
-            actual,
-            golden_arrays,
-            resolve,
-            registry=registry,
-            order=[k for k in gf.ordered_keys() if k in golden_arrays] if order is None else order,
-            name=name or group,
+            actual, golden_arrays, resolve, registry=registry, order=forward, name=name or group
         )
-        comparison, env_header = judge_environment(
-            comparison, flat_a, gf, spreads, differences(gf.provenance, current), registry
-        )
+        judged_by_base, base_path = None, ""
+        if not changes:
+            header["judge"] = "the goldens (this is the environment they were pinned in)"
+        elif comparison.passed:
+            header["judge"] = "the goldens: every key holds its pinned class here"
+        elif base is None:
+            header["judge"] = "the goldens, by calibration (the second judge is off)"
+        else:
+            judged_by_base, header["judge"], base_path = _second_judge(
+                base, group, gf, current, flat_a, resolve, exact_registry, registry, forward,
+                list(golden_arrays),
+            )  # fmt: skip
+        if judged_by_base is not None:
+            comparison = judged_by_base
+            # The drift cannot explain a failure here: the base shares this environment.
+            header = {k: v for k, v in header.items() if not _bits_drift_line(k, v)}
+        else:
+            comparison, env_header = judge_environment(
+                comparison, flat_a, gf, spreads, differences(gf.provenance, current), registry
+            )
+            header |= env_header
         comparison = Comparison(tuple(unbound(f) for f in comparison.findings))
     except GoldenStoreError as e:
         raise CheckError(f"golden group {group!r} is unusable: {e}") from None
-    header |= env_header
     saved = command = None
     if save_actual is not None and not comparison.passed:
         path = save_arrays(save_actual, name or group, flat_a, classes=resolve,
                            order=gf.ordered_keys(), provenance=current)  # fmt: skip
-        saved, command = str(path), _diff_command(path, folder.path_of(group), overrides, class_map)
+        reference = folder.path_of(group) if judged_by_base is None else Path(base_path)
+        saved, command = str(path), _diff_command(path, reference, overrides, class_map)
     return CheckResult(
         name=name or group,
         comparison=comparison,

@@ -1,14 +1,16 @@
 """The command line: `python -m parity` (or the `parity` script).
 
 One argparse tree: `build_parser` adds each subcommand from its module in
-`parity.commands` (`diff`, `show`, `repin`, `check`, `bisect`, `calibrate`), and `main`
+`parity.commands` (`diff`, `show`, `repin`, `check`, `bisect`, `calibrate`, `baseline`),
+and `main`
 runs the one the command line names.
 
 - `parity diff ACTUAL GOLDEN [--class NAME] [--json FILE] [--html DIR]` compares every
   array of two HDF5 files (parity-written or plain h5py files) and prints the report table.
 - `parity show GOLDEN [--json] [--verify]` prints a file's provenance, class map and
   inventory.
-- `parity repin`, `parity check`, `parity bisect` and `parity calibrate` run producers.
+- `parity repin`, `parity check`, `parity bisect`, `parity calibrate` and `parity baseline
+  build` run producers.
 
 **Exit codes.** 0: every array holds its class. 1: at least one does not (or a key is
 missing or unexpected); every failing key is printed. 2: unusable input (a missing,
@@ -24,7 +26,7 @@ import argparse
 import sys
 from collections.abc import Sequence
 
-from parity.commands import bisect, calibrate, check, diff, repin, show
+from parity.commands import baseline, bisect, calibrate, check, diff, repin, show
 from parity.commands.common import (
     EXIT_FAIL,
     EXIT_OK,
@@ -63,8 +65,9 @@ _SUBCOMMANDS = {
     "check": check,
     "bisect": bisect,
     "calibrate": calibrate,
+    "baseline": baseline,
 }
-_RUN_PRODUCERS = ("repin", "check", "bisect", "calibrate")
+_RUN_PRODUCERS = ("repin", "check", "bisect", "calibrate", "baseline")
 
 _DESCRIPTION = """\
 Differential equivalence checks on HDF5 array files.
@@ -75,10 +78,11 @@ Differential equivalence checks on HDF5 array files.
   parity check                   run the producers on this tree, check against the goldens
   parity bisect GOOD BAD         find the first commit that breaks a check
   parity calibrate               measure the harmless noise against each class's bound
+  parity baseline build|list|clear  the goldens' bases re-produced in this environment
 
-repin, check, bisect and calibrate read [tool.parity] in the nearest pyproject.toml
-(goldens, producers, src, isa, devices, processes); a flag of the same name overrides
-each key.
+repin, check, bisect, calibrate and baseline read [tool.parity] in the nearest
+pyproject.toml (goldens, producers, src, isa, devices, processes, baseline,
+baseline_cache); a flag of the same name overrides each key.
 
 exit codes: 0 every array holds its class; 1 some array does not (each is printed);
 2 unusable input (missing, truncated, corrupt or unsafe file, unknown class).

@@ -127,8 +127,8 @@ def save_arrays(
     )
 
 
-#: The header lines a session report shows for each check, named after it.
-_PER_CHECK = ("calibration", "environment", "order")
+#: The header lines a report shows once per check, named after it.
+_PER_CHECK = ("calibration", "environment", "judge", "order")
 
 
 def merged_header_lines(
@@ -136,7 +136,7 @@ def merged_header_lines(
 ) -> dict[str, str]:
     """The per-check header lines a report of several checks shows beside its own
     `header`: each drift line once (named after the first check that has it), and each
-    check's calibration, environment and order lines, named after the check."""
+    check's calibration, environment, judge and order lines, named after the check."""
     out: dict[str, str] = {}
     for r in results:
         for k, v in r.header.items():

@@ -106,3 +106,24 @@ def test_this_repository_configures_itself_the_same_way():
     assert cfg.producers == root / "tests" / "equivalence" / "producers.py"
     assert cfg.goldens == root / "goldens"
     assert cfg.src == (root / "src",)
+
+
+def test_the_second_judge_and_its_cache_folder_are_settings(tmp_path, monkeypatch):
+    from parity.run.baseline import ENV_VAR, cache_dir
+
+    monkeypatch.delenv(ENV_VAR, raising=False)
+    monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path / "xdg"))
+    root = _project(tmp_path, "[tool.parity]\n")
+    cfg = load_config(root)
+    assert cfg.baseline == "auto"
+    assert cache_dir(cfg) == tmp_path / "xdg" / "parity" / "baselines"
+    (tmp_path / "p").mkdir()
+    root = _project(tmp_path / "p", '[tool.parity]\nbaseline = "off"\nbaseline_cache = "c"\n')
+    cfg = load_config(root)
+    assert cfg.baseline == "off"
+    assert cache_dir(cfg) == (root / "c").resolve()  # against the pyproject's folder
+    monkeypatch.setenv(ENV_VAR, str(tmp_path / "env"))
+    assert cache_dir(cfg) == (tmp_path / "env").resolve()  # the variable moves it again
+    with pytest.raises(ConfigError, match='baseline must be "auto" or "off"'):
+        (tmp_path / "q").mkdir()
+        load_config(_project(tmp_path / "q", '[tool.parity]\nbaseline = "on"\n'))

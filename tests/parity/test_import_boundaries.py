@@ -99,6 +99,7 @@ LAYERS: tuple[tuple[str, ...], ...] = (
     ("parity.store", "parity.report"),  # each over the judge (the store: h5py, xla_env too)
     ("parity.results",),  # the core: what a check hands back (CheckResult, CheckError)
     ("parity.calibrated",),  # the core: the calibrated class in a check
+    ("parity.base_judge",),  # the core: the second judge, a base re-produced here
     ("parity.check",),  # the core: golden folder, class precedence, drift policy, compare
     ("parity.run",),  # running producers: config, git, processes, repin, bisect, calibrate
     ("parity.assertions", "parity.commands", "parity.pytest_plugin"),  # the faces

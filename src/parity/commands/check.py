@@ -50,6 +50,14 @@ def add_parser(sub: Any) -> None:
     check.add_argument(
         "--save-actual", metavar="DIR", help="write a failing group's arrays to DIR/<group>.h5"
     )
+    check.add_argument(
+        "--baseline",
+        choices=("auto", "off"),
+        help="the second judge off the pin's environment: auto (default, or [tool.parity] "
+        "baseline) re-produces a group at its golden's base commit here, in a cache, where a "
+        "key fails its pinned class, and judges the tree against it exactly; off judges by "
+        "the goldens' calibrated bounds alone",
+    )
     override_flag(check)
     config_flags(check)
     process_flags(check)
@@ -72,6 +80,7 @@ def run(args: argparse.Namespace, out: IO[str]) -> int:
     from parity.check import GoldenDir
     from parity.report import ReportSession
     from parity.results import CheckError, merged_header_lines
+    from parity.run.baseline import BaselineSource
     from parity.run.runner import ProducersFailed, check_produced, produce
 
     config = config_of(args)
@@ -116,10 +125,20 @@ def run(args: argparse.Namespace, out: IO[str]) -> int:
         )
         return EXIT_OK
     save = Path(args.save_actual).resolve() if args.save_actual else None
+    mode = args.baseline or config.baseline
+    # On a cluster (--coordinator) this host alone cannot re-produce a multi-host run.
+    base = None
+    if mode == "auto" and args.coordinator is None:
+        base = BaselineSource(config, progress=report_progress, timeout=args.timeout)
     try:
         with GoldenDir(config.goldens) as goldens:
             results = check_produced(
-                produced, goldens, overrides=overrides, save_actual=save, node="parity check"
+                produced,
+                goldens,
+                overrides=overrides,
+                save_actual=save,
+                node="parity check",
+                base=base,
             )
     except CheckError as e:
         raise CLIError(str(e)) from None

@@ -11,7 +11,7 @@ from typing import TYPE_CHECKING
 
 import pytest
 
-from parity.pytest_plugin.stash import GOLDENS, NARROWED, RESULTS
+from parity.pytest_plugin.stash import BASE, GOLDENS, NARROWED, RESULTS
 from parity.run.config import ConfigError, ParityConfig, load_config
 from parity.run.devices import (
     DeviceCountError,
@@ -21,7 +21,7 @@ from parity.run.devices import (
 from parity.run.processes import worker_place
 
 if TYPE_CHECKING:  # parity.check loads h5py: imported only when a check runs
-    pass
+    from parity.run.baseline import BaselineSource
 
 
 def _device_count(config: pytest.Config) -> int | None:
@@ -192,6 +192,24 @@ def pytest_configure(config: pytest.Config) -> None:
     else:
         path = Path(raw or config.getini("parity_goldens"))
     config.stash[GOLDENS] = GoldenDir(path if path.is_absolute() else config.rootpath / path)
+    config.stash[BASE] = _base_source(config, project)
+
+
+def _base_source(config: pytest.Config, project: ParityConfig) -> BaselineSource | None:
+    """The second judge of golden checks (`parity.run.baseline`), from `[tool.parity]`:
+    off where `--parity-baseline off` (or `baseline = "off"`) says so, and where no
+    producers file is configured (nothing could re-produce a group)."""
+    mode = config.getoption("--parity-baseline") or project.baseline
+    if mode == "off" or project.producers is None:
+        return None
+    from parity.run.baseline import BaselineSource
+
+    def progress(line: str) -> None:
+        import sys
+
+        print(f"parity: {line}", file=sys.stderr, flush=True)
+
+    return BaselineSource(project, progress=progress)
 
 
 def pytest_deselected(items: Sequence[pytest.Item]) -> None:

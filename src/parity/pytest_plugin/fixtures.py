@@ -10,7 +10,7 @@ from typing import TYPE_CHECKING, Any
 
 import pytest
 
-from parity.pytest_plugin.stash import GOLDENS, RESULTS
+from parity.pytest_plugin.stash import BASE, GOLDENS, RESULTS
 from parity.run.processes import worker_place
 
 if TYPE_CHECKING:  # parity.check loads h5py: imported only when a check runs
@@ -101,6 +101,7 @@ class _Check:
                     produce_s=produce_s,
                     save_actual=save,
                     current_provenance=provenance,
+                    base=config.stash.get(BASE, None),
                 )
             else:
                 result = check_live(

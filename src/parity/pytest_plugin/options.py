@@ -64,6 +64,15 @@ def pytest_addoption(parser: pytest.Parser) -> None:
         help="what environment drift does to bitwise classes (default warn)",
     )
     group.addoption(
+        "--parity-baseline",
+        default=None,
+        choices=("auto", "off"),
+        help="the second judge off the pin's environment: auto re-produces a golden group at "
+        "its base commit here (in a cache) where a key fails its pinned class and judges "
+        "against it exactly; off judges by the goldens' calibrated bounds (default: "
+        "[tool.parity] baseline, else auto)",
+    )
+    group.addoption(
         "--parity-unchecked",
         default="warn",
         choices=("ignore", "warn", "fail"),

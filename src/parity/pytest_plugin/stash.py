@@ -9,6 +9,7 @@ import pytest
 if TYPE_CHECKING:  # parity.check loads h5py: imported only when a check runs
     from parity.check import GoldenDir
     from parity.results import CheckResult
+    from parity.run.baseline import BaselineSource
 
 #: The checks recorded in this process (on the xdist controller: every worker's too).
 RESULTS: pytest.StashKey[list[CheckResult]] = pytest.StashKey()
@@ -16,3 +17,5 @@ RESULTS: pytest.StashKey[list[CheckResult]] = pytest.StashKey()
 GOLDENS: pytest.StashKey[GoldenDir] = pytest.StashKey()
 #: Whether the run was narrowed (`-k`, `-m`, `--deselect`, `--lf`, node ids).
 NARROWED = pytest.StashKey[bool]()
+#: The second judge of the session's golden checks, or None where it is off.
+BASE: pytest.StashKey[BaselineSource | None] = pytest.StashKey()

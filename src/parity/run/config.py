@@ -11,7 +11,13 @@ still marks the project root, and every key takes its default. Keys:
 - `isa`: the XLA CPU ISA cap set before jax starts, `"none"` leaves it alone (default
   `AVX2`);
 - `devices`: simulated CPU devices, per process (default 1);
-- `processes`: processes of one JAX distributed run (default 1; see `parity.run.processes`).
+- `processes`: processes of one JAX distributed run (default 1; see `parity.run.processes`);
+- `baseline`: the second judge off the pin's environment, `"auto"` (default: where the
+  environment differs from the pin's and a key fails its pinned class, the golden's base
+  re-produced here judges the tree: `parity.base_judge`) or `"off"` (the goldens judge,
+  by calibration);
+- `baseline_cache`: the folder of re-produced bases (default the user's cache folder; the
+  environment variable `PARITY_BASELINE_CACHE` overrides it: `parity.run.baseline`).
 
 Relative paths resolve against the folder holding the `pyproject.toml`. Every key can be
 overridden by a command-line flag of the same name (`with_overrides`). An unknown key or a
@@ -34,7 +40,11 @@ from parity.run.devices import DEFAULT_ISA_CAP
 __all__ = ["KEYS", "ConfigError", "ParityConfig", "find_pyproject", "load_config"]
 
 #: The keys `[tool.parity]` accepts.
-KEYS = ("goldens", "producers", "src", "isa", "devices", "processes")
+KEYS = (
+    "goldens", "producers", "src", "isa", "devices", "processes", "baseline", "baseline_cache",
+)  # fmt: skip
+#: The values of `baseline`.
+BASELINE_MODES = ("auto", "off")
 
 
 class ConfigError(Exception):
@@ -56,6 +66,8 @@ class ParityConfig:
     - `isa`: the ISA cap (`--xla_cpu_max_isa`), or None to leave it alone.
     - `devices`: simulated CPU devices, per process.
     - `processes`: processes of one distributed run.
+    - `baseline`: the second judge, `"auto"` or `"off"`.
+    - `baseline_cache`: the folder of re-produced bases, or None for the default.
     - `explicit`: the keys the table (or a flag) set, as opposed to defaults.
     - `table`: whether `pyproject` has a `[tool.parity]` table (empty or not): the project
       adopted parity, as opposed to a folder that merely has a `pyproject.toml`.
@@ -69,6 +81,8 @@ class ParityConfig:
     isa: str | None = DEFAULT_ISA_CAP
     devices: int = 1
     processes: int = 1
+    baseline: str = "auto"
+    baseline_cache: Path | None = None
     explicit: frozenset[str] = frozenset()
     table: bool = False
 
@@ -188,6 +202,14 @@ def _parse(
             if not isinstance(value, str) or not value:
                 raise _error(where, key, 'an ISA name such as "AVX2", or "none"', value)
             out[key] = None if value.lower() == "none" else value
+        elif key == "baseline":
+            if value not in BASELINE_MODES:
+                raise _error(where, key, '"auto" or "off"', value)
+            out[key] = value
+        elif key == "baseline_cache":
+            if not isinstance(value, str | os.PathLike) or not str(value):
+                raise _error(where, key, "a folder path (a string)", value)
+            out[key] = (base / Path(value).expanduser()).resolve()
         elif key in ("devices", "processes"):
             # A string is a number only from Python callers of `with_overrides`; in TOML
             # `devices = "2"` is a string the user did not mean, so it is an error.

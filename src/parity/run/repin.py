@@ -182,7 +182,7 @@ def carry_calibration(path: Path, change: GroupChange) -> tuple[dict[str, Any] |
     )
 
 
-def _class_of(class_map: ClassMap, key: str) -> str:
+def class_of(class_map: ClassMap, key: str) -> str:
     """`key`'s class under the producers' `CLASS_MAP`; `bitwise` where no rule matches
     (`CLASS_MAP` is optional)."""
     try:
@@ -315,7 +315,7 @@ def _repin_locked(
                 provenance = {**produced.provenance, "base_sha": sha, "producer_digest": digest,
                               "order": produced.order}  # fmt: skip
                 class_map = ClassMap(rules=tuple((p, c) for p, c in produced.class_map))
-                classes = {k: _class_of(class_map, k) for k in arrays}
+                classes = {k: class_of(class_map, k) for k in arrays}
                 dest = out / f"{name}.h5"
                 change = summarize_change(name, dest, arrays)
                 calibration, note = carry_calibration(dest, change)
@@ -450,7 +450,7 @@ def reclass(
                         f"cannot be rewritten ({' '.join(str(e).split())}); pin it again with "
                         "parity repin --base <SHA>"
                     ) from None
-                classes = {k: _class_of(class_map, k) for k in arrays}
+                classes = {k: class_of(class_map, k) for k in arrays}
                 reordered = None
                 if name in orders:
                     keys, made = orders[name]

@@ -11,23 +11,32 @@ policy. Nothing here imports jax.
 
 from __future__ import annotations
 
+import contextlib
 import re
 import tempfile
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import Any, Protocol
 
 import numpy as np
 
+from parity.base_judge import BaseSource, BaseUnavailable, ReproducedBase
 from parity.check import GoldenDir, check_group
 from parity.results import CheckResult
 from parity.run.config import ParityConfig
 from parity.run.launcher import ProducerRunError, RepinError, load_runner_output, run_producers
 from parity.run.processes import Layout, WorkerFailed
 
-__all__ = ["Produced", "ProducersFailed", "check_produced", "failure_reason", "produce"]
+__all__ = [
+    "BatchBaseSource",
+    "Produced",
+    "ProducersFailed",
+    "check_produced",
+    "failure_reason",
+    "produce",
+]
 
 
 class ProducersFailed(RuntimeError):
@@ -164,6 +173,7 @@ def check_produced(
     class_name: str | None = None,
     save_actual: Path | None = None,
     node: str | None = None,
+    base: BatchBaseSource | None = None,
 ) -> list[CheckResult]:
     """Check every produced group against its golden file (`parity.check.check_group`).
 
@@ -174,15 +184,19 @@ def check_produced(
     - `overrides`, `class_name`: before the pinned class map (`parity.check`'s precedence).
     - `save_actual`: a folder for the obtained arrays of failing groups.
     - `node`: who ran the check, for reports.
+    - `base`: the second judge (`parity.run.baseline.BaselineSource`): the groups that
+      want their base re-produced here (`parity.base_judge`) get it from one producer run
+      per base commit, not one per group. None: the goldens judge.
 
     **Returns:** one `CheckResult` per group, in group order. Raises `CheckError` for a
     group without a usable golden file.
     """
     folder = goldens if isinstance(goldens, GoldenDir) else GoldenDir(goldens)
     share = produced.seconds / max(1, len(produced.groups))
-    # The drift policy judges the producer process's environment, not this jax-free one.
-    return [
-        check_group(
+
+    def check(group: str, arrays: dict[str, np.ndarray], source: BaseSource | None) -> CheckResult:
+        # The drift policy judges the producer process's environment, not this jax-free one.
+        return check_group(
             arrays,
             group,
             goldens=folder,
@@ -192,6 +206,40 @@ def check_produced(
             produce_s=share,
             save_actual=save_actual,
             current_provenance=produced.provenance.get(group),
+            base=source,
         )
-        for group, arrays in produced.groups.items()
+
+    if base is None:
+        return [check(g, a, None) for g, a in produced.groups.items()]
+    # First pass: which groups want a base (asked for, not built); then build them together.
+    asked = _Asked()
+    first = {g: check(g, a, asked) for g, a in produced.groups.items()}
+    if asked.wanted:
+        with contextlib.suppress(BaseUnavailable):  # each group's check says why again
+            base.prepare(asked.wanted)
+    return [
+        check(g, a, base) if g in asked.groups else first[g] for g, a in produced.groups.items()
     ]
+
+
+class BatchBaseSource(BaseSource, Protocol):
+    """A `BaseSource` that can also build several groups in one run."""
+
+    def prepare(
+        self, wanted: Sequence[tuple[str, Mapping[str, Any], Mapping[str, Any]]]
+    ) -> Mapping[str, ReproducedBase]: ...
+
+
+class _Asked:
+    """A `BaseSource` that only records what the check asks for."""
+
+    def __init__(self) -> None:
+        self.wanted: list[tuple[str, Mapping[str, Any], Mapping[str, Any]]] = []
+        self.groups: set[str] = set()
+
+    def reproduce(
+        self, group: str, pinned: Mapping[str, Any], current: Mapping[str, Any]
+    ) -> ReproducedBase:
+        self.wanted.append((group, pinned, current))
+        self.groups.add(group)
+        raise BaseUnavailable("not built yet", "")

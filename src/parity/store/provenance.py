@@ -36,6 +36,7 @@ from __future__ import annotations
 
 import dataclasses
 import hashlib
+import json
 import os
 import platform
 import re
@@ -56,6 +57,7 @@ __all__ = [
     "collect_provenance",
     "digest_sources",
     "drift",
+    "environment_fingerprint",
 ]
 
 Severity = Literal["info", "bits"]
@@ -284,6 +286,21 @@ def _same(field: str, a: Any, b: Any) -> bool:
 
         return flags(a) == flags(b)
     return a == b
+
+
+def environment_fingerprint(prov: Mapping[str, Any]) -> str:
+    """A short digest of everything in a provenance that can move XLA's bits (the
+    `BITS_FIELDS` and `processor`, compared as `drift` compares them: XLA flags as a set,
+    the device count by its own field): two runs with the same fingerprint produce the same
+    bits from the same code. Names a re-produced base in its cache
+    (`parity.run.baseline`)."""
+    fields = {f: prov.get(f) for f in (*BITS_FIELDS, "processor")}
+    fields["processes"] = int(fields["processes"] or 1)
+    fields["xla_flags"] = sorted(
+        f for f in str(prov.get("xla_flags") or "").split() if not _DEVICE_FLAG_RE.match(f)
+    )
+    text = json.dumps(fields, sort_keys=True, default=str)
+    return hashlib.sha256(text.encode()).hexdigest()[:16]
 
 
 #: Provenance fields that record a measurement or how the file was made (`order`: how its

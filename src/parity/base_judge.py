@@ -1,0 +1,205 @@
+"""The second judge (docs/design.md, "Two judges"): off the pin's environment, the golden's
+base commit re-produced here judges the tree, exactly.
+
+The committed goldens judge a check run in the environment they were pinned in. Elsewhere
+(another processor, ISA cap, device layout, jax or XLA flags) their bits need not
+reproduce, and the calibrated bounds that absorb that noise would also absorb a small real
+change. So where such a check has keys that fail their pinned class, `judge_by_base`:
+
+1. holds the base re-produced here (a golden-format file a `BaseSource` provides) to the
+   committed goldens under the calibrated bound of the dimensions that differ
+   (`parity.calibrated.judge_environment`); a key beyond it means this environment is
+   outside the recorded noise, a `CheckError` naming the calibrate command;
+2. judges the tree against that re-production under the pinned classes, as the goldens
+   would judge it in their own environment: bitwise keys bit for bit.
+
+A `BaseSource` (`parity.run.baseline.BaselineSource` for the CLI and the pytest plugin)
+re-produces a group at a commit; where it cannot (the commit is missing, the producers
+cannot run there), it raises `BaseUnavailable` and the check falls back to the calibrated
+judgement of the goldens, saying why in its header.
+
+Nothing here runs producers or imports jax.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from typing import TYPE_CHECKING, Any, Protocol
+
+from parity.calibrated import calibrate_command, judge_environment
+from parity.judge.classes import ToleranceClass
+from parity.judge.compare import Comparison, Finding, Order, compare_trees
+from parity.noise import Spreads, differences
+from parity.results import CheckError
+from parity.store import GoldenStoreError, open_goldens
+from parity.store.provenance import drift
+from parity.xla_env import DEVICE_FLAG, ISA_FLAG
+
+if TYPE_CHECKING:
+    from parity.store import GoldenFile
+
+__all__ = [
+    "BaseSource",
+    "BaseUnavailable",
+    "ReproducedBase",
+    "bits_changes",
+    "judge_by_base",
+]
+
+
+class BaseUnavailable(Exception):
+    """The golden's base cannot be re-produced here.
+
+    **Fields:** `reason` (one line: why) and `hint` (one line: what to do).
+    """
+
+    def __init__(self, reason: str, hint: str):
+        super().__init__(f"{reason}; {hint}")
+        self.reason = reason
+        self.hint = hint
+
+
+@dataclass(frozen=True)
+class ReproducedBase:
+    """A golden group re-produced at its base commit in this environment.
+
+    **Fields:** `path` (a golden-format file), `sha` (the base commit), `cached` (found in
+    the cache, as opposed to built by this call) and `seconds` (what building it took; 0
+    when cached).
+    """
+
+    path: Path
+    sha: str
+    cached: bool
+    seconds: float = 0.0
+
+
+class BaseSource(Protocol):
+    """What re-produces a golden group at its base commit in a check's environment."""
+
+    def reproduce(
+        self, group: str, pinned: Mapping[str, Any], current: Mapping[str, Any]
+    ) -> ReproducedBase:
+        """The group re-produced at `pinned["base_sha"]` in the environment `current`
+        describes (a provenance); raises `BaseUnavailable` where it cannot be."""
+        ...
+
+
+def bits_changes(pinned: Mapping[str, Any], current: Mapping[str, Any]) -> list[str]:
+    """What differs between the pin's environment and `current` that can move XLA's bits,
+    in words: the calibrated dimensions (layout, ISA cap, processor:
+    `parity.noise.differences`) and every other drift of severity "bits" (jax, jaxlib, XLA
+    flags, x64). Empty in the pin's own environment."""
+    dims = differences(pinned, current)
+    out = [d.change for d in dims]
+    covered = {"device_count", "processes", "isa_cap", "cpu", "processor"}
+    for d in drift(pinned, current):
+        if d.severity != "bits" or d.field in covered:
+            continue
+        if d.field == "xla_flags" and _other_flags(d.golden) == _other_flags(d.current):
+            continue  # only the ISA cap or the device count, said above
+        out.append(str(d))
+    return out
+
+
+def _other_flags(flags: Any) -> list[str]:
+    """XLA flags other than the device count and the ISA cap, as a sorted list."""
+    skip = (f"{DEVICE_FLAG}=", f"{ISA_FLAG}=")
+    return sorted(f for f in str(flags or "").split() if not f.startswith(skip))
+
+
+def _worst(findings: Sequence[Finding]) -> str:
+    """How close the re-produced base came to the goldens, in one phrase."""
+    moved = [f for f in findings if not f.bitwise_equal]
+    if not moved:
+        return "bit for bit equal to the goldens"
+    ratios = [((f.max_abs or 0.0) / f.bound, f) for f in moved if f.bound and f.unit == "abs"]
+    text = f"{len(moved)} of {len(findings)} key(s) differ from the goldens"
+    if ratios:
+        ratio, f = max(ratios, key=lambda rf: rf[0])
+        text += f", the worst ({f.key}) at {ratio:.2g} of its bound ({f.max_abs:.3g} abs)"
+    return text
+
+
+def judge_by_base(
+    flat_a: Mapping[str, Any],
+    gf: GoldenFile,
+    base: ReproducedBase,
+    resolve: Callable[[str], str],
+    *,
+    registry: Mapping[str, ToleranceClass],
+    held_registry: Mapping[str, ToleranceClass],
+    current: Mapping[str, Any],
+    order: Order | None,
+    keys: Sequence[str],
+    group: str,
+) -> tuple[Comparison, str]:
+    """Judge `flat_a` against the base re-produced here (see the module docstring).
+
+    **Arguments:**
+
+    - `flat_a`: the tree's arrays, flat.
+    - `gf`: the committed golden file of the group.
+    - `base`: the group re-produced at `gf`'s base commit in this environment.
+    - `resolve`: key -> class name (the check's precedence, calibrated spreads bound).
+    - `registry`: the classes the tree is judged by (no drift relaxation: the tree and the
+      base share their environment).
+    - `held_registry`: the classes the base is held to the goldens by (the drift policy's).
+    - `current`: this environment's provenance.
+    - `order`: the forward order of the comparison.
+    - `keys`: the golden keys the check covers.
+    - `group`: the group's name, for messages.
+
+    **Returns:** the comparison of the tree against the base, and the header line naming
+    this judge. Raises `CheckError` when the base is outside the goldens' recorded noise
+    here, or its file is unusable.
+    """
+    try:
+        with open_goldens(base.path) as bf:
+            missing = [k for k in keys if k not in bf]
+            if missing:
+                raise CheckError(
+                    f"group {group!r}: the base re-produced at {base.sha[:12]} ({base.path}) "
+                    f"lacks {len(missing)} golden key(s), first {missing[0]!r}: the producers "
+                    "make other keys at the base than the goldens hold; repin the group, or "
+                    "pass --baseline off"
+                )
+            base_arrays = {k: bf.source(k) for k in keys}
+            golden = {k: gf.source(k) for k in keys}
+            held = compare_trees(base_arrays, golden, resolve, registry=held_registry,
+                                 order=order)  # fmt: skip
+            dims = differences(gf.provenance, current)
+            held, _ = judge_environment(
+                held, base_arrays, gf, Spreads.of(gf.provenance), dims, held_registry
+            )
+            beyond = [f for f in held.findings if not f.passed]
+            if beyond:
+                f = beyond[0]
+                where = ", ".join(bits_changes(gf.provenance, current))
+                raise CheckError(
+                    f"this environment ({where}) is outside the recorded noise of group "
+                    f"{group!r}: the base re-produced here at {base.sha[:12]} breaks the "
+                    f"goldens' calibrated bound at {f.key} ({f.class_name}: max abs "
+                    f"{f.max_abs if f.max_abs is not None else 'n/a'}; {len(beyond)} key(s) "
+                    f"beyond); record this environment's noise on main with "
+                    f"`{calibrate_command(group)}`, or run where the goldens were pinned"
+                )
+            comparison = compare_trees(
+                {k: flat_a[k] for k in flat_a}, base_arrays, resolve, registry=registry,
+                order=order,
+            )  # fmt: skip
+    except GoldenStoreError as e:
+        raise CheckError(
+            f"group {group!r}: the base re-produced at {base.sha[:12]} is unusable ({e}); "
+            "clear it with `parity baseline clear` and check again"
+        ) from None
+    how = "built now" if not base.cached else "cached"
+    took = f" in {base.seconds:.0f}s" if not base.cached else ""
+    line = (
+        f"the base re-produced here at {base.sha[:12]} ({how}{took} at {base.path}), in this "
+        f"environment ({', '.join(bits_changes(gf.provenance, current))}), itself within the "
+        f"goldens' calibrated noise: {_worst(held.findings)}"
+    )
+    return comparison, line

@@ -1,0 +1,106 @@
+"""`parity baseline build|list|clear`: the cache of golden groups re-produced at their base
+commit in this environment, the second judge of `parity check` and the pytest plugin off
+the pin's environment (`parity.run.baseline`)."""
+
+from __future__ import annotations
+
+import argparse
+from typing import IO, TYPE_CHECKING, Any
+
+from parity.commands.common import (
+    EXIT_OK,
+    CLIError,
+    config_flags,
+    config_of,
+    groups_flag,
+    report_progress,
+    require_goldens,
+    split_groups,
+    subparser,
+)
+
+if TYPE_CHECKING:
+    from parity.run.baseline import BaselineSource
+
+__all__ = ["add_parser", "run"]
+
+
+def add_parser(sub: Any) -> None:
+    """Add `baseline` to `sub` (argparse subparsers)."""
+    p = subparser(
+        sub,
+        "baseline",
+        help="build, list or clear the golden bases re-produced in this environment",
+        description="Off the environment the goldens were pinned in, `parity check` and the "
+        "pytest plugin re-produce a failing group at its golden's base commit here (a "
+        "temporary worktree, a fresh process with this layout and ISA cap) and judge the "
+        "tree against it exactly. The results are cached per (base commit, environment, "
+        "producers, group), in PARITY_BASELINE_CACHE, else [tool.parity] baseline_cache, "
+        "else the user's cache folder. `build` fills the cache ahead of a check (progress on "
+        "stderr), `list` shows it, `clear` empties it.",
+    )
+    actions = p.add_subparsers(dest="action", metavar="ACTION", required=True)
+    build = actions.add_parser(
+        "build",
+        help="re-produce every golden group (or --groups) at its base commit here",
+        description="Re-produce every golden group (or --groups) at the base commit its "
+        "golden records, with the configured layout and ISA cap (--devices, --processes, "
+        "--isa), into the cache, replacing what it held for this environment.",
+    )
+    groups_flag(build)
+    config_flags(build)
+    build.add_argument("--processes", type=int, metavar="N", help="processes of the run")
+    actions.add_parser("list", help="list the cached bases")
+    clear = actions.add_parser("clear", help="remove the cached bases")
+    clear.add_argument("--base", metavar="SHA", help="only those of this base commit (a prefix)")
+
+
+def run(args: argparse.Namespace, out: IO[str]) -> int:
+    from parity.run.baseline import BaselineCache, BaselineSource, cache_dir
+    from parity.run.config import load_config
+
+    if args.action == "list":
+        cache = BaselineCache(cache_dir(load_config()))
+        entries = cache.entries()
+        out.write(f"{len(entries)} cached base group(s) in {cache.folder}\n")
+        for e in entries:
+            out.write(f"  {e.line()}\n")
+        return EXIT_OK
+    if args.action == "clear":
+        cache = BaselineCache(cache_dir(load_config()))
+        n = cache.clear(sha=args.base)
+        out.write(f"removed {n} cached base group(s) from {cache.folder}\n")
+        return EXIT_OK
+    return _build(args, out, BaselineSource(config_of(args), progress=report_progress))
+
+
+def _build(args: argparse.Namespace, out: IO[str], source: BaselineSource) -> int:
+    from parity.base_judge import BaseUnavailable
+    from parity.check import GoldenDir
+    from parity.results import CheckError
+    from parity.store.provenance import digest_sources
+
+    config = source.config
+    require_goldens(config)
+    wanted = split_groups(args.groups)
+    by_sha: dict[str, list[str]] = {}
+    with GoldenDir(config.goldens) as goldens:
+        names = wanted or goldens.groups()
+        for group in names:
+            try:
+                sha = str(goldens.open(group).provenance.get("base_sha") or "")
+            except CheckError as e:
+                raise CLIError(str(e)) from None
+            if not sha:
+                raise CLIError(f"golden group {group!r} records no base commit; repin it")
+            by_sha.setdefault(sha, []).append(group)
+    digest = digest_sources([config.need_producers()])
+    for sha, groups in by_sha.items():
+        try:
+            built = source.build(groups, sha, digest=digest)
+        except BaseUnavailable as e:
+            raise CLIError(f"cannot re-produce {', '.join(groups)}: {e}") from None
+        for group, base in built.items():
+            took = f"{base.seconds:.1f}s"
+            out.write(f"{group}: base {sha[:12]} re-produced ({took} a group) -> {base.path}\n")
+    return EXIT_OK

@@ -1,0 +1,386 @@
+"""Golden groups re-produced at their base commit in this environment, cached: the second
+judge of a check run off the pin's environment (`parity.base_judge`; docs/design.md, "Two
+judges").
+
+`BaselineSource.reproduce(group, pinned, current)` returns the group as the producers make
+it at the golden's base commit in the environment `current` describes (processor, ISA cap,
+processes x devices, jax, XLA flags): a temporary worktree at the commit, the producers of
+the current tree run against its code in a fresh process (or processes) with that layout
+and ISA cap, exactly as `parity repin` runs them, the user's checkout and goldens
+untouched. The result is kept in a cache folder, one golden-format file per
+
+    <cache>/<base sha>/<environment fingerprint>-<producers digest>/<group>.h5
+
+(`parity.store.provenance.environment_fingerprint`, `digest_sources` of the producers
+file), written atomically with a sha256 per array like a golden, so only the first check
+on a machine pays for it. A lock file per entry serialises builders (pytest-xdist workers,
+the processes of a multi-process run, several checks at once): the second finds the first
+one's file.
+
+The cache folder is, first found: `PARITY_BASELINE_CACHE`, `[tool.parity] baseline_cache`,
+`$XDG_CACHE_HOME/parity/baselines`, `~/.cache/parity/baselines`. `parity baseline
+build/list/clear` manages it.
+
+Nothing here imports jax.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import fcntl
+import os
+import shutil
+import time
+from collections.abc import Callable, Iterator, Mapping, Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from parity.base_judge import BaseUnavailable, ReproducedBase
+from parity.judge.tolerance import ClassMap
+from parity.run.config import ParityConfig
+from parity.run.launcher import ProducerRunError, RepinError, load_runner_output, run_producers
+from parity.run.processes import WorkerFailed
+from parity.run.repin import class_of
+from parity.run.runner import failure_reason
+from parity.run.worktree import GitError, repo_root, resolve_sha, temporary_worktree
+from parity.store import GoldenStoreError, open_goldens, write_goldens
+from parity.store.provenance import digest_sources, drift, environment_fingerprint
+from parity.store.staging import owned_tempdir
+
+__all__ = [
+    "ENV_VAR",
+    "BaselineCache",
+    "BaselineSource",
+    "CachedBase",
+    "cache_dir",
+]
+
+#: The environment variable that moves the cache folder.
+ENV_VAR = "PARITY_BASELINE_CACHE"
+#: The prefix of a build's temporary folders.
+BUILD_PREFIX = "parity-baseline-"
+
+
+def cache_dir(config: ParityConfig | None = None) -> Path:
+    """The cache folder: `PARITY_BASELINE_CACHE`, else `[tool.parity] baseline_cache`,
+    else the user's cache folder (`$XDG_CACHE_HOME` or `~/.cache`) + `parity/baselines`."""
+    raw = os.environ.get(ENV_VAR)
+    if raw:
+        return Path(raw).expanduser().resolve()
+    if config is not None and config.baseline_cache is not None:
+        return config.baseline_cache
+    xdg = os.environ.get("XDG_CACHE_HOME")
+    base = Path(xdg) if xdg else Path.home() / ".cache"
+    return base / "parity" / "baselines"
+
+
+@dataclass(frozen=True)
+class CachedBase:
+    """One cached group.
+
+    **Fields:** `path`, `group`, `sha` (the base commit), `fingerprint` (of the
+    environment), `digest` (of the producers, 12 hex), `layout` (`processes x devices`),
+    `isa` (the ISA cap), `cpu` (the processor) and `bytes` (the file's size).
+    """
+
+    path: Path
+    group: str
+    sha: str
+    fingerprint: str
+    digest: str
+    layout: str
+    isa: str
+    cpu: str
+    bytes: int
+
+    def line(self) -> str:
+        """One line for `parity baseline list`."""
+        return (
+            f"{self.group:<22} base {self.sha[:12]}  layout {self.layout:<5} isa {self.isa:<8} "
+            f"{self.bytes / 1e6:6.2f} MB  env {self.fingerprint}  {self.cpu}"
+        )
+
+
+class BaselineCache:
+    """The cache folder (see the module docstring).
+
+    **Arguments:**
+
+    - `folder`: where the entries live (created on first write).
+    """
+
+    def __init__(self, folder: Path | str):
+        self.folder = Path(folder)
+
+    def path_for(self, sha: str, fingerprint: str, digest: str, group: str) -> Path:
+        """Where the entry of `group` at `sha` in the environment `fingerprint` for the
+        producers `digest` lives."""
+        return self.folder / sha / f"{fingerprint}-{digest[:12]}" / f"{group}.h5"
+
+    @staticmethod
+    def usable(path: Path) -> bool:
+        """Whether `path` holds a readable golden-format file (a damaged one is rebuilt)."""
+        if not path.is_file():
+            return False
+        try:
+            with open_goldens(path):
+                return True
+        except GoldenStoreError:
+            return False
+
+    @contextlib.contextmanager
+    def locked(self, paths: Sequence[Path]) -> Iterator[None]:
+        """Hold the lock of every entry in `paths` (taken in sorted order, so two builders
+        never wait on each other); blocks while another builder holds one."""
+        with contextlib.ExitStack() as stack:
+            for path in sorted(set(paths)):
+                path.parent.mkdir(parents=True, exist_ok=True)
+                lock = stack.enter_context(open(path.with_suffix(".lock"), "a+"))
+                fcntl.flock(lock.fileno(), fcntl.LOCK_EX)
+            yield
+
+    def entries(self) -> list[CachedBase]:
+        """Every cached group, by base commit, then environment, then group."""
+        out: list[CachedBase] = []
+        for path in sorted(self.folder.glob("*/*/*.h5")):
+            fingerprint, _, digest = path.parent.name.partition("-")
+            try:
+                with open_goldens(path) as gf:
+                    prov = dict(gf.provenance)
+            except GoldenStoreError:
+                continue
+            processes = int(prov.get("processes") or 1)
+            devices = int(prov.get("device_count") or 1) // processes
+            out.append(
+                CachedBase(
+                    path,
+                    path.stem,
+                    path.parent.parent.name,
+                    fingerprint,
+                    digest,
+                    f"{processes}x{devices}",
+                    str(prov.get("isa_cap")),
+                    str(prov.get("cpu") or prov.get("processor") or "?").split(";")[0],
+                    path.stat().st_size,
+                )
+            )
+        return out
+
+    def clear(self, *, sha: str | None = None) -> int:
+        """Remove every entry (or those of the base commits starting with `sha`).
+
+        **Returns:** how many files were removed.
+        """
+        if not self.folder.is_dir():
+            return 0
+        removed = 0
+        for commit in sorted(self.folder.iterdir()):
+            if not commit.is_dir() or (sha is not None and not commit.name.startswith(sha)):
+                continue
+            with self.locked(list(commit.glob("*/*.h5"))):
+                removed += len(list(commit.glob("*/*.h5")))
+                shutil.rmtree(commit)
+        return removed
+
+
+class BaselineSource:
+    """Re-produces golden groups at their base commit here, through the cache; the
+    `parity.base_judge.BaseSource` of `parity check`, `parity bisect` and the pytest plugin.
+
+    **Arguments:**
+
+    - `config`: the project's `[tool.parity]` (producers, src roots; the layout and ISA
+      cap of a build come from the check's environment, or from here for `build`).
+    - `cache`: the cache (default `cache_dir(config)`).
+    - `progress`: receives one line per step (to stderr in the CLI).
+    - `timeout`: seconds one build may take (default: as `parity check`).
+    """
+
+    def __init__(
+        self,
+        config: ParityConfig,
+        *,
+        cache: BaselineCache | None = None,
+        progress: Callable[[str], None] = lambda _: None,
+        timeout: float | None = None,
+    ):
+        self.config = config
+        self.cache = cache or BaselineCache(cache_dir(config))
+        self.progress = progress
+        self.timeout = timeout
+        self._failed: dict[tuple[str, str], BaseUnavailable] = {}
+        self._built: dict[Path, ReproducedBase] = {}  # what this source built, with its cost
+
+    def _digest(self) -> str:
+        return digest_sources([self.config.need_producers()])
+
+    def reproduce(
+        self, group: str, pinned: Mapping[str, Any], current: Mapping[str, Any]
+    ) -> ReproducedBase:
+        """The group re-produced at `pinned["base_sha"]` in the environment `current`
+        describes, from the cache or built now; `BaseUnavailable` where it cannot be."""
+        return self.prepare([(group, pinned, current)])[group]
+
+    def prepare(
+        self, wanted: Sequence[tuple[str, Mapping[str, Any], Mapping[str, Any]]]
+    ) -> dict[str, ReproducedBase]:
+        """`reproduce` for several groups at once: the missing ones of each base commit
+        and environment are built in one producer run.
+
+        **Arguments:**
+
+        - `wanted`: `(group, pinned provenance, current provenance)` triples.
+
+        **Returns:** group -> its base. Raises `BaseUnavailable` for the first group that
+        cannot be re-produced (after trying them all).
+        """
+        out: dict[str, ReproducedBase] = {}
+        batches: dict[tuple[str, str], list[str]] = {}
+        envs: dict[tuple[str, str], Mapping[str, Any]] = {}
+        errors: dict[str, BaseUnavailable] = {}
+        digest = self._digest()
+        for group, pinned, current in wanted:
+            sha = str(pinned.get("base_sha") or "")
+            if not sha:
+                errors[group] = BaseUnavailable(
+                    "the golden records no base commit",
+                    "repin it with `parity repin --base <SHA>`, which records one",
+                )
+                continue
+            fp = environment_fingerprint(current)
+            path = self.cache.path_for(sha, fp, digest, group)
+            if self.cache.usable(path):
+                out[group] = self._built.get(path) or ReproducedBase(path, sha, cached=True)
+                continue
+            batches.setdefault((sha, fp), []).append(group)
+            envs[(sha, fp)] = current
+        for (sha, fp), groups in batches.items():
+            known = self._failed.get((sha, fp))
+            if known is not None:
+                errors |= dict.fromkeys(groups, known)
+                continue
+            paths = [self.cache.path_for(sha, fp, digest, g) for g in groups]
+            with self.cache.locked(paths):
+                todo = [g for g, p in zip(groups, paths, strict=True) if not self.cache.usable(p)]
+                built: dict[str, ReproducedBase] = {}
+                if todo:
+                    try:
+                        built = self.build(todo, sha, envs[(sha, fp)], digest=digest)
+                    except BaseUnavailable as e:
+                        self._failed[(sha, fp)] = e
+                        errors |= dict.fromkeys(groups, e)
+                        continue
+            for g, p in zip(groups, paths, strict=True):
+                out[g] = built.get(g) or ReproducedBase(p, sha, cached=True)
+        if errors:
+            raise next(iter(errors.values()))
+        return out
+
+    def build(
+        self,
+        groups: Sequence[str],
+        sha: str,
+        current: Mapping[str, Any] | None = None,
+        *,
+        digest: str | None = None,
+    ) -> dict[str, ReproducedBase]:
+        """Produce `groups` at `sha` now and write them into the cache (no lock: `prepare`
+        holds it; `parity baseline build` takes it too).
+
+        **Arguments:**
+
+        - `groups`: producer groups.
+        - `sha`: the base commit.
+        - `current`: the environment to match (a check's provenance): its layout and ISA
+          cap are used, and the build's own environment must have its fingerprint; None
+          for the configured layout and ISA cap.
+        - `digest`: the producers' digest (computed if not given).
+
+        **Returns:** group -> its base (`seconds` is the run's share per group). Raises
+        `BaseUnavailable` when the commit is missing, the producers cannot run there, or
+        the build's environment is not `current`'s.
+        """
+        config = self.config
+        digest = digest or self._digest()
+        if current is not None:
+            processes = int(current.get("processes") or 1)
+            devices = max(1, int(current.get("device_count") or 1) // processes)
+            isa = current.get("isa_cap")
+        else:
+            processes, devices, isa = config.processes, config.devices, config.isa
+        try:
+            root = repo_root(config.root)
+            full = resolve_sha(root, sha)
+        except GitError:
+            raise BaseUnavailable(
+                f"its commit {sha[:12]} is not in this clone (a shallow clone has no history)",
+                "fetch it (`git fetch --unshallow`), or turn the second judge off "
+                "(`--baseline off`)",
+            ) from None
+        src = config.src_relative()
+        self.progress(
+            f"re-producing {', '.join(groups)} at the base {full[:12]} in this environment "
+            f"({processes}x{devices} devices, isa {isa}); the first check here pays for it"
+        )
+        t0 = time.perf_counter()
+        with owned_tempdir(BUILD_PREFIX) as tmp, temporary_worktree(root, full) as wt:
+            try:
+                run_producers(
+                    wt,
+                    config.need_producers(),
+                    tmp,
+                    device_count=devices,
+                    isa_cap=isa,
+                    groups=groups,
+                    drop_paths=[root / r for r in src],
+                    progress=self.progress,
+                    src=src,
+                    processes=processes,
+                    timeout=self.timeout,
+                    code=f"the base commit {full[:12]}",
+                )
+            except (RepinError, WorkerFailed) as e:
+                output = e.output if isinstance(e, ProducerRunError | WorkerFailed) else str(e)
+                raise BaseUnavailable(
+                    f"the producers cannot run at the base {full[:12]}: "
+                    f"{failure_reason(output or str(e))}",
+                    "make the producers run there (feature-detect what the base lacks), or "
+                    "turn the second judge off (`--baseline off`)",
+                ) from None
+            seconds = (time.perf_counter() - t0) / len(groups)
+            out: dict[str, ReproducedBase] = {}
+            for group in groups:
+                if not (tmp / f"{group}.json").is_file():
+                    raise BaseUnavailable(
+                        f"the producers define no group {group!r}",
+                        "check the group names against the producers' GROUPS",
+                    )
+                loaded = load_runner_output(tmp, group)
+                fp = environment_fingerprint(loaded.provenance)
+                if current is not None and fp != environment_fingerprint(current):
+                    moved = "; ".join(
+                        str(d) for d in drift(current, loaded.provenance) if d.severity == "bits"
+                    )
+                    raise BaseUnavailable(
+                        f"the base ran in another environment than the check ({moved})",
+                        "run the check with no XLA flags beyond the ISA cap and device count "
+                        "parity sets, as the producers run",
+                    )
+                class_map = ClassMap(rules=tuple((p, c) for p, c in loaded.class_map))
+                path = self.cache.path_for(full, fp, digest, group)
+                path.parent.mkdir(parents=True, exist_ok=True)
+                write_goldens(
+                    path,
+                    loaded.arrays,
+                    classes={k: class_of(class_map, k) for k in loaded.arrays},
+                    class_map_json=class_map.to_json(),
+                    provenance={**loaded.provenance, "base_sha": full, "producer_digest": digest},
+                    order=list(loaded.arrays),
+                )
+                out[group] = self._built[path] = ReproducedBase(path, full, False, seconds)
+        self.progress(
+            f"re-produced {len(out)} group(s) at {full[:12]} in {time.perf_counter() - t0:.1f}s, "
+            f"cached in {self.cache.folder}"
+        )
+        return out

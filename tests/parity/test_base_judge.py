@@ -1,0 +1,235 @@
+"""The second judge: off the pin's environment, a golden group re-produced at its base
+commit here judges the tree exactly (`parity.base_judge`, `parity.run.baseline`).
+
+The project's code under test (`src/model.py`) and producers are numpy only; the producers
+move every key by a known amount on more than one device (read from the XLA flags the
+runner sets), as XLA's layouts move bits, so every figure is computed by another path than
+the harness's. A change of the tree is an uncommitted edit of `src/model.py`: the base
+commit does not have it."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from parity.store import open_goldens, write_goldens
+
+DEVICE_NOISE = 2.5e-7
+
+PRODUCERS = f"""\
+import os
+import re
+
+import numpy as np
+
+import model
+
+FLAGS = os.environ.get("XLA_FLAGS", "")
+DEVICES = re.search(r"device_count=(\\d+)", FLAGS)
+NOISE = {DEVICE_NOISE!r} if DEVICES and DEVICES.group(1) != "1" else 0.0
+BASE = np.linspace(1.0, 2.0, 8)
+
+
+def group():
+    if os.environ.get("COUNT_FILE"):
+        with open(os.environ["COUNT_FILE"], "a") as f:
+            f.write("run\\n")
+    return {{
+        "taps.x": (2 * BASE + NOISE).astype(np.float32),
+        "logits": (BASE + NOISE + model.BUG).astype(np.float32),
+    }}
+
+
+GROUPS = {{"g": group}}
+CLASS_MAP = [("logits", "bitwise"), ("taps.*", "fp32_reassoc")]
+"""
+
+TABLE = 'producers = "producers.py"\nsrc = "src"\n'
+
+
+def _moved(noise: float) -> float:
+    """max |a-b| of `BASE` moved by `noise`, in float32."""
+    base = np.linspace(1.0, 2.0, 8)
+    a = (base + noise).astype(np.float32).astype(np.float64)
+    return float(np.max(np.abs(a - base.astype(np.float32).astype(np.float64))))
+
+
+@pytest.fixture
+def project(tmp_path: Path, pinned_project) -> Path:
+    return pinned_project(tmp_path, PRODUCERS, TABLE, files={"src/model.py": "BUG = 0.0\n"})
+
+
+def _calibrate(repo: Path, run_parity, perturb: str = "devices=4,repeat") -> None:
+    proc = run_parity(repo, "calibrate", "--perturb", perturb, "--write")
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+
+
+def _judge(stdout: str) -> str:
+    lines = [ln.strip() for ln in stdout.splitlines() if ln.strip().startswith("judge")]
+    assert len(lines) == 1, stdout
+    return lines[0]
+
+
+def _bug(repo: Path, value: float) -> None:
+    (repo / "src" / "model.py").write_text(f"BUG = {value!r}\n")
+
+
+def test_a_change_below_the_calibrated_bound_fails_bitwise_against_the_base_on_4_devices(
+    project, run_parity
+):
+    _calibrate(project, run_parity)
+    spread = _moved(DEVICE_NOISE)
+    _bug(project, spread / 4)  # a real change, 16x below the calibrated bound k * spread
+    calibrated = run_parity(project, "check", "--devices", "4", "--baseline", "off")
+    assert calibrated.returncode == 0, calibrated.stdout + calibrated.stderr
+    assert "passed by calibration alone" in calibrated.stdout
+    exact = run_parity(project, "check", "--devices", "4")
+    assert exact.returncode == 1, exact.stdout + exact.stderr
+    sha = subprocess.run(["git", "-C", str(project), "rev-parse", "HEAD"], capture_output=True,
+                         text=True, check=True).stdout.strip()  # fmt: skip
+    judge = _judge(exact.stdout)
+    assert f"the base re-produced here at {sha[:12]} (built now" in judge
+    assert "itself within the goldens' calibrated noise: 2 of 2 key(s) differ" in judge
+    failing = [ln for ln in exact.stdout.splitlines() if ln.startswith("bitwise")]
+    assert failing and failing[0].split()[4] == "1", exact.stdout  # logits fail, bitwise
+    assert "FAIL g" in exact.stdout and "logits" in exact.stdout
+
+
+def test_an_unchanged_tree_passes_against_the_base_which_the_next_check_reads_from_the_cache(
+    project, run_parity, tmp_path
+):
+    _calibrate(project, run_parity)
+    first = run_parity(project, "check", "--devices", "4")
+    assert first.returncode == 0, first.stdout + first.stderr
+    assert "(built now in" in _judge(first.stdout)
+    assert "re-producing g at the base" in first.stderr  # progress on stderr
+    second = run_parity(project, "check", "--devices", "4")
+    assert second.returncode == 0, second.stdout + second.stderr
+    assert "(cached at" in _judge(second.stdout)
+    assert "re-producing" not in second.stderr
+    listed = run_parity(project, "baseline", "list")
+    assert listed.returncode == 0, listed.stderr
+    assert "1 cached base group(s)" in listed.stdout and "layout 1x4" in listed.stdout
+    # In the pin's own environment the goldens judge and nothing is built.
+    pinned = run_parity(project, "check")
+    assert pinned.returncode == 0, pinned.stdout + pinned.stderr
+    assert "the goldens (this is the environment they were pinned in)" in _judge(pinned.stdout)
+    cleared = run_parity(project, "baseline", "clear")
+    assert "removed 1 cached base group(s)" in cleared.stdout
+    assert not list((tmp_path / "baselines").glob("*/*/*.h5"))
+
+
+def test_a_base_outside_the_recorded_noise_is_exit_2_naming_the_calibrate_command(
+    project, run_parity
+):
+    _calibrate(project, run_parity, "repeat")  # no device column: 4 devices not calibrated
+    proc = run_parity(project, "check", "--devices", "4")
+    assert proc.returncode == 2, proc.stdout + proc.stderr
+    err = proc.stderr.strip().splitlines()[-1]
+    assert "this environment (devices 1 -> 4) is outside the recorded noise of group 'g'" in err
+    assert "parity calibrate --groups g" in err
+
+
+def _rewrite_base(repo: Path, sha: str) -> None:
+    path = repo / "goldens" / "g.h5"
+    with open_goldens(path) as gf:
+        arrays = {k: gf[k] for k in gf}
+        classes = {k: gf.info(k).class_name for k in gf}
+        prov, cmap, order = dict(gf.provenance), gf.class_map_json, gf.ordered_keys()
+    write_goldens(path, arrays, classes=classes, class_map_json=cmap,
+                  provenance={**prov, "base_sha": sha}, order=order)  # fmt: skip
+
+
+def test_a_missing_base_commit_falls_back_to_calibration_and_says_why(project, run_parity):
+    _calibrate(project, run_parity)
+    _rewrite_base(project, "0123456789abcdef" * 2 + "01234567")
+    proc = run_parity(project, "check", "--devices", "4")
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    judge = _judge(proc.stdout)
+    assert "the goldens, by calibration: the base cannot be re-produced here" in judge
+    assert "is not in this clone" in judge and "git fetch --unshallow" in judge
+    assert "passed by calibration alone" in proc.stdout
+
+
+def test_producers_that_cannot_run_at_the_base_fall_back_and_name_the_reason(project, run_parity):
+    _calibrate(project, run_parity)
+    (project / "src" / "model.py").write_text("BUG = 0.0\nSCALE = 1.0\n")
+    text = PRODUCERS.replace(
+        "(BASE + NOISE + model.BUG)", "(model.SCALE * (BASE + NOISE + model.BUG))"
+    )
+    (project / "producers.py").write_text(text)
+    proc = run_parity(project, "check", "--devices", "4")
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    judge = _judge(proc.stdout)
+    assert "the producers cannot run at the base" in judge and "SCALE" in judge
+
+
+def test_concurrent_checks_build_the_base_once(project, run_parity, tmp_path):
+    _calibrate(project, run_parity)
+    count = tmp_path / "runs.txt"
+    env = {
+        "PYTHONWARNINGS": "ignore",
+        "COUNT_FILE": str(count),
+        "PARITY_BASELINE_CACHE": str(tmp_path / "baselines"),
+    }
+    import os
+
+    procs = [
+        subprocess.Popen(
+            [sys.executable, "-m", "parity", "check", "--devices", "4"],
+            cwd=project,
+            env={**os.environ, **env},
+            stdout=subprocess.PIPE,
+            stderr=subprocess.PIPE,
+            text=True,
+        )
+        for _ in range(2)
+    ]
+    outs = [p.communicate(timeout=300) for p in procs]
+    assert [p.returncode for p in procs] == [0, 0], outs
+    judges = sorted("(built now in" in _judge(out) for out, _ in outs)
+    assert judges == [False, True], outs  # one built it, the other found it cached
+    # Two trees produced, one base: the second check waited on the lock and read it.
+    assert count.read_text().count("run") == 3
+
+
+INNER_TEST = """\
+import producers
+
+
+def test_g(parity_check):
+    parity_check(producers.group(), "g")
+"""
+
+
+def _inner_pytest(repo: Path, tmp_path: Path, *args: str) -> subprocess.CompletedProcess[str]:
+    import os
+
+    env = {k: v for k, v in os.environ.items() if not k.startswith(("PYTEST_", "PARITY_"))}
+    env["PARITY_BASELINE_CACHE"] = str(tmp_path / "baselines")
+    return subprocess.run(
+        [sys.executable, "-m", "pytest", "-p", "no:cacheprovider", "--parity-cache", "none",
+         "-q", "test_g.py", *args],
+        cwd=repo, env=env, capture_output=True, text=True, timeout=300,
+    )  # fmt: skip
+
+
+def test_the_pytest_plugin_judges_golden_checks_by_the_base_off_the_pins_layout(
+    project, run_parity, tmp_path
+):
+    _calibrate(project, run_parity)
+    (project / "test_g.py").write_text(INNER_TEST)
+    clean = _inner_pytest(project, tmp_path, "--parity-devices", "4")
+    assert clean.returncode == 0, clean.stdout + clean.stderr
+    assert "the base re-produced here at" in clean.stdout
+    _bug(project, _moved(DEVICE_NOISE) / 4)
+    bug = _inner_pytest(project, tmp_path, "--parity-devices", "4")
+    assert bug.returncode == 1, bug.stdout + bug.stderr
+    assert "(cached at" in bug.stdout and "logits" in bug.stdout
+    off = _inner_pytest(project, tmp_path, "--parity-devices", "4", "--parity-baseline", "off")
+    assert off.returncode == 0, off.stdout + off.stderr
+    assert "the goldens, by calibration (the second judge is off)" in off.stdout
