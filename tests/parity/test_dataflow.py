@@ -160,6 +160,18 @@ def test_scan_outputs_are_placed_by_iteration_and_calls_and_conds_by_their_bodie
     assert dataflow_order(jax.jit(f), x, ws) == expected
 
 
+def test_a_reverse_scan_computes_its_last_row_first_and_its_carry_last() -> None:
+    def f(x: Any) -> dict[str, Any]:
+        def body(c: Any, _: Any) -> tuple[Any, Any]:
+            c = jnp.sin(c)
+            return c, c
+
+        last, ys = jax.lax.scan(body, x, None, length=3, reverse=True)
+        return {"a_row0": ys[0], "b_row2": ys[2], "c_carry": last, "d_row1": ys[1]}
+
+    assert dataflow_order(f, jnp.ones(2)) == ["b_row2", "d_row1", "a_row0", "c_carry"]
+
+
 def test_rows_of_a_stack_are_placed_where_each_row_was_computed() -> None:
     """What a Python loop over layers gives (`jnp.stack(acts)`), indexed after the jit
     that made it: each row where its layer ran, the sum of the last one after them all."""

@@ -154,9 +154,11 @@ def _position(
     if name == "scan":
         length = int(eqn.params["length"])
         carry = j < int(eqn.params["num_carry"])
-        k = length - 1 if carry or iteration is None else min(max(iteration, 0), length - 1)
-        if eqn.params.get("reverse"):
-            k = length - 1 - k
+        if carry or iteration is None:  # a final carry, or the whole stack: the last step
+            k = length - 1
+        else:  # row `iteration` of the stacked outputs; a reverse scan makes the last row first
+            k = min(max(iteration, 0), length - 1)
+            k = length - 1 - k if eqn.params.get("reverse") else k
         return (i, k, *_position(subs[0].outvars[j], subs[0], seen))
     return (i, *min(_position(sub.outvars[j], sub, seen, iteration) for sub in subs))
 
