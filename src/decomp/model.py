@@ -14,8 +14,8 @@ class DecomposedModel(Protocol):
 
     Forward part (every target): sites, clean logits, taps (the activation entering each
     site's weight, keyed by site name) and the fused accessor that serves both from one
-    forward. The decomposition part (masked output, weight deltas, shardings) lives in
-    `decomp.spd`.
+    forward. The decomposition part (masked output, weight deltas, shardings) is
+    implemented by each target (`decomp.targets.glu_transformer`, `decomp.targets.toy`).
     """
 
     @property

@@ -21,6 +21,7 @@ if TYPE_CHECKING:
     from parity.check import GoldenDir, check_group, check_live
     from parity.judge.classes import REGISTRY, ToleranceClass
     from parity.judge.compare import Comparison, Finding, compare_arrays, compare_trees, flatten
+    from parity.judge.dataflow import Dataflow, dataflow_order, in_dataflow_order
     from parity.judge.rules import RULES, Bitwise, Close, RelativeToMax, Rule, Ulp
     from parity.judge.tolerance import ClassMap, get_class
     from parity.judge.ulp import ulp_distance
@@ -39,6 +40,7 @@ __all__ = [
     "ClassMap",
     "Close",
     "Comparison",
+    "Dataflow",
     "Finding",
     "GoldenDir",
     "GoldenFile",
@@ -54,10 +56,12 @@ __all__ = [
     "collect_provenance",
     "compare_arrays",
     "compare_trees",
+    "dataflow_order",
     "drift",
     "flatten",
     "format_table",
     "get_class",
+    "in_dataflow_order",
     "open_goldens",
     "to_json",
     "ulp_distance",

@@ -49,7 +49,10 @@ def assert_equivalent(
     - `class_map`: a class name for every leaf (default `"bitwise"`), or a `ClassMap` by
         key pattern.
     - `order`: the forward order (keys, or a callable key -> sort key) in which the first
-        divergence is named; default: keys sorted by name.
+        divergence is named; default: `expected`'s own order (as `flatten` walks it), then
+        keys only in `actual`. A dict that came out of `jax.jit` is in alphabetical order
+        (jax sorts dict keys): pass the outputs of `parity.in_dataflow_order(fn)(...)`, or
+        `order=parity.dataflow_order(fn, ...)`, to walk them as the program computed them.
     - `overrides`: `(pattern, class)` rules tried before `class_map`.
     - `registry`: the classes by name.
 
@@ -63,7 +66,9 @@ def assert_equivalent(
     flat_e = flatten(expected, non_arrays=statics_e, bare=BARE_KEY)
     resolve = class_resolver(overrides=overrides, class_map=class_map)
     try:
-        comparison = compare_trees(flat_a, flat_e, resolve, registry=registry, order=order)
+        comparison = compare_trees(
+            flat_a, flat_e, resolve, registry=registry, order=order, reference="expected"
+        )
     except UnknownClassError as e:
         raise ValueError(str(e)) from None
     except TypeError as e:

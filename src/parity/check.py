@@ -39,6 +39,7 @@ from parity.base_judge import BaseSource, BaseUnavailable, bits_changes, judge_b
 from parity.calibrated import bind_calibrated, judge_environment, unbound
 from parity.judge.classes import REGISTRY, ToleranceClass
 from parity.judge.compare import Comparison, Order, compare_trees
+from parity.judge.dataflow import order_hint
 from parity.judge.rules import Ulp
 from parity.judge.tolerance import ClassMap, UnknownClassError
 from parity.judge.trees import flatten
@@ -255,9 +256,18 @@ def _bits_drift_line(key: str, line: str) -> bool:
     return key.startswith("drift") and line.startswith("environment drift that can change")
 
 
-def _diff_command(saved: Path, golden: Path | None, overrides: Overrides) -> str:
+def _diff_command(
+    saved: Path, golden: Path | None, overrides: Overrides, class_map: ClassMapLike = None
+) -> str:
+    """The `parity diff` command that judges `saved` against `golden` as the check did:
+    its overrides, then the caller's class map (its rules as further `--override`s, its
+    default as `--class`), so that the table it prints is the check's."""
+    caller = ClassMap(default=class_map) if isinstance(class_map, str) else class_map
+    rules = [*overrides, *(caller.rules if caller is not None else ())]
     parts = ["python -m parity diff", str(saved), str(golden) if golden else "<expected>"]
-    parts += [f"--override '{p}={c}'" for p, c in overrides]
+    parts += [f"--override '{p}={c}'" for p, c in rules]
+    if caller is not None and caller.default is not None:
+        parts.append(f"--class '{caller.default}'")
     return " ".join(parts)
 
 
@@ -329,6 +339,8 @@ def check_group(
     )
     header = {"golden": str(folder.path_of(group)), "base_sha": str(gf.provenance.get("base_sha"))}
     header |= drift_header
+    if hint := order_hint(gf.provenance.get("order"), gf.ordered_keys()):
+        header["order"] = hint
     calibration = gf.provenance.get("calibration")
     if isinstance(calibration, dict) and calibration.get("summary"):
         header["calibration"] = str(cast(dict[str, Any], calibration)["summary"])
@@ -377,7 +389,7 @@ def check_group(
         path = save_arrays(save_actual, name or group, flat_a, classes=resolve,
                            order=gf.ordered_keys(), provenance=current)  # fmt: skip
         reference = folder.path_of(group) if judged_by_base is None else Path(base_path)
-        saved, command = str(path), _diff_command(path, reference, overrides)
+        saved, command = str(path), _diff_command(path, reference, overrides, class_map)
     return CheckResult(
         name=name or group,
         comparison=comparison,
@@ -403,6 +415,7 @@ def _compare(
     order: Order | None,
     name: str,
     bare: str | None = None,
+    reference: str = "golden",
 ) -> tuple[Comparison, dict[str, Any], float]:
     t0 = time.perf_counter()
     try:
@@ -411,7 +424,9 @@ def _compare(
     except (TypeError, ValueError) as e:
         raise CheckError(f"check {name!r}: {e}") from None
     try:
-        comparison = compare_trees(flat_a, flat_e, resolve, registry=registry, order=order)
+        comparison = compare_trees(
+            flat_a, flat_e, resolve, registry=registry, order=order, reference=reference
+        )
     except (TypeError, UnknownClassError) as e:
         raise CheckError(f"check {name!r}: {e}") from None
     return comparison, flat_a, time.perf_counter() - t0
@@ -443,15 +458,16 @@ def check_live(
     started = time.time()
     resolve = class_resolver(overrides=overrides, class_map=class_map)
     comparison, flat_a, compare_s = _compare(
-        actual, expected, resolve, registry=registry, order=order, name=name, bare=BARE_KEY
-    )
+        actual, expected, resolve, registry=registry, order=order, name=name, bare=BARE_KEY,
+        reference="expected",
+    )  # fmt: skip
     saved = command = None
     if save_actual is not None and not comparison.passed:
         keys = [f.key for f in comparison.findings]
         path = save_arrays(save_actual, name, flat_a, classes=resolve, order=keys)
         ref = save_arrays(save_actual, f"{name}.expected", flatten(expected, bare=BARE_KEY),
                           classes=resolve, order=keys)  # fmt: skip
-        saved, command = str(path), _diff_command(path, ref, overrides)
+        saved, command = str(path), _diff_command(path, ref, overrides, class_map)
     return CheckResult(
         name=name,
         comparison=comparison,

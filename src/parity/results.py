@@ -128,7 +128,7 @@ def save_arrays(
 
 
 #: The header lines a report shows once per check, named after it.
-_PER_CHECK = ("calibration", "environment", "judge")
+_PER_CHECK = ("calibration", "environment", "judge", "order")
 
 
 def merged_header_lines(
@@ -136,16 +136,12 @@ def merged_header_lines(
 ) -> dict[str, str]:
     """The per-check header lines a report of several checks shows beside its own
     `header`: each drift line once (named after the first check that has it), and each
-    check's calibration, environment and judge lines, named after the check."""
+    check's calibration, environment, judge and order lines, named after the check."""
     out: dict[str, str] = {}
     for r in results:
         for k, v in r.header.items():
             new_drift = v not in header.values() and v not in out.values()
-            if (k.startswith("drift") and new_drift) or k in (
-                "calibration",
-                "environment",
-                "judge",
-            ):
+            if (k.startswith("drift") and new_drift) or k in _PER_CHECK:
                 out[f"{k} ({r.name})"] = v
     return out
 

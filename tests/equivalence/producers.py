@@ -318,8 +318,9 @@ def trajectory(
     impl: ModuleType | None = None,
 ) -> dict[str, np.ndarray]:
     """`TRAIN_STEPS` SPD steps from `init_train_state(key=key(1))`: after each step, every
-    V/U, the CI function's leaves, the persistent sources and every metric, keyed
-    `traj.{mode}.step{i}.*`.
+    metric, then every V/U, the CI function's leaves and the persistent sources, keyed
+    `traj.{mode}.step{i}.*` (in dataflow order: a step's metrics come from the parameters
+    it replaces).
 
     With `evidence`, each step also pins what shows its branches were taken:
     `evidence.grad_clip` (the threshold, beside the pre-clip `metrics.grad_norm_components`)
@@ -348,14 +349,16 @@ def trajectory(
         state, metrics = step(i, state, *step_inputs(model, i))
         prefix = f"traj.{mode}.step{i}"
         components, sources = per_site(state, "components"), per_site(state, "sources")
+        # Dataflow order: a step's metrics (its loss, terms and grad norms) are computed
+        # from the parameters it replaces, before the update that produces the new ones.
+        for name in sorted(metrics):
+            out[f"{prefix}.metrics.{name}"] = np.asarray(metrics[name])
         for site in model.site_names:
             out[f"{prefix}.components.{site}.V"] = np.asarray(components[site].V)
             out[f"{prefix}.components.{site}.U"] = np.asarray(components[site].U)
         out |= _leaves(f"{prefix}.ci", state.ci)
         for site in model.site_names:
             out[f"{prefix}.sources.{site}"] = np.asarray(sources[site])
-        for name in sorted(metrics):
-            out[f"{prefix}.metrics.{name}"] = np.asarray(metrics[name])
         if evidence:
             move = max(
                 float(np.max(np.abs(np.asarray(sources[s], np.float32) - before[s])))

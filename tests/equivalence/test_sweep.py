@@ -246,14 +246,20 @@ def test_traced_fields_each_fail_the_branches_trajectory(parity_goldens):
     base = {k: float(getattr(spd, k)) for k in TRACED}
     control = _compare(parity_goldens, "train_branches", run(base), TRACED_CLASS)
     assert control.passed, [f.reason for f in control.failures][:3]
-    missed = {}
+    missed, first = {}, {}
     for field, value in TRACED.items():
         result = _compare(
             parity_goldens, "train_branches", run(base | {field: value}), TRACED_CLASS
         )
         if result.passed:
             missed[field] = value
+        first[field] = result.first_failure.key if result.first_failure else None
     assert not missed, f"perturbing {missed} moved no pinned key of train_branches"
+    # A step's loss is computed before its update, and the pinned order says so: each
+    # step's metrics come before the parameters it produced. The exponent's start moves
+    # step 1's loss (p at step 0); the anneal's length first moves step 2's (p at step 1).
+    assert str(first["p_start"]).startswith("traj.branches.step1.metrics."), first
+    assert str(first["p_anneal_steps"]).startswith("traj.branches.step2.metrics."), first
 
 
 # --- fields that change shapes or dtypes ----------------------------------------------------

@@ -201,3 +201,28 @@ def test_a_new_rule_is_one_class_and_works_in_comparison_and_report() -> None:
     assert comparison.findings[0].allowed == "median |a-b| <= 0.1"
     with pytest.raises(AssertionError, match="median"):
         parity.assert_equivalent({"x": np.ones(3)}, b, class_map="median", registry=registry)
+
+
+def test_a_live_comparison_speaks_of_the_expected_tree_never_of_goldens_or_repinning() -> None:
+    """No golden is involved in `assert_equivalent`: its message names the expected tree,
+    and never tells the user to repin (issue 29)."""
+    actual = {
+        "values": np.ones(2, np.float32),
+        "dtype": np.ones(2, np.float64),
+        "shape": np.ones(3, np.float32),
+        "extra": np.ones(1, np.float32),
+    }
+    expected = {
+        "values": np.zeros(2, np.float32),
+        "dtype": np.ones(2, np.float32),
+        "shape": np.ones(2, np.float32),
+        "gone": np.ones(1, np.float32),
+    }
+    with pytest.raises(AssertionError) as info:
+        parity.assert_equivalent(actual, expected)
+    message = str(info.value)
+    assert "golden" not in message.lower() and "repin" not in message.lower()
+    assert "actual 1 vs expected 0" in message
+    assert "is in the expected tree but not in the actual outputs" in message
+    assert "is in the actual outputs but not in the expected tree" in message
+    assert "(expected)" in message  # the dtype and shape mismatches

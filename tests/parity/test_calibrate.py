@@ -190,7 +190,7 @@ def test_write_records_the_measurement_and_leaves_the_arrays(project: Path, run_
 def test_calibrate_errors_are_one_line(project: Path, run_parity) -> None:
     for args, needle in (
         (("--perturb", "unroll"), "unknown perturbation"),
-        (("--groups", "nope"), "no golden file for group"),
+        (("--groups", "nope"), "no group named 'nope'"),
         (("--write", "--override", "taps.*=bitwise"), "drop --override to record"),
     ):
         proc: subprocess.CompletedProcess[str] = run_parity(project, "calibrate", *args)

@@ -154,6 +154,32 @@ def test_a_failing_check_saves_what_it_obtained_for_parity_diff(
     assert ok.saved is None and not (tmp_path / "none").exists()
 
 
+@pytest.mark.parametrize(
+    "class_map", [ClassMap((("plain", "fp32_reassoc"),)), "fp32_reassoc"], ids=["rules", "name"]
+)
+def test_the_reproduce_command_carries_the_caller_s_class_map(
+    golden_dir: Path, tmp_path: Path, capsys, class_map: ClassMap | str
+) -> None:
+    """Without the caller's map, `parity diff` would judge `plain` (2 ulp off) bitwise and
+    fail it, where the check passed it under the map (issue 29)."""
+    mutated = _arrays()
+    mutated["layers.0.h1"][1] += 1e-3
+    mutated["plain"][2] = np.nextafter(np.nextafter(mutated["plain"][2], 9), 9)
+    result = check_group(
+        mutated, "g", goldens=golden_dir, class_map=class_map, save_actual=tmp_path / "obtained"
+    )
+    assert not result.passed and result.command
+    assert result.comparison.finding("plain").passed
+    argv = result.command.replace("'", "").split()[3:]
+    json_path = tmp_path / "diff.json"
+    assert main([*argv, "--json", str(json_path)]) == 1
+    capsys.readouterr()
+    reproduced = json.loads(json_path.read_text())["findings"]
+    assert [(f["key"], f["class"], f["verdict"]) for f in reproduced] == [
+        (f.key, f.class_name, f.verdict) for f in result.comparison.findings
+    ]
+
+
 def test_golden_dir_opens_each_file_once_and_lists_groups(golden_dir: Path) -> None:
     with GoldenDir(golden_dir) as d:
         assert d.groups() == ["g"]

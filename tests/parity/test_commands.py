@@ -114,3 +114,120 @@ def test_check_outside_a_project_says_no_table_was_found_and_where_it_looked(
     _one_line_error(proc, "no [tool.parity] table")
     assert f"{outside}, {outside.parent} " in proc.stderr
     assert str(tmp_path / "somewhere" / "pyproject.toml") in proc.stderr
+
+
+def test_classes_only_on_a_truncated_golden_is_one_line_saying_to_pin_again(
+    project: Path, run_parity
+) -> None:
+    pinned = run_parity(project, "repin", "--base", "HEAD")
+    assert pinned.returncode == 0, pinned.stderr
+    golden = project / "goldens" / "g.h5"
+    data = golden.read_bytes()
+    golden.write_bytes(data[: len(data) // 2])
+    _one_line_error(run_parity(project, "repin", "--classes-only"), "pin it again")
+
+
+CALIBRATED = """\
+import numpy as np
+
+GROUPS = {"g": lambda: {"x": np.linspace(0, 1, 5, dtype=np.float32), "y": np.ones(3, np.float32)}}
+CLASS_MAP = [("*", "calibrated")]
+"""
+
+
+def test_a_repin_of_unchanged_arrays_keeps_the_calibration_and_show_always_shows(
+    tmp_path: Path, run_parity, pinned_project
+) -> None:
+    """After `calibrate --write`, a repin whose arrays are unchanged keeps every key's
+    spread (and says so), so `check` and `show` work as before; `show` of a file whose
+    calibrated keys have no spread still shows it, with the check's refusal as a note
+    (issue 29)."""
+    repo = pinned_project(tmp_path, CALIBRATED)
+    uncalibrated = run_parity(repo, "show", "goldens/g.h5", "--json")
+    assert uncalibrated.returncode == 0, uncalibrated.stderr
+    doc = json.loads(uncalibrated.stdout)
+    assert {a["class"] for a in doc["arrays"]} == {"calibrated (no spread recorded)"}
+    assert len(doc["notes"]) == 1 and "parity calibrate" in doc["notes"][0]
+    _one_line_error(run_parity(repo, "check"), "parity calibrate")
+
+    measured = run_parity(repo, "calibrate", "--groups", "g", "--perturb", "repeat", "--write")
+    assert measured.returncode == 0, measured.stdout + measured.stderr
+    assert run_parity(repo, "check").returncode == 0
+
+    repinned = run_parity(repo, "repin", "--base", "HEAD")
+    assert repinned.returncode == 0, repinned.stdout + repinned.stderr
+    assert "g: 2 arrays, unchanged" in repinned.stdout
+    assert "calibration kept: 2 keys' spreads, their arrays unchanged" in repinned.stdout
+    checked = run_parity(repo, "check")
+    assert checked.returncode == 0, checked.stdout + checked.stderr
+    shown = run_parity(repo, "show", "goldens/g.h5", "--json")
+    assert shown.returncode == 0, shown.stderr
+    assert json.loads(shown.stdout)["notes"] == []
+
+
+def test_bisect_and_calibrate_of_a_group_that_does_not_exist_name_it_and_list_the_groups(
+    project: Path, run_parity, git
+) -> None:
+    """Not "pick commits that have what the producers need", nor "pin them first": the
+    group does not exist, and the groups that do are listed (issue 29)."""
+    pinned = run_parity(project, "repin", "--base", "HEAD")
+    assert pinned.returncode == 0, pinned.stderr
+    first = git(project, "rev-parse", "HEAD")
+    (project / "src" / "tinylib" / "__init__.py").write_text("VALUE = 2.0\n")
+    git(project, "commit", "-qam", "two")
+    wanted = "no group named 'forwrd': the producers"
+    for args in (("bisect", first, "HEAD"), ("calibrate", "--perturb", "repeat")):
+        proc = run_parity(project, *args, "--groups", "forwrd")
+        _one_line_error(proc, wanted)
+        assert "define g; pass one of them to --groups" in proc.stderr
+
+
+PRODUCERS_BAC = (
+    "import numpy as np\n\n"
+    "GROUPS = {{'g': lambda: {{'b': {b}, 'a': np.zeros(3), 'c': np.arange(4.0)}}}}\n"
+)
+PRODUCERS_ABC = (
+    "import numpy as np\n\n"
+    "GROUPS = {{'g': lambda: {{'a': np.zeros(3), 'b': {b}, 'c': np.arange(4.0)}}}}\n"
+)
+
+
+def test_classes_only_with_order_rewrites_the_order_and_keeps_every_array(
+    tmp_path: Path, run_parity, pinned_project
+) -> None:
+    """`repin --classes-only --order` takes the current producers' key order and nothing
+    else: every array's checksum and the provenance's environment stay as pinned."""
+    first = PRODUCERS_BAC.format(b="np.ones(2)")
+    repo = pinned_project(tmp_path, first)
+    before = json.loads(run_parity(repo, "show", "goldens/g.h5", "--json").stdout)
+    # The producers now return the same keys in another order (and another value, which
+    # must not reach the golden: only the order is taken).
+    (repo / "producers.py").write_text(PRODUCERS_ABC.format(b="np.full(2, 7.0)"))
+    done = run_parity(repo, "repin", "--classes-only", "--order")
+    assert done.returncode == 0, done.stdout + done.stderr
+    assert "g: 3 arrays, unchanged; 0 changed class; 2 changed place" in done.stdout
+    after = json.loads(run_parity(repo, "show", "goldens/g.h5", "--json", "--verify").stdout)
+    assert after["verified"] == 3
+
+    def places(doc: dict) -> list[str]:
+        return [a["key"] for a in sorted(doc["arrays"], key=lambda a: a["order"])]
+
+    assert places(before) == ["b", "a", "c"] and places(after) == ["a", "b", "c"]
+    assert {k: v for k, v in after["provenance"].items() if k != "order"} == {
+        k: v for k, v in before["provenance"].items() if k != "order"
+    }
+    # Each array's stored checksum is still that of the array first pinned (computed here
+    # from the values, not read from a file).
+    import numpy as np
+
+    from parity.store import open_goldens
+    from parity.store.dtypes import digest, to_storage
+
+    pinned = {"b": np.ones(2), "a": np.zeros(3), "c": np.arange(4.0)}
+    with open_goldens(repo / "goldens" / "g.h5") as gf:
+        assert {k: gf.info(k).sha256 for k in gf} == {
+            k: digest(to_storage(k, v)[0]) for k, v in pinned.items()
+        }
+
+    (repo / "producers.py").write_text(first.replace("'c'", "'d'"))
+    _one_line_error(run_parity(repo, "repin", "--classes-only", "--order"), "--order only reorders")

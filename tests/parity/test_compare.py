@@ -238,8 +238,21 @@ def test_first_divergence_follows_the_declared_order() -> None:
         assert comparison.first_not_bitwise.key == "layers.2.post"
         assert comparison.first_failure is not None
         assert comparison.first_failure.key == "layers.3.h1"
-    by_name = compare_trees(actual, golden, cmap)
+    # Without an order, the golden's own order is the forward order: a dict's insertion
+    # order. Built in layer order, layer 3 comes first; the same dict sorted by name (what
+    # jax makes of a dict) puts layer 10 first.
+    assert list(golden) == order
+    own = compare_trees(actual, golden, cmap)
+    assert own.first_failure is not None and own.first_failure.key == "layers.3.h1"
+    by_name = compare_trees(actual, dict(sorted(golden.items())), cmap)
     assert by_name.first_failure is not None and by_name.first_failure.key == "layers.10.h1"
+
+
+def test_keys_only_in_actual_follow_the_golden_s_own_order_in_actual_s_order() -> None:
+    golden = {"b": np.zeros(1, np.float32), "a": np.zeros(1, np.float32)}
+    actual = {"z": np.zeros(1, np.float32), **golden, "c": np.zeros(1, np.float32)}
+    comparison = compare_trees(actual, golden, "bitwise")
+    assert [f.key for f in comparison.findings] == ["b", "a", "z", "c"]
 
 
 def test_keys_outside_the_order_go_last_by_name() -> None:

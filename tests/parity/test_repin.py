@@ -182,7 +182,11 @@ def test_base_lacking_a_symbol_is_named(repo, tmp_path, git):
             repo=repo_dir,
             progress=lambda _: None,
         )
-    assert "lacks" in str(info.value)
+    # One sentence that reads: the base lacks the name, in its module (not "lacks cannot
+    # import name ...", Python's message pasted in).
+    assert f"the base commit {first[:12]}" in str(info.value)
+    assert "lacks 'NEW_THING' in the module 'tinylib', which the producers need" in str(info.value)
+    assert "lacks cannot" not in str(info.value)
     assert git(repo_dir, "worktree", "list", "--porcelain").count("worktree ") == 1
 
 

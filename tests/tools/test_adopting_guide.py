@@ -210,6 +210,10 @@ def test_the_walk_tells_the_story_the_guide_tells(walked) -> None:
     first = real[guide.stand_in("tinymlp: a 3-layer MLP, Python loop over layers")]
     broken = real[guide.stand_in("init: a bias scale per layer")]
 
+    ordered = done.step("dict-order").output
+    assert "as jax returns it:  head hidden0 hidden1 hidden2 input" in ordered
+    assert "in dataflow order:  input hidden0 hidden1 hidden2 head" in ordered
+
     pinned = done.step("pin", "parity repin")
     assert pinned.returncode == 0 and f"pinned at {first} " in pinned.output
     assert "forward: new file, 4 arrays" in pinned.output

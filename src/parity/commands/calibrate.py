@@ -20,6 +20,7 @@ from parity.commands.common import (
     override_flag,
     overrides_of,
     report_progress,
+    require_defined_groups,
     require_goldens,
     split_groups,
     subparser,
@@ -116,6 +117,7 @@ def run(args: argparse.Namespace, out: IO[str]) -> int:
     groups = split_groups(args.groups) or folder.groups()
     unknown = [g for g in groups if g not in folder.groups()]
     if unknown:
+        require_defined_groups(config, unknown)  # a typo is not a group to pin
         raise CLIError(
             f"no golden file for group(s) {unknown} in {config.goldens} (it holds "
             f"{folder.groups()}); pin them first with `parity repin --base <REV> --groups ...`"

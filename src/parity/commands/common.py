@@ -195,3 +195,23 @@ def require_goldens(config: ParityConfig) -> None:
             f"golden folder {config.goldens} does not exist; pin it first with "
             "`parity repin --base <REV>`"
         )
+
+
+def require_defined_groups(config: ParityConfig, groups: list[str]) -> None:
+    """Raise `CLIError` naming the groups of `groups` that the producers do not define, and
+    those they do. The producers file is imported in a fresh process (the current tree's
+    code, as `repin --classes-only` does); no group runs. A producers file that cannot be
+    imported is left to the command's own run to report."""
+    from pathlib import Path
+
+    from parity.run.launcher import RepinError, UnknownGroupsError, run_producers
+
+    with tempfile.TemporaryDirectory(prefix="parity-groups-") as tmp:
+        try:
+            run_producers(config.root, config.need_producers(), Path(tmp), groups=groups,
+                          src=config.src_relative(), progress=lambda _: None,
+                          class_map_only=True)  # fmt: skip
+        except UnknownGroupsError as e:
+            raise CLIError(e.message) from None
+        except RepinError:
+            return

@@ -42,6 +42,12 @@ def add_parser(sub: Any) -> None:
         help="give the existing goldens the producers' current CLASS_MAP without producing: "
         "arrays, order and provenance stay byte for byte (a class decision on main)",
     )
+    repin.add_argument(
+        "--order",
+        action="store_true",
+        help="with --classes-only: also take each group's forward order from the current "
+        "producers (they run; only their key order is kept, every array stays as pinned)",
+    )
     groups_flag(repin)
     repin.add_argument(
         "--out", metavar="DIR", help="golden folder (default: [tool.parity] goldens)"
@@ -62,6 +68,8 @@ def run(args: argparse.Namespace, out: IO[str]) -> int:
         if args.base or args.keep_worktree:
             raise CLIError("--classes-only produces nothing: drop --base and --keep-worktree")
         return _reclass(config, target, args, out)
+    if args.order:
+        raise CLIError("--order rewrites the order of existing goldens: add --classes-only")
     if not args.base:
         raise CLIError("repin needs --base REV (the commit to pin at), or --classes-only")
     try:
@@ -99,7 +107,7 @@ def _reclass(config: Any, target: Path, args: argparse.Namespace, out: IO[str]) 
     try:
         done = reclass(producers=config.need_producers(), out_dir=target, repo=config.root,
                        groups=split_groups(args.groups), progress=report_progress,
-                       src=config.src_relative())  # fmt: skip
+                       src=config.src_relative(), reorder=args.order)  # fmt: skip
     except RepinError as e:
         text = str(e)
         head, output = (e.head, e.output) if isinstance(e, ProducerRunError) else (text, "")

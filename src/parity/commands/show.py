@@ -9,6 +9,7 @@ from typing import IO, Any, cast
 
 from parity.commands.common import EXIT_OK, CLIError, subparser
 from parity.commands.files import key_classes, opened, read_errors
+from parity.judge.dataflow import DATAFLOW, DECLARED, describe_order, order_hint
 from parity.report import text_table
 from parity.store import GoldenFile, GoldenStoreError
 
@@ -35,9 +36,13 @@ def inventory(golden: str | Path, *, verify: bool = False) -> dict[str, Any]:
     `schema_version` (null for plain files), `provenance` (a dict, empty if none),
     `class_map` (the pinned map as parsed JSON, or null), `arrays` (a list of `{key, shape,
     dtype, class, order}`, sorted by key; `class` is the one `diff` would use without
-    `--class`, `order` the pinned forward place or -1) and `verified` (how many arrays were
-    read and, in a parity file, checksum-verified; null without `verify`). Raises
-    `CLIError` for unusable input.
+    `--class`, `order` the pinned forward place or -1), `verified` (how many arrays were
+    read and, in a parity file, checksum-verified; null without `verify`), `notes` (what
+    a check of this file would refuse, one line each: a key under `calibrated` without a
+    recorded spread, its class shown as `calibrated (no spread recorded)`) and `order`
+    (`source`: `"dataflow"`, `"declared"` or null where not recorded; `describe`: that in
+    words; `hint`: the one-line hint of `parity.judge.dataflow.order_hint`, or null).
+    Raises `CLIError` for unusable input.
     """
     with opened(golden, "GOLDEN") as gf:
         try:
@@ -52,8 +57,22 @@ def inventory(golden: str | Path, *, verify: bool = False) -> dict[str, Any]:
                 raise CLIError(
                     f"GOLDEN: {gf.path}: the pinned class map is not JSON ({e}); repin the file"
                 ) from None
-        resolve = key_classes(gf, {i.key: i.class_name for i in infos})
+        bound = key_classes(gf, {i.key: i.class_name for i in infos})
+        notes: list[str] = []
+
+        def resolve(key: str) -> str:
+            # `show` always shows: a key a check could not judge (under `calibrated` with no
+            # recorded spread) is listed as such, the check's error becoming a note.
+            try:
+                return bound(key)
+            except CLIError as e:
+                if not notes:
+                    notes.append(str(e).removeprefix("GOLDEN: "))
+                return "calibrated (no spread recorded)"
+
         verified = _verify(gf) if verify else None
+        source = gf.provenance.get("order")
+        ordered = sorted((i for i in infos if i.order >= 0), key=lambda i: i.order)
         return {
             "path": str(gf.path),
             "format": "parity" if gf.is_parity_file else "plain",
@@ -71,6 +90,12 @@ def inventory(golden: str | Path, *, verify: bool = False) -> dict[str, Any]:
                 for i in infos
             ],
             "verified": verified,
+            "notes": notes,
+            "order": {
+                "source": source if source in (DATAFLOW, DECLARED) else None,
+                "describe": describe_order(source),
+                "hint": order_hint(source, [i.key for i in ordered]),
+            },
         }
 
 
@@ -112,6 +137,12 @@ def format_inventory(doc: dict[str, Any]) -> str:
         # the class recorded with its array, else bitwise. The class column shows each.
         fallback = "none pinned: an unmatched key takes its array's recorded class, else bitwise"
         lines.append(f"  default  ->  {cmap.get('default') or f'({fallback})'}")
+    order = doc.get("order") or {}
+    if order.get("describe") and doc["format"] == "parity":
+        lines.append(f"forward order: {order['describe']}")
+    if order.get("hint"):
+        lines.append(f"hint: {order['hint']}")
+    lines += [f"note: {note}" for note in doc.get("notes") or []]
     lines += ["", f"arrays ({len(arrays)}):"]
     rows = [["key", "shape", "dtype", "class", "order"]] + [
         [

@@ -3,12 +3,13 @@
 `ulp` (the float dtypes parity knows and the ulp line), `rule`, `rules` and `measured` (what
 every rule shares, the elementwise rules, the rules with a measured bound), `classes`
 (tolerance classes as data, the registry), `tolerance` (class names looked up, class maps),
-`trees` (pytrees to `{key: array}`), `chunks` (the chunk plan and array sources, for
+`trees` (pytrees to `{key: array}`), `dataflow` (the order a function's program computes
+its outputs in, read from its jaxpr), `chunks` (the chunk plan and array sources, for
 comparison in bounded memory), `compare` (one array to a `Finding`, many to a `Comparison`
 with the first divergence; `findings` holds both, `tally` the per-chunk reductions),
 `floats` (a golden's scale, non-finite floats in JSON) and `mldtypes` (ml_dtypes, imported
 only when an array of them is met). It is the lowest layer: it may import numpy and,
-lazily, ml_dtypes; jax only inside `trees`, and only once the caller has imported it; never
-h5py, decomp or another part of parity (`tests/parity/test_import_boundaries.py` holds it
-to that).
+lazily, ml_dtypes; jax only inside `trees` and `dataflow`, and only once the caller has
+imported it; never h5py, decomp or another part of parity
+(`tests/parity/test_import_boundaries.py` holds it to that).
 """

@@ -44,6 +44,9 @@ __all__ = [
     "flatten",
 ]
 
+#: What a comparison's other side is called by default: a pinned file.
+GOLDEN = "golden"
+
 #: A forward order: a sequence of keys, or a callable giving each key a sort key (or `None`
 #: for keys it does not cover).
 Order = Sequence[str] | Callable[[str], Any]
@@ -84,21 +87,33 @@ def _sig(x: float) -> str:
 
 
 def _absent(
-    key: str, tol: ToleranceClass, present: Any, verdict: Verdict, order: int | None
+    key: str,
+    tol: ToleranceClass,
+    present: Any,
+    verdict: Verdict,
+    order: int | None,
+    reference: str = GOLDEN,
 ) -> Finding:
     if not is_source(present):
         present = np.asarray(present)
     shape, dtype = tuple(int(d) for d in present.shape), np.dtype(present.dtype).name
+    live = reference != GOLDEN
     if verdict == "missing":
         reason = (
-            f"key {key!r} (shape {shape}, {dtype}) is in the golden but not in the actual "
-            "outputs: the change dropped or renamed it; restore it, or repin the goldens if "
-            "the change is intended"
+            f"key {key!r} (shape {shape}, {dtype}) is in the "
+            f"{'expected tree' if live else reference} but not in the "
+            "actual outputs: the change dropped or renamed it; restore it"
+            + (", or leave it out of the expected tree" if live else ", or repin the goldens")
+            + " if the change is intended"
         )
     else:
         reason = (
             f"key {key!r} (shape {shape}, {dtype}) is in the actual outputs but not in the "
-            "golden: repin the goldens to pin it, or stop producing it"
+            + (
+                "expected tree: add it there, or stop producing it"
+                if live
+                else "golden: repin the goldens to pin it, or stop producing it"
+            )
         )
     golden_side = verdict == "missing"
     return Finding(
@@ -116,6 +131,7 @@ def _absent(
         order=order,
         rule=tol.rule.kind,
         unit=tol.rule.unit,
+        reference=reference,
     )
 
 
@@ -127,6 +143,7 @@ def compare_arrays(
     *,
     order: int | None = None,
     budget: int = DEFAULT_BUDGET,
+    reference: str = GOLDEN,
 ) -> Finding:
     """Compare one array against its golden under a tolerance class.
 
@@ -140,6 +157,8 @@ def compare_arrays(
     - `order`: the key's place in a forward order, stored on the finding.
     - `budget`: bytes the comparison may hold at once (chunks and temporaries); arrays
         larger than that are compared in chunks (`parity.judge.chunks`), with the same finding.
+    - `reference`: what `golden` is called in the finding's words: `"golden"` (a pinned
+        file, the default; its advice is to repin) or `"expected"` (a live tree).
 
     **Returns:** a `Finding`. Dtypes and shapes are strict: a mismatch is a `"fail"` whose
     reason names both, never a cast or broadcast. NaN and inf (with sign) must sit at the
@@ -148,7 +167,7 @@ def compare_arrays(
     `TypeError` for object, string and datetime arrays.
     """
     src_a = _as_source(key, actual, "actual")
-    src_g = _as_source(key, golden, "golden")
+    src_g = _as_source(key, golden, reference)
     shape_a, shape_g = src_a.shape, src_g.shape
     dtype = src_g.dtype
     common = {
@@ -162,17 +181,20 @@ def compare_arrays(
         "order": order,
         "rule": tol.rule.kind,
         "unit": tol.rule.unit,
+        "reference": reference,
     }
     mismatch = None
     if src_a.dtype != dtype:
         mismatch = (
             f"key {key!r}: dtype {src_a.dtype.name} (actual) does not match {dtype.name} "
-            f"(golden); parity compares dtypes strictly, without casting. Produce "
-            f"{dtype.name}, or repin the goldens if the dtype change is intended"
+            f"({reference}); parity compares dtypes strictly, without casting. Produce "
+            f"{dtype.name}"
+            + (", or repin the goldens" if reference == GOLDEN else "")
+            + " if the dtype change is intended"
         )
     elif shape_a != shape_g:
         mismatch = (
-            f"key {key!r}: shape {shape_a} (actual) does not match {shape_g} (golden), "
+            f"key {key!r}: shape {shape_a} (actual) does not match {shape_g} ({reference}), "
             f"{dtype.name}; parity compares shapes strictly, without broadcasting"
         )
     n = math.prod(shape_g)
@@ -239,7 +261,7 @@ def compare_arrays(
     if verdict == "fail":
         share = n_violating / n
         what = "break the rule" if tol.rule.tolerant else "differ in their bits"
-        values = f"actual {_fmt(worst.actual)} vs golden {_fmt(worst.golden)}"
+        values = f"actual {_fmt(worst.actual)} vs {reference} {_fmt(worst.golden)}"
         figures = []
         if tally.max_abs is not None:
             figures.append(f"max |a-b| {_sig(tally.max_abs)}")
@@ -311,6 +333,7 @@ def compare_trees(
     registry: Mapping[str, ToleranceClass] = REGISTRY,
     order: Order | None = None,
     budget: int = DEFAULT_BUDGET,
+    reference: str = GOLDEN,
 ) -> Comparison:
     """Compare every array of `actual` against `golden`, each under its class.
 
@@ -323,8 +346,12 @@ def compare_trees(
     - `registry`: the classes by name; defaults to `REGISTRY`.
     - `order`: the forward order: a sequence of keys, or a callable `key -> sort key`
         returning `None` for keys it does not cover. Findings follow it; uncovered keys
-        come last, by name. Without an order, findings are sorted by key.
+        come last, by name. Without an order, the golden's own order is the forward order
+        (its keys as `flatten` walks it: a dict's insertion order, a `Dataflow`'s dataflow
+        order), then keys only in `actual` in its order: the one rule every face of parity
+        follows (a golden file's pinned order is its producer's, `parity.judge.dataflow`).
     - `budget`: bytes one array comparison may hold at once (`compare_arrays`).
+    - `reference`: what `golden` is called in the findings' words (`compare_arrays`).
 
     Leaves may be `parity.judge.chunks.Source`s (a golden file's `source(key)`) as well as
     arrays: those are read block by block, so that memory stays within `budget` whatever
@@ -342,15 +369,18 @@ def compare_trees(
         class_for = class_map.class_for
     else:
         class_for = class_map
+    if order is None:
+        order = [*flat_g, *(k for k in flat_a if k not in flat_g)]
     findings: list[Finding] = []
     for key, place in _ordered(set(flat_a) | set(flat_g), order):
         tol = get_class(class_for(key), registry)
         if key not in flat_a:
-            findings.append(_absent(key, tol, flat_g[key], "missing", place))
+            findings.append(_absent(key, tol, flat_g[key], "missing", place, reference))
         elif key not in flat_g:
-            findings.append(_absent(key, tol, flat_a[key], "unexpected", place))
+            findings.append(_absent(key, tol, flat_a[key], "unexpected", place, reference))
         else:
-            findings.append(
-                compare_arrays(key, flat_a[key], flat_g[key], tol, order=place, budget=budget)
+            found = compare_arrays(
+                key, flat_a[key], flat_g[key], tol, order=place, budget=budget, reference=reference
             )
+            findings.append(found)
     return Comparison(tuple(findings))

@@ -80,6 +80,8 @@ class Finding:
         ulps (a `logit_kl` class: the largest per-position KL); `None` otherwise.
     - `note`: what the rule says even of a passing array (a `budget` class: "below budget:
         repin to ratchet it down"); `""` when it says nothing.
+    - `reference`: what `actual` was compared with, in words: `"golden"` (a pinned file),
+        or `"expected"` (a live tree: `assert_equivalent`, `check_live`).
     """
 
     key: str
@@ -110,6 +112,7 @@ class Finding:
     unit: str | None = None
     figure: float | None = None
     note: str = ""
+    reference: str = "golden"
 
     @property
     def passed(self) -> bool:

@@ -141,7 +141,7 @@ def divergence(label: str, f: Finding | None) -> str:
         figures += f", max ulp {f.max_ulp}"
     return (
         f"{label}: {f.key} [{f.class_name}, {f.verdict}] at {where}: "
-        f"actual {value_text(f.worst_actual, f.dtype_golden)} vs golden "
+        f"actual {value_text(f.worst_actual, f.dtype_golden)} vs {f.reference} "
         f"{value_text(f.worst_golden, f.dtype_golden)}; {figures}; allowed {f.allowed}"
     )
 

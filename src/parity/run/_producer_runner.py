@@ -9,7 +9,8 @@ unsigned ints) and `provenance`: the environment of *this* process, collected ri
 group ran (x64 mode and device count as jax saw them, the XLA flags it ran under), so a
 `JAX_ENABLE_X64` or `XLA_FLAGS` in the user's shell, which this process never sees, cannot
 be recorded for arrays made without it. Exit codes: 0 ok, 1 a producer raised, 3 the base
-lacks a needed symbol.
+lacks a needed symbol, 4 a group asked for is not defined (`OUT/unknown_groups.json` says
+which, and which are).
 
 As one worker of a multi-process run (`parity.run.processes.run_workers` sets
 `PARITY_PROCESS_ID`, `PARITY_PROCESSES` and `PARITY_COORDINATOR`), it joins JAX's
@@ -25,11 +26,14 @@ import contextlib
 import importlib.util
 import json
 import os
+import re
 import signal
 import sys
 import time
 import traceback
+from collections.abc import Callable
 from pathlib import Path
+from typing import Any
 
 # Run as a script, this file's folder (parity/run/) comes first on sys.path, and its modules
 # (config, runner, repin, ...) would shadow a project's own modules of the same name: the
@@ -40,6 +44,9 @@ if sys.path and os.path.realpath(sys.path[0] or ".") == _HERE:
 
 EXIT_PRODUCER_FAILED = 1
 EXIT_MISSING_SYMBOL = 3
+EXIT_UNKNOWN_GROUP = 4
+#: What the runner writes into OUT when asked for groups the producers do not define.
+UNKNOWN_GROUPS = "unknown_groups.json"
 
 
 def _log(msg: str) -> None:
@@ -50,7 +57,12 @@ def _missing_symbol(exc: BaseException, src: str, code: str) -> str | None:
     """What the code under test lacks, when `exc` says so: `code` names it (the commit
     tried, the base commit of a repin, the current tree), `src` where it was imported."""
     if isinstance(exc, ImportError) and exc.name:
-        what = f"module {exc.name!r}" if isinstance(exc, ModuleNotFoundError) else str(exc)
+        if isinstance(exc, ModuleNotFoundError):
+            what = f"the module {exc.name!r}"
+        else:  # `from module import name`: Python's message is the one place naming `name`
+            named = re.search(r"cannot import name '([^']+)'", str(exc))
+            symbol = f"{named.group(1)!r}" if named else "a name the producers import"
+            what = f"{symbol} in the module {exc.name!r}"
         return f"{code} ({src}) lacks {what}, which the producers need"
     if isinstance(exc, (ImportError, AttributeError)):
         return f"{code} ({src}) lacks a symbol the producers need: {exc}"
@@ -114,6 +126,54 @@ def _disagreement(hosted: dict) -> str | None:
     return None
 
 
+def _forward_order(
+    group: Callable[[], Any], result: Any, arrays: dict[str, Any], place: tuple[int, int] | None
+) -> tuple[str, dict[str, Any]]:
+    """How the group's forward order is made, and its arrays in that order.
+
+    A `Dataflow` (the group returned `parity.in_dataflow_order`'s outputs) is in dataflow
+    order already. A group whose every output is a jax array is traced once more
+    (`parity.judge.dataflow.dataflow_order`: nothing is computed, the global numpy and
+    Python random states are put back) and its keys placed as its program computed them.
+    Anything else (numpy outputs, a group that does not trace, a multi-process run) keeps
+    the order the group declared: its containers' order."""
+    from parity.judge.dataflow import DATAFLOW, DECLARED, Dataflow, DataflowError, dataflow_order
+
+    if isinstance(result, Dataflow):
+        return DATAFLOW, arrays
+    if place is not None or not _all_jax_arrays(result):
+        return DECLARED, arrays
+    import random
+
+    import numpy as np
+
+    states = random.getstate(), np.random.get_state()
+    try:
+        order = dataflow_order(group)
+    except DataflowError as e:
+        _log(f"the forward order stays the declared one: {e.reason}")
+        return DECLARED, arrays
+    finally:
+        random.setstate(states[0])
+        np.random.set_state(states[1])
+    if sorted(order) != sorted(arrays):
+        return DECLARED, arrays
+    return DATAFLOW, {k: arrays[k] for k in order}
+
+
+def _all_jax_arrays(result: Any) -> bool:
+    """Whether every leaf of `result` is a jax array (what a traceable group returns)."""
+    import jax
+
+    from parity.judge.trees import flatten
+
+    try:
+        leaves = flatten(result, to_array=lambda x: x).values()
+    except (TypeError, ValueError):
+        return False
+    return bool(leaves) and all(isinstance(x, jax.Array) for x in leaves)
+
+
 def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser()
     p.add_argument("--parent-pid", type=int, default=0, help="die when this process dies")
@@ -173,10 +233,12 @@ def main(argv: list[str] | None = None) -> int:
     class_map = [list(rule) for rule in getattr(module, "CLASS_MAP", [])]
     wanted = [g for g in args.groups.split(",") if g] or list(groups)
     unknown = [g for g in wanted if g not in groups]
-    if unknown:
-        _log(f"unknown group(s) {unknown}; the producers define {list(groups)}")
-        return EXIT_PRODUCER_FAILED
     out = Path(args.out)
+    if unknown:
+        # Typed for the launcher (`UnknownGroupsError`), a line for the log.
+        (out / UNKNOWN_GROUPS).write_text(json.dumps({"unknown": unknown, "defined": list(groups)}))
+        _log(f"unknown group(s) {unknown}; the producers define {list(groups)}")
+        return EXIT_UNKNOWN_GROUP
     if args.class_map_only:
         (out / "class_map.json").write_text(json.dumps({"class_map": class_map, "groups": wanted}))
         return 0
@@ -193,7 +255,9 @@ def main(argv: list[str] | None = None) -> int:
                 split.append(sharded_over_processes(value))
                 return to_host(value)
 
-            arrays = flatten(groups[name](), to_array=host)
+            result = groups[name]()
+            arrays = flatten(result, to_array=host)
+            order_source, arrays = _forward_order(groups[name], result, arrays, place)
         except Exception as exc:
             traceback.print_exc()
             msg = _missing_symbol(exc, args.src, args.code)
@@ -225,6 +289,7 @@ def main(argv: list[str] | None = None) -> int:
             "keys": list(arrays),
             "dtypes": dtypes,
             "class_map": class_map,
+            "order": order_source,
             "provenance": collect_provenance() if collect_provenance is not None else None,
         }
         (out / f"{name}.json").write_text(json.dumps(manifest))

@@ -31,7 +31,7 @@ from typing import Any, Literal
 from parity.check import GoldenDir
 from parity.results import CheckError
 from parity.run.config import ParityConfig
-from parity.run.launcher import ProducerRunError, RepinError
+from parity.run.launcher import ProducerRunError, RepinError, UnknownGroupsError
 from parity.run.repin import repin
 from parity.run.runner import ProducersFailed, check_produced, failure_reason, produce
 from parity.run.worktree import GitError, git, repo_root, resolve_sha, temporary_worktree
@@ -245,6 +245,8 @@ def bisect(
                 progress=lambda _: None,
                 src=config.src_relative(),
             )
+        except UnknownGroupsError as e:  # the producers' file, whatever the commit
+            raise BisectError(e.message) from None
         except RepinError as e:
             why = failure_reason((e.output if isinstance(e, ProducerRunError) else "") or str(e))
             record(Step(good_sha, _subject(root, good_sha), "skip", f"cannot pin: {why}", "GOOD"))

@@ -56,7 +56,8 @@ def record(cal: Calibration, golden: GoldenFile, group: str, path: Path | None =
     The arrays, their classes, the class map and the order are written back unchanged
     (the same bytes per array); only the provenance gains (or replaces) `calibration`, so
     the file's metadata checksum changes. The write is atomic (`write_goldens`); `golden`
-    is closed once read. A later repin writes a fresh provenance without it.
+    is closed once read. A later repin keeps the spreads of the keys it leaves unchanged
+    (`parity.run.repin.carry_calibration`).
 
     **Arguments:**
 

@@ -28,12 +28,15 @@ __all__ = [
     "ProducerRunError",
     "RepinError",
     "RunnerOutput",
+    "UnknownGroupsError",
     "load_runner_output",
     "run_producers",
 ]
 
 _RUNNER = Path(__file__).with_name("_producer_runner.py")
 EXIT_MISSING_SYMBOL = 3
+EXIT_UNKNOWN_GROUP = 4
+_UNKNOWN_GROUPS = "unknown_groups.json"  # `_producer_runner.UNKNOWN_GROUPS`
 
 
 class RepinError(RuntimeError):
@@ -54,6 +57,30 @@ class ProducerRunError(RepinError):
         super().__init__(f"{self.head} Producer output:\n{output}")
 
 
+class UnknownGroupsError(ProducerRunError):
+    """Groups were asked for that the producers file does not define (a typo in
+    `--groups`): an input error, not a producer that failed.
+
+    **Fields:** `unknown` and `defined` (the groups asked for that it lacks, every group it
+    defines), `producers` (the file), and those of `ProducerRunError`.
+    """
+
+    def __init__(
+        self, unknown: Sequence[str], defined: Sequence[str], producers: Path, output: str
+    ):
+        self.unknown = tuple(unknown)
+        self.defined = tuple(defined)
+        self.producers = producers
+        names = ", ".join(repr(g) for g in self.unknown)
+        listed = ", ".join(self.defined) or "none"
+        self.message = (
+            f"no group named {names}: the producers ({producers}) define {listed}; pass one "
+            "of them to --groups"
+        )
+        super().__init__(self.message, output)
+        self.head = self.message
+
+
 def _restore_dtype(raw: np.ndarray, name: str) -> np.ndarray:
     if raw.dtype.name == name:
         return raw
@@ -69,11 +96,14 @@ class RunnerOutput:
     - `arrays`: `{key: array}` in producer order.
     - `class_map`: the producers' `CLASS_MAP` rules.
     - `provenance`: the producer process's environment (`collect_provenance` run there).
+    - `order`: how `arrays`' order was made: `"dataflow"` (read from the program,
+      `parity.judge.dataflow`) or `"declared"` (the order of the group's containers).
     """
 
     arrays: dict[str, np.ndarray]
     class_map: list[list[str]]
     provenance: dict[str, Any]
+    order: str = "declared"
 
 
 def load_runner_output(out: Path, group: str) -> RunnerOutput:
@@ -91,7 +121,9 @@ def load_runner_output(out: Path, group: str) -> RunnerOutput:
             f"the producer process recorded no provenance for group {group!r} (it could not "
             "import parity.store.provenance); check that parity is importable there"
         )
-    return RunnerOutput(arrays, manifest["class_map"], provenance)
+    return RunnerOutput(
+        arrays, manifest["class_map"], provenance, str(manifest.get("order", "declared"))
+    )
 
 
 def run_producers(
@@ -125,7 +157,8 @@ def run_producers(
     process 0 saves. On a cluster, `process_id` and `coordinator` (`HOST0:PORT`) start only
     this host's worker. A single process has no timeout unless one is given.
 
-    **Returns:** the XLA flags the subprocess ran under. Raises `RepinError` with the
+    **Returns:** the XLA flags the subprocess ran under. Raises `UnknownGroupsError` when
+    `groups` names a group the producers do not define, `RepinError` with the
     producer's output (traceback included) if it fails, and
     `parity.run.processes.WorkerFailed` when a worker of a multi-process run fails, and when
     the run, of one process or several, outlives `timeout`.
@@ -170,6 +203,9 @@ def run_producers(
             progress(line)
 
     (rc,) = supervise(cmd, [env], timeout=timeout, ok=lambda _: True, progress=collect)
+    if rc == EXIT_UNKNOWN_GROUP and (out / _UNKNOWN_GROUPS).is_file():
+        doc = json.loads((out / _UNKNOWN_GROUPS).read_text())
+        raise UnknownGroupsError(doc["unknown"], doc["defined"], producers, "\n".join(tail))
     if rc != 0:
         output = "\n".join(tail)
         reason = (

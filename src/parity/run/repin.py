@@ -22,6 +22,7 @@ returning `{key: array}` in forward order (the order first-divergence reports fo
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import json
 from collections.abc import Callable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
@@ -65,16 +66,18 @@ class GroupChange:
     removed: tuple[str, ...] = ()
     changed: tuple[tuple[str, str], ...] = ()  # (key, how much)
     new_file: bool = False
+    calibration: str = ""  # what became of the old file's calibration, one line
 
     @property
     def unchanged(self) -> bool:
         return not (self.added or self.removed or self.changed or self.new_file)
 
     def describe(self, limit: int = 10) -> str:
+        tail = f"\n  {self.calibration}" if self.calibration else ""
         if self.new_file:
             return f"{self.group}: new file, {self.n_arrays} arrays"
         if self.unchanged:
-            return f"{self.group}: {self.n_arrays} arrays, unchanged"
+            return f"{self.group}: {self.n_arrays} arrays, unchanged{tail}"
         lines = [
             f"{self.group}: {self.n_arrays} arrays; {len(self.added)} added, "
             f"{len(self.removed)} removed, {len(self.changed)} changed"
@@ -85,7 +88,7 @@ class GroupChange:
         hidden = sum(max(0, len(x) - limit) for x in (self.added, self.removed, self.changed))
         if hidden:
             lines.append(f"  ... and {hidden} more")
-        return "\n".join(lines)
+        return "\n".join(lines) + tail
 
 
 @dataclass(frozen=True)
@@ -135,6 +138,48 @@ def summarize_change(group: str, path: Path, new: Mapping[str, np.ndarray]) -> G
             removed=tuple(sorted(old_keys - set(new))),
             changed=tuple(changed),
         )
+
+
+def carry_calibration(path: Path, change: GroupChange) -> tuple[dict[str, Any] | None, str]:
+    """What a repin keeps of the calibration recorded in the old golden file at `path`.
+
+    A key's spread measures the harmless noise of its computation; a repin that leaves the
+    key's bytes alone leaves that computation alone, so its spread stays (the `calibrated`
+    class and checks off the pin's environment go on reading it). A key that changed, was
+    added or was removed loses its spread: its noise is measured again by `parity
+    calibrate`.
+
+    **Returns:** the calibration to record in the new file (None where the old file
+    recorded none, or none of its keys stayed) and one line for the repin's summary (empty
+    where there was nothing to keep).
+    """
+    if change.new_file:
+        return None, ""
+    try:
+        with open_goldens(path) as old:
+            calibration = old.provenance.get("calibration")
+    except GoldenStoreError:
+        return None, ""
+    if not isinstance(calibration, dict):
+        return None, ""
+    spread = calibration.get("spread")
+    keys = spread.get("keys", {}) if isinstance(spread, dict) else {}
+    moved = {k for k, _ in change.changed} | set(change.removed) | set(change.added)
+    kept = {k: v for k, v in keys.items() if k not in moved}
+    lost = sorted(set(keys) - set(kept))
+    redo = (
+        f"parity calibrate --groups {change.group} --perturb isa,devices,processes,repeat "
+        "--write measures them again"
+    )
+    if not kept:
+        return None, f"calibration dropped: every calibrated key changed; {redo}"
+    carried = {**calibration, "spread": {**spread, "keys": kept}}  # pyright: ignore[reportGeneralTypeIssues]
+    if not lost and not change.added:
+        return carried, f"calibration kept: {len(kept)} keys' spreads, their arrays unchanged"
+    return carried, (
+        f"calibration kept for {len(kept)} unchanged keys, dropped for "
+        f"{len(lost) + len(change.added)} changed or new ones; {redo}"
+    )
 
 
 def class_of(class_map: ClassMap, key: str) -> str:
@@ -267,11 +312,16 @@ def _repin_locked(
                 arrays = produced.arrays
                 # Collected in the producer process (see `_producer_runner`), so it
                 # describes the process that made the arrays, not this one.
-                provenance = {**produced.provenance, "base_sha": sha, "producer_digest": digest}
+                provenance = {**produced.provenance, "base_sha": sha, "producer_digest": digest,
+                              "order": produced.order}  # fmt: skip
                 class_map = ClassMap(rules=tuple((p, c) for p, c in produced.class_map))
                 classes = {k: class_of(class_map, k) for k in arrays}
                 dest = out / f"{name}.h5"
-                changes.append(summarize_change(name, dest, arrays))
+                change = summarize_change(name, dest, arrays)
+                calibration, note = carry_calibration(dest, change)
+                if calibration is not None:
+                    provenance["calibration"] = calibration
+                changes.append(dataclasses.replace(change, calibration=note))
                 new = staged_name(dest)
                 staged.append((new, dest))
                 try:
@@ -306,8 +356,9 @@ class Reclassed:
     """What `reclass` did to one golden file.
 
     **Fields:** `group`, `path`, `arrays` (how many), `moved` (keys whose stored sha256
-    changed: always empty unless the file was damaged) and `changed` (`(key, old class,
-    new class)` for every key whose class changed).
+    changed: always empty unless the file was damaged), `changed` (`(key, old class,
+    new class)` for every key whose class changed) and `reordered` (with `reorder`: how
+    many keys changed place in the forward order; else None).
     """
 
     group: str
@@ -315,11 +366,14 @@ class Reclassed:
     arrays: int
     moved: tuple[str, ...]
     changed: tuple[tuple[str, str, str], ...]
+    reordered: int | None = None
 
     def describe(self) -> str:
         """One line, then one per class change (counted by old -> new)."""
         moved = "unchanged" if not self.moved else f"{len(self.moved)} MOVED"
         lines = [f"{self.group}: {self.arrays} arrays, {moved}; {len(self.changed)} changed class"]
+        if self.reordered is not None:
+            lines[0] += f"; {self.reordered} changed place in the forward order"
         counts: dict[tuple[str, str], int] = {}
         for _, old, new in self.changed:
             counts[(old, new)] = counts.get((old, new), 0) + 1
@@ -335,8 +389,16 @@ def reclass(
     groups: Sequence[str] = (),
     progress: Callable[[str], None] = print,
     src: Sequence[str] | None = None,
+    reorder: bool = False,
 ) -> list[Reclassed]:
     """Give existing goldens the class map of the current producers, without producing.
+
+    With `reorder`, also their forward order: the producers run (the current tree's code,
+    in a fresh process) and only the order of the keys they return is kept, with how it was
+    made (`parity.judge.dataflow`); every array stays the one pinned, byte for byte. For
+    a change to the producers' order alone (each train step's metrics before the
+    parameters it produced), where a repin would re-produce every array. A group whose
+    produced keys are not the golden's is refused.
 
     The producers file is imported (the current tree's code, as `parity check` does) only
     to read its `CLASS_MAP`; every golden file of `groups` (default all in `out_dir`) is
@@ -363,17 +425,44 @@ def reclass(
         missing = [g for g in names if not (out / f"{g}.h5").is_file()]
         if missing:
             raise RepinError(f"no golden file for group(s) {missing} in {out}; pin them first")
+        orders: dict[str, tuple[list[str], str]] = {}
+        if reorder:
+            produced = Path(tmp) / "produced"
+            produced.mkdir()
+            run_producers(root, producers, produced, progress=progress, src=src, groups=names)
+            for name in names:
+                run = load_runner_output(produced, name)
+                orders[name] = (list(run.arrays), run.order)
         staged: list[tuple[Path, Path]] = []
         done: list[Reclassed] = []
         try:
             for name in names:
                 dest = out / f"{name}.h5"
-                with open_goldens(dest) as gf:
-                    arrays = {k: gf[k] for k in gf}
-                    before = {k: gf.info(k).class_name for k in gf}
-                    sha = {k: gf.info(k).sha256 for k in gf}
-                    provenance, order = dict(gf.provenance), gf.ordered_keys()
+                try:
+                    with open_goldens(dest) as gf:
+                        arrays = {k: gf[k] for k in gf}
+                        before = {k: gf.info(k).class_name for k in gf}
+                        sha = {k: gf.info(k).sha256 for k in gf}
+                        provenance, order = dict(gf.provenance), gf.ordered_keys()
+                except GoldenStoreError as e:
+                    raise RepinError(
+                        f"the golden file of group {name!r} cannot be read, so its classes "
+                        f"cannot be rewritten ({' '.join(str(e).split())}); pin it again with "
+                        "parity repin --base <SHA>"
+                    ) from None
                 classes = {k: class_of(class_map, k) for k in arrays}
+                reordered = None
+                if name in orders:
+                    keys, made = orders[name]
+                    if sorted(keys) != sorted(arrays):
+                        raise RepinError(
+                            f"the producers return other keys for group {name!r} than its "
+                            f"golden holds ({len(set(keys) ^ set(arrays))} differ); "
+                            "--order only reorders: repin it with parity repin --base <SHA>"
+                        )
+                    old_place = {k: i for i, k in enumerate(order)}
+                    reordered = sum(old_place.get(k) != i for i, k in enumerate(keys))
+                    order, provenance = keys, {**provenance, "order": made}
                 new = staged_name(dest)
                 staged.append((new, dest))
                 write_goldens(new, arrays, classes=classes, class_map_json=class_map.to_json(),
@@ -382,7 +471,7 @@ def reclass(
                     moved = tuple(k for k in check if check.info(k).sha256 != sha.get(k))
                 changed = tuple((k, before[k], classes[k]) for k in arrays
                                 if before[k] != classes[k])  # fmt: skip
-                done.append(Reclassed(name, dest, len(arrays), moved, changed))
+                done.append(Reclassed(name, dest, len(arrays), moved, changed, reordered))
             commit_staged(out, staged)
         except StagingError as e:
             raise RepinError(str(e)) from None

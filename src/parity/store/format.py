@@ -82,7 +82,7 @@ VALUE_NAME = "%value"
 INDEX_ATTR = "index"
 
 #: A file of this name beside a golden file means its folder is mid-replace (see
-#: `parity.staging`): reading is refused until the replace is finished.
+#: `parity.store.staging`): reading is refused until the replace is finished.
 JOURNAL_NAME = ".parity-repin.journal"
 
 #: Name of the root attribute holding the checksum of every other root attribute.

@@ -303,8 +303,9 @@ def environment_fingerprint(prov: Mapping[str, Any]) -> str:
     return hashlib.sha256(text.encode()).hexdigest()[:16]
 
 
-#: Provenance fields that record a measurement, not the environment: never a drift.
-NOT_ENVIRONMENT = frozenset({"calibration"})
+#: Provenance fields that record a measurement or how the file was made (`order`: how its
+#: forward order was made, `parity.judge.dataflow`), not the environment: never a drift.
+NOT_ENVIRONMENT = frozenset({"calibration", "order"})
 
 
 def drift(golden_prov: Mapping[str, Any], current_prov: Mapping[str, Any]) -> list[Drift]:
@@ -312,8 +313,8 @@ def drift(golden_prov: Mapping[str, Any], current_prov: Mapping[str, Any]) -> li
 
     `base_sha` and `producer_digest` are compared only when both sides record one (a check
     run usually has no base SHA of its own); `calibration` (what `parity calibrate`
-    measured) is not compared. Fields neither list knows are reported as
-    "info".
+    measured) and `order` (how the forward order was made) are not compared. Fields
+    neither list knows are reported as "info".
 
     **Arguments:**
 
