@@ -64,7 +64,7 @@ def test_repin_check_json_report_and_save_actual(project: Path, tmp_path: Path, 
     assert "python -m parity diff" in bad.stdout
 
     # Flags override [tool.parity]; a producer that cannot run is an input error.
-    _one_line_error(run_parity(project, "check", "--groups", "nope"), "unknown group")
+    _one_line_error(run_parity(project, "check", "--groups", "nope"), "no group named 'nope'")
     broken = run_parity(project, "check", "--src", "nowhere")
     _one_line_error(broken, "producers cannot run")
 

@@ -81,6 +81,7 @@ def run(args: argparse.Namespace, out: IO[str]) -> int:
     from parity.report import ReportSession
     from parity.results import CheckError, merged_header_lines
     from parity.run.baseline import BaselineSource
+    from parity.run.launcher import UnknownGroupsError
     from parity.run.runner import ProducersFailed, check_produced, produce
 
     config = config_of(args)
@@ -113,6 +114,8 @@ def run(args: argparse.Namespace, out: IO[str]) -> int:
             coordinator=args.coordinator,
             process_id=args.process_id,
         )
+    except UnknownGroupsError as e:
+        raise CLIError(e.message) from None
     except ProducersFailed as e:
         log = keep_log(e.output)
         if e.tail:  # a worker's last lines, before the one-line verdict

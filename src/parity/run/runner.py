@@ -26,7 +26,13 @@ from parity.base_judge import BaseSource, BaseUnavailable, ReproducedBase
 from parity.check import GoldenDir, check_group
 from parity.results import CheckResult
 from parity.run.config import ParityConfig
-from parity.run.launcher import ProducerRunError, RepinError, load_runner_output, run_producers
+from parity.run.launcher import (
+    ProducerRunError,
+    RepinError,
+    UnknownGroupsError,
+    load_runner_output,
+    run_producers,
+)
 from parity.run.processes import Layout, WorkerFailed
 
 __all__ = [
@@ -150,6 +156,8 @@ def produce(
             )
         except WorkerFailed as e:
             raise ProducersFailed(e.reason, e.output, e.tail) from None
+        except UnknownGroupsError:
+            raise  # an input error, said in one line by the command
         except RepinError as e:
             output = (e.output if isinstance(e, ProducerRunError) else "") or str(e)
             raise ProducersFailed(failure_reason(output), output) from None
