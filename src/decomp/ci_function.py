@@ -349,36 +349,19 @@ def _apply_chunk(config: CIConfig, params: _ChunkParams, h: Array, cos: Array, s
     return nn.rms_norm(z, None, config.eps) @ params.w_out.T + params.b_out
 
 
-def _check_taps(ci: CIFunction, taps: Mapping[str, Array]) -> tuple[int, int]:
-    missing = [s for s in ci.site_names if s not in taps]
-    if missing:
-        raise ValueError(
-            f"taps lack {len(missing)} site input(s) the CI function reads: {missing[:5]}; "
-            "read every site name as a tap"
-        )
-    bt = None
-    for j, chunk in enumerate(ci.chunks):
-        for p, site in enumerate(chunk):
-            shape = tuple(taps[site].shape)
-            if len(shape) != 3 or shape[-1] != ci.d_ins[p]:
-                raise ValueError(
-                    f"tap {site!r} (chunk {j}, position {p}) has shape {shape}; expected "
-                    f"[batch, seq, {ci.d_ins[p]}]"
-                )
-            if bt is None:
-                bt = shape[:2]
-            elif shape[:2] != bt:
-                raise ValueError(
-                    f"tap {site!r} has [batch, seq] = {list(shape[:2])}, but "
-                    f"{ci.site_names[0]!r} has {list(bt)}; all taps must share them"
-                )
-    assert bt is not None
-    return bt
+def ci_pre_activations_by_position(
+    ci: CIFunction, by_position: Sequence[Array], seq: int
+) -> list[Array]:
+    """The chunk transformer, every chunk under one vmap, on taps grouped by chunk position.
 
+    **Arguments:**
 
-def _pre_from_positions(ci: CIFunction, by_position: Sequence[Array], seq: int) -> list[Array]:
-    """The chunk transformer on `by_position[p] [n_chunks, b, t, d_in_p]` (the raw tap at
-    position `p` of every chunk): the pre-activations per position, `[n_chunks, b, t, C_p]`.
+    - `ci`: the CI function.
+    - `by_position`: `by_position[p] [n_chunks, batch, seq, d_in_p]`, the raw tap at
+      position `p` of every chunk.
+    - `seq`: the sequence length (the RoPE table's).
+
+    **Returns:** the pre-activations per position, `[n_chunks, batch, seq, C_p]`.
     """
     cfg = ci.config
     # Each norm is one op for all chunks, then the positions are concatenated:
@@ -389,31 +372,15 @@ def _pre_from_positions(ci: CIFunction, by_position: Sequence[Array], seq: int) 
     return jnp.split(pre, np.cumsum(ci.cs)[:-1].tolist(), axis=-1)
 
 
-def ci_pre_activations(ci: CIFunction, taps: Mapping[str, Array]) -> dict[str, Array]:
-    """CI pre-activations of every site, all chunks under one vmap.
-
-    **Arguments:**
-
-    - `ci`: the CI function.
-    - `taps`: `{site: [batch, seq, d_in]}`, the input of every site (extra keys are ignored).
-
-    **Returns:** `{site: [batch, seq, C]}`, in canonical order (returned from a jit, a dict
-    comes back in sorted-key order, as any pytree dict does).
-    """
-    _, seq = _check_taps(ci, taps)
-    positions = [jnp.stack([taps[chunk[p]] for chunk in ci.chunks]) for p in range(len(ci.d_ins))]
-    parts = _pre_from_positions(ci, positions, seq)
-    return {site: parts[p][j] for j, chunk in enumerate(ci.chunks) for p, site in enumerate(chunk)}
-
-
 def ci_pre_activations_by_kind(
     ci: CIFunction, taps: Mapping[str, Array], layout: SiteLayout
 ) -> dict[str, Array]:
-    """`ci_pre_activations` stacked per kind: `taps` is `{kind: [n_kind, batch, seq, d_in]}`
-    (row `l`: the input of the kind's `l`-th site) and so is the result, `{kind: [n_kind,
-    batch, seq, C]}`. The same numbers as the per-site form: the taps are only regrouped
-    (by chunk position, then back by kind), in a number of operations that does not grow
-    with the number of sites.
+    """CI pre-activations of every site, stacked per kind: `taps` is `{kind: [n_kind,
+    batch, seq, d_in]}` (row `l`: the input of the kind's `l`-th site) and so is the result,
+    `{kind: [n_kind, batch, seq, C]}`. The taps are regrouped by chunk position for
+    `ci_pre_activations_by_position`, then back by kind, in a number of operations that does
+    not grow with the number of sites (the per-site form, `decomp.legacy.ci_pre_activations`,
+    gives the same numbers).
     """
     if sorted(layout.names) != sorted(ci.site_names):
         raise ValueError("the layout's sites are not the CI function's sites")
@@ -429,7 +396,7 @@ def ci_pre_activations_by_kind(
     positions = [
         gather_rows(taps, [where[chunk[p]] for chunk in ci.chunks]) for p in range(len(ci.d_ins))
     ]
-    parts = dict(enumerate(_pre_from_positions(ci, positions, seq)))
+    parts = dict(enumerate(ci_pre_activations_by_position(ci, positions, seq)))
     slot = {site: (p, j) for j, chunk in enumerate(ci.chunks) for p, site in enumerate(chunk)}
     return {kind: gather_rows(parts, [slot[s] for s in sites]) for kind, sites in layout.kinds}
 
@@ -478,29 +445,18 @@ def ci_upper(x: Array) -> Array:
 def causal_importances_by_kind(
     ci: CIFunction, taps: Mapping[str, Array], layout: SiteLayout
 ) -> tuple[dict[str, Array], dict[str, Array]]:
-    """`causal_importances` stacked per kind: `{kind: [n_kind, batch, seq, C]}` from taps
-    `{kind: [n_kind, batch, seq, d_in]}` (see `ci_pre_activations_by_kind`)."""
-    pre = ci_pre_activations_by_kind(ci, taps, layout)
-    return (
-        {k: ci_lower(x) for k, x in pre.items()},
-        {k: ci_upper(x) for k, x in pre.items()},
-    )
-
-
-def causal_importances(
-    ci: CIFunction, taps: Mapping[str, Array]
-) -> tuple[dict[str, Array], dict[str, Array]]:
-    """`ci_lower` and `ci_upper` of the pre-activations of every site.
+    """`ci_lower` and `ci_upper` of the pre-activations of every site, stacked per kind.
 
     **Arguments:**
 
     - `ci`: the CI function.
-    - `taps`: `{site: [batch, seq, d_in]}`.
+    - `taps`: `{kind: [n_kind, batch, seq, d_in]}` (see `ci_pre_activations_by_kind`).
+    - `layout`: which sites each kind stacks.
 
-    **Returns:** `(lower, upper)`, each `{site: [batch, seq, C]}`.
+    **Returns:** `(lower, upper)`, each `{kind: [n_kind, batch, seq, C]}`.
     """
-    pre = ci_pre_activations(ci, taps)
+    pre = ci_pre_activations_by_kind(ci, taps, layout)
     return (
-        {s: ci_lower(x) for s, x in pre.items()},
-        {s: ci_upper(x) for s, x in pre.items()},
+        {k: ci_lower(x) for k, x in pre.items()},
+        {k: ci_upper(x) for k, x in pre.items()},
     )

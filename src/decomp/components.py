@@ -44,45 +44,25 @@ class SiteMask(NamedTuple):
     routing: Array | None = None
 
 
-def init_components(
-    site_shapes: Mapping[str, tuple[int, int]], n_components: int | Mapping[str, int], *, key: Array
-) -> Components:
-    """Initialise components for every site.
-
-    One key per V and one per U from a single split, in the order of `site_shapes`:
-    `V ~ N(0, 1) / sqrt(d_in)`, `U ~ N(0, 1) / sqrt(C)`.
-
-    **Arguments:**
-
-    - `site_shapes`: `{site: (d_in, d_out)}` in canonical order.
-    - `n_components`: `C` for every site, or per site.
-    - `key`: a PRNG key (keyword-only).
-
-    **Returns:** `{site: SiteComponents(V [d_in, C], U [C, d_out])}` in fp32.
-    """
-    names = list(site_shapes)
-    keys = jax.random.split(key, 2 * len(names))
-    out: Components = {}
-    for i, name in enumerate(names):
-        d_in, d_out = site_shapes[name]
-        c = n_components if isinstance(n_components, int) else n_components[name]
-        if c < 1:
-            raise ValueError(f"site {name!r}: the number of components C must be >= 1, got {c}")
-        v = jax.random.normal(keys[2 * i], (d_in, c), jnp.float32) / np.sqrt(d_in)
-        u = jax.random.normal(keys[2 * i + 1], (c, d_out), jnp.float32) / np.sqrt(c)
-        out[name] = SiteComponents(v, u)
-    return out
-
-
 def init_components_by_kind(
     layout: SiteLayout, site_shapes: Mapping[str, tuple[int, int]], n_components: int, *, key: Array
 ) -> dict[str, SiteComponents]:
-    """`init_components`, stacked per kind: `{kind: SiteComponents(V [n_kind, d_in, C],
-    U [n_kind, C, d_out])}`, bit-identical row by row to `init_components(site_shapes, ...)`.
+    """Components for every site, stacked per kind: `V ~ N(0, 1) / sqrt(d_in)`,
+    `U ~ N(0, 1) / sqrt(C)` in fp32.
 
-    Site number `i` in canonical order keeps its keys `2i` (V) and `2i + 1` (U) of the one
-    split; each kind draws its rows under one `vmap` (flat, then reshaped: the same bits,
-    and a batched draw over a flat shape compiles faster on XLA CPU).
+    One key per V and one per U from a single split: site number `i` in canonical order
+    takes keys `2i` (V) and `2i + 1` (U); each kind draws its rows under one `vmap` (flat,
+    then reshaped: the same bits, and a batched draw over a flat shape compiles faster on
+    XLA CPU). Row by row bit-identical to the per-site `decomp.legacy.init_components`.
+
+    **Arguments:**
+
+    - `layout`: which sites each kind stacks.
+    - `site_shapes`: `{site: (d_in, d_out)}`.
+    - `n_components`: `C` for every site.
+    - `key`: a PRNG key (keyword-only).
+
+    **Returns:** `{kind: SiteComponents(V [n_kind, d_in, C], U [n_kind, C, d_out])}`.
     """
     if n_components < 1:
         raise ValueError(f"the number of components C must be >= 1, got {n_components}")

@@ -14,7 +14,8 @@ Mask modes (every site at every position, no routing):
 `u ~ U[0, 1)` per site as in training (`masks.stochastic_masks_by_kind`), from two keys
 split off the step's key. As in the train step, everything per site is stacked per kind on a
 leading layer axis (`decomp.stacked`); only the `l0/{site}` metrics are per site. The
-per-site step this replaced is `decomp.legacy.eval`. Sequence targets report `kl/{mode}`
+per-site step this replaced is `decomp.legacy.eval`. Metrics are named by the target's
+`divergence_name`: sequence targets (`has_seq_axis`) report `kl/{mode}`
 (KL of clean against masked logits, averaged over positions) and `ce_diff/{mode}`
 (next-token cross-entropy of the masked logits minus that of the clean ones, plus
 `ce/clean`); the toys, whose outputs are not logits, report `mse/{mode}` and no
@@ -23,9 +24,7 @@ cross-entropy.
 
 from __future__ import annotations
 
-import functools
 from collections.abc import Callable, Mapping
-from typing import Any
 
 import jax
 import jax.numpy as jnp
@@ -34,11 +33,11 @@ from jax.sharding import Mesh
 
 from decomp.components import SiteMask
 from decomp.config import SPDConfig
-from decomp.losses import kl_divergence, mse
+from decomp.jitted import JittedStep, jit_step
 from decomp.masks import constant_masks, stochastic_masks_by_kind
-from decomp.mesh import batch_sharding, check_batch, make_dp_mesh, replicate, replicated
+from decomp.model import DecomposedModel
 from decomp.stacked import SiteLayout
-from decomp.train import TrainState, frozen_forward, importances, is_sequence_target
+from decomp.train import TrainState, frozen_forward, importances
 
 #: The masked runs, in the order the eval step computes them.
 MODES = ("ci_masked", "unmasked", "stochastic", "random", "rounded", "zero_masked")
@@ -117,34 +116,30 @@ def mode_masks(
 
 
 def _eval_step(
-    config: SPDConfig, model: Any, state: TrainState, inputs: Array, key: Array
+    config: SPDConfig, model: DecomposedModel, state: TrainState, inputs: Array, key: Array
 ) -> dict[str, Array]:
     clean, taps = frozen_forward(model, inputs)
-    lower, _ = importances(state.ci, taps, state.layout)
+    sequence = model.has_seq_axis
+    lower, _ = importances(state.ci, taps, state.layout, has_seq_axis=sequence)
     builders = mode_masks(lower, state.layout, key=key)
-    sequence = is_sequence_target(model)
 
     def run(i: Array) -> tuple[Array, Array]:
         # One masked forward in the graph: the mode's masks are built inside the map by a
         # switch, so only the chosen builder runs.
         masks = jax.lax.switch(i, builders)
-        if sequence:
-            out = model.masked_output_by_kind(inputs, state.components, masks, remat=None)
-            return kl_divergence(clean, out), next_token_ce(out, inputs)
-        out = model.masked_output_by_kind(inputs, state.components, masks)
-        return mse(clean, out), jnp.zeros((), jnp.float32)
+        out = model.masked_output_by_kind(inputs, state.components, masks, remat=None)
+        div = model.divergence(clean, out)
+        return div, (next_token_ce(out, inputs) if sequence else jnp.zeros((), jnp.float32))
 
     divs, ces = jax.lax.map(run, jnp.arange(len(MODES)))
     metrics: dict[str, Array] = {}
-    if sequence:
-        ce_clean = next_token_ce(clean, inputs)
+    ce_clean = next_token_ce(clean, inputs) if sequence else None
+    if ce_clean is not None:
         metrics["ce/clean"] = ce_clean
-        for i, mode in enumerate(MODES):
-            metrics[f"kl/{mode}"] = divs[i]
+    for i, mode in enumerate(MODES):
+        metrics[f"{model.divergence_name}/{mode}"] = divs[i]
+        if ce_clean is not None:
             metrics[f"ce_diff/{mode}"] = ces[i] - ce_clean
-    else:
-        for i, mode in enumerate(MODES):
-            metrics[f"mse/{mode}"] = divs[i]
     per_kind = {
         k: jnp.mean(
             jnp.sum(ci > config.l0_threshold, axis=-1, dtype=jnp.float32),
@@ -159,8 +154,8 @@ def _eval_step(
 
 
 def make_eval_step(
-    model: Any, config: SPDConfig, *, mesh: Mesh | None = None
-) -> Callable[[TrainState, Array, Array], dict[str, Array]]:
+    model: DecomposedModel, config: SPDConfig, *, mesh: Mesh | None = None
+) -> JittedStep[TrainState, dict[str, Array]]:
     """A jitted eval step, `eval_step(state, inputs, key) -> metrics`.
 
     Sharded as the train step: model and state replicated, inputs on `dp`.
@@ -176,24 +171,4 @@ def make_eval_step(
     mode in `MODES`; `l0/{site}` (mean number of components with `ci_lower >
     l0_threshold` per position) and `l0/total`.
     """
-    config.check_sites(model.site_names)
-    mesh = make_dp_mesh() if mesh is None else mesh
-    rep = replicated(mesh)
-    model = replicate(model, mesh)
-    jitted = jax.jit(
-        functools.partial(_eval_step, config),
-        in_shardings=(rep, rep, batch_sharding(mesh), rep),
-        out_shardings=rep,
-    )
-
-    def eval_step(state: TrainState, inputs: Array, key: Array) -> dict[str, Array]:
-        check_batch(inputs.shape[0], mesh)
-        return jitted(model, state, inputs, key)
-
-    def lower(state: TrainState, inputs: Array, key: Array) -> jax.stages.Lowered:
-        check_batch(inputs.shape[0], mesh)
-        return jitted.lower(model, state, inputs, key)
-
-    # The same program, lowered, for compile statistics (as `TrainStep.lower`).
-    eval_step.lower = lower  # pyright: ignore[reportFunctionMemberAccess]
-    return eval_step
+    return jit_step(_eval_step, model, config, mesh=mesh, returns_state=False)

@@ -1,26 +1,37 @@
-"""The four SPD loss terms, each a small pure function, on per-site data stacked per kind.
+"""The four SPD loss terms, each a small pure function, on per-site data stacked per kind,
+and `SPD_LOSSES`, the table of them that the train step walks.
 
 Components, masks, causal importances and sources are `{kind: [n_kind, ...]}`
 (`decomp.stacked`); every loss runs a constant number of operations per kind, whatever the
 depth. `MaskedForward(components, masks) -> output` is the target's masked forward
 (`masked_output_by_kind`) with the inputs bound; `divergence(clean, masked) -> scalar`
-compares outputs per position and averages (`kl_divergence` for logits, `mse` for the
-toys' real-valued outputs). See docs/design.md, "The subject: SPD training".
+compares outputs per position and averages (the target's `divergence`: `kl_divergence` for
+logits, `mse` for the toys' real-valued outputs). See docs/design.md, "The subject: SPD
+training".
+
+A row of `SPD_LOSSES` is `(name, coefficient, loss)`: the metric's name, the term's weight
+read from an `SPDConfig`, and `loss(LossInputs) -> TermValue`. Adding a loss is one row
+(and its weight in `SPDConfig`).
 """
 
 from __future__ import annotations
 
 from collections.abc import Callable, Mapping, Sequence
-from typing import Any
+from typing import TYPE_CHECKING, Any, NamedTuple
 
 import jax
 import jax.numpy as jnp
 import optax
 from jax import Array
 
-from decomp.components import SiteMask
-from decomp.masks import route_chunk_by_kind, source_masks, stochastic_masks_by_kind
+from decomp.components import SiteComponents, SiteMask
+from decomp.config import SPDConfig
+from decomp.masks import recon_chunks, route_chunk_by_kind, source_masks, stochastic_masks_by_kind
 from decomp.stacked import SiteLayout, sum_in_order
+
+if TYPE_CHECKING:
+    # The targets import this module's divergences; the contract is only named here.
+    from decomp.model import DecomposedModel
 
 MaskedForward = Callable[[Any, Mapping[str, SiteMask]], Array]
 Divergence = Callable[[Array, Array], Array]
@@ -220,3 +231,99 @@ def pgd_recon_loss(
     src = jax.lax.stop_gradient(src)
     loss = divergence(clean, forward(components, source_masks(ci_lower, src)))
     return loss, src
+
+
+# --- the table ----------------------------------------------------------------------------
+
+
+class LossInputs(NamedTuple):
+    """What a loss term may read: one train step's data, per-site data stacked per kind.
+
+    - `model`, `config`: the target and the SPD configuration.
+    - `components`: `{kind: SiteComponents(V [n_kind, d_in, C], U [n_kind, C, d_out])}`,
+      what the gradient is taken of (with the CI function, through `ci_lower`, `ci_upper`).
+    - `ci_lower`, `ci_upper`: `{kind: [n_kind, ..., C]}`.
+    - `clean`: the clean output, from the frozen forward.
+    - `forward`: the masked forward with the inputs bound.
+    - `sources`: the persistent sources, `{kind: [n_kind, 1, ..., C + 1]}` (no seq axis:
+      `[n_kind, 1, C + 1]`), any float dtype.
+    - `p`: the importance exponent at this step.
+    - `layout`: which sites each kind stacks.
+    - `key`: the stochastic masks' key.
+    """
+
+    model: DecomposedModel
+    config: SPDConfig
+    components: dict[str, SiteComponents]
+    ci_lower: dict[str, Array]
+    ci_upper: dict[str, Array]
+    clean: Array
+    forward: MaskedForward
+    sources: dict[str, Array]
+    p: Array
+    layout: SiteLayout
+    key: Array
+
+
+class TermValue(NamedTuple):
+    """A term's fp32 scalar and, for a term that moves them, the new persistent sources
+    (fp32, the shapes of `LossInputs.sources`)."""
+
+    value: Array
+    sources: dict[str, Array] | None = None
+
+
+class LossTerm(NamedTuple):
+    """One row of the loss table: the metric's `name`, its weight `coefficient(config)` (a
+    term of weight 0 is not computed) and `loss(inputs) -> TermValue`."""
+
+    name: str
+    coefficient: Callable[[SPDConfig], float]
+    loss: Callable[[LossInputs], TermValue]
+
+
+def _faithfulness(x: LossInputs) -> TermValue:
+    return TermValue(faithfulness_loss(x.model.weight_deltas_by_kind(x.components), x.layout))
+
+
+def _importance(x: LossInputs) -> TermValue:
+    return TermValue(importance_minimality_loss(x.ci_upper, x.p, x.layout))
+
+
+def _stochastic_recon(x: LossInputs) -> TermValue:
+    chunks = recon_chunks(x.model.site_names, x.config.recon_sites_per_chunk)
+    value = stochastic_recon_loss(
+        x.forward,
+        x.components,
+        x.clean,
+        x.ci_lower,
+        x.layout,
+        chunks,
+        key=x.key,
+        n_mask_samples=x.config.n_mask_samples,
+        divergence=x.model.divergence,
+    )
+    return TermValue(value)
+
+
+def _pgd_recon(x: LossInputs) -> TermValue:
+    value, sources = pgd_recon_loss(
+        x.forward,
+        x.components,
+        x.clean,
+        x.ci_lower,
+        x.sources,
+        steps=x.config.pgd_warmup_steps,
+        lr=x.config.pgd_lr,
+        divergence=x.model.divergence,
+    )
+    return TermValue(value, sources)
+
+
+#: The SPD loss terms, in the order the step computes and sums them and metrics report them.
+SPD_LOSSES: tuple[LossTerm, ...] = (
+    LossTerm("faithfulness", lambda c: c.faithfulness_coeff, _faithfulness),
+    LossTerm("importance", lambda c: c.importance_coeff, _importance),
+    LossTerm("stochastic_recon", lambda c: c.stochastic_recon_coeff, _stochastic_recon),
+    LossTerm("pgd_recon", lambda c: c.pgd_recon_coeff, _pgd_recon),
+)

@@ -40,42 +40,14 @@ def mask_from_draw(ci: Array, u: Array) -> SiteMask:
     return SiteMask(mask=mask, delta=delta)
 
 
-def stochastic_masks(ci_lower: Mapping[str, Array], *, key: Array) -> dict[str, SiteMask]:
-    """One stochastic mask per site.
-
-    Site number `i` (its position in `ci_lower`, which is in canonical order) draws
-    `u ~ U[0, 1)` of shape `[..., C + 1]` from `fold_in(key, i)`: a site's draw does not
-    depend on which other sites exist or on how the batch is sharded. Sites of one shape
-    draw under one `vmap` (the same bits as one draw per site, but one copy of the
-    generator in the graph instead of one per site).
-
-    **Arguments:**
-
-    - `ci_lower`: `{site: [..., C]}` in canonical order.
-    - `key`: a PRNG key (keyword-only).
-
-    **Returns:** `{site: SiteMask(mask [..., C], delta [...])}`.
-    """
-    by_shape: dict[tuple[int, ...], list[int]] = {}
-    names = list(ci_lower)
-    for i, name in enumerate(names):
-        ci = ci_lower[name]
-        by_shape.setdefault((*ci.shape[:-1], ci.shape[-1] + 1), []).append(i)
-    out = {}
-    for shape, idx in by_shape.items():
-        keys = jax.vmap(lambda i: jax.random.fold_in(key, i))(jnp.asarray(idx))
-        u = jax.vmap(lambda k, shape=shape: jax.random.uniform(k, shape, jnp.float32))(keys)
-        for row, i in enumerate(idx):
-            out[names[i]] = mask_from_draw(ci_lower[names[i]], u[row])
-    return {name: out[name] for name in names}
-
-
 def stochastic_masks_by_kind(
     ci_lower: Mapping[str, Array], layout: SiteLayout, *, key: Array
 ) -> dict[str, SiteMask]:
-    """`stochastic_masks` stacked per kind: `ci_lower` is `{kind: [n_kind, ..., C]}` and row
-    `l` of a kind draws from `fold_in(key, i)`, `i` the canonical position of the kind's
-    `l`-th site: bit-identical, row by row, to the per-site masks.
+    """One stochastic mask per site, stacked per kind: `ci_lower` is `{kind: [n_kind, ...,
+    C]}` and row `l` of a kind draws `u ~ U[0, 1)` of shape `[..., C + 1]` from
+    `fold_in(key, i)`, `i` the canonical position of the kind's `l`-th site: a site's draw
+    does not depend on which other sites exist or on how the batch is sharded, and it is
+    bit-identical, row by row, to the per-site masks (`decomp.legacy.stochastic_masks`).
 
     Kinds whose masks have one shape draw under one `vmap` over all their sites (one copy of
     the generator in the graph for a GLU, not one per kind), then take their rows.
@@ -144,9 +116,21 @@ def route_chunk_by_kind(
     *,
     key: Array,
 ) -> dict[str, SiteMask]:
-    """`route_chunk` stacked per kind: `masks` is `{kind: SiteMask(mask [n_kind, ..., C],
-    delta [n_kind, ...])}`; row `l` of a kind gets the routing its site gets from
-    `route_chunk` (the same draw, the same column of it), in two operations per kind.
+    """Masks for the masked forward of one reconstruction chunk, stacked per kind.
+
+    The chunk's sites are routed by `uniform_k_routing` (one draw; the site at chunk
+    position `j` reads column `j`); every other site runs its plain weight everywhere.
+    `chunk` may be traced (the chunks are mapped over with one forward in the graph), so
+    membership is a comparison, not a Python branch. Row `l` of a kind gets the routing its
+    site gets from the per-site `decomp.legacy.route_chunk`, in two operations per kind.
+
+    **Arguments:**
+
+    - `masks`: `{kind: SiteMask(mask [n_kind, ..., C], delta [n_kind, ...])}`.
+    - `layout`: which sites each kind stacks.
+    - `chunks`: the sites of each chunk, from `recon_chunks`.
+    - `chunk`: index of the chunk to route, int or int32 scalar.
+    - `key`: the chunk's routing key (keyword-only).
 
     **Returns:** `{kind: SiteMask(mask, delta, routing [n_kind, ...])}`.
     """
@@ -184,36 +168,3 @@ def uniform_k_routing(key: Array, shape: tuple[int, ...], n_sites: int) -> Array
     k = jax.random.randint(k_key, (*shape, 1), 1, n_sites + 1)
     ranks = jnp.argsort(jnp.argsort(jax.random.uniform(perm_key, (*shape, n_sites)), -1), -1)
     return ranks < k
-
-
-def route_chunk(
-    masks: Mapping[str, SiteMask],
-    chunks: Sequence[Sequence[str]],
-    chunk: Array | int,
-    *,
-    key: Array,
-) -> dict[str, SiteMask]:
-    """Masks for the masked forward of one reconstruction chunk.
-
-    The chunk's sites are routed by `uniform_k_routing`; every other site runs its plain
-    weight everywhere. `chunk` may be traced (the chunks are mapped over with one forward in
-    the graph), so membership is a comparison, not a Python branch.
-
-    **Arguments:**
-
-    - `masks`: `{site: SiteMask(mask [..., C], delta [...])}` for every site.
-    - `chunks`: the sites of each chunk, from `recon_chunks`.
-    - `chunk`: index of the chunk to route, int or int32 scalar.
-    - `key`: the chunk's routing key (keyword-only).
-
-    **Returns:** `{site: SiteMask(mask, delta, routing [...])}`.
-    """
-    first = next(iter(masks.values()))
-    positions = first.mask.shape[:-1]
-    routed = uniform_k_routing(key, positions, len(chunks[0]))
-    out = {}
-    for c, sites in enumerate(chunks):
-        for j, name in enumerate(sites):
-            routing = jnp.logical_and(jnp.asarray(chunk) == c, routed[..., j])
-            out[name] = masks[name]._replace(routing=routing)
-    return out

@@ -20,12 +20,16 @@ from __future__ import annotations
 
 import dataclasses
 from collections.abc import Hashable, Mapping, Sequence
-from typing import Any, TypeVar
+from typing import TYPE_CHECKING, Any, TypeVar
 
 import jax
 import jax.numpy as jnp
 import numpy as np
 from jax import Array
+
+if TYPE_CHECKING:
+    # `decomp.model` imports this module (through `decomp.components`).
+    from decomp.model import DecomposedModel
 
 K = TypeVar("K", bound=Hashable)
 
@@ -55,7 +59,7 @@ class SiteLayout:
             raise ValueError("every kind needs at least one site")
 
     @classmethod
-    def of(cls, model: Any) -> SiteLayout:
+    def of(cls, model: DecomposedModel) -> SiteLayout:
         """The layout of a target, from its `site_names` and `site_kinds`."""
         kinds = tuple((k, tuple(sites)) for k, sites in model.site_kinds.items())
         return cls(tuple(model.site_names), kinds)

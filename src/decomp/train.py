@@ -1,15 +1,17 @@
 """The SPD train step: one frozen forward, value-and-grad of the weighted loss, optax updates.
 
     clean, taps   = model.clean_output_and_taps_by_kind(inputs)           # frozen
-    lower, upper  = causal_importances(ci, taps)
-    total         = fc * faithfulness(dW) + ic * importance(upper, p)
+    lower, upper  = causal_importances_by_kind(ci, taps)
+    total         = sum(coefficient(config) * loss(inputs) for each row of SPD_LOSSES)
+                  = fc * faithfulness(dW) + ic * importance(upper, p)
                   + sc * stochastic_recon(lower) + pc * pgd_recon(lower, sources)
 
 Components take clipped AdamW, the CI function AdamW; the ascended sources are the next
-step's persistent sources. Sequence targets (the GLU transformer: int tokens in, logits
-out) compare outputs by KL; the toys (float inputs `[batch, d]`, real outputs) by mean
-squared error, and their taps get a seq axis of 1 for the CI function. See docs/design.md,
-"The subject: SPD training".
+step's persistent sources. The model is any `decomp.model.DecomposedModel`: the step calls
+its by-kind forms and asks it, never its class, whether positions carry a seq axis
+(`has_seq_axis`: taps without one get a seq axis of 1 for the CI function) and how to
+compare outputs (`divergence`: KL of logits for the GLU transformer, mean squared error
+for the toys). See docs/design.md, "The subject: SPD training".
 
 Inside the step, everything per site is stacked per site kind on a leading layer axis
 (`decomp.stacked`): components, optimizer states, sources, taps, masks, causal importances
@@ -35,23 +37,15 @@ from jax.sharding import Mesh
 from decomp.ci_function import CIFunction, causal_importances_by_kind, init_ci_function
 from decomp.components import Components, SiteComponents, SiteMask, init_components_by_kind
 from decomp.config import SPDConfig
-from decomp.losses import (
-    Divergence,
-    faithfulness_loss,
-    importance_minimality_loss,
-    kl_divergence,
-    mse,
-    pgd_recon_loss,
-    stochastic_recon_loss,
-)
-from decomp.masks import recon_chunks
-from decomp.mesh import batch_sharding, check_batch, make_dp_mesh, replicate, replicated
+from decomp.jitted import JittedStep, jit_step
+from decomp.losses import SPD_LOSSES, LossInputs
+from decomp.mesh import make_dp_mesh, replicate, replicated
+from decomp.model import DecomposedModel
 from decomp.sources import init_sources_by_kind
 from decomp.stacked import SiteLayout, gather_rows, sum_in_order
-from decomp.targets.glu_transformer import GLUTransformer
 
-#: The loss terms, in the order metrics report them.
-TERMS = ("faithfulness", "importance", "stochastic_recon", "pgd_recon")
+#: The loss terms, in the order metrics report them (`decomp.losses.SPD_LOSSES`' names).
+TERMS = tuple(term.name for term in SPD_LOSSES)
 
 
 class TrainState(eqx.Module):
@@ -81,17 +75,6 @@ class TrainState(eqx.Module):
     def site_sources(self) -> dict[str, Array]:
         """`{site: [1, seq, C + 1]}` in canonical order."""
         return self.layout.to_sites(self.sources)
-
-
-def is_sequence_target(model: Any) -> bool:
-    """Whether `model` maps int tokens `[batch, seq]` to logits (the GLU transformer); the
-    toys map `[batch, d]` floats to `[batch, d_out]` outputs, with no seq axis."""
-    return isinstance(model, GLUTransformer)
-
-
-def output_divergence(model: Any) -> Divergence:
-    """KL of logits for sequence targets, mean squared error for the toys."""
-    return kl_divergence if is_sequence_target(model) else mse
 
 
 def site_global_norm(components: Mapping[str, SiteComponents], layout: SiteLayout) -> Array:
@@ -167,7 +150,7 @@ def _param_init(
 
 
 def init_train_state(
-    model: Any,
+    model: DecomposedModel,
     config: SPDConfig,
     *,
     key: Array,
@@ -193,15 +176,7 @@ def init_train_state(
     """
     names = tuple(model.site_names)
     config.check_sites(names)
-    if is_sequence_target(model):
-        if not isinstance(seq_len, int) or seq_len < 1:
-            raise ValueError(
-                f"seq_len must be a positive int for a sequence target, got {seq_len!r}"
-            )
-    elif seq_len not in (None, 1):
-        raise ValueError(f"toy targets have no seq axis: seq_len must be None or 1, got {seq_len}")
-    t = seq_len if is_sequence_target(model) else 1
-    assert t is not None
+    t = _sources_seq_len(model, seq_len)
     c = config.n_components
     shapes = model.site_shapes()
     k_comp, k_ci, k_src = jax.random.split(key, 3)
@@ -224,21 +199,31 @@ def init_train_state(
     return replicate(state, mesh)
 
 
+def _sources_seq_len(model: DecomposedModel, seq_len: int | None) -> int:
+    """The sources' seq length: `seq_len` for a target with a seq axis, 1 for one without."""
+    if model.has_seq_axis:
+        if not isinstance(seq_len, int) or seq_len < 1:
+            raise ValueError(
+                f"seq_len must be a positive int for a sequence target, got {seq_len!r}"
+            )
+        return seq_len
+    if seq_len not in (None, 1):
+        raise ValueError(f"toy targets have no seq axis: seq_len must be None or 1, got {seq_len}")
+    return 1
+
+
 # --- the step ------------------------------------------------------------------------------
 
 
 def _bind_forward(
-    model: Any, inputs: Array, config: SPDConfig
+    model: DecomposedModel, inputs: Array, config: SPDConfig
 ) -> Callable[[Any, Mapping[str, SiteMask]], Array]:
-    if is_sequence_target(model):
-        return lambda comps, masks: model.masked_output_by_kind(
-            inputs, comps, masks, remat=config.remat
-        )
-    # The toys have no scan over blocks: nothing to checkpoint, `remat` does not apply.
-    return lambda comps, masks: model.masked_output_by_kind(inputs, comps, masks)
+    return lambda comps, masks: model.masked_output_by_kind(
+        inputs, comps, masks, remat=config.remat
+    )
 
 
-def frozen_forward(model: Any, inputs: Array) -> tuple[Array, dict[str, Array]]:
+def frozen_forward(model: DecomposedModel, inputs: Array) -> tuple[Array, dict[str, Array]]:
     """Clean output and every site's input, `{kind: [n_kind, ...]}`, from one forward,
     under `stop_gradient`."""
     clean, taps = model.clean_output_and_taps_by_kind(inputs)
@@ -246,13 +231,13 @@ def frozen_forward(model: Any, inputs: Array) -> tuple[Array, dict[str, Array]]:
 
 
 def importances(
-    ci: CIFunction, taps: Mapping[str, Array], layout: SiteLayout
+    ci: CIFunction, taps: Mapping[str, Array], layout: SiteLayout, *, has_seq_axis: bool
 ) -> tuple[dict[str, Array], dict[str, Array]]:
     """`causal_importances_by_kind` for taps with (`[n, b, t, d]`) or without (`[n, b, d]`)
-    a seq axis; the results have the taps' position shape: `{kind: [n, b, t, C]}` or
-    `{kind: [n, b, C]}`."""
-    first = next(iter(taps.values()))
-    if first.ndim == 4:
+    a seq axis (the target's `has_seq_axis`); the results have the taps' position shape:
+    `{kind: [n, b, t, C]}` or `{kind: [n, b, C]}`. The CI function reads a seq axis, so
+    taps without one get a seq axis of 1 on the way in."""
+    if has_seq_axis:
         return causal_importances_by_kind(ci, taps, layout)
     lower, upper = causal_importances_by_kind(
         ci, {k: x[:, :, None] for k, x in taps.items()}, layout
@@ -260,12 +245,14 @@ def importances(
     return {k: x[:, :, 0] for k, x in lower.items()}, {k: x[:, :, 0] for k, x in upper.items()}
 
 
-def _check_sources(sources: Mapping[str, Array], ci_lower: Mapping[str, Array]) -> None:
+def _check_sources(
+    sources: Mapping[str, Array], ci_lower: Mapping[str, Array], has_seq_axis: bool
+) -> None:
     for kind, ci in ci_lower.items():
-        # `[n, 1, seq, C + 1]` against `[n, batch, seq, C]`; toys: `[n, 1, 1, C + 1]` against
-        # `[n, b, C]`.
+        # `[n, 1, seq, C + 1]` against `[n, batch, seq, C]`; no seq axis: `[n, 1, 1, C + 1]`
+        # against `[n, b, C]`.
         n, c = ci.shape[0], ci.shape[-1]
-        want = (n, 1, *ci.shape[2:-1], c + 1) if ci.ndim == 4 else (n, 1, 1, c + 1)
+        want = (n, 1, *ci.shape[2:-1], c + 1) if has_seq_axis else (n, 1, 1, c + 1)
         if tuple(sources[kind].shape) != want:
             raise ValueError(
                 f"sources[{kind!r}] has shape {tuple(sources[kind].shape)}, expected {want} "
@@ -275,7 +262,7 @@ def _check_sources(sources: Mapping[str, Array], ci_lower: Mapping[str, Array]) 
 
 
 def spd_losses(
-    model: Any,
+    model: DecomposedModel,
     config: SPDConfig,
     params: tuple[dict[str, SiteComponents], CIFunction],
     sources: Mapping[str, Array],
@@ -305,57 +292,36 @@ def spd_losses(
     fp32 (the given ones when PGD is off).
     """
     components, ci = params
-    lower, upper = importances(ci, taps, layout)
+    seq = model.has_seq_axis
+    lower, upper = importances(ci, taps, layout, has_seq_axis=seq)
     forward = _bind_forward(model, inputs, config)
-    divergence = output_divergence(model)
-    _check_sources(sources, lower)
-    seq = next(iter(lower.values())).ndim == 4
-    # Toys: the sources' seq axis of 1 is dropped so they broadcast over `[n, batch, C + 1]`.
+    _check_sources(sources, lower, seq)
+    # No seq axis: the sources' seq axis of 1 is dropped so they broadcast over `[n, batch, C + 1]`.
     src = {k: (v if seq else v[:, :, 0]) for k, v in sources.items()}
     zero = jnp.zeros((), jnp.float32)
     terms: dict[str, Array] = dict.fromkeys(TERMS, zero)
     new_src = {k: v.astype(jnp.float32) for k, v in src.items()}
-    if config.faithfulness_coeff:
-        terms["faithfulness"] = faithfulness_loss(model.weight_deltas_by_kind(components), layout)
-    if config.importance_coeff:
-        terms["importance"] = importance_minimality_loss(upper, p, layout)
-    if config.stochastic_recon_coeff:
-        terms["stochastic_recon"] = stochastic_recon_loss(
-            forward,
-            components,
-            clean,
-            lower,
-            layout,
-            recon_chunks(model.site_names, config.recon_sites_per_chunk),
-            key=key,
-            n_mask_samples=config.n_mask_samples,
-            divergence=divergence,
-        )
-    if config.pgd_recon_coeff:
-        terms["pgd_recon"], new_src = pgd_recon_loss(
-            forward,
-            components,
-            clean,
-            lower,
-            src,
-            steps=config.pgd_warmup_steps,
-            lr=config.pgd_lr,
-            divergence=divergence,
-        )
-    coeffs = {
-        "faithfulness": config.faithfulness_coeff,
-        "importance": config.importance_coeff,
-        "stochastic_recon": config.stochastic_recon_coeff,
-        "pgd_recon": config.pgd_recon_coeff,
-    }
-    total = sum((coeffs[t] * terms[t] for t in TERMS if coeffs[t]), zero)
+    x = LossInputs(model, config, components, lower, upper, clean, forward, src, p, layout, key)
+    for term in SPD_LOSSES:
+        if term.coefficient(config):
+            value, moved = term.loss(x)
+            terms[term.name] = value
+            new_src = new_src if moved is None else moved
+    total = sum(
+        (
+            term.coefficient(config) * terms[term.name]
+            for term in SPD_LOSSES
+            if term.coefficient(config)
+        ),
+        zero,
+    )
     if not seq:
         new_src = {k: v[:, :, None] for k, v in new_src.items()}
     return total, (terms, new_src)
 
 
 def _train_step(
-    config: SPDConfig, model: Any, state: TrainState, inputs: Array, key: Array
+    config: SPDConfig, model: DecomposedModel, state: TrainState, inputs: Array, key: Array
 ) -> tuple[TrainState, dict[str, Array]]:
     clean, taps = frozen_forward(model, inputs)
     p = config.p_at(state.step)
@@ -393,30 +359,9 @@ def _train_step(
     return new_state, metrics
 
 
-class TrainStep:
-    """The jitted train step with the model bound: `step(state, inputs, key)`.
-
-    `lower(state, inputs, key)` gives the `jax.stages.Lowered` of the same program, for
-    compile statistics and benchmarks.
-    """
-
-    def __init__(self, jitted: Any, model: Any, mesh: Mesh) -> None:
-        self._jitted, self._model, self.mesh = jitted, model, mesh
-
-    def __call__(
-        self, state: TrainState, inputs: Array, key: Array
-    ) -> tuple[TrainState, dict[str, Array]]:
-        check_batch(inputs.shape[0], self.mesh)
-        return self._jitted(self._model, state, inputs, key)
-
-    def lower(self, state: TrainState, inputs: Array, key: Array) -> jax.stages.Lowered:
-        check_batch(inputs.shape[0], self.mesh)
-        return self._jitted.lower(self._model, state, inputs, key)
-
-
 def make_train_step(
-    model: Any, config: SPDConfig, *, mesh: Mesh | None = None, donate: bool = True
-) -> TrainStep:
+    model: DecomposedModel, config: SPDConfig, *, mesh: Mesh | None = None, donate: bool = True
+) -> JittedStep[TrainState, tuple[TrainState, dict[str, Array]]]:
     """A jitted train step, `step(state, inputs, key) -> (state, metrics)`.
 
     Compiled once per input shape: the model is replicated on `mesh` once and passed as an
@@ -431,18 +376,9 @@ def make_train_step(
     - `mesh`: the data-parallel mesh (default: every visible device).
     - `donate`: donate the incoming state's buffers (keep a copy if you need it after).
 
-    **Returns:** the step, a `TrainStep`. `inputs`: int32 tokens `[batch, seq]` (sequence
-    targets) or `[batch, d_in]` floats (toys), `batch` a multiple of the device count;
-    `key`: the step's PRNG key. Metrics: fp32 scalars `total`, the `TERMS`,
+    **Returns:** the step, a `decomp.jitted.JittedStep`. `inputs`: int32 tokens `[batch,
+    seq]` (sequence targets) or `[batch, d_in]` floats (toys), `batch` a multiple of the
+    device count; `key`: the step's PRNG key. Metrics: fp32 scalars `total`, the `TERMS`,
     `grad_norm_components`, `grad_norm_ci` (before clipping) and `p`.
     """
-    config.check_sites(model.site_names)
-    mesh = make_dp_mesh() if mesh is None else mesh
-    rep, batch = replicated(mesh), batch_sharding(mesh)
-    jitted = jax.jit(
-        functools.partial(_train_step, config),
-        in_shardings=(rep, rep, batch, rep),
-        out_shardings=(rep, rep),
-        donate_argnums=(1,) if donate else (),
-    )
-    return TrainStep(jitted, replicate(model, mesh), mesh)
+    return jit_step(_train_step, model, config, mesh=mesh, returns_state=True, donate=donate)

@@ -19,13 +19,12 @@ from decomp.ci_function import (
     CIFunction,
     _apply_chunk,
     _init_chunk,
-    causal_importances,
     chunk_sites,
     ci_lower,
-    ci_pre_activations,
     ci_upper,
     init_ci_function,
 )
+from decomp.legacy import causal_importances, ci_pre_activations
 from decomp.taps import SITE_KINDS, parse_site, site_names
 from parity import assert_equivalent
 

@@ -12,8 +12,9 @@ import numpy as np
 import pytest
 
 from decomp.ci_function import CIConfig
-from decomp.components import SiteMask, init_components
+from decomp.components import SiteMask
 from decomp.config import SPDConfig
+from decomp.legacy import init_components, masked_output, route_chunk, stochastic_masks
 from decomp.losses import (
     IMPORTANCE_EPS,
     faithfulness_loss,
@@ -28,9 +29,7 @@ from decomp.masks import (
     constant_masks,
     mask_from_draw,
     recon_chunks,
-    route_chunk,
     source_masks,
-    stochastic_masks,
     uniform_k_routing,
 )
 from decomp.stacked import SiteLayout
@@ -140,7 +139,7 @@ def test_unmasked_glu_reproduces_clean_logits() -> None:
 
     def kl(model: GLUTransformer, comps: dict, x: jax.Array) -> jax.Array:
         ones = {s: jnp.ones((4, 8, 4)) for s in model.site_names}
-        masked = model.masked_output(x, comps, constant_masks(ones, 1.0, 1.0))
+        masked = masked_output(model, x, comps, constant_masks(ones, 1.0, 1.0))
         return kl_divergence(model.clean_output(x), masked)
 
     got = float(jax.jit(kl)(model, comps, x))

@@ -18,20 +18,11 @@ import numpy as np
 import optax
 import pytest
 
-from decomp.ci_function import (
-    CIConfig,
-    causal_importances,
-    causal_importances_by_kind,
-    init_ci_function,
-)
-from decomp.components import init_components, init_components_by_kind
-from decomp.masks import (
-    recon_chunks,
-    route_chunk,
-    route_chunk_by_kind,
-    stochastic_masks,
-    stochastic_masks_by_kind,
-)
+from decomp import legacy
+from decomp.ci_function import CIConfig, causal_importances_by_kind, init_ci_function
+from decomp.components import init_components_by_kind
+from decomp.legacy import causal_importances, init_components, route_chunk, stochastic_masks
+from decomp.masks import recon_chunks, route_chunk_by_kind, stochastic_masks_by_kind
 from decomp.sources import init_sources, init_sources_by_kind
 from decomp.stacked import SiteLayout, gather_rows, sum_in_order
 from decomp.targets.glu_transformer import GLUConfig, GLUTransformer
@@ -185,7 +176,7 @@ def test_weight_deltas_and_norm_by_kind_match_the_per_site_ones(target):
         layout = SiteLayout.of(model)
         assert [k for k, _ in layout.kinds] == ["mlp_in", "mlp_out"]
     comps = jax.jit(lambda k: init_components(model.site_shapes(), C, key=k))(jax.random.key(6))
-    deltas = jax.jit(lambda m, c: m.weight_deltas(c))(model, comps)
+    deltas = jax.jit(legacy.weight_deltas)(model, comps)
     deltas_k = jax.jit(lambda m, c: m.weight_deltas_by_kind(c))(model, layout.from_sites(comps))
     got = layout.to_sites(deltas_k)
     for s in layout.names:

@@ -9,8 +9,9 @@ import jax
 import numpy as np
 import pytest
 
-from decomp import DecomposedModel
+from decomp import DecomposedModel, legacy
 from decomp.components import SiteComponents, SiteMask
+from decomp.stacked import SiteLayout
 from decomp.targets import (
     TMS,
     ResidMLP,
@@ -112,12 +113,15 @@ def fused(model, x, wanted):
 
 @jax.jit
 def masked(model, x, components, masks):
-    return model.masked_output(x, components, masks)
+    """The toy's own masked forward (`masked_output_by_kind`) on per-site data."""
+    layout = SiteLayout.of(model)
+    return model.masked_output_by_kind(x, layout.from_sites(components), layout.from_sites(masks))
 
 
 @functools.cache
 def components(name: str) -> dict[str, SiteComponents]:
-    """Random components at `init_components`' scales, drawn with numpy (no compile)."""
+    """Random components at `init_components_by_kind`'s scales, drawn with numpy (no
+    compile)."""
     rng = np.random.default_rng(4)
     out = {}
     for site, (d_in, d_out) in TOYS[name][0].site_shapes().items():
@@ -225,13 +229,20 @@ def test_masks_missing_a_site_are_rejected_by_name(toy, comps):
     model, d_in, _, sites, _ = toy
     dropped = list(sites)[-1]
     masks = {s: SiteMask(np.ones((BATCH, C), np.float32)) for s in sites if s != dropped}
-    with pytest.raises(ValueError, match=f"missing {dropped}"):
-        model.masked_output(inputs_for(d_in), comps, masks)
+    with pytest.raises(ValueError, match=f"missing 1: {dropped}"):
+        legacy.masked_output(model, inputs_for(d_in), comps, masks)
+    layout = SiteLayout.of(model)
+    by_kind = layout.from_sites({**masks, dropped: masks[next(iter(masks))]})
+    (kind,) = [k for k, sites in layout.kinds if dropped in sites]
+    del by_kind[kind]
+    with pytest.raises(ValueError, match=f"missing \\['{kind}'\\]"):
+        model.masked_output_by_kind(inputs_for(d_in), layout.from_sites(comps), by_kind)
 
 
 def test_weight_deltas_are_weight_minus_components(toy, comps):
     model, _, _, sites, _ = toy
-    deltas = model.weight_deltas(comps)
+    layout = SiteLayout.of(model)
+    deltas = layout.to_sites(model.weight_deltas_by_kind(layout.from_sites(comps)))
     assert list(deltas) == list(sites)
     for name in sites:
         v, u = np.asarray(comps[name].V), np.asarray(comps[name].U)

@@ -23,9 +23,7 @@ logits, report `mse/{mode}` and no cross-entropy.
 
 from __future__ import annotations
 
-import functools
 from collections.abc import Callable, Mapping
-from typing import Any
 
 import jax
 import jax.numpy as jnp
@@ -34,10 +32,13 @@ from jax.sharding import Mesh
 
 from decomp.components import SiteMask
 from decomp.config import SPDConfig
+from decomp.jitted import JittedStep, jit_step
 from decomp.legacy.losses import kl_divergence, mse
-from decomp.legacy.train import TrainState, frozen_forward, importances, is_sequence_target
-from decomp.masks import constant_masks, stochastic_masks
-from decomp.mesh import batch_sharding, check_batch, make_dp_mesh, replicate, replicated
+from decomp.legacy.masks import stochastic_masks
+from decomp.legacy.target import masked_output
+from decomp.legacy.train import TrainState, frozen_forward, importances
+from decomp.masks import constant_masks
+from decomp.model import DecomposedModel
 
 #: The masked runs, in the order the eval step computes them.
 MODES = ("ci_masked", "unmasked", "stochastic", "random", "rounded", "zero_masked")
@@ -114,21 +115,21 @@ def mode_masks(
 
 
 def _eval_step(
-    config: SPDConfig, model: Any, state: TrainState, inputs: Array, key: Array
+    config: SPDConfig, model: DecomposedModel, state: TrainState, inputs: Array, key: Array
 ) -> dict[str, Array]:
     clean, taps = frozen_forward(model, inputs)
-    lower, _ = importances(state.ci, taps)
+    sequence = model.has_seq_axis
+    lower, _ = importances(state.ci, taps, has_seq_axis=sequence)
     builders = mode_masks(lower, key=key)
-    sequence = is_sequence_target(model)
 
     def run(i: Array) -> tuple[Array, Array]:
         # One masked forward in the graph: the mode's masks are built inside the map by a
         # switch, so only the chosen builder runs.
         masks = jax.lax.switch(i, builders)
         if sequence:
-            out = model.masked_output(inputs, state.components, masks, remat=None)
+            out = masked_output(model, inputs, state.components, masks, remat=None)
             return kl_divergence(clean, out), next_token_ce(out, inputs)
-        out = model.masked_output(inputs, state.components, masks)
+        out = masked_output(model, inputs, state.components, masks)
         return mse(clean, out), jnp.zeros((), jnp.float32)
 
     divs, ces = jax.lax.map(run, jnp.arange(len(MODES)))
@@ -152,41 +153,9 @@ def _eval_step(
 
 
 def make_eval_step(
-    model: Any, config: SPDConfig, *, mesh: Mesh | None = None
-) -> Callable[[TrainState, Array, Array], dict[str, Array]]:
-    """A jitted eval step, `eval_step(state, inputs, key) -> metrics`.
-
-    Sharded as the train step: model and state replicated, inputs on `dp`.
-
-    **Arguments:**
-
-    - `model`: the target.
-    - `config`: the SPD configuration (`l0_threshold`).
-    - `mesh`: the data-parallel mesh (default: every visible device).
-
-    **Returns:** the step; metrics are a flat dict of fp32 scalars: `kl/{mode}`,
-    `ce_diff/{mode}` and `ce/clean` (sequence targets) or `mse/{mode}` (toys), for each
-    mode in `MODES`; `l0/{site}` (mean number of components with `ci_lower >
-    l0_threshold` per position) and `l0/total`.
-    """
-    config.check_sites(model.site_names)
-    mesh = make_dp_mesh() if mesh is None else mesh
-    rep = replicated(mesh)
-    model = replicate(model, mesh)
-    jitted = jax.jit(
-        functools.partial(_eval_step, config),
-        in_shardings=(rep, rep, batch_sharding(mesh), rep),
-        out_shardings=rep,
-    )
-
-    def eval_step(state: TrainState, inputs: Array, key: Array) -> dict[str, Array]:
-        check_batch(inputs.shape[0], mesh)
-        return jitted(model, state, inputs, key)
-
-    def lower(state: TrainState, inputs: Array, key: Array) -> jax.stages.Lowered:
-        check_batch(inputs.shape[0], mesh)
-        return jitted.lower(model, state, inputs, key)
-
-    # The same program, lowered, for compile statistics (as `TrainStep.lower`).
-    eval_step.lower = lower  # pyright: ignore[reportFunctionMemberAccess]
-    return eval_step
+    model: DecomposedModel, config: SPDConfig, *, mesh: Mesh | None = None
+) -> JittedStep[TrainState, dict[str, Array]]:
+    """The jitted per-site eval step, `eval_step(state, inputs, key) -> metrics`: the
+    signature, placement and metrics of `decomp.eval.make_eval_step` (both through
+    `decomp.jitted.jit_step`)."""
+    return jit_step(_eval_step, model, config, mesh=mesh, returns_state=False)

@@ -18,7 +18,8 @@ import optax
 from jax import Array
 
 from decomp.components import SiteMask
-from decomp.masks import route_chunk, source_masks, stochastic_masks
+from decomp.legacy.masks import route_chunk, stochastic_masks
+from decomp.masks import source_masks
 
 MaskedForward = Callable[[Any, Mapping[str, SiteMask]], Array]
 Divergence = Callable[[Array, Array], Array]

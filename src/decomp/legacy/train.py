@@ -31,9 +31,13 @@ import optax
 from jax import Array
 from jax.sharding import Mesh
 
-from decomp.ci_function import CIFunction, causal_importances, init_ci_function
-from decomp.components import Components, SiteMask, init_components
+from decomp.ci_function import CIFunction
+from decomp.components import Components, SiteMask
 from decomp.config import SPDConfig
+from decomp.jitted import JittedStep, jit_step
+from decomp.legacy.ci_init import init_ci_function
+from decomp.legacy.components import init_components
+from decomp.legacy.importances import causal_importances
 from decomp.legacy.losses import (
     Divergence,
     faithfulness_loss,
@@ -43,10 +47,11 @@ from decomp.legacy.losses import (
     pgd_recon_loss,
     stochastic_recon_loss,
 )
+from decomp.legacy.sources_init import init_sources
+from decomp.legacy.target import masked_output, weight_deltas
 from decomp.masks import recon_chunks
-from decomp.mesh import batch_sharding, check_batch, make_dp_mesh, replicate, replicated
-from decomp.sources import init_sources
-from decomp.targets.glu_transformer import GLUTransformer
+from decomp.mesh import make_dp_mesh, replicate, replicated
+from decomp.model import DecomposedModel
 
 #: The loss terms, in the order metrics report them.
 TERMS = ("faithfulness", "importance", "stochastic_recon", "pgd_recon")
@@ -79,15 +84,10 @@ class TrainState(eqx.Module):
         return self.sources
 
 
-def is_sequence_target(model: Any) -> bool:
-    """Whether `model` maps int tokens `[batch, seq]` to logits (the GLU transformer); the
-    toys map `[batch, d]` floats to `[batch, d_out]` outputs, with no seq axis."""
-    return isinstance(model, GLUTransformer)
-
-
-def output_divergence(model: Any) -> Divergence:
-    """KL of logits for sequence targets, mean squared error for the toys."""
-    return kl_divergence if is_sequence_target(model) else mse
+def output_divergence(model: DecomposedModel) -> Divergence:
+    """KL of logits for sequence targets, mean squared error for the toys (this module's
+    own copies, `decomp.legacy.losses`)."""
+    return kl_divergence if model.has_seq_axis else mse
 
 
 def component_optimizer(config: SPDConfig) -> optax.GradientTransformation:
@@ -126,39 +126,28 @@ def _param_init(
 
 
 def init_train_state(
-    model: Any,
+    model: DecomposedModel,
     config: SPDConfig,
     *,
     key: Array,
     seq_len: int | None = None,
     mesh: Mesh | None = None,
 ) -> TrainState:
-    """Fresh components, CI function, optimiser states and sources, replicated on `mesh`.
-
-    `key` is split into three: components (`init_components`), CI function
-    (`init_ci_function`), sources (`init_sources`).
-
-    **Arguments:**
-
-    - `model`: the target (GLU transformer or toy).
-    - `config`: the SPD configuration.
-    - `key`: a PRNG key (keyword-only).
-    - `seq_len`: the training sequence length `T` (required for sequence targets; toys take
-      `None` or 1).
-    - `mesh`: where to replicate the state (default: every visible device).
-
-    **Returns:** a `TrainState` at step 0.
+    """Fresh per-site components, CI function, optimiser states and sources, replicated
+    on `mesh`: the signature of `decomp.train.init_train_state`, and the same bits site by
+    site. `key` is split into three: components (`decomp.legacy.init_components`), CI
+    function (`decomp.legacy.init_ci_function`), sources (`decomp.legacy.init_sources`).
     """
     names = tuple(model.site_names)
     config.check_sites(names)
-    if is_sequence_target(model):
+    if model.has_seq_axis:
         if not isinstance(seq_len, int) or seq_len < 1:
             raise ValueError(
                 f"seq_len must be a positive int for a sequence target, got {seq_len!r}"
             )
     elif seq_len not in (None, 1):
         raise ValueError(f"toy targets have no seq axis: seq_len must be None or 1, got {seq_len}")
-    t = seq_len if is_sequence_target(model) else 1
+    t = seq_len if model.has_seq_axis else 1
     assert t is not None
     c = config.n_components
     shapes = model.site_shapes()
@@ -188,36 +177,39 @@ def init_train_state(
 
 
 def _bind_forward(
-    model: Any, inputs: Array, config: SPDConfig
+    model: DecomposedModel, inputs: Array, config: SPDConfig
 ) -> Callable[[Any, Mapping[str, SiteMask]], Array]:
-    if is_sequence_target(model):
-        return lambda comps, masks: model.masked_output(inputs, comps, masks, remat=config.remat)
+    if model.has_seq_axis:
+        return lambda comps, masks: masked_output(model, inputs, comps, masks, remat=config.remat)
     # The toys have no scan over blocks: nothing to checkpoint, `remat` does not apply.
-    return lambda comps, masks: model.masked_output(inputs, comps, masks)
+    return lambda comps, masks: masked_output(model, inputs, comps, masks)
 
 
-def frozen_forward(model: Any, inputs: Array) -> tuple[Array, dict[str, Array]]:
+def frozen_forward(model: DecomposedModel, inputs: Array) -> tuple[Array, dict[str, Array]]:
     """Clean output and every site-input tap from one forward, under `stop_gradient`."""
     clean, taps = model.clean_output_and_activations(inputs, model.site_names)
     return jax.lax.stop_gradient((clean, taps))
 
 
 def importances(
-    ci: CIFunction, taps: Mapping[str, Array]
+    ci: CIFunction, taps: Mapping[str, Array], *, has_seq_axis: bool
 ) -> tuple[dict[str, Array], dict[str, Array]]:
-    """`causal_importances` for taps with (`[b, t, d]`) or without (`[b, d]`) a seq axis;
-    the results have the taps' position shape: `{site: [b, t, C]}` or `{site: [b, C]}`."""
-    first = next(iter(taps.values()))
-    if first.ndim == 3:
+    """`causal_importances` for taps with (`[b, t, d]`) or without (`[b, d]`) a seq axis
+    (the target's `has_seq_axis`); the results have the taps' position shape: `{site: [b,
+    t, C]}` or `{site: [b, C]}`."""
+    if has_seq_axis:
         return causal_importances(ci, taps)
     lower, upper = causal_importances(ci, {s: x[:, None] for s, x in taps.items()})
     return {s: x[:, 0] for s, x in lower.items()}, {s: x[:, 0] for s, x in upper.items()}
 
 
-def _check_sources(sources: Mapping[str, Array], ci_lower: Mapping[str, Array]) -> None:
+def _check_sources(
+    sources: Mapping[str, Array], ci_lower: Mapping[str, Array], has_seq_axis: bool
+) -> None:
     for name, ci in ci_lower.items():
         # `[1, seq, C + 1]` against `[batch, seq, C]`; toys: `[1, 1, C + 1]` against `[b, C]`.
-        want = (1, *ci.shape[1:-1], ci.shape[-1] + 1) if ci.ndim == 3 else (1, 1, ci.shape[-1] + 1)
+        c = ci.shape[-1]
+        want = (1, *ci.shape[1:-1], c + 1) if has_seq_axis else (1, 1, c + 1)
         if tuple(sources[name].shape) != want:
             raise ValueError(
                 f"sources[{name!r}] has shape {tuple(sources[name].shape)}, expected {want} "
@@ -227,7 +219,7 @@ def _check_sources(sources: Mapping[str, Array], ci_lower: Mapping[str, Array]) 
 
 
 def spd_losses(
-    model: Any,
+    model: DecomposedModel,
     config: SPDConfig,
     params: tuple[Components, CIFunction],
     sources: Mapping[str, Array],
@@ -238,35 +230,24 @@ def spd_losses(
     *,
     key: Array,
 ) -> tuple[Array, tuple[dict[str, Array], dict[str, Array]]]:
-    """The weighted total and its terms, for `jax.value_and_grad` over `params`.
-
-    **Arguments:**
-
-    - `model`, `config`: the target and the SPD configuration.
-    - `params`: `(components, ci)`, what the gradient is taken of.
-    - `sources`: `{site: [1, seq, C + 1]}`, any float dtype.
-    - `clean`, `taps`: from `frozen_forward`.
-    - `inputs`: the batch the masked forwards run on.
-    - `p`: the importance exponent.
-    - `key`: the stochastic masks' key (keyword-only).
-
-    **Returns:** `(total, (terms, new sources))`; terms in `TERMS`, fp32 scalars, a term of
-    weight 0 not computed and reported as 0; new sources `{site: [1, seq, C + 1]}` fp32
-    (the given ones when PGD is off).
+    """The weighted total and its terms, for `jax.value_and_grad` over `params`: the
+    signature of `decomp.train.spd_losses` without the layout, on per-site dicts
+    (`params`: `(components {site: ...}, ci)`; `sources`: `{site: [1, seq, C + 1]}`; the
+    new sources likewise, fp32), the four terms one `if` each.
     """
     components, ci = params
-    lower, upper = importances(ci, taps)
+    seq = model.has_seq_axis
+    lower, upper = importances(ci, taps, has_seq_axis=seq)
     forward = _bind_forward(model, inputs, config)
     divergence = output_divergence(model)
-    _check_sources(sources, lower)
-    seq = next(iter(lower.values())).ndim == 3
+    _check_sources(sources, lower, seq)
     # Toys: the sources' seq axis of 1 is dropped so they broadcast over `[batch, C + 1]`.
     src = {s: (v if seq else v[:, 0]) for s, v in sources.items()}
     zero = jnp.zeros((), jnp.float32)
     terms: dict[str, Array] = dict.fromkeys(TERMS, zero)
     new_src = {s: v.astype(jnp.float32) for s, v in src.items()}
     if config.faithfulness_coeff:
-        terms["faithfulness"] = faithfulness_loss(model.weight_deltas(components))
+        terms["faithfulness"] = faithfulness_loss(weight_deltas(model, components))
     if config.importance_coeff:
         terms["importance"] = importance_minimality_loss(upper, p)
     if config.stochastic_recon_coeff:
@@ -304,7 +285,7 @@ def spd_losses(
 
 
 def _train_step(
-    config: SPDConfig, model: Any, state: TrainState, inputs: Array, key: Array
+    config: SPDConfig, model: DecomposedModel, state: TrainState, inputs: Array, key: Array
 ) -> tuple[TrainState, dict[str, Array]]:
     clean, taps = frozen_forward(model, inputs)
     p = config.p_at(state.step)
@@ -339,56 +320,10 @@ def _train_step(
     return new_state, metrics
 
 
-class TrainStep:
-    """The jitted train step with the model bound: `step(state, inputs, key)`.
-
-    `lower(state, inputs, key)` gives the `jax.stages.Lowered` of the same program, for
-    compile statistics and benchmarks.
-    """
-
-    def __init__(self, jitted: Any, model: Any, mesh: Mesh) -> None:
-        self.jitted, self.model, self.mesh = jitted, model, mesh
-
-    def __call__(
-        self, state: TrainState, inputs: Array, key: Array
-    ) -> tuple[TrainState, dict[str, Array]]:
-        check_batch(inputs.shape[0], self.mesh)
-        return self.jitted(self.model, state, inputs, key)
-
-    def lower(self, state: TrainState, inputs: Array, key: Array) -> jax.stages.Lowered:
-        check_batch(inputs.shape[0], self.mesh)
-        return self.jitted.lower(self.model, state, inputs, key)
-
-
 def make_train_step(
-    model: Any, config: SPDConfig, *, mesh: Mesh | None = None, donate: bool = True
-) -> TrainStep:
-    """A jitted train step, `step(state, inputs, key) -> (state, metrics)`.
-
-    Compiled once per input shape: the model is replicated on `mesh` once and passed as an
-    argument (not baked into the program as constants); the state and key are replicated,
-    the inputs sharded on `dp` (explicit `in_shardings`/`out_shardings`, so the same code
-    runs on 1 device and on many).
-
-    **Arguments:**
-
-    - `model`: the target.
-    - `config`: the SPD configuration.
-    - `mesh`: the data-parallel mesh (default: every visible device).
-    - `donate`: donate the incoming state's buffers (keep a copy if you need it after).
-
-    **Returns:** the step, a `TrainStep`. `inputs`: int32 tokens `[batch, seq]` (sequence
-    targets) or `[batch, d_in]` floats (toys), `batch` a multiple of the device count;
-    `key`: the step's PRNG key. Metrics: fp32 scalars `total`, the `TERMS`,
-    `grad_norm_components`, `grad_norm_ci` (before clipping) and `p`.
-    """
-    config.check_sites(model.site_names)
-    mesh = make_dp_mesh() if mesh is None else mesh
-    rep, batch = replicated(mesh), batch_sharding(mesh)
-    jitted = jax.jit(
-        functools.partial(_train_step, config),
-        in_shardings=(rep, rep, batch, rep),
-        out_shardings=(rep, rep),
-        donate_argnums=(1,) if donate else (),
-    )
-    return TrainStep(jitted, replicate(model, mesh), mesh)
+    model: DecomposedModel, config: SPDConfig, *, mesh: Mesh | None = None, donate: bool = True
+) -> JittedStep[TrainState, tuple[TrainState, dict[str, Array]]]:
+    """The jitted per-site train step, `step(state, inputs, key) -> (state, metrics)`: the
+    signature, placement and metrics of `decomp.train.make_train_step` (both through
+    `decomp.jitted.jit_step`), with `grad_norm_components` the per-site tree's norm."""
+    return jit_step(_train_step, model, config, mesh=mesh, returns_state=True, donate=donate)

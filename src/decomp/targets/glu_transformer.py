@@ -9,16 +9,17 @@ from __future__ import annotations
 
 import dataclasses
 from collections.abc import Callable, Iterable, Mapping
-from typing import Any, Literal
+from typing import Any, ClassVar, Literal
 
 import equinox as eqx
 import jax
-import jax.numpy as jnp
 import numpy as np
 from jax import Array
 
 from decomp import nn
 from decomp.components import SiteComponents, SiteMask, site_output, weight_delta
+from decomp.config import Remat
+from decomp.losses import kl_divergence
 from decomp.taps import (
     KIND_CLASS,
     SITE_KINDS,
@@ -32,7 +33,6 @@ from decomp.taps import (
 from decomp.targets._hf import export_state_dict, load_state_dict
 
 Family = Literal["llama", "qwen3"]
-Remat = Literal["nothing", "dots"] | None
 
 #: `site_apply(kind, W, site_x, x) -> y`: how a block applies the site weight `W` of `kind`
 #: (`[d_out, d_in]`) to its input `x` (`[b, t, d_in]`); `site_x` is this layer's slice of
@@ -168,30 +168,6 @@ def _emitting_depth(tapped_depth: int, n_layer: int, to_logits: bool) -> int:
     return depth
 
 
-def _stack_by_kind(
-    n_layer: int, components: Mapping[str, SiteComponents], masks: Mapping[str, SiteMask]
-) -> dict[str, tuple[SiteComponents, SiteMask]]:
-    """Per-site components and masks, stacked per kind on a leading layer axis for the scan."""
-    expected = site_names(n_layer)
-    for what, given in (("components", components), ("masks", masks)):
-        missing = [s for s in expected if s not in given]
-        if missing:
-            raise ValueError(
-                f"{what} must cover every site; missing {len(missing)}: {', '.join(missing[:8])}"
-                + (" ..." if len(missing) > 8 else "")
-            )
-    out = {}
-    for kind in SITE_KINDS:
-        names = [site_name(i, kind) for i in range(n_layer)]
-        comps = [components[n] for n in names]
-        ms = [masks[n] for n in names]
-        out[kind] = (
-            jax.tree.map(lambda *xs: jnp.stack(xs), *comps),
-            jax.tree.map(lambda *xs: jnp.stack(xs), *ms),
-        )
-    return out
-
-
 class GLUTransformer(eqx.Module):
     """A llama or qwen3 decoder with per-layer weights stacked on a leading `n_layer` axis.
 
@@ -266,6 +242,14 @@ class GLUTransformer(eqx.Module):
     def site_names(self) -> tuple[str, ...]:
         """Decomposed sites in canonical order."""
         return site_names(self.config.n_layer)
+
+    #: Int tokens `[batch, seq]` in, next-token logits `[batch, seq, vocab]` out.
+    has_seq_axis: ClassVar[bool] = True
+    divergence_name: ClassVar[str] = "kl"
+
+    def divergence(self, clean: Array, masked: Array) -> Array:
+        """`kl_divergence` of the masked logits from the clean ones, averaged over positions."""
+        return kl_divergence(clean, masked)
 
     @property
     def head(self) -> Array:
@@ -378,34 +362,6 @@ class GLUTransformer(eqx.Module):
         assert logits is not None
         return logits, taps
 
-    def masked_output(
-        self,
-        inputs: Array,
-        components: Mapping[str, SiteComponents],
-        masks: Mapping[str, SiteMask],
-        *,
-        remat: Remat = None,
-    ) -> Array:
-        """Logits with every site run through its components under its mask.
-
-        **Arguments:**
-
-        - `inputs`: int32 tokens `[batch, seq]`.
-        - `components`: `{site: SiteComponents}` for every site.
-        - `masks`: `{site: SiteMask}` for every site (mask `[batch, seq, C]`, optional delta
-          and routing `[batch, seq]`).
-        - `remat`: `None`, or checkpoint the scan body saving `"nothing"` or `"dots"`.
-
-        **Returns:** logits `[batch, seq, vocab]`.
-        """
-        stacked = _stack_by_kind(self.config.n_layer, components, masks)
-        return self.masked_output_by_kind(
-            inputs,
-            {k: comp for k, (comp, _) in stacked.items()},
-            {k: mask for k, (_, mask) in stacked.items()},
-            remat=remat,
-        )
-
     def masked_output_by_kind(
         self,
         inputs: Array,
@@ -414,9 +370,20 @@ class GLUTransformer(eqx.Module):
         *,
         remat: Remat = None,
     ) -> Array:
-        """`masked_output` with components and masks stacked per kind on the layer axis
-        (`{kind: SiteComponents(V [n_layer, d_in, C], U [n_layer, C, d_out])}`, `{kind:
-        SiteMask(mask [n_layer, batch, seq, C], ...)}`), as the scan consumes them."""
+        """Logits with every site run through its components under its mask; components and
+        masks stacked per kind on the layer axis, as the scan consumes them.
+
+        **Arguments:**
+
+        - `inputs`: int32 tokens `[batch, seq]`.
+        - `components`: `{kind: SiteComponents(V [n_layer, d_in, C], U [n_layer, C,
+          d_out])}` for every kind.
+        - `masks`: `{kind: SiteMask(mask [n_layer, batch, seq, C], ...)}` for every kind
+          (optional delta and routing `[n_layer, batch, seq]`).
+        - `remat`: `None`, or checkpoint the scan body saving `"nothing"` or `"dots"`.
+
+        **Returns:** logits `[batch, seq, vocab]`.
+        """
         missing = [k for k in SITE_KINDS if k not in components or k not in masks]
         if missing:
             raise ValueError(f"components and masks need every site kind; missing {missing}")
@@ -438,12 +405,6 @@ class GLUTransformer(eqx.Module):
         classes = tuple(c for c in TAP_CLASSES if c in KIND_CLASS.values())
         x, ys = self._scan(self.embed[inputs], 0, None, classes, _plain_site, None, None)
         return self._logits(x), {k: ys[KIND_CLASS[k]] for k in SITE_KINDS}
-
-    def weight_deltas(self, components: Mapping[str, SiteComponents]) -> dict[str, Array]:
-        """`{site: W - (V @ U).T}` for every site."""
-        return {
-            name: weight_delta(self.site_weight(name), components[name]) for name in self.site_names
-        }
 
     def weight_deltas_by_kind(self, components: Mapping[str, SiteComponents]) -> dict[str, Array]:
         """`{kind: W - (V @ U).T}`, `[n_layer, d_out, d_in]`, from components stacked per

@@ -1,7 +1,7 @@
 """Toy targets: SimpleMLP, TMS (toy model of superposition) and ResidMLP.
 
 Each is an `eqx.Module` with weights `[d_out, d_in]` applied as `x @ W.T` to float inputs
-`[batch, d_in]`, and implements the forward part of `decomp.model.DecomposedModel`: taps
+`[batch, d_in]`, and implements `decomp.model.DecomposedModel`: taps
 are keyed by site name and read the activation entering that site's weight. The fused
 accessor `clean_output_and_activations` is the trivial two-call form.
 
@@ -15,6 +15,7 @@ import abc
 import dataclasses
 import itertools
 from collections.abc import Callable, Iterable, Mapping
+from typing import ClassVar
 
 import equinox as eqx
 import jax
@@ -23,6 +24,8 @@ import numpy as np
 from jax import Array
 
 from decomp.components import SiteComponents, SiteMask, site_output, weight_delta
+from decomp.config import Remat
+from decomp.losses import mse
 from decomp.stacked import SiteLayout
 
 #: `site(name, x) -> y`: apply the weight of site `name` to its input `x` `[..., d_in]`.
@@ -81,8 +84,8 @@ def _masked_site(
 
 
 class _Toy(eqx.Module):
-    """What the three toys share: taps, the fused accessor, masked output and deltas, all
-    through the subclass's `_forward`."""
+    """What the three toys share: the rest of `DecomposedModel` (taps, the fused accessor,
+    the by-kind forms), all through the subclass's `_forward`."""
 
     @property
     @abc.abstractmethod
@@ -96,6 +99,14 @@ class _Toy(eqx.Module):
     @abc.abstractmethod
     def _forward(self, inputs: Array, site: _Site) -> tuple[Array, dict[str, Array]]:
         """Output and the input of every site, `{site: [batch, d_in]}`."""
+
+    #: Float inputs `[batch, d_in]` in, real outputs `[batch, d_out]` out.
+    has_seq_axis: ClassVar[bool] = False
+    divergence_name: ClassVar[str] = "mse"
+
+    def divergence(self, clean: Array, masked: Array) -> Array:
+        """`mse` of the masked output against the clean one (the outputs are not logits)."""
+        return mse(clean, masked)
 
     def _plain(self, name: str, x: Array) -> Array:
         return x @ self.site_weight(name).T
@@ -149,33 +160,6 @@ class _Toy(eqx.Module):
         """
         return self.clean_output(inputs), self.read_activations(inputs, wanted)
 
-    def masked_output(
-        self,
-        inputs: Array,
-        components: Mapping[str, SiteComponents],
-        masks: Mapping[str, SiteMask],
-    ) -> Array:
-        """Output with every site run through its components under its mask.
-
-        **Arguments:**
-
-        - `inputs`: `[batch, d_in]` floats.
-        - `components`: `{site: SiteComponents}` for every site.
-        - `masks`: `{site: SiteMask}` for every site (mask `[batch, C]`, optional delta and
-          routing `[batch]`).
-
-        **Returns:** `[batch, d_out]`. A `ValueError` names any site that either mapping
-        misses.
-        """
-        out, _ = self._forward(inputs, _masked_site(self, components, masks))
-        return out
-
-    def weight_deltas(self, components: Mapping[str, SiteComponents]) -> dict[str, Array]:
-        """`{site: W - (V @ U).T}` for every site, each `[d_out, d_in]`."""
-        return {
-            name: weight_delta(self.site_weight(name), components[name]) for name in self.site_names
-        }
-
     # --- stacked per kind (the train and eval steps' layout, `decomp.stacked`) ----------
 
     @property
@@ -195,11 +179,32 @@ class _Toy(eqx.Module):
         inputs: Array,
         components: Mapping[str, SiteComponents],
         masks: Mapping[str, SiteMask],
+        *,
+        remat: Remat = None,
     ) -> Array:
-        """`masked_output` from components and masks stacked per kind (the toys have no
-        scan over layers: each site takes its row)."""
+        """Output with every site run through its components under its mask, both stacked
+        per kind (the toys have no scan over layers: each site takes its row, and `remat`
+        has nothing to checkpoint).
+
+        **Arguments:**
+
+        - `inputs`: `[batch, d_in]` floats.
+        - `components`: `{kind: SiteComponents(V [n_kind, d_in, C], U [n_kind, C, d_out])}`.
+        - `masks`: `{kind: SiteMask(mask [n_kind, batch, C], ...)}` (optional delta and
+          routing `[n_kind, batch]`).
+        - `remat`: ignored.
+
+        **Returns:** `[batch, d_out]`. A `ValueError` names any site that either mapping
+        misses.
+        """
+        del remat
+        missing = [k for k in self.site_kinds if k not in components or k not in masks]
+        if missing:
+            raise ValueError(f"components and masks need every site kind; missing {missing}")
         layout = SiteLayout.of(self)
-        return self.masked_output(inputs, layout.to_sites(components), layout.to_sites(masks))
+        site = _masked_site(self, layout.to_sites(components), layout.to_sites(masks))
+        out, _ = self._forward(inputs, site)
+        return out
 
     def weight_deltas_by_kind(self, components: Mapping[str, SiteComponents]) -> dict[str, Array]:
         """`{kind: W - (V @ U).T}`, `[n_kind, d_out, d_in]`."""
