@@ -19,7 +19,7 @@ import contextlib
 import dataclasses
 import math
 import os
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from collections.abc import Mapping as _MappingABC
 from pathlib import Path
 from typing import Any
@@ -275,38 +275,20 @@ class GoldenFile(_MappingABC[str, np.ndarray]):
             )
         return want
 
-    def read_block(
-        self,
-        info: ArrayInfo,
-        dsid: h5d.DatasetID | None,
-        block: Block,
-        out: np.ndarray,
-        *,
-        check: bool,
-    ) -> h5d.DatasetID:
-        """Read `block` of `info`'s dataset into `out`, for a `Source` that reads it in pieces.
+    def _dataset(self, info: ArrayInfo, *, check: bool) -> _Dataset:
+        """`info`'s dataset for a `Source`; with `check`, checked against the index when it
+        is opened (a dataset that differs is a `GoldenCorruptError`)."""
 
-        **Arguments:**
+        def open_it() -> h5d.DatasetID:
+            dsid = self._open_dataset(info.key)
+            if check:
+                self._check_indexed(info, dsid)
+            return dsid
 
-        - `info`: the array's `ArrayInfo` (from `info` or the index).
-        - `dsid`: the dataset as this method returned it for the previous block of the same
-          pass, or None to open it (at the first read of a pass).
-        - `block`: the block to read.
-        - `out`: an array shaped as `block.counts`, of the dtype to read into (the stored
-          dtype for a golden array, the dataset's own for a plain file).
-        - `check`: when opening, check that the dataset is stored as the index says.
+        def reading() -> contextlib.AbstractContextManager[None]:
+            return self._reading("reading its data", info.key)
 
-        **Returns:** the open dataset, for the next block of the pass. Any failure of HDF5 is
-        a `GoldenReadError` naming the file and key; a dataset that differs from the index, a
-        `GoldenCorruptError`.
-        """
-        with self._reading("reading its data", info.key):
-            if dsid is None:
-                dsid = self._open_dataset(info.key)
-                if check:
-                    self._check_indexed(info, dsid)
-            _read_block(dsid, block, math.prod(info.shape), out)
-        return dsid
+        return _Dataset(open_it, reading, math.prod(info.shape))
 
     def source(self, key: str) -> Source:
         """`key` as a `parity.judge.chunks.Source`: read block by block (one HDF5 hyperslab each),
@@ -331,7 +313,8 @@ class GoldenFile(_MappingABC[str, np.ndarray]):
         if key not in self._paths:
             raise self._missing(key)
         if self._index is not None:
-            return GoldenSource(self, self._index[key])
+            info = self._index[key]
+            return GoldenSource(self._dataset(info, check=True), info, self.path)
         if not self.is_parity_file:
             info = self._attr_infos.get(key)
             if info is None:
@@ -345,7 +328,7 @@ class GoldenFile(_MappingABC[str, np.ndarray]):
             # Strings, objects and compound types have no hyperslab reads into numpy; they
             # (and empty dataspaces) are loaded whole, as before, for compare to refuse.
             if info is not None and info.dtype.kind in "biufc" and not info.dtype.fields:
-                return PlainSource(self, info)
+                return PlainSource(self._dataset(info, check=False), info, self.path)
         return ArraySource(self[key])
 
     def get(self, key: str, default: Any = None) -> Any:
@@ -407,6 +390,32 @@ class GoldenFile(_MappingABC[str, np.ndarray]):
     def __repr__(self) -> str:
         kind = f"schema {self.schema_version}" if self.is_parity_file else "plain HDF5"
         return f"GoldenFile({str(self.path)!r}, {len(self)} arrays, {kind})"
+
+
+class _Dataset:
+    """One array's dataset, read block by block for a `Source` (`parity.store.source`'s
+    `BlockReader`): opened by `open` at the first block of a pass and let go when the pass
+    ends, so that many sources (one per key of a group) hold no HDF5 handle until they are
+    read; every read runs inside `reading` (the file's `_reading`, which names the file and
+    key in a `GoldenReadError`)."""
+
+    def __init__(
+        self,
+        open: Callable[[], h5d.DatasetID],
+        reading: Callable[[], contextlib.AbstractContextManager[None]],
+        size: int,
+    ):
+        self._open, self._reading, self._size = open, reading, size
+        self._dsid: h5d.DatasetID | None = None
+
+    def read_into(self, block: Block, out: np.ndarray) -> None:
+        with self._reading():
+            if self._dsid is None:
+                self._dsid = self._open()
+            _read_block(self._dsid, block, self._size, out)
+
+    def release(self) -> None:
+        self._dsid = None
 
 
 def _read_block(dsid: h5d.DatasetID, block: Block, size: int, out: np.ndarray) -> None:

@@ -1,11 +1,18 @@
-"""A golden file's array as a `parity.judge.chunks.Source`: read block by block through the
-reader's `GoldenFile.read_block`, so that a comparison holds one chunk at a time."""
+"""A golden file's array as a `parity.judge.chunks.Source`, read block by block so that a
+comparison holds one chunk at a time.
+
+The sources know nothing of HDF5: each reads through a `BlockReader` that the reader
+(`parity.store.reader.GoldenFile.source`) gives it, which owns the dataset handle of one
+pass. What a source adds is the logical dtype and, for a golden array, the checksum over a
+full pass.
+"""
 
 from __future__ import annotations
 
 import hashlib
 import math
-from typing import TYPE_CHECKING, Any
+from pathlib import Path
+from typing import TYPE_CHECKING, Any, Protocol
 
 import numpy as np
 
@@ -16,12 +23,23 @@ from parity.store.errors import GoldenCorruptError
 from parity.store.format import RESTORE_HINT
 
 if TYPE_CHECKING:
-    import h5py.h5d as h5d
-
     from parity.store.header import ArrayInfo
-    from parity.store.reader import GoldenFile
 
-__all__ = ["GoldenSource", "PlainSource"]
+__all__ = ["BlockReader", "GoldenSource", "PlainSource"]
+
+
+class BlockReader(Protocol):
+    """Reads blocks of one stored array, for one pass at a time."""
+
+    def read_into(self, block: Block, out: np.ndarray) -> None:
+        """Read `block` into `out` (shaped as `block.counts`, of the dtype to read into: the
+        stored dtype of a golden array, the dataset's own for a plain file), opening what it
+        reads from at the first block of a pass."""
+        ...
+
+    def release(self) -> None:
+        """The pass has ended: let go of what the first block opened."""
+        ...
 
 
 class PlainSource:
@@ -30,12 +48,8 @@ class PlainSource:
     opened at the first read and closed when a pass ends, so that many sources (one per
     key of a group) hold no HDF5 handles until they are read."""
 
-    #: Whether the dataset is checked against the file's index when it is opened.
-    _check = False
-
-    def __init__(self, gf: GoldenFile, info: ArrayInfo):
-        self._gf, self._info = gf, info
-        self._dsid: h5d.DatasetID | None = None
+    def __init__(self, reader: BlockReader, info: ArrayInfo, path: Path):
+        self._reader, self._info, self._path = reader, info, path
         self._size = math.prod(info.shape)
 
     @property
@@ -46,26 +60,21 @@ class PlainSource:
     def dtype(self) -> np.dtype:
         return self._info.dtype
 
-    def _read_into(self, block: Block, out: np.ndarray) -> None:
-        self._dsid = self._gf.read_block(self._info, self._dsid, block, out, check=self._check)
-
     def read(self, block: Block) -> np.ndarray:
         out = np.empty(block.counts, self._info.dtype)
-        self._read_into(block, out)
+        self._reader.read_into(block, out)
         return out.reshape(-1)
 
     def finish(self) -> None:
-        self._dsid = None
+        self._reader.release()
 
 
 class GoldenSource(PlainSource):
     """One golden array read block by block (as `PlainSource`), in its logical dtype, its
     sha256 computed over a full pass and checked by `finish`."""
 
-    _check = True
-
-    def __init__(self, gf: GoldenFile, info: ArrayInfo):
-        super().__init__(gf, info)
+    def __init__(self, reader: BlockReader, info: ArrayInfo, path: Path):
+        super().__init__(reader, info, path)
         self._stored = storage_type(info.dtype)[0]
         self._hash: Any = None
         self._next = 0  # flat index the next in-order block must start at; -1: out of order
@@ -74,7 +83,7 @@ class GoldenSource(PlainSource):
         if block.start == 0:
             self._hash, self._next = hashlib.sha256(), 0
         stored = np.empty(block.counts, self._stored)
-        self._read_into(block, stored)
+        self._reader.read_into(block, stored)
         if self._next == block.start:
             self._hash.update(stored.reshape(-1).view(np.uint8).data)
             self._next += block.size
@@ -91,9 +100,10 @@ class GoldenSource(PlainSource):
                 f"block in order (read up to {self._next} of {self._size} elements)"
             )
         digest = (self._hash or hashlib.sha256()).hexdigest()
-        self._hash, self._next, self._dsid = None, 0, None
+        self._hash, self._next = None, 0
+        self._reader.release()
         if digest != self._info.sha256:
             raise GoldenCorruptError(
-                f"{self._gf.path}: golden {self._info.key!r} is corrupt: expected sha256 "
+                f"{self._path}: golden {self._info.key!r} is corrupt: expected sha256 "
                 f"{self._info.sha256}, found {digest}. {RESTORE_HINT}"
             )
