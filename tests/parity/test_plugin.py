@@ -73,7 +73,7 @@ def inner(pytester: pytest.Pytester, monkeypatch: pytest.MonkeyPatch) -> pytest.
 
 def _run(pytester: pytest.Pytester, *args: str) -> pytest.RunResult:
     # No compile cache: the inner tests compile nothing worth keeping.
-    return pytester.runpytest_subprocess("-p", "no:cacheprovider", "--parity-cache", "none", *args)
+    return pytester.runpytest_subprocess("-p", "no:cacheprovider", "--parity-jax-cache", "none", *args)
 
 
 # --------------------------------------------------------------------------- devices
@@ -322,7 +322,7 @@ def test_a_failing_check_leaves_its_obtained_arrays_for_parity_diff(inner: pytes
         def test_perturbed(parity_check):
             a = arrays()
             a["layers.0.h1"][1, 1] += 1e-2
-            parity_check(a, "g", class_overrides=[("logits", "fp32_reassoc")])
+            parity_check(a, "g", overrides=[("logits", "fp32_reassoc")])
         """
     )
     result = _run(inner, "-n", "2", "--parity-save-actual", "obtained")
@@ -373,7 +373,7 @@ def test_the_plugin_puts_the_configured_src_roots_on_sys_path(tmp_path: Path) ->
     (tmp_path / "tests" / "test_mine.py").write_text(
         "import mypkg\n\n\ndef test_imports():\n    assert mypkg.ANSWER == 42\n"
     )
-    done = _pytest_bare(tmp_path, "-q", "-p", "no:cacheprovider", "--parity-cache", "none", "tests")
+    done = _pytest_bare(tmp_path, "-q", "-p", "no:cacheprovider", "--parity-jax-cache", "none", "tests")
     assert done.returncode == 0, done.stdout + done.stderr
     assert "1 passed" in done.stdout
 

@@ -11,7 +11,7 @@ from typing import Any
 
 from parity.judge.classes import REGISTRY, ToleranceClass
 from parity.judge.tolerance import UnknownClassError, get_class
-from parity.run.config import DRIFT_MODES, ParityConfig, load_config
+from parity.run.config import DRIFT_MODES, ParityConfig, load_config, split_override
 
 __all__ = [
     "DRIFT_MODES",
@@ -62,16 +62,14 @@ def parse_override(text: str) -> tuple[str, str]:
     """`PATTERN=CLASS` from the command line as a `(pattern, class)` pair; `CLIError` if
     malformed or the class is unknown. The class may carry parameters
     (`'taps.*=reduction[K=512]'`): the split is at the last `=` outside brackets."""
-    head = text[: text.rindex("[")] if text.endswith("]") and "[" in text else text
-    pattern, sep, _ = head.rpartition("=")
-    name = text[len(pattern) + 1 :] if sep else ""
-    if not sep or not pattern or not name:
+    rule = split_override(text)
+    if rule is None:
         raise CLIError(
             f"--override {text!r} is not PATTERN=CLASS; for example "
             "--override 'traj.*=device_count'"
         )
-    check_class_name(name)
-    return pattern, name
+    check_class_name(rule[1])
+    return rule
 
 
 def check_class_name(name: str) -> ToleranceClass:

@@ -45,7 +45,15 @@ from typing import Any, Literal
 
 from parity.run.devices import DEFAULT_ISA_CAP
 
-__all__ = ["ENV", "KEYS", "ConfigError", "ParityConfig", "find_pyproject", "load_config"]
+__all__ = [
+    "ENV",
+    "KEYS",
+    "ConfigError",
+    "ParityConfig",
+    "find_pyproject",
+    "load_config",
+    "split_override",
+]
 
 #: The keys `[tool.parity]` accepts.
 KEYS = (
@@ -183,6 +191,16 @@ class ParityConfig:
             return self
         values = _parse(given, base=Path.cwd(), where="command line")
         return dataclasses.replace(self, **values, explicit=self.explicit | set(values))
+
+
+def split_override(text: str) -> tuple[str, str] | None:
+    """`PATTERN=CLASS` (`--override`, `--parity-override`) as `(pattern, class)`, or None
+    if malformed. The class may carry parameters (`'taps.*=reduction[K=512]'`): the split
+    is at the last `=` outside brackets. Whether the class exists is the caller's check."""
+    head = text[: text.rindex("[")] if text.endswith("]") and "[" in text else text
+    pattern, sep, _ = head.rpartition("=")
+    name = text[len(pattern) + 1 :] if sep else ""
+    return (pattern, name) if sep and pattern and name else None
 
 
 def find_pyproject(start: str | os.PathLike[str] | None = None) -> Path | None:
