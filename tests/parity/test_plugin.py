@@ -73,7 +73,9 @@ def inner(pytester: pytest.Pytester, monkeypatch: pytest.MonkeyPatch) -> pytest.
 
 def _run(pytester: pytest.Pytester, *args: str) -> pytest.RunResult:
     # No compile cache: the inner tests compile nothing worth keeping.
-    return pytester.runpytest_subprocess("-p", "no:cacheprovider", "--parity-jax-cache", "none", *args)
+    return pytester.runpytest_subprocess(
+        "-p", "no:cacheprovider", "--parity-jax-cache", "none", *args
+    )
 
 
 # --------------------------------------------------------------------------- devices
@@ -373,7 +375,9 @@ def test_the_plugin_puts_the_configured_src_roots_on_sys_path(tmp_path: Path) ->
     (tmp_path / "tests" / "test_mine.py").write_text(
         "import mypkg\n\n\ndef test_imports():\n    assert mypkg.ANSWER == 42\n"
     )
-    done = _pytest_bare(tmp_path, "-q", "-p", "no:cacheprovider", "--parity-jax-cache", "none", "tests")
+    done = _pytest_bare(
+        tmp_path, "-q", "-p", "no:cacheprovider", "--parity-jax-cache", "none", "tests"
+    )
     assert done.returncode == 0, done.stdout + done.stderr
     assert "1 passed" in done.stdout
 
