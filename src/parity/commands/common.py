@@ -34,6 +34,7 @@ __all__ = [
     "overrides_of",
     "parse_override",
     "process_flags",
+    "processes_flag",
     "report_flag",
     "report_progress",
     "require_goldens",
@@ -170,15 +171,15 @@ def report_flag(p: argparse.ArgumentParser, *, old: str | None = None) -> None:
         )
 
 
-def class_flag(p: argparse.ArgumentParser, *, before: str = "the pinned class map") -> None:
-    """`--class NAME`: one tolerance class for every key, after `--override`, before
-    `before`."""
+def class_flag(p: argparse.ArgumentParser) -> None:
+    """`--class NAME`: one tolerance class for every key, after `--override`, before the
+    goldens' pinned classes."""
     p.add_argument(
         "--class",
         dest="class_name",
         metavar="NAME",
-        help=f"check every key under tolerance class NAME (after --override, before {before}); "
-        f"known: {', '.join(sorted(REGISTRY))}",
+        help="check every key under tolerance class NAME (after --override, before the "
+        f"goldens' pinned classes); known: {', '.join(sorted(REGISTRY))}",
     )
 
 
@@ -211,15 +212,20 @@ def config_flags(
     )
 
 
-def process_flags(p: argparse.ArgumentParser) -> None:
-    g = p.add_argument_group("multi-process runs (JAX's distributed runtime)")
-    g.add_argument(
+def processes_flag(p: Any) -> None:
+    """`--processes N`: the producers as N processes of one distributed run."""
+    p.add_argument(
         "--processes",
         type=int,
         metavar="N",
         help="run the producers as N processes of one distributed run, --devices each, "
-        "outputs gathered to process 0 (default 1)",
+        "outputs gathered to process 0 (default: [tool.parity] processes, else 1)",
     )
+
+
+def process_flags(p: argparse.ArgumentParser) -> None:
+    g = p.add_argument_group("multi-process runs (JAX's distributed runtime)")
+    processes_flag(g)
     g.add_argument(
         "--timeout",
         type=float,

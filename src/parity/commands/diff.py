@@ -261,7 +261,7 @@ def add_parser(sub: Any) -> None:
     diff.add_argument("actual", metavar="ACTUAL", help="HDF5 file from the changed code")
     diff.add_argument("golden", metavar="GOLDEN", help="pinned HDF5 file to compare against")
     override_flag(diff)
-    class_flag(diff, before="GOLDEN's pinned classes")
+    class_flag(diff)
     diff.add_argument(
         "--memory",
         type=_mebibytes,
