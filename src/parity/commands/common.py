@@ -12,6 +12,7 @@ from typing import Any
 from parity.judge.classes import REGISTRY, ToleranceClass
 from parity.judge.tolerance import UnknownClassError, get_class
 from parity.run.config import DRIFT_MODES, ParityConfig, load_config, split_override
+from parity.run.devices import DEFAULT_ISA_CAP
 
 __all__ = [
     "DRIFT_MODES",
@@ -202,13 +203,29 @@ def config_flags(
     g = p.add_argument_group("settings (override [tool.parity] in pyproject.toml)")
     if goldens:
         goldens_flag(g, old=old_goldens)
-    g.add_argument("--producers", metavar="FILE", help="producers file (GROUPS, CLASS_MAP)")
     g.add_argument(
-        "--src", metavar="DIR[,DIR]", help="import root(s) of the code under test (default: src)"
+        "--producers",
+        metavar="FILE",
+        help="producers file, defining GROUPS and optionally CLASS_MAP (default: "
+        "[tool.parity] producers)",
     )
-    g.add_argument("--isa", metavar="CAP", help="XLA CPU ISA cap before jax starts (default AVX2)")
     g.add_argument(
-        "--devices", type=int, metavar="N", help="simulated CPU devices per process (default 1)"
+        "--src",
+        metavar="DIR[,DIR]",
+        help="import root(s) of the code under test (default: [tool.parity] src, else src)",
+    )
+    g.add_argument(
+        "--isa",
+        metavar="CAP",
+        help="XLA CPU ISA cap set before jax starts; 'none' leaves it alone (default: "
+        f"[tool.parity] isa, else {DEFAULT_ISA_CAP})",
+    )
+    g.add_argument(
+        "--devices",
+        type=int,
+        metavar="N",
+        help="simulated CPU devices per process (default: PARITY_DEVICES, else "
+        "[tool.parity] devices, else 1)",
     )
 
 
