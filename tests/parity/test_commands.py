@@ -69,6 +69,24 @@ def test_repin_check_json_report_and_save_actual(project: Path, tmp_path: Path, 
     _one_line_error(broken, "producers cannot run")
 
 
+def test_check_class_and_drift_and_repin_goldens_recover_speak_the_vocabulary(
+    project: Path, tmp_path: Path, run_parity
+) -> None:
+    pinned = run_parity(project, "repin", "--base", "HEAD", "--goldens", "pins")
+    assert pinned.returncode == 0, pinned.stderr
+    assert (project / "pins" / "g.h5").is_file() and not (project / "goldens").exists()
+    recovered = run_parity(project, "repin", "--recover", "--goldens", "pins")
+    assert recovered.returncode == 0, recovered.stderr
+    assert recovered.stdout == f"nothing to recover in {project / 'pins'}\n"
+    # --class judges every key under one class; --drift strict passes where nothing drifted.
+    c = tmp_path / "c.json"
+    args = ("--goldens", "pins", "--class", "fp32_reassoc", "--drift", "strict", "--json", c)
+    ok = run_parity(project, "check", *map(str, args))
+    assert ok.returncode == 0, ok.stdout + ok.stderr
+    assert {f["class"] for f in json.loads(c.read_text())["findings"]} == {"fp32_reassoc"}
+    _one_line_error(run_parity(project, "check", "--class", "nope"), "--class 'nope'")
+
+
 def test_repin_of_a_revision_that_is_not_a_commit_is_one_line(project: Path, run_parity) -> None:
     _one_line_error(run_parity(project, "repin", "--base", "no-such-rev"), "not a commit")
 
