@@ -110,7 +110,7 @@ def run(args: argparse.Namespace, out: IO[str]) -> int:
     if args.write and overrides:
         raise CLIError(
             "--write records the measurement of the pinned classes in the golden files; "
-            "drop --override (and --class) to record, or drop --write to measure a candidate "
+            "drop --override and --class to record, or drop --write to measure a candidate "
             "class"
         )
     try:
