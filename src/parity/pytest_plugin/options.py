@@ -9,6 +9,8 @@ the command line.
 
 from __future__ import annotations
 
+import argparse
+
 import pytest
 
 from parity.run.config import BASELINE_MODES, DRIFT_MODES
@@ -120,8 +122,7 @@ def pytest_addoption(parser: pytest.Parser) -> None:
         "'none' turns it off (default: PARITY_JAX_CACHE, else [tool.parity] jax_cache, else "
         ".jax_cache in the rootdir)",
     )
-    # The old spelling of --parity-jax-cache (one release): a DeprecationWarning names it.
-    group.addoption(
-        "--parity-cache", default=None, metavar="DIR", help="deprecated: use --parity-jax-cache"
-    )
+    # The old spelling of --parity-jax-cache (one release): a DeprecationWarning names it;
+    # not shown to a new user.
+    group.addoption("--parity-cache", default=None, metavar="DIR", help=argparse.SUPPRESS)
     parser.addini("parity_goldens", "golden folder, relative to the rootdir", default="goldens")
