@@ -62,8 +62,10 @@ def _run_parity(repo: Path, *args: str) -> subprocess.CompletedProcess[str]:
         capture_output=True,
         text=True,
         # A private cache of re-produced bases too (parity.run.baseline): never the user's.
+        # The command line reads PARITY_DEVICES as the plugin does: an outer
+        # `PARITY_DEVICES=4 pytest` must not move the layout these projects pin and check.
         env={
-            **os.environ,
+            **{k: v for k, v in os.environ.items() if k != "PARITY_DEVICES"},
             "PYTHONWARNINGS": "ignore",
             "TMPDIR": str(tmp),
             "PARITY_BASELINE_CACHE": str(repo.parent / "baselines"),

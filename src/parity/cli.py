@@ -5,10 +5,16 @@ One argparse tree: `build_parser` adds each subcommand from its module in
 and `main`
 runs the one the command line names.
 
-- `parity diff ACTUAL GOLDEN [--class NAME] [--json FILE] [--html DIR]` compares every
+- `parity diff ACTUAL GOLDEN [--class NAME] [--json FILE] [--report DIR]` compares every
   array of two HDF5 files (parity-written or plain h5py files) and prints the report table.
-- `parity show GOLDEN [--json] [--verify]` prints a file's provenance, class map and
-  inventory.
+- `parity show GOLDEN [--json FILE|-] [--verify]` prints a file's provenance, class map
+  and inventory.
+
+Every subcommand spells one idea one way (docs/design.md, "Vocabulary"): `--goldens DIR`,
+`--json FILE` (always a file; `-` is stdout), `--report DIR` (text, JSON and HTML),
+`--class NAME`, `--override PATTERN=CLASS`, `--drift`; the shared definitions live in
+`parity.commands.common`. Old spellings (`repin --out`, `diff --html`, a bare `show
+--json`) work for one release with a one-line warning on stderr.
 - `parity repin`, `parity check`, `parity bisect`, `parity calibrate` and `parity baseline
   build` run producers.
 
@@ -82,7 +88,12 @@ Differential equivalence checks on HDF5 array files.
 
 repin, check, bisect, calibrate and baseline read [tool.parity] in the nearest
 pyproject.toml (goldens, producers, src, isa, devices, processes, baseline,
-baseline_cache); a flag of the same name overrides each key.
+baseline_cache, drift, jax_cache); the environment variables PARITY_DEVICES,
+PARITY_BASELINE_CACHE and PARITY_JAX_CACHE override their key, and a flag of the same
+name overrides both (the pytest plugin reads the same, its options prefixed --parity-).
+
+--json FILE writes JSON to FILE (show: '-' prints it); --report DIR writes report.txt,
+report.json and index.html.
 
 exit codes: 0 every array holds its class; 1 some array does not (each is printed);
 2 unusable input (missing, truncated, corrupt or unsafe file, unknown class).

@@ -212,7 +212,7 @@ def _inner_pytest(repo: Path, tmp_path: Path, *args: str) -> subprocess.Complete
     env = {k: v for k, v in os.environ.items() if not k.startswith(("PYTEST_", "PARITY_"))}
     env["PARITY_BASELINE_CACHE"] = str(tmp_path / "baselines")
     return subprocess.run(
-        [sys.executable, "-m", "pytest", "-p", "no:cacheprovider", "--parity-cache", "none",
+        [sys.executable, "-m", "pytest", "-p", "no:cacheprovider", "--parity-jax-cache", "none",
          "-q", "test_g.py", *args],
         cwd=repo, env=env, capture_output=True, text=True, timeout=300,
     )  # fmt: skip

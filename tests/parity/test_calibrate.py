@@ -191,7 +191,8 @@ def test_calibrate_errors_are_one_line(project: Path, run_parity) -> None:
     for args, needle in (
         (("--perturb", "unroll"), "unknown perturbation"),
         (("--groups", "nope"), "no group named 'nope'"),
-        (("--write", "--override", "taps.*=bitwise"), "drop --override to record"),
+        (("--write", "--override", "taps.*=bitwise"), "drop --override and --class to record"),
+        (("--write", "--class", "bitwise"), "drop --override and --class to record"),
     ):
         proc: subprocess.CompletedProcess[str] = run_parity(project, "calibrate", *args)
         assert proc.returncode == 2, proc.stdout + proc.stderr

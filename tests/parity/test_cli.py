@@ -223,7 +223,7 @@ def test_strings_parity_cannot_compare_exit_2(tmp_path: Path) -> None:
 
 
 def test_show_json_has_provenance_class_map_and_arrays(golden: Path, tmp_path: Path) -> None:
-    proc = _parity("show", golden, "--json")
+    proc = _parity("show", golden, "--json", "-")
     assert proc.returncode == 0, proc.stderr
     doc = json.loads(proc.stdout)
     assert doc["provenance"] == {"jax": "0.0.test", "base_sha": "f" * 40}
@@ -242,7 +242,7 @@ def test_show_json_has_provenance_class_map_and_arrays(golden: Path, tmp_path: P
     plain = tmp_path / "plain.h5"
     with h5py.File(plain, "w") as f:
         f.create_dataset("a/b", data=np.zeros((2, 3), np.int16))
-    doc = json.loads(_parity("show", plain, "--json").stdout)
+    doc = json.loads(_parity("show", plain, "--json", "-").stdout)
     assert doc["provenance"] == {} and doc["class_map"] is None
     assert doc["arrays"] == [
         {"key": "a.b", "shape": [2, 3], "dtype": "int16", "class": "bitwise", "order": -1}
@@ -284,7 +284,7 @@ def test_diff_json_and_html_reports(tmp_path: Path, golden: Path) -> None:
     arrays["loss"] = np.asarray(np.float32(np.nan))
     actual = _write(tmp_path / "actual.h5", arrays)
     out_json, out_html = tmp_path / "r.json", tmp_path / "html"
-    proc = _parity("diff", actual, golden, "--json", out_json, "--html", out_html)
+    proc = _parity("diff", actual, golden, "--json", out_json, "--report", out_html)
     assert proc.returncode == 1
     doc = json.loads(out_json.read_text())
     assert doc["verdict"] == "fail"
@@ -347,7 +347,7 @@ def test_the_cli_does_not_import_jax(tmp_path: Path, golden: Path) -> None:
     script = (
         "import runpy, sys\n"
         f"sys.argv = ['parity', 'diff', {str(actual)!r}, {str(golden)!r}, "
-        f"'--json', {str(tmp_path / 'r.json')!r}, '--html', {str(tmp_path / 'h')!r}]\n"
+        f"'--json', {str(tmp_path / 'r.json')!r}, '--report', {str(tmp_path / 'h')!r}]\n"
         "try:\n"
         "    runpy.run_module('parity', run_name='__main__')\n"
         "except SystemExit as e:\n"

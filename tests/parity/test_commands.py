@@ -69,6 +69,24 @@ def test_repin_check_json_report_and_save_actual(project: Path, tmp_path: Path, 
     _one_line_error(broken, "producers cannot run")
 
 
+def test_check_class_and_drift_and_repin_goldens_recover_speak_the_vocabulary(
+    project: Path, tmp_path: Path, run_parity
+) -> None:
+    pinned = run_parity(project, "repin", "--base", "HEAD", "--goldens", "pins")
+    assert pinned.returncode == 0, pinned.stderr
+    assert (project / "pins" / "g.h5").is_file() and not (project / "goldens").exists()
+    recovered = run_parity(project, "repin", "--recover", "--goldens", "pins")
+    assert recovered.returncode == 0, recovered.stderr
+    assert recovered.stdout == f"nothing to recover in {project / 'pins'}\n"
+    # --class judges every key under one class; --drift strict passes where nothing drifted.
+    c = tmp_path / "c.json"
+    args = ("--goldens", "pins", "--class", "fp32_reassoc", "--drift", "strict", "--json", c)
+    ok = run_parity(project, "check", *map(str, args))
+    assert ok.returncode == 0, ok.stdout + ok.stderr
+    assert {f["class"] for f in json.loads(c.read_text())["findings"]} == {"fp32_reassoc"}
+    _one_line_error(run_parity(project, "check", "--class", "nope"), "--class 'nope'")
+
+
 def test_repin_of_a_revision_that_is_not_a_commit_is_one_line(project: Path, run_parity) -> None:
     _one_line_error(run_parity(project, "repin", "--base", "no-such-rev"), "not a commit")
 
@@ -143,7 +161,7 @@ def test_a_repin_of_unchanged_arrays_keeps_the_calibration_and_show_always_shows
     calibrated keys have no spread still shows it, with the check's refusal as a note
     (issue 29)."""
     repo = pinned_project(tmp_path, CALIBRATED)
-    uncalibrated = run_parity(repo, "show", "goldens/g.h5", "--json")
+    uncalibrated = run_parity(repo, "show", "goldens/g.h5", "--json", "-")
     assert uncalibrated.returncode == 0, uncalibrated.stderr
     doc = json.loads(uncalibrated.stdout)
     assert {a["class"] for a in doc["arrays"]} == {"calibrated (no spread recorded)"}
@@ -160,7 +178,7 @@ def test_a_repin_of_unchanged_arrays_keeps_the_calibration_and_show_always_shows
     assert "calibration kept: 2 keys' spreads, their arrays unchanged" in repinned.stdout
     checked = run_parity(repo, "check")
     assert checked.returncode == 0, checked.stdout + checked.stderr
-    shown = run_parity(repo, "show", "goldens/g.h5", "--json")
+    shown = run_parity(repo, "show", "goldens/g.h5", "--json", "-")
     assert shown.returncode == 0, shown.stderr
     assert json.loads(shown.stdout)["notes"] == []
 
@@ -199,14 +217,14 @@ def test_classes_only_with_order_rewrites_the_order_and_keeps_every_array(
     else: every array's checksum and the provenance's environment stay as pinned."""
     first = PRODUCERS_BAC.format(b="np.ones(2)")
     repo = pinned_project(tmp_path, first)
-    before = json.loads(run_parity(repo, "show", "goldens/g.h5", "--json").stdout)
+    before = json.loads(run_parity(repo, "show", "goldens/g.h5", "--json", "-").stdout)
     # The producers now return the same keys in another order (and another value, which
     # must not reach the golden: only the order is taken).
     (repo / "producers.py").write_text(PRODUCERS_ABC.format(b="np.full(2, 7.0)"))
     done = run_parity(repo, "repin", "--classes-only", "--order")
     assert done.returncode == 0, done.stdout + done.stderr
     assert "g: 3 arrays, unchanged; 0 changed class; 2 changed place" in done.stdout
-    after = json.loads(run_parity(repo, "show", "goldens/g.h5", "--json", "--verify").stdout)
+    after = json.loads(run_parity(repo, "show", "goldens/g.h5", "--json", "-", "--verify").stdout)
     assert after["verified"] == 3
 
     def places(doc: dict) -> list[str]:

@@ -240,7 +240,7 @@ def test_a_bug_in_a_middle_layer_is_named_first_by_check_bisect_and_assert_equiv
     pinned = _parity(run_parity, repo, "repin", "--base", "HEAD")
     assert pinned.returncode == 0, pinned.stdout + pinned.stderr
 
-    shown = _parity(run_parity, repo, "show", "goldens/forward.h5", "--json")
+    shown = _parity(run_parity, repo, "show", "goldens/forward.h5", "--json", "-")
     assert shown.returncode == 0, shown.stderr
     doc = json.loads(shown.stdout)
     assert doc["order"]["source"] == "dataflow" and doc["order"]["hint"] is None

@@ -73,7 +73,9 @@ def inner(pytester: pytest.Pytester, monkeypatch: pytest.MonkeyPatch) -> pytest.
 
 def _run(pytester: pytest.Pytester, *args: str) -> pytest.RunResult:
     # No compile cache: the inner tests compile nothing worth keeping.
-    return pytester.runpytest_subprocess("-p", "no:cacheprovider", "--parity-cache", "none", *args)
+    return pytester.runpytest_subprocess(
+        "-p", "no:cacheprovider", "--parity-jax-cache", "none", *args
+    )
 
 
 # --------------------------------------------------------------------------- devices
@@ -322,7 +324,7 @@ def test_a_failing_check_leaves_its_obtained_arrays_for_parity_diff(inner: pytes
         def test_perturbed(parity_check):
             a = arrays()
             a["layers.0.h1"][1, 1] += 1e-2
-            parity_check(a, "g", class_overrides=[("logits", "fp32_reassoc")])
+            parity_check(a, "g", overrides=[("logits", "fp32_reassoc")])
         """
     )
     result = _run(inner, "-n", "2", "--parity-save-actual", "obtained")
@@ -338,6 +340,53 @@ def test_a_failing_check_leaves_its_obtained_arrays_for_parity_diff(inner: pytes
     assert diff.returncode == 1, diff.stderr
     assert "layers.0.h1 [fp32_reassoc, fail]" in diff.stdout
     assert "first breaking its class: layers.0.h1" in diff.stdout
+
+
+# --------------------------------------------------------------------------- vocabulary
+
+_ONE_ULP = """
+import numpy as np
+from golden_arrays import arrays
+
+def test_logits_one_ulp_off(parity_check):
+    a = arrays()
+    a["logits"] = np.nextafter(a["logits"], np.float32(2))  # bitwise in the pinned map
+    parity_check(a, "g"{keyword})
+"""
+
+
+@pytest.mark.parametrize(
+    "how", ["none", "--parity-override", "--parity-class", "overrides=", "class_overrides="]
+)
+def test_the_session_and_call_rules_mirror_the_command_line(
+    inner: pytest.Pytester, how: str
+) -> None:
+    _pin(inner.path, "g", _arrays(), order=["layers.0.h1", "layers.1.h1"])
+    keyword = f", {how}[('logits', 'fp32_reassoc')]" if how.endswith("=") else ""
+    inner.makepyfile(test_ulp=_ONE_ULP.format(keyword=keyword))
+    options = {
+        "--parity-override": ("--parity-override", "logits=fp32_reassoc"),
+        "--parity-class": ("--parity-class", "fp32_reassoc"),
+    }.get(how, ())
+    result = _run(inner, *options)
+    result.assert_outcomes(**({"failed": 1} if how == "none" else {"passed": 1}))
+    deprecated = "parity_check(class_overrides=...) is deprecated"
+    assert (deprecated in result.stdout.str()) == (how == "class_overrides=")
+
+
+def test_the_old_cache_option_warns_and_still_turns_the_cache_off(inner: pytest.Pytester) -> None:
+    inner.makepyfile(test_nothing="def test_nothing():\n    pass\n")
+    result = inner.runpytest_subprocess("-p", "no:cacheprovider", "--parity-cache", "none")
+    result.assert_outcomes(passed=1)
+    assert "--parity-cache is deprecated" in result.stdout.str()
+    assert not (inner.path / ".jax_cache").exists()
+
+
+def test_a_bad_session_rule_is_a_usage_error(inner: pytest.Pytester) -> None:
+    for option in (("--parity-override", "logits"), ("--parity-class", "nope")):
+        result = _run(inner, *option)
+        assert result.ret == pytest.ExitCode.USAGE_ERROR, option
+        assert option[1] in result.stderr.str()
 
 
 # --------------------------------------------------------------------------- adopting
@@ -373,7 +422,9 @@ def test_the_plugin_puts_the_configured_src_roots_on_sys_path(tmp_path: Path) ->
     (tmp_path / "tests" / "test_mine.py").write_text(
         "import mypkg\n\n\ndef test_imports():\n    assert mypkg.ANSWER == 42\n"
     )
-    done = _pytest_bare(tmp_path, "-q", "-p", "no:cacheprovider", "--parity-cache", "none", "tests")
+    done = _pytest_bare(
+        tmp_path, "-q", "-p", "no:cacheprovider", "--parity-jax-cache", "none", "tests"
+    )
     assert done.returncode == 0, done.stdout + done.stderr
     assert "1 passed" in done.stdout
 

@@ -387,7 +387,7 @@ def _pytest_in(project: Path, *args: str, mode: str = "") -> subprocess.Complete
     env = {k: v for k, v in os.environ.items() if not k.startswith(("PARITY_", "PYTEST_"))}
     env |= {"PYTHONWARNINGS": "ignore", "TMPDIR": str(tmp), "PLUGIN_MODE": mode}
     return subprocess.run(
-        [sys.executable, "-m", "pytest", "-q", "--parity-cache", "none", *args],
+        [sys.executable, "-m", "pytest", "-q", "--parity-jax-cache", "none", *args],
         cwd=project,
         capture_output=True,
         text=True,

@@ -4,7 +4,10 @@
 `repin`, `check`, `bisect` and `calibrate` run producers (`parity.run.repin`,
 `parity.run.runner`, `parity.run.bisection`, `parity.run.calibrate`), configured by
 `[tool.parity]` (`parity.run.config`); each key can be overridden by the flag of the same
-name (`--goldens`, `--producers`, `--src`, `--isa`, `--devices`, `--processes`). Each
+name (`--goldens`, `--producers`, `--src`, `--isa`, `--devices`, `--processes`, `--drift`).
+A flag means one thing on every subcommand (docs/design.md, "Vocabulary"): `common`
+defines the shared ones once (`--goldens`, `--json`, `--report`, `--class`, `--override`,
+`--drift`, ...) and the deprecated old spellings (`deprecated_alias`). Each
 module adds its subparser to the one argparse tree that `parity.cli.build_parser` builds
 and runs its command; every input error is a `common.CLIError`, printed by
 `parity.cli.main` as one `parity: error: ...` line with exit code 2. Importing any of these

@@ -13,6 +13,7 @@ from parity.commands.common import (
     config_flags,
     config_of,
     groups_flag,
+    processes_flag,
     report_progress,
     require_goldens,
     split_groups,
@@ -49,7 +50,7 @@ def add_parser(sub: Any) -> None:
     )
     groups_flag(build)
     config_flags(build)
-    build.add_argument("--processes", type=int, metavar="N", help="processes of the run")
+    processes_flag(build)
     actions.add_parser("list", help="list the cached bases")
     clear = actions.add_parser("clear", help="remove the cached bases")
     clear.add_argument("--base", metavar="SHA", help="only those of this base commit (a prefix)")

@@ -12,9 +12,11 @@ from parity.commands.common import (
     EXIT_FAIL,
     EXIT_OK,
     CLIError,
+    class_flag,
     config_flags,
     config_of,
     groups_flag,
+    json_flag,
     override_flag,
     overrides_of,
     split_groups,
@@ -40,8 +42,9 @@ def add_parser(sub: Any) -> None:
     bisect.add_argument("good", metavar="GOOD", help="a commit whose outputs are right")
     bisect.add_argument("bad", metavar="BAD", help="a later commit that fails the check")
     groups_flag(bisect)
-    bisect.add_argument("--json", dest="json_path", metavar="FILE", help="write steps and answer")
+    json_flag(bisect, what="the steps and the answer")
     override_flag(bisect)
+    class_flag(bisect)
     config_flags(bisect, goldens=False)
 
 
@@ -49,7 +52,7 @@ def run(args: argparse.Namespace, out: IO[str]) -> int:
     from parity.run.bisection import BisectError, bisect
 
     config = config_of(args)
-    overrides = overrides_of(args)
+    overrides = overrides_of(args, with_class=True)
 
     def progress(line: str) -> None:
         out.write(line + "\n")

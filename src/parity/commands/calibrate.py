@@ -13,9 +13,11 @@ from typing import IO, Any
 from parity.commands.common import (
     EXIT_OK,
     CLIError,
+    class_flag,
     config_flags,
     config_of,
     groups_flag,
+    json_flag,
     keep_log,
     override_flag,
     overrides_of,
@@ -53,12 +55,12 @@ def add_parser(sub: Any) -> None:
         help="comma-separated: isa, isa=CAP, devices, devices=N, processes, processes=PxD, "
         "repeat (default isa,devices)",
     )
-    cal.add_argument("--json", dest="json_path", metavar="FILE", help="write the measurement")
+    json_flag(cal, what="the measurement")
     cal.add_argument(
         "--from-json",
         dest="from_json",
         metavar="FILE",
-        help="take the measurement a calibrate --json run saved instead of running the producers "
+        help="read the measurement a calibrate --json run saved instead of running the producers "
         "(to --write it later: a full calibration takes many minutes)",
     )
     cal.add_argument(
@@ -68,6 +70,7 @@ def add_parser(sub: Any) -> None:
         "provenance (arrays unchanged; columns measured before are kept)",
     )
     override_flag(cal)
+    class_flag(cal)
     config_flags(cal)
 
 
@@ -102,12 +105,13 @@ def run(args: argparse.Namespace, out: IO[str]) -> int:
     from parity.store import GoldenStoreError
 
     config = config_of(args)
-    overrides = overrides_of(args)
+    overrides = overrides_of(args, with_class=True)
     require_goldens(config)
     if args.write and overrides:
         raise CLIError(
             "--write records the measurement of the pinned classes in the golden files; "
-            "drop --override to record, or drop --write to measure a candidate class"
+            "drop --override and --class to record, or drop --write to measure a candidate "
+            "class"
         )
     try:
         perturbs = [] if args.from_json else perturbations(split_groups(args.perturb), config)

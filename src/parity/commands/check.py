@@ -12,13 +12,18 @@ from parity.commands.common import (
     EXIT_FAIL,
     EXIT_OK,
     CLIError,
+    check_class_name,
+    class_flag,
     config_flags,
     config_of,
+    drift_flag,
     groups_flag,
+    json_flag,
     keep_log,
     override_flag,
     overrides_of,
     process_flags,
+    report_flag,
     report_progress,
     require_goldens,
     split_groups,
@@ -43,12 +48,13 @@ def add_parser(sub: Any) -> None:
         "class, 2 unusable input.",
     )
     groups_flag(check)
-    check.add_argument("--json", dest="json_path", metavar="FILE", help="write JSON here")
+    json_flag(check)
+    report_flag(check)
     check.add_argument(
-        "--report", metavar="DIR", help="write report.txt, report.json, index.html to DIR"
-    )
-    check.add_argument(
-        "--save-actual", metavar="DIR", help="write a failing group's arrays to DIR/<group>.h5"
+        "--save-actual",
+        metavar="DIR",
+        help="write a failing group's arrays to DIR/<group>.h5, with the parity diff command "
+        "that reproduces its table",
     )
     check.add_argument(
         "--baseline",
@@ -59,6 +65,8 @@ def add_parser(sub: Any) -> None:
         "the goldens' calibrated bounds alone",
     )
     override_flag(check)
+    class_flag(check)
+    drift_flag(check)
     config_flags(check)
     process_flags(check)
 
@@ -86,6 +94,8 @@ def run(args: argparse.Namespace, out: IO[str]) -> int:
 
     config = config_of(args)
     overrides = overrides_of(args)
+    if args.class_name is not None:
+        check_class_name(args.class_name)
     require_goldens(config)
     if args.timeout is not None and args.timeout <= 0:
         raise CLIError(f"--timeout must be a positive number of seconds, got {args.timeout}")
@@ -139,6 +149,8 @@ def run(args: argparse.Namespace, out: IO[str]) -> int:
                 produced,
                 goldens,
                 overrides=overrides,
+                class_name=args.class_name,
+                drift_mode=config.drift,
                 save_actual=save,
                 node="parity check",
                 base=base,

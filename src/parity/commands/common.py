@@ -6,27 +6,37 @@ from __future__ import annotations
 import argparse
 import sys
 import tempfile
+import textwrap
 from typing import Any
 
 from parity.judge.classes import REGISTRY, ToleranceClass
 from parity.judge.tolerance import UnknownClassError, get_class
-from parity.run.config import ParityConfig, load_config
+from parity.run.config import DRIFT_MODES, ParityConfig, load_config, split_override
+from parity.run.devices import DEFAULT_ISA_CAP
 
 __all__ = [
+    "DRIFT_MODES",
     "EXIT_FAIL",
     "EXIT_OK",
     "EXIT_UNUSABLE",
     "CLIError",
     "check_class_name",
+    "class_flag",
     "config_flags",
     "config_of",
+    "deprecated_alias",
+    "drift_flag",
+    "goldens_flag",
     "groups_flag",
+    "json_flag",
     "keep_log",
     "one_line",
     "override_flag",
     "overrides_of",
     "parse_override",
     "process_flags",
+    "processes_flag",
+    "report_flag",
     "report_progress",
     "require_goldens",
     "split_groups",
@@ -54,16 +64,14 @@ def parse_override(text: str) -> tuple[str, str]:
     """`PATTERN=CLASS` from the command line as a `(pattern, class)` pair; `CLIError` if
     malformed or the class is unknown. The class may carry parameters
     (`'taps.*=reduction[K=512]'`): the split is at the last `=` outside brackets."""
-    head = text[: text.rindex("[")] if text.endswith("]") and "[" in text else text
-    pattern, sep, _ = head.rpartition("=")
-    name = text[len(pattern) + 1 :] if sep else ""
-    if not sep or not pattern or not name:
+    rule = split_override(text)
+    if rule is None:
         raise CLIError(
             f"--override {text!r} is not PATTERN=CLASS; for example "
             "--override 'traj.*=device_count'"
         )
-    check_class_name(name)
-    return pattern, name
+    check_class_name(rule[1])
+    return rule
 
 
 def check_class_name(name: str) -> ToleranceClass:
@@ -87,6 +95,8 @@ def check_class_name(name: str) -> ToleranceClass:
 def subparser(sub: Any, name: str, *, help: str, description: str) -> argparse.ArgumentParser:
     """Add the subcommand `name` to `sub` (argparse subparsers), its description shown as
     written (line breaks kept)."""
+    if "\n" not in description:  # one paragraph: wrapped as a terminal shows it
+        description = textwrap.fill(description, width=88)
     return sub.add_parser(
         name,
         help=help,
@@ -105,29 +115,134 @@ def groups_flag(p: argparse.ArgumentParser, *, of: str = "producer") -> None:
     p.add_argument("--groups", metavar="a,b", help=f"a subset of the {of} groups")
 
 
-def config_flags(p: argparse.ArgumentParser, *, goldens: bool = True) -> None:
+def deprecated_alias(old: str, new: str) -> type[argparse.Action]:
+    """An argparse action for the old spelling `old` of the flag `new`: it stores the value
+    where `new` does and prints one line on stderr naming the new spelling. Old spellings
+    keep working for one release (docs/design.md, "Vocabulary")."""
+
+    class _Deprecated(argparse.Action):
+        def __call__(self, parser: Any, namespace: Any, values: Any, option: Any = None) -> None:
+            print(
+                f"parity: warning: {old} is deprecated and goes in the next release; use {new}",
+                file=sys.stderr,
+                flush=True,
+            )
+            setattr(namespace, self.dest, values)
+
+    return _Deprecated
+
+
+def goldens_flag(p: Any, *, old: str | None = None) -> None:
+    """`--goldens DIR`, the golden folder (`old`: a deprecated spelling of it)."""
+    p.add_argument(
+        "--goldens",
+        metavar="DIR",
+        help="golden folder (default: [tool.parity] goldens, else goldens)",
+    )
+    if old:
+        p.add_argument(
+            old,
+            dest="goldens",
+            metavar="DIR",
+            action=deprecated_alias(old, "--goldens DIR"),
+            help=argparse.SUPPRESS,  # the old spelling: not shown to a new user
+        )
+
+
+def json_flag(p: argparse.ArgumentParser, *, what: str = "the report") -> None:
+    """`--json FILE`: write `what` as JSON to FILE (`-`: to stdout)."""
+    p.add_argument("--json", dest="json_path", metavar="FILE", help=f"write {what} as JSON to FILE")
+
+
+def report_flag(p: argparse.ArgumentParser, *, old: str | None = None) -> None:
+    """`--report DIR`: the report folder, report.txt, report.json and index.html (`old`: a
+    deprecated spelling of it)."""
+    p.add_argument(
+        "--report",
+        metavar="DIR",
+        help="write the report to DIR: report.txt (the table), report.json, index.html (plots)",
+    )
+    if old:
+        p.add_argument(
+            old,
+            dest="report",
+            metavar="DIR",
+            action=deprecated_alias(old, "--report DIR"),
+            help=argparse.SUPPRESS,  # the old spelling: not shown to a new user
+        )
+
+
+def class_flag(p: argparse.ArgumentParser) -> None:
+    """`--class NAME`: one tolerance class for every key, after `--override`, before the
+    goldens' pinned classes."""
+    p.add_argument(
+        "--class",
+        dest="class_name",
+        metavar="NAME",
+        help="check every key under tolerance class NAME (after --override, before the "
+        f"goldens' pinned classes); known: {', '.join(sorted(REGISTRY))}",
+    )
+
+
+def drift_flag(p: argparse.ArgumentParser) -> None:
+    """`--drift warn|relax|strict`: the drift policy ([tool.parity] drift)."""
+    p.add_argument(
+        "--drift",
+        choices=DRIFT_MODES,
+        help="what a difference that can change bits, between the goldens' environment and "
+        "this one, does to bitwise classes: warn (name it in the report), relax (allow 2 ulp), "
+        "strict (fail the check) (default: [tool.parity] drift, else warn)",
+    )
+
+
+def config_flags(
+    p: argparse.ArgumentParser, *, goldens: bool = True, old_goldens: str | None = None
+) -> None:
+    """The flags of `[tool.parity]`'s keys (`goldens=False`: a command that pins its own);
+    `old_goldens`: a deprecated spelling of `--goldens`."""
     g = p.add_argument_group("settings (override [tool.parity] in pyproject.toml)")
     if goldens:
-        g.add_argument("--goldens", metavar="DIR", help="golden folder (default: goldens)")
-    g.add_argument("--producers", metavar="FILE", help="producers file (GROUPS, CLASS_MAP)")
+        goldens_flag(g, old=old_goldens)
     g.add_argument(
-        "--src", metavar="DIR[,DIR]", help="import root(s) of the code under test (default: src)"
+        "--producers",
+        metavar="FILE",
+        help="producers file, defining GROUPS and optionally CLASS_MAP (default: "
+        "[tool.parity] producers)",
     )
-    g.add_argument("--isa", metavar="CAP", help="XLA CPU ISA cap before jax starts (default AVX2)")
     g.add_argument(
-        "--devices", type=int, metavar="N", help="simulated CPU devices per process (default 1)"
+        "--src",
+        metavar="DIR[,DIR]",
+        help="import root(s) of the code under test (default: [tool.parity] src, else src)",
+    )
+    g.add_argument(
+        "--isa",
+        metavar="CAP",
+        help="XLA CPU ISA cap set before jax starts; 'none' leaves it alone (default: "
+        f"[tool.parity] isa, else {DEFAULT_ISA_CAP})",
+    )
+    g.add_argument(
+        "--devices",
+        type=int,
+        metavar="N",
+        help="simulated CPU devices per process (default: PARITY_DEVICES, else "
+        "[tool.parity] devices, else 1)",
+    )
+
+
+def processes_flag(p: Any) -> None:
+    """`--processes N`: the producers as N processes of one distributed run."""
+    p.add_argument(
+        "--processes",
+        type=int,
+        metavar="N",
+        help="run the producers as N processes of one distributed run, --devices each, "
+        "outputs gathered to process 0 (default: [tool.parity] processes, else 1)",
     )
 
 
 def process_flags(p: argparse.ArgumentParser) -> None:
     g = p.add_argument_group("multi-process runs (JAX's distributed runtime)")
-    g.add_argument(
-        "--processes",
-        type=int,
-        metavar="N",
-        help="run the producers as N processes of one distributed run, --devices each, "
-        "outputs gathered to process 0 (default 1)",
-    )
+    processes_flag(g)
     g.add_argument(
         "--timeout",
         type=float,
@@ -156,12 +271,13 @@ def override_flag(p: argparse.ArgumentParser) -> None:
         action="append",
         default=[],
         metavar="PATTERN=CLASS",
-        help="check keys matching PATTERN under CLASS, before the pinned class map (repeatable)",
+        help="check keys matching PATTERN (shell-style, e.g. 'traj.*') under CLASS, before "
+        "everything else (repeatable)",
     )
 
 
 def config_of(args: argparse.Namespace) -> ParityConfig:
-    keys = ("goldens", "producers", "src", "isa", "devices", "processes")
+    keys = ("goldens", "producers", "src", "isa", "devices", "processes", "drift")
     flags = {k: getattr(args, k, None) for k in keys}
     config = load_config().with_overrides(**flags)
     # Before any other complaint: outside a project, "golden folder does not exist" or
@@ -170,9 +286,16 @@ def config_of(args: argparse.Namespace) -> ParityConfig:
     return config
 
 
-def overrides_of(args: argparse.Namespace) -> list[tuple[str, str]]:
-    """The `--override PATTERN=CLASS` flags as `(pattern, class)` pairs."""
-    return [parse_override(o) for o in args.override]
+def overrides_of(args: argparse.Namespace, *, with_class: bool = False) -> list[tuple[str, str]]:
+    """The `--override PATTERN=CLASS` flags as `(pattern, class)` pairs; `with_class`: then
+    `--class NAME` as the rule `*=NAME` (every key), which is where `--class` stands in
+    the precedence, for the commands whose core takes rules only."""
+    rules = [parse_override(o) for o in args.override]
+    name = getattr(args, "class_name", None)
+    if with_class and name is not None:
+        check_class_name(name)
+        rules.append(("*", name))
+    return rules
 
 
 def report_progress(line: str) -> None:

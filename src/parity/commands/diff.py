@@ -28,8 +28,12 @@ from parity.commands.common import (
     EXIT_OK,
     CLIError,
     check_class_name,
+    class_flag,
+    json_flag,
     one_line,
-    parse_override,
+    override_flag,
+    overrides_of,
+    report_flag,
     subparser,
 )
 from parity.commands.files import key_classes, opened, read_errors
@@ -248,7 +252,6 @@ than that is read and compared in chunks along its leading axes, with the same f
 
 def add_parser(sub: Any) -> None:
     """Add `diff` to `sub` (argparse subparsers)."""
-    known = ", ".join(sorted(REGISTRY))
     diff = subparser(
         sub,
         "diff",
@@ -257,19 +260,8 @@ def add_parser(sub: Any) -> None:
     )
     diff.add_argument("actual", metavar="ACTUAL", help="HDF5 file from the changed code")
     diff.add_argument("golden", metavar="GOLDEN", help="pinned HDF5 file to compare against")
-    diff.add_argument(
-        "--class",
-        dest="class_name",
-        metavar="NAME",
-        help=f"check every key under this tolerance class ({known}) instead of GOLDEN's",
-    )
-    diff.add_argument(
-        "--override",
-        action="append",
-        default=[],
-        metavar="PATTERN=CLASS",
-        help="check keys matching PATTERN under CLASS, before anything else (repeatable)",
-    )
+    override_flag(diff)
+    class_flag(diff)
     diff.add_argument(
         "--memory",
         type=_mebibytes,
@@ -280,16 +272,12 @@ def add_parser(sub: Any) -> None:
             f"{DEFAULT_BUDGET // 2**20}); larger arrays are compared in chunks"
         ),
     )
-    diff.add_argument(
-        "--json", dest="json_path", metavar="FILE", help="also write the report as JSON"
-    )
-    diff.add_argument(
-        "--html", dest="html_dir", metavar="DIR", help="also write index.html with plots to DIR"
-    )
+    json_flag(diff)
+    report_flag(diff, old="--html")
 
 
 def run(args: argparse.Namespace, out: IO[str]) -> int:
-    overrides = [parse_override(o) for o in args.override]
+    overrides = overrides_of(args)
     result = run_diff(
         args.actual,
         args.golden,
@@ -303,9 +291,14 @@ def run(args: argparse.Namespace, out: IO[str]) -> int:
         if args.json_path:
             path = write_json(args.json_path, result.comparison, header=result.header)
             out.write(f"JSON report written to {path}\n")
-        if args.html_dir:
-            path = write_html(args.html_dir, result.comparison, header=result.header, title=title)
-            out.write(f"HTML report written to {path}\n")
+        if args.report:
+            folder = Path(args.report)
+            folder.mkdir(parents=True, exist_ok=True)
+            table = format_table(result.comparison, header=result.header)
+            (folder / "report.txt").write_text(table + "\n")
+            write_html(folder, result.comparison, header=result.header, title=title)
+            write_json(folder / "report.json", result.comparison, header=result.header)
+            out.write(f"report written to {folder} (report.txt, report.json, index.html)\n")
     except OSError as e:
         raise CLIError(f"cannot write the report: {e}") from None
     return result.exit_code

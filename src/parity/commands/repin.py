@@ -1,5 +1,6 @@
-"""`parity repin --base REV`: pin goldens at a commit, in a temporary worktree; and
-`parity repin --classes-only`: give the goldens the producers' current class map."""
+"""`parity repin --base REV`: pin goldens at a commit, in a temporary worktree;
+`parity repin --classes-only`: give the goldens the producers' current class map; and
+`parity repin --recover`: finish or clean up after a repin that was killed."""
 
 from __future__ import annotations
 
@@ -31,10 +32,16 @@ def add_parser(sub: Any) -> None:
         help="pin goldens at a commit (a temporary worktree; your checkout is untouched)",
         description="Run the producers (current tree) against the code of commit REV in a "
         "temporary worktree, in a fresh process, and write one golden file per group; "
-        "print what changed. Your working tree, index and branches are not touched.",
+        "print what changed. Your working tree, index and branches are not touched. The new "
+        "files replace the old ones only once every group is produced; a repin killed at any "
+        "moment leaves the old goldens or the new ones, and the next repin (or --recover) "
+        "finishes its replace. Exit 0 pinned, 1 --classes-only moved a class, 2 failed (old "
+        "goldens untouched).",
     )
     repin.add_argument(
-        "--base", metavar="REV", help="commit to pin at (required unless --classes-only)"
+        "--base",
+        metavar="REV",
+        help="commit to pin at, any git revision (required unless --classes-only or --recover)",
     )
     repin.add_argument(
         "--classes-only",
@@ -48,12 +55,18 @@ def add_parser(sub: Any) -> None:
         help="with --classes-only: also take each group's forward order from the current "
         "producers (they run; only their key order is kept, every array stays as pinned)",
     )
+    repin.add_argument(
+        "--recover",
+        action="store_true",
+        help="only finish or clean up after a repin that was killed (every repin does this first)",
+    )
     groups_flag(repin)
     repin.add_argument(
-        "--out", metavar="DIR", help="golden folder (default: [tool.parity] goldens)"
+        "--keep-worktree",
+        action="store_true",
+        help="leave the temporary worktree in place for inspection (its path is printed)",
     )
-    repin.add_argument("--keep-worktree", action="store_true", help="leave the worktree")
-    config_flags(repin, goldens=False)
+    config_flags(repin, old_goldens="--out")
 
 
 def run(args: argparse.Namespace, out: IO[str]) -> int:
@@ -63,7 +76,11 @@ def run(args: argparse.Namespace, out: IO[str]) -> int:
     from parity.run.worktree import GitError
 
     config = config_of(args)
-    target = Path(args.out).resolve() if args.out else config.goldens
+    target = config.goldens
+    if args.recover:
+        if args.base or args.classes_only or args.order or args.keep_worktree:
+            raise CLIError("--recover only tidies the golden folder: pass it alone")
+        return _recover(config, target, out)
     if args.classes_only:
         if args.base or args.keep_worktree:
             raise CLIError("--classes-only produces nothing: drop --base and --keep-worktree")
@@ -96,6 +113,19 @@ def run(args: argparse.Namespace, out: IO[str]) -> int:
     out.write(f"pinned at {result.sha} into {result.out_dir}\n")
     for change in result.changes:
         out.write(change.describe() + "\n")
+    return EXIT_OK
+
+
+def _recover(config: Any, target: Path, out: IO[str]) -> int:
+    from parity.run.launcher import RepinError
+    from parity.run.repin import recover_folder
+    from parity.run.worktree import GitError
+
+    try:
+        lines = recover_folder(target, repo=config.root)
+    except (RepinError, GitError) as e:
+        raise CLIError(f"repin --recover failed: {e}") from None
+    out.write("\n".join(lines) + "\n" if lines else f"nothing to recover in {target}\n")
     return EXIT_OK
 
 

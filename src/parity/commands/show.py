@@ -1,9 +1,11 @@
-"""`parity show GOLDEN [--json] [--verify]`: a file's provenance, class map and inventory."""
+"""`parity show GOLDEN [--json FILE] [--verify]`: a file's provenance, class map and
+inventory; `--json -` prints the JSON instead of the text."""
 
 from __future__ import annotations
 
 import argparse
 import json
+import sys
 from pathlib import Path
 from typing import IO, Any, cast
 
@@ -24,7 +26,7 @@ def _verify(gf: GoldenFile) -> int:
 
 
 def inventory(golden: str | Path, *, verify: bool = False) -> dict[str, Any]:
-    """What `parity show --json` prints: provenance, class map and arrays of a file.
+    """What `parity show --json FILE` writes: provenance, class map and arrays of a file.
 
     **Arguments:**
 
@@ -164,6 +166,10 @@ class `parity diff` would check it under, forward order) without loading the dat
 """
 
 
+#: `--json` given without a value: the old spelling of `--json -` (one release).
+_BARE = "\0bare"
+
+
 def add_parser(sub: Any) -> None:
     """Add `show` to `sub` (argparse subparsers)."""
     show = subparser(
@@ -172,17 +178,46 @@ def add_parser(sub: Any) -> None:
         help="provenance, class map and arrays of a file",
         description=_SHOW_DESCRIPTION,
     )
-    show.add_argument("golden", metavar="GOLDEN", help="HDF5 file to describe")
-    show.add_argument("--json", action="store_true", help="print one JSON object instead of text")
+    show.usage = "parity show [-h] GOLDEN [--json FILE] [--verify]"
+    # `nargs="?"` on both: `parity show --json GOLDEN` (the old spelling) must still parse.
+    show.add_argument("golden", metavar="GOLDEN", nargs="?", help="HDF5 file to describe")
+    show.add_argument(
+        "--json",
+        dest="json_path",
+        metavar="FILE",
+        nargs="?",
+        const=_BARE,
+        help="write the description as JSON to FILE instead of printing the text; '-' "
+        "prints the JSON",
+    )
     show.add_argument(
         "--verify", action="store_true", help="also load every array and verify its checksum"
     )
 
 
 def run(args: argparse.Namespace, out: IO[str]) -> int:
-    doc = inventory(args.golden, verify=args.verify)
-    if args.json:
+    golden, target = args.golden, args.json_path
+    if target is not None and (target == _BARE or golden is None):
+        # `show GOLDEN --json` or `show --json GOLDEN`: JSON on stdout, as before.
+        print(
+            "parity: warning: a bare --json is deprecated and goes in the next release; "
+            "use --json - (stdout) or --json FILE",
+            file=sys.stderr,
+            flush=True,
+        )
+        golden = target if golden is None else golden
+        target = "-"
+    if golden is None:
+        raise CLIError("show needs GOLDEN, the HDF5 file to describe")
+    doc = inventory(golden, verify=args.verify)
+    if target is None:
+        out.write(format_inventory(doc))
+    elif target == "-":
         out.write(json.dumps(doc, indent=2, sort_keys=False) + "\n")
     else:
-        out.write(format_inventory(doc))
+        try:
+            Path(target).write_text(json.dumps(doc, indent=2, sort_keys=False) + "\n")
+        except OSError as e:
+            raise CLIError(f"cannot write {target}: {e}") from None
+        out.write(f"JSON written to {target}\n")
     return EXIT_OK

@@ -2,12 +2,33 @@
 
 Options:
 
-Defaults come from `[tool.parity]` in the nearest `pyproject.toml` (`parity.run.config`:
-`goldens`, `isa`, `devices`), so in an adopting project `parity_check(actual, "group")`
-works with no options; the options below override it. Where that table exists, its `src`
+Each option is the `parity` command line's flag for the same idea with a `--parity-`
+prefix (docs/design.md, "Vocabulary"). Settings are resolved by the command line's one
+path, `parity.run.config` (`configure.session_config`): `[tool.parity]` in the nearest
+`pyproject.toml`, then the environment variables `PARITY_DEVICES`, `PARITY_JAX_CACHE`,
+`PARITY_BASELINE_CACHE`, then the options; so in an adopting project
+`parity_check(actual, "group")` works with no options. Where that table exists, its `src`
 roots go to the front of `sys.path` before conftests and test modules are imported (as
 `parity check` runs the producers), so tests import the project's package uninstalled.
 
+- `--parity-goldens DIR`: the golden folder (default `[tool.parity]` goldens, else ini
+  `parity_goldens`, else `goldens`; relative to the rootdir).
+- `--parity-report DIR`: write the session's comparisons as a text table, JSON and HTML.
+- `--parity-override PATTERN=CLASS` (repeatable), `--parity-class NAME`: rules every check
+  tries first (the class as `*=NAME`, after the overrides), before a check's own
+  `overrides=` and `class_map=`.
+- `--parity-drift {warn,relax,strict}`: what environment drift does to bitwise classes
+  (see `parity.store.provenance`; default `[tool.parity]` drift, else warn).
+- `--parity-baseline {auto,off}`: the second judge off the pin's environment.
+- `--parity-save-actual DIR`: when a check fails, write what was produced to
+  `DIR/<check>.h5` in golden format; the failure message gives the `parity diff` command
+  that reproduces its table.
+- `--parity-unchecked {ignore,warn,fail}`: list golden keys that no test checked;
+  `fail` makes the session fail if there are any. Judged against what was selected: keys
+  of every group some check opened, and whole groups no check opened only when the run
+  was not narrowed (no `-k`, `-m`, `--deselect`, `--lf`, or node ids).
+- `--parity-isa CAP`: the XLA CPU ISA cap set before jax starts (default `[tool.parity]`
+  isa, else AVX2; `none`).
 - `--parity-devices N` (env `PARITY_DEVICES`): simulated CPU device count, set before jax
   starts (a clear error if it already started with another count); per process with
   `--parity-processes`.
@@ -17,23 +38,10 @@ roots go to the front of `sys.path` before conftests and test modules are import
   its arrays to every process, compares and takes process 0's verdict; process 0's output
   is shown and it alone writes the report. A worker that crashes, is killed or outlives
   `--parity-timeout S` (default 3600) ends the session with exit 2 naming it.
-- `--parity-isa CAP`: the XLA CPU ISA cap set before jax starts (default `[tool.parity]`
-  isa, else AVX2; `none`).
-- `--parity-cache DIR` (env `PARITY_JAX_CACHE`): jax's persistent compilation cache folder;
-  each xdist worker gets its own subfolder. `none` disables it. Default `.jax_cache` in
-  the rootdir, which ignores itself for git (its own `.gitignore`, as `.pytest_cache`).
-- `--parity-goldens DIR`: the golden folder (default `[tool.parity]` goldens, else ini
-  `parity_goldens`, else `goldens`).
-- `--parity-report DIR`: write the session's comparisons as a text table, JSON and HTML.
-- `--parity-drift {warn,relax,strict}`: what environment drift does to bitwise classes
-  (see `parity.store.provenance`).
-- `--parity-unchecked {ignore,warn,fail}`: list golden keys that no test checked;
-  `fail` makes the session fail if there are any. Judged against what was selected: keys
-  of every group some check opened, and whole groups no check opened only when the run
-  was not narrowed (no `-k`, `-m`, `--deselect`, `--lf`, or node ids).
-- `--parity-save-actual DIR`: when a check fails, write what was produced to
-  `DIR/<check>.h5` in golden format; the failure message gives the `parity diff` command
-  that reproduces its table.
+- `--parity-jax-cache DIR` (env `PARITY_JAX_CACHE`, `[tool.parity]` jax_cache): jax's
+  persistent compilation cache folder; each xdist worker gets its own subfolder. `none`
+  disables it. Default `.jax_cache` in the rootdir, which ignores itself for git (its own
+  `.gitignore`, as `.pytest_cache`). `--parity-cache` is its deprecated old spelling.
 
 Fixtures:
 

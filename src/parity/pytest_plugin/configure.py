@@ -11,8 +11,8 @@ from typing import TYPE_CHECKING
 
 import pytest
 
-from parity.pytest_plugin.stash import BASE, GOLDENS, NARROWED, RESULTS
-from parity.run.config import ConfigError, ParityConfig, load_config
+from parity.pytest_plugin.stash import BASE, CONFIG, GOLDENS, NARROWED, OVERRIDES, RESULTS
+from parity.run.config import ConfigError, ParityConfig, load_config, split_override
 from parity.run.devices import (
     DeviceCountError,
     cap_isa,
@@ -24,27 +24,17 @@ if TYPE_CHECKING:  # parity.check loads h5py: imported only when a check runs
     from parity.run.baseline import BaselineSource
 
 
-def _device_count(config: pytest.Config) -> int | None:
-    value = config.getoption("--parity-devices")
-    if value is None and os.environ.get("PARITY_DEVICES"):
-        raw = os.environ["PARITY_DEVICES"]
-        try:
-            value = int(raw)
-        except ValueError:
-            raise pytest.UsageError(f"PARITY_DEVICES must be an integer, got {raw!r}") from None
-    return value
-
-
-def _enable_compile_cache(config: pytest.Config) -> None:
-    raw = config.getoption("--parity-cache") or os.environ.get("PARITY_JAX_CACHE")
-    if raw is not None and raw.lower() == "none":
+def _enable_compile_cache(config: pytest.Config, project: ParityConfig) -> None:
+    if "jax_cache" in project.explicit and project.jax_cache is None:  # "none": off
         return
-    base = Path(raw) if raw else Path(config.rootpath) / ".jax_cache"
+    default = project.jax_cache is None
+    base = Path(config.rootpath) / ".jax_cache" if default else project.jax_cache
+    assert base is not None
     place = worker_place()
     name = f"process{place[0]}" if place else os.environ.get("PYTEST_XDIST_WORKER", "main")
     folder = base / name
     folder.mkdir(parents=True, exist_ok=True)
-    if not raw:
+    if default:
         _ignore_for_git(base)
     import jax
 
@@ -64,12 +54,65 @@ def _ignore_for_git(folder: Path) -> None:
         pass
 
 
-def _project_config(config: pytest.Config) -> ParityConfig:
-    """`[tool.parity]` of the nearest pyproject.toml above the invocation folder."""
+def session_config(config: pytest.Config) -> ParityConfig:
+    """The session's settings, by the one path of the command line (`parity.run.config`):
+    `[tool.parity]` of the nearest pyproject.toml above the invocation folder, then the
+    `PARITY_*` environment variables, then the `--parity-*` options. The golden folder has
+    a fourth source, the ini value `parity_goldens`, under `[tool.parity]`; the option and
+    the ini value are relative to the rootdir. A bad value is a `pytest.UsageError`."""
+    raw_cache = config.getoption("--parity-jax-cache")
+    if config.getoption("--parity-cache") is not None:
+        config.issue_config_time_warning(
+            DeprecationWarning(
+                "--parity-cache is deprecated and goes in the next release; use "
+                "--parity-jax-cache (the same value)"
+            ),
+            stacklevel=2,
+        )
+        raw_cache = raw_cache or config.getoption("--parity-cache")
+    devices = config.getoption("--parity-devices")
+    if devices is not None and devices < 1:
+        raise pytest.UsageError(f"--parity-devices must be at least 1, got {devices}")
     try:
-        return load_config(config.invocation_params.dir)
+        project = load_config(config.invocation_params.dir)
+        goldens = config.getoption("--parity-goldens")
+        if goldens is None and "goldens" not in project.explicit:
+            goldens = config.getini("parity_goldens")
+        return project.with_overrides(
+            goldens=None if goldens is None else Path(config.rootpath, goldens),
+            isa=config.getoption("--parity-isa"),
+            devices=devices,
+            baseline=config.getoption("--parity-baseline"),
+            drift=config.getoption("--parity-drift"),
+            jax_cache=raw_cache,
+        )
     except ConfigError as e:
         raise pytest.UsageError(str(e)) from None
+
+
+def _session_overrides(config: pytest.Config) -> tuple[tuple[str, str], ...]:
+    """`--parity-override PATTERN=CLASS` rules, then `--parity-class NAME` as `*=NAME`;
+    a malformed rule or an unknown class is a `pytest.UsageError`."""
+    from parity.judge.tolerance import UnknownClassError, get_class
+
+    rules: list[tuple[str, str]] = []
+    for text in config.getoption("--parity-override") or ():
+        rule = split_override(text)
+        if rule is None:
+            raise pytest.UsageError(
+                f"--parity-override {text!r} is not PATTERN=CLASS; for example "
+                "--parity-override 'traj.*=device_count'"
+            )
+        rules.append(rule)
+    name = config.getoption("--parity-class")
+    if name is not None:
+        rules.append(("*", name))
+    for _, cls in rules:
+        try:
+            get_class(cls)
+        except UnknownClassError as e:
+            raise pytest.UsageError(f"{cls!r} is not a usable tolerance class: {e}") from None
+    return tuple(rules)
 
 
 _SRC_ROOTS = pytest.StashKey[list[str]]()
@@ -158,25 +201,20 @@ def pytest_cmdline_main(config: pytest.Config) -> int | None:
 
 
 def pytest_configure(config: pytest.Config) -> None:
-    project = _project_config(config)
+    project = session_config(config)
+    config.stash[CONFIG] = project
+    config.stash[OVERRIDES] = _session_overrides(config)
     # Loaded through a conftest's pytest_plugins, the plugin missed the early hook.
     _put_src_on_path(config)
-    n = _device_count(config)
-    if n is None and "devices" in project.explicit:
-        n = project.devices
-    raw_isa = config.getoption("--parity-isa")
-    isa = project.isa if raw_isa is None else (None if raw_isa.lower() == "none" else raw_isa)
-    if n is not None:
-        if n < 1:
-            raise pytest.UsageError(f"--parity-devices must be at least 1, got {n}")
+    if "devices" in project.explicit:
         try:
-            set_cpu_device_count(n, isa_cap=isa)
+            set_cpu_device_count(project.devices, isa_cap=project.isa)
         except DeviceCountError as e:
             raise pytest.UsageError(str(e)) from None
-    if isa is not None:
-        cap_isa(isa)
+    if project.isa is not None:
+        cap_isa(project.isa)
     # Before the runtime: joining a multi-process run starts jax's backends.
-    _enable_compile_cache(config)
+    _enable_compile_cache(config, project)
     place = worker_place()
     if place is not None:
         from parity.run.processes import initialize
@@ -186,21 +224,15 @@ def pytest_configure(config: pytest.Config) -> None:
     config.stash[NARROWED] = any("::" in str(a) for a in config.args)
     from parity.check import GoldenDir
 
-    raw = config.getoption("--parity-goldens")
-    if raw is None and "goldens" in project.explicit:
-        path = project.goldens
-    else:
-        path = Path(raw or config.getini("parity_goldens"))
-    config.stash[GOLDENS] = GoldenDir(path if path.is_absolute() else config.rootpath / path)
-    config.stash[BASE] = _base_source(config, project)
+    config.stash[GOLDENS] = GoldenDir(project.goldens)
+    config.stash[BASE] = _base_source(project)
 
 
-def _base_source(config: pytest.Config, project: ParityConfig) -> BaselineSource | None:
-    """The second judge of golden checks (`parity.run.baseline`), from `[tool.parity]`:
-    off where `--parity-baseline off` (or `baseline = "off"`) says so, and where no
-    producers file is configured (nothing could re-produce a group)."""
-    mode = config.getoption("--parity-baseline") or project.baseline
-    if mode == "off" or project.producers is None:
+def _base_source(project: ParityConfig) -> BaselineSource | None:
+    """The second judge of golden checks (`parity.run.baseline`), from the session's
+    settings: off where `--parity-baseline off` (or `baseline = "off"`) says so, and where
+    no producers file is configured (nothing could re-produce a group)."""
+    if project.baseline == "off" or project.producers is None:
         return None
     from parity.run.baseline import BaselineSource
 

@@ -3,6 +3,7 @@ the session report and fails with the table."""
 
 from __future__ import annotations
 
+import warnings
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
@@ -10,7 +11,7 @@ from typing import TYPE_CHECKING, Any
 
 import pytest
 
-from parity.pytest_plugin.stash import BASE, GOLDENS, RESULTS
+from parity.pytest_plugin.stash import BASE, CONFIG, GOLDENS, OVERRIDES, RESULTS
 from parity.run.processes import worker_place
 
 if TYPE_CHECKING:  # parity.check loads h5py: imported only when a check runs
@@ -36,11 +37,12 @@ class _Check:
         *,
         name: str | None = None,
         class_map: Any = None,
-        class_overrides: Sequence[tuple[str, str]] = (),
+        overrides: Sequence[tuple[str, str]] = (),
         order: Sequence[str] | Callable[[str], Any] | None = None,
         produce_s: float | None = None,
         fail: bool = True,
         provenance: Mapping[str, Any] | None = None,
+        class_overrides: Sequence[tuple[str, str]] | None = None,
     ) -> Any:
         """Compare `actual` against a golden group (by name) or a live reference.
 
@@ -53,14 +55,17 @@ class _Check:
         - `name`: the check's name in the report (default: the group name or test id).
         - `class_map`: a `ClassMap` or a single class name, before the pinned map in the
           precedence of `parity.check`.
-        - `class_overrides`: `(pattern, class)` rules tried first, e.g.
-          `[("traj.*", "device_count")]` on 4 devices.
+        - `overrides`: `(pattern, class)` rules tried first (after the session's
+          `--parity-override` and `--parity-class`), e.g. `[("traj.*", "device_count")]`
+          on 4 devices; the keyword of `parity.check` and `assert_equivalent`.
         - `order`: forward order (default: the golden file's pinned order).
         - `produce_s`: seconds the caller spent producing `actual`, for the timing summary.
         - `fail`: fail the test (with the report table) when the comparison fails.
         - `provenance`: the environment `actual` was produced in, when that was another
           process (`parity.run.runner.produce`'s `Produced.provenance[group]`); default this
           one's. A golden check judges environment drift and calibrated layouts by it.
+        - `class_overrides`: the old name of `overrides` (a `DeprecationWarning`; it goes
+          in the next release).
 
         **Returns:** the `parity.judge.compare.Comparison`.
         """
@@ -69,6 +74,15 @@ class _Check:
         from parity.results import CheckError
 
         config = self.config
+        if class_overrides is not None:
+            warnings.warn(
+                "parity_check(class_overrides=...) is deprecated and goes in the next release; "
+                "use overrides=... (the same rules)",
+                DeprecationWarning,
+                stacklevel=2,
+            )
+            overrides = [*class_overrides, *overrides]
+        rules = [*config.stash[OVERRIDES], *overrides]
         save = config.getoption("--parity-save-actual")
         save = None if save is None else Path(config.invocation_params.dir, save).resolve()
         place = worker_place()
@@ -93,9 +107,9 @@ class _Check:
                     golden,
                     goldens=config.stash[GOLDENS],
                     class_map=class_map,
-                    overrides=class_overrides,
+                    overrides=rules,
                     order=order,
-                    drift_mode=config.getoption("--parity-drift") or "warn",
+                    drift_mode=config.stash[CONFIG].drift,
                     name=name,
                     node=self.node,
                     produce_s=produce_s,
@@ -108,7 +122,7 @@ class _Check:
                     actual,
                     golden,
                     class_map="bitwise" if class_map is None else class_map,
-                    overrides=class_overrides,
+                    overrides=rules,
                     order=order,
                     name=name or self.node,
                     node=self.node,

@@ -1,9 +1,19 @@
-"""The plugin's command-line options and ini value (`--parity-*`, `parity_goldens`)."""
+"""The plugin's command-line options and ini value (`--parity-*`, `parity_goldens`).
+
+Each option is the `parity` command line's flag of the same idea with a `--parity-` prefix
+(docs/design.md, "Vocabulary"): `--parity-goldens` is `--goldens`, `--parity-drift` is
+`--drift`, and so on. Their defaults come from `[tool.parity]` and the `PARITY_*`
+environment variables through `parity.run.config` (`configure.session_config`), as for
+the command line.
+"""
 
 from __future__ import annotations
 
+import argparse
+
 import pytest
 
+from parity.run.config import BASELINE_MODES, DRIFT_MODES
 from parity.run.devices import DEFAULT_ISA_CAP
 
 #: The default of `--parity-timeout`: a whole session, not one producer run.
@@ -13,76 +23,106 @@ SESSION_TIMEOUT_S = 3600.0
 def pytest_addoption(parser: pytest.Parser) -> None:
     group = parser.getgroup("parity", "differential equivalence testing")
     group.addoption(
-        "--parity-devices",
-        type=int,
-        default=None,
-        help="simulated CPU device count, set before jax starts (env PARITY_DEVICES)",
-    )
-    group.addoption(
-        "--parity-processes",
-        type=int,
-        default=None,
-        help="run the session as N processes of one JAX distributed run, --parity-devices "
-        "each; checks gather to process 0, which reports",
-    )
-    group.addoption(
-        "--parity-timeout",
-        type=float,
-        default=SESSION_TIMEOUT_S,
-        help="with --parity-processes: seconds the session may take before every worker is "
-        f"stopped (default {SESSION_TIMEOUT_S:g})",
-    )
-    group.addoption(
-        "--parity-isa",
-        default=None,
-        help="XLA CPU ISA cap (--xla_cpu_max_isa) set before jax starts, so bitwise goldens "
-        "reproduce across hosts; 'none' leaves it alone (default: [tool.parity] isa, else "
-        f"{DEFAULT_ISA_CAP})",
-    )
-    group.addoption(
-        "--parity-cache",
-        default=None,
-        help="jax persistent compilation cache folder, per xdist worker; 'none' "
-        "disables (env PARITY_JAX_CACHE; default .jax_cache under the rootdir)",
-    )
-    group.addoption(
         "--parity-goldens",
         default=None,
+        metavar="DIR",
         help="golden folder (default: [tool.parity] goldens, else ini parity_goldens, else "
-        "'goldens')",
+        "goldens; relative to the rootdir)",
     )
     group.addoption(
         "--parity-report",
         default=None,
         metavar="DIR",
-        help="write the session's comparisons to DIR (report.txt, report.json, HTML)",
+        help="write the session's report to DIR: report.txt (the table), report.json, "
+        "index.html (plots)",
+    )
+    group.addoption(
+        "--parity-override",
+        action="append",
+        default=[],
+        metavar="PATTERN=CLASS",
+        help="check keys matching PATTERN (shell-style, e.g. 'traj.*') under CLASS, in every "
+        "check, before everything else (repeatable)",
+    )
+    group.addoption(
+        "--parity-class",
+        default=None,
+        metavar="NAME",
+        help="check every key of every check under tolerance class NAME (after "
+        "--parity-override, before a check's own classes)",
     )
     group.addoption(
         "--parity-drift",
-        default="warn",
-        choices=("warn", "relax", "strict"),
-        help="what environment drift does to bitwise classes (default warn)",
+        default=None,
+        choices=DRIFT_MODES,
+        help="what a difference that can change bits, between the goldens' environment and "
+        "this one, does to bitwise classes: warn (name it in the report), relax (allow 2 "
+        "ulp), strict (fail the check) (default: [tool.parity] drift, else warn)",
     )
     group.addoption(
         "--parity-baseline",
         default=None,
-        choices=("auto", "off"),
+        choices=BASELINE_MODES,
         help="the second judge off the pin's environment: auto re-produces a golden group at "
         "its base commit here (in a cache) where a key fails its pinned class and judges "
         "against it exactly; off judges by the goldens' calibrated bounds (default: "
         "[tool.parity] baseline, else auto)",
     )
     group.addoption(
+        "--parity-save-actual",
+        default=None,
+        metavar="DIR",
+        help="when a check fails, write what was produced to DIR/<check>.h5 (golden format), "
+        "with the parity diff command that reproduces its table",
+    )
+    group.addoption(
         "--parity-unchecked",
         default="warn",
         choices=("ignore", "warn", "fail"),
         help="golden keys no test checked: ignore, list them, or fail the session "
-        "(judged against the selected tests)",
+        "(judged against the selected tests) (default warn)",
     )
     group.addoption(
-        "--parity-save-actual",
+        "--parity-isa",
+        default=None,
+        metavar="CAP",
+        help="XLA CPU ISA cap (--xla_cpu_max_isa) set before jax starts, so bitwise goldens "
+        "reproduce across hosts; 'none' leaves it alone (default: [tool.parity] isa, else "
+        f"{DEFAULT_ISA_CAP})",
+    )
+    group.addoption(
+        "--parity-devices",
+        type=int,
+        default=None,
+        metavar="N",
+        help="simulated CPU devices per process, set before jax starts (default: "
+        "PARITY_DEVICES, else [tool.parity] devices, else jax's own)",
+    )
+    group.addoption(
+        "--parity-processes",
+        type=int,
+        default=None,
+        metavar="N",
+        help="run the session as N processes of one JAX distributed run, --parity-devices "
+        "each; checks gather to process 0, which reports (default 1)",
+    )
+    group.addoption(
+        "--parity-timeout",
+        type=float,
+        default=SESSION_TIMEOUT_S,
+        metavar="S",
+        help="with --parity-processes: seconds the session may take before every worker is "
+        f"stopped (default {SESSION_TIMEOUT_S:g})",
+    )
+    group.addoption(
+        "--parity-jax-cache",
         default=None,
         metavar="DIR",
-        help="when a check fails, write what was produced to DIR/<check>.h5 (golden format)",
+        help="jax's persistent compilation cache folder, one subfolder per xdist worker; "
+        "'none' turns it off (default: PARITY_JAX_CACHE, else [tool.parity] jax_cache, else "
+        ".jax_cache in the rootdir)",
     )
+    # The old spelling of --parity-jax-cache (one release): a DeprecationWarning names it;
+    # not shown to a new user.
+    group.addoption("--parity-cache", default=None, metavar="DIR", help=argparse.SUPPRESS)
     parser.addini("parity_goldens", "golden folder, relative to the rootdir", default="goldens")

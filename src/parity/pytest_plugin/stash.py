@@ -10,6 +10,7 @@ if TYPE_CHECKING:  # parity.check loads h5py: imported only when a check runs
     from parity.check import GoldenDir
     from parity.results import CheckResult
     from parity.run.baseline import BaselineSource
+    from parity.run.config import ParityConfig
 
 #: The checks recorded in this process (on the xdist controller: every worker's too).
 RESULTS: pytest.StashKey[list[CheckResult]] = pytest.StashKey()
@@ -19,3 +20,9 @@ GOLDENS: pytest.StashKey[GoldenDir] = pytest.StashKey()
 NARROWED = pytest.StashKey[bool]()
 #: The second judge of the session's golden checks, or None where it is off.
 BASE: pytest.StashKey[BaselineSource | None] = pytest.StashKey()
+#: The session's settings: `[tool.parity]`, the `PARITY_*` variables, the `--parity-*`
+#: options (`configure.session_config`).
+CONFIG: pytest.StashKey[ParityConfig] = pytest.StashKey()
+#: The `(pattern, class)` rules every check tries first: `--parity-override`, then
+#: `--parity-class` as `*=NAME`.
+OVERRIDES: pytest.StashKey[tuple[tuple[str, str], ...]] = pytest.StashKey()

@@ -16,12 +16,20 @@ still marks the project root, and every key takes its default. Keys:
   environment differs from the pin's and a key fails its pinned class, the golden's base
   re-produced here judges the tree: `parity.base_judge`) or `"off"` (the goldens judge,
   by calibration);
-- `baseline_cache`: the folder of re-produced bases (default the user's cache folder; the
-  environment variable `PARITY_BASELINE_CACHE` overrides it: `parity.run.baseline`).
+- `baseline_cache`: the folder of re-produced bases (default the user's cache folder:
+  `parity.run.baseline`);
+- `drift`: the drift policy, what a difference that can change bits between the goldens'
+  environment and this one does to bitwise classes: `"warn"` (default), `"relax"` or
+  `"strict"` (`parity.store.provenance`);
+- `jax_cache`: jax's persistent compilation cache folder of the pytest plugin, `"none"`
+  turns it off (default `.jax_cache` in the rootdir).
 
-Relative paths resolve against the folder holding the `pyproject.toml`. Every key can be
-overridden by a command-line flag of the same name (`with_overrides`). An unknown key or a
-value of the wrong type is a `ConfigError` naming the file and the key.
+Relative paths resolve against the folder holding the `pyproject.toml`. Three environment
+variables stand for keys, for the command line and the pytest plugin alike (`ENV`):
+`PARITY_DEVICES` (devices), `PARITY_JAX_CACHE` (jax_cache) and `PARITY_BASELINE_CACHE`
+(baseline_cache); each overrides the table. A flag overrides both: `parity check --devices
+N`, `pytest --parity-devices N` (`with_overrides`). An unknown key or a value of the wrong
+type is a `ConfigError` naming the file (or the variable) and the key.
 
 This module never imports jax.
 """
@@ -33,18 +41,36 @@ import os
 from collections.abc import Mapping
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import Any, Literal
 
 from parity.run.devices import DEFAULT_ISA_CAP
 
-__all__ = ["KEYS", "ConfigError", "ParityConfig", "find_pyproject", "load_config"]
+__all__ = [
+    "ENV",
+    "KEYS",
+    "ConfigError",
+    "ParityConfig",
+    "find_pyproject",
+    "load_config",
+    "split_override",
+]
 
 #: The keys `[tool.parity]` accepts.
 KEYS = (
     "goldens", "producers", "src", "isa", "devices", "processes", "baseline", "baseline_cache",
+    "drift", "jax_cache",
 )  # fmt: skip
+#: The environment variables that stand for keys, over the table, under a flag.
+ENV = {
+    "PARITY_DEVICES": "devices",
+    "PARITY_JAX_CACHE": "jax_cache",
+    "PARITY_BASELINE_CACHE": "baseline_cache",
+}
 #: The values of `baseline`.
 BASELINE_MODES = ("auto", "off")
+#: The values of `drift` (`parity.store.provenance.PolicyMode`).
+DriftMode = Literal["warn", "relax", "strict"]
+DRIFT_MODES: tuple[DriftMode, ...] = ("warn", "relax", "strict")
 
 
 class ConfigError(Exception):
@@ -68,6 +94,9 @@ class ParityConfig:
     - `processes`: processes of one distributed run.
     - `baseline`: the second judge, `"auto"` or `"off"`.
     - `baseline_cache`: the folder of re-produced bases, or None for the default.
+    - `drift`: the drift policy, `"warn"`, `"relax"` or `"strict"`.
+    - `jax_cache`: the plugin's compilation cache folder; None for the default (`.jax_cache`
+      in the rootdir), or, where `jax_cache` is in `explicit` (`"none"`), off.
     - `explicit`: the keys the table (or a flag) set, as opposed to defaults.
     - `table`: whether `pyproject` has a `[tool.parity]` table (empty or not): the project
       adopted parity, as opposed to a folder that merely has a `pyproject.toml`.
@@ -83,6 +112,8 @@ class ParityConfig:
     processes: int = 1
     baseline: str = "auto"
     baseline_cache: Path | None = None
+    drift: DriftMode = "warn"
+    jax_cache: Path | None = None
     explicit: frozenset[str] = frozenset()
     table: bool = False
 
@@ -162,6 +193,16 @@ class ParityConfig:
         return dataclasses.replace(self, **values, explicit=self.explicit | set(values))
 
 
+def split_override(text: str) -> tuple[str, str] | None:
+    """`PATTERN=CLASS` (`--override`, `--parity-override`) as `(pattern, class)`, or None
+    if malformed. The class may carry parameters (`'taps.*=reduction[K=512]'`): the split
+    is at the last `=` outside brackets. Whether the class exists is the caller's check."""
+    head = text[: text.rindex("[")] if text.endswith("]") and "[" in text else text
+    pattern, sep, _ = head.rpartition("=")
+    name = text[len(pattern) + 1 :] if sep else ""
+    return (pattern, name) if sep and pattern and name else None
+
+
 def find_pyproject(start: str | os.PathLike[str] | None = None) -> Path | None:
     """The first `pyproject.toml` in `start` (default the working directory) or above it."""
     here = Path(start if start is not None else Path.cwd()).resolve()
@@ -206,6 +247,15 @@ def _parse(
             if value not in BASELINE_MODES:
                 raise _error(where, key, '"auto" or "off"', value)
             out[key] = value
+        elif key == "drift":
+            if value not in DRIFT_MODES:
+                raise _error(where, key, '"warn", "relax" or "strict"', value)
+            out[key] = value
+        elif key == "jax_cache":
+            if not isinstance(value, str | os.PathLike) or not str(value):
+                raise _error(where, key, 'a folder path (a string), or "none"', value)
+            off = isinstance(value, str) and value.lower() == "none"
+            out[key] = None if off else (base / Path(value).expanduser()).resolve()
         elif key == "baseline_cache":
             if not isinstance(value, str | os.PathLike) or not str(value):
                 raise _error(where, key, "a folder path (a string)", value)
@@ -262,7 +312,15 @@ def load_config(
         table = raw
     where = f"{path} [tool.parity]" if path is not None else str(root)
     values = _parse(table, base=root, where=where, toml=True)
+    explicit = set(table)
+    for var, key in ENV.items():
+        raw = os.environ.get(var)
+        if raw:  # set and not empty; relative paths against the working directory
+            values |= _parse({key: raw}, base=Path.cwd(), where=f"environment {var}")
+            explicit.add(key)
     if "src" not in values:
         values["src"] = ((root / "src") if (root / "src").is_dir() else root,)
     values.setdefault("goldens", root / "goldens")
-    return ParityConfig(root=root, pyproject=path, explicit=frozenset(table), table=found, **values)
+    return ParityConfig(
+        root=root, pyproject=path, explicit=frozenset(explicit), table=found, **values
+    )

@@ -34,6 +34,7 @@ from parity.run.launcher import (
     run_producers,
 )
 from parity.run.processes import Layout, WorkerFailed
+from parity.store.provenance import PolicyMode
 
 __all__ = [
     "BatchBaseSource",
@@ -179,6 +180,7 @@ def check_produced(
     *,
     overrides: Sequence[tuple[str, str]] = (),
     class_name: str | None = None,
+    drift_mode: PolicyMode = "warn",
     save_actual: Path | None = None,
     node: str | None = None,
     base: BatchBaseSource | None = None,
@@ -190,6 +192,8 @@ def check_produced(
     - `produced`: what `produce` returned.
     - `goldens`: the golden folder.
     - `overrides`, `class_name`: before the pinned class map (`parity.check`'s precedence).
+    - `drift_mode`: the drift policy (`parity.store.provenance`), judged against each
+      group's producer environment.
     - `save_actual`: a folder for the obtained arrays of failing groups.
     - `node`: who ran the check, for reports.
     - `base`: the second judge (`parity.run.baseline.BaselineSource`): the groups that
@@ -210,6 +214,7 @@ def check_produced(
             goldens=folder,
             class_map=class_name,
             overrides=overrides,
+            drift_mode=drift_mode,
             node=node,
             produce_s=share,
             save_actual=save_actual,

@@ -1,0 +1,225 @@
+"""One vocabulary (docs/design.md, "Vocabulary"): the same flag for the same idea on every
+subcommand, with the same help text; the old spellings working for one release with a
+one-line deprecation message; the settings of the command line and the plugin read by one
+path (`parity.run.config`), environment variables included."""
+
+from __future__ import annotations
+
+import argparse
+import json
+import re
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from parity.cli import build_parser, main
+from parity.commands.common import overrides_of
+from parity.run.config import ConfigError, load_config
+from parity.store import write_goldens
+
+# --------------------------------------------------------------------------- the words
+
+
+def _subcommands() -> dict[str, argparse.ArgumentParser]:
+    """Every (sub)subcommand's parser by its name: `check`, `baseline build`, ..."""
+    out: dict[str, argparse.ArgumentParser] = {}
+
+    def walk(parser: argparse.ArgumentParser, prefix: str) -> None:
+        for action in parser._actions:
+            if isinstance(action, argparse._SubParsersAction):
+                for name, sub in action.choices.items():
+                    out[f"{prefix}{name}"] = sub
+                    walk(sub, f"{prefix}{name} ")
+
+    walk(build_parser(), "")
+    return out
+
+
+def _flags(parser: argparse.ArgumentParser) -> dict[str, argparse.Action]:
+    return {s: a for a in parser._actions for s in a.option_strings if s.startswith("--")}
+
+
+def test_a_flag_means_one_thing_with_one_help_text_on_every_subcommand() -> None:
+    seen: dict[str, tuple[str, str | None, str | None]] = {}
+    for command, parser in _subcommands().items():
+        for flag, action in _flags(parser).items():
+            if flag in ("--help", "--base") or action.help == argparse.SUPPRESS:
+                continue  # `--base`: repin's commit to pin at, baseline clear's filter
+            if flag == "--groups":
+                continue  # "producer" or "golden" groups, by what the command reads
+            if flag == "--json":  # what it writes is the command's: the words are the same
+                assert action.metavar == "FILE", command
+                assert re.match(r"write .+ as JSON to FILE", action.help or ""), command
+                continue
+            here = (command, action.metavar, action.help)
+            first = seen.setdefault(flag, here)
+            assert (first[1], first[2]) == here[1:], (flag, first, here)
+
+
+@pytest.mark.parametrize(
+    ("command", "flags"),
+    [
+        ("check", {"--goldens", "--json", "--report", "--class", "--override", "--drift"}),
+        ("diff", {"--json", "--report", "--class", "--override"}),
+        ("bisect", {"--json", "--class", "--override"}),
+        ("calibrate", {"--goldens", "--json", "--class", "--override"}),
+        ("repin", {"--goldens", "--recover"}),
+        ("show", {"--json"}),
+        ("baseline build", {"--goldens"}),
+    ],
+)
+def test_every_subcommand_has_the_words_of_what_it_does(command: str, flags: set[str]) -> None:
+    assert flags <= set(_flags(_subcommands()[command]))
+
+
+def test_no_subcommand_spells_the_old_words_in_its_help() -> None:
+    for command, parser in _subcommands().items():
+        text = parser.format_help()
+        for old in ("--out ", "--html", "--parity-cache"):
+            assert old not in text, (command, old)
+
+
+# --------------------------------------------------------------------------- deprecations
+
+_OUT_WARNING = (
+    "parity: warning: --out is deprecated and goes in the next release; use --goldens DIR"
+)
+
+
+def test_repin_out_is_the_old_spelling_of_goldens(capsys: pytest.CaptureFixture[str]) -> None:
+    args = build_parser().parse_args(["repin", "--base", "HEAD", "--out", "elsewhere"])
+    assert args.goldens == "elsewhere"
+    assert capsys.readouterr().err.splitlines() == [_OUT_WARNING]
+    args = build_parser().parse_args(["repin", "--base", "HEAD", "--goldens", "elsewhere"])
+    assert args.goldens == "elsewhere" and capsys.readouterr().err == ""
+
+
+@pytest.fixture
+def files(tmp_path: Path) -> tuple[Path, Path]:
+    arrays = {"a": np.arange(6, dtype=np.float32).reshape(2, 3), "b": np.ones(3, np.int32)}
+    golden = write_goldens(tmp_path / "golden.h5", arrays, provenance={"base_sha": "f" * 40})
+    actual = write_goldens(tmp_path / "actual.h5", arrays)
+    return actual, golden
+
+
+@pytest.mark.parametrize("flag", ["--report", "--html"])
+def test_diff_report_writes_text_json_and_html_and_html_is_its_old_spelling(
+    tmp_path: Path, files: tuple[Path, Path], flag: str, capsys: pytest.CaptureFixture[str]
+) -> None:
+    actual, golden = files
+    folder = tmp_path / "report"
+    assert main(["diff", str(actual), str(golden), flag, str(folder)]) == 0
+    assert sorted(p.name for p in folder.iterdir() if p.is_file()) >= [
+        "index.html",
+        "report.json",
+        "report.txt",
+    ]
+    assert json.loads((folder / "report.json").read_text())["verdict"] == "pass"
+    assert "a" in (folder / "report.txt").read_text()
+    err = capsys.readouterr().err.splitlines()
+    old = "parity: warning: --html is deprecated and goes in the next release; use --report DIR"
+    assert err == ([old] if flag == "--html" else [])
+
+
+_BARE_JSON = (
+    "parity: warning: a bare --json is deprecated and goes in the next release; "
+    "use --json - (stdout) or --json FILE"
+)
+
+
+@pytest.mark.parametrize(
+    ("where", "warned"),
+    [("after", True), ("before", True), ("dash", False)],
+)
+def test_show_json_dash_prints_and_a_bare_json_still_does_with_a_warning(
+    files: tuple[Path, Path], capsys: pytest.CaptureFixture[str], where: str, warned: bool
+) -> None:
+    golden = str(files[1])
+    argv = {
+        "after": ["show", golden, "--json"],
+        "before": ["show", "--json", golden],
+        "dash": ["show", golden, "--json", "-"],
+    }[where]
+    assert main(argv) == 0
+    printed = capsys.readouterr()
+    assert json.loads(printed.out)["path"] == golden
+    assert printed.err.splitlines() == ([_BARE_JSON] if warned else [])
+
+
+def test_show_json_file_writes_the_file(
+    tmp_path: Path, files: tuple[Path, Path], capsys: pytest.CaptureFixture[str]
+) -> None:
+    target = tmp_path / "shown.json"
+    assert main(["show", str(files[1]), "--json", str(target)]) == 0
+    assert json.loads(target.read_text())["path"] == str(files[1])
+    printed = capsys.readouterr()
+    assert printed.out == f"JSON written to {target}\n" and printed.err == ""
+
+
+def test_show_without_golden_is_a_one_line_error(capsys: pytest.CaptureFixture[str]) -> None:
+    assert main(["show"]) == 2
+    assert (
+        capsys.readouterr().err == "parity: error: show needs GOLDEN, the HDF5 file to describe\n"
+    )
+
+
+# --------------------------------------------------------------------------- --class
+
+
+def test_class_is_the_rule_every_key_after_the_overrides_where_the_core_takes_rules() -> None:
+    args = build_parser().parse_args(
+        ["bisect", "A", "B", "--override", "x.*=fp32_reassoc", "--class", "device_count"]
+    )
+    assert overrides_of(args) == [("x.*", "fp32_reassoc")]
+    assert overrides_of(args, with_class=True) == [
+        ("x.*", "fp32_reassoc"),
+        ("*", "device_count"),
+    ]
+
+
+def test_an_unknown_class_is_a_one_line_error_naming_the_known_ones(
+    capsys: pytest.CaptureFixture[str], files: tuple[Path, Path]
+) -> None:
+    assert main(["diff", str(files[0]), str(files[1]), "--class", "nope"]) == 2
+    err = capsys.readouterr().err
+    assert err.startswith("parity: error: --class 'nope' is not a usable tolerance class")
+    assert "bitwise" in err and err.count("\n") == 1
+
+
+# --------------------------------------------------------------------------- settings
+
+
+def _project(tmp_path: Path, table: str = "") -> Path:
+    (tmp_path / "pyproject.toml").write_text(f"[tool.parity]\n{table}")
+    return tmp_path
+
+
+def test_environment_variables_stand_for_their_keys_over_the_table_under_a_flag(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    root = _project(tmp_path, 'devices = 2\njax_cache = "jc"\ndrift = "relax"\n')
+    config = load_config(root)
+    assert (config.devices, config.jax_cache, config.drift) == (2, root / "jc", "relax")
+    monkeypatch.chdir(root)
+    monkeypatch.setenv("PARITY_DEVICES", "4")
+    monkeypatch.setenv("PARITY_JAX_CACHE", "none")
+    monkeypatch.setenv("PARITY_BASELINE_CACHE", "bases")
+    config = load_config(root)
+    assert (config.devices, config.jax_cache, config.baseline_cache) == (4, None, root / "bases")
+    assert {"devices", "jax_cache", "baseline_cache"} <= config.explicit  # jax_cache "none": off
+    assert config.with_overrides(devices=8).devices == 8
+
+
+def test_a_bad_environment_variable_is_a_config_error_naming_it(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setenv("PARITY_DEVICES", "two")
+    with pytest.raises(ConfigError, match=r"^environment PARITY_DEVICES: devices must be"):
+        load_config(_project(tmp_path))
+
+
+def test_drift_is_a_key_with_three_values(tmp_path: Path) -> None:
+    with pytest.raises(ConfigError, match='drift must be "warn", "relax" or "strict"'):
+        load_config(_project(tmp_path, 'drift = "loud"\n'))
+    assert load_config(_project(tmp_path)).drift == "warn"
