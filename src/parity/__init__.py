@@ -28,7 +28,7 @@ if TYPE_CHECKING:
     from parity.report import format_table, to_json, write_html, write_json
     from parity.results import CheckError, CheckResult
     from parity.store import GoldenFile, GoldenStoreError, open_goldens, write_goldens
-    from parity.store.provenance import bitwise_policy, collect_provenance, drift
+    from parity.store.provenance import collect_provenance
 
 #: The public names, each loaded from its module on first use.
 __all__ = [
@@ -50,14 +50,12 @@ __all__ = [
     "ToleranceClass",
     "Ulp",
     "assert_equivalent",
-    "bitwise_policy",
     "check_group",
     "check_live",
     "collect_provenance",
     "compare_arrays",
     "compare_trees",
     "dataflow_order",
-    "drift",
     "flatten",
     "format_table",
     "get_class",

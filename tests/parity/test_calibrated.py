@@ -13,9 +13,10 @@ from pathlib import Path
 import numpy as np
 import pytest
 
+from parity.environment import Dimension
 from parity.judge.classes import CALIBRATED_FLOOR_ULPS, CALIBRATED_K, REGISTRY
 from parity.judge.rules import Calibrated, Scale
-from parity.noise import Dimension, Spreads, differences, layout_of
+from parity.noise import Spreads
 from parity.run.calibration_record import merge_spreads
 from parity.store import open_goldens
 
@@ -134,17 +135,6 @@ def test_the_calibrated_rule_is_k_times_the_spread_over_a_floor_in_ulps():
     rule = REGISTRY["calibrated"].rule
     assert isinstance(rule, Calibrated)
     assert (rule.k, rule.floor_ulps, rule.spread) == (CALIBRATED_K, CALIBRATED_FLOOR_ULPS, None)
-
-
-def test_the_dimensions_a_check_differs_in():
-    pin = {"device_count": 1, "isa_cap": "AVX2", "cpu": "a"}
-    assert differences(pin, dict(pin)) == []
-    assert [d.label for d in differences(pin, {**pin, "device_count": 4})] == ["devices=4"]
-    two_by_two = {**pin, "device_count": 4, "processes": 2}
-    assert layout_of(two_by_two) == (2, 2)
-    assert [d.label for d in differences(pin, two_by_two)] == ["processes=2x2"]
-    assert [d.kind for d in differences(pin, {**pin, "isa_cap": "AVX"})] == ["isa"]
-    assert [d.kind for d in differences(pin, {**pin, "cpu": "b"})] == ["cpu"]
 
 
 def test_spreads_take_the_exact_column_else_every_column_of_the_kind_and_repeat():
