@@ -22,7 +22,7 @@ Nothing here imports numpy, h5py or jax.
 from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:
@@ -40,7 +40,7 @@ class Spreads:
     """
 
     labels: tuple[str, ...] = ()
-    keys: Mapping[str, Sequence[float | None]] = ()  # pyright: ignore[reportAssignmentType]
+    keys: Mapping[str, Sequence[float | None]] = field(default_factory=dict[str, Any])
 
     @classmethod
     def of(cls, provenance: Mapping[str, Any]) -> Spreads:

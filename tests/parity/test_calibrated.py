@@ -13,10 +13,13 @@ from pathlib import Path
 import numpy as np
 import pytest
 
+from parity.calibrated import bind_calibrated
 from parity.environment import Dimension
-from parity.judge.classes import CALIBRATED_FLOOR_ULPS, CALIBRATED_K, REGISTRY
+from parity.judge.classes import CALIBRATED_FLOOR_ULPS, CALIBRATED_K, REGISTRY, ToleranceClass
+from parity.judge.compare import compare_trees
 from parity.judge.rules import Calibrated, Scale
 from parity.noise import Spreads
+from parity.results import CheckError
 from parity.run.calibration_record import merge_spreads
 from parity.store import open_goldens
 
@@ -135,6 +138,31 @@ def test_the_calibrated_rule_is_k_times_the_spread_over_a_floor_in_ulps():
     rule = REGISTRY["calibrated"].rule
     assert isinstance(rule, Calibrated)
     assert (rule.k, rule.floor_ulps, rule.spread) == (CALIBRATED_K, CALIBRATED_FLOOR_ULPS, None)
+
+
+def test_a_calibrated_key_carries_its_exact_spread_as_data_and_its_class_as_written():
+    spread = 1.234567891234e-6  # more digits than any class name ever carried
+    spreads = Spreads(("devices=4",), {"w": [spread], "v": [spread]})
+    names = {"w": "calibrated[k=8]", "v": "calibrated", "b": "bitwise"}
+    bound = bind_calibrated(names.__getitem__, spreads, "g", Path("g.h5"))
+    tol = bound("w")
+    assert isinstance(tol, ToleranceClass) and tol.name == "calibrated[k=8]"
+    assert isinstance(tol.rule, Calibrated) and (tol.rule.spread, tol.rule.k) == (spread, 8)
+    assert bound("b") == "bitwise"
+    g = np.zeros(4)
+    a = g + np.array([0.0, 0.0, 0.0, 7.9 * spread])  # within 8x the exact spread
+    found = compare_trees({"w": a, "v": a}, {"w": g, "v": g}, bound)
+    assert [(f.key, f.class_name, f.passed) for f in found.findings] == [
+        ("w", "calibrated[k=8]", True),
+        ("v", "calibrated", False),  # 4 x spread
+    ]
+    assert found.finding("w").bound == pytest.approx(8 * spread, rel=1e-12)
+
+
+def test_a_calibrated_key_without_a_recorded_spread_names_the_calibrate_command():
+    bound = bind_calibrated(lambda key: "calibrated", Spreads(), "g", Path("g.h5"))
+    with pytest.raises(CheckError, match="parity calibrate --groups g"):
+        bound("w")
 
 
 def test_spreads_take_the_exact_column_else_every_column_of_the_kind_and_repeat():

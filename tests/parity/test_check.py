@@ -15,6 +15,7 @@ from parity.judge.tolerance import ClassMap
 from parity.report import format_table
 from parity.results import CheckError, CheckResult
 from parity.store import write_goldens
+from parity.store.provenance import collect_provenance
 
 # Pinned map: layers.* -> fp32_reassoc; "rec" has no rule in it but records trajectory.
 _PINNED = ClassMap((("layers.*", "fp32_reassoc"),))
@@ -57,19 +58,47 @@ _CASES = [
 
 
 @pytest.mark.parametrize(("overrides", "class_name", "expected"), _CASES)
-def test_cli_and_core_resolve_the_same_class_in_every_precedence_case(
+def test_one_class_precedence_in_every_case(
     golden_dir: Path, overrides, class_name, expected
 ) -> None:
-    path = golden_dir / "g.h5"
-    cli = run_diff(path, path, class_name=class_name, overrides=overrides)
     core = check_group(
         _arrays(), "g", goldens=golden_dir, class_map=class_name, overrides=overrides
     )
-    by_cli = {f.key: f.class_name for f in cli.comparison.findings}
     by_core = {f.key: f.class_name for f in core.comparison.findings}
-    assert by_cli == by_core
     for key, name in expected.items():
         assert by_core[key] == name, key
+
+
+@pytest.mark.parametrize(("overrides", "class_name", "expected"), _CASES)
+def test_a_diff_is_the_check_of_its_two_files(
+    tmp_path: Path, overrides, class_name, expected
+) -> None:
+    """`parity diff ACTUAL GOLDEN` is `check_file` of GOLDEN with ACTUAL's environment:
+    the same findings (classes, order, verdicts) and the same drift, order and judge lines."""
+    here = collect_provenance()
+    write_goldens(
+        tmp_path / "g.h5",
+        _arrays(),
+        classes={"layers.0.h1": "fp32_reassoc", "layers.1.h1": "fp32_reassoc", "rec": "trajectory"},
+        class_map_json=_PINNED.to_json(),
+        order=_KEYS,
+        provenance=here | {"base_sha": "f" * 40},
+    )
+    mutated = _arrays()
+    mutated["layers.0.h1"][1] += 1e-3
+    elsewhere = here | {"jax": "0.0.elsewhere", "numpy": "0.0.elsewhere"}
+    actual = write_goldens(tmp_path / "actual.h5", mutated, provenance=elsewhere)
+    cli = run_diff(actual, tmp_path / "g.h5", class_name=class_name, overrides=overrides)
+    core = check_group(
+        mutated, "g", goldens=tmp_path, class_map=class_name, overrides=overrides,
+        current_provenance=elsewhere,
+    )  # fmt: skip
+    assert cli.comparison.findings == core.comparison.findings
+    assert {f.key: f.class_name for f in cli.comparison.findings}.items() >= expected.items()
+    shared = {k: v for k, v in core.header.items() if k != "golden"}
+    assert {k: v for k, v in cli.header.items() if k in shared} == shared
+    assert "jax: " in cli.header["drift 0"] and "numpy: " in cli.header["drift 1"]
+    assert cli.header["base_sha"] == "f" * 40
 
 
 def test_a_caller_map_without_default_falls_through_to_the_pinned_map(golden_dir: Path) -> None:
