@@ -19,6 +19,7 @@ from collections.abc import Callable, Mapping
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
+from parity.judge.chunks import DEFAULT_BUDGET
 from parity.judge.classes import REGISTRY, ToleranceClass
 from parity.judge.compare import Comparison, Finding, compare_arrays
 from parity.judge.tolerance import KeyClass, get_class, parse_class_name
@@ -83,11 +84,14 @@ def judge_environment(
     spreads: Spreads,
     difference: EnvironmentDifference,
     registry: Mapping[str, ToleranceClass],
+    *,
+    budget: int = DEFAULT_BUDGET,
 ) -> tuple[Comparison, dict[str, str]]:
     """Where the check's environment differs from the pin's in calibrated dimensions, judge
     each key that fails its pinned class again under its calibrated bound for those
     dimensions (`max(floor, k * spread)`, the spread measured there): the looser of the
-    two decides. In the pin's environment nothing changes.
+    two decides. In the pin's environment nothing changes. `budget`: bytes one array
+    comparison may hold at once (`parity.judge.chunks`).
 
     **Returns:** the comparison, with the findings that passed by calibration replaced
     (their note says so), and the header lines saying what differed and how many keys were
@@ -112,7 +116,9 @@ def judge_environment(
             findings.append(f)
             continue
         tol = get_class(CALIBRATED, registry, params={"spread": spread})
-        again = compare_arrays(f.key, flat_a[f.key], gf.source(f.key), tol, order=f.order)
+        again = compare_arrays(
+            f.key, flat_a[f.key], gf.source(f.key), tol, order=f.order, budget=budget
+        )
         if again.passed:
             judged += 1
             note = f"judged by calibration ({', '.join(columns)}): {f.class_name} alone fails"

@@ -413,7 +413,7 @@ def check_file(
             header = {k: v for k, v in header.items() if not v.startswith(bits_line)}
         else:
             comparison, env_header = judge_environment(
-                comparison, flat_a, gf, spreads, difference, registry
+                comparison, flat_a, gf, spreads, difference, registry, budget=budget
             )
             header |= env_header
     except GoldenStoreError as e:

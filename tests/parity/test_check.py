@@ -11,6 +11,7 @@ import pytest
 
 from parity.check import GoldenDir, check_group, check_live
 from parity.cli import main, run_diff
+from parity.commands.common import CLIError
 from parity.judge.tolerance import ClassMap
 from parity.report import format_table
 from parity.results import CheckError, CheckResult
@@ -213,3 +214,24 @@ def test_golden_dir_opens_each_file_once_and_lists_groups(golden_dir: Path) -> N
     with GoldenDir(golden_dir) as d:
         assert d.groups() == ["g"]
         assert d.open("g") is d.open("g")
+
+
+def test_a_diff_judges_actual_s_environment_by_the_golden_s_calibration(tmp_path: Path) -> None:
+    """ACTUAL produced on 4 devices, GOLDEN pinned on 1 with its spread there recorded: the
+    diff judges as the check in ACTUAL's environment did (by calibration), and its drift
+    policy is the check's."""
+    here = collect_provenance() | {"device_count": 1, "processes": 1}
+    spread = {"labels": ["devices=4"], "keys": {"w": [1e-3]}}
+    golden = write_goldens(
+        tmp_path / "g.h5", {"w": np.zeros(4)}, provenance=here | {"calibration": {"spread": spread}}
+    )
+    on_four = here | {"device_count": 4}
+    actual = write_goldens(
+        tmp_path / "a.h5", {"w": np.array([0.0, 0.0, 0.0, 1e-3])}, provenance=on_four
+    )
+    result = run_diff(actual, golden)
+    assert result.comparison.passed, format_table(result.comparison, header=result.header)
+    assert "judged by calibration" in result.comparison.findings[0].note
+    assert "devices 1 -> 4" in result.header["environment"]
+    with pytest.raises(CLIError, match="strict"):
+        run_diff(actual, golden, drift_mode="strict")
