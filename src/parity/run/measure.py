@@ -282,7 +282,10 @@ def class_spreads(keys: Sequence[KeySpread]) -> list[ClassSpread]:
         out.append(
             ClassSpread(
                 class_name=name,
-                allowed=ks[0].allowed,
+                # A calibrated class allows each key its own spread: say so, with the worst's.
+                allowed=ks[0].allowed
+                if len({k.allowed for k in ks}) == 1
+                else f"per key (worst: {worst.allowed})",
                 unit=ks[0].unit,
                 keys=len(ks),
                 max_abs=_max(k.max_abs for k in ks),
