@@ -2,7 +2,19 @@
 policy, compare, and hand back a `CheckResult`.
 
 The CLI, the pytest plugin and `parity.assert_equivalent` are thin layers over this
-module; none of them resolves classes or applies the drift policy on its own.
+module; none of them resolves classes, decides the environment difference, applies the
+drift policy or compares on its own. **One comparison** (`_compare`) serves three inputs:
+
+- a golden file, `check_file`: `check_group` is `check_file` of `<goldens>/<group>.h5`,
+  and `parity diff ACTUAL GOLDEN` is `check_file` of GOLDEN with ACTUAL's arrays and
+  provenance;
+- two live pytrees, `check_live`: `assert_equivalent` is `check_live` plus the trees'
+  non-array leaves.
+
+**The environment.** `check_file` decides once how the environment `actual` was produced
+in differs from the pin's (`parity.environment.environment_difference`) and hands that
+one `EnvironmentDifference` to the drift policy, the calibrated judgement and the second
+judge.
 
 **Class resolution**, one precedence everywhere (`class_resolver`):
 
@@ -18,7 +30,7 @@ match) passes the key to the next level.
 
 A key under the `calibrated` class is judged against its recorded spread, and in an
 environment other than the pin's each key by the looser of its class and its calibrated
-bound there: `parity.calibrated` does both, here applied by `check_group`.
+bound there: `parity.calibrated` does both, here applied by `check_file`.
 
 **Errors.** Input the check cannot use raises a `CheckError` (a missing or unusable golden
 group, a refused drift, an unknown class); a comparison that fails is not an error: it is

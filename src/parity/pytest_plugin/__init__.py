@@ -26,7 +26,7 @@ roots go to the front of `sys.path` before conftests and test modules are import
   `parity_goldens`, else `goldens`).
 - `--parity-report DIR`: write the session's comparisons as a text table, JSON and HTML.
 - `--parity-drift {warn,relax,strict}`: what environment drift does to bitwise classes
-  (see `parity.store.provenance`).
+  (see `parity.environment`).
 - `--parity-unchecked {ignore,warn,fail}`: list golden keys that no test checked;
   `fail` makes the session fail if there are any. Judged against what was selected: keys
   of every group some check opened, and whole groups no check opened only when the run
