@@ -27,17 +27,22 @@ def _arrays() -> dict[str, np.ndarray]:
     return {k: np.linspace(-1, 1, 6, dtype=np.float32) * (i + 1) for i, k in enumerate(_KEYS)}
 
 
-@pytest.fixture(scope="module")
-def golden_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    root = tmp_path_factory.mktemp("goldens")
+def _pin(root: Path, provenance: dict | None = None) -> Path:
+    """Write the group `g` into `root`; **returns** `root`."""
     write_goldens(
         root / "g.h5",
         _arrays(),
         classes={"layers.0.h1": "fp32_reassoc", "layers.1.h1": "fp32_reassoc", "rec": "trajectory"},
         class_map_json=_PINNED.to_json(),
         order=_KEYS,
+        provenance=provenance,
     )
     return root
+
+
+@pytest.fixture(scope="module")
+def golden_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    return _pin(tmp_path_factory.mktemp("goldens"))
 
 
 # Each case: (overrides, caller's class) -> expected class per key. The same inputs go to
@@ -77,14 +82,7 @@ def test_a_diff_is_the_check_of_its_two_files(
     """`parity diff ACTUAL GOLDEN` is `check_file` of GOLDEN with ACTUAL's environment:
     the same findings (classes, order, verdicts) and the same drift, order and judge lines."""
     here = collect_provenance()
-    write_goldens(
-        tmp_path / "g.h5",
-        _arrays(),
-        classes={"layers.0.h1": "fp32_reassoc", "layers.1.h1": "fp32_reassoc", "rec": "trajectory"},
-        class_map_json=_PINNED.to_json(),
-        order=_KEYS,
-        provenance=here | {"base_sha": "f" * 40},
-    )
+    _pin(tmp_path, here | {"base_sha": "f" * 40})
     mutated = _arrays()
     mutated["layers.0.h1"][1] += 1e-3
     elsewhere = here | {"jax": "0.0.elsewhere", "numpy": "0.0.elsewhere"}
