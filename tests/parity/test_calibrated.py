@@ -14,14 +14,17 @@ import numpy as np
 import pytest
 
 from parity.calibrated import bind_calibrated
+from parity.commands.diff import run_diff
+from parity.commands.show import inventory
 from parity.environment import Dimension
 from parity.judge.classes import CALIBRATED_FLOOR_ULPS, CALIBRATED_K, REGISTRY, ToleranceClass
 from parity.judge.compare import compare_trees
 from parity.judge.rules import Calibrated, Scale
+from parity.judge.tolerance import ClassMap
 from parity.noise import Spreads
 from parity.results import CheckError
 from parity.run.calibration_record import merge_spreads
-from parity.store import open_goldens
+from parity.store import open_goldens, write_goldens
 
 DEVICE_NOISE = 2.5e-7
 
@@ -157,6 +160,20 @@ def test_a_calibrated_key_carries_its_exact_spread_as_data_and_its_class_as_writ
         ("v", "calibrated", False),  # 4 x spread
     ]
     assert found.finding("w").bound == pytest.approx(8 * spread, rel=1e-12)
+
+
+def test_show_and_diff_name_a_calibrated_key_s_class_as_written(tmp_path: Path):
+    spread = {"labels": ["repeat"], "keys": {"w": [1.234567891e-7]}}
+    path = write_goldens(
+        tmp_path / "g.h5",
+        {"w": np.zeros(3)},
+        class_map_json=ClassMap(default="calibrated[k=8]").to_json(),
+        provenance={"calibration": {"spread": spread}},
+    )
+    assert [a["class"] for a in inventory(path)["arrays"]] == ["calibrated[k=8]"]
+    (finding,) = run_diff(path, path).comparison.findings
+    assert (finding.class_name, finding.passed) == ("calibrated[k=8]", True)
+    assert "8*1.23e-07" in finding.allowed  # the spread shows in what is allowed
 
 
 def test_a_calibrated_key_without_a_recorded_spread_names_the_calibrate_command():
