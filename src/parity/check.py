@@ -40,6 +40,7 @@ about pytest.
 
 from __future__ import annotations
 
+import dataclasses
 import fnmatch
 import os
 import time
@@ -388,15 +389,6 @@ def check_file(
         raise CheckError(" ".join(decision.header))
     exact_registry = registry
     registry = _policy_registry(decision, registry)
-    header = {"golden": str(gf.path)}
-    if gf.provenance.get("base_sha"):
-        header["base_sha"] = str(gf.provenance["base_sha"])
-    header |= {f"drift {i}": line for i, line in enumerate(decision.header)}
-    if hint := order_hint(gf.provenance.get("order"), placed):
-        header["order"] = hint
-    calibration = gf.provenance.get("calibration")
-    if isinstance(calibration, dict) and calibration.get("summary"):
-        header["calibration"] = str(cast(dict[str, Any], calibration)["summary"])
     spreads = Spreads.of(gf.provenance)
     names = class_resolver(
         overrides=overrides, class_map=class_map, pinned=pinned_class_map(gf), recorded=recorded
@@ -411,25 +403,34 @@ def check_file(
             actual, golden_arrays, classes, registry=registry, order=forward,
             name=name or group, budget=budget,
         )  # fmt: skip
-        judged_by_base, base_path = None, ""
-        header["judge"] = _judge_line(difference, comparison.passed)
+        judged_by_base, base_path, env_header = None, "", {}
+        judge = _judge_line(difference, comparison.passed)
         if difference.moves_bits and not comparison.passed and base is not None:
-            judged_by_base, header["judge"], base_path = _second_judge(
+            judged_by_base, judge, base_path = _second_judge(
                 base, gf, current, difference, flat_a, classes, exact_registry, registry,
                 forward, list(golden_arrays),
             )  # fmt: skip
         if judged_by_base is not None:
             comparison = judged_by_base
-            # The drift cannot explain a failure here: the base shares this environment.
-            bits_line = "environment drift that can change"
-            header = {k: v for k, v in header.items() if not v.startswith(bits_line)}
+            # The drift cannot explain a failure here: the base shares this environment, so
+            # the header keeps only what cannot move bits.
+            decision = dataclasses.replace(difference, bits=(), dimensions=()).policy(drift_mode)
         else:
             comparison, env_header = judge_environment(
                 comparison, flat_a, gf, spreads, difference, registry, budget=budget
             )
-            header |= env_header
     except GoldenStoreError as e:
         raise CheckError(f"golden group {group!r} is unusable: {e}") from None
+    header = {"golden": str(gf.path)}
+    if gf.provenance.get("base_sha"):
+        header["base_sha"] = str(gf.provenance["base_sha"])
+    header |= {f"drift {i}": line for i, line in enumerate(decision.header)}
+    if hint := order_hint(gf.provenance.get("order"), placed):
+        header["order"] = hint
+    calibration = gf.provenance.get("calibration")
+    if isinstance(calibration, dict) and calibration.get("summary"):
+        header["calibration"] = str(cast(dict[str, Any], calibration)["summary"])
+    header |= {"judge": judge, **env_header}
     saved = command = None
     if save_actual is not None and not comparison.passed:
         path = save_arrays(save_actual, name or group, flat_a, classes=names,

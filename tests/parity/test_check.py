@@ -233,3 +233,31 @@ def test_a_diff_judges_actual_s_environment_by_the_golden_s_calibration(tmp_path
     assert "devices 1 -> 4" in result.header["environment"]
     with pytest.raises(CLIError, match="strict"):
         run_diff(actual, golden, drift_mode="strict")
+
+
+def test_judged_by_the_base_the_header_keeps_no_drift_that_moves_bits(tmp_path: Path) -> None:
+    """The base re-produced here shares this environment: its drift cannot explain a
+    failure, so the header drops that line and keeps the informational one."""
+    from parity.base_judge import ReproducedBase
+
+    here = collect_provenance() | {"device_count": 1, "processes": 1, "base_sha": "b" * 40}
+    goldens = tmp_path / "goldens"
+    goldens.mkdir()
+    _pin(goldens, here)
+    base_file = write_goldens(tmp_path / "base.h5", _arrays(), order=_KEYS)
+
+    class Base:
+        def reproduce(self, group, pinned, current) -> ReproducedBase:
+            return ReproducedBase(base_file, str(pinned["base_sha"]), cached=True)
+
+    mutated = _arrays()
+    mutated["plain"][0] = np.nextafter(mutated["plain"][0], np.float32(9))
+    elsewhere = here | {"device_count": 4, "numpy": "0.0.elsewhere"}
+    result = check_group(mutated, "g", goldens=goldens, current_provenance=elsewhere, base=Base())
+    assert not result.passed and result.comparison.finding("plain").verdict == "fail"
+    assert result.header["judge"].startswith("the base re-produced here at bbbbbbbbbbbb")
+    drift = [v for k, v in result.header.items() if k.startswith("drift")]
+    assert drift == ["environment drift (informational): numpy: '" + here["numpy"]
+                     + "' -> '0.0.elsewhere' (info)"]  # fmt: skip
+    without = check_group(mutated, "g", goldens=goldens, current_provenance=elsewhere)
+    assert "device_count: 1 -> 4 (bits)" in without.header["drift 0"]
