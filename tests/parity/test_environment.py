@@ -18,7 +18,7 @@ from parity.environment import (
 from parity.store.provenance import collect_provenance
 
 
-def drift(pinned, current) -> list[Drift]:
+def _drifts(pinned, current) -> list[Drift]:
     """Every drift, "bits" first, as `environment_difference` grades them."""
     return list(environment_difference(pinned, current).drifts)
 
@@ -49,7 +49,7 @@ def _prov(**changes):
 
 
 def test_identical_environments_have_no_drift():
-    assert drift(_prov(), _prov()) == []
+    assert _drifts(_prov(), _prov()) == []
 
 
 @pytest.mark.parametrize(
@@ -71,31 +71,31 @@ def test_identical_environments_have_no_drift():
     ],
 )
 def test_each_field_drifts_with_its_severity(field, value, severity):
-    assert drift(_prov(), _prov(**{field: value})) == [
+    assert _drifts(_prov(), _prov(**{field: value})) == [
         Drift(field, _prov()[field], value, severity)
     ]
 
 
 def test_processor_drift_can_change_bits_without_an_isa_cap():
     uncapped = {"isa_cap": None, "xla_flags": ""}
-    found = drift(_prov(**uncapped), _prov(**uncapped, processor="Intel Xeon"))
+    found = _drifts(_prov(**uncapped), _prov(**uncapped, processor="Intel Xeon"))
     assert found == [Drift("processor", "AMD EPYC", "Intel Xeon", "bits")]
 
 
 def test_reordered_xla_flags_are_not_drift_but_a_new_flag_is():
     flags = _prov()["xla_flags"]
     reordered = " ".join(reversed(flags.split()))
-    assert drift(_prov(), _prov(xla_flags=reordered)) == []
-    found = drift(_prov(), _prov(xla_flags=flags + " --xla_cpu_enable_fast_math=true"))
+    assert _drifts(_prov(), _prov(xla_flags=reordered)) == []
+    found = _drifts(_prov(), _prov(xla_flags=flags + " --xla_cpu_enable_fast_math=true"))
     assert [(d.field, d.severity) for d in found] == [("xla_flags", "bits")]
 
 
-def test_a_check_run_without_base_sha_is_notdrift():
-    assert drift(_prov(), _prov(base_sha=None, producer_digest=None)) == []
+def test_a_check_run_without_base_sha_is_not_drift():
+    assert _drifts(_prov(), _prov(base_sha=None, producer_digest=None)) == []
 
 
 def test_bits_drifts_come_first():
-    found = drift(_prov(), _prov(numpy="9", jaxlib="9", python="9"))
+    found = _drifts(_prov(), _prov(numpy="9", jaxlib="9", python="9"))
     assert [d.severity for d in found] == ["bits", "info", "info"]
 
 
@@ -114,14 +114,14 @@ def test_warn_keeps_bitwise_and_says_drift_may_explain_failures():
     assert "jaxlib" in decision.header[0] and "numpy" in decision.header[1]
 
 
-def test_relax_checks_bitwise_as_ulp_only_under_bitsdrift():
+def test_relax_checks_bitwise_as_ulp_only_under_bits_drift():
     decision = EnvironmentDifference(bits=_BITS).policy("relax")
     assert decision.bitwise_max_ulp == DEFAULT_RELAX_ULPS == 2 and not decision.refused
     assert EnvironmentDifference(bits=_BITS).policy("relax", relax_ulps=4).bitwise_max_ulp == 4
     assert EnvironmentDifference(info=_INFO).policy("relax").bitwise_max_ulp is None
 
 
-def test_strict_makes_bits_drift_an_error_but_not_infodrift():
+def test_strict_makes_bits_drift_an_error_but_not_info_drift():
     decision = EnvironmentDifference(bits=_BITS).policy("strict")
     assert decision.refused and decision.bitwise_max_ulp is None
     assert "refuses to compare" in decision.header[0]
@@ -141,19 +141,19 @@ def test_unknown_policy_and_bad_ulps_are_refused():
         _BOTH.policy("relax", relax_ulps=0)
 
 
-def test_device_count_flag_is_not_counted_as_xla_flagsdrift():
+def test_device_count_flag_is_not_counted_as_xla_flags_drift():
     golden = {"xla_flags": "--xla_force_host_platform_device_count=1 --xla_cpu_max_isa=AVX2"}
-    assert [d.field for d in drift(golden, {"xla_flags": "--xla_cpu_max_isa=AVX2"})] == []
-    moved = drift(golden, {"xla_flags": "--xla_cpu_max_isa=SSE4_2"})
+    assert [d.field for d in _drifts(golden, {"xla_flags": "--xla_cpu_max_isa=AVX2"})] == []
+    moved = _drifts(golden, {"xla_flags": "--xla_cpu_max_isa=SSE4_2"})
     assert [d.field for d in moved] == ["xla_flags"]
 
 
-def test_a_different_cpu_under_the_same_isa_cap_is_a_bitsdrift():
+def test_a_different_cpu_under_the_same_isa_cap_is_a_bits_drift():
     # Measured: goldens pinned under --xla_cpu_max_isa=AVX2 on one "AMD EPYC" host differ in
     # their last bits on another whose model name reads the same (an AVX2-only family 25).
     golden = collect_provenance() | {"cpu": "AuthenticAMD family 25 model 17; avx avx2 avx512f"}
     current = collect_provenance()
-    drifts = {d.field: d for d in drift(golden, current)}
+    drifts = {d.field: d for d in _drifts(golden, current)}
     assert drifts["cpu"].severity == "bits"
     assert "processor" not in drifts  # the model name did not change
 
