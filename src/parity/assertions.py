@@ -2,7 +2,8 @@
 
 For any test framework or none: it raises `AssertionError` whose message is the failure
 table (per class, the first divergence in forward order, every failing key with its
-reason). A thin layer over `parity.check`.
+reason). A live check (`parity.check.check_live`, through the one comparison every check
+makes) plus the tree's non-array leaves, compared with `==`.
 """
 
 from __future__ import annotations
@@ -10,13 +11,11 @@ from __future__ import annotations
 from collections.abc import Mapping, Sequence
 from typing import Any
 
-from parity.check import BARE_KEY, class_resolver
+from parity.check import check_live
 from parity.judge.classes import REGISTRY, ToleranceClass
-from parity.judge.compare import Comparison, Order, compare_trees
-from parity.judge.tolerance import ClassMap, UnknownClassError
-from parity.judge.trees import flatten
+from parity.judge.compare import Comparison, Order
+from parity.judge.tolerance import ClassMap
 from parity.report import format_table
-from parity.results import CheckError
 
 __all__ = ["assert_equivalent"]
 
@@ -57,22 +56,16 @@ def assert_equivalent(
     - `registry`: the classes by name.
 
     **Returns:** the `Comparison`, when it passes. Raises `AssertionError` with the failure
-    table otherwise (missing and unexpected leaves included), and `ValueError` for a class
-    name the registry lacks.
+    table otherwise (missing and unexpected leaves included), and `parity.CheckError` for
+    input it cannot compare (a class name the registry lacks, an object array), as every
+    check does.
     """
     statics_a: dict[str, Any] = {}
     statics_e: dict[str, Any] = {}
-    flat_a = flatten(actual, non_arrays=statics_a, bare=BARE_KEY)
-    flat_e = flatten(expected, non_arrays=statics_e, bare=BARE_KEY)
-    resolve = class_resolver(overrides=overrides, class_map=class_map)
-    try:
-        comparison = compare_trees(
-            flat_a, flat_e, resolve, registry=registry, order=order, reference="expected"
-        )
-    except UnknownClassError as e:
-        raise ValueError(str(e)) from None
-    except TypeError as e:
-        raise CheckError(str(e)) from None
+    comparison = check_live(
+        actual, expected, class_map=class_map, overrides=overrides, order=order,
+        registry=registry, name="assert_equivalent", non_arrays=(statics_a, statics_e),
+    ).comparison  # fmt: skip
     static_problems = [
         f"  {k}: actual {statics_a.get(k, '<absent>')!r} vs expected "
         f"{statics_e.get(k, '<absent>')!r}"

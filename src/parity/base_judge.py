@@ -31,20 +31,19 @@ from typing import TYPE_CHECKING, Any, Protocol
 from parity.calibrated import calibrate_command, judge_environment
 from parity.judge.classes import ToleranceClass
 from parity.judge.compare import Comparison, Finding, Order, compare_trees
-from parity.noise import Spreads, differences
+from parity.judge.tolerance import KeyClass
+from parity.noise import Spreads
 from parity.results import CheckError
 from parity.store import GoldenStoreError, open_goldens
-from parity.store.provenance import drift
-from parity.xla_env import DEVICE_FLAG, ISA_FLAG
 
 if TYPE_CHECKING:
+    from parity.environment import EnvironmentDifference
     from parity.store import GoldenFile
 
 __all__ = [
     "BaseSource",
     "BaseUnavailable",
     "ReproducedBase",
-    "bits_changes",
     "judge_by_base",
 ]
 
@@ -87,29 +86,6 @@ class BaseSource(Protocol):
         ...
 
 
-def bits_changes(pinned: Mapping[str, Any], current: Mapping[str, Any]) -> list[str]:
-    """What differs between the pin's environment and `current` that can move XLA's bits,
-    in words: the calibrated dimensions (layout, ISA cap, processor:
-    `parity.noise.differences`) and every other drift of severity "bits" (jax, jaxlib, XLA
-    flags, x64). Empty in the pin's own environment."""
-    dims = differences(pinned, current)
-    out = [d.change for d in dims]
-    covered = {"device_count", "processes", "isa_cap", "cpu", "processor"}
-    for d in drift(pinned, current):
-        if d.severity != "bits" or d.field in covered:
-            continue
-        if d.field == "xla_flags" and _other_flags(d.golden) == _other_flags(d.current):
-            continue  # only the ISA cap or the device count, said above
-        out.append(str(d))
-    return out
-
-
-def _other_flags(flags: Any) -> list[str]:
-    """XLA flags other than the device count and the ISA cap, as a sorted list."""
-    skip = (f"{DEVICE_FLAG}=", f"{ISA_FLAG}=")
-    return sorted(f for f in str(flags or "").split() if not f.startswith(skip))
-
-
 def _worst(findings: Sequence[Finding]) -> str:
     """How close the re-produced base came to the goldens, in one phrase."""
     moved = [f for f in findings if not f.bitwise_equal]
@@ -127,11 +103,11 @@ def judge_by_base(
     flat_a: Mapping[str, Any],
     gf: GoldenFile,
     base: ReproducedBase,
-    resolve: Callable[[str], str],
+    classes: Callable[[str], KeyClass],
     *,
     registry: Mapping[str, ToleranceClass],
     held_registry: Mapping[str, ToleranceClass],
-    current: Mapping[str, Any],
+    difference: EnvironmentDifference,
     order: Order | None,
     keys: Sequence[str],
     group: str,
@@ -143,11 +119,13 @@ def judge_by_base(
     - `flat_a`: the tree's arrays, flat.
     - `gf`: the committed golden file of the group.
     - `base`: the group re-produced at `gf`'s base commit in this environment.
-    - `resolve`: key -> class name (the check's precedence, calibrated spreads bound).
+    - `classes`: key -> class name, or class (the check's precedence, each calibrated
+      key's spread bound: `parity.calibrated.bind_calibrated`).
     - `registry`: the classes the tree is judged by (no drift relaxation: the tree and the
       base share their environment).
     - `held_registry`: the classes the base is held to the goldens by (the drift policy's).
-    - `current`: this environment's provenance.
+    - `difference`: how this environment differs from the pin's (the check's, decided
+      once: `parity.environment.environment_difference`).
     - `order`: the forward order of the comparison.
     - `keys`: the golden keys the check covers.
     - `group`: the group's name, for messages.
@@ -168,16 +146,15 @@ def judge_by_base(
                 )
             base_arrays = {k: bf.source(k) for k in keys}
             golden = {k: gf.source(k) for k in keys}
-            held = compare_trees(base_arrays, golden, resolve, registry=held_registry,
+            held = compare_trees(base_arrays, golden, classes, registry=held_registry,
                                  order=order)  # fmt: skip
-            dims = differences(gf.provenance, current)
             held, _ = judge_environment(
-                held, base_arrays, gf, Spreads.of(gf.provenance), dims, held_registry
+                held, base_arrays, gf, Spreads.of(gf.provenance), difference, held_registry
             )
             beyond = [f for f in held.findings if not f.passed]
             if beyond:
                 f = beyond[0]
-                where = ", ".join(bits_changes(gf.provenance, current))
+                where = ", ".join(difference.changes)
                 raise CheckError(
                     f"this environment ({where}) is outside the recorded noise of group "
                     f"{group!r}: the base re-produced here at {base.sha[:12]} breaks the "
@@ -187,7 +164,7 @@ def judge_by_base(
                     f"`{calibrate_command(group)}`, or run where the goldens were pinned"
                 )
             comparison = compare_trees(
-                {k: flat_a[k] for k in flat_a}, base_arrays, resolve, registry=registry,
+                {k: flat_a[k] for k in flat_a}, base_arrays, classes, registry=registry,
                 order=order,
             )  # fmt: skip
     except GoldenStoreError as e:
@@ -199,7 +176,7 @@ def judge_by_base(
     took = f" in {base.seconds:.0f}s" if not base.cached else ""
     line = (
         f"the base re-produced here at {base.sha[:12]} ({how}{took} at {base.path}), in this "
-        f"environment ({', '.join(bits_changes(gf.provenance, current))}), itself within the "
+        f"environment ({', '.join(difference.changes)}), itself within the "
         f"goldens' calibrated noise: {_worst(held.findings)}"
     )
     return comparison, line

@@ -1,29 +1,33 @@
 """The `calibrated` class in a check (docs/design.md, "Tolerance from measured noise").
 
 A key under `calibrated` is judged against its own recorded spread: `bind_calibrated` gives
-each such key the spread its golden file records (`parity.noise.Spreads`) as the class
-parameter `spread` (`with_spread`), and `unbound` takes it off again for reports, which
-group findings by class name. Where the check's environment differs from the pin's in a
-calibrated dimension (device count, processes, ISA cap, processor), `judge_environment`
-judges each key that fails its pinned class again under its calibrated bound there: the
-looser of the two decides. `parity.check.check_group` applies both; `parity diff` and
-`parity calibrate` bind and unbind the same way.
+each such key the class resolved with the spread its golden file records
+(`parity.noise.Spreads`) bound as the rule's parameter `spread`, as data: the exact float,
+never text in the class's name, which stays as the class map writes it (`calibrated`,
+`calibrated[k=8]`). Where the check's environment differs from the pin's in a calibrated
+dimension (device count, processes, ISA cap, processor:
+`parity.environment.EnvironmentDifference.dimensions`), `judge_environment` judges each key
+that fails its pinned class again under its calibrated bound there: the looser of the two
+decides. `parity.check.check_file` applies both, for a check of a golden group and for
+`parity diff` alike.
 """
 
 from __future__ import annotations
 
 import dataclasses
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable, Mapping
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
+from parity.judge.chunks import DEFAULT_BUDGET
 from parity.judge.classes import REGISTRY, ToleranceClass
 from parity.judge.compare import Comparison, Finding, compare_arrays
-from parity.judge.tolerance import get_class, parse_class_name
+from parity.judge.tolerance import KeyClass, get_class, parse_class_name
 from parity.noise import Spreads
 from parity.results import CheckError
 
 if TYPE_CHECKING:
+    from parity.environment import EnvironmentDifference
     from parity.store import GoldenFile
 
 __all__ = [
@@ -31,8 +35,6 @@ __all__ = [
     "bind_calibrated",
     "calibrate_command",
     "judge_environment",
-    "unbound",
-    "with_spread",
 ]
 
 #: The class of the calibrated bounds: its `k` and floor, from the registry's `calibrated`.
@@ -45,13 +47,20 @@ def calibrate_command(group: str) -> str:
 
 
 def bind_calibrated(
-    resolve: Callable[[str], str], spreads: Spreads, group: str, path: Path
-) -> Callable[[str], str]:
-    """`resolve`, with each key under the `calibrated` class given its recorded spread
-    (its envelope over every perturbation, `parity.noise.Spreads.envelope`) as the class
-    parameter `spread`; `CheckError` naming the calibrate command where none is recorded."""
+    resolve: Callable[[str], str],
+    spreads: Spreads,
+    group: str,
+    path: Path,
+    registry: Mapping[str, ToleranceClass] = REGISTRY,
+) -> Callable[[str], KeyClass]:
+    """`resolve`, with each key under the `calibrated` class (and no spread written in the
+    class map) resolved to its `ToleranceClass` with its recorded spread (its envelope over
+    every perturbation, `parity.noise.Spreads.envelope`) bound as the rule's `spread`;
+    every other key keeps its class name. `CheckError` naming the calibrate command where
+    no spread is recorded; `UnknownClassError` for a calibrated class `registry` cannot
+    build."""
 
-    def bound(key: str) -> str:
+    def bound(key: str) -> KeyClass:
         name = resolve(key)
         base, params = parse_class_name(name)
         if base != CALIBRATED or "spread" in params:
@@ -63,31 +72,9 @@ def bind_calibrated(
                 f"records no calibration of it; measure and record it with "
                 f"`{calibrate_command(group)}`"
             )
-        return with_spread(name, spread)
+        return get_class(name, registry, params={"spread": spread})
 
     return bound
-
-
-def with_spread(name: str, spread: float) -> str:
-    """The class name `name` (`calibrated`, `calibrated[k=8]`) with the parameter
-    `spread` set: the name a key's bound spread is judged under."""
-    base, params = parse_class_name(name)
-    inner = ",".join([*(f"{p}={v}" for p, v in params.items()), f"spread={spread:.6g}"])
-    return f"{base}[{inner}]"
-
-
-def unbound(f: Finding) -> Finding:
-    """The finding under its class's name without the per-key `spread` the check bound
-    (reports group findings by class name: one row for `calibrated`, not one per key);
-    what the key was allowed stays in `allowed` and `bound`."""
-    base, params = parse_class_name(f.class_name)
-    if base != CALIBRATED or "spread" not in params:
-        return f
-    kept = {p: v for p, v in params.items() if p != "spread"}
-    defaults = REGISTRY[CALIBRATED].rule.params()
-    shown = {p: v for p, v in kept.items() if defaults.get(p) != v}
-    name = f"{base}[{','.join(f'{p}={v:g}' for p, v in shown.items())}]" if shown else base
-    return dataclasses.replace(f, class_name=name)
 
 
 def judge_environment(
@@ -95,17 +82,21 @@ def judge_environment(
     flat_a: Mapping[str, Any],
     gf: GoldenFile,
     spreads: Spreads,
-    dims: Sequence[Any],
+    difference: EnvironmentDifference,
     registry: Mapping[str, ToleranceClass],
+    *,
+    budget: int = DEFAULT_BUDGET,
 ) -> tuple[Comparison, dict[str, str]]:
     """Where the check's environment differs from the pin's in calibrated dimensions, judge
     each key that fails its pinned class again under its calibrated bound for those
     dimensions (`max(floor, k * spread)`, the spread measured there): the looser of the
-    two decides. In the pin's environment nothing changes.
+    two decides. In the pin's environment nothing changes. `budget`: bytes one array
+    comparison may hold at once (`parity.judge.chunks`).
 
     **Returns:** the comparison, with the findings that passed by calibration replaced
     (their note says so), and the header lines saying what differed and how many keys were
     judged by calibration."""
+    dims = difference.dimensions
     if not dims:
         return comparison, {}
     change = ", ".join(d.change for d in dims)
@@ -124,8 +115,10 @@ def judge_environment(
         if f.verdict != "fail" or spread is None or f.key not in flat_a:
             findings.append(f)
             continue
-        tol = get_class(with_spread(CALIBRATED, spread), registry)
-        again = compare_arrays(f.key, flat_a[f.key], gf.source(f.key), tol, order=f.order)
+        tol = get_class(CALIBRATED, registry, params={"spread": spread})
+        again = compare_arrays(
+            f.key, flat_a[f.key], gf.source(f.key), tol, order=f.order, budget=budget
+        )
         if again.passed:
             judged += 1
             note = f"judged by calibration ({', '.join(columns)}): {f.class_name} alone fails"

@@ -2,7 +2,19 @@
 policy, compare, and hand back a `CheckResult`.
 
 The CLI, the pytest plugin and `parity.assert_equivalent` are thin layers over this
-module; none of them resolves classes or applies the drift policy on its own.
+module; none of them resolves classes, decides the environment difference, applies the
+drift policy or compares on its own. **One comparison** (`_compare`) serves three inputs:
+
+- a golden file, `check_file`: `check_group` is `check_file` of `<goldens>/<group>.h5`,
+  and `parity diff ACTUAL GOLDEN` is `check_file` of GOLDEN with ACTUAL's arrays and
+  provenance;
+- two live pytrees, `check_live`: `assert_equivalent` is `check_live` plus the trees'
+  non-array leaves.
+
+**The environment.** `check_file` decides once how the environment `actual` was produced
+in differs from the pin's (`parity.environment.environment_difference`) and hands that
+one `EnvironmentDifference` to the drift policy, the calibrated judgement and the second
+judge.
 
 **Class resolution**, one precedence everywhere (`class_resolver`):
 
@@ -18,7 +30,7 @@ match) passes the key to the next level.
 
 A key under the `calibrated` class is judged against its recorded spread, and in an
 environment other than the pin's each key by the looser of its class and its calibrated
-bound there: `parity.calibrated` does both, here applied by `check_group`.
+bound there: `parity.calibrated` does both, here applied by `check_file`.
 
 **Errors.** Input the check cannot use raises a `CheckError` (a missing or unusable golden
 group, a refused drift, an unknown class); a comparison that fails is not an error: it is
@@ -28,35 +40,44 @@ about pytest.
 
 from __future__ import annotations
 
+import dataclasses
 import fnmatch
 import os
 import time
 from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
-from typing import Any, cast
+from typing import Any, TypedDict, Unpack, cast
 
-from parity.base_judge import BaseSource, BaseUnavailable, bits_changes, judge_by_base
-from parity.calibrated import bind_calibrated, judge_environment, unbound
+from parity.base_judge import BaseSource, BaseUnavailable, judge_by_base
+from parity.calibrated import bind_calibrated, judge_environment
+from parity.environment import (
+    EnvironmentDifference,
+    PolicyDecision,
+    PolicyMode,
+    environment_difference,
+)
+from parity.judge.chunks import DEFAULT_BUDGET
 from parity.judge.classes import REGISTRY, ToleranceClass
 from parity.judge.compare import Comparison, Order, compare_trees
 from parity.judge.dataflow import order_hint
 from parity.judge.rules import Ulp
-from parity.judge.tolerance import ClassMap, UnknownClassError
+from parity.judge.tolerance import ClassMap, KeyClass, UnknownClassError, UnmatchedKeyError
 from parity.judge.trees import flatten
-from parity.noise import Spreads, differences
+from parity.noise import Spreads
 from parity.results import CheckError, CheckResult, save_arrays
 from parity.store import GoldenFile, GoldenMissingError, GoldenStoreError, open_goldens
-from parity.store.provenance import PolicyMode, bitwise_policy, collect_provenance, drift
+from parity.store.provenance import collect_provenance
 
 __all__ = [
     "BARE_KEY",
     "DEFAULT_CLASS",
     "REPIN_HINT",
+    "CheckOptions",
     "GoldenDir",
+    "check_file",
     "check_group",
     "check_live",
     "class_resolver",
-    "drift_registry",
     "pinned_class_map",
 ]
 
@@ -182,33 +203,11 @@ def class_resolver(
     return resolve
 
 
-def drift_registry(
-    golden_provenance: Mapping[str, Any],
-    mode: PolicyMode = "warn",
-    *,
-    registry: Mapping[str, ToleranceClass] = REGISTRY,
-    current: Mapping[str, Any] | None = None,
-) -> tuple[dict[str, ToleranceClass], dict[str, str]]:
-    """Apply the bitwise drift policy (`parity.store.provenance.bitwise_policy`).
-
-    **Arguments:**
-
-    - `golden_provenance`: the provenance pinned in the golden file.
-    - `mode`: `"warn"`, `"relax"` or `"strict"`.
-    - `registry`: the classes to start from.
-    - `current`: this process's provenance (collected if not given).
-
-    **Returns:** the registry to compare with (under `"relax"` with a drift that can move
-    bits, `bitwise` becomes an ulp rule) and the header lines the drift adds. Raises
-    `CheckError` under `"strict"` with such a drift.
-    """
-    decision = bitwise_policy(
-        drift(golden_provenance, current if current is not None else collect_provenance()),
-        mode,
-    )
-    header = {f"drift {i}": line for i, line in enumerate(decision.header)}
-    if decision.error:
-        raise CheckError(" ".join(decision.header))
+def _policy_registry(
+    decision: PolicyDecision, registry: Mapping[str, ToleranceClass]
+) -> dict[str, ToleranceClass]:
+    """`registry` under the drift policy's decision: under `"relax"` with a drift that can
+    move bits, `bitwise` becomes an ulp rule."""
     out = dict(registry)
     if decision.bitwise_max_ulp is not None:
         out["bitwise"] = ToleranceClass(
@@ -216,16 +215,16 @@ def drift_registry(
             Ulp(max_ulp=decision.bitwise_max_ulp),
             meaning="bitwise, relaxed to ulp by the drift policy",
         )
-    return out, header
+    return out
 
 
 def _second_judge(
     base: BaseSource,
-    group: str,
     gf: GoldenFile,
     current: Mapping[str, Any],
+    difference: EnvironmentDifference,
     flat_a: Mapping[str, Any],
-    resolve: Callable[[str], str],
+    classes: Callable[[str], KeyClass],
     exact_registry: Mapping[str, ToleranceClass],
     held_registry: Mapping[str, ToleranceClass],
     order: Order | None,
@@ -234,6 +233,7 @@ def _second_judge(
     """The comparison against the base re-produced here, the header line naming that
     judge and the base's file; `(None, line, "")` where the base cannot be re-produced
     (the line says why, and the calibrated judgement of the goldens stands)."""
+    group = gf.path.stem
     try:
         reproduced = base.reproduce(group, gf.provenance, current)
     except BaseUnavailable as e:
@@ -246,14 +246,10 @@ def _second_judge(
             "",
         )
     comparison, line = judge_by_base(
-        flat_a, gf, reproduced, resolve, registry=exact_registry, held_registry=held_registry,
-        current=current, order=order, keys=keys, group=group,
+        flat_a, gf, reproduced, classes, registry=exact_registry, held_registry=held_registry,
+        difference=difference, order=order, keys=keys, group=group,
     )  # fmt: skip
     return comparison, line, str(reproduced.path)
-
-
-def _bits_drift_line(key: str, line: str) -> bool:
-    return key.startswith("drift") and line.startswith("environment drift that can change")
 
 
 def _diff_command(
@@ -271,14 +267,61 @@ def _diff_command(
     return " ".join(parts)
 
 
+def _judge_line(difference: EnvironmentDifference, passed: bool) -> str:
+    """The header's `judge` line where the second judge does not run (or before it does)."""
+    if difference.unknown:
+        return f"the goldens (the environments are not compared: {difference.unknown})"
+    if not difference.moves_bits:
+        return "the goldens (this is the environment they were pinned in)"
+    if passed:
+        return "the goldens: every key holds its pinned class here"
+    return "the goldens, by calibration (the second judge is off)"
+
+
 # --------------------------------------------------------------------------- checks
 
 
-def check_group(
+def _compare(
     actual: Any,
-    group: str,
+    expected: Any,
+    classes: Callable[[str], KeyClass],
     *,
-    goldens: GoldenDir | str | os.PathLike[str],
+    registry: Mapping[str, ToleranceClass],
+    order: Order | None,
+    name: str,
+    bare: str | None = None,
+    reference: str = "golden",
+    budget: int = DEFAULT_BUDGET,
+    non_arrays: tuple[dict[str, Any], dict[str, Any]] | None = None,
+) -> tuple[Comparison, dict[str, Any], float]:
+    """The one comparison every check makes (of a golden file, of two files, of two live
+    trees): flatten both sides, compare every key under its class in the forward order.
+
+    **Returns:** the comparison, `actual` flat and the seconds it took. Raises `CheckError`
+    for input it cannot compare (an unknown class, a key without one, an object array)."""
+    t0 = time.perf_counter()
+    statics_a, statics_e = non_arrays if non_arrays is not None else (None, None)
+    try:
+        flat_a = flatten(actual, non_arrays=statics_a, bare=bare)
+        flat_e = flatten(expected, non_arrays=statics_e, bare=bare)
+    except (TypeError, ValueError) as e:
+        raise CheckError(f"check {name!r}: {e}") from None
+    try:
+        comparison = compare_trees(
+            flat_a, flat_e, classes, registry=registry, order=order, budget=budget,
+            reference=reference,
+        )  # fmt: skip
+    except (TypeError, UnknownClassError, UnmatchedKeyError) as e:
+        raise CheckError(f"check {name!r}: {e}") from None
+    return comparison, flat_a, time.perf_counter() - t0
+
+
+def check_file(
+    actual: Any,
+    gf: GoldenFile,
+    *,
+    current: Mapping[str, Any],
+    difference: EnvironmentDifference | None = None,
     class_map: ClassMapLike = None,
     overrides: Overrides = (),
     order: Order | None = None,
@@ -288,107 +331,111 @@ def check_group(
     node: str | None = None,
     produce_s: float | None = None,
     save_actual: str | os.PathLike[str] | None = None,
-    current_provenance: Mapping[str, Any] | None = None,
     keys: Sequence[str] | None = None,
     base: BaseSource | None = None,
+    budget: int = DEFAULT_BUDGET,
+    golden_source: Callable[[str], Any] | None = None,
 ) -> CheckResult:
-    """Compare `actual` against the golden group `group`.
+    """Compare `actual` against the golden file `gf`: the core of `check_group` and of
+    `parity diff` (a check of one file against another).
 
     **Arguments:**
 
-    - `actual`: a pytree of arrays (`{key: array}`, nested containers, equinox modules).
-    - `group`: the golden group's name (`<goldens>/<group>.h5`).
-    - `goldens`: the golden folder (a `GoldenDir` keeps files open across checks).
+    - `actual`: a pytree of arrays, or a flat `{key: array or Source}` (an ACTUAL file's
+      arrays, read in chunks).
+    - `gf`: the golden file: its arrays are the expected side; its pinned class map and
+      recorded classes, forward order, calibration and provenance are used.
+    - `current`: the provenance of the environment `actual` was produced in.
+    - `difference`: how that environment differs from the pin's; default
+      `environment_difference(gf.provenance, current)`. Decided once, and handed to every
+      judge below.
     - `class_map`, `overrides`: see the module docstring's precedence.
     - `order`: the forward order; default the golden's pinned order.
-    - `drift_mode`: the bitwise drift policy (`parity.store.provenance`).
+    - `drift_mode`: the bitwise drift policy (`parity.environment`).
     - `registry`: the classes by name.
-    - `name`, `node`: for reports (`name` defaults to the group).
+    - `name`, `node`: for reports (`name` defaults to the group, `gf`'s file name).
     - `produce_s`: seconds the caller spent producing `actual`, for the timing summary.
     - `save_actual`: a folder; when the check fails, the obtained arrays are written there
       as `<name>.h5` in golden format (see `CheckResult.command`).
-    - `current_provenance`: the environment `actual` was produced in, when that was another
-      process (`parity check`); default this process's.
-    - `keys`: check only these keys of the group (a producer of part of it); default all.
+    - `keys`: check only these keys of the golden (a producer of part of it); default all.
     - `base`: the second judge (`parity.base_judge`): where the environment differs from
       the pin's in a way that can move bits and some key fails its pinned class, the group
       re-produced at its base commit here judges the tree, exactly. None: the goldens
       judge, by calibration where the environment differs.
+    - `budget`: bytes one array comparison may hold at once (`parity.judge.chunks`).
+    - `golden_source`: key -> the golden's array or `Source` (`parity diff` names the file
+      in read errors); default `gf.source`.
 
-    **Returns:** a `CheckResult`; its header's `judge` line names the judge used. Raises
-    `CheckError` for unusable input, and where the base re-produced here is outside the
-    goldens' recorded noise.
+    **Returns:** a `CheckResult`; its header says where the goldens are, the drift, the
+    order, the calibration and (`judge`) the judge used. Raises `CheckError` for unusable
+    input, and where the base re-produced here is outside the goldens' recorded noise.
     """
     started = time.time()
     t0 = time.perf_counter()
-    folder = _as_dir(goldens)
-    gf = folder.open(group)
+    group = gf.path.stem
     try:
         # Sources, not arrays: each is read in chunks when compared, checksum verified.
         chosen = None if keys is None else set(keys)
         wanted = [k for k in gf if chosen is None or k in chosen]
-        golden_arrays = {k: gf.source(k) for k in wanted}
+        golden_arrays = {k: (golden_source or gf.source)(k) for k in wanted}
         recorded = {k: gf.info(k).class_name for k in wanted}
+        placed = gf.ordered_keys()
     except GoldenStoreError as e:
         raise CheckError(f"golden group {group!r} is unusable: {e}") from None
-    pinned = pinned_class_map(gf)
-    current = current_provenance if current_provenance is not None else collect_provenance()
+    if difference is None:
+        difference = environment_difference(gf.provenance, current)
+    decision = difference.policy(drift_mode)
+    if decision.refused:
+        raise CheckError(" ".join(decision.header))
     exact_registry = registry
-    registry, drift_header = drift_registry(
-        gf.provenance, drift_mode, registry=registry, current=current
+    registry = _policy_registry(decision, registry)
+    spreads = Spreads.of(gf.provenance)
+    names = class_resolver(
+        overrides=overrides, class_map=class_map, pinned=pinned_class_map(gf), recorded=recorded
     )
-    header = {"golden": str(folder.path_of(group)), "base_sha": str(gf.provenance.get("base_sha"))}
-    header |= drift_header
-    if hint := order_hint(gf.provenance.get("order"), gf.ordered_keys()):
+    classes = bind_calibrated(names, spreads, group, gf.path, exact_registry)
+    for key in golden_arrays:
+        classes(key)  # a calibrated key without a recorded spread is an error before any work
+    load_s = time.perf_counter() - t0
+    forward = [k for k in placed if k in golden_arrays] if order is None else order
+    try:
+        comparison, flat_a, compare_s = _compare(
+            actual, golden_arrays, classes, registry=registry, order=forward,
+            name=name or group, budget=budget,
+        )  # fmt: skip
+        judged_by_base, base_path, env_header = None, "", {}
+        judge = _judge_line(difference, comparison.passed)
+        if difference.moves_bits and not comparison.passed and base is not None:
+            judged_by_base, judge, base_path = _second_judge(
+                base, gf, current, difference, flat_a, classes, exact_registry, registry,
+                forward, list(golden_arrays),
+            )  # fmt: skip
+        if judged_by_base is not None:
+            comparison = judged_by_base
+            # The drift cannot explain a failure here: the base shares this environment, so
+            # the header keeps only what cannot move bits.
+            decision = dataclasses.replace(difference, bits=(), dimensions=()).policy(drift_mode)
+        else:
+            comparison, env_header = judge_environment(
+                comparison, flat_a, gf, spreads, difference, registry, budget=budget
+            )
+    except GoldenStoreError as e:
+        raise CheckError(f"golden group {group!r} is unusable: {e}") from None
+    header = {"golden": str(gf.path)}
+    if gf.provenance.get("base_sha"):
+        header["base_sha"] = str(gf.provenance["base_sha"])
+    header |= {f"drift {i}": line for i, line in enumerate(decision.header)}
+    if hint := order_hint(gf.provenance.get("order"), placed):
         header["order"] = hint
     calibration = gf.provenance.get("calibration")
     if isinstance(calibration, dict) and calibration.get("summary"):
         header["calibration"] = str(cast(dict[str, Any], calibration)["summary"])
-    spreads = Spreads.of(gf.provenance)
-    resolve = bind_calibrated(
-        class_resolver(overrides=overrides, class_map=class_map, pinned=pinned, recorded=recorded),
-        spreads,
-        group,
-        folder.path_of(group),
-    )
-    for key in golden_arrays:
-        resolve(key)  # a calibrated key without a recorded spread is an error before any work
-    load_s = time.perf_counter() - t0
-    forward = [k for k in gf.ordered_keys() if k in golden_arrays] if order is None else order
-    changes = bits_changes(gf.provenance, current)
-    try:
-        comparison, flat_a, compare_s = _compare(
-            actual, golden_arrays, resolve, registry=registry, order=forward, name=name or group
-        )
-        judged_by_base, base_path = None, ""
-        if not changes:
-            header["judge"] = "the goldens (this is the environment they were pinned in)"
-        elif comparison.passed:
-            header["judge"] = "the goldens: every key holds its pinned class here"
-        elif base is None:
-            header["judge"] = "the goldens, by calibration (the second judge is off)"
-        else:
-            judged_by_base, header["judge"], base_path = _second_judge(
-                base, group, gf, current, flat_a, resolve, exact_registry, registry, forward,
-                list(golden_arrays),
-            )  # fmt: skip
-        if judged_by_base is not None:
-            comparison = judged_by_base
-            # The drift cannot explain a failure here: the base shares this environment.
-            header = {k: v for k, v in header.items() if not _bits_drift_line(k, v)}
-        else:
-            comparison, env_header = judge_environment(
-                comparison, flat_a, gf, spreads, differences(gf.provenance, current), registry
-            )
-            header |= env_header
-        comparison = Comparison(tuple(unbound(f) for f in comparison.findings))
-    except GoldenStoreError as e:
-        raise CheckError(f"golden group {group!r} is unusable: {e}") from None
+    header |= {"judge": judge, **env_header}
     saved = command = None
     if save_actual is not None and not comparison.passed:
-        path = save_arrays(save_actual, name or group, flat_a, classes=resolve,
-                           order=gf.ordered_keys(), provenance=current)  # fmt: skip
-        reference = folder.path_of(group) if judged_by_base is None else Path(base_path)
+        path = save_arrays(save_actual, name or group, flat_a, classes=names,
+                           order=placed, provenance=current)  # fmt: skip
+        reference = gf.path if judged_by_base is None else Path(base_path)
         saved, command = str(path), _diff_command(path, reference, overrides, class_map)
     return CheckResult(
         name=name or group,
@@ -406,30 +453,50 @@ def check_group(
     )
 
 
-def _compare(
+class CheckOptions(TypedDict, total=False):
+    """The options of a check of a golden group, as `check_file` takes them."""
+
+    class_map: ClassMapLike
+    overrides: Overrides
+    order: Order | None
+    drift_mode: PolicyMode
+    registry: Mapping[str, ToleranceClass]
+    name: str | None
+    node: str | None
+    produce_s: float | None
+    save_actual: str | os.PathLike[str] | None
+    keys: Sequence[str] | None
+    base: BaseSource | None
+
+
+def check_group(
     actual: Any,
-    expected: Any,
-    resolve: Callable[[str], str],
+    group: str,
     *,
-    registry: Mapping[str, ToleranceClass],
-    order: Order | None,
-    name: str,
-    bare: str | None = None,
-    reference: str = "golden",
-) -> tuple[Comparison, dict[str, Any], float]:
-    t0 = time.perf_counter()
-    try:
-        flat_a = flatten(actual, bare=bare)
-        flat_e = flatten(expected, bare=bare)
-    except (TypeError, ValueError) as e:
-        raise CheckError(f"check {name!r}: {e}") from None
-    try:
-        comparison = compare_trees(
-            flat_a, flat_e, resolve, registry=registry, order=order, reference=reference
-        )
-    except (TypeError, UnknownClassError) as e:
-        raise CheckError(f"check {name!r}: {e}") from None
-    return comparison, flat_a, time.perf_counter() - t0
+    goldens: GoldenDir | str | os.PathLike[str],
+    current_provenance: Mapping[str, Any] | None = None,
+    **options: Unpack[CheckOptions],
+) -> CheckResult:
+    """Compare `actual` against the golden group `group` (`check_file` of
+    `<goldens>/<group>.h5`).
+
+    **Arguments:**
+
+    - `actual`: a pytree of arrays (`{key: array}`, nested containers, equinox modules).
+    - `group`: the golden group's name (`<goldens>/<group>.h5`).
+    - `goldens`: the golden folder (a `GoldenDir` keeps files open across checks).
+    - `current_provenance`: the environment `actual` was produced in, when that was another
+      process (`parity check`); default this process's.
+    - `options`: as `check_file` takes them (`class_map`, `overrides`, `order`,
+      `drift_mode`, `registry`, `name`, `node`, `produce_s`, `save_actual`, `keys`, `base`).
+
+    **Returns:** a `CheckResult`; its header's `judge` line names the judge used. Raises
+    `CheckError` for unusable input, and where the base re-produced here is outside the
+    goldens' recorded noise.
+    """
+    gf = _as_dir(goldens).open(group)
+    current = current_provenance if current_provenance is not None else collect_provenance()
+    return check_file(actual, gf, current=current, **options)
 
 
 def check_live(
@@ -444,6 +511,7 @@ def check_live(
     node: str | None = None,
     produce_s: float | None = None,
     save_actual: str | os.PathLike[str] | None = None,
+    non_arrays: tuple[dict[str, Any], dict[str, Any]] | None = None,
 ) -> CheckResult:
     """Compare `actual` against a live reference `expected` (the old implementation run
     on the same inputs), both pytrees of arrays (a bare array is a tree of one leaf, named
@@ -451,7 +519,9 @@ def check_live(
 
     **Arguments:** as `check_group`, with `expected` in place of the golden group and
     `class_map` defaulting to `bitwise`. With `save_actual`, a failing check writes
-    `<name>.h5` (actual) and `<name>.expected.h5` (reference).
+    `<name>.h5` (actual) and `<name>.expected.h5` (reference). With `non_arrays`, two
+    dicts that receive the leaves of `actual` and `expected` that are not arrays, by key
+    (`assert_equivalent` compares them with `==`); without, such leaves are an error.
 
     **Returns:** a `CheckResult` (its `group` is None).
     """
@@ -459,7 +529,7 @@ def check_live(
     resolve = class_resolver(overrides=overrides, class_map=class_map)
     comparison, flat_a, compare_s = _compare(
         actual, expected, resolve, registry=registry, order=order, name=name, bare=BARE_KEY,
-        reference="expected",
+        reference="expected", non_arrays=non_arrays,
     )  # fmt: skip
     saved = command = None
     if save_actual is not None and not comparison.passed:

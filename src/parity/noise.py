@@ -7,12 +7,11 @@ golden that each perturbation gave (`None` where it could not be compared). From
 
 - `envelope(key)`: the largest spread of the key over every perturbation: the bound a key
   under the `calibrated` class gets in any environment (its noise, wherever it comes from);
-- `differences(pinned, current)`: the calibrated dimensions in which a check's environment
-  differs from the pin's: the process layout (`processes`, else `devices`), the ISA cap
-  (`isa`), and the processor under the same cap (`cpu`, judged by the ISA spreads: XLA's
-  CPU backend picks kernels by the instruction sets a processor has, which is what the ISA
-  caps vary);
-- `for_dimensions(key, dims)`: the spread of the key for those dimensions: the column of
+- `columns_for(dims)` and `for_columns(key, columns)`: the spread of the key for the
+  calibrated dimensions in which a check's environment differs from the pin's
+  (`parity.environment.EnvironmentDifference.dimensions`; the processor under the same cap
+  is judged by the ISA spreads: XLA's CPU backend picks kernels by the instruction sets a
+  processor has, which is what the ISA caps vary): the column of
   the exact environment where one was measured (`devices=4` for a check on 4 devices),
   else the largest column of the same kind, always with `repeat`'s column; `None` when no
   column of some differing kind was measured (that dimension is not calibrated).
@@ -23,54 +22,13 @@ Nothing here imports numpy, h5py or jax.
 from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
-from dataclasses import dataclass
-from typing import Any
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING, Any
 
-__all__ = ["Dimension", "Spreads", "differences", "layout_of"]
+if TYPE_CHECKING:
+    from parity.environment import Dimension
 
-
-def layout_of(provenance: Mapping[str, Any]) -> tuple[int, int]:
-    """`(processes, devices per process)` of the run a provenance describes (files written
-    before provenance recorded `processes` were single-process runs)."""
-    processes = int(provenance.get("processes") or 1)
-    total = int(provenance.get("device_count") or 1)
-    return processes, max(1, total // processes)
-
-
-@dataclass(frozen=True)
-class Dimension:
-    """One calibrated dimension in which a check's environment differs from the pin's.
-
-    **Fields:** `kind` (`processes`, `devices`, `isa` or `cpu`), `label` (the perturbation
-    label of the check's environment, e.g. `devices=4`; for `cpu`, `isa`) and `change`
-    (in words, for the report's header: `devices 1 -> 4`).
-    """
-
-    kind: str
-    label: str
-    change: str
-
-    @property
-    def column_kind(self) -> str:
-        """The perturbation kind whose measurements bound this dimension."""
-        return "isa" if self.kind == "cpu" else self.kind
-
-
-def differences(pinned: Mapping[str, Any], current: Mapping[str, Any]) -> list[Dimension]:
-    """The calibrated dimensions in which `current` (a check's provenance) differs from
-    `pinned` (the golden's), in a fixed order: layout, ISA, processor."""
-    out: list[Dimension] = []
-    (p0, d0), (p1, d1) = layout_of(pinned), layout_of(current)
-    if p1 != p0:
-        out.append(Dimension("processes", f"processes={p1}x{d1}", f"layout {p0}x{d0} -> {p1}x{d1}"))
-    elif d1 != d0:
-        out.append(Dimension("devices", f"devices={d1}", f"devices {d0} -> {d1}"))
-    isa0, isa1 = pinned.get("isa_cap"), current.get("isa_cap")
-    if isa0 != isa1:
-        out.append(Dimension("isa", f"isa={isa1}", f"isa cap {isa0} -> {isa1}"))
-    elif pinned.get("cpu") and current.get("cpu") and pinned.get("cpu") != current.get("cpu"):
-        out.append(Dimension("cpu", "isa", "processor (same isa cap)"))
-    return out
+__all__ = ["Spreads"]
 
 
 @dataclass(frozen=True)
@@ -82,7 +40,7 @@ class Spreads:
     """
 
     labels: tuple[str, ...] = ()
-    keys: Mapping[str, Sequence[float | None]] = ()  # pyright: ignore[reportAssignmentType]
+    keys: Mapping[str, Sequence[float | None]] = field(default_factory=dict[str, Any])
 
     @classmethod
     def of(cls, provenance: Mapping[str, Any]) -> Spreads:

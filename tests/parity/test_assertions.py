@@ -226,3 +226,8 @@ def test_a_live_comparison_speaks_of_the_expected_tree_never_of_goldens_or_repin
     assert "is in the expected tree but not in the actual outputs" in message
     assert "is in the actual outputs but not in the expected tree" in message
     assert "(expected)" in message  # the dtype and shape mismatches
+
+
+def test_an_unknown_class_is_the_check_error_every_face_raises_not_a_failed_assert():
+    with pytest.raises(parity.CheckError, match="unknown tolerance class 'bitwse'"):
+        parity.assert_equivalent(np.zeros(2), np.zeros(2), class_map="bitwse")

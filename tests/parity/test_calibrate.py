@@ -4,6 +4,7 @@ must report is computed here by another path."""
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import subprocess
 from pathlib import Path
@@ -114,6 +115,18 @@ def test_class_verdicts_below_noise_blunt_and_ok() -> None:
         "bitwise": "ok",
         "quiet": "blunt",
     }
+
+
+def test_calibrated_keys_are_one_class_each_allowed_its_own_spread() -> None:
+    """The spread is the rule's parameter, not part of the class's name: every key under
+    `calibrated` is one row, whose allowed column says each key has its own bound."""
+    keys = [
+        dataclasses.replace(_spread("calibrated", 0.5, 4e-6), allowed="4*1e-06"),
+        dataclasses.replace(_spread("calibrated", 0.25, 8e-6), allowed="4*2e-06"),
+    ]
+    (row,) = class_spreads(keys)
+    assert (row.class_name, row.keys, row.ratio) == ("calibrated", 2, 0.5)
+    assert row.allowed == "per key (worst: 4*1e-06)"
 
 
 def test_calibrate_reports_the_known_spread_per_key_and_class(

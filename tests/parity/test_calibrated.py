@@ -13,11 +13,18 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from parity.judge.classes import CALIBRATED_FLOOR_ULPS, CALIBRATED_K, REGISTRY
+from parity.calibrated import bind_calibrated
+from parity.commands.diff import run_diff
+from parity.commands.show import inventory
+from parity.environment import Dimension
+from parity.judge.classes import CALIBRATED_FLOOR_ULPS, CALIBRATED_K, REGISTRY, ToleranceClass
+from parity.judge.compare import compare_trees
 from parity.judge.rules import Calibrated, Scale
-from parity.noise import Dimension, Spreads, differences, layout_of
+from parity.judge.tolerance import ClassMap
+from parity.noise import Spreads
+from parity.results import CheckError
 from parity.run.calibration_record import merge_spreads
-from parity.store import open_goldens
+from parity.store import open_goldens, write_goldens
 
 DEVICE_NOISE = 2.5e-7
 
@@ -136,15 +143,43 @@ def test_the_calibrated_rule_is_k_times_the_spread_over_a_floor_in_ulps():
     assert (rule.k, rule.floor_ulps, rule.spread) == (CALIBRATED_K, CALIBRATED_FLOOR_ULPS, None)
 
 
-def test_the_dimensions_a_check_differs_in():
-    pin = {"device_count": 1, "isa_cap": "AVX2", "cpu": "a"}
-    assert differences(pin, dict(pin)) == []
-    assert [d.label for d in differences(pin, {**pin, "device_count": 4})] == ["devices=4"]
-    two_by_two = {**pin, "device_count": 4, "processes": 2}
-    assert layout_of(two_by_two) == (2, 2)
-    assert [d.label for d in differences(pin, two_by_two)] == ["processes=2x2"]
-    assert [d.kind for d in differences(pin, {**pin, "isa_cap": "AVX"})] == ["isa"]
-    assert [d.kind for d in differences(pin, {**pin, "cpu": "b"})] == ["cpu"]
+def test_a_calibrated_key_carries_its_exact_spread_as_data_and_its_class_as_written():
+    spread = 1.234567891234e-6  # more digits than any class name ever carried
+    spreads = Spreads(("devices=4",), {"w": [spread], "v": [spread]})
+    names = {"w": "calibrated[k=8]", "v": "calibrated", "b": "bitwise"}
+    bound = bind_calibrated(names.__getitem__, spreads, "g", Path("g.h5"))
+    tol = bound("w")
+    assert isinstance(tol, ToleranceClass) and tol.name == "calibrated[k=8]"
+    assert isinstance(tol.rule, Calibrated) and (tol.rule.spread, tol.rule.k) == (spread, 8)
+    assert bound("b") == "bitwise"
+    g = np.zeros(4)
+    a = g + np.array([0.0, 0.0, 0.0, 7.9 * spread])  # within 8x the exact spread
+    found = compare_trees({"w": a, "v": a}, {"w": g, "v": g}, bound)
+    assert [(f.key, f.class_name, f.passed) for f in found.findings] == [
+        ("w", "calibrated[k=8]", True),
+        ("v", "calibrated", False),  # 4 x spread
+    ]
+    assert found.finding("w").bound == pytest.approx(8 * spread, rel=1e-12)
+
+
+def test_show_and_diff_name_a_calibrated_key_s_class_as_written(tmp_path: Path):
+    spread = {"labels": ["repeat"], "keys": {"w": [1.234567891e-7]}}
+    path = write_goldens(
+        tmp_path / "g.h5",
+        {"w": np.zeros(3)},
+        class_map_json=ClassMap(default="calibrated[k=8]").to_json(),
+        provenance={"calibration": {"spread": spread}},
+    )
+    assert [a["class"] for a in inventory(path)["arrays"]] == ["calibrated[k=8]"]
+    (finding,) = run_diff(path, path).comparison.findings
+    assert (finding.class_name, finding.passed) == ("calibrated[k=8]", True)
+    assert "8*1.23e-07" in finding.allowed  # the spread shows in what is allowed
+
+
+def test_a_calibrated_key_without_a_recorded_spread_names_the_calibrate_command():
+    bound = bind_calibrated(lambda key: "calibrated", Spreads(), "g", Path("g.h5"))
+    with pytest.raises(CheckError, match="parity calibrate --groups g"):
+        bound("w")
 
 
 def test_spreads_take_the_exact_column_else_every_column_of_the_kind_and_repeat():

@@ -11,10 +11,12 @@ import pytest
 
 from parity.check import GoldenDir, check_group, check_live
 from parity.cli import main, run_diff
+from parity.commands.common import CLIError
 from parity.judge.tolerance import ClassMap
 from parity.report import format_table
 from parity.results import CheckError, CheckResult
 from parity.store import write_goldens
+from parity.store.provenance import collect_provenance
 
 # Pinned map: layers.* -> fp32_reassoc; "rec" has no rule in it but records trajectory.
 _PINNED = ClassMap((("layers.*", "fp32_reassoc"),))
@@ -25,17 +27,22 @@ def _arrays() -> dict[str, np.ndarray]:
     return {k: np.linspace(-1, 1, 6, dtype=np.float32) * (i + 1) for i, k in enumerate(_KEYS)}
 
 
-@pytest.fixture(scope="module")
-def golden_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    root = tmp_path_factory.mktemp("goldens")
+def _pin(root: Path, provenance: dict | None = None) -> Path:
+    """Write the group `g` into `root`; **returns** `root`."""
     write_goldens(
         root / "g.h5",
         _arrays(),
         classes={"layers.0.h1": "fp32_reassoc", "layers.1.h1": "fp32_reassoc", "rec": "trajectory"},
         class_map_json=_PINNED.to_json(),
         order=_KEYS,
+        provenance=provenance,
     )
     return root
+
+
+@pytest.fixture(scope="module")
+def golden_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    return _pin(tmp_path_factory.mktemp("goldens"))
 
 
 # Each case: (overrides, caller's class) -> expected class per key. The same inputs go to
@@ -57,19 +64,40 @@ _CASES = [
 
 
 @pytest.mark.parametrize(("overrides", "class_name", "expected"), _CASES)
-def test_cli_and_core_resolve_the_same_class_in_every_precedence_case(
+def test_one_class_precedence_in_every_case(
     golden_dir: Path, overrides, class_name, expected
 ) -> None:
-    path = golden_dir / "g.h5"
-    cli = run_diff(path, path, class_name=class_name, overrides=overrides)
     core = check_group(
         _arrays(), "g", goldens=golden_dir, class_map=class_name, overrides=overrides
     )
-    by_cli = {f.key: f.class_name for f in cli.comparison.findings}
     by_core = {f.key: f.class_name for f in core.comparison.findings}
-    assert by_cli == by_core
     for key, name in expected.items():
         assert by_core[key] == name, key
+
+
+@pytest.mark.parametrize(("overrides", "class_name", "expected"), _CASES)
+def test_a_diff_is_the_check_of_its_two_files(
+    tmp_path: Path, overrides, class_name, expected
+) -> None:
+    """`parity diff ACTUAL GOLDEN` is `check_file` of GOLDEN with ACTUAL's environment:
+    the same findings (classes, order, verdicts) and the same drift, order and judge lines."""
+    here = collect_provenance()
+    _pin(tmp_path, here | {"base_sha": "f" * 40})
+    mutated = _arrays()
+    mutated["layers.0.h1"][1] += 1e-3
+    elsewhere = here | {"jax": "0.0.elsewhere", "numpy": "0.0.elsewhere"}
+    actual = write_goldens(tmp_path / "actual.h5", mutated, provenance=elsewhere)
+    cli = run_diff(actual, tmp_path / "g.h5", class_name=class_name, overrides=overrides)
+    core = check_group(
+        mutated, "g", goldens=tmp_path, class_map=class_name, overrides=overrides,
+        current_provenance=elsewhere,
+    )  # fmt: skip
+    assert cli.comparison.findings == core.comparison.findings
+    assert {f.key: f.class_name for f in cli.comparison.findings}.items() >= expected.items()
+    shared = {k: v for k, v in core.header.items() if k != "golden"}
+    assert {k: v for k, v in cli.header.items() if k in shared} == shared
+    assert "jax: " in cli.header["drift 0"] and "numpy: " in cli.header["drift 1"]
+    assert cli.header["base_sha"] == "f" * 40
 
 
 def test_a_caller_map_without_default_falls_through_to_the_pinned_map(golden_dir: Path) -> None:
@@ -184,3 +212,52 @@ def test_golden_dir_opens_each_file_once_and_lists_groups(golden_dir: Path) -> N
     with GoldenDir(golden_dir) as d:
         assert d.groups() == ["g"]
         assert d.open("g") is d.open("g")
+
+
+def test_a_diff_judges_actual_s_environment_by_the_golden_s_calibration(tmp_path: Path) -> None:
+    """ACTUAL produced on 4 devices, GOLDEN pinned on 1 with its spread there recorded: the
+    diff judges as the check in ACTUAL's environment did (by calibration), and its drift
+    policy is the check's."""
+    here = collect_provenance() | {"device_count": 1, "processes": 1}
+    spread = {"labels": ["devices=4"], "keys": {"w": [1e-3]}}
+    golden = write_goldens(
+        tmp_path / "g.h5", {"w": np.zeros(4)}, provenance=here | {"calibration": {"spread": spread}}
+    )
+    on_four = here | {"device_count": 4}
+    actual = write_goldens(
+        tmp_path / "a.h5", {"w": np.array([0.0, 0.0, 0.0, 1e-3])}, provenance=on_four
+    )
+    result = run_diff(actual, golden)
+    assert result.comparison.passed, format_table(result.comparison, header=result.header)
+    assert "judged by calibration" in result.comparison.findings[0].note
+    assert "devices 1 -> 4" in result.header["environment"]
+    with pytest.raises(CLIError, match="strict"):
+        run_diff(actual, golden, drift_mode="strict")
+
+
+def test_judged_by_the_base_the_header_keeps_no_drift_that_moves_bits(tmp_path: Path) -> None:
+    """The base re-produced here shares this environment: its drift cannot explain a
+    failure, so the header drops that line and keeps the informational one."""
+    from parity.base_judge import ReproducedBase
+
+    here = collect_provenance() | {"device_count": 1, "processes": 1, "base_sha": "b" * 40}
+    goldens = tmp_path / "goldens"
+    goldens.mkdir()
+    _pin(goldens, here)
+    base_file = write_goldens(tmp_path / "base.h5", _arrays(), order=_KEYS)
+
+    class Base:
+        def reproduce(self, group, pinned, current) -> ReproducedBase:
+            return ReproducedBase(base_file, str(pinned["base_sha"]), cached=True)
+
+    mutated = _arrays()
+    mutated["plain"][0] = np.nextafter(mutated["plain"][0], np.float32(9))
+    elsewhere = here | {"device_count": 4, "numpy": "0.0.elsewhere"}
+    result = check_group(mutated, "g", goldens=goldens, current_provenance=elsewhere, base=Base())
+    assert not result.passed and result.comparison.finding("plain").verdict == "fail"
+    assert result.header["judge"].startswith("the base re-produced here at bbbbbbbbbbbb")
+    drift = [v for k, v in result.header.items() if k.startswith("drift")]
+    assert drift == ["environment drift (informational): numpy: '" + here["numpy"]
+                     + "' -> '0.0.elsewhere' (info)"]  # fmt: skip
+    without = check_group(mutated, "g", goldens=goldens, current_provenance=elsewhere)
+    assert "device_count: 1 -> 4 (bits)" in without.header["drift 0"]

@@ -95,6 +95,7 @@ def _imports(path: Path, known: set[str], *, anywhere: bool = False) -> set[str]
 LAYERS: tuple[tuple[str, ...], ...] = (
     # leaves: the XLA flag names; the recorded spreads; compile statistics (jax only)
     ("parity.xla_env", "parity.noise", "parity.compile_stats"),
+    ("parity.environment",),  # whether two environments differ, and how: decided once
     ("parity.judge",),  # numpy only
     ("parity.store", "parity.report"),  # each over the judge (the store: h5py, xla_env too)
     ("parity.results",),  # the core: what a check hands back (CheckResult, CheckError)

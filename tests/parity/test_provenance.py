@@ -1,4 +1,4 @@
-"""Provenance: what is recorded, how drift is graded, and what each bitwise policy does."""
+"""Provenance: what is recorded (how drift is graded is `test_environment.py`'s)."""
 
 from __future__ import annotations
 
@@ -12,14 +12,7 @@ import textwrap
 
 import pytest
 
-from parity.store.provenance import (
-    DEFAULT_RELAX_ULPS,
-    Drift,
-    bitwise_policy,
-    collect_provenance,
-    digest_sources,
-    drift,
-)
+from parity.store.provenance import collect_provenance, digest_sources
 
 _FIELDS = {
     "python",
@@ -107,140 +100,3 @@ def test_source_digest_ignores_argument_order_and_refuses_missing_paths(tmp_path
     assert digest_sources(files) == digest_sources([tmp_path])
     with pytest.raises(FileNotFoundError, match="cannot digest"):
         digest_sources([tmp_path / "missing.py"])
-
-
-# --------------------------------------------------------------------------- drift
-
-
-def _prov(**changes):
-    base = {
-        "python": "3.11.7",
-        "jax": "0.10.2",
-        "jaxlib": "0.10.2",
-        "numpy": "2.4.6",
-        "h5py": "3.16.0",
-        "ml_dtypes": "0.6.0",
-        "platform": "Linux-6.1-x86_64",
-        "machine": "x86_64",
-        "processor": "AMD EPYC",
-        "device_count": 1,
-        "xla_flags": "--xla_force_host_platform_device_count=1 --xla_cpu_max_isa=AVX2",
-        "isa_cap": "AVX2",
-        "x64": False,
-        "base_sha": "abc",
-        "producer_digest": "p1",
-    }
-    base.update(changes)
-    return base
-
-
-def test_identical_environments_have_no_drift():
-    assert drift(_prov(), _prov()) == []
-
-
-@pytest.mark.parametrize(
-    ("field", "value", "severity"),
-    [
-        ("jax", "0.10.3", "bits"),
-        ("jaxlib", "0.10.3", "bits"),
-        ("isa_cap", "SSE4_2", "bits"),
-        ("machine", "aarch64", "bits"),
-        ("x64", True, "bits"),
-        ("device_count", 4, "bits"),
-        ("python", "3.12.1", "info"),
-        ("numpy", "2.5.0", "info"),
-        ("h5py", "3.17.0", "info"),
-        ("platform", "Linux-6.8-x86_64", "info"),
-        ("producer_digest", "p2", "info"),
-        # Under the same ISA cap the CPU model cannot pick other kernels.
-        ("processor", "Intel Xeon", "info"),
-    ],
-)
-def test_each_field_drifts_with_its_severity(field, value, severity):
-    assert drift(_prov(), _prov(**{field: value})) == [
-        Drift(field, _prov()[field], value, severity)
-    ]
-
-
-def test_processor_drift_can_change_bits_without_an_isa_cap():
-    uncapped = {"isa_cap": None, "xla_flags": ""}
-    found = drift(_prov(**uncapped), _prov(**uncapped, processor="Intel Xeon"))
-    assert found == [Drift("processor", "AMD EPYC", "Intel Xeon", "bits")]
-
-
-def test_reordered_xla_flags_are_not_drift_but_a_new_flag_is():
-    flags = _prov()["xla_flags"]
-    reordered = " ".join(reversed(flags.split()))
-    assert drift(_prov(), _prov(xla_flags=reordered)) == []
-    found = drift(_prov(), _prov(xla_flags=flags + " --xla_cpu_enable_fast_math=true"))
-    assert [(d.field, d.severity) for d in found] == [("xla_flags", "bits")]
-
-
-def test_a_check_run_without_base_sha_is_not_drift():
-    assert drift(_prov(), _prov(base_sha=None, producer_digest=None)) == []
-
-
-def test_bits_drifts_come_first():
-    found = drift(_prov(), _prov(numpy="9", jaxlib="9", python="9"))
-    assert [d.severity for d in found] == ["bits", "info", "info"]
-
-
-# --------------------------------------------------------------------------- policy
-
-_BITS = [Drift("jaxlib", "0.10.2", "0.10.3", "bits")]
-_INFO = [Drift("numpy", "2.4.6", "2.5.0", "info")]
-
-
-def test_warn_keeps_bitwise_and_says_drift_may_explain_failures():
-    decision = bitwise_policy(_BITS + _INFO)
-    assert decision.mode == "warn"
-    assert decision.bitwise_max_ulp is None and not decision.error
-    assert decision.bits_drifts == tuple(_BITS)
-    assert "may explain bitwise failures" in decision.header[0]
-    assert "jaxlib" in decision.header[0] and "numpy" in decision.header[1]
-
-
-def test_relax_checks_bitwise_as_ulp_only_under_bits_drift():
-    decision = bitwise_policy(_BITS, "relax")
-    assert decision.bitwise_max_ulp == DEFAULT_RELAX_ULPS == 2 and not decision.error
-    assert bitwise_policy(_BITS, "relax", relax_ulps=4).bitwise_max_ulp == 4
-    assert bitwise_policy(_INFO, "relax").bitwise_max_ulp is None
-
-
-def test_strict_makes_bits_drift_an_error_but_not_info_drift():
-    decision = bitwise_policy(_BITS, "strict")
-    assert decision.error and decision.bitwise_max_ulp is None
-    assert "refuses to compare" in decision.header[0]
-    assert not bitwise_policy(_INFO, "strict").error
-
-
-@pytest.mark.parametrize("mode", ["warn", "relax", "strict"])
-def test_no_drift_changes_nothing_in_any_mode(mode):
-    decision = bitwise_policy([], mode)
-    assert (decision.bitwise_max_ulp, decision.error, decision.header) == (None, False, ())
-
-
-def test_unknown_policy_and_bad_ulps_are_refused():
-    with pytest.raises(ValueError, match="'strict', 'relax' or 'warn'"):
-        bitwise_policy(_BITS, "lenient")  # pyright: ignore[reportArgumentType]
-    with pytest.raises(ValueError, match="at least 1"):
-        bitwise_policy(_BITS, "relax", relax_ulps=0)
-
-
-def test_device_count_flag_is_not_counted_as_xla_flags_drift():
-    from parity.store.provenance import drift as _drift
-
-    golden = {"xla_flags": "--xla_force_host_platform_device_count=1 --xla_cpu_max_isa=AVX2"}
-    assert [d.field for d in _drift(golden, {"xla_flags": "--xla_cpu_max_isa=AVX2"})] == []
-    moved = _drift(golden, {"xla_flags": "--xla_cpu_max_isa=SSE4_2"})
-    assert [d.field for d in moved] == ["xla_flags"]
-
-
-def test_a_different_cpu_under_the_same_isa_cap_is_a_bits_drift():
-    # Measured: goldens pinned under --xla_cpu_max_isa=AVX2 on one "AMD EPYC" host differ in
-    # their last bits on another whose model name reads the same (an AVX2-only family 25).
-    golden = collect_provenance() | {"cpu": "AuthenticAMD family 25 model 17; avx avx2 avx512f"}
-    current = collect_provenance()
-    drifts = {d.field: d for d in drift(golden, current)}
-    assert drifts["cpu"].severity == "bits"
-    assert "processor" not in drifts  # the model name did not change

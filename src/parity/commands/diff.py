@@ -1,6 +1,14 @@
 """`parity diff ACTUAL GOLDEN`: compare every array of two HDF5 files (parity-written or
 plain h5py files) and print the report table.
 
+A diff is a check of a file (`parity.check.check_file`, the core a check of a golden group
+goes through): GOLDEN is the golden file, with its pinned classes, order, calibration and
+provenance; ACTUAL's provenance is the environment judged, so that the drift policy and
+the calibrated judgement of another environment apply as in the check that saved ACTUAL
+(`--save-actual`). A file that records no provenance (a plain HDF5 file) is not compared
+for drift. What a diff adds is reading: both files by role (a read error names ACTUAL or
+GOLDEN) and in chunks (`--memory`).
+
 **Classes.** Each key of a diff gets its class by the one precedence of `parity.check`
 (the same as the pytest plugin's): `--override PATTERN=CLASS` rules first, then `--class
 NAME` (every key), then the GOLDEN's pinned class map (and the class recorded with the
@@ -14,7 +22,6 @@ so they compare bitwise).
 from __future__ import annotations
 
 import argparse
-import dataclasses
 from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
@@ -22,13 +29,14 @@ from typing import IO, Any
 
 import numpy as np
 
-from parity.calibrated import unbound
+from parity.check import check_file
 from parity.commands.common import (
     EXIT_FAIL,
     EXIT_OK,
     CLIError,
     check_class_name,
     class_flag,
+    drift_flag,
     json_flag,
     one_line,
     override_flag,
@@ -36,14 +44,14 @@ from parity.commands.common import (
     report_flag,
     subparser,
 )
-from parity.commands.files import key_classes, opened, read_errors
+from parity.commands.files import opened, read_errors
+from parity.environment import PolicyMode, environment_difference
 from parity.judge.chunks import DEFAULT_BUDGET, Block
-from parity.judge.classes import REGISTRY, ToleranceClass
-from parity.judge.compare import Comparison, Finding, compare_arrays, compare_trees
-from parity.judge.tolerance import UnknownClassError, get_class
+from parity.judge.compare import Comparison
 from parity.report import format_table, write_html, write_json
-from parity.store import GoldenFile, GoldenStoreError
-from parity.store.provenance import bitwise_policy, drift
+from parity.results import CheckError
+from parity.run.config import load_config
+from parity.store import GoldenFile
 
 __all__ = ["DiffResult", "add_parser", "run", "run_diff"]
 
@@ -55,8 +63,9 @@ class DiffResult:
     **Fields:**
 
     - `comparison`: one finding per key of either file, in the GOLDEN's forward order.
-    - `header`: lines for the report header: both paths, where the classes came from, the
-      GOLDEN's base SHA and its provenance drift against ACTUAL's.
+    - `header`: lines for the report header: both paths, where the classes came from, then
+      the check's (`parity.check.check_file`): the GOLDEN's base SHA, ACTUAL's environment
+      drift against GOLDEN's, the order, the calibration and the judge.
     """
 
     comparison: Comparison
@@ -112,35 +121,33 @@ class _RoleSource:
             self._src.finish()
 
 
-def _tolerance(
-    name: str, key: str, gf: GoldenFile, cache: dict[str, ToleranceClass]
-) -> ToleranceClass:
-    tol = cache.get(name)
-    if tol is None:
-        try:
-            tol = cache[name] = get_class(name)
-        except UnknownClassError as e:
-            raise CLIError(
-                f"GOLDEN: {gf.path} checks {key!r} under tolerance class {name!r}, which this "
-                f"parity cannot use ({e}; known: {', '.join(sorted(REGISTRY))}); pass "
-                "--class NAME, or upgrade parity"
-            ) from None
-    return tol
-
-
-def _drift_header(golden: GoldenFile, actual: GoldenFile) -> dict[str, str]:
-    if not golden.provenance or not actual.provenance:
-        side = "GOLDEN" if not golden.provenance else "ACTUAL"
-        return {"drift": f"not compared ({side} records no provenance)"}
-    decision = bitwise_policy(drift(golden.provenance, actual.provenance), "warn")
-    if not decision.header:
-        return {"drift": "none (ACTUAL was produced in the GOLDEN's environment)"}
-    return {f"drift {i}": line for i, line in enumerate(decision.header)}
-
-
 def _describe(gf: GoldenFile) -> str:
     kind = f"parity schema {gf.schema_version}" if gf.is_parity_file else "plain HDF5"
     return f"{gf.path} ({kind}, {len(gf)} arrays)"
+
+
+def _classes_source(
+    gf: GoldenFile, class_name: str | None, overrides: Sequence[tuple[str, str]]
+) -> str:
+    """Where the keys' classes came from, for the header."""
+    with read_errors(gf, None, "GOLDEN"):
+        recorded = any(gf.info(k).class_name for k in gf)
+    if class_name is not None:
+        source = f"--class {class_name} for every key"
+    elif gf.class_map_json or recorded:
+        source = "pinned in GOLDEN (its class map, else the array's class, else bitwise)"
+    else:
+        source = "bitwise (GOLDEN records no classes)"
+    if overrides:
+        source = f"--override {', '.join(f'{p}={c}' for p, c in overrides)}; then {source}"
+    return source
+
+
+def _side(gf: GoldenFile, key: str, role: str, other: GoldenFile) -> Any:
+    """`gf`'s array `key`, as the check reads it: a `Source` read in chunks where both files
+    hold the key; loaded whole (checksum verified) where only `gf` does, so that a damaged
+    array is an input error there too. Read errors name `role`."""
+    return _RoleSource(gf, key, role) if key in other else _load(gf, key, role)
 
 
 def run_diff(
@@ -150,8 +157,11 @@ def run_diff(
     class_name: str | None = None,
     overrides: Sequence[tuple[str, str]] = (),
     budget: int = DEFAULT_BUDGET,
+    drift_mode: PolicyMode = "warn",
 ) -> DiffResult:
-    """Compare every array of the file `actual` against the file `golden`.
+    """Compare every array of the file `actual` against the file `golden`: a check
+    (`parity.check.check_file`) with GOLDEN as the golden file (its pinned classes, forward
+    order, calibration and provenance) and ACTUAL's provenance as the environment judged.
 
     Arrays are read one key at a time and each in chunks of at most `budget` bytes of
     working memory (`parity.judge.chunks`; both checksums verified over the chunks), so memory
@@ -165,6 +175,8 @@ def run_diff(
     - `class_name`: a registry class for every key, before the golden's pinned map.
     - `overrides`: `(pattern, class)` rules tried before everything else.
     - `budget`: bytes one array comparison may hold at once (default 512 MiB).
+    - `drift_mode`: the bitwise drift policy (`parity.environment`), over ACTUAL's
+      provenance against GOLDEN's; a file that records none is not compared.
 
     **Returns:** a `DiffResult`. Raises `CLIError` for unusable input: a missing, truncated,
     corrupt or unsafe file, an unknown class, or arrays parity cannot compare.
@@ -174,64 +186,26 @@ def run_diff(
     for _, name in overrides:
         check_class_name(name)
     with opened(golden, "GOLDEN") as gf, opened(actual, "ACTUAL") as af:
+        source = _classes_source(gf, class_name, overrides)
+        with read_errors(af, None, "ACTUAL"):
+            arrays = {k: _side(af, k, "ACTUAL", gf) for k in af}
         try:
-            infos = {k: gf.info(k) for k in gf}
-        except GoldenStoreError as e:
-            raise CLIError(f"GOLDEN: {e}") from None
-        recorded = {k: i.class_name for k, i in infos.items()}
-        resolve = key_classes(gf, recorded, class_name=class_name, overrides=overrides)
-        # The forward order: pinned keys by their place, then everything else by name (as
-        # `compare_trees` orders them).
-        placed = gf.ordered_keys()
-        place = {k: n for n, k in enumerate(placed)}
-        rest = sorted((set(infos) | set(af.keys())) - set(place))
-        tols: dict[str, ToleranceClass] = {}
-        findings: list[Finding] = []
-        for key in placed + rest:
-            tol = _tolerance(resolve(key), key, gf, tols)
-            findings.append(unbound(_compare_key(key, af, gf, tol, place.get(key), budget)))
-        if class_name is not None:
-            source = f"--class {class_name} for every key"
-        elif gf.class_map_json or any(recorded.values()):
-            source = "pinned in GOLDEN (its class map, else the array's class, else bitwise)"
-        else:
-            source = "bitwise (GOLDEN records no classes)"
-        if overrides:
-            source = f"--override {', '.join(f'{p}={c}' for p, c in overrides)}; then {source}"
-        header = {"actual": _describe(af), "golden": _describe(gf), "classes": source}
-        if gf.provenance.get("base_sha"):
-            header["golden base_sha"] = str(gf.provenance["base_sha"])
-        header.update(_drift_header(gf, af))
-    return DiffResult(Comparison(tuple(findings)), header)
-
-
-def _compare_key(
-    key: str,
-    af: GoldenFile,
-    gf: GoldenFile,
-    tol: ToleranceClass,
-    place: int | None,
-    budget: int = DEFAULT_BUDGET,
-) -> Finding:
-    in_a, in_g = key in af, key in gf
-    try:
-        if in_a and in_g:
-            return compare_arrays(
-                key,
-                _RoleSource(af, key, "ACTUAL"),
-                _RoleSource(gf, key, "GOLDEN"),
-                tol,
-                order=place,
+            result = check_file(
+                arrays,
+                gf,
+                current=af.provenance,
+                difference=environment_difference(gf.provenance or None, af.provenance or None),
+                class_map=class_name,
+                overrides=overrides,
+                drift_mode=drift_mode,
                 budget=budget,
+                golden_source=lambda key: _side(gf, key, "GOLDEN", af),
             )
-        # One side only: `compare_trees` writes the "missing"/"unexpected" finding; the
-        # array is still read, so that a damaged one is an input error.
-        one = {key: _load(af, key, "ACTUAL")} if in_a else {}
-        other = {key: _load(gf, key, "GOLDEN")} if in_g else {}
-        finding = compare_trees(one, other, tol.name, registry={tol.name: tol}).findings[0]
-        return dataclasses.replace(finding, order=place)
-    except TypeError as e:  # object, string or datetime arrays from a plain HDF5 file
-        raise CLIError(one_line(str(e))) from None
+        except CheckError as e:
+            raise CLIError(one_line(str(e))) from None
+        header = {"actual": _describe(af), "golden": _describe(gf), "classes": source}
+        header |= {k: v for k, v in result.header.items() if k != "golden"}
+    return DiffResult(result.comparison, header)
 
 
 _DIFF_DESCRIPTION = """\
@@ -262,6 +236,7 @@ def add_parser(sub: Any) -> None:
     diff.add_argument("golden", metavar="GOLDEN", help="pinned HDF5 file to compare against")
     override_flag(diff)
     class_flag(diff)
+    drift_flag(diff)
     diff.add_argument(
         "--memory",
         type=_mebibytes,
@@ -284,6 +259,8 @@ def run(args: argparse.Namespace, out: IO[str]) -> int:
         class_name=args.class_name,
         overrides=overrides,
         budget=args.memory * 2**20,
+        # ACTUAL's environment against GOLDEN's, as in a check: the project's policy, if any
+        drift_mode=args.drift or load_config().drift,
     )
     out.write(format_table(result.comparison, header=result.header))
     title = f"parity diff: {args.actual} against {args.golden}"

@@ -64,23 +64,22 @@ def key_classes(
 ) -> Callable[[str], str]:
     """key -> class name in `gf`, by `parity.check.class_resolver`'s precedence: `overrides`,
     then `class_name` for every key, then `gf`'s pinned map, then the class `recorded` with
-    each array, then bitwise."""
+    each array, then bitwise. A key a check would refuse (under `calibrated` with no spread
+    recorded in `gf`) is a `CLIError` naming the calibrate command."""
     try:
         pinned = pinned_class_map(gf)
     except CheckError as e:
         raise CLIError(f"GOLDEN: {e}") from None
-    # A key under `calibrated` is bound to the spread GOLDEN records for it, as in a check.
-    bound = bind_calibrated(
-        class_resolver(overrides=overrides, class_map=class_name, pinned=pinned, recorded=recorded),
-        Spreads.of(gf.provenance),
-        gf.path.stem,
-        gf.path,
+    names = class_resolver(
+        overrides=overrides, class_map=class_name, pinned=pinned, recorded=recorded
     )
+    bound = bind_calibrated(names, Spreads.of(gf.provenance), gf.path.stem, gf.path)
 
     def resolve(key: str) -> str:
         try:
-            return bound(key)
+            bound(key)  # as a check binds it: a calibrated key needs its recorded spread
         except CheckError as e:
             raise CLIError(f"GOLDEN: {e}") from None
+        return names(key)
 
     return resolve

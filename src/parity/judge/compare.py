@@ -30,7 +30,7 @@ from parity.judge.chunks import (
 from parity.judge.classes import REGISTRY, ToleranceClass
 from parity.judge.findings import Comparison, Finding, Verdict
 from parity.judge.tally import Tally, scan_scale
-from parity.judge.tolerance import ClassMap, get_class
+from parity.judge.tolerance import ClassMap, KeyClass, to_class
 from parity.judge.trees import flatten
 from parity.judge.ulp import is_float_dtype, is_int_dtype
 
@@ -328,7 +328,7 @@ def _ordered(keys: Iterable[str], order: Order | None) -> list[tuple[str, int | 
 def compare_trees(
     actual: Any,
     golden: Any,
-    class_map: ClassMap | str | Callable[[str], str],
+    class_map: ClassMap | str | Callable[[str], KeyClass],
     *,
     registry: Mapping[str, ToleranceClass] = REGISTRY,
     order: Order | None = None,
@@ -342,7 +342,9 @@ def compare_trees(
     - `actual`, `golden`: flat `{key: array}` mappings or nested mappings (flattened with
         `flatten`, keys joined by `"."`).
     - `class_map`: which class each key gets: a `ClassMap`, a bare class name for every
-        key, or a callable `key -> class name` (as `parity.check.class_resolver` builds).
+        key, or a callable `key -> class name` (as `parity.check.class_resolver` builds)
+        or `key -> ToleranceClass` (a class resolved for that key, its parameters bound
+        as data: a `calibrated` key's spread).
     - `registry`: the classes by name; defaults to `REGISTRY`.
     - `order`: the forward order: a sequence of keys, or a callable `key -> sort key`
         returning `None` for keys it does not cover. Findings follow it; uncovered keys
@@ -363,6 +365,7 @@ def compare_trees(
     """
     flat_a = flatten(actual)
     flat_g = flatten(golden)
+    class_for: Callable[[str], KeyClass]
     if isinstance(class_map, str):
         class_for = ClassMap(default=class_map).class_for
     elif isinstance(class_map, ClassMap):
@@ -373,7 +376,7 @@ def compare_trees(
         order = [*flat_g, *(k for k in flat_a if k not in flat_g)]
     findings: list[Finding] = []
     for key, place in _ordered(set(flat_a) | set(flat_g), order):
-        tol = get_class(class_for(key), registry)
+        tol = to_class(class_for(key), registry)
         if key not in flat_a:
             findings.append(_absent(key, tol, flat_g[key], "missing", place, reference))
         elif key not in flat_g:

@@ -32,12 +32,25 @@ from parity.judge.ulp import is_float_dtype, to_float64
 
 __all__ = [
     "ClassMap",
+    "KeyClass",
     "UnknownClassError",
     "UnmatchedKeyError",
     "effective_atol",
     "get_class",
     "parse_class_name",
+    "to_class",
 ]
+
+
+#: What a class map gives a key: a class name, or a class already resolved for that key
+#: (`get_class(name, params=...)`: a `calibrated` key with its recorded spread bound).
+KeyClass = str | ToleranceClass
+
+
+def to_class(given: KeyClass, registry: Mapping[str, ToleranceClass] = REGISTRY) -> ToleranceClass:
+    """The `ToleranceClass` of `given`: itself if resolved already, else `get_class(given,
+    registry)`."""
+    return given if isinstance(given, ToleranceClass) else get_class(given, registry)
 
 
 class UnknownClassError(KeyError):
@@ -116,7 +129,12 @@ def _lookup(name: str, registry: Mapping[str, ToleranceClass]) -> ToleranceClass
     return tol
 
 
-def get_class(name: str, registry: Mapping[str, ToleranceClass] = REGISTRY) -> ToleranceClass:
+def get_class(
+    name: str,
+    registry: Mapping[str, ToleranceClass] = REGISTRY,
+    *,
+    params: Mapping[str, float] | None = None,
+) -> ToleranceClass:
     """Look a class up by name.
 
     **Arguments:**
@@ -124,12 +142,20 @@ def get_class(name: str, registry: Mapping[str, ToleranceClass] = REGISTRY) -> T
     - `name`: the class name, optionally with rule parameters (`"reduction[K=512]"`: the
       class `reduction` with `K=512`).
     - `registry`: where to look; defaults to `REGISTRY`.
+    - `params`: rule parameters bound for one key, as data (a `calibrated` key's recorded
+      `spread`, exact): set on the rule, never written into the name, which stays `name`.
 
     **Returns:** the `ToleranceClass`; raises `UnknownClassError` (a `KeyError`) listing the
     known names when `name` is not there, or naming the parameter a class needs and was
     not given, and `ValueError` when the class found under `name` is named otherwise.
     """
     tol = _lookup(name, registry)
+    if params:
+        try:
+            rule = rule_from_dict(tol.rule.kind, {**tol.rule.params(), **params})
+        except ValueError as e:
+            raise UnknownClassError(f"tolerance class {name!r}: {e}") from None
+        tol = ToleranceClass(name, rule, meaning=tol.meaning, measured=tol.measured)
     missing = tol.rule.missing()
     if missing:
         base, _ = parse_class_name(name)

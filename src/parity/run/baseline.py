@@ -11,7 +11,7 @@ untouched. The result is kept in a cache folder, one golden-format file per
 
     <cache>/<base sha>/<environment fingerprint>-<producers digest>/<group>.h5
 
-(`parity.store.provenance.environment_fingerprint`, `digest_sources` of the producers
+(`parity.environment.environment_fingerprint`, `digest_sources` of the producers
 file), written atomically with a sha256 per array like a golden, so only the first check
 on a machine pays for it. A lock file per entry serialises builders (pytest-xdist workers,
 the processes of a multi-process run, several checks at once): the second finds the first
@@ -37,6 +37,7 @@ from pathlib import Path
 from typing import Any
 
 from parity.base_judge import BaseUnavailable, ReproducedBase
+from parity.environment import environment_difference, environment_fingerprint
 from parity.judge.tolerance import ClassMap
 from parity.run.config import ParityConfig
 from parity.run.launcher import ProducerRunError, RepinError, load_runner_output, run_producers
@@ -45,7 +46,7 @@ from parity.run.repin import class_of
 from parity.run.runner import failure_reason
 from parity.run.worktree import GitError, repo_root, resolve_sha, temporary_worktree
 from parity.store import GoldenStoreError, open_goldens, write_goldens
-from parity.store.provenance import digest_sources, drift, environment_fingerprint
+from parity.store.provenance import digest_sources
 from parity.store.staging import owned_tempdir
 
 __all__ = [
@@ -360,7 +361,7 @@ class BaselineSource:
                 fp = environment_fingerprint(loaded.provenance)
                 if current is not None and fp != environment_fingerprint(current):
                     moved = "; ".join(
-                        str(d) for d in drift(current, loaded.provenance) if d.severity == "bits"
+                        str(d) for d in environment_difference(current, loaded.provenance).bits
                     )
                     raise BaseUnavailable(
                         f"the base ran in another environment than the check ({moved})",

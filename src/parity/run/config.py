@@ -20,7 +20,7 @@ still marks the project root, and every key takes its default. Keys:
   `parity.run.baseline`);
 - `drift`: the drift policy, what a difference that can change bits between the goldens'
   environment and this one does to bitwise classes: `"warn"` (default), `"relax"` or
-  `"strict"` (`parity.store.provenance`);
+  `"strict"` (`parity.environment`);
 - `jax_cache`: jax's persistent compilation cache folder of the pytest plugin, `"none"`
   turns it off (default `.jax_cache` in the rootdir).
 
@@ -68,7 +68,7 @@ ENV = {
 }
 #: The values of `baseline`.
 BASELINE_MODES = ("auto", "off")
-#: The values of `drift` (`parity.store.provenance.PolicyMode`).
+#: The values of `drift` (`parity.environment.PolicyMode`).
 DriftMode = Literal["warn", "relax", "strict"]
 DRIFT_MODES: tuple[DriftMode, ...] = ("warn", "relax", "strict")
 

@@ -26,7 +26,6 @@ from typing import Any, Literal
 
 import numpy as np
 
-from parity.calibrated import with_spread
 from parity.check import Overrides, class_resolver, pinned_class_map
 from parity.judge.classes import REGISTRY, ToleranceClass
 from parity.judge.compare import Finding, compare_arrays
@@ -211,7 +210,7 @@ def measure(
         # before, against this measurement's own (its ratio is then 1/k by construction).
         pending = base == "calibrated" and "spread" not in params
         spread = recorded.envelope(key) if pending else None
-        tol = get_class(with_spread(name, spread or 0.0) if pending else name, registry)
+        tol = get_class(name, registry, params={"spread": spread or 0.0} if pending else None)
         scale = _scale(g)
         findings: list[tuple[str, Finding]] = []
         unmeasured: list[str] = []
@@ -225,8 +224,8 @@ def measure(
                 continue
             findings.append((label, f))
         if pending and spread is None and findings:
-            tol = get_class(with_spread(name, max(f.max_abs or 0.0 for _, f in findings)),
-                            registry)  # fmt: skip
+            measured = max(f.max_abs or 0.0 for _, f in findings)
+            tol = get_class(name, registry, params={"spread": measured})
             findings = [(label, compare_arrays(key, runs[label][key], g, tol))
                         for label, _ in findings]  # fmt: skip
         bound = next((f.bound for _, f in findings if f.bound is not None), 0.0) or 0.0
@@ -283,7 +282,10 @@ def class_spreads(keys: Sequence[KeySpread]) -> list[ClassSpread]:
         out.append(
             ClassSpread(
                 class_name=name,
-                allowed=ks[0].allowed,
+                # A calibrated class allows each key its own spread: say so, with the worst's.
+                allowed=ks[0].allowed
+                if len({k.allowed for k in ks}) == 1
+                else f"per key (worst: {worst.allowed})",
                 unit=ks[0].unit,
                 keys=len(ks),
                 max_abs=_max(k.max_abs for k in ks),

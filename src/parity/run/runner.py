@@ -24,6 +24,7 @@ import numpy as np
 
 from parity.base_judge import BaseSource, BaseUnavailable, ReproducedBase
 from parity.check import GoldenDir, check_group
+from parity.environment import PolicyMode
 from parity.results import CheckResult
 from parity.run.config import ParityConfig
 from parity.run.launcher import (
@@ -34,7 +35,6 @@ from parity.run.launcher import (
     run_producers,
 )
 from parity.run.processes import Layout, WorkerFailed
-from parity.store.provenance import PolicyMode
 
 __all__ = [
     "BatchBaseSource",
@@ -192,7 +192,7 @@ def check_produced(
     - `produced`: what `produce` returned.
     - `goldens`: the golden folder.
     - `overrides`, `class_name`: before the pinned class map (`parity.check`'s precedence).
-    - `drift_mode`: the drift policy (`parity.store.provenance`), judged against each
+    - `drift_mode`: the drift policy (`parity.environment`), judged against each
       group's producer environment.
     - `save_actual`: a folder for the obtained arrays of failing groups.
     - `node`: who ran the check, for reports.

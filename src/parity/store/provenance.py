@@ -1,76 +1,28 @@
-"""Where goldens came from, how today's environment differs, and what that does to bitwise.
+"""Where goldens came from: the environment of a run, recorded.
 
 `collect_provenance` records the environment of a run (versions, platform, device count,
-XLA flags, ISA cap, x64 mode) plus the git base SHA and a digest of the producer code. It
-reads versions with `importlib.metadata` and never starts jax's backends: it imports
-nothing heavy, and asks jax only if jax is already imported.
+XLA flags, ISA cap, x64 mode) plus the git base SHA and a digest of the producer code
+(`digest_sources`). It reads versions with `importlib.metadata` and never starts jax's
+backends: it imports nothing heavy, and asks jax only if jax is already imported.
 
-`drift` compares a golden's provenance with the current one, field by field. Each
-difference has a severity:
-
-- **"bits"**: the field can change the last bits of XLA's output: `jax`, `jaxlib`,
-  `isa_cap`, `xla_flags`, `machine`, `cpu`, `x64`, `device_count`, and `processor` when no
-  equal ISA cap is set on both sides. `cpu` is the processor's vendor, family, model and
-  vector instruction sets: an equal ISA cap is not enough for equal bits, because XLA
-  compiles for the host's microarchitecture within the cap (see docs/design.md,
-  "Reproducing bits across hosts"), and the model name alone ("AMD EPYC") often hides it.
-- **"info"**: worth showing, cannot move XLA's bits by itself: `python`, `numpy`, `h5py`,
-  `ml_dtypes`, `platform`, `processor` under an equal ISA cap, `base_sha`, and
-  `producer_digest` (the producers changed since pinning; a repin may be due).
-
-**Bitwise policy** (`bitwise_policy`), applied only when there is at least one "bits" drift;
-without one every mode keeps bitwise classes bitwise and says nothing:
-
-- **"warn"** (default): bitwise classes stay bitwise; the report header lists the "bits"
-  drifts and says they may explain bitwise failures. Honest and loud, never hides a change.
-- **"relax"**: bitwise classes are checked as `ulp` with at most `relax_ulps` (default 2)
-  ulp. Two ulp covers one extra rounding on each side (an FMA fused or not, one
-  reassociated add), which is what a jax/jaxlib bump or another kernel typically does to a
-  single op; bigger differences still fail and mean the numbers really moved, so repin under
-  the current environment. NaN/inf positions still must match (a rule of every class).
-- **"strict"**: a "bits" drift is itself an error: the check fails before comparing, naming
-  the drifted fields. For CI that must run in the pinned environment.
+This module only collects. Whether two environments differ, and what that does to bitwise
+classes, is decided once, in `parity.environment`.
 """
 
 from __future__ import annotations
 
-import dataclasses
 import hashlib
-import json
 import os
 import platform
 import re
 import sys
-from collections.abc import Iterable, Mapping, Sequence
+from collections.abc import Iterable
 from pathlib import Path
-from typing import Any, Literal
+from typing import Any
 
 from parity.xla_env import DEVICE_FLAG, ISA_FLAG, jax_backend_started
 
-__all__ = [
-    "BITS_FIELDS",
-    "DEFAULT_RELAX_ULPS",
-    "INFO_FIELDS",
-    "Drift",
-    "PolicyDecision",
-    "bitwise_policy",
-    "collect_provenance",
-    "digest_sources",
-    "drift",
-    "environment_fingerprint",
-]
-
-Severity = Literal["info", "bits"]
-PolicyMode = Literal["strict", "relax", "warn"]
-
-#: Fields whose drift can change the last bits of XLA's output.
-BITS_FIELDS = (
-    "jax", "jaxlib", "isa_cap", "xla_flags", "machine", "cpu", "x64", "device_count", "processes",
-)  # fmt: skip
-#: Fields whose drift is shown but cannot move XLA's bits by itself.
-INFO_FIELDS = ("python", "numpy", "h5py", "ml_dtypes", "platform", "base_sha", "producer_digest")
-#: ulp allowed for bitwise classes under the "relax" policy (see the module docstring).
-DEFAULT_RELAX_ULPS = 2
+__all__ = ["collect_provenance", "digest_sources"]
 
 _DEVICE_FLAG_RE = re.compile(re.escape(DEVICE_FLAG) + r"=(\d+)")
 _ISA_FLAG_RE = re.compile(re.escape(ISA_FLAG) + r"=(\S+)")
@@ -252,172 +204,3 @@ def digest_sources(paths: Iterable[Path | str], *, root: Path | str | None = Non
         h.update(len(name).to_bytes(8, "little") + name)
         h.update(len(data).to_bytes(8, "little") + data)
     return h.hexdigest()
-
-
-# --------------------------------------------------------------------------- drift
-
-
-@dataclasses.dataclass(frozen=True)
-class Drift:
-    """One provenance field that differs between the golden and the current run.
-
-    - `field`: the provenance key, e.g. `"jaxlib"`.
-    - `golden`, `current`: the two values (None where a side does not record it).
-    - `severity`: `"bits"` if it can change XLA's last bits, else `"info"`.
-    """
-
-    field: str
-    golden: Any
-    current: Any
-    severity: Severity
-
-    def __str__(self) -> str:
-        return f"{self.field}: {self.golden!r} -> {self.current!r} ({self.severity})"
-
-
-def _same(field: str, a: Any, b: Any) -> bool:
-    if field == "processes":  # files pinned before the field was recorded: one process
-        return int(a or 1) == int(b or 1)
-    if field == "xla_flags":
-        # Flag order is not meaning, and the device count has its own field (a count of 1
-        # written out or left implicit is the same run); compare the other flags as a set.
-        def flags(v: Any) -> list[str]:
-            return sorted(f for f in str(v or "").split() if not _DEVICE_FLAG_RE.match(f))
-
-        return flags(a) == flags(b)
-    return a == b
-
-
-def environment_fingerprint(prov: Mapping[str, Any]) -> str:
-    """A short digest of everything in a provenance that can move XLA's bits (the
-    `BITS_FIELDS` and `processor`, compared as `drift` compares them: XLA flags as a set,
-    the device count by its own field): two runs with the same fingerprint produce the same
-    bits from the same code. Names a re-produced base in its cache
-    (`parity.run.baseline`)."""
-    fields = {f: prov.get(f) for f in (*BITS_FIELDS, "processor")}
-    fields["processes"] = int(fields["processes"] or 1)
-    fields["xla_flags"] = sorted(
-        f for f in str(prov.get("xla_flags") or "").split() if not _DEVICE_FLAG_RE.match(f)
-    )
-    text = json.dumps(fields, sort_keys=True, default=str)
-    return hashlib.sha256(text.encode()).hexdigest()[:16]
-
-
-#: Provenance fields that record a measurement or how the file was made (`order`: how its
-#: forward order was made, `parity.judge.dataflow`), not the environment: never a drift.
-NOT_ENVIRONMENT = frozenset({"calibration", "order"})
-
-
-def drift(golden_prov: Mapping[str, Any], current_prov: Mapping[str, Any]) -> list[Drift]:
-    """The fields where the current environment differs from the golden's.
-
-    `base_sha` and `producer_digest` are compared only when both sides record one (a check
-    run usually has no base SHA of its own); `calibration` (what `parity calibrate`
-    measured) and `order` (how the forward order was made) are not compared. Fields
-    neither list knows are reported as "info".
-
-    **Arguments:**
-
-    - `golden_prov`: the provenance stored in the golden file.
-    - `current_prov`: `collect_provenance()` of this run.
-
-    **Returns:** a list of `Drift`, "bits" first, then by field name.
-    """
-    out: list[Drift] = []
-    same_cap = golden_prov.get("isa_cap") is not None and golden_prov.get(
-        "isa_cap"
-    ) == current_prov.get("isa_cap")
-    for field in sorted(set(golden_prov) | set(current_prov)):
-        g, c = golden_prov.get(field), current_prov.get(field)
-        if field in ("base_sha", "producer_digest") and (g is None or c is None):
-            continue
-        if field in NOT_ENVIRONMENT:
-            continue
-        if _same(field, g, c):
-            continue
-        if field in BITS_FIELDS or (field == "processor" and not same_cap):
-            severity: Severity = "bits"
-        else:
-            severity = "info"
-        out.append(Drift(field, g, c, severity))
-    out.sort(key=lambda d: (d.severity != "bits", d.field))
-    return out
-
-
-@dataclasses.dataclass(frozen=True)
-class PolicyDecision:
-    """What the bitwise policy makes of the drifts (see the module docstring).
-
-    - `mode`: the policy applied.
-    - `drifts`: every drift, as given.
-    - `bits_drifts`: the ones that can change XLA's last bits.
-    - `bitwise_max_ulp`: None to keep bitwise classes bitwise; else check them as `ulp`
-      with this many ulp.
-    - `error`: True if the drift itself fails the check ("strict" with a "bits" drift).
-    - `header`: lines for the report's header (empty without drift).
-    """
-
-    mode: PolicyMode
-    drifts: tuple[Drift, ...]
-    bits_drifts: tuple[Drift, ...]
-    bitwise_max_ulp: int | None
-    error: bool
-    header: tuple[str, ...]
-
-
-def bitwise_policy(
-    drifts: Sequence[Drift],
-    mode: PolicyMode = "warn",
-    *,
-    relax_ulps: int = DEFAULT_RELAX_ULPS,
-) -> PolicyDecision:
-    """Decide what environment drift does to bitwise classes.
-
-    **Arguments:**
-
-    - `drifts`: from `drift(golden_prov, current_prov)`.
-    - `mode`: `"warn"` (default), `"relax"` or `"strict"`, as in the module docstring.
-    - `relax_ulps`: the ulp bound bitwise classes get under `"relax"`, at least 1.
-
-    **Returns:** a `PolicyDecision`.
-    """
-    if mode not in ("strict", "relax", "warn"):
-        raise ValueError(f"bitwise policy must be 'strict', 'relax' or 'warn', got {mode!r}")
-    if relax_ulps < 1:
-        raise ValueError(f"relax_ulps must be at least 1, got {relax_ulps}")
-    drifts = tuple(drifts)
-    bits = tuple(d for d in drifts if d.severity == "bits")
-    info = tuple(d for d in drifts if d.severity != "bits")
-    header: list[str] = []
-    max_ulp: int | None = None
-    error = False
-    if bits:
-        listed = "; ".join(str(d) for d in bits)
-        if mode == "warn":
-            header.append(
-                f"environment drift that can change XLA's last bits: {listed}. Bitwise "
-                "classes are still checked bitwise; this drift may explain bitwise failures "
-                "(repin under this environment, or rerun with the golden's)."
-            )
-        elif mode == "relax":
-            max_ulp = relax_ulps
-            header.append(
-                f"environment drift that can change XLA's last bits: {listed}. Policy "
-                f"'relax': bitwise classes are checked as ulp <= {relax_ulps}."
-            )
-        else:
-            error = True
-            header.append(
-                f"environment drift that can change XLA's last bits: {listed}. Policy "
-                "'strict' refuses to compare: rerun in the golden's environment, or repin."
-            )
-    if info:
-        header.append("environment drift (informational): " + "; ".join(str(d) for d in info))
-    return PolicyDecision(
-        mode=mode,
-        drifts=drifts,
-        bits_drifts=bits,
-        bitwise_max_ulp=max_ulp,
-        error=error,
-        header=tuple(header),
-    )

@@ -1,0 +1,330 @@
+"""Does a check's environment differ from the pin's, and how: decided once, here.
+
+`environment_difference(pinned, current)` compares two provenances (what
+`parity.store.provenance.collect_provenance` records) and returns one frozen
+`EnvironmentDifference`; every face of parity (a check of a golden group, `parity diff`,
+the second judge, the base cache) asks it, and none compares provenances on its own.
+
+Each field that differs is a `Drift` with a severity:
+
+- **"bits"**: the field can change the last bits of XLA's output: `jax`, `jaxlib`,
+  `isa_cap`, `xla_flags`, `machine`, `cpu`, `x64`, `device_count`, `processes`, and
+  `processor` when no equal ISA cap is set on both sides. `cpu` is the processor's vendor,
+  family, model and vector instruction sets: an equal ISA cap is not enough for equal bits,
+  because XLA compiles for the host's microarchitecture within the cap (see docs/design.md,
+  "Reproducing bits across hosts"), and the model name alone ("AMD EPYC") often hides it.
+- **"info"**: worth showing, cannot move XLA's bits by itself: `python`, `numpy`, `h5py`,
+  `ml_dtypes`, `platform`, `processor` under an equal ISA cap, `base_sha`, and
+  `producer_digest` (the producers changed since pinning; a repin may be due).
+
+Of the "bits" drifts, those that `parity calibrate` measures are also **calibrated
+dimensions** (`Dimension`): the process layout (`processes`, else `devices`), the ISA cap
+(`isa`), and the processor under the same cap (`cpu`, judged by the ISA spreads).
+
+**Bitwise policy** (`EnvironmentDifference.policy`), applied only when some drift can move
+bits; without one every mode keeps bitwise classes bitwise and says nothing:
+
+- **"warn"** (default): bitwise classes stay bitwise; the report header lists the "bits"
+  drifts and says they may explain bitwise failures. Honest and loud, never hides a change.
+- **"relax"**: bitwise classes are checked as `ulp` with at most `relax_ulps` (default 2)
+  ulp. Two ulp covers one extra rounding on each side (an FMA fused or not, one
+  reassociated add), which is what a jax/jaxlib bump or another kernel typically does to a
+  single op; bigger differences still fail and mean the numbers really moved, so repin under
+  the current environment. NaN/inf positions still must match (a rule of every class).
+- **"strict"**: a "bits" drift is itself an error: the check fails before comparing, naming
+  the drifted fields. For CI that must run in the pinned environment.
+
+This module imports neither numpy, h5py nor jax.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import re
+from collections.abc import Mapping
+from dataclasses import dataclass
+from typing import Any, Literal
+
+from parity.xla_env import DEVICE_FLAG, ISA_FLAG
+
+__all__ = [
+    "BITS_FIELDS",
+    "DEFAULT_RELAX_ULPS",
+    "INFO_FIELDS",
+    "NOT_ENVIRONMENT",
+    "Dimension",
+    "Drift",
+    "EnvironmentDifference",
+    "PolicyDecision",
+    "PolicyMode",
+    "environment_difference",
+    "environment_fingerprint",
+    "layout_of",
+]
+
+Severity = Literal["info", "bits"]
+PolicyMode = Literal["strict", "relax", "warn"]
+
+#: Fields whose drift can change the last bits of XLA's output.
+BITS_FIELDS = (
+    "jax", "jaxlib", "isa_cap", "xla_flags", "machine", "cpu", "x64", "device_count", "processes",
+)  # fmt: skip
+#: Fields whose drift is shown but cannot move XLA's bits by itself.
+INFO_FIELDS = ("python", "numpy", "h5py", "ml_dtypes", "platform", "base_sha", "producer_digest")
+#: Provenance fields that record a measurement or how the file was made (`order`: how its
+#: forward order was made, `parity.judge.dataflow`), not the environment: never a drift.
+NOT_ENVIRONMENT = frozenset({"calibration", "order"})
+#: ulp allowed for bitwise classes under the "relax" policy (see the module docstring).
+DEFAULT_RELAX_ULPS = 2
+
+_DEVICE_FLAG_RE = re.compile(re.escape(DEVICE_FLAG) + r"=(\d+)")
+#: Fields a calibrated dimension says in words; their drifts are not repeated by `changes`.
+_CALIBRATED_FIELDS = frozenset({"device_count", "processes", "isa_cap", "cpu", "processor"})
+
+
+@dataclass(frozen=True)
+class Drift:
+    """One provenance field that differs between the pin's environment and the current one.
+
+    **Fields:** `field` (the provenance key, e.g. `"jaxlib"`), `golden` and `current` (the
+    two values; None where a side does not record it), `severity` (`"bits"` if it can change
+    XLA's last bits, else `"info"`).
+    """
+
+    field: str
+    golden: Any
+    current: Any
+    severity: Severity
+
+    def __str__(self) -> str:
+        return f"{self.field}: {self.golden!r} -> {self.current!r} ({self.severity})"
+
+
+@dataclass(frozen=True)
+class Dimension:
+    """One calibrated dimension in which a check's environment differs from the pin's.
+
+    **Fields:** `kind` (`processes`, `devices`, `isa` or `cpu`), `label` (the perturbation
+    label of the check's environment, e.g. `devices=4`; for `cpu`, `isa`) and `change`
+    (in words, for the report's header: `devices 1 -> 4`).
+    """
+
+    kind: str
+    label: str
+    change: str
+
+    @property
+    def column_kind(self) -> str:
+        """The perturbation kind whose measurements bound this dimension."""
+        return "isa" if self.kind == "cpu" else self.kind
+
+
+@dataclass(frozen=True)
+class PolicyDecision:
+    """What the bitwise policy makes of an environment difference (the module docstring).
+
+    **Fields:** `mode` (the policy applied), `bitwise_max_ulp` (None to keep bitwise
+    classes bitwise; else check them as `ulp` with this many ulp), `refused` (the drift
+    itself fails the check: "strict" with a "bits" drift) and `header` (lines for the
+    report's header; empty without drift).
+    """
+
+    mode: PolicyMode
+    bitwise_max_ulp: int | None
+    refused: bool
+    header: tuple[str, ...]
+
+
+@dataclass(frozen=True)
+class EnvironmentDifference:
+    """How a check's environment differs from the pin's (`environment_difference`).
+
+    **Fields:**
+
+    - `dimensions`: the calibrated dimensions that differ (`Dimension`), in a fixed order:
+      layout, ISA, processor.
+    - `bits`: every drift that can move XLA's bits (those of the dimensions included).
+    - `info`: the drifts that cannot.
+    - `unknown`: why the environments could not be compared (a side records no
+      provenance: a plain HDF5 file), else "". An unknown difference moves no bits.
+    """
+
+    dimensions: tuple[Dimension, ...] = ()
+    bits: tuple[Drift, ...] = ()
+    info: tuple[Drift, ...] = ()
+    unknown: str = ""
+
+    @property
+    def drifts(self) -> tuple[Drift, ...]:
+        """Every drift: "bits" first, then "info", each by field name."""
+        return self.bits + self.info
+
+    @property
+    def moves_bits(self) -> bool:
+        """Whether the difference can move XLA's bits (`changes` is not empty): the pin's
+        bits need not reproduce here."""
+        return bool(self.changes)
+
+    @property
+    def changes(self) -> tuple[str, ...]:
+        """What can move bits, in words: each calibrated dimension (`devices 1 -> 4`), then
+        every other "bits" drift (`jaxlib: '0.4' -> '0.5' (bits)`). Empty in the pin's
+        environment."""
+        out = [d.change for d in self.dimensions]
+        for d in self.bits:
+            if d.field in _CALIBRATED_FIELDS:
+                continue
+            if d.field == "xla_flags" and _other_flags(d.golden) == _other_flags(d.current):
+                continue  # only the ISA cap or the device count, said above
+            out.append(str(d))
+        return tuple(out)
+
+    def policy(
+        self, mode: PolicyMode = "warn", *, relax_ulps: int = DEFAULT_RELAX_ULPS
+    ) -> PolicyDecision:
+        """What the bitwise policy `mode` makes of this difference (the module docstring).
+
+        **Arguments:**
+
+        - `mode`: `"warn"` (default), `"relax"` or `"strict"`.
+        - `relax_ulps`: the ulp bound bitwise classes get under `"relax"`, at least 1.
+
+        **Returns:** a `PolicyDecision`; raises `ValueError` for another mode, or
+        `relax_ulps` below 1.
+        """
+        if mode not in ("strict", "relax", "warn"):
+            raise ValueError(f"bitwise policy must be 'strict', 'relax' or 'warn', got {mode!r}")
+        if relax_ulps < 1:
+            raise ValueError(f"relax_ulps must be at least 1, got {relax_ulps}")
+        header: list[str] = []
+        max_ulp: int | None = None
+        if self.unknown:
+            header.append(f"environment drift: not compared ({self.unknown})")
+        if self.bits:
+            listed = "; ".join(str(d) for d in self.bits)
+            what = f"environment drift that can change XLA's last bits: {listed}."
+            if mode == "warn":
+                header.append(
+                    f"{what} Bitwise classes are still checked bitwise; this drift may explain "
+                    "bitwise failures (repin under this environment, or rerun with the golden's)."
+                )
+            elif mode == "relax":
+                max_ulp = relax_ulps
+                header.append(
+                    f"{what} Policy 'relax': bitwise classes are checked as ulp <= {relax_ulps}."
+                )
+            else:
+                header.append(
+                    f"{what} Policy 'strict' refuses to compare: rerun in the golden's "
+                    "environment, or repin."
+                )
+        if self.info:
+            header.append(
+                "environment drift (informational): " + "; ".join(str(d) for d in self.info)
+            )
+        refused = mode == "strict" and bool(self.bits)
+        return PolicyDecision(mode, max_ulp, refused, tuple(header))
+
+
+def layout_of(provenance: Mapping[str, Any]) -> tuple[int, int]:
+    """`(processes, devices per process)` of the run a provenance describes (files written
+    before provenance recorded `processes` were single-process runs)."""
+    processes = int(provenance.get("processes") or 1)
+    total = int(provenance.get("device_count") or 1)
+    return processes, max(1, total // processes)
+
+
+def _flags(value: Any) -> list[str]:
+    # Flag order is not meaning, and the device count has its own field (a count of 1
+    # written out or left implicit is the same run); compare the other flags as a set.
+    return sorted(f for f in str(value or "").split() if not _DEVICE_FLAG_RE.match(f))
+
+
+def _other_flags(value: Any) -> list[str]:
+    """XLA flags other than the device count and the ISA cap, as a sorted list."""
+    skip = (f"{DEVICE_FLAG}=", f"{ISA_FLAG}=")
+    return sorted(f for f in str(value or "").split() if not f.startswith(skip))
+
+
+def _same(field: str, a: Any, b: Any) -> bool:
+    if field == "processes":  # files pinned before the field was recorded: one process
+        return int(a or 1) == int(b or 1)
+    if field == "xla_flags":
+        return _flags(a) == _flags(b)
+    return a == b
+
+
+def _drifts(pinned: Mapping[str, Any], current: Mapping[str, Any]) -> list[Drift]:
+    out: list[Drift] = []
+    cap = pinned.get("isa_cap")
+    same_cap = cap is not None and cap == current.get("isa_cap")
+    for field in sorted(set(pinned) | set(current)):
+        g, c = pinned.get(field), current.get(field)
+        if field in ("base_sha", "producer_digest") and (g is None or c is None):
+            continue  # a check run usually has no base SHA of its own
+        if field in NOT_ENVIRONMENT or _same(field, g, c):
+            continue
+        bits = field in BITS_FIELDS or (field == "processor" and not same_cap)
+        out.append(Drift(field, g, c, "bits" if bits else "info"))
+    return out
+
+
+def _dimensions(pinned: Mapping[str, Any], current: Mapping[str, Any]) -> list[Dimension]:
+    out: list[Dimension] = []
+    (p0, d0), (p1, d1) = layout_of(pinned), layout_of(current)
+    if p1 != p0:
+        out.append(Dimension("processes", f"processes={p1}x{d1}", f"layout {p0}x{d0} -> {p1}x{d1}"))
+    elif d1 != d0:
+        out.append(Dimension("devices", f"devices={d1}", f"devices {d0} -> {d1}"))
+    isa0, isa1 = pinned.get("isa_cap"), current.get("isa_cap")
+    if isa0 != isa1:
+        out.append(Dimension("isa", f"isa={isa1}", f"isa cap {isa0} -> {isa1}"))
+    elif pinned.get("cpu") and current.get("cpu") and pinned.get("cpu") != current.get("cpu"):
+        out.append(Dimension("cpu", "isa", "processor (same isa cap)"))
+    return out
+
+
+def environment_difference(
+    pinned: Mapping[str, Any] | None, current: Mapping[str, Any] | None
+) -> EnvironmentDifference:
+    """How `current` (a check's environment) differs from `pinned` (the golden's).
+
+    `base_sha` and `producer_digest` are compared only when both sides record one;
+    `calibration` and `order` are not compared (`NOT_ENVIRONMENT`); fields neither list
+    knows are "info".
+
+    **Arguments:**
+
+    - `pinned`: the provenance stored in the golden file.
+    - `current`: the provenance of the run judged (`collect_provenance()` of this process,
+      or what an ACTUAL file records).
+
+    Either side may be None: a file that records no provenance (a plain HDF5 file). Then
+    the environments cannot be compared: the difference is `unknown` and moves no bits. An
+    empty provenance is compared like any other (every field it lacks drifted).
+
+    **Returns:** the `EnvironmentDifference`.
+    """
+    if pinned is None or current is None:
+        side = "GOLDEN" if pinned is None else "ACTUAL"
+        return EnvironmentDifference(unknown=f"{side} records no provenance")
+    drifts = _drifts(pinned, current)
+    return EnvironmentDifference(
+        dimensions=tuple(_dimensions(pinned, current)),
+        bits=tuple(d for d in drifts if d.severity == "bits"),
+        info=tuple(d for d in drifts if d.severity == "info"),
+    )
+
+
+def environment_fingerprint(prov: Mapping[str, Any]) -> str:
+    """A short digest of everything in a provenance that can move XLA's bits (the
+    `BITS_FIELDS` and `processor`, compared as `environment_difference` compares them: XLA
+    flags as a set, the device count by its own field): two runs with the same fingerprint
+    produce the same bits from the same code. Names a re-produced base in its cache
+    (`parity.run.baseline`)."""
+    fields = {f: prov.get(f) for f in (*BITS_FIELDS, "processor")}
+    fields["processes"] = int(fields["processes"] or 1)
+    fields["xla_flags"] = _flags(prov.get("xla_flags"))
+    text = json.dumps(fields, sort_keys=True, default=str)
+    return hashlib.sha256(text.encode()).hexdigest()[:16]
