@@ -16,21 +16,11 @@ in differs from the pin's (`parity.environment.environment_difference`) and hand
 one `EnvironmentDifference` to the drift policy, the calibrated judgement and the second
 judge.
 
-**Class resolution**, one precedence everywhere (`class_resolver`):
-
-1. explicit overrides: `(pattern, class)` rules given for this check (for example
-   `[("traj.*", "device_count")]` on 4 devices);
-2. the class map the caller gives (a `ClassMap`, or a class name for every key);
-3. the class map pinned in the golden file (and, for a key it does not cover, the class
-   recorded with the array);
-4. `bitwise`.
-
-A level that has no answer for a key (a `ClassMap` without a default whose rules do not
-match) passes the key to the next level.
+**Class resolution**: one precedence everywhere, `parity.judge.tolerance.class_resolver`'s.
 
 A key under the `calibrated` class is judged against its recorded spread, and in an
 environment other than the pin's each key by the looser of its class and its calibrated
-bound there: `parity.calibrated` does both, here applied by `check_file`.
+bound there: `parity.calibration.bounds` does both, here applied by `check_file`.
 
 **Errors.** Input the check cannot use raises a `CheckError` (a missing or unusable golden
 group, a refused drift, an unknown class); a comparison that fails is not an error: it is
@@ -41,7 +31,6 @@ about pytest.
 from __future__ import annotations
 
 import dataclasses
-import fnmatch
 import os
 import time
 from collections.abc import Callable, Mapping, Sequence
@@ -49,7 +38,8 @@ from pathlib import Path
 from typing import Any, TypedDict, Unpack, cast
 
 from parity.base_judge import BaseSource, BaseUnavailable, judge_by_base
-from parity.calibrated import bind_calibrated, judge_environment
+from parity.calibration.bounds import bind_calibrated, judge_environment
+from parity.calibration.spreads import Spreads
 from parity.environment import (
     EnvironmentDifference,
     PolicyDecision,
@@ -61,35 +51,37 @@ from parity.judge.classes import REGISTRY, ToleranceClass
 from parity.judge.compare import Comparison, Order, compare_trees
 from parity.judge.dataflow import order_hint
 from parity.judge.rules import Ulp
-from parity.judge.tolerance import ClassMap, KeyClass, UnknownClassError, UnmatchedKeyError
+from parity.judge.tolerance import (
+    DEFAULT_CLASS,
+    ClassMap,
+    ClassMapLike,
+    KeyClass,
+    Overrides,
+    UnknownClassError,
+    UnmatchedKeyError,
+    class_resolver,
+)
 from parity.judge.trees import flatten
-from parity.noise import Spreads
-from parity.results import CheckError, CheckResult, save_arrays
+from parity.results import CheckError, CheckResult
 from parity.store import GoldenFile, GoldenMissingError, GoldenStoreError, open_goldens
 from parity.store.provenance import collect_provenance
+from parity.store.writer import save_arrays
 
 __all__ = [
     "BARE_KEY",
-    "DEFAULT_CLASS",
     "REPIN_HINT",
     "CheckOptions",
     "GoldenDir",
     "check_file",
     "check_group",
     "check_live",
-    "class_resolver",
     "pinned_class_map",
 ]
 
-#: The class of a key that no level of the precedence covers.
-DEFAULT_CLASS = "bitwise"
 #: The key of a bare array (a one-leaf pytree) in a live check or `assert_equivalent`.
 BARE_KEY = "array"
 #: How to pin a golden group; named in every "missing golden" message.
 REPIN_HINT = "parity repin --base <SHA>"
-
-Overrides = Sequence[tuple[str, str]]
-ClassMapLike = ClassMap | str | None
 
 
 # --------------------------------------------------------------------------- goldens
@@ -163,44 +155,6 @@ def pinned_class_map(gf: GoldenFile) -> ClassMap | None:
             f"{gf.path}: the pinned class map is malformed ({e}); pass a class map, or repin "
             "the file"
         ) from None
-
-
-def class_resolver(
-    *,
-    overrides: Overrides = (),
-    class_map: ClassMapLike = None,
-    pinned: ClassMap | None = None,
-    recorded: Mapping[str, str] | None = None,
-) -> Callable[[str], str]:
-    """key -> class name, by the one precedence of this module's docstring.
-
-    **Arguments:**
-
-    - `overrides`: `(pattern, class)` rules tried first (`fnmatch.fnmatchcase`).
-    - `class_map`: the caller's map, or a class name for every key.
-    - `pinned`: the golden file's pinned map.
-    - `recorded`: the classes recorded with the golden's arrays, by key.
-
-    **Returns:** a function giving each key its class name (never raising).
-    """
-    rules = tuple((str(p), str(c)) for p, c in overrides)
-    caller = ClassMap(default=class_map) if isinstance(class_map, str) else class_map
-    recorded = recorded or {}
-
-    def resolve(key: str) -> str:
-        for pattern, name in rules:
-            if fnmatch.fnmatchcase(key, pattern):
-                return name
-        for level in (caller, pinned):
-            if level is None:
-                continue
-            try:
-                return level.class_for(key)
-            except KeyError:  # no rule matches and the map has no default
-                pass
-        return recorded.get(key) or DEFAULT_CLASS
-
-    return resolve
 
 
 def _policy_registry(

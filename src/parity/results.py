@@ -1,21 +1,18 @@
-"""What a check hands back: `CheckResult` (one golden group or live differential,
-compared), or `CheckError` when its input cannot be used; its arrays saved in golden format
-on failure, the header lines a report of several checks shows, and results as JSON between
-processes. `parity.check` makes them; the CLI, the pytest plugin and the report session
-read them."""
+"""What a check hands back: `CheckResult` (one golden group or live differential, compared),
+or `CheckError` when its input cannot be used; the header lines a report of several checks
+shows, and results as JSON between processes. `parity.check` makes them; the CLI, the
+pytest plugin and the report session read them. Writing arrays is the store's
+(`parity.store.writer.save_arrays`)."""
 
 from __future__ import annotations
 
 import dataclasses
 import json
-import os
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
-from pathlib import Path
 from typing import Any
 
 from parity.judge.compare import Comparison, Finding
-from parity.store.provenance import collect_provenance
 
 __all__ = [
     "CheckError",
@@ -23,7 +20,6 @@ __all__ = [
     "merged_header_lines",
     "results_from_json",
     "results_to_json",
-    "save_arrays",
 ]
 
 
@@ -84,47 +80,6 @@ class CheckResult:
         kwargs["comparison"] = Comparison(tuple(Finding.from_dict(f) for f in data["comparison"]))
         kwargs["checked_keys"] = tuple(data.get("checked_keys", ()))
         return cls(**kwargs)
-
-
-def save_arrays(
-    directory: str | os.PathLike[str],
-    name: str,
-    arrays: Mapping[str, Any],
-    *,
-    classes: Callable[[str], str],
-    order: Sequence[str] = (),
-    provenance: Mapping[str, Any] | None = None,
-) -> Path:
-    """Write `arrays` in golden format to `directory/<name>.h5` (atomically), with the
-    classes they were checked under, the forward order and the provenance of the process
-    that produced them.
-
-    **Arguments:**
-
-    - `directory`: the folder to write into (created if missing).
-    - `name`: the file's stem.
-    - `arrays`: `{key: array}`.
-    - `classes`: key -> the class it was checked under.
-    - `order`: the forward order (keys not in `arrays` are left out).
-    - `provenance`: the producing process's environment, when that was another process
-      (`parity check` saves from its jax-free CLI process, whose XLA flags and ISA cap are
-      not the producer's: recording them would make `parity diff` report a false drift);
-      default this process's.
-
-    **Returns:** the file written.
-    """
-    from parity.store import write_goldens
-
-    out = Path(directory)
-    out.mkdir(parents=True, exist_ok=True)
-    keys = [k for k in order if k in arrays]
-    return write_goldens(
-        out / f"{name}.h5",
-        arrays,
-        classes={k: classes(k) for k in arrays},
-        provenance=dict(provenance) if provenance is not None else collect_provenance(),
-        order=keys,
-    )
 
 
 #: The header lines a report shows once per check, named after it.

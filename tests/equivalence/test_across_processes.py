@@ -32,8 +32,8 @@ from typing import Any
 
 import pytest
 
+from parity.calibration.spreads import Spreads
 from parity.judge.tolerance import ClassMap
-from parity.noise import Spreads
 from parity.report import format_table
 from parity.run.config import load_config
 from parity.run.processes import worker_place

@@ -12,9 +12,14 @@ from pathlib import Path
 import numpy as np
 import pytest
 
+from parity.calibration.measure import KeySpread, class_spreads
+from parity.calibration.perturbations import (
+    CalibrationError,
+    Perturbation,
+    host_isa_caps,
+    perturbations,
+)
 from parity.run.config import ParityConfig
-from parity.run.measure import KeySpread, class_spreads
-from parity.run.perturbations import CalibrationError, Perturbation, host_isa_caps, perturbations
 from parity.store import open_goldens
 
 #: Noise per environment; the producers below and the expectations share only these numbers.

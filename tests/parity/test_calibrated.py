@@ -13,7 +13,9 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from parity.calibrated import bind_calibrated
+from parity.calibration.bounds import bind_calibrated
+from parity.calibration.record import merge_spreads
+from parity.calibration.spreads import Spreads
 from parity.commands.diff import run_diff
 from parity.commands.show import inventory
 from parity.environment import Dimension
@@ -21,9 +23,7 @@ from parity.judge.classes import CALIBRATED_FLOOR_ULPS, CALIBRATED_K, REGISTRY, 
 from parity.judge.compare import compare_trees
 from parity.judge.rules import Calibrated, Scale
 from parity.judge.tolerance import ClassMap
-from parity.noise import Spreads
 from parity.results import CheckError
-from parity.run.calibration_record import merge_spreads
 from parity.store import open_goldens, write_goldens
 
 DEVICE_NOISE = 2.5e-7

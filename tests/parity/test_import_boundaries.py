@@ -23,6 +23,7 @@ FORBIDDEN = {
     "parity.store": ("jax", "decomp"),
     "parity.report": ("jax", "h5py", "decomp"),
     "parity.run": ("jax", "decomp"),
+    "parity.calibration": ("jax", "decomp"),
 }
 
 
@@ -94,15 +95,18 @@ def _imports(path: Path, known: set[str], *, anywhere: bool = False) -> set[str]
 #: when it was written down (issue 23); each subpackage's docstring says it in prose.
 LAYERS: tuple[tuple[str, ...], ...] = (
     # leaves: the XLA flag names; the recorded spreads; compile statistics (jax only)
-    ("parity.xla_env", "parity.noise", "parity.compile_stats"),
+    ("parity.xla_env", "parity.calibration.spreads", "parity.compile_stats"),
     ("parity.environment",),  # whether two environments differ, and how: decided once
     ("parity.judge",),  # numpy only
     ("parity.store", "parity.report"),  # each over the judge (the store: h5py, xla_env too)
     ("parity.results",),  # the core: what a check hands back (CheckResult, CheckError)
-    ("parity.calibrated",),  # the core: the calibrated class in a check
+    ("parity.calibration.bounds",),  # the core: the calibrated class in a check
     ("parity.base_judge",),  # the core: the second judge, a base re-produced here
     ("parity.check",),  # the core: golden folder, class precedence, drift policy, compare
-    ("parity.run",),  # running producers: config, git, processes, repin, bisect, calibrate
+    ("parity.run",),  # running producers: config, git, processes, repin, bisect, baseline
+    # measuring the noise (`parity calibrate`): the rest of the calibration room, whose two
+    # modules a check reads sit below (spreads among the leaves, bounds in the core)
+    ("parity.calibration",),
     ("parity.assertions", "parity.commands", "parity.pytest_plugin"),  # the faces
     ("parity.cli",),  # the one argparse tree over the commands
     ("parity.__main__",),
@@ -121,7 +125,7 @@ def test_each_layer_imports_only_the_layers_below_it() -> None:
     assert sorted(m for m in known if m != "parity" and _unit_of(m) is None) == []
     imports = {_module_name(p): _imports(p, known, anywhere=True) for p in paths}
     # The reader sees an import inside a function, and skips one under TYPE_CHECKING.
-    assert "parity.run.runner" in imports["parity.run.calibrate"]
+    assert "parity.run.runner" in imports["parity.calibration.calibrate"]
     assert "parity.results" not in imports["parity.report.session"]
     upward = []
     for module, imported in sorted(imports.items()):

@@ -77,7 +77,7 @@ def add_parser(sub: Any) -> None:
 def _saved_calibration(path: Path, groups: Sequence[str], goldens: Mapping[str, Any]) -> Any:
     """A measurement saved by `calibrate --json`, limited to `groups`; every key of each
     group's golden must be in it (else the file is of other goldens)."""
-    from parity.run.calibrate import Calibration
+    from parity.calibration.calibrate import Calibration
 
     try:
         cal = Calibration.from_dict(json.loads(path.read_text()))
@@ -96,11 +96,11 @@ def _saved_calibration(path: Path, groups: Sequence[str], goldens: Mapping[str, 
 
 
 def run(args: argparse.Namespace, out: IO[str]) -> int:
+    from parity.calibration.calibrate import calibrate, format_calibration
+    from parity.calibration.perturbations import CalibrationError, perturbations
+    from parity.calibration.record import record as record_calibration
     from parity.check import GoldenDir
     from parity.results import CheckError
-    from parity.run.calibrate import calibrate, format_calibration
-    from parity.run.calibration_record import record as record_calibration
-    from parity.run.perturbations import CalibrationError, perturbations
     from parity.run.runner import ProducersFailed
     from parity.store import GoldenStoreError
 

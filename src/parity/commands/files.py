@@ -7,10 +7,11 @@ import contextlib
 from collections.abc import Callable, Iterator, Sequence
 from pathlib import Path
 
-from parity.calibrated import bind_calibrated
-from parity.check import class_resolver, pinned_class_map
+from parity.calibration.bounds import bind_calibrated
+from parity.calibration.spreads import Spreads
+from parity.check import pinned_class_map
 from parity.commands.common import CLIError
-from parity.noise import Spreads
+from parity.judge.tolerance import class_resolver
 from parity.results import CheckError
 from parity.store import GoldenFile, GoldenStoreError, open_goldens
 
@@ -62,10 +63,10 @@ def key_classes(
     class_name: str | None = None,
     overrides: Sequence[tuple[str, str]] = (),
 ) -> Callable[[str], str]:
-    """key -> class name in `gf`, by `parity.check.class_resolver`'s precedence: `overrides`,
-    then `class_name` for every key, then `gf`'s pinned map, then the class `recorded` with
-    each array, then bitwise. A key a check would refuse (under `calibrated` with no spread
-    recorded in `gf`) is a `CLIError` naming the calibrate command."""
+    """key -> class name in `gf`, by `parity.judge.tolerance.class_resolver`'s precedence:
+    `overrides`, then `class_name` for every key, then `gf`'s pinned map, then the class
+    `recorded` with each array, then bitwise. A key a check would refuse (under `calibrated`
+    with no spread recorded in `gf`) is a `CLIError` naming the calibrate command."""
     try:
         pinned = pinned_class_map(gf)
     except CheckError as e:

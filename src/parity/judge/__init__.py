@@ -1,7 +1,8 @@
 """The judge: how two arrays, or two pytrees of them, are compared and what a verdict means.
 
-`ulp` (the float dtypes parity knows and the ulp line), `rule`, `rules` and `measured` (what
-every rule shares, the elementwise rules, the rules with a measured bound), `classes`
+`ulp` (the float dtypes parity knows and the ulp line), `rule`, `rules` and `derived_rules`
+(what every rule shares, the elementwise rules, the rules whose bound is derived: propagated
+from a reduction's length, measured by calibration, a budget), `classes`
 (tolerance classes as data, the registry), `tolerance` (class names looked up, class maps),
 `trees` (pytrees to `{key: array}`), `dataflow` (the order a function's program computes
 its outputs in, read from its jaxpr), `chunks` (the chunk plan and array sources, for

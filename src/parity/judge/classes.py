@@ -1,6 +1,6 @@
 """Tolerance classes as data: what a refactor may change in an array.
 
-A class is a name, a rule (an object of `parity.judge.rules` or `parity.judge.measured`:
+A class is a name, a rule (an object of `parity.judge.rules` or `parity.judge.derived_rules`:
 `Bitwise`, `Ulp`, `Close`, `RelativeToMax`, `Reduction`, `Calibrated`, `Budget`, `LogitKL`),
 one line saying what it tolerates and the measurement that set its threshold
 (`ToleranceClass`, JSON-safe both ways). `REGISTRY` holds the named classes, each with the

@@ -342,7 +342,7 @@ def compare_trees(
     - `actual`, `golden`: flat `{key: array}` mappings or nested mappings (flattened with
         `flatten`, keys joined by `"."`).
     - `class_map`: which class each key gets: a `ClassMap`, a bare class name for every
-        key, or a callable `key -> class name` (as `parity.check.class_resolver` builds)
+        key, or a callable `key -> class name` (as `parity.judge.tolerance.class_resolver` builds)
         or `key -> ToleranceClass` (a class resolved for that key, its parameters bound
         as data: a `calibrated` key's spread).
     - `registry`: the classes by name; defaults to `REGISTRY`.

@@ -31,7 +31,7 @@ positions, and integer and bool arrays are compared exactly.
 The elementwise rules with a fixed tolerance (`Bitwise`, `Ulp`, `Close`, `RelativeToMax`)
 live here; what every rule shares (`Rule`, `Scale`, `Elements`, `Judgement`) in
 `parity.judge.rule`; the rules with a measured or propagated bound (`Reduction`,
-`Calibrated`, `Budget`, `LogitKL`) in `parity.judge.measured`. This module names them all:
+`Calibrated`, `Budget`, `LogitKL`) in `parity.judge.derived_rules`. This module names them all:
 adding a rule is one class, registered in `RULES` under its `kind`, so that
 `ToleranceClass.from_dict` (and the golden files' JSON) can name it.
 
@@ -47,7 +47,7 @@ from typing import Any, ClassVar
 
 import numpy as np
 
-from parity.judge.measured import Budget, Calibrated, LogitKL, Reduction, unit_roundoff
+from parity.judge.derived_rules import Budget, Calibrated, LogitKL, Reduction, unit_roundoff
 from parity.judge.rule import Elements, Judgement, Rule, Scale, Unit, check_nonneg, judge_within
 from parity.judge.ulp import spacing_at
 

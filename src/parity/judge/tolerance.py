@@ -20,7 +20,7 @@ from __future__ import annotations
 
 import fnmatch
 import json
-from collections.abc import Iterable, Mapping
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any, cast
 
@@ -31,10 +31,14 @@ from parity.judge.rules import Close, Scale, rule_from_dict
 from parity.judge.ulp import is_float_dtype, to_float64
 
 __all__ = [
+    "DEFAULT_CLASS",
     "ClassMap",
+    "ClassMapLike",
     "KeyClass",
+    "Overrides",
     "UnknownClassError",
     "UnmatchedKeyError",
+    "class_resolver",
     "effective_atol",
     "get_class",
     "parse_class_name",
@@ -311,3 +315,62 @@ def effective_atol(tol: ToleranceClass, golden: Any) -> float:
     return rule.effective_atol(
         Scale.of(g, to_float64(g)) if rule.atol_ulps is not None else Scale(g.dtype, 0.0)
     )
+
+
+# --------------------------------------------------------------------------- precedence
+
+#: The class of a key that no level of the precedence covers.
+DEFAULT_CLASS = "bitwise"
+#: `(pattern, class)` rules tried before every class map (`fnmatch.fnmatchcase`).
+Overrides = Sequence[tuple[str, str]]
+#: What a caller may give as its class map: a `ClassMap`, a class name for every key, none.
+ClassMapLike = ClassMap | str | None
+
+
+def class_resolver(
+    *,
+    overrides: Overrides = (),
+    class_map: ClassMapLike = None,
+    pinned: ClassMap | None = None,
+    recorded: Mapping[str, str] | None = None,
+) -> Callable[[str], str]:
+    """key -> class name, by the one precedence every check uses (the CLI, the pytest
+    plugin, `parity diff`, `assert_equivalent`):
+
+    1. explicit overrides: `(pattern, class)` rules given for this check (for example
+       `[("traj.*", "device_count")]` on 4 devices);
+    2. the class map the caller gives (a `ClassMap`, or a class name for every key);
+    3. the class map pinned in the golden file (and, for a key it does not cover, the class
+       recorded with the array);
+    4. `bitwise`.
+
+    A level that has no answer for a key (a `ClassMap` without a default whose rules do not
+    match) passes the key to the next level.
+
+    **Arguments:**
+
+    - `overrides`: `(pattern, class)` rules tried first (`fnmatch.fnmatchcase`).
+    - `class_map`: the caller's map, or a class name for every key.
+    - `pinned`: the golden file's pinned map.
+    - `recorded`: the classes recorded with the golden's arrays, by key.
+
+    **Returns:** a function giving each key its class name (never raising).
+    """
+    rules = tuple((str(p), str(c)) for p, c in overrides)
+    caller = ClassMap(default=class_map) if isinstance(class_map, str) else class_map
+    recorded = recorded or {}
+
+    def resolve(key: str) -> str:
+        for pattern, name in rules:
+            if fnmatch.fnmatchcase(key, pattern):
+                return name
+        for level in (caller, pinned):
+            if level is None:
+                continue
+            try:
+                return level.class_for(key)
+            except KeyError:  # no rule matches and the map has no default
+                pass
+        return recorded.get(key) or DEFAULT_CLASS
+
+    return resolve

@@ -7,7 +7,7 @@ import contextlib
 import json
 import os
 import tempfile
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -25,8 +25,9 @@ from parity.store.format import (
     meta_digest,
 )
 from parity.store.keys import encode_key
+from parity.store.provenance import collect_provenance
 
-__all__ = ["fsync_dir", "set_text", "write_goldens"]
+__all__ = ["fsync_dir", "save_arrays", "set_text", "write_goldens"]
 
 
 def write_goldens(
@@ -190,3 +191,42 @@ def fsync_dir(directory: Path, *, strict: bool = False) -> None:
             raise
     finally:
         os.close(fd)
+
+
+def save_arrays(
+    directory: str | os.PathLike[str],
+    name: str,
+    arrays: Mapping[str, Any],
+    *,
+    classes: Callable[[str], str],
+    order: Sequence[str] = (),
+    provenance: Mapping[str, Any] | None = None,
+) -> Path:
+    """Write `arrays` in golden format to `directory/<name>.h5` (atomically), with the
+    classes they were checked under, the forward order and the provenance of the process
+    that produced them.
+
+    **Arguments:**
+
+    - `directory`: the folder to write into (created if missing).
+    - `name`: the file's stem.
+    - `arrays`: `{key: array}`.
+    - `classes`: key -> the class it was checked under.
+    - `order`: the forward order (keys not in `arrays` are left out).
+    - `provenance`: the producing process's environment, when that was another process
+      (`parity check` saves from its jax-free CLI process, whose XLA flags and ISA cap are
+      not the producer's: recording them would make `parity diff` report a false drift);
+      default this process's.
+
+    **Returns:** the file written.
+    """
+    out = Path(directory)
+    out.mkdir(parents=True, exist_ok=True)
+    keys = [k for k in order if k in arrays]
+    return write_goldens(
+        out / f"{name}.h5",
+        arrays,
+        classes={k: classes(k) for k in arrays},
+        provenance=dict(provenance) if provenance is not None else collect_provenance(),
+        order=keys,
+    )

@@ -13,7 +13,7 @@ and perturbation where the class came closest to its bound and flags:
   noise at all under a tolerant class), so it could hide a real bug of that size;
 - `ok` otherwise (a bitwise class that held under every perturbation is `ok`).
 
-Running the perturbations is `parity.run.calibrate`'s. Nothing here imports jax.
+Running the perturbations is `parity.calibration.calibrate`'s. Nothing here imports jax.
 """
 
 from __future__ import annotations
@@ -26,13 +26,13 @@ from typing import Any, Literal
 
 import numpy as np
 
-from parity.check import Overrides, class_resolver, pinned_class_map
+from parity.calibration.spreads import Spreads
+from parity.check import pinned_class_map
 from parity.judge.classes import REGISTRY, ToleranceClass
 from parity.judge.compare import Finding, compare_arrays
 from parity.judge.floats import from_json_float, json_float, largest_finite_abs
-from parity.judge.tolerance import get_class, parse_class_name
+from parity.judge.tolerance import Overrides, class_resolver, get_class, parse_class_name
 from parity.judge.ulp import is_float_dtype, to_float64
-from parity.noise import Spreads
 from parity.store import GoldenFile
 
 __all__ = [

@@ -3,15 +3,15 @@ class's bound.
 
 The goldens are pinned in one environment (an ISA cap and a device count, see
 `parity.run.devices`). Calibration runs the same producers on the same code under benign
-perturbations of that environment (`parity.run.perturbations`), each in a fresh process
+perturbations of that environment (`parity.calibration.perturbations`), each in a fresh process
 through `parity.run.runner.produce` (another XLA CPU ISA cap the host supports, another
 simulated device count, or the same environment again), and measures every array against
-its golden under the class it is checked with (`parity.run.measure`: per key the largest
+its golden under the class it is checked with (`parity.calibration.measure`: per key the largest
 spread, per class the verdict `ok`, `below noise` or `blunt`). `Calibration` holds the
 measurement, `format_calibration` prints it.
 
 A perturbation is benign by assumption: calibration measures the environment, not the
-code. `parity.run.calibration_record.record` writes the measurement into a golden file's
+code. `parity.calibration.record.record` writes the measurement into a golden file's
 provenance (`calibration`), so that `parity check` shows it in the report's header.
 
 Nothing here imports jax.
@@ -25,12 +25,12 @@ from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
-from parity.check import Overrides
+from parity.calibration.measure import BLUNT_FACTOR, ClassSpread, KeySpread, class_spreads, measure
+from parity.calibration.perturbations import Perturbation, host_isa_caps
 from parity.judge.classes import REGISTRY, ToleranceClass
+from parity.judge.tolerance import Overrides
 from parity.report import text_table
 from parity.run.config import ParityConfig
-from parity.run.measure import BLUNT_FACTOR, ClassSpread, KeySpread, class_spreads, measure
-from parity.run.perturbations import Perturbation, host_isa_caps
 from parity.store import GoldenFile
 
 __all__ = ["Calibration", "calibrate", "format_calibration"]

@@ -11,11 +11,11 @@ from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from parity.run.perturbations import CalibrationError
+from parity.calibration.perturbations import CalibrationError
 from parity.store import GoldenFile, write_goldens
 
 if TYPE_CHECKING:
-    from parity.run.calibrate import Calibration
+    from parity.calibration.calibrate import Calibration
 
 __all__ = ["merge_spreads", "record", "recorded_spreads"]
 
