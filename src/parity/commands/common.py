@@ -132,6 +132,15 @@ def deprecated_alias(old: str, new: str) -> type[argparse.Action]:
     return _Deprecated
 
 
+def _old_spelling(p: Any, old: str, new: str, *, dest: str) -> None:
+    """`old`, a deprecated spelling of the flag `new` (`--goldens DIR`) taking one value into
+    `dest`: it still works, says so once, and is not shown to a new user."""
+    metavar = new.partition(" ")[2] or None
+    p.add_argument(
+        old, dest=dest, metavar=metavar, action=deprecated_alias(old, new), help=argparse.SUPPRESS
+    )
+
+
 def goldens_flag(p: Any, *, old: str | None = None) -> None:
     """`--goldens DIR`, the golden folder (`old`: a deprecated spelling of it)."""
     p.add_argument(
@@ -140,13 +149,7 @@ def goldens_flag(p: Any, *, old: str | None = None) -> None:
         help="golden folder (default: [tool.parity] goldens, else goldens)",
     )
     if old:
-        p.add_argument(
-            old,
-            dest="goldens",
-            metavar="DIR",
-            action=deprecated_alias(old, "--goldens DIR"),
-            help=argparse.SUPPRESS,  # the old spelling: not shown to a new user
-        )
+        _old_spelling(p, old, "--goldens DIR", dest="goldens")
 
 
 def json_flag(p: argparse.ArgumentParser, *, what: str = "the report") -> None:
@@ -163,13 +166,7 @@ def report_flag(p: argparse.ArgumentParser, *, old: str | None = None) -> None:
         help="write the report to DIR: report.txt (the table), report.json, index.html (plots)",
     )
     if old:
-        p.add_argument(
-            old,
-            dest="report",
-            metavar="DIR",
-            action=deprecated_alias(old, "--report DIR"),
-            help=argparse.SUPPRESS,  # the old spelling: not shown to a new user
-        )
+        _old_spelling(p, old, "--report DIR", dest="report")
 
 
 def class_flag(p: argparse.ArgumentParser) -> None:
