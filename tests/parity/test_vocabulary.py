@@ -61,7 +61,7 @@ def test_a_flag_means_one_thing_with_one_help_text_on_every_subcommand() -> None
     ("command", "flags"),
     [
         ("check", {"--goldens", "--json", "--report", "--class", "--override", "--drift"}),
-        ("diff", {"--json", "--report", "--class", "--override"}),
+        ("diff", {"--json", "--report", "--class", "--override", "--drift"}),
         ("bisect", {"--json", "--class", "--override"}),
         ("calibrate", {"--goldens", "--json", "--class", "--override"}),
         ("repin", {"--goldens", "--recover"}),
@@ -120,6 +120,24 @@ def test_diff_report_writes_text_json_and_html_and_html_is_its_old_spelling(
     err = capsys.readouterr().err.splitlines()
     old = "parity: warning: --html is deprecated and goes in the next release; use --report DIR"
     assert err == ([old] if flag == "--html" else [])
+
+
+@pytest.mark.parametrize(("mode", "code"), [("warn", 0), ("relax", 0), ("strict", 2)])
+def test_diff_drift_is_the_checks_policy_over_actuals_environment(
+    tmp_path: Path, mode: str, code: int, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """A diff is a check of ACTUAL's arrays in ACTUAL's environment: a difference that can
+    move bits (here jaxlib) is named under `warn`, relaxes bitwise under `relax` and refuses
+    the comparison under `strict`, as `parity check --drift` does."""
+    arrays = {"a": np.arange(4, dtype=np.float32)}
+    golden = write_goldens(tmp_path / "g.h5", arrays, provenance={"jaxlib": "0.4.30"})
+    actual = write_goldens(tmp_path / "a.h5", arrays, provenance={"jaxlib": "0.4.31"})
+    assert main(["diff", str(actual), str(golden), "--drift", mode]) == code
+    captured = capsys.readouterr()
+    said = captured.out if code == 0 else captured.err
+    assert "jaxlib: '0.4.30' -> '0.4.31'" in said
+    assert ("'strict' refuses" in said) == (mode == "strict")
+    assert ("checked as ulp" in said) == (mode == "relax")
 
 
 _BARE_JSON = (
