@@ -24,13 +24,19 @@ def _group_param(group: str) -> object:
     per-site step (`test_live.py`), which reads the same per-process cached trajectory
     (`producers.train_group`) instead of compiling the step again; `train_remat_nothing`'s
     worker also runs the remat modes' agreement (`test_remat.py`), which loads the program
-    from the persistent compilation cache. The groups that compile a train step are `slow`
-    (scheduled first: tests/conftest.py)."""
+    from the persistent compilation cache, and `eval` runs beside the eval step's live
+    differential. The groups that compile a train or eval step are `slow` (scheduled first:
+    tests/conftest.py)."""
     if group in ("train_remat_nothing", "train_remat_dots"):
         marks = [pytest.mark.xdist_group(f"trajectory.{group}"), pytest.mark.slow]
         return pytest.param(group, marks=marks)
     if group == "train_branches":
         return pytest.param(group, marks=pytest.mark.slow)
+    if group == "eval":
+        # On the worker of the live differential of the eval step (`test_live.py`), which
+        # compiles the same stacked eval step: there it is a hit in the compilation cache
+        # instead of a second compile on the other worker.
+        return pytest.param(group, marks=[pytest.mark.xdist_group("eval"), pytest.mark.slow])
     if group == "compile_budget":
         # Its programs are built on a 1-device mesh whatever the process's device count
         # (tools/compile_entries.py), and calibration measured zero spread at 4 devices and
