@@ -16,7 +16,7 @@ import time
 
 import numpy as np
 import pytest
-from producers import GROUPS, TRAIN_STEPS, branches_setup, sources_arrays
+from producers import GROUPS, TRAIN_STEPS, branches_config, sources_arrays
 
 
 def _group_param(group: str) -> object:
@@ -79,7 +79,7 @@ def test_the_branches_trajectory_takes_every_branch(parity_goldens):
     its ends in some step, and PGD moved a source by more than one Adam step can (`pgd_lr`)
     in every step, so it took more than one ascent step."""
     gf = parity_goldens.open("train_branches")
-    _, spd = branches_setup()
+    spd = branches_config()
 
     def at(step: int, name: str) -> float:
         return float(np.asarray(gf[f"traj.branches.step{step}.{name}"]))
