@@ -400,11 +400,18 @@ BRANCHES: dict[str, Any] = {
 }
 
 
+def branches_config(**changes: Any) -> Any:
+    """The SPD configuration of the branches trajectory, with `changes` on top, without
+    initialising the model (what a test that reads only the configuration needs)."""
+    _, spd = spd_configs(None)
+    return dataclasses.replace(spd, **{**BRANCHES, **changes})
+
+
 def branches_setup(**changes: Any) -> tuple[Any, Any]:
     """The model and config of the branches trajectory, with `changes` on top (the
     sensitivity sweep perturbs one field at a time)."""
-    model, spd = _spd_setup(None)
-    return model, dataclasses.replace(spd, **{**BRANCHES, **changes})
+    model, _ = _spd_setup(None)
+    return model, branches_config(**changes)
 
 
 def branches_group() -> dict[str, np.ndarray]:

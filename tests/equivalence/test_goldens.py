@@ -16,7 +16,7 @@ import time
 
 import numpy as np
 import pytest
-from producers import GROUPS, TRAIN_STEPS, branches_setup, sources_arrays
+from producers import GROUPS, TRAIN_STEPS, branches_config, sources_arrays
 
 
 def _group_param(group: str) -> object:
@@ -24,13 +24,19 @@ def _group_param(group: str) -> object:
     per-site step (`test_live.py`), which reads the same per-process cached trajectory
     (`producers.train_group`) instead of compiling the step again; `train_remat_nothing`'s
     worker also runs the remat modes' agreement (`test_remat.py`), which loads the program
-    from the persistent compilation cache. The groups that compile a train step are `slow`
-    (scheduled first: tests/conftest.py)."""
+    from the persistent compilation cache, and `eval` runs beside the eval step's live
+    differential. The groups that compile a train or eval step are `slow` (scheduled first:
+    tests/conftest.py)."""
     if group in ("train_remat_nothing", "train_remat_dots"):
         marks = [pytest.mark.xdist_group(f"trajectory.{group}"), pytest.mark.slow]
         return pytest.param(group, marks=marks)
     if group == "train_branches":
         return pytest.param(group, marks=pytest.mark.slow)
+    if group == "eval":
+        # On the worker of the live differential of the eval step (`test_live.py`), which
+        # compiles the same stacked eval step: there it is a hit in the compilation cache
+        # instead of a second compile on the other worker.
+        return pytest.param(group, marks=[pytest.mark.xdist_group("eval"), pytest.mark.slow])
     if group == "compile_budget":
         # Its programs are built on a 1-device mesh whatever the process's device count
         # (tools/compile_entries.py), and calibration measured zero spread at 4 devices and
@@ -73,7 +79,7 @@ def test_the_branches_trajectory_takes_every_branch(parity_goldens):
     its ends in some step, and PGD moved a source by more than one Adam step can (`pgd_lr`)
     in every step, so it took more than one ascent step."""
     gf = parity_goldens.open("train_branches")
-    _, spd = branches_setup()
+    spd = branches_config()
 
     def at(step: int, name: str) -> float:
         return float(np.asarray(gf[f"traj.branches.step{step}.{name}"]))

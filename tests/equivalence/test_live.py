@@ -138,8 +138,11 @@ def test_stacked_train_step_matches_the_legacy_per_site_step(remat, parity_check
     )
 
 
+# On the xdist worker of the eval group's golden check (`test_goldens.py`), which runs the
+# same stacked eval step: one compile of it for the two.
 @pytest.mark.slow
 @pytest.mark.one_layout
+@pytest.mark.xdist_group("eval")
 def test_stacked_eval_step_matches_the_legacy_per_site_step(parity_check):
     parity_check(
         eval_group(),

@@ -15,7 +15,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 import pytest
-from producers import _spd_setup, branches_setup, trajectory
+from producers import _spd_setup, branches_config, branches_setup, trajectory
 
 import decomp.nn
 import decomp.train
@@ -146,8 +146,7 @@ def test_each_loss_term_scaled_by_1e_5_at_step_1_fails_train_branches(parity_gol
 
 
 def test_a_doubled_pgd_lr_fails_train_branches(parity_goldens):
-    _, base = branches_setup()
-    model, spd = branches_setup(pgd_lr=2 * base.pgd_lr)
+    model, spd = branches_setup(pgd_lr=2 * branches_config().pgd_lr)
     result = check_group(trajectory(model, spd, "branches", evidence=True), "train_branches",
                          goldens=parity_goldens)  # fmt: skip
     assert not result.passed

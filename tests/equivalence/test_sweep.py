@@ -43,6 +43,7 @@ from producers import (
     _init_glu,
     _jit_fused,
     _spd_setup,
+    branches_config,
     branches_setup,
     eval_group,
     glu_config,
@@ -294,7 +295,7 @@ def test_shaped_fields_change_pinned_shapes_or_dtypes(parity_goldens, field):
 
 
 def _step1_losses(model, config) -> dict[str, np.ndarray]:
-    base = branches_setup()[1]
+    base = branches_config()
     state = init_train_state(model, base, key=jax.random.key(1), seq_len=SEQ)
     x, key = step_inputs(model, 1)
 
