@@ -15,6 +15,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 
+from parity.run import jax_cache
 from parity.run.devices import xla_flags_for
 
 RTOL, ATOL = 1e-4, 1e-7
@@ -68,13 +69,8 @@ def _env(n_devices: int) -> dict[str, str]:
     env = dict(os.environ)
     env["XLA_FLAGS"] = xla_flags_for(n_devices, base=env.get("XLA_FLAGS", ""))
     env.pop("PARITY_DEVICES", None)
-    # Reuse compiles across runs, like the in-process tests (the plugin's cache folder).
-    import jax
-
-    cache = jax.config.jax_compilation_cache_dir
-    if cache:
-        env["JAX_COMPILATION_CACHE_DIR"] = str(Path(cache).parent / f"subprocess_{n_devices}dev")
-        env["JAX_PERSISTENT_CACHE_MIN_COMPILE_TIME_SECS"] = "0"
+    # The machine's compilation cache, as every process the plugin starts.
+    env.update(jax_cache.child_env(jax_cache.for_children()))
     return env
 
 

@@ -65,7 +65,7 @@ def test_the_wheel_requires_no_subject_dependency(wheel: Path) -> None:
     assert (meta["Name"], meta["Version"]) == ("parity-harness", version)
     requires = meta.get_all("Requires-Dist") or []
     required = {_name(r) for r in requires if "extra ==" not in r}
-    assert required == {"jax", "jaxlib", "numpy", "h5py", "ml-dtypes"}, requires
+    assert required == {"jax", "jaxlib", "numpy", "h5py", "ml-dtypes", "filelock"}, requires
     # equinox and optax only under this repository's own extras (its tests run decomp):
     # `test`, and `dev`, which includes it.
     subject = [r for r in requires if _name(r) in SUBJECT_ONLY]

@@ -429,18 +429,27 @@ def test_the_plugin_puts_the_configured_src_roots_on_sys_path(tmp_path: Path) ->
     assert "1 passed" in done.stdout
 
 
-def test_the_default_compile_cache_leaves_nothing_for_git_to_show(tmp_path: Path, git) -> None:
-    (tmp_path / ".gitignore").write_text("__pycache__/\n")
-    (tmp_path / "pyproject.toml").write_text('[project]\nname = "p"\n\n[tool.parity]\n')
-    (tmp_path / "tests").mkdir()
-    (tmp_path / "tests" / "test_jit.py").write_text(
+def test_the_default_compile_cache_is_the_machine_s_outside_the_checkout(
+    tmp_path: Path, git
+) -> None:
+    proj, home = tmp_path / "proj", tmp_path / "cache-home"
+    proj.mkdir()
+    (proj / ".gitignore").write_text("__pycache__/\n")
+    (proj / "pyproject.toml").write_text('[project]\nname = "p"\n\n[tool.parity]\n')
+    (proj / "tests").mkdir()
+    (proj / "tests" / "test_jit.py").write_text(
         "import jax\nimport jax.numpy as jnp\n\n\n"
         "def test_jit():\n    assert float(jax.jit(jnp.sin)(0.0)) == 0.0\n"
     )
-    git(tmp_path, "init", "-q")
-    git(tmp_path, "add", ".")
-    git(tmp_path, "commit", "-qm", "a project")
-    done = _pytest_bare(tmp_path, "-q", "tests")  # the default cache, pytest's own too
+    git(proj, "init", "-q")
+    git(proj, "add", ".")
+    git(proj, "commit", "-qm", "a project")
+    env = _bare_env() | {"XDG_CACHE_HOME": str(home)}
+    done = subprocess.run([sys.executable, "-m", "pytest", "-q", "-n", "2", "tests"], cwd=proj,
+                          env=env, capture_output=True, text=True, timeout=300)  # fmt: skip
     assert done.returncode == 0, done.stdout + done.stderr
-    assert any((tmp_path / ".jax_cache").rglob("*-cache")), "the cache stayed empty"
-    assert git(tmp_path, "status", "--porcelain", "--untracked-files=all") == ""
+    # one folder for both xdist workers, under the user's cache folder
+    (folder,) = (home / "parity" / "jax").iterdir()
+    assert any(folder.glob("jit_sin-*-cache")), "the cache stayed empty"
+    assert "XLA compiled" in done.stdout
+    assert git(proj, "status", "--porcelain", "--untracked-files=all") == ""

@@ -39,9 +39,11 @@ roots go to the front of `sys.path` before conftests and test modules are import
   is shown and it alone writes the report. A worker that crashes, is killed or outlives
   `--parity-timeout S` (default 3600) ends the session with exit 2 naming it.
 - `--parity-jax-cache DIR` (env `PARITY_JAX_CACHE`, `[tool.parity]` jax_cache): jax's
-  persistent compilation cache folder; each xdist worker gets its own subfolder. `none`
-  disables it. Default `.jax_cache` in the rootdir, which ignores itself for git (its own
-  `.gitignore`, as `.pytest_cache`). `--parity-cache` is its deprecated old spelling.
+  persistent compilation cache folder, one per machine (`parity.run.jax_cache`): shared by
+  the xdist workers, the processes of a distributed session and every process the tests
+  start. `none` disables it. Default `~/.cache/parity/jax` (`$XDG_CACHE_HOME/parity/jax`),
+  outside the checkout. `--parity-cache` is its deprecated old spelling. The terminal
+  summary counts the session's compiles and cache loads.
 
 Fixtures:
 

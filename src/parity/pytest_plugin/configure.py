@@ -24,34 +24,16 @@ if TYPE_CHECKING:  # parity.check loads h5py: imported only when a check runs
     from parity.run.baseline import BaselineSource
 
 
-def _enable_compile_cache(config: pytest.Config, project: ParityConfig) -> None:
-    if "jax_cache" in project.explicit and project.jax_cache is None:  # "none": off
-        return
-    default = project.jax_cache is None
-    base = Path(config.rootpath) / ".jax_cache" if default else project.jax_cache
-    assert base is not None
-    place = worker_place()
-    name = f"process{place[0]}" if place else os.environ.get("PYTEST_XDIST_WORKER", "main")
-    folder = base / name
-    folder.mkdir(parents=True, exist_ok=True)
-    if default:
-        _ignore_for_git(base)
-    import jax
+def _enable_compile_cache(project: ParityConfig) -> None:
+    """The machine's one compilation cache (`parity.run.jax_cache`), for this process, its
+    xdist siblings and every process its tests start."""
+    from parity.run import compile_count, jax_cache
 
-    jax.config.update("jax_compilation_cache_dir", str(folder))
-    # Test programs compile in well under a second each; cache them all.
-    jax.config.update("jax_persistent_cache_min_compile_time_secs", 0.0)
-    jax.config.update("jax_persistent_cache_min_entry_size_bytes", 0)
-
-
-def _ignore_for_git(folder: Path) -> None:
-    """Make `folder` ignore itself, as `.pytest_cache/` does, so the default cache in the
-    user's project root shows in no `git status` and needs no `.gitignore` line."""
-    try:
-        with open(folder / ".gitignore", "x") as f:
-            f.write("# the parity pytest plugin's jax compilation cache: never committed\n*\n")
-    except FileExistsError:  # written before, or by another xdist worker just now
-        pass
+    root = jax_cache.resolve(project)
+    jax_cache.export(root)
+    if root is not None:
+        jax_cache.enable(root)
+    compile_count.install()
 
 
 def session_config(config: pytest.Config) -> ParityConfig:
@@ -214,7 +196,7 @@ def pytest_configure(config: pytest.Config) -> None:
     if project.isa is not None:
         cap_isa(project.isa)
     # Before the runtime: joining a multi-process run starts jax's backends.
-    _enable_compile_cache(config, project)
+    _enable_compile_cache(project)
     place = worker_place()
     if place is not None:
         from parity.run.processes import initialize

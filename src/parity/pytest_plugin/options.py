@@ -118,9 +118,9 @@ def pytest_addoption(parser: pytest.Parser) -> None:
         "--parity-jax-cache",
         default=None,
         metavar="DIR",
-        help="jax's persistent compilation cache folder, one subfolder per xdist worker; "
-        "'none' turns it off (default: PARITY_JAX_CACHE, else [tool.parity] jax_cache, else "
-        ".jax_cache in the rootdir)",
+        help="jax's persistent compilation cache folder, one per machine, shared by the xdist "
+        "workers and every process the tests start; 'none' turns it off (default: "
+        "PARITY_JAX_CACHE, else [tool.parity] jax_cache, else ~/.cache/parity/jax)",
     )
     # The old spelling of --parity-jax-cache (one release): a DeprecationWarning names it;
     # not shown to a new user.

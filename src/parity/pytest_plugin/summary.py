@@ -3,6 +3,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import time
 from collections.abc import Sequence
 from dataclasses import dataclass
@@ -12,6 +13,7 @@ from typing import TYPE_CHECKING, Any
 import pytest
 
 from parity.pytest_plugin.stash import GOLDENS, NARROWED, RESULTS
+from parity.run import compile_count
 from parity.run.processes import worker_place
 
 if TYPE_CHECKING:  # parity.check loads h5py: imported only when a check runs
@@ -28,6 +30,8 @@ class _Summary:
 
 
 _SUMMARY = pytest.StashKey[_Summary]()
+#: The compile figures the xdist workers handed back, summed.
+_WORKER_COMPILES = pytest.StashKey[compile_count.Counts]()
 
 
 def pytest_sessionfinish(session: pytest.Session, exitstatus: int) -> None:
@@ -37,6 +41,7 @@ def pytest_sessionfinish(session: pytest.Session, exitstatus: int) -> None:
     from parity.results import results_to_json
 
     if workeroutput is not None:  # an xdist worker: hand the results to the controller
+        workeroutput["parity_compiles"] = dataclasses.asdict(compile_count.counts())
         workeroutput["parity_results"] = results_to_json(config.stash[RESULTS])
         workeroutput["parity_narrowed"] = config.stash[NARROWED]
         return
@@ -66,6 +71,11 @@ def pytest_testnodedown(node: Any, error: Any) -> None:
     from parity.results import results_from_json
 
     output = getattr(node, "workeroutput", {})
+    if "parity_compiles" in output:
+        workers = node.config.stash.get(_WORKER_COMPILES, compile_count.Counts(0, 0, 0))
+        node.config.stash[_WORKER_COMPILES] = workers + compile_count.Counts(
+            **output["parity_compiles"]
+        )
     raw = output.get("parity_results")
     if raw:
         node.config.stash[RESULTS].extend(results_from_json(raw))
@@ -147,9 +157,15 @@ def _write_report(out: Path, summary: _Summary) -> None:
     summary.session.write_folder(out, fields=("node", *CHECK_FIELDS), complete=complete)
 
 
+def _compiles(config: pytest.Config) -> compile_count.Counts:
+    """This session's compiles: the xdist workers', else this process's own."""
+    return config.stash.get(_WORKER_COMPILES, None) or compile_count.counts()
+
+
 def pytest_terminal_summary(terminalreporter: Any, exitstatus: int, config: pytest.Config) -> None:
     if getattr(config, "workeroutput", None) is not None:
         return
+    terminalreporter.write_line(f"parity: {_compiles(config).line()}")
     summary = config.stash.get(_SUMMARY, None)
     if summary is None:
         return

@@ -206,7 +206,11 @@ def main(argv: list[str] | None = None) -> int:
     try:
         import parity
         import parity.compile_stats  # noqa: F401
+        from parity.run import compile_count
         from parity.store.provenance import collect_provenance
+
+        if os.environ.get(compile_count.LOG_VAR):
+            compile_count.install()
     except ImportError:
         pass
     drop = {os.path.realpath(d) for d in args.drop_path}

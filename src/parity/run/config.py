@@ -21,8 +21,9 @@ still marks the project root, and every key takes its default. Keys:
 - `drift`: the drift policy, what a difference that can change bits between the goldens'
   environment and this one does to bitwise classes: `"warn"` (default), `"relax"` or
   `"strict"` (`parity.environment`);
-- `jax_cache`: jax's persistent compilation cache folder of the pytest plugin, `"none"`
-  turns it off (default `.jax_cache` in the rootdir).
+- `jax_cache`: the machine's jax compilation cache folder, shared by the pytest plugin and
+  every process the commands start, `"none"` turns it off (default `~/.cache/parity/jax`:
+  `parity.run.jax_cache`).
 
 Relative paths resolve against the folder holding the `pyproject.toml`. Three environment
 variables stand for keys, for the command line and the pytest plugin alike (`ENV`):
@@ -95,8 +96,9 @@ class ParityConfig:
     - `baseline`: the second judge, `"auto"` or `"off"`.
     - `baseline_cache`: the folder of re-produced bases, or None for the default.
     - `drift`: the drift policy, `"warn"`, `"relax"` or `"strict"`.
-    - `jax_cache`: the plugin's compilation cache folder; None for the default (`.jax_cache`
-      in the rootdir), or, where `jax_cache` is in `explicit` (`"none"`), off.
+    - `jax_cache`: the compilation cache folder; None for the default
+      (`parity.run.jax_cache.default_folder`), or, where `jax_cache` is in `explicit`
+      (`"none"`), off.
     - `explicit`: the keys the table (or a flag) set, as opposed to defaults.
     - `table`: whether `pyproject` has a `[tool.parity]` table (empty or not): the project
       adopted parity, as opposed to a folder that merely has a `pyproject.toml`.

@@ -48,16 +48,26 @@ def xla_flags_for(n_devices: int, *, isa_cap: str | None = DEFAULT_ISA_CAP, base
 def isolated_env(
     n_devices: int, *, isa_cap: str | None = DEFAULT_ISA_CAP, base: dict[str, str] | None = None
 ) -> dict[str, str]:
-    """Environment for a subprocess that must not share this one's jax settings or caches.
+    """Environment for a subprocess that must not share this one's jax settings.
 
-    Drops every `JAX_*` and `PARITY_*` variable, fixes the device count and ISA cap in
-    `XLA_FLAGS`, and turns jax's persistent compilation cache off, so that what the child
-    compiles and measures is its own.
+    Drops every `JAX_*` and `PARITY_*` variable and fixes the device count and ISA cap in
+    `XLA_FLAGS`. The one jax setting it passes on is the machine's compilation cache
+    (`parity.run.jax_cache`: the root this process resolved, off where it was turned off),
+    so that a program the child compiles is compiled once per machine; what a child measures
+    of a compile (`parity.compile_stats`) it measures with the cache off.
     """
+    from parity.run import jax_cache
+    from parity.run.compile_count import LOG_VAR
+
     src = dict(os.environ) if base is None else base
     env = {k: v for k, v in src.items() if not k.startswith(("JAX_", "PARITY_"))}
     env["XLA_FLAGS"] = xla_flags_for(n_devices, isa_cap=isa_cap)
-    env["JAX_ENABLE_COMPILATION_CACHE"] = "false"
+    root = jax_cache.for_children(src)
+    env.update(jax_cache.child_env(root))
+    if root is not None:  # the grandchildren (a producer's own subprocesses) inherit it
+        env[jax_cache.RESOLVED_VAR] = str(root)
+    if LOG_VAR in src:  # a benchmark counting every process's compiles
+        env[LOG_VAR] = src[LOG_VAR]
     return env
 
 

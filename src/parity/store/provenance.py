@@ -59,7 +59,7 @@ _VECTOR_FLAG_RE = re.compile(
 )
 
 
-def _cpu() -> str | None:
+def cpu_signature() -> str | None:
     """Vendor, family, model and vector instruction sets of the first processor, from
     /proc/cpuinfo: what decides XLA's CPU code beyond the ISA cap. None elsewhere."""
     fields: dict[str, str] = {}
@@ -142,7 +142,7 @@ def collect_provenance(
         "platform": platform.platform(),
         "machine": platform.machine(),
         "processor": _processor(),
-        "cpu": _cpu(),
+        "cpu": cpu_signature(),
         "device_count": int(device_count) if device_count is not None else _device_count(xla_flags),
         "processes": int(os.environ.get("PARITY_PROCESSES") or 1),
         "xla_flags": xla_flags,

@@ -1,0 +1,110 @@
+"""How many programs this process compiled, and how many it loaded from jax's persistent
+compilation cache instead.
+
+jax reports both through `jax.monitoring`: `/jax/core/compile/backend_compile_duration` once
+per program handed to XLA (the span covers the cache lookup too), and
+`/jax/compilation_cache/cache_hits` once per program the cache answered. A compile is the
+first minus the second. `install` registers the two listeners once per process.
+
+With `PARITY_COMPILE_LOG` naming a folder, a process that installed the counter writes its
+figures there when it exits (`<pid>.json`); `read_log` adds them up. `tools/bench_suite.py`
+sets it for a whole suite or main job, so the producer processes the CLI starts and the
+workers of a distributed session are counted beside pytest's own.
+"""
+
+from __future__ import annotations
+
+import atexit
+import json
+import os
+import sys
+from dataclasses import dataclass
+from pathlib import Path
+
+__all__ = ["LOG_VAR", "Counts", "counts", "install", "read_log"]
+
+#: The folder each counted process writes its figures to when it exits.
+LOG_VAR = "PARITY_COMPILE_LOG"
+
+_BACKEND_COMPILE = "/jax/core/compile/backend_compile_duration"
+_CACHE_HIT = "/jax/compilation_cache/cache_hits"
+
+
+@dataclass(frozen=True)
+class Counts:
+    """**Fields:** `compiled` (programs XLA compiled), `loaded` (programs read from the
+    persistent cache), `processes` (how many processes the figures add up)."""
+
+    compiled: int = 0
+    loaded: int = 0
+    processes: int = 1
+
+    def __add__(self, other: Counts) -> Counts:
+        return Counts(
+            self.compiled + other.compiled,
+            self.loaded + other.loaded,
+            self.processes + other.processes,
+        )
+
+    def line(self) -> str:
+        return (
+            f"XLA compiled {self.compiled} program(s) and loaded {self.loaded} from the "
+            f"compilation cache ({self.processes} process(es))"
+        )
+
+
+_requests = 0
+_hits = 0
+_installed = False
+
+
+def _on_duration(event: str, duration_secs: float, **_: object) -> None:
+    del duration_secs
+    global _requests
+    if event == _BACKEND_COMPILE:
+        _requests += 1
+
+
+def _on_event(event: str, **_: object) -> None:
+    global _hits
+    if event == _CACHE_HIT:
+        _hits += 1
+
+
+def install() -> None:
+    """Count this process's compiles from now on; with `PARITY_COMPILE_LOG` set, write them
+    there at exit. Idempotent."""
+    global _installed
+    if _installed:
+        return
+    import jax.monitoring
+
+    jax.monitoring.register_event_duration_secs_listener(_on_duration)
+    jax.monitoring.register_event_listener(_on_event)
+    _installed = True
+    folder = os.environ.get(LOG_VAR)
+    if folder:
+        atexit.register(_write, Path(folder))
+
+
+def counts() -> Counts:
+    """This process's figures since `install`."""
+    return Counts(_requests - _hits, _hits)
+
+
+def _write(folder: Path) -> None:
+    c = counts()
+    doc = {"argv": sys.argv[:3], "compiled": c.compiled, "loaded": c.loaded}
+    folder.mkdir(parents=True, exist_ok=True)
+    tmp = folder / f".{os.getpid()}.json.tmp"
+    tmp.write_text(json.dumps(doc))
+    tmp.replace(folder / f"{os.getpid()}.json")
+
+
+def read_log(folder: Path) -> Counts:
+    """The sum of the figures the processes wrote to `folder`."""
+    total = Counts(0, 0, 0)
+    for path in sorted(folder.glob("*.json")):
+        doc = json.loads(path.read_text())
+        total = total + Counts(int(doc["compiled"]), int(doc["loaded"]))
+    return total

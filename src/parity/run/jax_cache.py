@@ -1,0 +1,142 @@
+"""One jax compilation cache per machine, shared by every process parity starts.
+
+jax's persistent compilation cache turns a second compile of the same program into a file
+read. parity shares one folder between the pytest plugin's xdist workers, the processes of
+a distributed session, every producer process the CLI starts (check, repin, bisect,
+calibrate, baseline) and the tests' own subprocesses, so a program is compiled once per
+machine rather than once per process.
+
+Two facts of jax 0.10's cache decide how (read in `jax/_src/cache_key.py` and
+`jax/_src/lru_cache.py`):
+
+- **The folder is part of the key.** With jax's default
+  `jax_persistent_cache_enable_xla_caches`, the compile options carry
+  `xla_gpu_per_fusion_autotune_cache_dir = <folder>/...`, and the serialized compile
+  options are hashed into the key: two folders never share an entry, whatever they hold.
+  That is why the old per-worker folders shared nothing. parity turns those XLA-side caches
+  off (`"none"`, they serve GPU autotuning only), so a key no longer depends on where the
+  folder is.
+- **Writes are not atomic.** Without a size limit the cache writes an entry with
+  `Path.write_bytes` (open, truncate, write) and reads it with no lock, so a reader in
+  another process can see a half-written entry. With a size limit the cache takes a
+  `filelock` lock around every read and write (and evicts the least recently used entries
+  beyond the limit): one writer at a time and no torn read. parity always sets a limit.
+
+The folder holds a subfolder per processor (`parity.store.provenance.cpu_signature`):
+XLA's CPU code is built for the host, so a home folder shared by machines of different
+processors never hands one machine another's kernels.
+
+Where: `[tool.parity] jax_cache`, `PARITY_JAX_CACHE` or the plugin's `--parity-jax-cache`
+(`"none"` turns it off), else `$XDG_CACHE_HOME/parity/jax` (`~/.cache/parity/jax`).
+`parity.compile_stats` still compiles with the cache off, as a compile-time measurement
+must.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import os
+from collections.abc import Mapping
+from pathlib import Path
+from typing import TYPE_CHECKING
+
+from parity.store.provenance import cpu_signature
+
+if TYPE_CHECKING:
+    from parity.run.config import ParityConfig
+
+__all__ = [
+    "MAX_BYTES",
+    "RESOLVED_VAR",
+    "child_env",
+    "default_folder",
+    "enable",
+    "export",
+    "folder_for",
+    "for_children",
+    "resolve",
+]
+
+#: Where the plugin (or a command) records the cache root it resolved, for the processes
+#: it starts; internal, beside the user's `PARITY_JAX_CACHE`, which keeps its own meaning
+#: in the settings' precedence.
+RESOLVED_VAR = "PARITY_RESOLVED_JAX_CACHE"
+#: The size limit: past it the least recently used entries go. A limit is also what makes
+#: jax lock the folder around every read and write (module docstring).
+MAX_BYTES = 8 * 1024**3
+
+
+def default_folder() -> Path:
+    """`$XDG_CACHE_HOME/parity/jax`, else `~/.cache/parity/jax`: beside the bases."""
+    xdg = os.environ.get("XDG_CACHE_HOME")
+    base = Path(xdg) if xdg else Path.home() / ".cache"
+    return base / "parity" / "jax"
+
+
+def folder_for(root: Path) -> Path:
+    """The subfolder of `root` for this machine's processor (and architecture)."""
+    import platform
+
+    tag = f"{platform.machine()}|{cpu_signature() or platform.processor()}"
+    return root / hashlib.sha256(tag.encode()).hexdigest()[:12]
+
+
+def _settings(folder: Path) -> dict[str, str | int | float]:
+    return {
+        "jax_compilation_cache_dir": str(folder),
+        # Test and producer programs compile in well under a second each: cache them all.
+        "jax_persistent_cache_min_compile_time_secs": 0.0,
+        "jax_persistent_cache_min_entry_size_bytes": 0,
+        "jax_compilation_cache_max_size": MAX_BYTES,
+        "jax_persistent_cache_enable_xla_caches": "none",
+    }
+
+
+def enable(root: Path) -> Path:
+    """Point this process's jax at the shared cache under `root` (before or after jax
+    started: these settings are read at each compile). **Returns:** the folder used."""
+    import jax
+
+    folder = folder_for(root)
+    folder.mkdir(parents=True, exist_ok=True)
+    for name, value in _settings(folder).items():
+        jax.config.update(name, value)
+    return folder
+
+
+def child_env(root: Path | None) -> dict[str, str]:
+    """The `JAX_*` variables that give a child process the shared cache under `root`, or
+    turn the cache off where `root` is None."""
+    if root is None:
+        return {"JAX_ENABLE_COMPILATION_CACHE": "false"}
+    folder = folder_for(root)
+    folder.mkdir(parents=True, exist_ok=True)
+    return {name.upper(): str(value) for name, value in _settings(folder).items()}
+
+
+def resolve(config: ParityConfig) -> Path | None:
+    """The cache root a project's settings choose: None where `jax_cache = "none"` (or
+    `PARITY_JAX_CACHE=none`, or the plugin's `--parity-jax-cache none`) turned it off."""
+    if "jax_cache" in config.explicit and config.jax_cache is None:
+        return None
+    return config.jax_cache if config.jax_cache is not None else default_folder()
+
+
+def export(root: Path | None) -> None:
+    """Record the resolved cache root in this process's environment (`RESOLVED_VAR`), so
+    that every process it starts, and theirs, inherits the one choice."""
+    os.environ[RESOLVED_VAR] = "none" if root is None else str(root)
+
+
+def for_children(env: Mapping[str, str] | None = None) -> Path | None:
+    """The cache root for a process this one starts: the one exported here or by a parent
+    (`export`), else the one the project's settings around the working folder choose."""
+    raw = (os.environ if env is None else env).get(RESOLVED_VAR)
+    if raw:
+        return None if raw == "none" else Path(raw)
+    from parity.run.config import ConfigError, load_config
+
+    try:
+        return resolve(load_config())
+    except ConfigError:  # reported by whatever reads the settings for real
+        return default_folder()

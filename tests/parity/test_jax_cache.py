@@ -1,0 +1,113 @@
+"""The machine's one compilation cache (`parity.run.jax_cache`): keys that do not depend on
+the folder, several processes on one empty cache at once, and the compile counter."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from parity.run import jax_cache
+from parity.run.devices import isolated_env
+
+# Each process compiles the same programs in its own order, so that while one writes an
+# entry another reads it; then prints its results and its compile figures. The programs
+# are unrolled chains of matmuls, large enough that an entry takes a while to write.
+_SCRIPT = """
+import json, sys
+from pathlib import Path
+from parity.run import compile_count, jax_cache
+jax_cache.enable(Path(sys.argv[1]))
+compile_count.install()
+import jax, jax.numpy as jnp
+
+def chain(n):
+    def f(x):
+        for i in range(n):
+            x = jnp.tanh(x @ x.T * (1.0 / (i + 1)) + x)
+        return x
+    return jax.jit(f)
+
+order = [int(k) for k in sys.argv[2].split(",")]
+x = jnp.arange(64.0, dtype=jnp.float32).reshape(8, 8) / 64.0
+out = {str(k): chain(k)(x).tolist() for k in order}
+c = compile_count.counts()
+print(json.dumps({"out": out, "compiled": c.compiled, "loaded": c.loaded}))
+"""
+
+_SIZES = (8, 12, 16, 20, 24, 28)
+
+
+def _reference(n: int) -> np.ndarray:
+    x = (np.arange(64.0, dtype=np.float32).reshape(8, 8) / 64.0).astype(np.float32)
+    for i in range(n):
+        x = np.tanh(x @ x.T * np.float32(1.0 / (i + 1)) + x).astype(np.float32)
+    return x
+
+
+def _start(root: Path, order: tuple[int, ...]) -> subprocess.Popen[str]:
+    env = {k: v for k, v in os.environ.items() if not k.startswith(("JAX_", "PARITY_"))}
+    return subprocess.Popen(
+        [sys.executable, "-c", _SCRIPT, str(root), ",".join(map(str, order))],
+        env=env | {"JAX_PLATFORMS": "cpu"},
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+    )
+
+
+def _finish(proc: subprocess.Popen[str]) -> dict:
+    out, err = proc.communicate(timeout=300)
+    assert proc.returncode == 0, err
+    # jax turns an unreadable entry into a warning and compiles again: a torn read would
+    # show here even where the recompiled result is right.
+    assert "Error reading persistent compilation cache entry" not in err, err
+    return json.loads(out.strip().splitlines()[-1])
+
+
+def test_processes_on_one_empty_cache_at_once_all_get_correct_results(tmp_path: Path) -> None:
+    orders = [_SIZES, _SIZES[::-1], _SIZES[1::2] + _SIZES[::2], _SIZES[::2] + _SIZES[1::2]]
+    procs = [_start(tmp_path, order) for order in orders]
+    runs = [_finish(p) for p in procs]
+    for run in runs:
+        for n in _SIZES:
+            np.testing.assert_allclose(np.asarray(run["out"][str(n)]), _reference(n), rtol=2e-5)
+        # every process computed the same bits, compiled or loaded
+        assert run["out"] == runs[0]["out"]
+    entries = list(jax_cache.folder_for(tmp_path).glob("*-cache"))
+    assert len(entries) >= len(_SIZES)
+    # A second process compiles nothing: every program is in the cache now.
+    again = _finish(_start(tmp_path, _SIZES))
+    assert again["out"] == runs[0]["out"]
+    assert (again["compiled"], again["loaded"] >= len(_SIZES)) == (0, True), again
+
+
+def test_a_cache_key_does_not_depend_on_the_folder(tmp_path: Path) -> None:
+    """jax's default put the folder into the compile options, so two folders never shared
+    an entry (the old per-worker folders): one program gives one entry name anywhere."""
+    a, b = tmp_path / "a", tmp_path / "b"
+    for root in (a, b):
+        _finish(_start(root, (8,)))
+    names = [sorted(p.name for p in jax_cache.folder_for(r).glob("*-cache")) for r in (a, b)]
+    assert names[0] and names[0] == names[1]
+
+
+def test_a_producer_process_inherits_the_machine_cache(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setenv(jax_cache.RESOLVED_VAR, str(tmp_path))
+    monkeypatch.setenv("JAX_ENABLE_X64", "1")  # an outer jax setting the child must not see
+    env = isolated_env(2)
+    assert env["JAX_COMPILATION_CACHE_DIR"] == str(jax_cache.folder_for(tmp_path))
+    assert env["JAX_PERSISTENT_CACHE_ENABLE_XLA_CACHES"] == "none"
+    assert int(env["JAX_COMPILATION_CACHE_MAX_SIZE"]) > 0  # the limit is what locks
+    assert "JAX_ENABLE_X64" not in env
+    monkeypatch.setenv(jax_cache.RESOLVED_VAR, "none")
+    off = isolated_env(2)
+    assert off["JAX_ENABLE_COMPILATION_CACHE"] == "false"
+    assert "JAX_COMPILATION_CACHE_DIR" not in off
