@@ -37,6 +37,7 @@ _WORKER_COMPILES = pytest.StashKey[compile_count.Counts]()
 def pytest_sessionfinish(session: pytest.Session, exitstatus: int) -> None:
     config = session.config
     config.stash[GOLDENS].close()
+    compile_count.flush()
     workeroutput = getattr(config, "workeroutput", None)
     from parity.results import results_to_json
 

@@ -21,7 +21,7 @@ import sys
 from dataclasses import dataclass
 from pathlib import Path
 
-__all__ = ["LOG_VAR", "Counts", "counts", "install", "read_log"]
+__all__ = ["LOG_VAR", "Counts", "counts", "flush", "install", "read_log"]
 
 #: The folder each counted process writes its figures to when it exits.
 LOG_VAR = "PARITY_COMPILE_LOG"
@@ -82,9 +82,8 @@ def install() -> None:
     jax.monitoring.register_event_duration_secs_listener(_on_duration)
     jax.monitoring.register_event_listener(_on_event)
     _installed = True
-    folder = os.environ.get(LOG_VAR)
-    if folder:
-        atexit.register(_write, Path(folder))
+    if os.environ.get(LOG_VAR):
+        atexit.register(flush)
 
 
 def counts() -> Counts:
@@ -92,7 +91,14 @@ def counts() -> Counts:
     return Counts(_requests - _hits, _hits)
 
 
-def _write(folder: Path) -> None:
+def flush() -> None:
+    """Write this process's figures to `PARITY_COMPILE_LOG` now (again at exit: the last
+    write stands). A no-op where it is not set. For processes that may end without running
+    `atexit` (an xdist worker), called at the end of their session."""
+    raw = os.environ.get(LOG_VAR)
+    if not raw:
+        return
+    folder = Path(raw)
     c = counts()
     doc = {"argv": sys.argv[:3], "compiled": c.compiled, "loaded": c.loaded}
     folder.mkdir(parents=True, exist_ok=True)

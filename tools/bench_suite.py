@@ -1,0 +1,144 @@
+"""Wall time and XLA compilations of the test suite and of the main job, cold and warm.
+
+    python tools/bench_suite.py                        # both, on a fresh clone of HEAD
+    python tools/bench_suite.py --target suite --warm 2 --json suite.json
+
+Each target runs in a fresh clone of this repository's HEAD (`git clone`: committed work
+only), as CI does:
+
+- `suite`: `bash .ci/run` (a fresh venv, the install, `pytest -n 2`), the README's test
+  command;
+- `equivalence`: `tox -e equivalence` (its own venv under `.tox`), the README's main job,
+  with each layout's pytest time read from its output.
+
+*Cold* is the first run: a fresh clone and an empty cache folder (`XDG_CACHE_HOME` points at
+a new folder, so the jax compilation cache and the bases start empty; pip keeps the user's
+download cache, `PIP_CACHE_DIR`). *Warm* runs again in the same clone with the same cache
+folder. Every process parity starts writes how many programs it compiled and how many it
+loaded from the cache (`PARITY_COMPILE_LOG`, `parity.run.compile_count`): the pytest
+processes, xdist workers, the workers of a distributed session and the producer processes.
+Subprocesses of the tests that are not parity's (a test's own `python -c` script) are not
+counted. Prints, per run: seconds, the tests' outcome line, compiles and cache loads, and
+the 20 slowest tests (pytest's `--durations`).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import re
+import subprocess
+import sys
+import tempfile
+import time
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+
+from parity.run.compile_count import LOG_VAR, read_log
+
+ROOT = Path(__file__).resolve().parents[1]
+
+COMMANDS = {
+    "suite": ["bash", ".ci/run"],
+    "equivalence": [sys.executable, "-m", "tox", "-e", "equivalence"],
+}
+
+_OUTCOME = re.compile(r"^=+ (.*\b(?:passed|failed|error)\b.*) in ([\d.]+)s")
+_DURATION = re.compile(r"^([\d.]+)s (call|setup|teardown)\s+(\S+)")
+
+
+@dataclass
+class Run:
+    """One run of a target. `layouts`: each pytest session's outcome and seconds, in order."""
+
+    target: str
+    kind: str
+    seconds: float
+    returncode: int
+    compiled: int
+    loaded: int
+    processes: int
+    layouts: list[tuple[str, float]] = field(default_factory=list)
+    slowest: list[tuple[float, str]] = field(default_factory=list)
+
+
+def _parse(output: str) -> tuple[list[tuple[str, float]], list[tuple[float, str]]]:
+    layouts, slowest = [], []
+    for line in output.splitlines():
+        line = line.strip()
+        if m := _OUTCOME.match(line):
+            layouts.append((m.group(1), float(m.group(2))))
+        elif m := _DURATION.match(line):
+            slowest.append((float(m.group(1)), f"{m.group(2)} {m.group(3)}"))
+    slowest.sort(reverse=True)
+    return layouts, slowest[:20]
+
+
+def run_once(target: str, kind: str, clone: Path, cache_home: Path, logs: Path) -> Run:
+    log = logs / f"{target}-{kind}"
+    log.mkdir(parents=True)
+    env = dict(os.environ)
+    for name in list(env):
+        if name.startswith(("PARITY_", "JAX_", "PYTEST_", "TOX_")) or name == "VIRTUAL_ENV":
+            env.pop(name)
+    env["PIP_CACHE_DIR"] = env.get("PIP_CACHE_DIR", str(Path.home() / ".cache" / "pip"))
+    env |= {"XDG_CACHE_HOME": str(cache_home), LOG_VAR: str(log)}
+    t0 = time.perf_counter()
+    done = subprocess.run(
+        COMMANDS[target], cwd=clone, env=env, capture_output=True, text=True, check=False
+    )
+    seconds = time.perf_counter() - t0
+    (logs / f"{target}-{kind}.out").write_text(done.stdout + done.stderr)
+    counts = read_log(log)
+    layouts, slowest = _parse(done.stdout)
+    return Run(target, kind, round(seconds, 1), done.returncode, counts.compiled,
+               counts.loaded, counts.processes, layouts, slowest)  # fmt: skip
+
+
+def _print(run: Run) -> None:
+    status = "ok" if run.returncode == 0 else f"EXIT {run.returncode}"
+    print(f"\n== {run.target}, {run.kind}: {run.seconds:.0f} s ({status})")
+    print(
+        f"   XLA: {run.compiled} compiled, {run.loaded} loaded from the cache, "
+        f"over {run.processes} counted processes"
+    )
+    for outcome, seconds in run.layouts:
+        print(f"   pytest: {outcome} in {seconds:.0f} s")
+    if run.slowest:
+        print("   slowest tests:")
+        for seconds, name in run.slowest:
+            print(f"   {seconds:8.1f} s  {name}")
+
+
+def main(argv: list[str] | None = None) -> int:
+    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    p.add_argument("--target", choices=[*COMMANDS, "both"], default="both")
+    p.add_argument("--warm", type=int, default=1, help="warm runs after the cold one")
+    p.add_argument("--keep", action="store_true", help="keep the clone, caches and outputs")
+    p.add_argument("--json", type=Path, help="write every run's figures here")
+    args = p.parse_args(argv)
+    targets = list(COMMANDS) if args.target == "both" else [args.target]
+    work = Path(tempfile.mkdtemp(prefix="parity-bench-suite-"))
+    runs: list[Run] = []
+    for target in targets:
+        clone, cache_home = work / f"{target}-clone", work / f"{target}-cache"
+        subprocess.run(["git", "clone", "-q", str(ROOT), str(clone)], check=True)
+        for i in range(1 + args.warm):
+            kind = "cold" if i == 0 else f"warm{i}"
+            run = run_once(target, kind, clone, cache_home, work / "logs")
+            runs.append(run)
+            _print(run)
+    if args.json:
+        args.json.write_text(json.dumps([asdict(r) for r in runs], indent=1))
+    if args.keep:
+        print(f"\nkept: {work}")
+    else:
+        import shutil
+
+        shutil.rmtree(work, ignore_errors=True)
+    return 0 if all(r.returncode == 0 for r in runs) else 1
+
+
+if __name__ == "__main__":
+    sys.exit(main())
