@@ -35,9 +35,8 @@ import os
 import time
 from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
-from typing import Any, TypedDict, Unpack, cast
+from typing import TYPE_CHECKING, Any, TypedDict, Unpack, cast
 
-from parity.base_judge import BaseSource, BaseUnavailable, judge_by_base
 from parity.calibration.bounds import bind_calibrated, judge_environment
 from parity.calibration.spreads import Spreads
 from parity.environment import (
@@ -66,6 +65,9 @@ from parity.results import CheckError, CheckResult
 from parity.store import GoldenFile, GoldenMissingError, GoldenStoreError, open_goldens
 from parity.store.provenance import collect_provenance
 from parity.store.writer import save_arrays
+
+if TYPE_CHECKING:
+    from parity.base_judge import BaseSource
 
 __all__ = [
     "BARE_KEY",
@@ -187,6 +189,9 @@ def _second_judge(
     """The comparison against the base re-produced here, the header line naming that
     judge and the base's file; `(None, line, "")` where the base cannot be re-produced
     (the line says why, and the calibrated judgement of the goldens stands)."""
+    # Imported here, where a base is asked for: `parity diff` never re-produces one.
+    from parity.base_judge import BaseUnavailable, judge_by_base
+
     group = gf.path.stem
     try:
         reproduced = base.reproduce(group, gf.provenance, current)

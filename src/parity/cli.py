@@ -1,9 +1,11 @@
 """The command line: `python -m parity` (or the `parity` script).
 
-One argparse tree: `build_parser` adds each subcommand from its module in
-`parity.commands` (`diff`, `show`, `repin`, `check`, `bisect`, `calibrate`, `baseline`),
-and `main`
-runs the one the command line names.
+One argparse tree: `COMMANDS` declares each subcommand (its name, its module in
+`parity.commands`, its `--help` line): `diff`, `show`, `repin`, `check`, `bisect`,
+`calibrate`, `baseline`. `main` imports the module of the one the command line names and
+no other (`build_parser(built=...)`: the others' parsers are empty, carrying only their
+`--help` line), so that `parity diff` starts in the time a diff needs; `build_parser()`
+builds the whole tree.
 
 - `parity diff ACTUAL GOLDEN [--class NAME] [--json FILE] [--report DIR]` compares every
   array of two HDF5 files (parity-written or plain h5py files) and prints the report table.
@@ -23,34 +25,38 @@ missing or unexpected); every failing key is printed. 2: unusable input (a missi
 truncated, corrupt or unsafe file, a checksum mismatch, an unknown class, arrays parity
 cannot compare), with a one-line `parity: error: ...` on stderr and no traceback.
 
-This module never imports jax.
+This module never imports jax; importing it imports no subcommand (the names it re-exports
+load their module on first use).
 """
 
 from __future__ import annotations
 
 import argparse
+import importlib
 import sys
-from collections.abc import Sequence
+from collections.abc import Collection, Sequence
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any
 
-from parity.commands import baseline, bisect, calibrate, check, diff, repin, show
-from parity.commands.common import (
-    EXIT_FAIL,
-    EXIT_OK,
-    EXIT_UNUSABLE,
-    CLIError,
-    check_class_name,
-    one_line,
-    parse_override,
-)
-from parity.commands.diff import DiffResult, run_diff
-from parity.commands.show import format_inventory, inventory
-from parity.run.config import ConfigError
+if TYPE_CHECKING:
+    from parity.commands.common import (
+        EXIT_FAIL,
+        EXIT_OK,
+        EXIT_UNUSABLE,
+        CLIError,
+        check_class_name,
+        parse_override,
+    )
+    from parity.commands.diff import DiffResult, run_diff
+    from parity.commands.show import format_inventory, inventory
 
 __all__ = [
+    "COMMANDS",
     "EXIT_FAIL",
     "EXIT_OK",
     "EXIT_UNUSABLE",
     "CLIError",
+    "Command",
     "DiffResult",
     "build_parser",
     "check_class_name",
@@ -62,18 +68,87 @@ __all__ = [
     "version",
 ]
 
-#: The subcommands in the order `--help` lists them, each module with `add_parser` and
-#: `run`; the last four run producers.
-_SUBCOMMANDS = {
-    "diff": diff,
-    "show": show,
-    "repin": repin,
-    "check": check,
-    "bisect": bisect,
-    "calibrate": calibrate,
-    "baseline": baseline,
+
+@dataclass(frozen=True)
+class Command:
+    """One subcommand of `parity`, declared without importing it.
+
+    **Fields:**
+
+    - `name`: the word on the command line (`diff`).
+    - `module`: the module that defines it (`parity.commands.diff`): `add_parser(sub, help)`
+      adds its subparser, `run(args, out)` runs it; imported only when this subcommand is
+      the one the command line names (or when `build_parser` builds the whole tree).
+    - `help`: its line in `parity --help` (and the subparser's `help`).
+    - `runs_producers`: it starts producer processes, so SIGINT/SIGTERM must reach the main
+      thread while it runs (`parity.run.signals`).
+    """
+
+    name: str
+    module: str
+    help: str
+    runs_producers: bool = False
+
+
+#: The subcommands in the order `--help` lists them.
+COMMANDS: tuple[Command, ...] = (
+    Command("diff", "parity.commands.diff", "compare two HDF5 files array by array"),
+    Command("show", "parity.commands.show", "provenance, class map and arrays of a file"),
+    Command(
+        "repin",
+        "parity.commands.repin",
+        "pin goldens at a commit (a temporary worktree; your checkout is untouched)",
+        runs_producers=True,
+    ),
+    Command(
+        "check",
+        "parity.commands.check",
+        "run the producers on the current tree and check them against the goldens",
+        runs_producers=True,
+    ),
+    Command(
+        "bisect",
+        "parity.commands.bisect",
+        "find the first commit between GOOD and BAD that breaks a check",
+        runs_producers=True,
+    ),
+    Command(
+        "calibrate",
+        "parity.commands.calibrate",
+        "measure the environment's harmless noise against each class's bound",
+        runs_producers=True,
+    ),
+    Command(
+        "baseline",
+        "parity.commands.baseline",
+        "build, list or clear the golden bases re-produced in this environment",
+        runs_producers=True,
+    ),
+)
+_BY_NAME = {c.name: c for c in COMMANDS}
+
+#: The names `parity.cli` re-exports, name -> the module that defines it; each loads its
+#: module on first use (`__getattr__`), so that importing `parity.cli` loads no command.
+_REEXPORTS = {
+    "EXIT_FAIL": "parity.commands.common",
+    "EXIT_OK": "parity.commands.common",
+    "EXIT_UNUSABLE": "parity.commands.common",
+    "CLIError": "parity.commands.common",
+    "check_class_name": "parity.commands.common",
+    "parse_override": "parity.commands.common",
+    "DiffResult": "parity.commands.diff",
+    "run_diff": "parity.commands.diff",
+    "format_inventory": "parity.commands.show",
+    "inventory": "parity.commands.show",
 }
-_RUN_PRODUCERS = ("repin", "check", "bisect", "calibrate", "baseline")
+
+
+def __getattr__(name: str) -> Any:
+    module = _REEXPORTS.get(name)
+    if module is None:
+        raise AttributeError(f"module 'parity.cli' has no attribute {name!r}")
+    return getattr(importlib.import_module(module), name)
+
 
 _DESCRIPTION = """\
 Differential equivalence checks on HDF5 array files.
@@ -113,25 +188,58 @@ def version() -> str:
         return parity.__version__
 
 
-def build_parser() -> argparse.ArgumentParser:
+class _Version(argparse.Action):
+    """`--version`: prints `parity X.Y.Z` and exits, the version read only then (reading an
+    installed distribution's metadata imports `importlib.metadata`, which no other command
+    needs)."""
+
+    def __init__(self, option_strings: Sequence[str], dest: str, **kwargs: Any) -> None:
+        kwargs.setdefault("help", "show program's version number and exit")
+        super().__init__(option_strings, dest, nargs=0, default=argparse.SUPPRESS, **kwargs)
+
+    def __call__(self, parser: argparse.ArgumentParser, *_: Any) -> None:
+        print(f"{parser.prog} {version()}", flush=True)
+        parser.exit()
+
+
+def build_parser(built: Collection[str] | None = None) -> argparse.ArgumentParser:
     """The argument parser of `python -m parity`.
 
-    **Returns:** an `argparse.ArgumentParser` with every subcommand of `parity.commands`.
+    **Arguments:**
+
+    - `built`: the subcommands whose parser is built (importing their module); every other
+      one gets an empty parser that carries its `--help` line and nothing else, so that the
+      parser reads a command line naming one of `built` (or none: `--help`, `--version`, a
+      usage error) and no other. `None` (the default): the whole tree, every module of
+      `COMMANDS` imported.
+
+    **Returns:** an `argparse.ArgumentParser` with every subcommand of `COMMANDS`.
     """
     parser = argparse.ArgumentParser(
         prog="parity",
         description=_DESCRIPTION,
         formatter_class=argparse.RawDescriptionHelpFormatter,
     )
-    parser.add_argument("--version", action="version", version=f"%(prog)s {version()}")
+    parser.add_argument("--version", action=_Version)
     sub = parser.add_subparsers(dest="command", metavar="COMMAND", required=True)
-    for module in _SUBCOMMANDS.values():
-        module.add_parser(sub)
+    for command in COMMANDS:
+        if built is None or command.name in built:
+            importlib.import_module(command.module).add_parser(sub, command.help)
+        else:
+            sub.add_parser(command.name, help=command.help)
     return parser
 
 
+def _named_command(argv: Sequence[str]) -> str | None:
+    """The subcommand `argv` names: its first word that is not an option (the top-level
+    options, `--help` and `--version`, take no value), or `None`."""
+    return next((a for a in argv if not a.startswith("-")), None)
+
+
 def main(argv: Sequence[str] | None = None) -> int:
-    """Run the command line.
+    """Run the command line: build the parser of the subcommand it names only
+    (`build_parser(built=...)`), so that a command imports its own module and nothing of the
+    others'.
 
     **Arguments:**
 
@@ -139,14 +247,22 @@ def main(argv: Sequence[str] | None = None) -> int:
 
     **Returns:** the exit code: `EXIT_OK` (0), `EXIT_FAIL` (1) or `EXIT_UNUSABLE` (2).
     """
-    parser = build_parser()
+    argv = list(sys.argv[1:] if argv is None else argv)
+    named = _named_command(argv)
+    parser = build_parser(built=() if named is None else (named,))
     try:
         args = parser.parse_args(argv)
     except SystemExit as e:  # --help (0) or a bad command line (2); argparse printed why
+        from parity.commands.common import EXIT_UNUSABLE
+
         return e.code if isinstance(e.code, int) else EXIT_UNUSABLE
-    run = _SUBCOMMANDS[args.command].run
+    command = _BY_NAME[args.command]
+    run = importlib.import_module(command.module).run
+    from parity.commands.common import EXIT_UNUSABLE, CLIError, one_line
+    from parity.run.config import ConfigError
+
     try:
-        if args.command not in _RUN_PRODUCERS:
+        if not command.runs_producers:
             return run(args, sys.stdout)
         from parity.run.signals import signals_reach_main_thread
 

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import argparse
 import json
 import os
 import re
@@ -314,8 +315,6 @@ def test_help_explains_commands_and_exit_codes() -> None:
 
 
 def test_help_lists_every_subcommand_and_every_tool_parity_key() -> None:
-    import argparse
-
     from parity.cli import build_parser
     from parity.run.config import KEYS
 
@@ -400,6 +399,75 @@ def test_show_and_diff_of_float32_files_import_neither_ml_dtypes_nor_jax(
             for key, value in _arrays().items():
                 f.create_dataset(key.replace(".", "/"), data=value)
     assert _imports_after("diff", plain_a, plain_g)[:2] == (0, [])
+
+
+# What a fresh process running `parity.cli.main(argv)` had imported by the end, every name.
+_LOADED_AFTER = (
+    "import json, sys\n"
+    "from parity.cli import main\n"
+    "code = main(json.loads(sys.argv[1]))\n"
+    "print(json.dumps([code, sorted(sys.modules)]))\n"
+)
+
+#: What no command that reads files needs: the producers' machinery (the second judge and
+#: the bases it re-produces, the runner, the calibration room), jax, and the installed
+#: distribution's metadata (`--version` reads it, when asked).
+_NOT_FOR_READING = (
+    "jax",
+    "parity.base_judge",
+    "parity.run.baseline",
+    "parity.run.runner",
+    "parity.run.launcher",
+    "parity.calibration.calibrate",
+    "importlib.metadata",
+)
+
+
+def _loaded_after(*argv: str | Path) -> tuple[int, set[str]]:
+    proc = subprocess.run(
+        [sys.executable, "-c", _LOADED_AFTER, json.dumps([str(a) for a in argv])],
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    code, loaded = json.loads(proc.stdout.strip().splitlines()[-1])
+    return code, set(loaded)
+
+
+@pytest.mark.parametrize("command", ["diff", "show"])
+def test_a_command_imports_its_own_module_and_no_other_command_s(
+    tmp_path: Path, golden: Path, command: str
+) -> None:
+    from parity.cli import COMMANDS
+
+    actual = _write(tmp_path / "actual.h5", _arrays())
+    argv = ("diff", actual, golden) if command == "diff" else ("show", golden)
+    code, loaded = _loaded_after(*argv)
+    assert code == 0
+    assert f"parity.commands.{command}" in loaded and "parity.store.reader" in loaded
+    others = {c.module for c in COMMANDS if c.name != command}
+    assert sorted(others & loaded) == []
+    assert sorted(loaded.intersection(_NOT_FOR_READING)) == []
+
+
+def test_the_overview_imports_no_command_and_lists_every_one(
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    from parity.cli import COMMANDS, build_parser, main
+
+    code, loaded = _loaded_after("--help")
+    assert code == 0
+    assert sorted(loaded & {c.module for c in COMMANDS}) == []
+    # The overview and each command's help read as with the whole tree built.
+    assert main(["--help"]) == 0
+    assert capsys.readouterr().out == build_parser().format_help()
+    whole = next(a for a in build_parser()._actions if isinstance(a, argparse._SubParsersAction))
+    listed = {a.dest: a.help for a in whole._choices_actions}
+    assert listed == {c.name: c.help for c in COMMANDS}
+    for command in COMMANDS:
+        assert main([command.name, "--help"]) == 0
+        assert capsys.readouterr().out == whole.choices[command.name].format_help()
 
 
 def test_a_bfloat16_file_still_shows_and_diffs_by_the_ulp(tmp_path: Path) -> None:

@@ -8,12 +8,15 @@ name (`--goldens`, `--producers`, `--src`, `--isa`, `--devices`, `--processes`, 
 A flag means one thing on every subcommand (docs/design.md, "Vocabulary"): `common`
 defines the shared ones once (`--goldens`, `--json`, `--report`, `--class`, `--override`,
 `--drift`, ...) and the deprecated old spellings (`deprecated_alias`). Each
-module adds its subparser to the one argparse tree that `parity.cli.build_parser` builds
-and runs its command; every input error is a `common.CLIError`, printed by
-`parity.cli.main` as one `parity: error: ...` line with exit code 2. Importing any of these
-modules imports no jax; the commands that run producers import what they need when they
-run. A face: it may import every layer below it (`parity.judge`, `parity.store`,
-`parity.report`, the core, `parity.run`), never a sibling face (`parity.pytest_plugin`,
-`parity.assertions`) nor `parity.cli` above it (`tests/parity/test_import_boundaries.py`
-holds it to that).
+module adds its subparser (`add_parser(sub, help)`, `help` its line in `parity --help`,
+declared with the module's name in `parity.cli.COMMANDS`) to the one argparse tree that
+`parity.cli.build_parser` builds, and runs its command (`run(args, out)`); `parity.cli.main`
+imports the module of the command it runs and no other. Every input error is a
+`common.CLIError`, printed by `parity.cli.main` as one `parity: error: ...` line with exit
+code 2. Importing any of these modules imports no jax; the commands that run producers
+import what they need when they run, so that `parity diff` and `parity show` load neither
+those nor the second judge (`tests/parity/test_cli.py` holds them to that). A face: it may
+import every layer below it (`parity.judge`, `parity.store`, `parity.report`, the core,
+`parity.run`), never a sibling face (`parity.pytest_plugin`, `parity.assertions`) nor
+`parity.cli` above it (`tests/parity/test_import_boundaries.py` holds it to that).
 """

@@ -26,12 +26,12 @@ if TYPE_CHECKING:
 __all__ = ["add_parser", "run"]
 
 
-def add_parser(sub: Any) -> None:
-    """Add `baseline` to `sub` (argparse subparsers)."""
+def add_parser(sub: Any, help: str) -> None:
+    """Add `baseline` to `sub` (argparse subparsers), `help` its line in `parity --help`."""
     p = subparser(
         sub,
         "baseline",
-        help="build, list or clear the golden bases re-produced in this environment",
+        help=help,
         description="Off the environment the goldens were pinned in, `parity check` and the "
         "pytest plugin re-produce a failing group at its golden's base commit here (a "
         "temporary worktree, a fresh process with this layout and ISA cap) and judge the "

@@ -26,12 +26,12 @@ from parity.commands.common import (
 __all__ = ["add_parser", "run"]
 
 
-def add_parser(sub: Any) -> None:
-    """Add `bisect` to `sub` (argparse subparsers)."""
+def add_parser(sub: Any, help: str) -> None:
+    """Add `bisect` to `sub` (argparse subparsers), `help` its line in `parity --help`."""
     bisect = subparser(
         sub,
         "bisect",
-        help="find the first commit between GOOD and BAD that breaks a check",
+        help=help,
         description="Pin goldens at GOOD into a temporary folder, confirm GOOD passes and BAD "
         "fails, then binary-search the first-parent commits between them, each checked in a "
         "temporary worktree. A commit whose producers cannot run is skipped, never counted as "

@@ -31,12 +31,12 @@ from parity.commands.common import (
 __all__ = ["add_parser", "run"]
 
 
-def add_parser(sub: Any) -> None:
-    """Add `calibrate` to `sub` (argparse subparsers)."""
+def add_parser(sub: Any, help: str) -> None:
+    """Add `calibrate` to `sub` (argparse subparsers), `help` its line in `parity --help`."""
     cal = subparser(
         sub,
         "calibrate",
-        help="measure the environment's harmless noise against each class's bound",
+        help=help,
         description="Run the producers on the current tree under benign perturbations of the "
         "pinned environment, each in a fresh process (every XLA CPU ISA cap this host supports, "
         "simulated device counts 1, 2, 4, process layouts such as 2x2, or the same environment "

@@ -36,12 +36,12 @@ if TYPE_CHECKING:
 __all__ = ["add_parser", "run"]
 
 
-def add_parser(sub: Any) -> None:
-    """Add `check` to `sub` (argparse subparsers)."""
+def add_parser(sub: Any, help: str) -> None:
+    """Add `check` to `sub` (argparse subparsers), `help` its line in `parity --help`."""
     check = subparser(
         sub,
         "check",
-        help="run the producers on the current tree and check them against the goldens",
+        help=help,
         description="Run the producers on the current tree in a fresh process (ISA cap and "
         "device count set before jax starts), compare each group with its golden file, print "
         "the table and the first divergence per group. Exit 0 pass, 1 some key breaks its "

@@ -5,7 +5,6 @@ from __future__ import annotations
 
 import argparse
 import sys
-import tempfile
 import textwrap
 from typing import Any
 
@@ -301,6 +300,8 @@ def report_progress(line: str) -> None:
 
 def keep_log(output: str) -> str:
     """Write a failed producer run's output to a file that outlives the command."""
+    import tempfile
+
     with tempfile.NamedTemporaryFile(
         "w", prefix="parity-producers-", suffix=".log", delete=False
     ) as f:
@@ -322,6 +323,7 @@ def require_defined_groups(config: ParityConfig, groups: list[str]) -> None:
     those they do. The producers file is imported in a fresh process (the current tree's
     code, as `repin --classes-only` does); no group runs. A producers file that cannot be
     imported is left to the command's own run to report."""
+    import tempfile
     from pathlib import Path
 
     from parity.run.launcher import RepinError, UnknownGroupsError, run_producers

@@ -224,12 +224,12 @@ than that is read and compared in chunks along its leading axes, with the same f
 """
 
 
-def add_parser(sub: Any) -> None:
-    """Add `diff` to `sub` (argparse subparsers)."""
+def add_parser(sub: Any, help: str) -> None:
+    """Add `diff` to `sub` (argparse subparsers), `help` its line in `parity --help`."""
     diff = subparser(
         sub,
         "diff",
-        help="compare two HDF5 files array by array",
+        help=help,
         description=_DIFF_DESCRIPTION,
     )
     diff.add_argument("actual", metavar="ACTUAL", help="HDF5 file from the changed code")

@@ -24,12 +24,12 @@ from parity.commands.common import (
 __all__ = ["add_parser", "run"]
 
 
-def add_parser(sub: Any) -> None:
-    """Add `repin` to `sub` (argparse subparsers)."""
+def add_parser(sub: Any, help: str) -> None:
+    """Add `repin` to `sub` (argparse subparsers), `help` its line in `parity --help`."""
     repin = subparser(
         sub,
         "repin",
-        help="pin goldens at a commit (a temporary worktree; your checkout is untouched)",
+        help=help,
         description="Run the producers (current tree) against the code of commit REV in a "
         "temporary worktree, in a fresh process, and write one golden file per group; "
         "print what changed. Your working tree, index and branches are not touched. The new "

@@ -170,12 +170,12 @@ class `parity diff` would check it under, forward order) without loading the dat
 _BARE = "\0bare"
 
 
-def add_parser(sub: Any) -> None:
-    """Add `show` to `sub` (argparse subparsers)."""
+def add_parser(sub: Any, help: str) -> None:
+    """Add `show` to `sub` (argparse subparsers), `help` its line in `parity --help`."""
     show = subparser(
         sub,
         "show",
-        help="provenance, class map and arrays of a file",
+        help=help,
         description=_SHOW_DESCRIPTION,
     )
     show.usage = "parity show [-h] GOLDEN [--json FILE] [--verify]"

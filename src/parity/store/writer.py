@@ -6,7 +6,6 @@ from __future__ import annotations
 import contextlib
 import json
 import os
-import tempfile
 from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
 from typing import Any
@@ -123,6 +122,8 @@ def write_goldens(
         set_text(f.attrs, META_ATTR, meta)
         f.flush()
         image = f.id.get_file_image()
+    import tempfile  # here: a reader of goldens (`parity diff`, `show`) never writes one
+
     fd, tmp_name = tempfile.mkstemp(dir=dest_dir, prefix=f".{dest.name}.", suffix=".tmp")
     tmp = Path(tmp_name)
     try:
