@@ -21,7 +21,8 @@ Every subcommand spells one idea one way (docs/design.md, "Vocabulary"): `--gold
 **Exit codes.** 0: every array holds its class. 1: at least one does not (or a key is
 missing or unexpected); every failing key is printed. 2: unusable input (a missing,
 truncated, corrupt or unsafe file, a checksum mismatch, an unknown class, arrays parity
-cannot compare), with a one-line `parity: error: ...` on stderr and no traceback.
+cannot compare), with a one-line `parity: error: ...` on stderr and no traceback. 130:
+interrupted (Ctrl-C), one line saying so (`repin`: and what it left in the golden folder).
 
 This module never imports jax.
 """
@@ -35,6 +36,7 @@ from collections.abc import Sequence
 from parity.commands import baseline, bisect, calibrate, check, diff, repin, show
 from parity.commands.common import (
     EXIT_FAIL,
+    EXIT_INTERRUPTED,
     EXIT_OK,
     EXIT_UNUSABLE,
     CLIError,
@@ -156,3 +158,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         sys.stdout.flush()
         print(f"parity: error: {one_line(str(e))}", file=sys.stderr)
         return EXIT_UNUSABLE
+    except KeyboardInterrupt:  # `repin` says what it left itself; the others wrote nothing
+        sys.stdout.flush()
+        print(f"parity: {args.command} interrupted (Ctrl-C)", file=sys.stderr)
+        return EXIT_INTERRUPTED

@@ -17,6 +17,7 @@ from parity.run.devices import DEFAULT_ISA_CAP
 __all__ = [
     "DRIFT_MODES",
     "EXIT_FAIL",
+    "EXIT_INTERRUPTED",
     "EXIT_OK",
     "EXIT_UNUSABLE",
     "CLIError",
@@ -49,6 +50,8 @@ EXIT_OK = 0
 EXIT_FAIL = 1
 #: The input cannot be used (also argparse's code for a bad command line).
 EXIT_UNUSABLE = 2
+#: Stopped by Ctrl-C (128 + SIGINT, as a shell reports it).
+EXIT_INTERRUPTED = 130
 
 
 class CLIError(Exception):

@@ -300,6 +300,7 @@ def _repin_locked(
             drop_paths=[root / r for r in src] if src else [root / "src"],
             progress=progress,
             src=src,
+            check_classes=True,
             code=f"the base commit {sha[:12]}",
         )
         digest = digest_sources([producers])
@@ -418,7 +419,7 @@ def reclass(
         for line in _recover(out, root):
             progress(line)
         run_producers(root, producers, Path(tmp), progress=progress, src=src,
-                      class_map_only=True)  # fmt: skip
+                      class_map_only=True, check_classes=True)  # fmt: skip
         doc = json.loads((Path(tmp) / "class_map.json").read_text())
         class_map = ClassMap(rules=tuple((p, c) for p, c in doc["class_map"]))
         names = list(groups) or sorted(p.stem for p in out.glob("*.h5"))
