@@ -206,6 +206,24 @@ def test_ctrl_c_during_a_repin_is_one_line_exit_130_and_the_goldens_untouched(
     assert {p.name: p.read_bytes() for p in (project / "goldens").iterdir()} == before
 
 
+def test_check_finds_a_truncated_golden_before_the_producers_run(project: Path, run_parity) -> None:
+    """A damaged golden file is exit 2 with the check's own message, found before the
+    producers start (as `show` finds it), not after they ran."""
+    assert run_parity(project, "repin", "--base", "HEAD").returncode == 0
+    golden = project / "goldens" / "g.h5"
+    data = golden.read_bytes()
+    golden.write_bytes(data[: len(data) // 2])
+    ran = project.parent / "producers-ran"
+    (project / "producers.py").write_text(
+        f"import pathlib\npathlib.Path({str(ran)!r}).touch()\n" + PRODUCERS
+    )
+    for args in ((), ("--groups", "g")):
+        proc = run_parity(project, "check", *args)
+        _one_line_error(proc, "golden group 'g' is unusable")
+        assert "truncated" in proc.stderr and "[producers]" not in proc.stderr
+        assert not ran.exists()
+
+
 CALIBRATED = """\
 import numpy as np
 
