@@ -31,6 +31,7 @@ from typing import Any
 
 import numpy as np
 
+from parity.judge.floats import sig
 from parity.judge.tolerance import ClassMap
 from parity.run.devices import DEFAULT_ISA_CAP
 from parity.run.launcher import RepinError, load_runner_output, run_producers
@@ -111,7 +112,7 @@ def _describe_change(old: np.ndarray, new: np.ndarray) -> str | None:
         n = int(np.sum(~((a == b) | (np.isnan(a) & np.isnan(b)))))
         finite = diff[np.isfinite(diff)]
         worst = float(finite.max()) if finite.size else float("nan")
-        return f"{n}/{old.size} elements differ, max abs {worst:.3g}"
+        return f"{n}/{old.size} elements differ, max abs {sig(worst)}"
     return f"{int(np.sum(old != new))}/{old.size} elements differ"
 
 
