@@ -163,7 +163,7 @@ def test_every_figure_the_prose_quotes_is_the_one_its_output_prints() -> None:
     assert guide.render(committed, guide.parse(committed), done) == committed
     figures = guide._FIGURE.findall(committed)
     assert len(figures) >= 2, "section 8 quotes worst/bound and the logits' spread"
-    block, pattern, value = figures[0]
+    _, pattern, value = figures[0]
     wrong = committed.replace(f"{pattern} -->{value}<", f"{pattern} -->0.0358<", 1)
     fresh = guide.render(wrong, guide.parse(wrong), done)
     assert "-->0.0358<" in guide.difference(wrong, fresh)
