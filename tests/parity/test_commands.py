@@ -86,7 +86,10 @@ def test_check_class_and_drift_and_repin_goldens_recover_speak_the_vocabulary(
     ok = run_parity(project, "check", *map(str, args))
     assert ok.returncode == 0, ok.stdout + ok.stderr
     assert {f["class"] for f in json.loads(c.read_text())["findings"]} == {"fp32_reassoc"}
-    _one_line_error(run_parity(project, "check", "--class", "nope"), "--class 'nope'")
+    _one_line_error(
+        run_parity(project, "check", "--class", "nope"),
+        "--class names the unknown tolerance class 'nope'",
+    )
 
 
 def test_repin_of_a_revision_that_is_not_a_commit_is_one_line(project: Path, run_parity) -> None:
