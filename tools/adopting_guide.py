@@ -20,6 +20,10 @@ print, on a fresh throwaway project built from the guide's own file blocks.
   so that a failure shows in the guide only where it is meant to; anywhere else it stops the
   walk.
 - `<!-- guide:install -->`: the install commands; not run (see below).
+- `<!-- guide:figure NAME REGEX -->FIGURE<!-- /guide:figure -->`, inline in prose: a
+  figure quoted from what run block NAME printed (group 1 of REGEX's first match there),
+  rewritten from every fresh run; so the prose's numbers are its output's, and a committed
+  figure that disagrees with the output fails `--check` as a changed output line does.
 
 **One source for the files: the guide.** The tool reads the file contents from the guide's
 blocks rather than writing them into it, so the guide reads as prose around code in the
@@ -467,9 +471,38 @@ def walk(
 # --------------------------------------------------------------------------- the guide
 
 
+#: A figure the prose quotes from a run block's output: `<!-- guide:figure BLOCK REGEX -->`
+#: then the figure, then `<!-- /guide:figure -->` (both invisible once rendered). `render`
+#: puts group 1 of REGEX's first match in what BLOCK printed in its place.
+_FIGURE = re.compile(r"<!-- guide:figure (\S+) (.+?) -->(.*?)<!-- /guide:figure -->")
+
+
+def fill_figures(text: str, done: Walk) -> str:
+    """`text` with every figure its prose quotes (`_FIGURE`) taken from what the named run
+    block printed in `done`: the prose cannot disagree with its own output, on any
+    processor. A figure whose pattern matches nothing, or names a block that printed
+    nothing, is a `GuideError`."""
+    printed: dict[str, list[str]] = {}
+    for step in done.steps:
+        printed.setdefault(step.block, []).extend(step.shown)
+
+    def fill(m: re.Match[str]) -> str:
+        block, pattern = m.group(1), m.group(2)
+        found = re.search(pattern, "\n".join(printed.get(block, ())), re.MULTILINE)
+        if found is None:
+            raise GuideError(
+                f"the prose quotes a figure /{pattern}/ from run block {block!r}, which "
+                "printed no such line; fix the pattern or the prose"
+            )
+        return f"<!-- guide:figure {block} {pattern} -->{found.group(1)}<!-- /guide:figure -->"
+
+    return _FIGURE.sub(fill, text)
+
+
 def render(text: str, blocks: Sequence[Block], done: Walk) -> str:
     """The guide `text` with each run block's body replaced by its commands and what they
-    printed (normalised)."""
+    printed (normalised), and each figure its prose quotes taken from that output
+    (`fill_figures`)."""
     lines = text.split("\n")
     for block in sorted((b for b in blocks if b.kind == "run"), key=lambda b: -b.first):
         body: list[str] = []
@@ -477,7 +510,7 @@ def render(text: str, blocks: Sequence[Block], done: Walk) -> str:
             body.append(PROMPT + step.command)
             body.extend(step.shown)
         lines[block.first : block.stop] = [block.indent + ln if ln else ln for ln in body]
-    return "\n".join(lines)
+    return fill_figures("\n".join(lines), done)
 
 
 #: The marker naming the processor whose run wrote the guide's console blocks.

@@ -3,7 +3,8 @@
 For any test framework or none: it raises `AssertionError` whose message is the failure
 table (per class, the first divergence in forward order, every failing key with its
 reason). A live check (`parity.check.check_live`, through the one comparison every check
-makes) plus the tree's non-array leaves, compared with `==`.
+makes) plus the tree's non-array leaves, compared with `==`
+(`parity.judge.trees.non_array_differences`, as the pytest fixture `parity_check` does).
 """
 
 from __future__ import annotations
@@ -15,16 +16,10 @@ from parity.check import check_live
 from parity.judge.classes import REGISTRY, ToleranceClass
 from parity.judge.compare import Comparison, Order
 from parity.judge.tolerance import ClassMap
+from parity.judge.trees import non_array_differences
 from parity.report import format_table
 
 __all__ = ["assert_equivalent"]
-
-
-def _same(a: Any, b: Any) -> bool:
-    try:
-        return a is b or bool(a == b)
-    except Exception:  # an object whose == raises or is ambiguous
-        return False
 
 
 def assert_equivalent(
@@ -66,12 +61,7 @@ def assert_equivalent(
         actual, expected, class_map=class_map, overrides=overrides, order=order,
         registry=registry, name="assert_equivalent", non_arrays=(statics_a, statics_e),
     ).comparison  # fmt: skip
-    static_problems = [
-        f"  {k}: actual {statics_a.get(k, '<absent>')!r} vs expected "
-        f"{statics_e.get(k, '<absent>')!r}"
-        for k in sorted(set(statics_a) | set(statics_e))
-        if k not in statics_a or k not in statics_e or not _same(statics_a[k], statics_e[k])
-    ]
+    static_problems = non_array_differences(statics_a, statics_e)
     if comparison.passed and not static_problems:
         return comparison
     message = "trees are not equivalent\n" + format_table(comparison)

@@ -32,6 +32,7 @@ from parity.calibration.bounds import calibrate_command, judge_environment
 from parity.calibration.spreads import Spreads
 from parity.judge.classes import ToleranceClass
 from parity.judge.compare import Comparison, Finding, Order, compare_trees
+from parity.judge.floats import sig
 from parity.judge.tolerance import KeyClass
 from parity.results import CheckError
 from parity.store import GoldenStoreError, open_goldens
@@ -95,7 +96,7 @@ def _worst(findings: Sequence[Finding]) -> str:
     text = f"{len(moved)} of {len(findings)} key(s) differ from the goldens"
     if ratios:
         ratio, f = max(ratios, key=lambda rf: rf[0])
-        text += f", the worst ({f.key}) at {ratio:.2g} of its bound ({f.max_abs:.3g} abs)"
+        text += f", the worst ({f.key}) at {sig(ratio)} of its bound ({sig(f.max_abs)} abs)"
     return text
 
 
@@ -159,7 +160,7 @@ def judge_by_base(
                     f"this environment ({where}) is outside the recorded noise of group "
                     f"{group!r}: the base re-produced here at {base.sha[:12]} breaks the "
                     f"goldens' calibrated bound at {f.key} ({f.class_name}: max abs "
-                    f"{f.max_abs if f.max_abs is not None else 'n/a'}; {len(beyond)} key(s) "
+                    f"{sig(f.max_abs)}; {len(beyond)} key(s) "
                     f"beyond); record this environment's noise on main with "
                     f"`{calibrate_command(group)}`, or run where the goldens were pinned"
                 )

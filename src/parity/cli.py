@@ -23,7 +23,8 @@ Every subcommand spells one idea one way (docs/design.md, "Vocabulary"): `--gold
 **Exit codes.** 0: every array holds its class. 1: at least one does not (or a key is
 missing or unexpected); every failing key is printed. 2: unusable input (a missing,
 truncated, corrupt or unsafe file, a checksum mismatch, an unknown class, arrays parity
-cannot compare), with a one-line `parity: error: ...` on stderr and no traceback.
+cannot compare), with a one-line `parity: error: ...` on stderr and no traceback. 130:
+interrupted (Ctrl-C), one line saying so (`repin`: and what it left in the golden folder).
 
 This module never imports jax; importing it imports no subcommand (the names it re-exports
 load their module on first use).
@@ -272,3 +273,9 @@ def main(argv: Sequence[str] | None = None) -> int:
         sys.stdout.flush()
         print(f"parity: error: {one_line(str(e))}", file=sys.stderr)
         return EXIT_UNUSABLE
+    except KeyboardInterrupt:  # `repin` says what it left itself; the others wrote nothing
+        from parity.commands.common import EXIT_INTERRUPTED
+
+        sys.stdout.flush()
+        print(f"parity: {args.command} interrupted (Ctrl-C)", file=sys.stderr)
+        return EXIT_INTERRUPTED

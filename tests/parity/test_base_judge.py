@@ -9,6 +9,7 @@ commit does not have it."""
 
 from __future__ import annotations
 
+import re
 import subprocess
 import sys
 from pathlib import Path
@@ -132,6 +133,9 @@ def test_a_base_outside_the_recorded_noise_is_exit_2_naming_the_calibrate_comman
     err = proc.stderr.strip().splitlines()[-1]
     assert "this environment (devices 1 -> 4) is outside the recorded noise of group 'g'" in err
     assert "parity calibrate --groups g" in err
+    # Figures in three significant digits, as every message prints them; never a raw repr.
+    assert f"(bitwise: max abs {_moved(DEVICE_NOISE):.3g};" in err, err
+    assert not re.search(r"\d\.\d{6,}(e[-+]?\d+)?", err), err
 
 
 def _rewrite_base(repo: Path, sha: str) -> None:

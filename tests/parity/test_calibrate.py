@@ -83,6 +83,13 @@ def test_perturbations_leave_the_baseline_out_and_refuse_what_the_host_lacks() -
         Perturbation("devices=4", "AVX2", 4),
         Perturbation("repeat", "AVX2", 1),
     ]
+    # A bare `processes` is 2 processes x 2 devices, the layout the guide checks and the
+    # messages suggesting it mean, whatever the baseline's devices.
+    for devices in (1, 4):
+        at = ParityConfig(root=Path("."), isa="AVX2", devices=devices)
+        assert perturbations(["processes"], at, host_caps=[]) == [
+            Perturbation("processes=2x2", "AVX2", 2, 2)
+        ]
     with pytest.raises(CalibrationError, match="supports the ISA caps"):
         perturbations(["isa=AVX512"], base, host_caps=["SSE4_2", "AVX", "AVX2"])
     with pytest.raises(CalibrationError, match="unknown perturbation"):

@@ -7,6 +7,7 @@ another path than the harness's."""
 
 from __future__ import annotations
 
+import json
 import textwrap
 from pathlib import Path
 
@@ -121,6 +122,31 @@ def test_checks_pass_where_pinned_and_on_calibrated_layouts_and_catch_a_bug_beyo
     bug = run_parity(project, "check")
     assert bug.returncode == 1, bug.stdout + bug.stderr
     assert "calib.u" in bug.stdout
+
+
+def test_an_override_to_calibrated_uses_the_recorded_spread_and_says_why_where_none_is(
+    project, run_parity
+):
+    """`--override 'K=calibrated'` is a usable class: the check binds each key's recorded
+    spread; where the golden records none, the error says exactly that, not that the class
+    is unusable. An unknown class in an override is named as an override's."""
+    rules = ("--override", "exact.v=calibrated", "--override", "calib.u=bitwise")
+    none = run_parity(project, "check", *rules)
+    assert none.returncode == 2, none.stdout + none.stderr
+    assert "key 'exact.v' of group 'g' is under the class 'calibrated'" in none.stderr
+    assert "records no calibration of it" in none.stderr
+    assert "not a usable tolerance class" not in none.stderr
+    typo = run_parity(project, "check", "--override", "exact.v=fp32_reasoc")
+    assert typo.returncode == 2
+    assert "--override 'exact.v=fp32_reasoc' names the unknown tolerance class" in typo.stderr
+    assert "did you mean 'fp32_reassoc'?" in typo.stderr and "--class" not in typo.stderr
+    assert run_parity(project, "calibrate", "--perturb", "devices=4", "--write").returncode == 0
+    used = run_parity(project, "check", "--override", "exact.v=calibrated", "--json", "c.json")
+    assert used.returncode == 0, used.stdout + used.stderr
+    doc = json.loads((project / "c.json").read_text())
+    exact = next(f for f in doc["findings"] if f["key"] == "g/exact.v")
+    spread = _moved(DEVICE_NOISE)
+    assert exact["class"] == "calibrated" and f"4*{spread:.3g}" in exact["allowed"]
 
 
 def test_a_layout_that_was_not_calibrated_keeps_the_pinned_classes_and_says_so(project, run_parity):

@@ -4,8 +4,10 @@ outputs and exit codes (tests/tools/test_adopting_guide.py runs a JAX model end 
 from __future__ import annotations
 
 import json
+import signal
 import subprocess
 import sys
+import time
 from pathlib import Path
 
 import pytest
@@ -84,7 +86,10 @@ def test_check_class_and_drift_and_repin_goldens_recover_speak_the_vocabulary(
     ok = run_parity(project, "check", *map(str, args))
     assert ok.returncode == 0, ok.stdout + ok.stderr
     assert {f["class"] for f in json.loads(c.read_text())["findings"]} == {"fp32_reassoc"}
-    _one_line_error(run_parity(project, "check", "--class", "nope"), "--class 'nope'")
+    _one_line_error(
+        run_parity(project, "check", "--class", "nope"),
+        "--class names the unknown tolerance class 'nope'",
+    )
 
 
 def test_repin_of_a_revision_that_is_not_a_commit_is_one_line(project: Path, run_parity) -> None:
@@ -143,6 +148,83 @@ def test_classes_only_on_a_truncated_golden_is_one_line_saying_to_pin_again(
     data = golden.read_bytes()
     golden.write_bytes(data[: len(data) // 2])
     _one_line_error(run_parity(project, "repin", "--classes-only"), "pin it again")
+
+
+def test_repin_refuses_a_class_map_naming_an_unknown_class_and_writes_nothing(
+    project: Path, run_parity
+) -> None:
+    """A typo in CLASS_MAP (`fp32_reasoc`) is exit 2 before anything is produced or
+    written, by `repin --base` and `repin --classes-only` alike: the rule's pattern, the
+    bad name, the nearest known one and every known class are named."""
+    assert run_parity(project, "repin", "--base", "HEAD").returncode == 0
+    before = {p.name: p.read_bytes() for p in (project / "goldens").iterdir()}
+    (project / "producers.py").write_text(
+        PRODUCERS + 'CLASS_MAP = [("layers.0", "bitwise"), ("layers.*", "fp32_reasoc")]\n'
+    )
+    for args in (("--base", "HEAD"), ("--classes-only",)):
+        proc = run_parity(project, "repin", *args)
+        _one_line_error(proc, "the rule ('layers.*', 'fp32_reasoc') names the unknown tolerance")
+        assert "did you mean 'fp32_reassoc'?" in proc.stderr, args
+        assert "known classes: bf16_logits, bitwise, calibrated" in proc.stderr
+        assert "[1/1] g: running" not in proc.stderr  # refused before any group ran
+        assert {p.name: p.read_bytes() for p in (project / "goldens").iterdir()} == before
+
+
+def test_ctrl_c_during_a_repin_is_one_line_exit_130_and_the_goldens_untouched(
+    project: Path, run_parity
+) -> None:
+    """SIGINT while the producers run (the user's Ctrl-C): one line saying the repin was
+    interrupted and the goldens are untouched, no traceback, exit 130."""
+    assert run_parity(project, "repin", "--base", "HEAD").returncode == 0
+    before = {p.name: p.read_bytes() for p in (project / "goldens").iterdir()}
+    marker = project.parent / "producing"
+    (project / "producers.py").write_text(
+        "import pathlib, time\n"
+        + PRODUCERS.replace(
+            "GROUPS = {",
+            f"def _slow():\n    pathlib.Path({str(marker)!r}).touch()\n    time.sleep(120)\n\n\n"
+            "GROUPS = {'slow': _slow, ",
+        )
+    )
+    # SIGINT raising KeyboardInterrupt, as in the user's terminal (a background CI shell
+    # hands its children SIGINT ignored: parity.run.signals).
+    code = (
+        "import signal, sys\nsignal.signal(signal.SIGINT, signal.default_int_handler)\n"
+        "from parity.cli import main\nsys.exit(main(['repin', '--base', 'HEAD']))\n"
+    )
+    proc = subprocess.Popen([sys.executable, "-c", code], cwd=project, text=True,
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE)  # fmt: skip
+    deadline = time.monotonic() + 120
+    while not marker.exists():
+        assert proc.poll() is None and time.monotonic() < deadline, proc.communicate()
+        time.sleep(0.05)
+    proc.send_signal(signal.SIGINT)
+    out, err = proc.communicate(timeout=60)
+    assert proc.returncode == 130, out + err
+    assert "Traceback" not in err, err
+    lines = [ln for ln in err.splitlines() if not ln.startswith(("[producers]", "repin at"))]
+    assert lines == [
+        f"parity: repin interrupted (Ctrl-C); the goldens in {project / 'goldens'} are untouched"
+    ], err
+    assert {p.name: p.read_bytes() for p in (project / "goldens").iterdir()} == before
+
+
+def test_check_finds_a_truncated_golden_before_the_producers_run(project: Path, run_parity) -> None:
+    """A damaged golden file is exit 2 with the check's own message, found before the
+    producers start (as `show` finds it), not after they ran."""
+    assert run_parity(project, "repin", "--base", "HEAD").returncode == 0
+    golden = project / "goldens" / "g.h5"
+    data = golden.read_bytes()
+    golden.write_bytes(data[: len(data) // 2])
+    ran = project.parent / "producers-ran"
+    (project / "producers.py").write_text(
+        f"import pathlib\npathlib.Path({str(ran)!r}).touch()\n" + PRODUCERS
+    )
+    for args in ((), ("--groups", "g")):
+        proc = run_parity(project, "check", *args)
+        _one_line_error(proc, "golden group 'g' is unusable")
+        assert "truncated" in proc.stderr and "[producers]" not in proc.stderr
+        assert not ran.exists()
 
 
 CALIBRATED = """\

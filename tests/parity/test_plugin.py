@@ -389,6 +389,49 @@ def test_a_bad_session_rule_is_a_usage_error(inner: pytest.Pytester) -> None:
         assert option[1] in result.stderr.str()
 
 
+def test_a_session_rule_s_unknown_class_names_the_option_that_gave_it_and_the_nearest(
+    inner: pytest.Pytester,
+) -> None:
+    result = _run(inner, "--parity-override", "logits=fp32_reasoc")
+    assert result.ret == pytest.ExitCode.USAGE_ERROR
+    err = result.stderr.str()
+    assert "--parity-override 'logits=fp32_reasoc' names the unknown tolerance class" in err
+    assert "did you mean 'fp32_reassoc'?" in err and "--class" not in err
+    result = _run(inner, "--parity-class", "bitwse")
+    assert "--parity-class names the unknown tolerance class 'bitwse'" in result.stderr.str()
+
+
+def test_a_live_check_compares_non_array_leaves_as_assert_equivalent_does(
+    inner: pytest.Pytester,
+) -> None:
+    inner.makepyfile(
+        test_statics="""
+        import numpy as np
+        import pytest
+        import parity
+
+        def tree(act):
+            return {"w": np.ones(3, np.float32), "act": act, "name": "mlp"}
+
+        def test_same_leaves(parity_check):
+            assert parity_check(tree(np.tanh), tree(np.tanh)).passed
+            parity.assert_equivalent(tree(np.tanh), tree(np.tanh))
+
+        def test_other_function(parity_check):
+            with pytest.raises(AssertionError) as e:
+                parity.assert_equivalent(tree(np.tanh), tree(np.sin))
+            assert "act: actual <ufunc 'tanh'> vs expected <ufunc 'sin'>" in str(e.value)
+            parity_check(tree(np.tanh), tree(np.sin), name="other")
+        """
+    )
+    result = _run(inner)
+    result.assert_outcomes(passed=1, failed=1)
+    out = result.stdout.str()
+    assert "parity check 'other' failed" in out
+    assert "non-array leaves that differ (1):" in out
+    assert "act: actual <ufunc 'tanh'> vs expected <ufunc 'sin'>" in out
+
+
 # --------------------------------------------------------------------------- adopting
 
 

@@ -420,6 +420,23 @@ def test_the_plugin_runs_a_session_over_two_processes_and_process_0_reports(
     assert doc["checks"][0]["passed"] is True
 
 
+def test_the_plugin_takes_processes_from_tool_parity_as_the_command_line_does(
+    plugin_project: Path, tmp_path: Path
+) -> None:
+    """`[tool.parity] processes` (and devices) resolve for the plugin by the path of the
+    command line's: no option, the table's layout."""
+    repo = tmp_path / "proj"
+    repo.mkdir()
+    (repo / "pyproject.toml").write_text(
+        "[tool.pytest.ini_options]\naddopts = ''\n\n[tool.parity]\nprocesses = 2\ndevices = 2\n"
+    )
+    (repo / "test_sharded.py").write_text((plugin_project / "test_sharded.py").read_text())
+    proc = _pytest_in(repo, "-k", "sharded", "--parity-report", "rep")
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    doc = json.loads((repo / "rep" / "report.json").read_text())
+    assert doc["header"]["layout"] == "2 processes x 2 devices (4 in all)"
+
+
 def test_the_plugin_names_a_value_that_differs_between_processes(plugin_project: Path) -> None:
     proc = _pytest_in(
         plugin_project, "--parity-processes", "2", "--parity-devices", "2", mode="per_process"

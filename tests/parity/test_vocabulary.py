@@ -201,7 +201,7 @@ def test_an_unknown_class_is_a_one_line_error_naming_the_known_ones(
 ) -> None:
     assert main(["diff", str(files[0]), str(files[1]), "--class", "nope"]) == 2
     err = capsys.readouterr().err
-    assert err.startswith("parity: error: --class 'nope' is not a usable tolerance class")
+    assert err.startswith("parity: error: --class names the unknown tolerance class 'nope'")
     assert "bitwise" in err and err.count("\n") == 1
 
 

@@ -139,6 +139,39 @@ def test_a_command_that_fails_where_the_guide_does_not_show_it_stops_the_walk(
     )
 
 
+def _as_printed(text: str) -> Any:
+    """A `Walk` whose steps printed what `text`'s run blocks show (no command runs)."""
+    steps = []
+    for block in (b for b in guide.parse(text) if b.kind == "run"):
+        command, shown = None, []
+        for line in [*block.body, guide.PROMPT]:
+            if line.startswith(guide.PROMPT):
+                if command is not None:
+                    steps.append(guide.Step(block.arg, command, 0, "", tuple(shown)))
+                command, shown = line[len(guide.PROMPT) :], []
+            else:
+                shown.append(line)
+    return guide.Walk(Path("."), Path("."), Path("."), {}, tuple(steps))
+
+
+def test_every_figure_the_prose_quotes_is_the_one_its_output_prints() -> None:
+    """The prose's figures come from the output printed beside them (`guide:figure`): on
+    the committed guide they agree, on any processor (no command runs here), and a figure
+    that disagrees is a difference `--check` reports."""
+    committed = guide.GUIDE.read_text()
+    done = _as_printed(committed)
+    assert guide.render(committed, guide.parse(committed), done) == committed
+    figures = guide._FIGURE.findall(committed)
+    assert len(figures) >= 2, "section 8 quotes worst/bound and the logits' spread"
+    _, pattern, value = figures[0]
+    wrong = committed.replace(f"{pattern} -->{value}<", f"{pattern} -->0.0358<", 1)
+    fresh = guide.render(wrong, guide.parse(wrong), done)
+    assert "-->0.0358<" in guide.difference(wrong, fresh)
+    broken = committed.replace(pattern, "^no such line (here)$", 1)
+    with pytest.raises(guide.GuideError, match="printed no such line"):
+        guide.render(broken, guide.parse(broken), done)
+
+
 def test_the_install_sentences_agree_with_pyproject_and_readme() -> None:
     text, readme = guide.GUIDE.read_text(), (ROOT / "README.md").read_text()
     pyproject = tomllib.loads((ROOT / "pyproject.toml").read_text())

@@ -20,7 +20,6 @@ Nothing here imports jax.
 from __future__ import annotations
 
 import dataclasses
-import math
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
@@ -28,6 +27,7 @@ from typing import Any
 from parity.calibration.measure import BLUNT_FACTOR, ClassSpread, KeySpread, class_spreads, measure
 from parity.calibration.perturbations import Perturbation, host_isa_caps
 from parity.judge.classes import REGISTRY, ToleranceClass
+from parity.judge.floats import sig
 from parity.judge.tolerance import Overrides
 from parity.report import text_table
 from parity.run.config import ParityConfig
@@ -101,7 +101,7 @@ class Calibration:
         """One line: per class, worst figure against its bound and the verdict."""
         parts = []
         for c in self.classes(group):
-            parts.append(f"{c.class_name} {_num(c.figure)}/{_num(c.bound)} {c.unit} ({c.verdict})")
+            parts.append(f"{c.class_name} {sig(c.figure)}/{sig(c.bound)} {c.unit} ({c.verdict})")
         labels = ",".join(p.label for p in self.perturbations)
         return f"under {labels}: " + "; ".join(parts)
 
@@ -153,16 +153,6 @@ def calibrate(
     )
 
 
-def _num(x: float | int | None) -> str:
-    if x is None:
-        return "-"
-    if isinstance(x, int):
-        return str(x)
-    if math.isinf(x):
-        return "inf"
-    return f"{x:.3g}"
-
-
 def format_calibration(cal: Calibration) -> str:
     """The measurement as text: the environments, then per class its measured noise
     next to its bound, the flags, and the keys that broke their class."""
@@ -184,12 +174,12 @@ def format_calibration(cal: Calibration) -> str:
                 c.class_name,
                 c.allowed,
                 str(c.keys),
-                _num(c.max_abs),
-                _num(c.max_ulp),
-                _num(c.max_rel_to_max),
-                _num(c.figure),
-                _num(c.bound),
-                _num(c.ratio),
+                sig(c.max_abs),
+                sig(c.max_ulp),
+                sig(c.max_rel_to_max),
+                sig(c.figure),
+                sig(c.bound),
+                sig(c.ratio),
                 c.verdict,
                 where,
             ]
@@ -205,7 +195,7 @@ def format_calibration(cal: Calibration) -> str:
             got = [(r, a) for k in cal.keys if k.class_name == name
                    for lb, a, r in k.by_perturbation if lb == p.label]  # fmt: skip
             row.append(
-                f"{_num(max(r for r, _ in got))} ({_num(max(a for _, a in got))})" if got else "-"
+                f"{sig(max(r for r, _ in got))} ({sig(max(a for _, a in got))})" if got else "-"
             )
         rows.append(row)
     lines += text_table(rows, (False, *([True] * len(names))))
@@ -221,11 +211,11 @@ def format_calibration(cal: Calibration) -> str:
             elif c.ratio == 0:
                 lines.append(
                     f"  {c.class_name}: blunt: no noise measured, the bound allows "
-                    f"{_num(c.bound)} {c.unit}"
+                    f"{sig(c.bound)} {c.unit}"
                 )
             else:
                 lines.append(
-                    f"  {c.class_name}: blunt: bound {_num(1 / c.ratio)}x the largest "
+                    f"  {c.class_name}: blunt: bound {sig(1 / c.ratio)}x the largest "
                     f"measured noise (more than {BLUNT_FACTOR:g}x)"
                 )
     unmeasured = [k for k in cal.keys if k.unmeasured]

@@ -12,6 +12,7 @@ from parity.run.config import ParityConfig
 __all__ = [
     "DEVICE_COUNTS",
     "ISA_CAPS",
+    "PROCESS_LAYOUT",
     "CalibrationError",
     "Perturbation",
     "host_isa_caps",
@@ -30,6 +31,9 @@ ISA_CAPS: tuple[tuple[str, str], ...] = (
 )
 #: Simulated device counts the `devices` perturbation tries.
 DEVICE_COUNTS = (1, 2, 4)
+#: The layout a bare `processes` perturbs to: 2 processes of 2 devices each, the layout
+#: docs/adopting.md checks and every message that suggests `--perturb processes` means.
+PROCESS_LAYOUT = "2x2"
 
 
 class CalibrationError(Exception):
@@ -90,7 +94,7 @@ def perturbations(
 
     - `spec`: items `isa` (every cap of `host_caps` but the baseline's), `isa=CAP` (one
       cap, which the host must support), `devices` (`DEVICE_COUNTS` but the baseline's),
-      `devices=N`, `processes` (2 processes of the baseline's devices each), `processes=PxD`
+      `devices=N`, `processes` (`PROCESS_LAYOUT`: 2 processes of 2 devices), `processes=PxD`
       (P processes of D devices), `repeat` (the baseline environment again: run-to-run
       determinism).
     - `baseline`: the configuration the goldens were pinned in (ISA cap, devices).
@@ -128,7 +132,7 @@ def perturbations(
                 raise CalibrationError(f"--perturb {item}: the device count must be an int >= 1")
             add(Perturbation(f"devices={int(value)}", baseline.isa, int(value)))
         elif name == "processes":
-            procs, _, devs = (value or f"2x{baseline.devices}").partition("x")
+            procs, _, devs = (value or PROCESS_LAYOUT).partition("x")
             if not (procs.isdigit() and devs.isdigit() and int(procs) >= 2 and int(devs) >= 1):
                 raise CalibrationError(
                     f"--perturb {item}: a process layout is PxD with P >= 2 processes of D >= 1 "

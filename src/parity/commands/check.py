@@ -84,6 +84,24 @@ def _write_reports(session: ReportSession, args: argparse.Namespace, out: IO[str
         raise CLIError(f"cannot write the report: {e}") from None
 
 
+def verify_goldens(folder: Path, groups: list[str]) -> None:
+    """Open each golden file a check will read (`groups`, else every one in `folder`):
+    header, index, class map and provenance, what `parity show` reads, before the
+    producers run, so a truncated or damaged file is exit 2 at once with the message the
+    check gives, not after the producers' seconds or minutes. A group without a file is
+    left to the check (it names the repin command)."""
+    from parity.check import GoldenDir
+    from parity.results import CheckError
+
+    with GoldenDir(folder) as goldens:
+        for group in groups or goldens.groups():
+            if goldens.path_of(group).is_file():
+                try:
+                    goldens.open(group)
+                except CheckError as e:
+                    raise CLIError(str(e)) from None
+
+
 def run(args: argparse.Namespace, out: IO[str]) -> int:
     from parity.check import GoldenDir
     from parity.report import ReportSession
@@ -114,6 +132,8 @@ def run(args: argparse.Namespace, out: IO[str]) -> int:
             f"--process-id {args.process_id} is not one of the run's processes 0..."
             f"{config.processes - 1} (--processes {config.processes})"
         )
+    if not args.process_id:  # process 0's host reads the goldens; the others never do
+        verify_goldens(config.goldens, split_groups(args.groups))
     try:
         produced = produce(
             config.root,

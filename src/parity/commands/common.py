@@ -8,14 +8,15 @@ import sys
 import textwrap
 from typing import Any
 
-from parity.judge.classes import REGISTRY, ToleranceClass
-from parity.judge.tolerance import UnknownClassError, get_class
+from parity.judge.classes import REGISTRY
+from parity.judge.tolerance import class_problem
 from parity.run.config import DRIFT_MODES, ParityConfig, load_config, split_override
 from parity.run.devices import DEFAULT_ISA_CAP
 
 __all__ = [
     "DRIFT_MODES",
     "EXIT_FAIL",
+    "EXIT_INTERRUPTED",
     "EXIT_OK",
     "EXIT_UNUSABLE",
     "CLIError",
@@ -48,6 +49,8 @@ EXIT_OK = 0
 EXIT_FAIL = 1
 #: The input cannot be used (also argparse's code for a bad command line).
 EXIT_UNUSABLE = 2
+#: Stopped by Ctrl-C (128 + SIGINT, as a shell reports it).
+EXIT_INTERRUPTED = 130
 
 
 class CLIError(Exception):
@@ -69,26 +72,23 @@ def parse_override(text: str) -> tuple[str, str]:
             f"--override {text!r} is not PATTERN=CLASS; for example "
             "--override 'traj.*=device_count'"
         )
-    check_class_name(rule[1])
+    check_class_name(rule[1], where=f"--override {text!r}")
     return rule
 
 
-def check_class_name(name: str) -> ToleranceClass:
-    """The registry's class called `name`; a `CLIError` listing the known names otherwise.
+def check_class_name(name: str, *, where: str | None = None) -> None:
+    """A `CLIError` unless `name` can stand as a class on the command line
+    (`parity.judge.tolerance.class_problem`: known, with the parameters its rule needs;
+    bare `calibrated` is usable, each key judged by its recorded spread).
 
     **Arguments:**
 
     - `name`: a class name given on the command line.
-
-    **Returns:** the `ToleranceClass`.
+    - `where`: the flag that gave it, for the message (default `--class`).
     """
-    try:
-        return get_class(name)
-    except UnknownClassError as e:
-        raise CLIError(
-            f"--class {name!r} is not a usable tolerance class ({e}); expected one of: "
-            f"{', '.join(sorted(REGISTRY))}, with parameters where a class needs them"
-        ) from None
+    problem = class_problem(name, where or "--class")
+    if problem is not None:
+        raise CLIError(problem)
 
 
 def subparser(sub: Any, name: str, *, help: str, description: str) -> argparse.ArgumentParser:
@@ -268,7 +268,8 @@ def override_flag(p: argparse.ArgumentParser) -> None:
         default=[],
         metavar="PATTERN=CLASS",
         help="check keys matching PATTERN (shell-style, e.g. 'traj.*') under CLASS, before "
-        "everything else (repeatable)",
+        "everything else (repeatable); 'calibrated' judges each key by the spread `parity "
+        "calibrate --write` recorded in its golden file",
     )
 
 

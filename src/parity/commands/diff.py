@@ -183,8 +183,8 @@ def run_diff(
     """
     if class_name is not None:
         check_class_name(class_name)
-    for _, name in overrides:
-        check_class_name(name)
+    for pattern, name in overrides:
+        check_class_name(name, where=f"--override '{pattern}={name}'")
     with opened(golden, "GOLDEN") as gf, opened(actual, "ACTUAL") as af:
         source = _classes_source(gf, class_name, overrides)
         with read_errors(af, None, "ACTUAL"):

@@ -5,11 +5,13 @@
 from __future__ import annotations
 
 import argparse
+import sys
 from pathlib import Path
 from typing import IO, Any
 
 from parity.commands.common import (
     EXIT_FAIL,
+    EXIT_INTERRUPTED,
     EXIT_OK,
     CLIError,
     config_flags,
@@ -69,13 +71,51 @@ def add_parser(sub: Any, help: str) -> None:
     config_flags(repin, old_goldens="--out")
 
 
+def _snapshot(folder: Path) -> dict[str, tuple[int, int, int]]:
+    """Each golden file of `folder` by (inode, mtime, size): a replace changes the inode."""
+    if not folder.is_dir():
+        return {}
+    return {
+        p.name: (st.st_ino, st.st_mtime_ns, st.st_size)
+        for p in folder.glob("*.h5")
+        for st in (p.stat(),)
+    }
+
+
+def _interrupted(target: Path, before: dict[str, tuple[int, int, int]]) -> int:
+    """One line on stderr saying what a Ctrl-C left in `target`, and exit 130."""
+    from parity.store.staging import JOURNAL_NAME
+
+    if (target / JOURNAL_NAME).exists():
+        state = (
+            "the new goldens are complete but only partly moved into place: "
+            "`parity repin --recover` (or the next repin) finishes the replace"
+        )
+    elif _snapshot(target) == before:
+        state = f"the goldens in {target} are untouched"
+    else:
+        state = f"the new goldens were already in place in {target}"
+    print(f"parity: repin interrupted (Ctrl-C); {state}", file=sys.stderr, flush=True)
+    return EXIT_INTERRUPTED
+
+
 def run(args: argparse.Namespace, out: IO[str]) -> int:
-    from parity.run.launcher import ProducerRunError, RepinError
+    """Run `parity repin`; a Ctrl-C is one line saying what it left (exit 130), never a
+    traceback: a repin replaces the goldens only once every group is produced."""
+    config = config_of(args)
+    before = _snapshot(config.goldens)
+    try:
+        return _run(config, args, out)
+    except KeyboardInterrupt:
+        return _interrupted(config.goldens, before)
+
+
+def _run(config: Any, args: argparse.Namespace, out: IO[str]) -> int:
+    from parity.run.launcher import ProducerRunError, RepinError, UnusableClassError
     from parity.run.repin import repin
     from parity.run.runner import failure_reason
     from parity.run.worktree import GitError
 
-    config = config_of(args)
     target = config.goldens
     if args.recover:
         if args.base or args.classes_only or args.order or args.keep_worktree:
@@ -102,7 +142,7 @@ def run(args: argparse.Namespace, out: IO[str]) -> int:
             progress=report_progress,
             src=config.src_relative(),
         )
-    except GitError as e:
+    except (GitError, UnusableClassError) as e:
         raise CLIError(str(e)) from None
     except RepinError as e:
         text = str(e)
@@ -130,7 +170,7 @@ def _recover(config: Any, target: Path, out: IO[str]) -> int:
 
 
 def _reclass(config: Any, target: Path, args: argparse.Namespace, out: IO[str]) -> int:
-    from parity.run.launcher import ProducerRunError, RepinError
+    from parity.run.launcher import ProducerRunError, RepinError, UnusableClassError
     from parity.run.repin import reclass
     from parity.run.runner import failure_reason
 
@@ -138,6 +178,8 @@ def _reclass(config: Any, target: Path, args: argparse.Namespace, out: IO[str]) 
         done = reclass(producers=config.need_producers(), out_dir=target, repo=config.root,
                        groups=split_groups(args.groups), progress=report_progress,
                        src=config.src_relative(), reorder=args.order)  # fmt: skip
+    except UnusableClassError as e:
+        raise CLIError(str(e)) from None
     except RepinError as e:
         text = str(e)
         head, output = (e.head, e.output) if isinstance(e, ProducerRunError) else (text, "")

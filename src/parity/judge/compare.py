@@ -29,6 +29,7 @@ from parity.judge.chunks import (
 )
 from parity.judge.classes import REGISTRY, ToleranceClass
 from parity.judge.findings import Comparison, Finding, Verdict
+from parity.judge.floats import sig
 from parity.judge.tally import Tally, scan_scale
 from parity.judge.tolerance import ClassMap, KeyClass, to_class
 from parity.judge.trees import flatten
@@ -80,10 +81,6 @@ def _index(i: int, shape: tuple[int, ...]) -> tuple[int, ...]:
 def _fmt(x: Any) -> str:
     # The dtype's own str: shortest repr that round-trips in that dtype (0.1, not 0.1000000015).
     return str(x)
-
-
-def _sig(x: float) -> str:
-    return f"{x:.3g}"
 
 
 def _absent(
@@ -264,9 +261,9 @@ def compare_arrays(
         values = f"actual {_fmt(worst.actual)} vs {reference} {_fmt(worst.golden)}"
         figures = []
         if tally.max_abs is not None:
-            figures.append(f"max |a-b| {_sig(tally.max_abs)}")
+            figures.append(f"max |a-b| {sig(tally.max_abs)}")
         if max_rel is not None:
-            figures.append(f"max rel {_sig(max_rel)}")
+            figures.append(f"max rel {sig(max_rel)}")
         if max_ulp is not None:
             figures.append(f"max ulp {max_ulp}")
         where = {
@@ -275,7 +272,7 @@ def compare_arrays(
         }[worst_is_special]
         reason = (
             f"key {key!r} breaks class {tol.name!r} ({tol.describe_allowed()}): "
-            f"{n_violating} of {n} elements ({100 * share:.3g}%) {what}; {where} at index "
+            f"{n_violating} of {n} elements ({sig(100 * share)}%) {what}; {where} at index "
             f"{worst_index}: {values}"
         )
         reason += f"{worst.detail}; {', '.join(figures)}; shape {shape_g}, {dtype.name}"

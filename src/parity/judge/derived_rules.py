@@ -15,6 +15,7 @@ from typing import Any, ClassVar
 
 import numpy as np
 
+from parity.judge.floats import sig
 from parity.judge.rule import Elements, Judgement, Rule, Scale, Unit, check_nonneg, judge_within
 from parity.judge.ulp import spacing_at
 
@@ -130,7 +131,7 @@ class Calibrated(Rule):
         return [] if self.spread is not None else ["spread"]
 
     def describe(self) -> str:
-        spread = "spread" if self.spread is None else f"{self.spread:.3g}"
+        spread = "spread" if self.spread is None else sig(self.spread)
         return f"|a-b| <= max({self.floor_ulps:g} ulp(max|b|), {self.k:g}*{spread})"
 
     def needs_scale(self) -> bool:
@@ -188,7 +189,7 @@ class Budget(Rule):
             note = (
                 f"below budget: repin to ratchet it down ({int(np.count_nonzero(below))} "
                 f"element(s) shrank, most {g[i]:.6g} -> {a[i]:.6g}, "
-                f"{100 * (g[i] - a[i]) / abs(g[i]):.3g}% smaller)"
+                f"{sig(100 * (g[i] - a[i]) / abs(g[i]))}% smaller)"
             )
         return Judgement(violating, score, allowed, note=note)
 
@@ -309,6 +310,6 @@ class LogitKL(Rule):
             a.reshape(-1, width)[row : row + 1], g.reshape(-1, width)[row : row + 1]
         )
         return (
-            f", position KL {float(kl[0]):.3g} vs tau {self.tau:g}, top-{self.top_k} "
-            f"agreement {float(agree[0]):.3g} vs p {self.p:g}"
+            f", position KL {sig(float(kl[0]))} vs tau {self.tau:g}, top-{self.top_k} "
+            f"agreement {sig(float(agree[0]))} vs p {self.p:g}"
         )

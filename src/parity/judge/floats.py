@@ -1,5 +1,6 @@
 """Float figures that several layers need alike: the largest finite magnitude of a golden
-(its scale), and non-finite floats in JSON, which has neither NaN nor infinity."""
+(its scale), non-finite floats in JSON, which has neither NaN nor infinity, and `sig`, the
+one way a message prints a measured float."""
 
 from __future__ import annotations
 
@@ -8,7 +9,7 @@ from typing import Any
 
 import numpy as np
 
-__all__ = ["NONFINITE", "from_json_float", "json_float", "largest_finite_abs"]
+__all__ = ["NONFINITE", "from_json_float", "json_float", "largest_finite_abs", "sig"]
 
 #: How a non-finite float is written in JSON: strings keep it readable and unambiguous
 #: (null means absent).
@@ -35,3 +36,14 @@ def from_json_float(x: Any) -> Any:
     if isinstance(x, str) and x in NONFINITE:
         return float(x)
     return x
+
+
+def sig(x: float | int | None) -> str:
+    """A measured figure as every message prints it: three significant digits (`3.87e-07`,
+    `0.0238`, `inf`), never the raw repr (`3.8743019104003906e-07`); an int as written;
+    None (no figure) as `-`."""
+    if x is None:
+        return "-"
+    if isinstance(x, int):
+        return str(x)
+    return f"{x:.3g}"

@@ -15,7 +15,7 @@ from typing import Any, ClassVar, Literal
 
 import numpy as np
 
-from parity.judge.floats import largest_finite_abs
+from parity.judge.floats import largest_finite_abs, sig
 
 __all__ = ["Elements", "Judgement", "Rule", "Scale", "Unit", "check_nonneg", "judge_within"]
 
@@ -174,7 +174,7 @@ class Rule:
         allowed = float(j.allowed) if np.ndim(j.allowed) == 0 else float(np.asarray(j.allowed)[i])
         if self.unit == "ulp":
             return f", {int(e.ulp[i])} ulp vs allowed {allowed:g}"
-        return f", |a-b| {float(e.diff[i]):.3g} vs allowed {allowed:.3g}"
+        return f", |a-b| {sig(float(e.diff[i]))} vs allowed {sig(allowed)}"
 
     def params(self) -> dict[str, Any]:
         """The rule's parameters, JSON-safe (`rule_from_dict` reads them back)."""

@@ -18,6 +18,7 @@ This module imports numpy and ml_dtypes only: jax arrays reach it through `np.as
 
 from __future__ import annotations
 
+import difflib
 import fnmatch
 import json
 from collections.abc import Callable, Iterable, Mapping, Sequence
@@ -32,15 +33,18 @@ from parity.judge.ulp import is_float_dtype, to_float64
 
 __all__ = [
     "DEFAULT_CLASS",
+    "PER_KEY_PARAMS",
     "ClassMap",
     "ClassMapLike",
     "KeyClass",
     "Overrides",
     "UnknownClassError",
     "UnmatchedKeyError",
+    "class_problem",
     "class_resolver",
     "effective_atol",
     "get_class",
+    "nearest_class",
     "parse_class_name",
     "to_class",
 ]
@@ -170,6 +174,48 @@ def get_class(
             f"for example ('taps.*', '{base}[{missing[0]}=512]')"
         )
     return tol
+
+
+#: Rule parameters a check binds per key from the golden file's recorded calibration
+#: (`parity.calibration.bounds.bind_calibrated`), so a class map or an override may name a
+#: class that leaves them open (`calibrated`, whose `spread` is each key's own).
+PER_KEY_PARAMS = frozenset({"spread"})
+
+
+def nearest_class(name: str, registry: Mapping[str, ToleranceClass] = REGISTRY) -> str | None:
+    """The registry's class name closest to `name` (a typo's likely meaning), or None where
+    none is close (`difflib.get_close_matches`, on the name without its parameters)."""
+    found = difflib.get_close_matches(name.partition("[")[0], sorted(registry), n=1, cutoff=0.6)
+    return found[0] if found else None
+
+
+def class_problem(
+    name: str, where: str, registry: Mapping[str, ToleranceClass] = REGISTRY
+) -> str | None:
+    """Why the class `name` cannot stand where `where` says it is given (`"--override
+    'logits=fp32_reasoc'"`, `"CLASS_MAP rule ('logits', 'fp32_reasoc')"`), as one
+    sentence, or None where it can: a class `registry` holds, with every parameter its
+    rule needs, except those a check binds per key (`PER_KEY_PARAMS`: bare `calibrated` is
+    usable, each key judged by the spread its golden file records; a golden that records
+    none is refused by the check, naming `parity calibrate`).
+
+    An unknown name is said with the nearest known one (`nearest_class`) and every known
+    class; another problem (a parameter missing or malformed) in `get_class`'s words."""
+    if name.partition("[")[0] not in registry:
+        near = nearest_class(name, registry)
+        hint = f" (did you mean {near!r}?)" if near else ""
+        return (
+            f"{where} names the unknown tolerance class {name!r}{hint}; known classes: "
+            f"{', '.join(sorted(registry))} (a class may take parameters: "
+            "'reduction[K=512]')"
+        )
+    try:
+        tol = _lookup(name, registry)
+        if [m for m in tol.rule.missing() if m not in PER_KEY_PARAMS]:
+            get_class(name, registry)
+    except (UnknownClassError, ValueError) as e:
+        return f"{where}: {e}"
+    return None
 
 
 @dataclass(frozen=True)

@@ -22,7 +22,7 @@ import numpy as np
 
 from parity.judge.chunks import is_source
 
-__all__ = ["flatten"]
+__all__ = ["flatten", "non_array_differences"]
 
 
 def _is_array_like(x: Any) -> bool:
@@ -132,3 +132,22 @@ def flatten(
 
     visit(tree, "")
     return out
+
+
+def _same(a: Any, b: Any) -> bool:
+    try:
+        return a is b or bool(a == b)
+    except Exception:  # an object whose == raises or is ambiguous
+        return False
+
+
+def non_array_differences(actual: Mapping[str, Any], expected: Mapping[str, Any]) -> list[str]:
+    """The non-array leaves of two trees (as `flatten(..., non_arrays=...)` collects them)
+    that differ: one line per key, in key order, for a key on one side only or whose
+    values are not `==` (an `==` that raises or is ambiguous counts as different). The one
+    comparison of such leaves, for `assert_equivalent` and the pytest fixture alike."""
+    return [
+        f"  {k}: actual {actual.get(k, '<absent>')!r} vs expected {expected.get(k, '<absent>')!r}"
+        for k in sorted(set(actual) | set(expected))
+        if k not in actual or k not in expected or not _same(actual[k], expected[k])
+    ]

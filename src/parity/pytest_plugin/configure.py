@@ -55,6 +55,7 @@ def session_config(config: pytest.Config) -> ParityConfig:
     devices = config.getoption("--parity-devices")
     if devices is not None and devices < 1:
         raise pytest.UsageError(f"--parity-devices must be at least 1, got {devices}")
+    processes = config.getoption("--parity-processes")
     try:
         project = load_config(config.invocation_params.dir)
         goldens = config.getoption("--parity-goldens")
@@ -64,6 +65,7 @@ def session_config(config: pytest.Config) -> ParityConfig:
             goldens=None if goldens is None else Path(config.rootpath, goldens),
             isa=config.getoption("--parity-isa"),
             devices=devices,
+            processes=processes,
             baseline=config.getoption("--parity-baseline"),
             drift=config.getoption("--parity-drift"),
             jax_cache=raw_cache,
@@ -74,10 +76,12 @@ def session_config(config: pytest.Config) -> ParityConfig:
 
 def _session_overrides(config: pytest.Config) -> tuple[tuple[str, str], ...]:
     """`--parity-override PATTERN=CLASS` rules, then `--parity-class NAME` as `*=NAME`;
-    a malformed rule or an unknown class is a `pytest.UsageError`."""
-    from parity.judge.tolerance import UnknownClassError, get_class
+    a malformed rule or a class that cannot stand there
+    (`parity.judge.tolerance.class_problem`, as on the command line) is a
+    `pytest.UsageError` naming the option that gave it."""
+    from parity.judge.tolerance import class_problem
 
-    rules: list[tuple[str, str]] = []
+    rules: list[tuple[tuple[str, str], str]] = []
     for text in config.getoption("--parity-override") or ():
         rule = split_override(text)
         if rule is None:
@@ -85,16 +89,15 @@ def _session_overrides(config: pytest.Config) -> tuple[tuple[str, str], ...]:
                 f"--parity-override {text!r} is not PATTERN=CLASS; for example "
                 "--parity-override 'traj.*=device_count'"
             )
-        rules.append(rule)
+        rules.append((rule, f"--parity-override {text!r}"))
     name = config.getoption("--parity-class")
     if name is not None:
-        rules.append(("*", name))
-    for _, cls in rules:
-        try:
-            get_class(cls)
-        except UnknownClassError as e:
-            raise pytest.UsageError(f"{cls!r} is not a usable tolerance class: {e}") from None
-    return tuple(rules)
+        rules.append((("*", name), "--parity-class"))
+    for (_, cls), where in rules:
+        problem = class_problem(cls, where)
+        if problem is not None:
+            raise pytest.UsageError(problem)
+    return tuple(rule for rule, _ in rules)
 
 
 _SRC_ROOTS = pytest.StashKey[list[str]]()
@@ -136,10 +139,14 @@ def pytest_unconfigure(config: pytest.Config) -> None:
 
 @pytest.hookimpl(tryfirst=True)
 def pytest_cmdline_main(config: pytest.Config) -> int | None:
-    """With `--parity-processes N` (N > 1), this pytest runs no tests: it starts N copies of
-    itself as the workers of one distributed run and ends with their verdict."""
-    n = config.getoption("--parity-processes")
-    if n is None or n <= 1 or worker_place() is not None:
+    """With N processes (N > 1: `--parity-processes N`, else `[tool.parity] processes`, the
+    session's settings as `session_config` resolves them), this pytest runs no tests: it
+    starts N copies of itself as the workers of one distributed run and ends with their
+    verdict."""
+    if worker_place() is not None:
+        return None
+    n = session_config(config).processes
+    if n <= 1:
         return None
     import sys
 

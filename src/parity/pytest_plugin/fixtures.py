@@ -51,7 +51,9 @@ class _Check:
         - `actual`: a pytree of arrays from the code under test (`{key: array}`, nested
           containers, equinox modules).
         - `golden`: a golden group name, or a pytree from a live reference (then
-          `class_map` defaults to `bitwise`).
+          `class_map` defaults to `bitwise`, and the non-array leaves of both trees, an
+          equinox module's activation function, are compared with `==`, as
+          `parity.assert_equivalent` compares them).
         - `name`: the check's name in the report (default: the group name or test id).
         - `class_map`: a `ClassMap` or a single class name, before the pinned map in the
           precedence of `parity.check`.
@@ -60,7 +62,8 @@ class _Check:
           on 4 devices; the keyword of `parity.check` and `assert_equivalent`.
         - `order`: forward order (default: the golden file's pinned order).
         - `produce_s`: seconds the caller spent producing `actual`, for the timing summary.
-        - `fail`: fail the test (with the report table) when the comparison fails.
+        - `fail`: fail the test (with the report table) when the comparison fails, or a
+          live reference's non-array leaf differs.
         - `provenance`: the environment `actual` was produced in, when that was another
           process (`parity.run.runner.produce`'s `Produced.provenance[group]`); default this
           one's. A golden check judges environment drift and calibrated layouts by it.
@@ -70,6 +73,7 @@ class _Check:
         **Returns:** the `parity.judge.compare.Comparison`.
         """
         from parity.check import check_group, check_live
+        from parity.judge.trees import non_array_differences
         from parity.report import format_table
         from parity.results import CheckError
 
@@ -86,6 +90,10 @@ class _Check:
         save = config.getoption("--parity-save-actual")
         save = None if save is None else Path(config.invocation_params.dir, save).resolve()
         place = worker_place()
+        live = not isinstance(golden, str)
+        # A live reference's non-array leaves (an equinox module's activation function):
+        # compared with `==`, as assert_equivalent does.
+        statics: tuple[dict[str, Any], dict[str, Any]] = ({}, {})
         if place is not None:
             # Arrays sharded over processes come to every process's host (in the same
             # order everywhere: a collective); process 0 alone saves what failed.
@@ -93,10 +101,11 @@ class _Check:
             from parity.judge.trees import flatten
             from parity.run.processes import to_host
 
-            live = not isinstance(golden, str)
-            actual = flatten(actual, to_array=to_host, bare=BARE_KEY if live else None)
+            bare = BARE_KEY if live else None
+            actual = flatten(actual, to_array=to_host, bare=bare,
+                             non_arrays=statics[0] if live else None)  # fmt: skip
             if live:
-                golden = flatten(golden, to_array=to_host, bare=BARE_KEY)
+                golden = flatten(golden, to_array=to_host, bare=BARE_KEY, non_arrays=statics[1])
             save = save if place[0] == 0 else None
         problem = None
         result: CheckResult | None = None
@@ -128,6 +137,7 @@ class _Check:
                     node=self.node,
                     produce_s=produce_s,
                     save_actual=save,
+                    non_arrays=statics,
                 )
         except CheckError as e:
             # Failed outside the except clause: inside it pytest also prints "During
@@ -139,9 +149,13 @@ class _Check:
             pytest.fail(problem or "parity check produced no result", pytrace=False)
         if place is None or place[0] == 0:  # one report: process 0's
             config.stash[RESULTS].append(result)
-        if fail and not result.passed:
+        differing = non_array_differences(*statics)
+        if fail and (not result.passed or differing):
             text = f"parity check {result.name!r} failed\n"
             text += format_table(result.comparison, header=result.header)
+            if differing:
+                text += f"non-array leaves that differ ({len(differing)}):\n"
+                text += "\n".join(differing) + "\n"
             if result.saved:
                 text += f"obtained arrays written to {result.saved}; reproduce with:\n"
                 text += f"  {result.command}\n"

@@ -104,7 +104,8 @@ def pytest_addoption(parser: pytest.Parser) -> None:
         default=None,
         metavar="N",
         help="run the session as N processes of one JAX distributed run, --parity-devices "
-        "each; checks gather to process 0, which reports (default 1)",
+        "each; checks gather to process 0, which reports (default: [tool.parity] processes, "
+        "else 1)",
     )
     group.addoption(
         "--parity-timeout",

@@ -9,7 +9,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from parity.judge.compare import Comparison, Finding
-from parity.judge.floats import json_float
+from parity.judge.floats import json_float, sig
 
 __all__ = [
     "CLASS_COLUMNS",
@@ -116,11 +116,8 @@ def summarize(comparison: Comparison) -> list[ClassSummary]:
 
 
 def num(x: float | int | None) -> str:
-    if x is None:
-        return "-"
-    if isinstance(x, int):
-        return str(x)
-    return f"{x:.3g}"
+    """A figure of the report (`parity.judge.floats.sig`, as every message prints one)."""
+    return sig(x)
 
 
 def value_text(v: Any, dtype: str | None) -> str:

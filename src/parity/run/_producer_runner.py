@@ -10,7 +10,8 @@ group ran (x64 mode and device count as jax saw them, the XLA flags it ran under
 `JAX_ENABLE_X64` or `XLA_FLAGS` in the user's shell, which this process never sees, cannot
 be recorded for arrays made without it. Exit codes: 0 ok, 1 a producer raised, 3 the base
 lacks a needed symbol, 4 a group asked for is not defined (`OUT/unknown_groups.json` says
-which, and which are).
+which, and which are), 5 (with `--check-classes`) a `CLASS_MAP` rule names a class parity
+cannot use (`OUT/unusable_classes.json` says why), before any group runs.
 
 As one worker of a multi-process run (`parity.run.processes.run_workers` sets
 `PARITY_PROCESS_ID`, `PARITY_PROCESSES` and `PARITY_COORDINATOR`), it joins JAX's
@@ -45,8 +46,12 @@ if sys.path and os.path.realpath(sys.path[0] or ".") == _HERE:
 EXIT_PRODUCER_FAILED = 1
 EXIT_MISSING_SYMBOL = 3
 EXIT_UNKNOWN_GROUP = 4
+EXIT_UNUSABLE_CLASS = 5
 #: What the runner writes into OUT when asked for groups the producers do not define.
 UNKNOWN_GROUPS = "unknown_groups.json"
+#: What the runner writes into OUT when `--check-classes` finds a `CLASS_MAP` rule naming a
+#: class that cannot be pinned: one sentence per such rule.
+UNUSABLE_CLASSES = "unusable_classes.json"
 
 
 def _log(msg: str) -> None:
@@ -191,6 +196,11 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--out", required=True)
     p.add_argument("--groups", default="", help="comma-separated subset of groups")
     p.add_argument(
+        "--check-classes",
+        action="store_true",
+        help="refuse a CLASS_MAP that names a class parity cannot use, before any group runs",
+    )
+    p.add_argument(
         "--class-map-only",
         action="store_true",
         help="import the producers and save their CLASS_MAP and group names, run no group",
@@ -243,6 +253,17 @@ def main(argv: list[str] | None = None) -> int:
         (out / UNKNOWN_GROUPS).write_text(json.dumps({"unknown": unknown, "defined": list(groups)}))
         _log(f"unknown group(s) {unknown}; the producers define {list(groups)}")
         return EXIT_UNKNOWN_GROUP
+    if args.check_classes:
+        from parity.judge.tolerance import class_problem
+
+        where = f"the producers' CLASS_MAP ({args.producers})"
+        problems = [
+            class_problem(str(c), f"{where}: the rule ({p!r}, {c!r})") for p, c in class_map
+        ]
+        if any(problems):
+            (out / UNUSABLE_CLASSES).write_text(json.dumps([x for x in problems if x]))
+            _log(f"{where} names a class parity cannot use")
+            return EXIT_UNUSABLE_CLASS
     if args.class_map_only:
         (out / "class_map.json").write_text(json.dumps({"class_map": class_map, "groups": wanted}))
         return 0

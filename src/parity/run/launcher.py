@@ -29,6 +29,7 @@ __all__ = [
     "RepinError",
     "RunnerOutput",
     "UnknownGroupsError",
+    "UnusableClassError",
     "load_runner_output",
     "run_producers",
 ]
@@ -37,6 +38,8 @@ _RUNNER = Path(__file__).with_name("_producer_runner.py")
 EXIT_MISSING_SYMBOL = 3
 EXIT_UNKNOWN_GROUP = 4
 _UNKNOWN_GROUPS = "unknown_groups.json"  # `_producer_runner.UNKNOWN_GROUPS`
+EXIT_UNUSABLE_CLASS = 5
+_UNUSABLE_CLASSES = "unusable_classes.json"  # `_producer_runner.UNUSABLE_CLASSES`
 
 
 class RepinError(RuntimeError):
@@ -79,6 +82,21 @@ class UnknownGroupsError(ProducerRunError):
         )
         super().__init__(self.message, output)
         self.head = self.message
+
+
+class UnusableClassError(RepinError):
+    """The producers' `CLASS_MAP` names a class parity cannot pin (a typo such as
+    `fp32_reasoc`, a parameter missing): an input error, found before any group ran.
+
+    **Fields:** `problems`, one sentence per such rule (the pattern, the name, the nearest
+    known class and every known one: `parity.judge.tolerance.class_problem`)."""
+
+    def __init__(self, problems: Sequence[str]):
+        self.problems = tuple(problems)
+        super().__init__(
+            "; ".join(self.problems) + "; fix CLASS_MAP and run again: nothing was produced "
+            "or written, the goldens are untouched"
+        )
 
 
 def _restore_dtype(raw: np.ndarray, name: str) -> np.ndarray:
@@ -142,6 +160,7 @@ def run_producers(
     coordinator: str | None = None,
     process_id: int | None = None,
     class_map_only: bool = False,
+    check_classes: bool = False,
     code: str = "the code under test",
 ) -> str:
     """Run `producers` in a subprocess importing code from `code_root/src` (or, with
@@ -157,8 +176,12 @@ def run_producers(
     process 0 saves. On a cluster, `process_id` and `coordinator` (`HOST0:PORT`) start only
     this host's worker. A single process has no timeout unless one is given.
 
+    With `check_classes` (a repin), a `CLASS_MAP` naming a class parity cannot use stops
+    the run before any group runs.
+
     **Returns:** the XLA flags the subprocess ran under. Raises `UnknownGroupsError` when
-    `groups` names a group the producers do not define, `RepinError` with the
+    `groups` names a group the producers do not define, `UnusableClassError` (with
+    `check_classes`) for such a `CLASS_MAP`, `RepinError` with the
     producer's output (traceback included) if it fails, and
     `parity.run.processes.WorkerFailed` when a worker of a multi-process run fails, and when
     the run, of one process or several, outlives `timeout`.
@@ -178,6 +201,8 @@ def run_producers(
         cmd += ["--groups", ",".join(groups)]
     if class_map_only:  # `out/class_map.json`: the producers' CLASS_MAP; no group runs
         cmd += ["--class-map-only"]
+    if check_classes:
+        cmd += ["--check-classes"]
     if processes > 1:
 
         def forward(line: str) -> None:
@@ -206,6 +231,8 @@ def run_producers(
     if rc == EXIT_UNKNOWN_GROUP and (out / _UNKNOWN_GROUPS).is_file():
         doc = json.loads((out / _UNKNOWN_GROUPS).read_text())
         raise UnknownGroupsError(doc["unknown"], doc["defined"], producers, "\n".join(tail))
+    if rc == EXIT_UNUSABLE_CLASS and (out / _UNUSABLE_CLASSES).is_file():
+        raise UnusableClassError(json.loads((out / _UNUSABLE_CLASSES).read_text()))
     if rc != 0:
         output = "\n".join(tail)
         reason = (

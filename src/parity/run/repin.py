@@ -31,6 +31,7 @@ from typing import Any
 
 import numpy as np
 
+from parity.judge.floats import sig
 from parity.judge.tolerance import ClassMap
 from parity.run.devices import DEFAULT_ISA_CAP
 from parity.run.launcher import RepinError, load_runner_output, run_producers
@@ -111,7 +112,7 @@ def _describe_change(old: np.ndarray, new: np.ndarray) -> str | None:
         n = int(np.sum(~((a == b) | (np.isnan(a) & np.isnan(b)))))
         finite = diff[np.isfinite(diff)]
         worst = float(finite.max()) if finite.size else float("nan")
-        return f"{n}/{old.size} elements differ, max abs {worst:.3g}"
+        return f"{n}/{old.size} elements differ, max abs {sig(worst)}"
     return f"{int(np.sum(old != new))}/{old.size} elements differ"
 
 
@@ -300,6 +301,7 @@ def _repin_locked(
             drop_paths=[root / r for r in src] if src else [root / "src"],
             progress=progress,
             src=src,
+            check_classes=True,
             code=f"the base commit {sha[:12]}",
         )
         digest = digest_sources([producers])
@@ -418,7 +420,7 @@ def reclass(
         for line in _recover(out, root):
             progress(line)
         run_producers(root, producers, Path(tmp), progress=progress, src=src,
-                      class_map_only=True)  # fmt: skip
+                      class_map_only=True, check_classes=True)  # fmt: skip
         doc = json.loads((Path(tmp) / "class_map.json").read_text())
         class_map = ClassMap(rules=tuple((p, c) for p, c in doc["class_map"]))
         names = list(groups) or sorted(p.stem for p in out.glob("*.h5"))
