@@ -17,7 +17,17 @@ from parity.report.summary import (
     summarize,
 )
 
-__all__ = ["format_table", "print_report", "text_table"]
+__all__ = ["format_table", "print_report", "text_table", "verdict_line"]
+
+
+def verdict_line(comparison: Comparison) -> str:
+    """The report's first line: PASS or FAIL, how many arrays fail and, where a key was
+    judged more loosely than the check could have judged it (`Comparison.inexact`), "not
+    exact" with which keys, why and what to do."""
+    verdict = "PASS" if comparison.passed else "FAIL"
+    n, failing = len(comparison.findings), len(comparison.failures)
+    line = f"parity: {verdict} ({failing} of {n} arrays fail)"
+    return f"{line}, not exact: {comparison.inexact}" if comparison.inexact else line
 
 
 def text_table(rows: Sequence[Sequence[str]], right: Sequence[bool]) -> list[str]:
@@ -63,10 +73,7 @@ def format_table(
     reason. No colour codes.
     """
     failing = comparison.failures
-    verdict = "PASS" if comparison.passed else "FAIL"
-    lines = [
-        f"parity: {verdict} ({len(failing)} of {len(comparison.findings)} arrays fail)",
-    ]
+    lines = [verdict_line(comparison)]
     if header:
         width = max(len(k) for k in header)
         lines += [f"  {k.ljust(width)}  {v}" for k, v in header.items()]
