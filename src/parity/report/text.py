@@ -53,6 +53,7 @@ def format_table(
     checks: Checks | None = None,
     failing_checks_only: bool = False,
     failures: bool = True,
+    order: str = "forward order",
 ) -> str:
     """The comparison as a plain-text table, for a terminal or a log.
 
@@ -66,6 +67,9 @@ def format_table(
     - `failing_checks_only`: list only the checks that fail (for a terminal summary).
     - `failures`: end with every failing key and its reason (a terminal summary leaves them
       out: each test printed its own).
+    - `order`: what the comparison's order is, in the first divergence's heading:
+      `"forward order"`, or `"container order"` where nobody derived or declared one
+      (`assert_equivalent` of two containers).
 
     **Returns:** the text: the verdict, the header, a table per class (arrays, passed,
     failed, bitwise equal, max abs, max ulp, worst key), the first divergence, the notes
@@ -84,7 +88,7 @@ def format_table(
     if checks is None:
         lines += [
             "",
-            "first divergence (in forward order):",
+            f"first divergence (in {order}):",
             "  " + divergence("first not bitwise equal", comparison.first_not_bitwise),
             "  " + divergence("first breaking its class", comparison.first_failure),
         ]
