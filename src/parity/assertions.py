@@ -1,8 +1,11 @@
 """`assert_equivalent`: compare two pytrees under tolerance classes, chex-style.
 
 For any test framework or none: it raises `AssertionError` whose message is the failure
-table (per class, the first divergence in forward order, every failing key with its
-reason). A live check (`parity.check.check_live`, through the one comparison every check
+table (per class, the first divergence, every failing key with its reason). The first
+divergence is named "in forward order" where the order was given (`order=`) or derived
+(a `Dataflow` from `parity.in_dataflow_order`), "in container order" otherwise: a
+`NamedTuple`'s fields, a dict's keys as jax sorts them, are not the program's order.
+A live check (`parity.check.check_live`, through the one comparison every check
 makes) plus the tree's non-array leaves, compared with `==`
 (`parity.judge.trees.non_array_differences`, as the pytest fixture `parity_check` does).
 """
@@ -15,6 +18,7 @@ from typing import Any
 from parity.check import check_live
 from parity.judge.classes import REGISTRY, ToleranceClass
 from parity.judge.compare import Comparison, Order
+from parity.judge.dataflow import Dataflow
 from parity.judge.tolerance import ClassMap
 from parity.judge.trees import non_array_differences
 from parity.report import format_table
@@ -64,7 +68,10 @@ def assert_equivalent(
     static_problems = non_array_differences(statics_a, statics_e)
     if comparison.passed and not static_problems:
         return comparison
-    message = "trees are not equivalent\n" + format_table(comparison)
+    # Without an order or a `Dataflow`, the walk is the containers' own: not the forward one.
+    derived = order is not None or isinstance(expected, Dataflow) or isinstance(actual, Dataflow)
+    walk = "forward order" if derived else "container order"
+    message = "trees are not equivalent\n" + format_table(comparison, order=walk)
     if static_problems:
         message += f"non-array leaves that differ ({len(static_problems)}):\n"
         message += "\n".join(static_problems) + "\n"

@@ -28,7 +28,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Protocol
 
-from parity.calibration.bounds import calibrate_command, judge_environment
+from parity.calibration.bounds import BY_CALIBRATION, calibrate_command, judge_environment
 from parity.calibration.spreads import Spreads
 from parity.judge.classes import ToleranceClass
 from parity.judge.compare import Comparison, Finding, Order, compare_trees
@@ -42,11 +42,17 @@ if TYPE_CHECKING:
     from parity.store import GoldenFile
 
 __all__ = [
+    "BASE",
     "BaseSource",
     "BaseUnavailable",
     "ReproducedBase",
     "judge_by_base",
 ]
+
+
+#: What the base re-produced here is called in a finding's words ("actual ... vs base ..."),
+#: where it judged the tree: the vocabulary's word for the second judge's reference.
+BASE = "base"
 
 
 class BaseUnavailable(Exception):
@@ -166,7 +172,7 @@ def judge_by_base(
                 )
             comparison = compare_trees(
                 {k: flat_a[k] for k in flat_a}, base_arrays, classes, registry=registry,
-                order=order,
+                order=order, reference=BASE,
             )  # fmt: skip
     except GoldenStoreError as e:
         raise CheckError(
@@ -175,9 +181,13 @@ def judge_by_base(
         ) from None
     how = "built now" if not base.cached else "cached"
     took = f" in {base.seconds:.0f}s" if not base.cached else ""
+    # Only a key the goldens' pinned class refused and a calibrated bound admitted makes
+    # the base "within the calibrated noise"; otherwise it holds the pinned classes.
+    calibrated = any(f.note.startswith(BY_CALIBRATION) for f in held.findings)
+    within = "the goldens' calibrated noise" if calibrated else "the goldens' pinned classes"
     line = (
         f"the base re-produced here at {base.sha[:12]} ({how}{took} at {base.path}), in this "
-        f"environment ({', '.join(difference.changes)}), itself within the "
-        f"goldens' calibrated noise: {_worst(held.findings)}"
+        f"environment ({', '.join(difference.changes)}), itself within {within}: "
+        f"{_worst(held.findings)}"
     )
     return comparison, line

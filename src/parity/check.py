@@ -45,6 +45,7 @@ from parity.environment import (
     PolicyMode,
     environment_difference,
 )
+from parity.exactness import SECOND_JUDGE_OFF, inexact, judge_line, required_error, second_judge
 from parity.judge.chunks import DEFAULT_BUDGET
 from parity.judge.classes import REGISTRY, ToleranceClass
 from parity.judge.compare import Comparison, Order, compare_trees
@@ -174,43 +175,6 @@ def _policy_registry(
     return out
 
 
-def _second_judge(
-    base: BaseSource,
-    gf: GoldenFile,
-    current: Mapping[str, Any],
-    difference: EnvironmentDifference,
-    flat_a: Mapping[str, Any],
-    classes: Callable[[str], KeyClass],
-    exact_registry: Mapping[str, ToleranceClass],
-    held_registry: Mapping[str, ToleranceClass],
-    order: Order | None,
-    keys: Sequence[str],
-) -> tuple[Comparison | None, str, str]:
-    """The comparison against the base re-produced here, the header line naming that
-    judge and the base's file; `(None, line, "")` where the base cannot be re-produced
-    (the line says why, and the calibrated judgement of the goldens stands)."""
-    # Imported here, where a base is asked for: `parity diff` never re-produces one.
-    from parity.base_judge import BaseUnavailable, judge_by_base
-
-    group = gf.path.stem
-    try:
-        reproduced = base.reproduce(group, gf.provenance, current)
-    except BaseUnavailable as e:
-        return (
-            None,
-            (
-                f"the goldens, by calibration: the base cannot be re-produced here ({e.reason}); "
-                f"{e.hint}"
-            ),
-            "",
-        )
-    comparison, line = judge_by_base(
-        flat_a, gf, reproduced, classes, registry=exact_registry, held_registry=held_registry,
-        difference=difference, order=order, keys=keys, group=group,
-    )  # fmt: skip
-    return comparison, line, str(reproduced.path)
-
-
 def _diff_command(
     saved: Path, golden: Path | None, overrides: Overrides, class_map: ClassMapLike = None
 ) -> str:
@@ -224,17 +188,6 @@ def _diff_command(
     if caller is not None and caller.default is not None:
         parts.append(f"--class '{caller.default}'")
     return " ".join(parts)
-
-
-def _judge_line(difference: EnvironmentDifference, passed: bool) -> str:
-    """The header's `judge` line where the second judge does not run (or before it does)."""
-    if difference.unknown:
-        return f"the goldens (the environments are not compared: {difference.unknown})"
-    if not difference.moves_bits:
-        return "the goldens (this is the environment they were pinned in)"
-    if passed:
-        return "the goldens: every key holds its pinned class here"
-    return "the goldens, by calibration (the second judge is off)"
 
 
 # --------------------------------------------------------------------------- checks
@@ -292,6 +245,7 @@ def check_file(
     save_actual: str | os.PathLike[str] | None = None,
     keys: Sequence[str] | None = None,
     base: BaseSource | None = None,
+    require_base: bool = False,
     budget: int = DEFAULT_BUDGET,
     golden_source: Callable[[str], Any] | None = None,
 ) -> CheckResult:
@@ -321,6 +275,9 @@ def check_file(
       the pin's in a way that can move bits and some key fails its pinned class, the group
       re-produced at its base commit here judges the tree, exactly. None: the goldens
       judge, by calibration where the environment differs.
+    - `require_base`: where the base would judge (above) but cannot (`base` is None, or it
+      cannot be re-produced here), raise a `CheckError` with the reason and what to do
+      instead of passing keys by calibration alone (`parity.exactness`).
     - `budget`: bytes one array comparison may hold at once (`parity.judge.chunks`).
     - `golden_source`: key -> the golden's array or `Source` (`parity diff` names the file
       in read errors); default `gf.source`.
@@ -362,12 +319,17 @@ def check_file(
             actual, golden_arrays, classes, registry=registry, order=forward,
             name=name or group, budget=budget,
         )  # fmt: skip
-        judged_by_base, base_path, env_header = None, "", {}
-        judge = _judge_line(difference, comparison.passed)
-        if difference.moves_bits and not comparison.passed and base is not None:
-            judged_by_base, judge, base_path = _second_judge(
-                base, gf, current, difference, flat_a, classes, exact_registry, registry,
-                forward, list(golden_arrays),
+        judged_by_base, base_path, env_header, why = None, "", {}, None
+        judge = judge_line(difference, comparison.passed)
+        needed = difference.moves_bits and not comparison.passed
+        if needed and base is None:
+            why = SECOND_JUDGE_OFF
+            if require_base:
+                raise required_error(group, why)
+        elif needed and base is not None:
+            judged_by_base, judge, base_path, why = second_judge(
+                base, gf, current, difference, flat_a, classes, (exact_registry, registry),
+                forward, list(golden_arrays), required=require_base,
             )  # fmt: skip
         if judged_by_base is not None:
             comparison = judged_by_base
@@ -378,6 +340,8 @@ def check_file(
             comparison, env_header = judge_environment(
                 comparison, flat_a, gf, spreads, difference, registry, budget=budget
             )
+        against = "the goldens" if judged_by_base is None else "the base re-produced here"
+        comparison = dataclasses.replace(comparison, inexact=inexact(comparison, why, against))
     except GoldenStoreError as e:
         raise CheckError(f"golden group {group!r} is unusable: {e}") from None
     header = {"golden": str(gf.path)}
@@ -426,6 +390,7 @@ class CheckOptions(TypedDict, total=False):
     save_actual: str | os.PathLike[str] | None
     keys: Sequence[str] | None
     base: BaseSource | None
+    require_base: bool
 
 
 def check_group(
@@ -447,7 +412,8 @@ def check_group(
     - `current_provenance`: the environment `actual` was produced in, when that was another
       process (`parity check`); default this process's.
     - `options`: as `check_file` takes them (`class_map`, `overrides`, `order`,
-      `drift_mode`, `registry`, `name`, `node`, `produce_s`, `save_actual`, `keys`, `base`).
+      `drift_mode`, `registry`, `name`, `node`, `produce_s`, `save_actual`, `keys`, `base`,
+      `require_base`).
 
     **Returns:** a `CheckResult`; its header's `judge` line names the judge used. Raises
     `CheckError` for unusable input, and where the base re-produced here is outside the

@@ -70,6 +70,7 @@ class CheckResult:
         """The result as a JSON-safe dict; `CheckResult.from_dict` reads it back."""
         out = {f.name: getattr(self, f.name) for f in dataclasses.fields(self)}
         out["comparison"] = [f.to_dict() for f in self.comparison.findings]
+        out["inexact"] = self.comparison.inexact
         out["checked_keys"] = list(self.checked_keys)
         return out
 
@@ -77,7 +78,8 @@ class CheckResult:
     def from_dict(cls, data: Mapping[str, Any]) -> CheckResult:
         """Read a result written by `to_dict` (after a JSON round trip)."""
         kwargs = dict(data)
-        kwargs["comparison"] = Comparison(tuple(Finding.from_dict(f) for f in data["comparison"]))
+        findings = tuple(Finding.from_dict(f) for f in data["comparison"])
+        kwargs["comparison"] = Comparison(findings, inexact=kwargs.pop("inexact", ""))
         kwargs["checked_keys"] = tuple(data.get("checked_keys", ()))
         return cls(**kwargs)
 

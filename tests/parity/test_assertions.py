@@ -231,3 +231,28 @@ def test_a_live_comparison_speaks_of_the_expected_tree_never_of_goldens_or_repin
 def test_an_unknown_class_is_the_check_error_every_face_raises_not_a_failed_assert():
     with pytest.raises(parity.CheckError, match="unknown tolerance class 'bitwse'"):
         parity.assert_equivalent(np.zeros(2), np.zeros(2), class_map="bitwse")
+
+
+def test_two_named_tuples_are_walked_in_container_order_not_called_forward() -> None:
+    """Without `order=` or a `Dataflow`, the first divergence is named in the containers'
+    own order, and the message says so; with `order=`, it is the forward order."""
+    from typing import NamedTuple
+
+    import numpy as np
+
+    from parity import assert_equivalent
+
+    class Out(NamedTuple):
+        logits: np.ndarray
+        norm: np.ndarray
+
+    expected = Out(np.ones(3, np.float32), np.ones(3, np.float32))
+    actual = Out(np.full(3, 2, np.float32), np.full(3, 2, np.float32))
+    with pytest.raises(AssertionError) as e:
+        assert_equivalent(actual, expected)
+    assert "first divergence (in container order)" in str(e.value)
+    assert "forward order" not in str(e.value)
+    with pytest.raises(AssertionError) as e:
+        assert_equivalent(actual, expected, order=["norm", "logits"])
+    assert "first divergence (in forward order)" in str(e.value)
+    assert "first breaking its class: norm" in str(e.value)

@@ -10,6 +10,7 @@ commit does not have it."""
 from __future__ import annotations
 
 import re
+import shutil
 import subprocess
 import sys
 from pathlib import Path
@@ -155,8 +156,62 @@ def test_a_missing_base_commit_falls_back_to_calibration_and_says_why(project, r
     assert proc.returncode == 0, proc.stdout + proc.stderr
     judge = _judge(proc.stdout)
     assert "the goldens, by calibration: the base cannot be re-produced here" in judge
-    assert "is not in this clone" in judge and "git fetch --unshallow" in judge
-    assert "passed by calibration alone" in proc.stdout
+    # A full clone: the commit is missing from its history, and no shallow clone is blamed.
+    assert "is not in the history of the repository" in judge and "git fetch origin" in judge
+    assert "shallow" not in proc.stdout and "unshallow" not in proc.stdout
+    verdict = proc.stdout.splitlines()[0]
+    assert verdict.startswith("parity: PASS") and "not exact" in verdict, verdict
+    assert "is not in the history of the repository" in verdict
+
+
+def test_without_git_history_the_verdict_line_says_not_exact_and_require_exits_2(
+    project, run_parity, pinned_project, tmp_path
+):
+    _calibrate(project, run_parity)
+    shutil.rmtree(project / ".git")
+    _bug(project, _moved(DEVICE_NOISE) / 4)  # a real bug, below the calibrated bound
+    proc = run_parity(project, "check", "--devices", "4")
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    verdict = proc.stdout.splitlines()[0]
+    assert verdict.startswith("parity: PASS") and "not exact" in verdict, verdict
+    assert "(logits" in verdict and "passed by calibration alone, not bit for bit" in verdict
+    assert "is not in a git repository" in verdict and "shallow" not in proc.stdout
+    assert "PASS g (0 of 2 arrays fail), not exact" in proc.stdout
+    # The build that could not happen left nothing in the cache.
+    cache = tmp_path / "baselines"
+    assert not cache.exists() or not any(cache.rglob("*")), sorted(cache.rglob("*"))
+    required = run_parity(project, "check", "--devices", "4", "--baseline", "require")
+    assert required.returncode == 2, required.stdout + required.stderr
+    err = required.stderr.strip().splitlines()[-1]
+    assert "the second judge is required" in err and "is not in a git repository" in err
+    table = (project / "pyproject.toml").read_text()
+    (project / "pyproject.toml").write_text(table + 'baseline = "require"\n')
+    configured = run_parity(project, "check", "--devices", "4")
+    assert configured.returncode == 2, configured.stdout + configured.stderr
+    (project / "pyproject.toml").write_text(table)
+    (project / "test_g.py").write_text(INNER_TEST)
+    plugin = _inner_pytest(project, tmp_path, "--parity-devices", "4", "--parity-baseline",
+                           "require")  # fmt: skip
+    assert plugin.returncode == 1, plugin.stdout + plugin.stderr
+    assert "the second judge is required" in plugin.stdout
+    assert not cache.exists() or not any(cache.rglob("*")), sorted(cache.rglob("*"))
+
+
+def test_a_shallow_clone_without_the_base_commit_is_named_as_such(
+    project, run_parity, git, tmp_path
+):
+    _calibrate(project, run_parity)
+    git(project, "add", "-A")
+    git(project, "commit", "-qm", "goldens")  # the goldens' base is the commit before
+    clone = tmp_path / "ci" / "proj"
+    clone.parent.mkdir()
+    git(tmp_path, "clone", "-q", "--depth", "1", f"file://{project}", str(clone))
+    _bug(clone, _moved(DEVICE_NOISE) / 4)
+    proc = run_parity(clone, "check", "--devices", "4")
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    verdict = proc.stdout.splitlines()[0]
+    assert "not exact" in verdict and "which is shallow" in verdict, verdict
+    assert "git fetch --unshallow" in verdict
 
 
 def test_producers_that_cannot_run_at_the_base_fall_back_and_name_the_reason(project, run_parity):

@@ -261,3 +261,100 @@ def test_judged_by_the_base_the_header_keeps_no_drift_that_moves_bits(tmp_path: 
                      + "' -> '0.0.elsewhere' (info)"]  # fmt: skip
     without = check_group(mutated, "g", goldens=goldens, current_provenance=elsewhere)
     assert "device_count: 1 -> 4 (bits)" in without.header["drift 0"]
+
+
+def test_judged_by_the_base_a_failure_is_vs_base_and_the_base_is_not_called_calibrated(
+    tmp_path: Path,
+) -> None:
+    """The base reproduced the goldens bit for bit: nothing was calibrated, so the judge
+    line does not say "calibrated noise"; the failure is named against the base."""
+    from parity.base_judge import ReproducedBase
+
+    here = collect_provenance() | {"device_count": 1, "processes": 1, "base_sha": "b" * 40}
+    goldens = tmp_path / "goldens"
+    goldens.mkdir()
+    _pin(goldens, here)
+    base_file = write_goldens(tmp_path / "base.h5", _arrays(), order=_KEYS)
+
+    class Base:
+        def reproduce(self, group, pinned, current) -> ReproducedBase:
+            return ReproducedBase(base_file, str(pinned["base_sha"]), cached=True)
+
+    mutated = _arrays()
+    mutated["plain"][0] = np.nextafter(mutated["plain"][0], np.float32(9))
+    elsewhere = here | {"device_count": 4}
+    result = check_group(mutated, "g", goldens=goldens, current_provenance=elsewhere, base=Base())
+    judge = result.header["judge"]
+    assert "itself within the goldens' pinned classes: bit for bit equal" in judge, judge
+    assert "calibrated" not in judge
+    failure = result.comparison.finding("plain")
+    assert " vs base " in failure.reason and "vs golden" not in failure.reason
+    text = format_table(result.comparison, header=result.header)
+    assert "vs base" in text and "vs golden" not in text, text
+
+
+def test_at_index_names_the_same_element_on_pass_and_fail_lines(tmp_path: Path) -> None:
+    """A tolerant pass names its worst element, a bitwise failure its first differing one:
+    every line says which before "at index", as the failure's reason does."""
+    expected = {"taps": np.linspace(1, 2, 4, dtype=np.float32), "logits": np.ones(3, np.float32)}
+    actual = {k: v.copy() for k, v in expected.items()}
+    actual["taps"][2] = np.nextafter(actual["taps"][2], np.float32(9))
+    actual["logits"][0] += np.float32(1e-6)
+    actual["logits"][2] += np.float32(1e-3)  # the largest difference, not the first
+    result = check_live(actual, expected, overrides=[("taps", "fp32_reassoc")],
+                        order=["taps", "logits"])  # fmt: skip
+    text = format_table(result.comparison)
+    first_nb = next(ln for ln in text.splitlines() if "first not bitwise equal" in ln)
+    first_fail = next(ln for ln in text.splitlines() if "first breaking its class" in ln)
+    assert "taps [fp32_reassoc, pass], worst at index (2,)" in first_nb, first_nb
+    assert "logits [bitwise, fail], first differing element at index (0,)" in first_fail
+    assert "first differing element at index (0,)" in result.comparison.finding("logits").reason
+
+
+def test_a_group_that_holds_its_classes_off_the_pins_layout_asks_for_no_calibration(
+    tmp_path: Path,
+) -> None:
+    here = collect_provenance() | {"device_count": 1, "processes": 1}
+    goldens = tmp_path / "goldens"
+    goldens.mkdir()
+    _pin(goldens, here)
+    elsewhere = here | {"device_count": 4}
+    result = check_group(_arrays(), "g", goldens=goldens, current_provenance=elsewhere)
+    assert result.passed and result.comparison.inexact == ""
+    text = format_table(result.comparison, header=result.header)
+    assert "calibrat" not in text, text
+
+
+def test_a_calibrated_key_that_passes_off_its_bits_says_not_exact(tmp_path: Path) -> None:
+    """A `calibrated` key judged where its bits could have been (the pin's environment):
+    the verdict line says it passed by its bound, not bit for bit."""
+    here = collect_provenance() | {"device_count": 1, "processes": 1}
+    spread = {"labels": ["devices=4"], "keys": {"w": [1e-3]}}
+    write_goldens(
+        tmp_path / "g.h5", {"w": np.zeros(4, np.float32)}, classes={"w": "calibrated"},
+        provenance=here | {"calibration": {"spread": spread}},
+    )  # fmt: skip
+    moved = {"w": np.array([0, 0, 1e-4, 0], np.float32)}
+    result = check_group(moved, "g", goldens=tmp_path, current_provenance=here)
+    assert result.passed
+    verdict = format_table(result.comparison).splitlines()[0]
+    assert verdict.startswith("parity: PASS") and "not exact" in verdict, verdict
+    assert "(w) passed their calibrated bound, not bit for bit against the goldens" in verdict
+    same = check_group(
+        {"w": np.zeros(4, np.float32)}, "g", goldens=tmp_path, current_provenance=here
+    )
+    assert same.comparison.inexact == ""
+
+
+def test_required_second_judge_without_a_base_is_an_input_error(tmp_path: Path) -> None:
+    here = collect_provenance() | {"device_count": 1, "processes": 1, "base_sha": "b" * 40}
+    _pin(tmp_path, here)
+    mutated = _arrays()
+    mutated["plain"][0] += np.float32(1e-6)
+    elsewhere = here | {"device_count": 4}
+    with pytest.raises(CheckError, match="the second judge is required"):
+        check_group(mutated, "g", goldens=tmp_path, current_provenance=elsewhere,
+                    require_base=True)  # fmt: skip
+    # The pin's own environment needs no base: required or not, the goldens judge.
+    assert not check_group(mutated, "g", goldens=tmp_path, current_provenance=here,
+                           require_base=True).passed  # fmt: skip

@@ -11,6 +11,7 @@ order.
 from __future__ import annotations
 
 import json
+import os
 import subprocess
 import sys
 from pathlib import Path
@@ -20,6 +21,7 @@ import pytest
 
 from parity.judge.dataflow import (
     ALPHABETICAL_HINT,
+    DECLARED_HINT,
     Dataflow,
     DataflowError,
     alphabetical,
@@ -214,7 +216,9 @@ def test_the_hint_is_given_only_for_an_alphabetical_order_not_read_from_the_prog
     assert order_hint("declared", ["a", "b", "c"]) == ALPHABETICAL_HINT
     assert order_hint(None, ["a", "b", "c"]) == ALPHABETICAL_HINT
     assert order_hint("dataflow", ["a", "b", "c"]) is None
-    assert order_hint("declared", ["b", "a", "c"]) is None
+    # Not read from the program, and not alphabetical: said too, every time.
+    assert order_hint("declared", ["b", "a", "c"]) == DECLARED_HINT
+    assert order_hint(None, ["b", "a", "c"]) == DECLARED_HINT
 
 
 # --------------------------------------------------------------------------- end to end
@@ -366,3 +370,119 @@ def parity_file() -> str:
     import parity
 
     return str(parity.__file__)
+
+
+#: Producers that convert what a jitted `apply` returned to numpy at the end, three ways.
+NUMPY_PRODUCERS = """\
+import jax
+import numpy as np
+
+import convnet
+
+
+def _out():
+    return convnet.apply(convnet.init(jax.random.key(0)), jax.numpy.arange(12) % 16)
+
+
+def tree_map():
+    return jax.tree.map(np.asarray, _out())
+
+
+def device_get():
+    return jax.device_get(_out())
+
+
+def comprehension():
+    out = _out()
+    return {"taps": {k: np.asarray(v) for k, v in out["taps"].items()},
+            "logits": np.array(out["logits"])}
+
+
+GROUPS = {"tree_map": tree_map, "device_get": device_get, "comprehension": comprehension}
+"""
+
+#: A test of the plugin's: the numpy outputs against the goldens.
+NUMPY_PLUGIN_TEST = """\
+import producers
+
+
+def test_tree_map(parity_check):
+    parity_check(producers.tree_map(), "tree_map")
+"""
+
+
+@pytest.mark.slow
+def test_a_producer_that_ends_in_numpy_keeps_the_dataflow_order(
+    tmp_path: Path, run_parity: Any, pinned_project: Any
+) -> None:
+    """`jax.tree.map(np.asarray, out)`, `jax.device_get(out)` and a comprehension of
+    `np.asarray` on the dict a jitted function returned: the order is the program's, so a
+    bug in a middle layer (the LayerNorm's epsilon) is named first by check and the plugin,
+    and a repin that changes nothing says nothing about the order."""
+    model = {"src/convnet/__init__.py": MODEL.format(eps="1e-5")}
+    table = 'producers = "producers.py"\nsrc = "src"\n'
+    repo = pinned_project(tmp_path, NUMPY_PRODUCERS, table, files=model)
+    groups = ("tree_map", "device_get", "comprehension")
+    for group in groups:
+        shown = run_parity(repo, "show", f"goldens/{group}.h5", "--json", "-")
+        doc = json.loads(shown.stdout)
+        assert doc["order"]["source"] == "dataflow", (group, doc["order"])
+        assert [a["key"] for a in sorted(doc["arrays"], key=lambda a: a["order"])] == FORWARD
+    again = run_parity(repo, "repin", "--base", "HEAD")
+    assert again.returncode == 0 and "order:" not in again.stdout, again.stdout
+    _write_model(repo, "1e-3")  # the bug, in the tree under test
+    report = tmp_path / "check.json"
+    bad = run_parity(repo, "check", "--json", str(report))
+    assert bad.returncode == 1, bad.stdout + bad.stderr
+    checks = json.loads(report.read_text())["checks"]
+    assert {c["name"]: c["first_failure"]["key"] for c in checks} == dict.fromkeys(
+        groups, "taps.ln0"
+    )
+    assert "order (" not in bad.stdout  # a dataflow order needs no word in the header
+    (repo / "test_tree_map.py").write_text(NUMPY_PLUGIN_TEST)
+    plugin = subprocess.run(
+        [sys.executable, "-m", "pytest", "-q", "-p", "no:randomly", "-p", "no:cacheprovider",
+         "--parity-jax-cache", "none", "test_tree_map.py"],
+        cwd=repo, capture_output=True, text=True, timeout=300,
+        env={**os.environ, "PYTHONPATH": f"{repo / 'src'}:{repo}:{os.environ['PYTHONPATH']}"},
+    )  # fmt: skip
+    assert plugin.returncode == 1, plugin.stdout + plugin.stderr
+    assert "first breaking its class: taps.ln0" in plugin.stdout, plugin.stdout
+
+
+#: A producer that does not trace: it branches in Python on a value it computed.
+UNTRACEABLE = """\
+import jax
+
+import convnet
+
+
+def forward():
+    params = convnet.init(jax.random.key(0))
+    if float(params["head"].sum()) > 1e9:
+        raise ValueError("a head this large is not a test model")
+    return convnet.apply(params, jax.numpy.arange(12) % 16)
+
+
+GROUPS = {"forward": forward}
+"""
+
+
+@pytest.mark.slow
+def test_an_order_not_read_from_the_program_is_said_every_check_and_a_repin_names_its_change(
+    tmp_path: Path, run_parity: Any, pinned_project: Any
+) -> None:
+    model = {"src/convnet/__init__.py": MODEL.format(eps="1e-5")}
+    table = 'producers = "producers.py"\nsrc = "src"\n'
+    repo = pinned_project(tmp_path, UNTRACEABLE, table, files=model)
+    shown = run_parity(repo, "show", "goldens/forward.h5")
+    assert "forward order: declared" in shown.stdout, shown.stdout
+    for _ in range(2):  # every check, not only the pin
+        checked = run_parity(repo, "check")
+        assert checked.returncode == 0, checked.stdout + checked.stderr
+        assert ALPHABETICAL_HINT in " ".join(checked.stdout.split()), checked.stdout
+    (repo / "producers.py").write_text(PRODUCERS)  # the fix: it traces now
+    fixed = run_parity(repo, "repin", "--base", "HEAD")
+    assert fixed.returncode == 0, fixed.stdout + fixed.stderr
+    assert "order: declared -> dataflow" in fixed.stdout, fixed.stdout
+    assert "unchanged" not in fixed.stdout

@@ -102,6 +102,7 @@ LAYERS: tuple[tuple[str, ...], ...] = (
     ("parity.results",),  # the core: what a check hands back (CheckResult, CheckError)
     ("parity.calibration.bounds",),  # the core: the calibrated class in a check
     ("parity.base_judge",),  # the core: the second judge, a base re-produced here
+    ("parity.exactness",),  # the core: how exact a verdict is, the call to the second judge
     ("parity.check",),  # the core: golden folder, class precedence, drift policy, compare
     ("parity.run",),  # running producers: config, git, processes, repin, bisect, baseline
     # measuring the noise (`parity calibrate`): the rest of the calibration room, whose two

@@ -31,6 +31,7 @@ if TYPE_CHECKING:
     from parity.store import GoldenFile
 
 __all__ = [
+    "BY_CALIBRATION",
     "CALIBRATED",
     "bind_calibrated",
     "calibrate_command",
@@ -39,6 +40,8 @@ __all__ = [
 
 #: The class of the calibrated bounds: its `k` and floor, from the registry's `calibrated`.
 CALIBRATED = "calibrated"
+#: How the note of a finding that passed by its calibrated bound alone starts.
+BY_CALIBRATION = "judged by calibration"
 
 
 def calibrate_command(group: str) -> str:
@@ -90,8 +93,9 @@ def judge_environment(
     """Where the check's environment differs from the pin's in calibrated dimensions, judge
     each key that fails its pinned class again under its calibrated bound for those
     dimensions (`max(floor, k * spread)`, the spread measured there): the looser of the
-    two decides. In the pin's environment nothing changes. `budget`: bytes one array
-    comparison may hold at once (`parity.judge.chunks`).
+    two decides. In the pin's environment nothing changes, and where no calibration of it
+    is recorded and every key holds its pinned class, nothing is said (nothing needs one).
+    `budget`: bytes one array comparison may hold at once (`parity.judge.chunks`).
 
     **Returns:** the comparison, with the findings that passed by calibration replaced
     (their note says so), and the header lines saying what differed and how many keys were
@@ -101,6 +105,8 @@ def judge_environment(
         return comparison, {}
     change = ", ".join(d.change for d in dims)
     columns = spreads.columns_for(dims) if spreads else None
+    if columns is None and comparison.passed:
+        return comparison, {}  # every key holds its pinned class: nothing to calibrate
     if columns is None:
         return comparison, {
             "environment": f"differs from the pin's ({change}); no calibration of it is "
@@ -121,7 +127,7 @@ def judge_environment(
         )
         if again.passed:
             judged += 1
-            note = f"judged by calibration ({', '.join(columns)}): {f.class_name} alone fails"
+            note = f"{BY_CALIBRATION} ({', '.join(columns)}): {f.class_name} alone fails"
             findings.append(dataclasses.replace(again, note=note))
         else:
             findings.append(f)

@@ -58,11 +58,12 @@ def add_parser(sub: Any, help: str) -> None:
     )
     check.add_argument(
         "--baseline",
-        choices=("auto", "off"),
+        choices=("auto", "require", "off"),
         help="the second judge off the pin's environment: auto (default, or [tool.parity] "
         "baseline) re-produces a group at its golden's base commit here, in a cache, where a "
-        "key fails its pinned class, and judges the tree against it exactly; off judges by "
-        "the goldens' calibrated bounds alone",
+        "key fails its pinned class, and judges the tree against it exactly; require does "
+        "the same and exits 2 where the base cannot be re-produced, rather than pass a key "
+        "by calibration alone (for CI); off judges by the goldens' calibrated bounds alone",
     )
     override_flag(check)
     class_flag(check)
@@ -161,7 +162,12 @@ def run(args: argparse.Namespace, out: IO[str]) -> int:
     mode = args.baseline or config.baseline
     # On a cluster (--coordinator) this host alone cannot re-produce a multi-host run.
     base = None
-    if mode == "auto" and args.coordinator is None:
+    if mode == "require" and args.coordinator is not None:
+        raise CLIError(
+            "--baseline require cannot be met on a cluster (--coordinator): one host cannot "
+            "re-produce a multi-host run's base; pass --baseline auto or off there"
+        )
+    if mode != "off" and args.coordinator is None:
         base = BaselineSource(config, progress=report_progress, timeout=args.timeout)
     try:
         with GoldenDir(config.goldens) as goldens:
@@ -174,6 +180,7 @@ def run(args: argparse.Namespace, out: IO[str]) -> int:
                 save_actual=save,
                 node="parity check",
                 base=base,
+                require_base=mode == "require",
             )
     except CheckError as e:
         raise CLIError(str(e)) from None

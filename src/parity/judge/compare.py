@@ -94,7 +94,7 @@ def _absent(
     if not is_source(present):
         present = np.asarray(present)
     shape, dtype = tuple(int(d) for d in present.shape), np.dtype(present.dtype).name
-    live = reference != GOLDEN
+    live = reference not in (GOLDEN, "base")  # a live tree, not a pinned (or re-produced) file
     if verdict == "missing":
         reason = (
             f"key {key!r} (shape {shape}, {dtype}) is in the "
@@ -109,7 +109,7 @@ def _absent(
             + (
                 "expected tree: add it there, or stop producing it"
                 if live
-                else "golden: repin the goldens to pin it, or stop producing it"
+                else f"{reference}: repin the goldens to pin it, or stop producing it"
             )
         )
     golden_side = verdict == "missing"
@@ -155,7 +155,8 @@ def compare_arrays(
     - `budget`: bytes the comparison may hold at once (chunks and temporaries); arrays
         larger than that are compared in chunks (`parity.judge.chunks`), with the same finding.
     - `reference`: what `golden` is called in the finding's words: `"golden"` (a pinned
-        file, the default; its advice is to repin) or `"expected"` (a live tree).
+        file, the default; its advice is to repin), `"base"` (the golden's base
+        re-produced here, which judged: `parity.base_judge`) or `"expected"` (a live tree).
 
     **Returns:** a `Finding`. Dtypes and shapes are strict: a mismatch is a `"fail"` whose
     reason names both, never a cast or broadcast. NaN and inf (with sign) must sit at the
@@ -250,6 +251,14 @@ def compare_arrays(
         notes.append(f"{dtype.name} arrays are compared exactly under every class")
     if kind == "other" and tol.rule.tolerant:
         notes.append(f"{dtype.name} has no float rule in parity; compared exactly")
+    # One meaning of "at index" on every line: the element this label names.
+    where = (
+        "first NaN/inf mismatch"
+        if worst_is_special
+        else "worst"
+        if tally.best is not None
+        else "first differing element"
+    )
     max_ulp = tally.max_ulp if is_float else None
     max_rel = tally.max_rel if kind != "other" else None
     n_violating = tally.n_violating
@@ -266,10 +275,6 @@ def compare_arrays(
             figures.append(f"max rel {sig(max_rel)}")
         if max_ulp is not None:
             figures.append(f"max ulp {max_ulp}")
-        where = {
-            True: "first NaN/inf mismatch",
-            False: "worst" if tol.rule.tolerant else "first differing element",
-        }[worst_is_special]
         reason = (
             f"key {key!r} breaks class {tol.name!r} ({tol.describe_allowed()}): "
             f"{n_violating} of {n} elements ({sig(100 * share)}%) {what}; {where} at index "
@@ -288,6 +293,7 @@ def compare_arrays(
         max_rel=max_rel,
         max_ulp=max_ulp,
         worst_index=worst_index,
+        worst_is=where,
         worst_actual=worst.actual_value,
         worst_golden=worst.golden_value,
         bitwise_equal=False,

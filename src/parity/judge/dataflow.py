@@ -13,6 +13,15 @@ placed at that iteration, and a row of a `jnp.stack` where that row was computed
 squeezes, reshapes, broadcasts, casts and copies of an array are placed where the array
 was computed. An output that is an input or a constant comes first.
 
+A function that converts its outputs to numpy at the end (`jax.tree.map(np.asarray, out)`,
+`jax.device_get(out)`, `{k: np.asarray(v) ...}` on what a jitted `apply` returned) does not
+trace as it is: `numpy_conversions()` makes it. While open, `np.asarray`, `np.array`,
+`np.asanyarray` and `jax.device_get` hand a traced value back as it is (so the trace goes
+on to the outputs), and record each numpy array they make of a jax array (so a caller that
+ran the function knows its numpy outputs came from jax: `parity.run._producer_runner`).
+`traced_order(fn)` is `dataflow_order` under it, None where no output is computed by the
+program (a numpy-only function: its order is its own).
+
 `in_dataflow_order(fn)` wraps `fn` so that it returns `Dataflow`, a flat `{key: array}`
 dict (keys as `parity.judge.trees.flatten` names them) in that order; a producer returns
 it as it is, `parity.assert_equivalent` and `parity check` follow its order.
@@ -22,8 +31,9 @@ jax is imported only inside these functions (the caller has it), never at import
 
 from __future__ import annotations
 
+import contextlib
 import functools
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from typing import Any
 
 import numpy as np
@@ -34,13 +44,17 @@ __all__ = [
     "ALPHABETICAL_HINT",
     "DATAFLOW",
     "DECLARED",
+    "DECLARED_HINT",
     "Dataflow",
     "DataflowError",
     "alphabetical",
     "dataflow_order",
     "describe_order",
     "in_dataflow_order",
+    "numpy_conversions",
+    "order_change",
     "order_hint",
+    "traced_order",
 ]
 
 #: How a golden's order was made, as recorded in its provenance under `order`.
@@ -184,8 +198,25 @@ def dataflow_order(fn: Callable[..., Any], *args: Any, **kwargs: Any) -> list[st
     except Exception as e:
         raise DataflowError(
             f"{getattr(fn, '__name__', fn)!s} does not trace, so its dataflow order cannot be "
-            f"read from its program ({type(e).__name__}: {' '.join(str(e).split())[:200]})"
+            f"read from its program ({type(e).__name__}: {_words(str(e), 200)})"
         ) from None
+    order, _ = _ranked(closed, shapes)
+    return order
+
+
+def _words(text: str, limit: int) -> str:
+    """`text` on one line, at most `limit` characters, cut between words (never mid-word)."""
+    flat = " ".join(text.split())
+    if len(flat) <= limit:
+        return flat
+    return flat[:limit].rsplit(" ", 1)[0] + " ..."
+
+
+def _ranked(closed: Any, shapes: Any) -> tuple[list[str], bool]:
+    """The output keys of a traced program, earliest computed first, and whether any
+    output is computed by it at all (not an input or a constant)."""
+    import jax
+
     leaves, treedef = jax.tree_util.tree_flatten(shapes)
     markers = jax.tree_util.tree_unflatten(treedef, [np.int64(j) for j in range(len(leaves))])
     keys = {int(v): k for k, v in flatten(markers).items()}
@@ -193,7 +224,70 @@ def dataflow_order(fn: Callable[..., Any], *args: Any, **kwargs: Any) -> list[st
     seen: dict[int, dict[Any, tuple[int, int]]] = {}
     places = [_position(v, jaxpr, seen) for v in jaxpr.outvars]
     ranked = sorted(range(len(leaves)), key=lambda j: places[j])
-    return [keys[j] for j in ranked if j in keys]
+    return [keys[j] for j in ranked if j in keys], any(p != (-1,) for p in places)
+
+
+@contextlib.contextmanager
+def numpy_conversions() -> Iterator[list[Any]]:
+    """While open, numpy's conversions pass traced values through and record the numpy
+    arrays they make of jax arrays (see the module docstring).
+
+    **Yields:** the list those arrays are appended to (kept alive, so that `id` of an
+    output names one of them for as long as the caller holds the list).
+    """
+    import jax
+    from jax.core import Tracer
+
+    made: list[Any] = []
+
+    def through(original: Callable[..., Any]) -> Callable[..., Any]:
+        @functools.wraps(original)
+        def convert(x: Any, *args: Any, **kwargs: Any) -> Any:
+            if isinstance(x, Tracer):
+                dtype = kwargs.get("dtype", args[0] if args else None)
+                return x if dtype is None else x.astype(dtype)
+            out = original(x, *args, **kwargs)
+            if isinstance(x, jax.Array):
+                made.append(out)
+            return out
+
+        return convert
+
+    def device_get(x: Any) -> Any:
+        out = get(x)
+        made.extend(leaf for leaf in jax.tree_util.tree_leaves(out) if isinstance(leaf, np.ndarray))
+        return out
+
+    get = jax.device_get
+    saved = {name: getattr(np, name) for name in ("asarray", "array", "asanyarray")}
+    try:
+        for name, original in saved.items():
+            setattr(np, name, through(original))
+        jax.device_get = device_get
+        yield made
+    finally:
+        for name, original in saved.items():
+            setattr(np, name, original)
+        jax.device_get = get
+
+
+def traced_order(fn: Callable[[], Any]) -> list[str] | None:
+    """The dataflow order of `fn()`'s outputs, traced under `numpy_conversions` (a function
+    that converts its outputs to numpy at the end traces to the program that computed
+    them); None where no output is computed by the program. Raises `DataflowError` where
+    `fn` does not trace even so."""
+    import jax
+
+    with numpy_conversions():
+        try:
+            closed, shapes = jax.make_jaxpr(fn, return_shape=True)()
+        except Exception as e:
+            raise DataflowError(
+                f"{getattr(fn, '__name__', fn)!s} does not trace, so its dataflow order cannot "
+                f"be read from its program ({type(e).__name__}: {_words(str(e), 200)})"
+            ) from None
+    order, computed = _ranked(closed, shapes)
+    return order if computed else None
 
 
 def in_dataflow_order(fn: Callable[..., Any]) -> Callable[..., Dataflow]:
@@ -230,13 +324,22 @@ def alphabetical(keys: Sequence[str]) -> bool:
 #: Said where a group's forward order is alphabetical and was not read from its program.
 ALPHABETICAL_HINT = (
     "the forward order is alphabetical (jax sorts a dict's keys), so the first divergence "
-    "may not be where the change first shows: return the producer's outputs from jax "
-    "arrays, or through parity.in_dataflow_order (docs/adopting.md, section 2)"
+    "may not be where the change first shows: return the producer's outputs as jax arrays "
+    "(or numpy arrays made of them at the end), or through parity.in_dataflow_order "
+    "(docs/adopting.md, section 2)"
+)
+
+
+#: Said where a group's forward order was not read from its program and is not alphabetical.
+DECLARED_HINT = (
+    "declared: the order the producer returned its keys in, not read from its program, so "
+    "the first divergence is named in that order (docs/adopting.md, section 2)"
 )
 
 
 def order_hint(source: object, keys: Sequence[str]) -> str | None:
-    """The one-line hint for a golden group's order, or None.
+    """The one-line hint for a golden group's order, or None: every check of a group whose
+    order was not read from its program says so in its header.
 
     **Arguments:**
 
@@ -244,10 +347,25 @@ def order_hint(source: object, keys: Sequence[str]) -> str | None:
       `"dataflow"`, `"declared"`, or None for a file pinned before it was recorded.
     - `keys`: the group's keys in its pinned order.
 
-    **Returns:** `ALPHABETICAL_HINT` when the order was not read from the program and is
-    exactly alphabetical; else None.
+    **Returns:** None for a dataflow order; else `ALPHABETICAL_HINT` where the order is
+    exactly alphabetical, `DECLARED_HINT` otherwise.
     """
-    return ALPHABETICAL_HINT if source != DATAFLOW and alphabetical(keys) else None
+    if source == DATAFLOW:
+        return None
+    return ALPHABETICAL_HINT if alphabetical(keys) else DECLARED_HINT
+
+
+def order_change(
+    old_source: object, old_keys: Sequence[str], new_source: object, new_keys: Sequence[str]
+) -> str:
+    """One line naming how a repin changes a group's forward order (`"order: declared ->
+    dataflow, 3 key(s) moved"`), or "" where neither how it was made nor the keys' order
+    changed."""
+    moved = sum(a != b for a, b in zip(old_keys, new_keys, strict=False))
+    if old_source == new_source and not moved:
+        return ""
+    how = f"{old_source or 'not recorded'} -> {new_source}" if old_source != new_source else ""
+    return "order: " + ", ".join(x for x in (how, f"{moved} key(s) moved" if moved else "") if x)
 
 
 def describe_order(source: object) -> str:

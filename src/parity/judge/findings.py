@@ -62,6 +62,10 @@ class Finding:
         `|a-b| / allowed` (*close*) or ulp distance (*ulp*), else (only -0.0/+0.0 or NaN
         payloads differ) the first differing element; for integers the largest `|a-b|`;
         for other dtypes the first differing element. `None` when bitwise equal.
+    - `worst_is`: which element `worst_index` names, in the words every line uses before
+        "at index" (a failure's reason, a first divergence on a PASS or FAIL line alike):
+        `"worst"`, `"first differing element"` or `"first NaN/inf mismatch"`;
+        `""` when bitwise equal.
     - `allowed`: the class's rule in words (`ToleranceClass.describe_allowed`).
     - `bitwise_equal`: same dtype, shape and bytes.
     - `reason`: why the array failed, naming key, class, rule, values, index and shape;
@@ -113,6 +117,7 @@ class Finding:
     figure: float | None = None
     note: str = ""
     reference: str = "golden"
+    worst_is: str = ""
 
     @property
     def passed(self) -> bool:
@@ -154,9 +159,14 @@ class Comparison:
     **Fields:**
 
     - `findings`: one per key, sorted by the declared order (uncovered keys last, by name).
+    - `inexact`: where a key passed by a calibrated bound, not bit for bit, where the
+      check could have judged it exactly: which keys, why and what to do, one line for the
+      verdict line of every report (docs/design.md, "A verdict says how exact it was");
+      empty where nothing was judged more loosely than it could have been.
     """
 
     findings: tuple[Finding, ...]
+    inexact: str = ""
 
     @property
     def passed(self) -> bool:
@@ -197,6 +207,7 @@ class Comparison:
         first_nb, first_fail = self.first_not_bitwise, self.first_failure
         return {
             "verdict": "pass" if self.passed else "fail",
+            "inexact": self.inexact,
             "n_findings": len(self.findings),
             "n_failures": len(self.failures),
             "first_not_bitwise": None if first_nb is None else first_nb.to_dict(),

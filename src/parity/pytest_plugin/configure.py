@@ -220,7 +220,14 @@ def pytest_configure(config: pytest.Config) -> None:
 def _base_source(project: ParityConfig) -> BaselineSource | None:
     """The second judge of golden checks (`parity.run.baseline`), from the session's
     settings: off where `--parity-baseline off` (or `baseline = "off"`) says so, and where
-    no producers file is configured (nothing could re-produce a group)."""
+    no producers file is configured (nothing could re-produce a group; a usage error where
+    `require` asks for the second judge)."""
+    if project.baseline == "require" and project.producers is None:
+        raise pytest.UsageError(
+            f'--parity-baseline require (or baseline = "require") needs the producers that '
+            f"re-produce a golden's base, and {project.where} names none; set producers, or "
+            "pass --parity-baseline auto"
+        )
     if project.baseline == "off" or project.producers is None:
         return None
     from parity.run.baseline import BaselineSource

@@ -125,6 +125,7 @@ class _Check:
                     save_actual=save,
                     current_provenance=provenance,
                     base=config.stash.get(BASE, None),
+                    require_base=config.stash[CONFIG].baseline == "require",
                 )
             else:
                 result = check_live(

@@ -65,8 +65,9 @@ def pytest_addoption(parser: pytest.Parser) -> None:
         choices=BASELINE_MODES,
         help="the second judge off the pin's environment: auto re-produces a golden group at "
         "its base commit here (in a cache) where a key fails its pinned class and judges "
-        "against it exactly; off judges by the goldens' calibrated bounds (default: "
-        "[tool.parity] baseline, else auto)",
+        "against it exactly; require does the same and fails the check (an input error) "
+        "where the base cannot be re-produced; off judges by the goldens' calibrated bounds "
+        "(default: [tool.parity] baseline, else auto)",
     )
     group.addoption(
         "--parity-save-actual",

@@ -176,7 +176,9 @@ def write_html(
     w(f"<h1>{esc(title)}</h1>\n")
     w(
         f'<p>verdict: <span class="{verdict}">{verdict.upper()}</span> '
-        f"({len(comparison.failures)} of {len(comparison.findings)} arrays fail)</p>\n"
+        f"({len(comparison.failures)} of {len(comparison.findings)} arrays fail)"
+        + (f", not exact: {esc(comparison.inexact)}" if comparison.inexact else "")
+        + "</p>\n"
     )
     if header:
         w("<h2>header</h2>\n<table>\n")

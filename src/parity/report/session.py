@@ -26,13 +26,17 @@ CHECK_FIELDS = ("group", "passed", "produce_s", "load_s", "compare_s", "saved")
 
 def merged_findings(results: Sequence[CheckResult]) -> Comparison:
     """Every finding of the session, keyed `<check>/<key>`: groups can share keys (two
-    train groups pin the same leaves), and a key means nothing without its check."""
+    train groups pin the same leaves), and a key means nothing without its check; not
+    exact where a check is not, each such check named."""
     return Comparison(
         tuple(
             dataclasses.replace(f, key=f"{r.name}/{f.key}")
             for r in results
             for f in r.comparison.findings
-        )
+        ),
+        inexact="; ".join(
+            f"{r.name}: {r.comparison.inexact}" for r in results if r.comparison.inexact
+        ),
     )
 
 

@@ -132,12 +132,13 @@ def divergence(label: str, f: Finding | None) -> str:
         return f"{label}: none"
     if f.verdict in ("missing", "unexpected") or f.worst_index is None:
         return f"{label}: {f.key} [{f.class_name}, {f.verdict}] {f.reason}".rstrip()
-    where = f"index {f.worst_index}" if f.worst_index else "the scalar"
+    what = f.worst_is or "worst"
+    where = f"{what} at index {f.worst_index}" if f.worst_index else f"the scalar ({what})"
     figures = f"max |a-b| {num(f.max_abs)}"
     if f.max_ulp is not None:
         figures += f", max ulp {f.max_ulp}"
     return (
-        f"{label}: {f.key} [{f.class_name}, {f.verdict}] at {where}: "
+        f"{label}: {f.key} [{f.class_name}, {f.verdict}], {where}: "
         f"actual {value_text(f.worst_actual, f.dtype_golden)} vs {f.reference} "
         f"{value_text(f.worst_golden, f.dtype_golden)}; {figures}; allowed {f.allowed}"
     )
@@ -188,8 +189,9 @@ def check_lines(checks: Checks, *, failing_only: bool = False) -> list[str]:
     ]
     for name, comp in shown:
         verdict = "PASS" if comp.passed else "FAIL"
+        exact = ", not exact (the verdict line says why)" if comp.inexact else ""
         lines.append(
-            f"  {verdict} {name} ({len(comp.failures)} of {len(comp.findings)} arrays fail)"
+            f"  {verdict} {name} ({len(comp.failures)} of {len(comp.findings)} arrays fail){exact}"
         )
         if comp.first_not_bitwise is not None:
             lines.append("      " + divergence("first not bitwise equal", comp.first_not_bitwise))

@@ -17,7 +17,17 @@ from parity.report.summary import (
     summarize,
 )
 
-__all__ = ["format_table", "print_report", "text_table"]
+__all__ = ["format_table", "print_report", "text_table", "verdict_line"]
+
+
+def verdict_line(comparison: Comparison) -> str:
+    """The report's first line: PASS or FAIL, how many arrays fail and, where a key was
+    judged more loosely than the check could have judged it (`Comparison.inexact`), "not
+    exact" with which keys, why and what to do."""
+    verdict = "PASS" if comparison.passed else "FAIL"
+    n, failing = len(comparison.findings), len(comparison.failures)
+    line = f"parity: {verdict} ({failing} of {n} arrays fail)"
+    return f"{line}, not exact: {comparison.inexact}" if comparison.inexact else line
 
 
 def text_table(rows: Sequence[Sequence[str]], right: Sequence[bool]) -> list[str]:
@@ -43,6 +53,7 @@ def format_table(
     checks: Checks | None = None,
     failing_checks_only: bool = False,
     failures: bool = True,
+    order: str = "forward order",
 ) -> str:
     """The comparison as a plain-text table, for a terminal or a log.
 
@@ -56,6 +67,9 @@ def format_table(
     - `failing_checks_only`: list only the checks that fail (for a terminal summary).
     - `failures`: end with every failing key and its reason (a terminal summary leaves them
       out: each test printed its own).
+    - `order`: what the comparison's order is, in the first divergence's heading:
+      `"forward order"`, or `"container order"` where nobody derived or declared one
+      (`assert_equivalent` of two containers).
 
     **Returns:** the text: the verdict, the header, a table per class (arrays, passed,
     failed, bitwise equal, max abs, max ulp, worst key), the first divergence, the notes
@@ -63,10 +77,7 @@ def format_table(
     reason. No colour codes.
     """
     failing = comparison.failures
-    verdict = "PASS" if comparison.passed else "FAIL"
-    lines = [
-        f"parity: {verdict} ({len(failing)} of {len(comparison.findings)} arrays fail)",
-    ]
+    lines = [verdict_line(comparison)]
     if header:
         width = max(len(k) for k in header)
         lines += [f"  {k.ljust(width)}  {v}" for k, v in header.items()]
@@ -77,7 +88,7 @@ def format_table(
     if checks is None:
         lines += [
             "",
-            "first divergence (in forward order):",
+            f"first divergence (in {order}):",
             "  " + divergence("first not bitwise equal", comparison.first_not_bitwise),
             "  " + divergence("first breaking its class", comparison.first_failure),
         ]

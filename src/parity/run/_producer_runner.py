@@ -132,21 +132,28 @@ def _disagreement(hosted: dict) -> str | None:
 
 
 def _forward_order(
-    group: Callable[[], Any], result: Any, arrays: dict[str, Any], place: tuple[int, int] | None
+    group: Callable[[], Any],
+    result: Any,
+    arrays: dict[str, Any],
+    place: tuple[int, int] | None,
+    converted: list[Any],
 ) -> tuple[str, dict[str, Any]]:
     """How the group's forward order is made, and its arrays in that order.
 
     A `Dataflow` (the group returned `parity.in_dataflow_order`'s outputs) is in dataflow
-    order already. A group whose every output is a jax array is traced once more
-    (`parity.judge.dataflow.dataflow_order`: nothing is computed, the global numpy and
-    Python random states are put back) and its keys placed as its program computed them.
-    Anything else (numpy outputs, a group that does not trace, a multi-process run) keeps
-    the order the group declared: its containers' order."""
-    from parity.judge.dataflow import DATAFLOW, DECLARED, Dataflow, DataflowError, dataflow_order
+    order already. A group whose every output is a jax array, or a numpy array it made of
+    one (`converted`: `parity.judge.dataflow.numpy_conversions` recorded them while the
+    group ran; `jax.tree.map(np.asarray, out)`, `jax.device_get(out)`), is traced once more
+    (`parity.judge.dataflow.traced_order`: nothing is computed, numpy's conversions pass
+    the traced values through, the global numpy and Python random states are put back)
+    and its keys placed as its program computed them. Anything else (numpy computed by
+    numpy, a group that does not trace, a multi-process run) keeps the order the group
+    declared: its containers' order, which every check's header then names."""
+    from parity.judge.dataflow import DATAFLOW, DECLARED, Dataflow, DataflowError, traced_order
 
     if isinstance(result, Dataflow):
         return DATAFLOW, arrays
-    if place is not None or not _all_jax_arrays(result):
+    if place is not None or not _from_jax(result, converted):
         return DECLARED, arrays
     import random
 
@@ -154,29 +161,31 @@ def _forward_order(
 
     states = random.getstate(), np.random.get_state()
     try:
-        order = dataflow_order(group)
+        order = traced_order(group)
     except DataflowError as e:
         _log(f"the forward order stays the declared one: {e.reason}")
         return DECLARED, arrays
     finally:
         random.setstate(states[0])
         np.random.set_state(states[1])
-    if sorted(order) != sorted(arrays):
+    if order is None or sorted(order) != sorted(arrays):
         return DECLARED, arrays
     return DATAFLOW, {k: arrays[k] for k in order}
 
 
-def _all_jax_arrays(result: Any) -> bool:
-    """Whether every leaf of `result` is a jax array (what a traceable group returns)."""
+def _from_jax(result: Any, converted: list[Any]) -> bool:
+    """Whether every leaf of `result` is a jax array, or a numpy array made of one while
+    the group ran (what a traceable group returns)."""
     import jax
 
     from parity.judge.trees import flatten
 
+    made = {id(x) for x in converted}
     try:
         leaves = flatten(result, to_array=lambda x: x).values()
     except (TypeError, ValueError):
         return False
-    return bool(leaves) and all(isinstance(x, jax.Array) for x in leaves)
+    return bool(leaves) and all(isinstance(x, jax.Array) or id(x) in made for x in leaves)
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -280,9 +289,13 @@ def main(argv: list[str] | None = None) -> int:
                 split.append(sharded_over_processes(value))
                 return to_host(value)
 
-            result = groups[name]()
+            from parity.judge.dataflow import numpy_conversions
+
+            with numpy_conversions() as converted:
+                result = groups[name]()
             arrays = flatten(result, to_array=host)
-            order_source, arrays = _forward_order(groups[name], result, arrays, place)
+            order_source, arrays = _forward_order(groups[name], result, arrays, place, converted)
+            del converted
         except Exception as exc:
             traceback.print_exc()
             msg = _missing_symbol(exc, args.src, args.code)

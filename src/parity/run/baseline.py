@@ -44,7 +44,7 @@ from parity.run.launcher import ProducerRunError, RepinError, load_runner_output
 from parity.run.processes import WorkerFailed
 from parity.run.repin import class_of
 from parity.run.runner import failure_reason
-from parity.run.worktree import GitError, repo_root, resolve_sha, temporary_worktree
+from parity.run.worktree import GitError, git, repo_root, resolve_sha, temporary_worktree
 from parity.store import GoldenStoreError, open_goldens, write_goldens
 from parity.store.provenance import digest_sources
 from parity.store.staging import owned_tempdir
@@ -133,13 +133,33 @@ class BaselineCache:
     @contextlib.contextmanager
     def locked(self, paths: Sequence[Path]) -> Iterator[None]:
         """Hold the lock of every entry in `paths` (taken in sorted order, so two builders
-        never wait on each other); blocks while another builder holds one."""
-        with contextlib.ExitStack() as stack:
-            for path in sorted(set(paths)):
-                path.parent.mkdir(parents=True, exist_ok=True)
-                lock = stack.enter_context(open(path.with_suffix(".lock"), "a+"))
-                fcntl.flock(lock.fileno(), fcntl.LOCK_EX)
-            yield
+        never wait on each other); blocks while another builder holds one. On the way out,
+        whatever happened, an entry that holds no file leaves nothing behind: its lock file
+        and the folders it made empty go (a build that did not happen is not cached)."""
+        fresh = not self.folder.exists()
+        try:
+            with contextlib.ExitStack() as stack:
+                for path in sorted(set(paths)):
+                    path.parent.mkdir(parents=True, exist_ok=True)
+                    lock = stack.enter_context(open(path.with_suffix(".lock"), "a+"))
+                    fcntl.flock(lock.fileno(), fcntl.LOCK_EX)
+                yield
+                stack.callback(self._discard_unbuilt, paths, fresh)
+        except BaseException:
+            self._discard_unbuilt(paths, fresh)
+            raise
+
+    def _discard_unbuilt(self, paths: Sequence[Path], fresh: bool) -> None:
+        """Remove the lock of each entry of `paths` without a file, then the folders left
+        empty up to the cache folder (that too if this call made it)."""
+        for path in sorted(set(paths)):
+            if path.is_file():
+                continue
+            with contextlib.suppress(OSError):
+                path.with_suffix(".lock").unlink(missing_ok=True)
+            for folder in (path.parent, path.parent.parent, *([self.folder] if fresh else [])):
+                with contextlib.suppress(OSError):  # not empty: another entry lives there
+                    folder.rmdir()
 
     def entries(self) -> list[CachedBase]:
         """Every cached group, by base commit, then environment, then group."""
@@ -310,15 +330,7 @@ class BaselineSource:
             isa = current.get("isa_cap")
         else:
             processes, devices, isa = config.processes, config.devices, config.isa
-        try:
-            root = repo_root(config.root)
-            full = resolve_sha(root, sha)
-        except GitError:
-            raise BaseUnavailable(
-                f"its commit {sha[:12]} is not in this clone (a shallow clone has no history)",
-                "fetch it (`git fetch --unshallow`), or turn the second judge off "
-                "(`--baseline off`)",
-            ) from None
+        root, full = _base_commit(config.root, sha)
         src = config.src_relative()
         self.progress(
             f"re-producing {', '.join(groups)} at the base {full[:12]} in this environment "
@@ -385,3 +397,35 @@ class BaselineSource:
             f"cached in {self.cache.folder}"
         )
         return out
+
+
+def _base_commit(root: Path, sha: str) -> tuple[Path, str]:
+    """The git repository holding `root` and the full SHA of the base commit `sha` there;
+    `BaseUnavailable` saying which of three things is wrong: `root` is in no git
+    repository, the commit is missing from a shallow clone, or from a full one."""
+    try:
+        repo = repo_root(root)
+    except GitError:
+        raise BaseUnavailable(
+            f"{root} is not in a git repository, so its base commit {sha[:12]} cannot be "
+            "checked out",
+            "check in a git clone of the project that holds that commit, or where the goldens "
+            "were pinned (its ISA cap and layout), where they judge bit for bit",
+        ) from None
+    try:
+        return repo, resolve_sha(repo, sha)
+    except GitError:
+        pass
+    try:
+        shallow = git(repo, "rev-parse", "--is-shallow-repository") == "true"
+    except GitError:
+        shallow = False
+    if shallow:
+        raise BaseUnavailable(
+            f"its commit {sha[:12]} is not in this clone, which is shallow (it holds no history)",
+            "fetch the history (`git fetch --unshallow`; in CI, check out with full depth)",
+        )
+    raise BaseUnavailable(
+        f"its commit {sha[:12]} is not in the history of the repository at {repo}",
+        f"fetch it (`git fetch origin {sha}`), or repin the goldens at a commit of this history",
+    )

@@ -14,8 +14,9 @@ still marks the project root, and every key takes its default. Keys:
 - `processes`: processes of one JAX distributed run (default 1; see `parity.run.processes`);
 - `baseline`: the second judge off the pin's environment, `"auto"` (default: where the
   environment differs from the pin's and a key fails its pinned class, the golden's base
-  re-produced here judges the tree: `parity.base_judge`) or `"off"` (the goldens judge,
-  by calibration);
+  re-produced here judges the tree: `parity.base_judge`), `"require"` (as auto, and where
+  the base cannot judge, an input error instead of a pass by calibration alone:
+  `parity.exactness`) or `"off"` (the goldens judge, by calibration);
 - `baseline_cache`: the folder of re-produced bases (default the user's cache folder:
   `parity.run.baseline`);
 - `drift`: the drift policy, what a difference that can change bits between the goldens'
@@ -68,7 +69,7 @@ ENV = {
     "PARITY_BASELINE_CACHE": "baseline_cache",
 }
 #: The values of `baseline`.
-BASELINE_MODES = ("auto", "off")
+BASELINE_MODES = ("auto", "require", "off")
 #: The values of `drift` (`parity.environment.PolicyMode`).
 DriftMode = Literal["warn", "relax", "strict"]
 DRIFT_MODES: tuple[DriftMode, ...] = ("warn", "relax", "strict")
@@ -93,7 +94,7 @@ class ParityConfig:
     - `isa`: the ISA cap (`--xla_cpu_max_isa`), or None to leave it alone.
     - `devices`: simulated CPU devices, per process.
     - `processes`: processes of one distributed run.
-    - `baseline`: the second judge, `"auto"` or `"off"`.
+    - `baseline`: the second judge, `"auto"`, `"require"` or `"off"`.
     - `baseline_cache`: the folder of re-produced bases, or None for the default.
     - `drift`: the drift policy, `"warn"`, `"relax"` or `"strict"`.
     - `jax_cache`: the compilation cache folder; None for the default

@@ -31,6 +31,7 @@ from typing import Any
 
 import numpy as np
 
+from parity.judge.dataflow import order_change
 from parity.judge.floats import sig
 from parity.judge.tolerance import ClassMap
 from parity.run.devices import DEFAULT_ISA_CAP
@@ -68,13 +69,14 @@ class GroupChange:
     changed: tuple[tuple[str, str], ...] = ()  # (key, how much)
     new_file: bool = False
     calibration: str = ""  # what became of the old file's calibration, one line
+    order: str = ""  # how the forward order changed (`parity.judge.dataflow.order_change`)
 
     @property
     def unchanged(self) -> bool:
-        return not (self.added or self.removed or self.changed or self.new_file)
+        return not (self.added or self.removed or self.changed or self.new_file or self.order)
 
     def describe(self, limit: int = 10) -> str:
-        tail = f"\n  {self.calibration}" if self.calibration else ""
+        tail = "".join(f"\n  {x}" for x in (self.order, self.calibration) if x)
         if self.new_file:
             return f"{self.group}: new file, {self.n_arrays} arrays"
         if self.unchanged:
@@ -116,8 +118,12 @@ def _describe_change(old: np.ndarray, new: np.ndarray) -> str | None:
     return f"{int(np.sum(old != new))}/{old.size} elements differ"
 
 
-def summarize_change(group: str, path: Path, new: Mapping[str, np.ndarray]) -> GroupChange:
-    """Compare freshly produced arrays with the golden file at `path` (if any)."""
+def summarize_change(
+    group: str, path: Path, new: Mapping[str, np.ndarray], order: str | None = None
+) -> GroupChange:
+    """Compare freshly produced arrays (in their forward order, made as `order` says:
+    `"dataflow"` or `"declared"`, None to leave the order out) with the golden file at
+    `path` (if any)."""
     if not path.exists():
         return GroupChange(group, path, len(new), new_file=True)
     try:
@@ -138,7 +144,10 @@ def summarize_change(group: str, path: Path, new: Mapping[str, np.ndarray]) -> G
             added=tuple(sorted(set(new) - old_keys)),
             removed=tuple(sorted(old_keys - set(new))),
             changed=tuple(changed),
-        )
+            order="" if order is None else order_change(
+                old.provenance.get("order"), old.ordered_keys(), order, list(new)
+            ),
+        )  # fmt: skip
 
 
 def carry_calibration(path: Path, change: GroupChange) -> tuple[dict[str, Any] | None, str]:
@@ -319,7 +328,7 @@ def _repin_locked(
                 class_map = ClassMap(rules=tuple((p, c) for p, c in produced.class_map))
                 classes = {k: class_of(class_map, k) for k in arrays}
                 dest = out / f"{name}.h5"
-                change = summarize_change(name, dest, arrays)
+                change = summarize_change(name, dest, arrays, produced.order)
                 calibration, note = carry_calibration(dest, change)
                 if calibration is not None:
                     provenance["calibration"] = calibration

@@ -184,6 +184,7 @@ def check_produced(
     save_actual: Path | None = None,
     node: str | None = None,
     base: BatchBaseSource | None = None,
+    require_base: bool = False,
 ) -> list[CheckResult]:
     """Check every produced group against its golden file (`parity.check.check_group`).
 
@@ -199,9 +200,11 @@ def check_produced(
     - `base`: the second judge (`parity.run.baseline.BaselineSource`): the groups that
       want their base re-produced here (`parity.base_judge`) get it from one producer run
       per base commit, not one per group. None: the goldens judge.
+    - `require_base`: a group the base would judge but cannot is a `CheckError`
+      (`parity.check.check_file`).
 
     **Returns:** one `CheckResult` per group, in group order. Raises `CheckError` for a
-    group without a usable golden file.
+    group without a usable golden file, and (`require_base`) one the base cannot judge.
     """
     folder = goldens if isinstance(goldens, GoldenDir) else GoldenDir(goldens)
     share = produced.seconds / max(1, len(produced.groups))
@@ -220,6 +223,8 @@ def check_produced(
             save_actual=save_actual,
             current_provenance=produced.provenance.get(group),
             base=source,
+            # The first pass only asks which groups want a base: nothing is required yet.
+            require_base=require_base and not isinstance(source, _Asked),
         )
 
     if base is None:
