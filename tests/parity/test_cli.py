@@ -409,12 +409,13 @@ _LOADED_AFTER = (
     "print(json.dumps([code, sorted(sys.modules)]))\n"
 )
 
-#: What no command that reads files needs: the producers' machinery (the second judge and
-#: the bases it re-produces, the runner, the calibration room), jax, and the installed
-#: distribution's metadata (`--version` reads it, when asked).
+#: What no command that reads files needs: the producers' machinery (the bases the second
+#: judge re-produces, the runner, the calibration room), jax, and the installed
+#: distribution's metadata (`--version` reads it, when asked). `parity.base_judge` may load:
+#: the verdict's wording (`parity.exactness`) names its typed reasons, and it imports
+#: nothing a diff does not already need.
 _NOT_FOR_READING = (
     "jax",
-    "parity.base_judge",
     "parity.run.baseline",
     "parity.run.runner",
     "parity.run.launcher",
