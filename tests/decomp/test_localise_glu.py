@@ -126,4 +126,4 @@ def test_an_injected_bug_is_localised_to_the_function_holding_the_changed_line(
     else:
         assert origin.line > changed, origin.describe()
     assert 0 < origin.matched_fraction < 1
-    assert origin.max_diff is not None and origin.max_diff > origin.rho * 0
+    assert origin.max_diff is not None and origin.max_diff > 0

@@ -121,6 +121,8 @@ def origin_line(
         origin = localise(new_fn, old_fn, *args, key=key, **options, **kwargs)
     except LocaliseError as e:
         return f"origin: not named: {e.reason}\n"
+    except Exception as e:  # the line explains a failure; it must not replace it
+        return f"origin: not named: localise raised {type(e).__name__}: {e}\n"
     if origin is None:
         return (
             "origin: none: every value of the new program upstream of the failing output "
