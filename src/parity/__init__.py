@@ -2,10 +2,12 @@
 
 `parity.assert_equivalent(actual, expected, class_map=...)` compares any two pytrees;
 `parity.check_group` / `parity.check_live` are the core that the CLI and the pytest plugin
-share. Tolerance classes as data (rules as objects, `parity.judge.rules`), comparison of arrays
-and pytrees with a finding per key and the first divergence named, an HDF5 golden store
-with provenance and checksums, repin at a git base commit, compile statistics, reports, a
-CLI (`python -m parity`) and a pytest plugin. `import parity` does not import jax,
+share; `parity.localise(new_fn, old_fn, *args)` names the first operation of a new program
+that computes what the old one never did, at its source line. Tolerance classes as data
+(rules as objects, `parity.judge.rules`), comparison of arrays and pytrees with a finding
+per key and the first divergence named, an HDF5 golden store with provenance and
+checksums, repin at a git base commit, compile statistics, reports, a CLI (`python -m
+parity`) and a pytest plugin. `import parity` does not import jax,
 h5py, matplotlib or rich: the public names load their module on first use.
 """
 
@@ -34,6 +36,7 @@ if TYPE_CHECKING:
         Ulp,
     )
     from parity.judge.tolerance import ClassMap, get_class
+    from parity.origin.api import localise
     from parity.report import format_table
     from parity.results import CheckError, CheckResult
     from parity.store import GoldenFile, GoldenStoreError, open_goldens
@@ -57,6 +60,8 @@ _PUBLIC: dict[str, str] = {
     # walking a jitted function's outputs in the order the program computed them
     "dataflow_order": "parity.judge.dataflow",
     "in_dataflow_order": "parity.judge.dataflow",
+    # the first operation of a new program that computes what the old one never did
+    "localise": "parity.origin.api",
     # tolerance classes and their rules
     "ToleranceClass": "parity.judge.classes",
     "REGISTRY": "parity.judge.classes",
@@ -105,6 +110,7 @@ __all__ = [
     "format_table",
     "get_class",
     "in_dataflow_order",
+    "localise",
     "open_goldens",
 ]
 

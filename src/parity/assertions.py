@@ -12,7 +12,7 @@ makes) plus the tree's non-array leaves, compared with `==`
 
 from __future__ import annotations
 
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
 from parity.check import check_live
@@ -21,6 +21,7 @@ from parity.judge.compare import Comparison, Order
 from parity.judge.dataflow import Dataflow
 from parity.judge.tolerance import ClassMap
 from parity.judge.trees import non_array_differences
+from parity.origin.api import origin_line
 from parity.report import format_table
 
 __all__ = ["assert_equivalent"]
@@ -34,6 +35,10 @@ def assert_equivalent(
     order: Order | None = None,
     overrides: Sequence[tuple[str, str]] = (),
     registry: Mapping[str, ToleranceClass] = REGISTRY,
+    new_fn: Callable[..., Any] | None = None,
+    old_fn: Callable[..., Any] | None = None,
+    args: tuple[Any, ...] = (),
+    kwargs: Mapping[str, Any] | None = None,
 ) -> Comparison:
     """Assert that every array leaf of `actual` holds its tolerance class against `expected`.
 
@@ -53,6 +58,10 @@ def assert_equivalent(
         `order=parity.dataflow_order(fn, ...)`, to walk them as the program computed them.
     - `overrides`: `(pattern, class)` rules tried before `class_map`.
     - `registry`: the classes by name.
+    - `new_fn`, `old_fn`, `args`, `kwargs`: the functions whose outputs `actual` and
+        `expected` are, and what they were called with: a failure then ends with an
+        `origin:` line naming the first operation of `new_fn` that computes what `old_fn`
+        never did, at its source line (`parity.localise`), or why there is none.
 
     **Returns:** the `Comparison`, when it passes. Raises `AssertionError` with the failure
     table otherwise (missing and unexpected leaves included), and `parity.CheckError` for
@@ -75,4 +84,8 @@ def assert_equivalent(
     if static_problems:
         message += f"non-array leaves that differ ({len(static_problems)}):\n"
         message += "\n".join(static_problems) + "\n"
+    first = comparison.first_failure
+    if new_fn is not None and old_fn is not None and first is not None:
+        options = {"class_map": class_map, "overrides": overrides, "registry": registry}
+        message += origin_line(new_fn, old_fn, args, kwargs or {}, key=first.key, **options)
     raise AssertionError(message)

@@ -20,6 +20,7 @@ SRC = Path(parity.__file__).resolve().parent
 FORBIDDEN = {
     "parity": ("jax", "h5py", "decomp"),
     "parity.judge": ("jax", "h5py", "decomp"),
+    "parity.origin": ("jax", "h5py", "decomp"),
     "parity.store": ("jax", "decomp"),
     "parity.report": ("jax", "h5py", "decomp"),
     "parity.run": ("jax", "decomp"),
@@ -98,7 +99,8 @@ LAYERS: tuple[tuple[str, ...], ...] = (
     ("parity.xla_env", "parity.calibration.spreads", "parity.compile_stats"),
     ("parity.environment",),  # whether two environments differ, and how: decided once
     ("parity.judge",),  # numpy only
-    ("parity.store", "parity.report"),  # each over the judge (the store: h5py, xla_env too)
+    # each over the judge (the store: h5py, xla_env too; localise: jax inside functions only)
+    ("parity.store", "parity.report", "parity.origin"),
     ("parity.results",),  # the core: what a check hands back (CheckResult, CheckError)
     ("parity.calibration.bounds",),  # the core: the calibrated class in a check
     ("parity.base_judge",),  # the core: the second judge, a base re-produced here

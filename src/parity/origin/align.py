@@ -1,0 +1,311 @@
+"""Align a new program's values to an old program's by value, and name the origin.
+
+A new value *matches* when the old program computed a value of the same shape and dtype
+(or a row of a stacked one: `old[i]` along the leading axis) within `rho * max|old|`
+elementwise, with NaN, infinities and fill values (`finfo.min` as a mask's minus infinity:
+`parity.origin.recording.ordinary`) equal and in the same places; integers and bools must be equal.
+A new value with two or more axes also matches when each of its rows matches some old value
+or row (a stacked computation against one computation per row). A data movement
+(`parity.origin.record.MOVES`: a reshape, slice, cast, concatenation, a scan's rows) of
+matched values is matched whatever its own numbers. `rho`, the *matching tolerance*, comes
+from the class of the output key being explained (`matching_tolerance`; docs/design.md,
+"Where it diverged").
+
+Candidates are found by fingerprint (`parity.origin.recording`): the old values and rows
+are indexed by shape and dtype; equal bytes are found by digest, and otherwise only old
+values whose largest magnitude and block statistics lie within the tolerance are compared
+element by element (where the old recording kept its arrays; a summary is matched on the
+fingerprints alone).
+
+The *origin* of an output that does not match: among the unmatched values from which that
+output is reached through unmatched values only, the earliest in dataflow order.
+
+This module imports numpy and the judge only.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Sequence
+from dataclasses import asdict, dataclass
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from parity.judge.classes import ToleranceClass
+from parity.judge.floats import largest_finite_abs
+from parity.judge.rule import Scale
+from parity.judge.rules import Bitwise
+from parity.judge.ulp import is_float_dtype, spacing_at, to_float64
+from parity.origin.record import LocaliseError
+from parity.origin.recording import BLOCKS, Fingerprint, Recording, Value, ordinary
+
+__all__ = ["Alignment", "Origin", "align", "matching_tolerance"]
+
+Key = tuple[tuple[int, ...], str]
+Ref = tuple[int, int]  # (old value id, row; -1 for the whole value)
+
+
+def matching_tolerance(tol: ToleranceClass, old_output: Any) -> float:
+    """`rho`: the share of an old value's largest magnitude by which a new value may differ
+    from it and still match, derived from the class an output is judged by.
+
+    **Arguments:**
+
+    - `tol`: the output key's tolerance class.
+    - `old_output`: the old program's value of that key.
+
+    **Returns:** 0 for `bitwise` and for non-float outputs (values must then be equal);
+    otherwise what the class allows at the output's scale `M = max|old_output|` divided by
+    `M`: `atol/M + rtol` for `close`, `k` for `relative_to_max`, `n * ulp(M)/M` for `ulp`.
+    Where `M` is 0 the allowance itself. Raises `LocaliseError` for a rule that bounds
+    neither `|a-b|` nor ulps (`logit_kl`) or misses a parameter.
+    """
+    rule = tol.rule
+    golden = np.asarray(old_output)
+    if isinstance(rule, Bitwise) or not is_float_dtype(golden.dtype):
+        return 0.0
+    scale = largest_finite_abs(to_float64(golden))
+    try:
+        allowed = rule.bound(Scale(golden.dtype, scale))
+    except ValueError as e:
+        raise LocaliseError(f"class {tol.name!r} gives no bound here: {e}") from None
+    if rule.unit == "ulp":
+        allowed *= spacing_at(scale, golden.dtype)
+    elif rule.unit != "abs":
+        raise LocaliseError(
+            f"class {tol.name!r} judges in {rule.unit!r}, not |a-b| or ulps, so no matching "
+            "tolerance follows from it: pass localise a class map giving this key a close, "
+            "relative_to_max or ulp class"
+        )
+    return float(allowed / scale) if scale > 0 else float(allowed)
+
+
+@dataclass(frozen=True)
+class Origin:
+    """Where the new program first computes what the old one never did.
+
+    **Fields:** `key` (the output it explains), `primitive`, `file` (relative to the root
+    given, else as recorded), `line`, `function`, `shape`, `dtype`, `input_shapes`,
+    `max_diff` (the largest `|new - old|` against the nearest old value of its shape and
+    dtype, None when the old program has none; a lower bound when the old side was a
+    summary), `matched_fraction` (the share of the new program's values, inputs aside, that
+    matched), `position` (its place in dataflow order) and `rho` (the matching tolerance).
+    """
+
+    key: str
+    primitive: str
+    file: str
+    line: int
+    function: str
+    shape: tuple[int, ...]
+    dtype: str
+    input_shapes: tuple[tuple[int, ...], ...]
+    max_diff: float | None
+    matched_fraction: float
+    position: int
+    rho: float
+
+    def describe(self) -> str:
+        """One line: the primitive, the source line, the shapes, the difference."""
+        where = f"{self.file}:{self.line} in {self.function}" if self.file else "<no source>"
+        ins = ", ".join(str(list(s)) for s in self.input_shapes)
+        diff = "no old value of its shape" if self.max_diff is None else (
+            f"{self.max_diff:.3g} from the nearest old value of its shape"
+        )  # fmt: skip
+        return (
+            f"{self.primitive} at {where}: {self.dtype}{list(self.shape)} from ({ins}), {diff}; "
+            f"{self.matched_fraction:.1%} of the new program's values matched (key {self.key})"
+        )
+
+    def to_dict(self) -> dict[str, Any]:
+        """The origin as a JSON-safe dict."""
+        return asdict(self)
+
+
+class _Bucket:
+    """Old values (and rows) of one shape and dtype, with their fingerprints as arrays."""
+
+    def __init__(self, refs: list[Ref], prints: list[Fingerprint]):
+        self.refs = refs
+        self.digest = np.array([f.digest for f in prints], dtype=np.uint64)
+        self.special = np.array([f.special for f in prints], dtype=np.uint64)
+        self.max_abs = np.array([f.max_abs for f in prints])
+        self.stats = np.array([f.stats for f in prints]).reshape(len(prints), 2 * BLOCKS)
+
+
+def _index(old: Recording) -> dict[Key, _Bucket]:
+    found: dict[Key, tuple[list[Ref], list[Fingerprint]]] = {}
+    for v, fp in zip(old.values, old.fingerprints, strict=True):
+        refs, prints = found.setdefault((v.shape, v.dtype), ([], []))
+        refs.append((v.id, -1))
+        prints.append(fp)
+        for r, rfp in enumerate(old.rows.get(v.id, ())):
+            refs, prints = found.setdefault((v.shape[1:], v.dtype), ([], []))
+            refs.append((v.id, r))
+            prints.append(rfp)
+    return {key: _Bucket(*entry) for key, entry in found.items()}
+
+
+def _max_diff(a: np.ndarray, b: np.ndarray) -> float:
+    """max |a - b| over ordinary elements (`ordinary`); inf when the others (NaN,
+    infinities, fill values) differ in place or value."""
+    a64, b64 = to_float64(a), to_float64(b)
+    fa, fb = ordinary(a64, a.dtype), ordinary(b64, b.dtype)
+    if not np.array_equal(fa, fb) or not np.array_equal(a64[~fa], b64[~fb], equal_nan=True):
+        return float("inf")
+    return float(np.abs(a64[fa] - b64[fb]).max()) if fa.any() else 0.0
+
+
+class _Matcher:
+    def __init__(self, new: Recording, old: Recording, rho: float):
+        self.new, self.old, self.rho = new, old, rho
+        self.index = _index(old)
+
+    def old_array(self, ref: Ref) -> np.ndarray | None:
+        if self.old.arrays is None:
+            return None
+        whole = self.old.arrays[ref[0]]
+        return whole if ref[1] < 0 else whole[ref[1]]
+
+    def find(
+        self, key: Key, fp: Fingerprint, array: np.ndarray | None,
+        accept: Callable[[Ref], bool] = lambda ref: True,
+    ) -> Ref | None:  # fmt: skip
+        """The first old value or row (in dataflow order) that `accept`s and that the new
+        value (`fp`, `array`) matches, or None."""
+        bucket = self.index.get(key)
+        if bucket is None:
+            return None
+        same = bucket.digest == np.uint64(fp.digest)
+        tolerant = self.rho > 0 and is_float_dtype(np.dtype(key[1]))
+        tau = self.rho * bucket.max_abs
+        near = same.copy()
+        if tolerant:
+            slack = 1e-12 * (1.0 + np.maximum(bucket.max_abs, fp.max_abs))
+            close = (bucket.special == np.uint64(fp.special)) & (
+                np.abs(bucket.max_abs - fp.max_abs) <= tau + slack
+            )
+            close &= (np.abs(bucket.stats - fp.stats) <= (tau + slack)[:, None]).all(axis=1)
+            near |= close
+        for c in np.flatnonzero(near):
+            ref = bucket.refs[c]
+            if not accept(ref):
+                continue
+            other = self.old_array(ref)
+            if other is None or array is None:
+                return ref
+            if same[c] and other.tobytes() == array.tobytes():
+                return ref
+            if tolerant and _max_diff(array, other) <= tau[c]:
+                return ref
+        return None
+
+    def matches(self, v: Value) -> bool:
+        array = None if self.new.arrays is None else self.new.arrays[v.id]
+        if self.find((v.shape, v.dtype), self.new.fingerprints[v.id], array) is not None:
+            return True
+        rows = self.new.rows.get(v.id)
+        if not rows:
+            return False
+        # A stacked value against one old value per row: row r matches a whole old value or
+        # row r of a stacked one, in dataflow order, so that shifted or reordered rows
+        # (a mask moved by one diagonal) do not match.
+        last = (-1, -1)
+        for r, fp in enumerate(rows):
+            found = self.find(
+                (v.shape[1:], v.dtype), fp, None if array is None else array[r],
+                lambda ref, r=r, last=last: ref[1] in (-1, r) and ref > last,
+            )  # fmt: skip
+            if found is None:
+                return False
+            last = found
+        return True
+
+    def nearest(self, v: Value) -> float | None:
+        bucket = self.index.get((v.shape, v.dtype))
+        if bucket is None or not len(bucket.refs):
+            return None
+        if self.old.arrays is not None and self.new.arrays is not None:
+            mine = self.new.arrays[v.id]
+            return min(_max_diff(mine, self.old_array(ref)) for ref in bucket.refs)  # type: ignore[arg-type]
+        fp = self.new.fingerprints[v.id]
+        gaps = np.maximum(
+            np.abs(bucket.max_abs - fp.max_abs), np.abs(bucket.stats - fp.stats).max(1)
+        )
+        return float(gaps.min())
+
+
+@dataclass(frozen=True)
+class Alignment:
+    """The new program's values against the old program's.
+
+    **Fields:** `matched` (`[n_values]` bool, by value id of the new recording),
+    `matched_fraction` (the share of values, inputs aside, that matched), `rho`.
+    """
+
+    new: Recording
+    old: Recording
+    matched: np.ndarray
+    matched_fraction: float
+    rho: float
+
+    def unmatched(self) -> list[Value]:
+        """The new program's values that matched none of the old program's."""
+        return [v for v in self.new.values if not self.matched[v.id]]
+
+    def origin(self, key: str, *, root: str | Path | None = None) -> Origin | None:
+        """The origin of output `key` of the new program (see the module docstring), or
+        None when that output matched."""
+        if key not in self.new.outputs:
+            raise LocaliseError(
+                f"the new program has no output {key!r}; it has {list(self.new.outputs)}"
+            )
+        target = self.new.outputs[key]
+        if target < 0 or self.matched[target]:
+            return None
+        values = self.new.values
+        reached, todo = {target}, [target]
+        while todo:
+            for i in values[todo.pop()].inputs:
+                if not self.matched[i] and i not in reached:
+                    reached.add(i)
+                    todo.append(i)
+        computed = [i for i in reached if values[i].kind in ("op", "move")]
+        v = values[min(computed or reached)]
+        return Origin(
+            key=key, primitive=v.primitive, file=_relative(v.file, root), line=v.line,
+            function=v.function, shape=v.shape, dtype=v.dtype,
+            input_shapes=tuple(values[i].shape for i in v.inputs),
+            max_diff=_Matcher(self.new, self.old, self.rho).nearest(v),
+            matched_fraction=self.matched_fraction, position=v.id, rho=self.rho,
+        )  # fmt: skip
+
+
+def _relative(file: str, root: str | Path | None) -> str:
+    if not file or root is None:
+        return file
+    try:
+        return Path(file).resolve().relative_to(Path(root).resolve()).as_posix()
+    except ValueError:
+        return file
+
+
+def align(new: Recording, old: Recording, rho: float) -> Alignment:
+    """Match every value of `new` against the values of `old`.
+
+    **Arguments:**
+
+    - `new`, `old`: recordings (`parity.origin.record`); `old` may be a summary.
+    - `rho`: the matching tolerance (`matching_tolerance`).
+
+    **Returns:** the `Alignment`.
+    """
+    matcher = _Matcher(new, old, rho)
+    matched = np.zeros(len(new.values), dtype=bool)
+    for v in new.values:
+        inherited = v.kind == "move" and v.inputs and bool(matched[list(v.inputs)].all())
+        matched[v.id] = inherited or matcher.matches(v)
+    counted: Sequence[int] = [v.id for v in new.values if v.kind != "input"]
+    fraction = float(matched[counted].mean()) if counted else 1.0
+    return Alignment(new, old, matched, fraction, rho)

@@ -1,0 +1,268 @@
+"""`parity.localise`: recording a program's values, matching them by value, the origin rule,
+and the fingerprint summary that crosses a process boundary; on hand-written programs
+whose origin line is read from their source."""
+
+from __future__ import annotations
+
+import inspect
+import math
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+
+import parity
+from parity.judge.classes import REGISTRY
+from parity.origin import (
+    LocaliseError,
+    Recording,
+    align,
+    localise,
+    locate,
+    matching_tolerance,
+    record,
+)
+
+RNG = np.random.default_rng(0)
+X = RNG.standard_normal((3, 8)).astype(np.float32)
+W = (RNG.standard_normal((3, 8, 8)) / math.sqrt(8)).astype(np.float32)  # [layer, out, in]
+
+
+def _line_of(fn, text: str) -> int:
+    """The line of `fn`'s source that holds `text`."""
+    lines, first = inspect.getsourcelines(fn)
+    hits = [first + i for i, line in enumerate(lines) if text in line]
+    assert len(hits) == 1, (fn, text)
+    return hits[0]
+
+
+def old_mlp(x, w):
+    h = jnp.tanh(x @ w[0].T)
+    h = h * jax.nn.sigmoid(h @ w[1].T)
+    return {"hidden": h, "out": h @ w[2].T}
+
+
+def new_mlp(x, w):
+    h = jnp.tanh(x @ w[0].T)
+    gate = jax.nn.sigmoid(h @ w[1].T + 1e-2)  # the bug
+    h = h * gate
+    return {"hidden": h, "out": h @ w[2].T}
+
+
+def test_the_origin_is_the_changed_line_of_a_hand_written_pair(tmp_path):
+    origin = localise(new_mlp, old_mlp, X, W, class_map="fp32_reassoc", root=tmp_path)
+    assert origin is not None
+    assert origin.key == "hidden"  # the first output (in dataflow order) that fails
+    assert (origin.function, origin.line) == ("new_mlp", _line_of(new_mlp, "# the bug"))
+    assert origin.primitive == "add" and origin.shape == (3, 8) and origin.dtype == "float32"
+    assert origin.file == __file__  # outside the root: as recorded
+    assert origin.max_diff == pytest.approx(1e-2, rel=1e-3)
+    assert 0 < origin.matched_fraction < 1
+    assert "new_mlp" in origin.describe() and origin.to_dict()["line"] == origin.line
+    # the same output asked for by key; and a program against itself has no origin
+    by_key = localise(new_mlp, old_mlp, X, W, class_map="fp32_reassoc", key="out")
+    assert by_key is not None and (by_key.key, by_key.position) == ("out", origin.position)
+    assert localise(old_mlp, old_mlp, X, W, class_map="fp32_reassoc") is None
+
+
+def test_the_file_is_relative_to_the_root_when_under_it():
+    from pathlib import Path
+
+    origin = localise(new_mlp, old_mlp, X, W, class_map="fp32_reassoc", root=Path(__file__).parent)
+    assert origin is not None and origin.file == Path(__file__).name
+
+
+def scanned(x, w):
+    def layer(h, wi):
+        h = jax.nn.gelu(h @ wi.T)
+        return h, h
+
+    h, hs = jax.lax.scan(layer, x, w)
+    return {"hs": hs, "out": h.sum(-1)}
+
+
+def unrolled(x, w):
+    hs = []
+    h = x
+    for i in range(w.shape[0]):
+        h = jax.nn.gelu(h @ w[i].T)
+        hs.append(h)
+    return {"hs": jnp.stack(hs), "out": h.sum(-1)}
+
+
+def vmapped_layers(x, w):
+    """Each layer applied to its copy of x, all layers at once: stacked `[layer, ...]` values."""
+    xs = jnp.broadcast_to(x, (w.shape[0], *x.shape))
+    return {"each": jax.vmap(lambda wi, xi: jax.nn.gelu(xi @ wi.T))(w, xs)}
+
+
+def vmapped_layers_in_the_middle(x, w):
+    """As `vmapped_layers`, but x is shared: the batched matmul puts the layer axis second."""
+    return {"each": jax.vmap(lambda wi: jax.nn.gelu(x @ wi.T))(w)}
+
+
+def layer_by_layer(x, w):
+    return {"each": jnp.stack([jax.nn.gelu(x @ w[i].T) for i in range(w.shape[0])])}
+
+
+@pytest.mark.parametrize(("new", "old"), [(scanned, unrolled), (unrolled, scanned),
+                                          (vmapped_layers, layer_by_layer),
+                                          (layer_by_layer, vmapped_layers)])  # fmt: skip
+def test_a_loop_and_its_scan_or_vmap_match_at_every_value(new, old):
+    new_rec, old_rec = record(new, X, W), record(old, X, W)
+    rho = matching_tolerance(REGISTRY["fp32_reassoc"], next(iter(old_rec.output_arrays.values())))
+    alignment = align(new_rec, old_rec, rho)
+    assert alignment.unmatched() == [], alignment.unmatched()
+    assert localise(new, old, X, W, class_map="fp32_reassoc") is None
+
+
+def test_a_layer_axis_that_is_not_leading_is_unmatched_but_no_origin():
+    new, old = record(vmapped_layers_in_the_middle, X, W), record(layer_by_layer, X, W)
+    alignment = align(
+        new, old, matching_tolerance(REGISTRY["fp32_reassoc"], old.output_arrays["each"])
+    )
+    # rows are taken along the leading axis only: the `[x row, layer, out]` values of the
+    # batched matmul and the gelu over them match nothing; their transpose to `[layer, ...]`
+    # matches again, so nothing reaches the output unmatched
+    assert {v.shape for v in alignment.unmatched()} == {(X.shape[0], W.shape[0], W.shape[1])}
+    assert alignment.origin("each") is None
+
+
+def test_each_iteration_of_a_scan_is_a_value_of_its_own():
+    rec = record(scanned, X, W)
+    dots = [v for v in rec.values if v.primitive == "dot_general"]
+    assert len(dots) == W.shape[0]
+    assert {v.line for v in dots} == {_line_of(scanned, "jax.nn.gelu(h @ wi.T)")}
+    assert {v.function for v in dots} == {"scanned.<locals>.layer"}
+
+
+def bugged_scan(x, w):
+    def layer(h, wi):
+        h = jax.nn.gelu(h @ wi.T)
+        h = jnp.where(jnp.abs(h) > 0.5, h, 0.0)  # the bug
+        return h, h
+
+    h, hs = jax.lax.scan(layer, x, w)
+    return {"hs": hs, "out": h.sum(-1)}
+
+
+def test_a_bug_in_a_scan_body_is_named_in_its_first_iteration():
+    origin = localise(bugged_scan, unrolled, X, W, class_map="fp32_reassoc")
+    assert origin is not None and origin.function == "bugged_scan.<locals>.layer"
+    assert origin.line == _line_of(bugged_scan, "# the bug")
+    rec = record(bugged_scan, X, W)
+    first = min(v.id for v in rec.values if v.line == origin.line)
+    assert origin.position < [v.id for v in rec.values if v.primitive == "dot_general"][1]
+    assert origin.position >= first
+
+
+def attention_split(x, w):
+    q, k, v = x @ w[0].T, x @ w[1].T, x @ w[2].T
+    return {"y": jax.nn.softmax(q @ k.T, axis=-1) @ v}
+
+
+def attention_fused(x, w):
+    qkv = x @ jnp.concatenate([w[0], w[1], w[2]]).T
+    q, k, v = jnp.split(qkv, 3, axis=-1)
+    return {"y": jax.nn.softmax(q @ k.T, axis=-1) @ v}
+
+
+def attention_fused_bug(x, w):
+    qkv = x @ jnp.concatenate([w[0], w[1], w[2]]).T
+    q, k, v = jnp.split(qkv, 3, axis=-1)
+    return {"y": jax.nn.softmax(q @ k.T / 2.0, axis=-1) @ v}  # the bug
+
+
+def test_a_fused_projection_split_back_into_q_k_v_is_not_an_origin():
+    new, old = record(attention_fused, X, W), record(attention_split, X, W)
+    alignment = align(
+        new, old, matching_tolerance(REGISTRY["fp32_reassoc"], old.output_arrays["y"])
+    )
+    # the fused matmul is the one value the old program never computed...
+    assert [v.primitive for v in alignment.unmatched()] == ["dot_general"]
+    assert alignment.unmatched()[0].shape == (3, 24)
+    # ...but q, k, v split from it match again, so it is no origin
+    assert alignment.origin("y") is None
+    assert localise(attention_fused, attention_split, X, W, class_map="fp32_reassoc") is None
+    # a bug after the split is named, not the (earlier, unmatched) fused matmul
+    origin = localise(attention_fused_bug, attention_split, X, W, class_map="fp32_reassoc")
+    assert origin is not None and origin.primitive == "div"
+    assert origin.line == _line_of(attention_fused_bug, "# the bug")
+
+
+def test_the_matching_tolerance_follows_the_class():
+    out = np.array([0.5, -4.0], dtype=np.float32)
+    assert matching_tolerance(REGISTRY["bitwise"], out) == 0.0
+    assert matching_tolerance(REGISTRY["fp32_reassoc"], out) == pytest.approx(2e-5 / 4.0)
+    assert matching_tolerance(REGISTRY["fp32_reassoc_scaled"], out) == pytest.approx(4e-6)
+    assert matching_tolerance(REGISTRY["device_count"], out) == pytest.approx(1e-7 / 4 + 1e-4)
+    assert matching_tolerance(REGISTRY["fp32_reassoc"], np.array([3], np.int32)) == 0.0
+    with pytest.raises(LocaliseError, match="judges in 'kl'"):
+        matching_tolerance(REGISTRY["bf16_logits"], out)
+
+
+def test_bitwise_matching_is_exact_and_a_tolerance_lets_reassociation_through():
+    def sum_forward(x):
+        return {"s": jnp.sum(x, axis=-1)}
+
+    def sum_backward(x):
+        return {"s": jnp.sum(x[:, ::-1], axis=-1)}  # the same sum, in another order
+
+    x = RNG.standard_normal((4, 1000)).astype(np.float32)
+    new, old = record(sum_backward, x), record(sum_forward, x)
+    assert not np.array_equal(new.output_arrays["s"], old.output_arrays["s"])
+    assert locate(new, old, class_map="fp32_reassoc") is None
+    origin = locate(new, old, class_map="bitwise")
+    assert origin is not None and origin.primitive == "reduce_sum"
+
+
+def test_fill_values_do_not_set_the_scale_of_a_tolerance():
+    def masked(x, scale):
+        scores = jnp.where(jnp.tril(jnp.ones((8, 8), bool)), x * scale, jnp.finfo(jnp.float32).min)
+        return {"p": jax.nn.softmax(scores, axis=-1)}
+
+    x = RNG.standard_normal((8, 8)).astype(np.float32)
+    origin = localise(
+        lambda x: masked(x, 0.5), lambda x: masked(x, 1.0), x, class_map="fp32_reassoc"
+    )
+    assert origin is not None and origin.primitive == "mul"  # not a later op of the softmax
+
+
+def test_a_summary_round_trips_through_numpy_arrays_and_names_the_same_origin(tmp_path):
+    new, old = record(new_mlp, X, W), record(old_mlp, X, W)
+    full = locate(new, old, class_map="fp32_reassoc")
+    path = tmp_path / "old.npz"
+    np.savez(path, allow_pickle=False, **old.summary().to_arrays())
+    with np.load(path) as data:
+        summary = Recording.from_arrays(dict(data))
+    assert summary.arrays is None and summary.values == old.values
+    assert list(summary.outputs) == list(old.outputs)
+    assert summary.rows.keys() == old.rows.keys()
+    from_summary = locate(new, summary, class_map="fp32_reassoc")
+    assert full is not None and from_summary is not None
+    assert (from_summary.line, from_summary.primitive) == (full.line, full.primitive)
+    assert from_summary.max_diff is not None and from_summary.max_diff <= full.max_diff  # type: ignore[operator]
+    back = Recording.from_arrays(old.to_arrays())  # with the arrays
+    assert back.arrays is not None
+    assert all(np.array_equal(a, b) for a, b in zip(back.arrays, old.arrays or (), strict=True))
+
+
+def test_a_function_that_does_not_trace_is_named():
+    def to_numpy(x):
+        return {"y": np.asarray(x) * 2}
+
+    with pytest.raises(LocaliseError, match="to_numpy does not trace"):
+        record(to_numpy, X)
+
+
+def test_localise_is_public_and_assert_equivalent_names_the_origin():
+    assert parity.localise is localise
+    with pytest.raises(AssertionError) as info:
+        parity.assert_equivalent(new_mlp(X, W), old_mlp(X, W), class_map="fp32_reassoc",
+                                 new_fn=new_mlp, old_fn=old_mlp, args=(X, W))  # fmt: skip
+    line = [ln for ln in str(info.value).splitlines() if ln.startswith("origin:")]
+    assert line == [line[0]] and f":{_line_of(new_mlp, '# the bug')} in new_mlp" in line[0]
+    with pytest.raises(AssertionError) as info:  # without the functions: no origin line
+        parity.assert_equivalent(new_mlp(X, W), old_mlp(X, W), class_map="fp32_reassoc")
+    assert "origin:" not in str(info.value)
