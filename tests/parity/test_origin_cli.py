@@ -178,3 +178,18 @@ def test_bisect_names_the_origin_between_the_first_bad_commit_and_its_parent(
     assert doc["origin"]["function"] == "mix" and doc["origin"]["file"] == MODEL_FILE
     assert doc["origin"]["line"] == _bug_line()
     assert f"origin: mul at {MODEL_FILE}:{_bug_line()} in mix" in done.stdout
+
+
+def test_a_program_past_the_byte_limit_is_said_too_large_not_recorded() -> None:
+    import jax.numpy as jnp
+
+    from parity.origin import LocaliseError, record
+
+    x = jnp.ones((64, 64), jnp.float32)  # 16 KiB per value
+
+    def fn(x):
+        return jnp.tanh(x) * 2 + 1
+
+    assert record(fn, x, max_bytes=1 << 20).outputs  # well under the limit: recorded
+    with pytest.raises(LocaliseError, match="too large to record"):
+        record(fn, x, max_bytes=40_000)
