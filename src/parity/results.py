@@ -46,6 +46,13 @@ class CheckResult:
       loading goldens, comparing.
     - `saved`: where the obtained arrays were written (on failure with `save_actual`).
     - `command`: a `parity diff` command that reproduces the table from `saved`.
+    - `origin`: for a failing check whose origin was named (`parity.run.origins`), where
+      it diverged as a JSON-safe dict: `file` (relative to the repository root), `line`,
+      `function`, `primitive`, `key`, `matched_fraction`, the rest of
+      `parity.origin.Origin`'s fields, and `profile` (the matched share of the new
+      program's values in `values` equal bins along it, in dataflow order); else None.
+    - `origin_line`: the `origin:` line shown under the first divergence: the origin, why
+      there is none, or why it was not looked for (one line); None where nobody asked.
     """
 
     name: str
@@ -60,6 +67,8 @@ class CheckResult:
     compare_s: float = 0.0
     saved: str | None = None
     command: str | None = None
+    origin: dict[str, Any] | None = None
+    origin_line: str | None = None
 
     @property
     def passed(self) -> bool:

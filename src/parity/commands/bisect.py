@@ -8,6 +8,7 @@ import time
 from pathlib import Path
 from typing import IO, Any
 
+from parity.commands.check import origin_flag
 from parity.commands.common import (
     EXIT_FAIL,
     EXIT_OK,
@@ -43,6 +44,7 @@ def add_parser(sub: Any, help: str) -> None:
     bisect.add_argument("bad", metavar="BAD", help="a later commit that fails the check")
     groups_flag(bisect)
     json_flag(bisect, what="the steps and the answer")
+    origin_flag(bisect)
     override_flag(bisect)
     class_flag(bisect)
     config_flags(bisect, goldens=False)
@@ -67,6 +69,7 @@ def run(args: argparse.Namespace, out: IO[str]) -> int:
             groups=split_groups(args.groups),
             overrides=overrides,
             progress=progress,
+            origin=args.origin == "auto",
         )
     except BisectError as e:
         raise CLIError(str(e)) from None
@@ -82,6 +85,8 @@ def run(args: argparse.Namespace, out: IO[str]) -> int:
     if result.status == "found" and fb is not None:
         out.write(f"first bad commit: {fb.sha}\n")
         out.write(f"  group {fb.group}, key {fb.key}, class {fb.class_name}  ({fb.subject})\n")
+        if result.origin_line:
+            out.write(f"  {result.origin_line}\n")
         return EXIT_OK
     if result.status == "ambiguous" and fb is not None:
         out.write(

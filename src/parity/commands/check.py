@@ -65,11 +65,35 @@ def add_parser(sub: Any, help: str) -> None:
         "the same and exits 2 where the base cannot be re-produced, rather than pass a key "
         "by calibration alone (for CI); off judges by the goldens' calibrated bounds alone",
     )
+    origin_flag(check)
     override_flag(check)
     class_flag(check)
     drift_flag(check)
     config_flags(check)
     process_flags(check)
+
+
+def origin_flag(parser: argparse.ArgumentParser) -> None:
+    """`--origin {auto,off}`: name where a failure diverged, at its source line."""
+    parser.add_argument(
+        "--origin",
+        choices=("auto", "off"),
+        default="auto",
+        help="auto (default): for a group that fails, record its program op by op on both "
+        "sides (one more producer run here, one at the base, cached) and print the first "
+        "operation that computes what the other never did, at its source line; off: do not "
+        "(a failure then costs no more than a pass)",
+    )
+
+
+def repository_root(root: Path) -> Path:
+    """The git repository holding `root` (origins name files relative to it), else `root`."""
+    from parity.run.worktree import GitError, repo_root
+
+    try:
+        return repo_root(root)
+    except GitError:
+        return root
 
 
 def _write_reports(session: ReportSession, args: argparse.Namespace, out: IO[str]) -> None:
@@ -182,6 +206,13 @@ def run(args: argparse.Namespace, out: IO[str]) -> int:
                 base=base,
                 require_base=mode == "require",
             )
+            if args.origin == "auto" and not all(r.passed for r in results):
+                from parity.run.origins import name_origins
+
+                results = name_origins(
+                    results, produced, config, goldens, root=repository_root(config.root),
+                    progress=report_progress, timeout=args.timeout,
+                )  # fmt: skip
     except CheckError as e:
         raise CLIError(str(e)) from None
     header = {

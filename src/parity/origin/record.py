@@ -66,7 +66,9 @@ _NOWHERE: Frame = ("", 0, "")
 
 
 class _Interpreter:
-    def __init__(self) -> None:
+    def __init__(self, max_bytes: int | None = None) -> None:
+        self.max_bytes = max_bytes
+        self.nbytes = 0
         self.values: list[Value] = []
         self.arrays: list[np.ndarray] = []
         self.consts: dict[int, tuple[Any, Ref]] = {}
@@ -74,6 +76,13 @@ class _Interpreter:
 
     def add(self, x: Any, primitive: str, kind: str, inputs: list[int], where: Frame) -> Ref:
         host = _host(x)
+        self.nbytes += host.nbytes
+        if self.max_bytes is not None and self.nbytes > self.max_bytes:
+            raise LocaliseError(
+                f"the program is too large to record: its values pass {self.max_bytes >> 20} "
+                f"MiB after {len(self.values)} of them; localise a smaller case (fewer "
+                "layers, a shorter batch)"
+            )
         file, line, function = where
         i = len(self.values)
         ins = tuple(j for j in inputs if j >= 0)
@@ -204,7 +213,11 @@ def _user_frame(eqn: Any) -> Frame:
 
 
 def record(
-    fn: Callable[..., Any], *args: Any, keep_arrays: bool = True, **kwargs: Any
+    fn: Callable[..., Any],
+    *args: Any,
+    keep_arrays: bool = True,
+    max_bytes: int | None = None,
+    **kwargs: Any,
 ) -> Recording:
     """Run `fn(*args, **kwargs)`'s program equation by equation and keep every value.
 
@@ -214,6 +227,9 @@ def record(
     - `args`, `kwargs`: what `fn` is called with (the same for both sides of a comparison).
     - `keep_arrays`: keep each value's numbers (default); False keeps only fingerprints
       (`Recording.summary()`), for a recording matched later or in another process.
+    - `max_bytes`: the most bytes the values may take together while recording (they are
+      all held until the fingerprints are taken); past it, `LocaliseError` says the
+      program is too large. None: no limit.
 
     **Returns:** a `Recording`. Raises `LocaliseError` when `fn` does not trace.
     """
@@ -226,7 +242,7 @@ def record(
             f"{getattr(fn, '__name__', fn)!s} does not trace, so its values cannot be recorded "
             f"({type(e).__name__}: {' '.join(str(e).split())[:200]})"
         ) from None
-    interp = _Interpreter()
+    interp = _Interpreter(max_bytes)
     leaves = jax.tree_util.tree_leaves(args)
     ins = [interp.add(x, "input", "input", [], _NOWHERE) for x in leaves]
     outs = interp.closed(closed, [(jax.numpy.asarray(x), i) for (x, i) in ins], _NOWHERE)

@@ -160,6 +160,8 @@ class _Check:
             if result.saved:
                 text += f"obtained arrays written to {result.saved}; reproduce with:\n"
                 text += f"  {result.command}\n"
+            if result.group is not None and not result.passed:
+                text += _origin_hint(result.group)
             pytest.fail(text, pytrace=False)
         return result.comparison
 
@@ -180,6 +182,18 @@ class _Check:
             "for it (a value made per process); compare with --parity-processes 1",
             pytrace=False,
         )
+
+
+def _origin_hint(group: str) -> str:
+    """The `origin:` line of a failed golden check. A test hands over arrays, not the
+    program that made them: naming the origin takes two producer runs that record the
+    group's program op by op (here and at the base), more than a failing test should pay,
+    even where the second judge re-produced the base (it records no program), so the line
+    says which command names it (docs/design.md, "Where it diverged")."""
+    return (
+        f"origin: not named by the plugin (it would record the group's program twice, here "
+        f"and at its base); `parity check --groups {group}` names it\n"
+    )
 
 
 @pytest.fixture

@@ -6,8 +6,9 @@ import io
 import math
 import os
 import re
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
+from typing import Any
 
 from parity.judge.compare import Comparison, Finding
 from parity.report.summary import (
@@ -136,6 +137,53 @@ def _plot_class(path: Path, name: str, findings: Sequence[Finding]) -> None:
     fig.savefig(str(path), format="png")
 
 
+#: check name -> (its `origin:` line, its origin as `CheckResult.origin` holds it or None).
+Origins = Mapping[str, tuple[str, Mapping[str, Any] | None]]
+
+
+def _plot_origin(path: Path, name: str, origin: Mapping[str, Any]) -> None:
+    """One PNG: the share of the new program's values that matched the old program's, in
+    equal bins along the program in dataflow order, and where the origin sits."""
+    import numpy as np
+    from matplotlib.figure import Figure
+
+    profile = np.asarray(origin["profile"], dtype=np.float64)
+    edges = np.linspace(0.0, 1.0, len(profile) + 1)
+    fig = Figure(figsize=(8.0, 3.2), dpi=80)
+    fig.subplots_adjust(left=0.09, right=0.98, top=0.88, bottom=0.16)
+    ax = fig.add_subplot()
+    ax.stairs(profile, edges, fill=True, alpha=0.35, color="tab:green", label="matched")
+    ax.stairs(profile, edges, color="tab:green", linewidth=1)
+    at = float(origin.get("origin_at", 0.0))
+    where = f"{origin.get('file') or '<no source>'}:{origin.get('line')}"
+    ax.axvline(
+        at, color="tab:red", linewidth=1.5, label=f"origin: {origin['primitive']} at {where}"
+    )
+    ax.set_xlim(0.0, 1.0)
+    ax.set_ylim(0.0, 1.05)
+    ax.set_xlabel(f"position in the new program (dataflow order, {origin['values']} values)")
+    ax.set_ylabel("matched share")
+    share = float(origin["matched_fraction"])
+    ax.set_title(f"{name}: values matched along the program ({share:.1%} in all)", y=1.01)
+    ax.legend(fontsize=7, loc="lower left")
+    fig.savefig(str(path), format="png")
+
+
+def _origin_section(out_dir: Path, origins: Origins, w: Callable[[str], Any]) -> None:
+    """The page's "where it diverged" section: each origin line, and its plot."""
+    import html
+
+    w("<h2>where it diverged</h2>\n")
+    for i, (name, (line, origin)) in enumerate(origins.items()):
+        w(f"<p><b>{html.escape(name)}</b>: <code>{html.escape(line)}</code></p>\n")
+        if origin is None or not origin.get("profile"):
+            continue
+        png = f"origin_{i:02d}_{_safe_name(name)}.png"
+        _plot_origin(out_dir / png, name, origin)
+        alt = f"{name}: matched share of the new program's values along the program"
+        w(f'<p><img src="{html.escape(png)}" alt="{html.escape(alt)}"></p>\n')
+
+
 def _cells(values: Sequence[str], tag: str = "td") -> str:
     import html
 
@@ -149,6 +197,7 @@ def write_html(
     header: Mapping[str, str] | None = None,
     title: str = "parity report",
     checks: Checks | None = None,
+    origins: Origins | None = None,
 ) -> Path:
     """Write an HTML report, `index.html` with one PNG plot per class, into `directory`.
 
@@ -162,6 +211,8 @@ def write_html(
     - `header`: provenance and the like, shown in a table at the top.
     - `title`: the page title.
     - `checks`: as in `format_table`: the first divergence is then shown per check.
+    - `origins`: check name -> (its `origin:` line, its origin dict or None): the line under
+      its first divergence, and a plot of the matched share along the program.
 
     **Returns:** the path of `index.html`.
     """
@@ -210,6 +261,8 @@ def write_html(
             pointers = [divergence("first not bitwise equal", comp.first_not_bitwise)]
             if not comp.passed:
                 pointers.append(divergence("first breaking its class", comp.first_failure))
+                if origins and name in origins:
+                    pointers.append(origins[name][0])
             w(
                 f'<tr><td>{esc(name)}</td><td class="{verdict}">{verdict}</td>'
                 f'<td class="num">{len(comp.failures)} of {len(comp.findings)} fail</td>'
@@ -227,6 +280,8 @@ def write_html(
             "and rerun.</p>\n"
         )
     else:
+        if origins:
+            _origin_section(out_dir, origins, w)
         for i, (name, findings) in enumerate(comparison.by_class().items()):
             if all(f.passed and f.bitwise_equal for f in findings):
                 # A flat line on the floor says nothing a sentence cannot, at a fraction

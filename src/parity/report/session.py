@@ -21,7 +21,9 @@ if TYPE_CHECKING:
 __all__ = ["CHECK_FIELDS", "ReportSession", "merged_findings"]
 
 #: What the JSON document adds to each check's entry, from its `CheckResult`.
-CHECK_FIELDS = ("group", "passed", "produce_s", "load_s", "compare_s", "saved")
+CHECK_FIELDS = (
+    "group", "passed", "produce_s", "load_s", "compare_s", "saved", "origin", "origin_line",
+)  # fmt: skip
 
 
 def merged_findings(results: Sequence[CheckResult]) -> Comparison:
@@ -62,14 +64,21 @@ class ReportSession:
         """(name, comparison) of each check, in the order they ran."""
         return [(r.name, r.comparison) for r in self.results]
 
+    @property
+    def origins(self) -> dict[str, str]:
+        """Check name -> its `origin:` line, for the checks that have one."""
+        return {r.name: r.origin_line for r in self.results if r.origin_line}
+
     def table(self, *, failing_checks_only: bool = False, failures: bool = True) -> str:
-        """`format_table` of the merged findings, a first divergence per check."""
+        """`format_table` of the merged findings, a first divergence (and an `origin:`
+        line where there is one) per check."""
         return format_table(
             self.merged,
             header=self.header,
             checks=self.checks,
             failing_checks_only=failing_checks_only,
             failures=failures,
+            origins=self.origins,
         )
 
     def to_json(self, fields: Sequence[str] = CHECK_FIELDS) -> dict[str, Any]:
@@ -105,7 +114,9 @@ class ReportSession:
         folder.mkdir(parents=True, exist_ok=True)
         (folder / "report.txt").write_text(self.table() + "\n")
         html_title = {} if title is None else {"title": title}
-        write_html(folder, self.merged, header=self.header, checks=self.checks, **html_title)
+        origins = {r.name: (r.origin_line or "", r.origin) for r in self.results if r.origin_line}
+        write_html(folder, self.merged, header=self.header, checks=self.checks,
+                   origins=origins, **html_title)  # fmt: skip
         doc = self.to_json(fields)
         if complete is not None:
             complete(doc)

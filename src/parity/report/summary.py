@@ -4,7 +4,7 @@ columns, the first divergences, the lines of a session's checks."""
 from __future__ import annotations
 
 import math
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -177,8 +177,11 @@ def class_row(s: ClassSummary) -> list[str]:
 Checks = Sequence[tuple[str, Comparison]]
 
 
-def check_lines(checks: Checks, *, failing_only: bool = False) -> list[str]:
-    """Per check: its verdict and first divergence, in that check's own forward order."""
+def check_lines(
+    checks: Checks, *, failing_only: bool = False, origins: Mapping[str, str] | None = None
+) -> list[str]:
+    """Per check: its verdict and first divergence, in that check's own forward order, and
+    under a failing one its `origin:` line where `origins` (check name -> line) has one."""
     shown = [(n, c) for n, c in checks if not (failing_only and c.passed)]
     if failing_only and not shown:
         return [f"checks: all {len(checks)} pass"]
@@ -197,4 +200,6 @@ def check_lines(checks: Checks, *, failing_only: bool = False) -> list[str]:
             lines.append("      " + divergence("first not bitwise equal", comp.first_not_bitwise))
         if not comp.passed:
             lines.append("      " + divergence("first breaking its class", comp.first_failure))
+            if origins and origins.get(name):
+                lines.append("      " + origins[name])
     return lines

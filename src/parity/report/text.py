@@ -54,6 +54,7 @@ def format_table(
     failing_checks_only: bool = False,
     failures: bool = True,
     order: str = "forward order",
+    origins: Mapping[str, str] | None = None,
 ) -> str:
     """The comparison as a plain-text table, for a terminal or a log.
 
@@ -70,6 +71,8 @@ def format_table(
     - `order`: what the comparison's order is, in the first divergence's heading:
       `"forward order"`, or `"container order"` where nobody derived or declared one
       (`assert_equivalent` of two containers).
+    - `origins`: with `checks`, check name -> its `origin:` line, shown under that check's
+      first divergence (`parity.results.CheckResult.origin_line`).
 
     **Returns:** the text: the verdict, the header, a table per class (arrays, passed,
     failed, bitwise equal, max abs, max ulp, worst key), the first divergence, the notes
@@ -93,7 +96,7 @@ def format_table(
             "  " + divergence("first breaking its class", comparison.first_failure),
         ]
     else:
-        lines += ["", *check_lines(checks, failing_only=failing_checks_only)]
+        lines += ["", *check_lines(checks, failing_only=failing_checks_only, origins=origins)]
     noted = [f for f in comparison.findings if f.note]
     if noted:
         lines += ["", f"notes ({len(noted)}):"]

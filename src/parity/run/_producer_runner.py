@@ -8,10 +8,14 @@ manifest `OUT/<group>.json` (key order, dtype names; ml_dtypes are saved as same
 unsigned ints) and `provenance`: the environment of *this* process, collected right after the
 group ran (x64 mode and device count as jax saw them, the XLA flags it ran under), so a
 `JAX_ENABLE_X64` or `XLA_FLAGS` in the user's shell, which this process never sees, cannot
-be recorded for arrays made without it. Exit codes: 0 ok, 1 a producer raised, 3 the base
-lacks a needed symbol, 4 a group asked for is not defined (`OUT/unknown_groups.json` says
-which, and which are), 5 (with `--check-classes`) a `CLASS_MAP` rule names a class parity
-cannot use (`OUT/unusable_classes.json` says why), before any group runs.
+be recorded for arrays made without it. With `--record-origin` it saves no arrays: it
+records each group's program op by op instead (`parity.origin.record`, the group traced as
+for its dataflow order) and saves the recording's summary as `OUT/<group>.origin.npz`, or
+`OUT/<group>.origin.json` (`{"reason": ...}`) where the group cannot be recorded. Exit
+codes: 0 ok, 1 a producer raised, 3 the base lacks a needed symbol, 4 a group asked for
+is not defined (`OUT/unknown_groups.json` says which, and which are), 5 (with
+`--check-classes`) a `CLASS_MAP` rule names a class parity cannot use
+(`OUT/unusable_classes.json` says why), before any group runs.
 
 As one worker of a multi-process run (`parity.run.processes.run_workers` sets
 `PARITY_PROCESS_ID`, `PARITY_PROCESSES` and `PARITY_COORDINATOR`), it joins JAX's
@@ -49,6 +53,11 @@ EXIT_UNKNOWN_GROUP = 4
 EXIT_UNUSABLE_CLASS = 5
 #: What the runner writes into OUT when asked for groups the producers do not define.
 UNKNOWN_GROUPS = "unknown_groups.json"
+#: The suffixes of what `--record-origin` writes per group: the recording, or why there is none.
+ORIGIN_RECORDING = ".origin.npz"
+ORIGIN_REASON = ".origin.json"
+#: The most bytes a recording's values may take together (`parity.origin.record`).
+ORIGIN_MAX_BYTES = 2 << 30
 #: What the runner writes into OUT when `--check-classes` finds a `CLASS_MAP` rule naming a
 #: class that cannot be pinned: one sentence per such rule.
 UNUSABLE_CLASSES = "unusable_classes.json"
@@ -188,6 +197,41 @@ def _from_jax(result: Any, converted: list[Any]) -> bool:
     return bool(leaves) and all(isinstance(x, jax.Array) or id(x) in made for x in leaves)
 
 
+def _record_origin(group: Callable[[], Any], out: Path, name: str) -> None:
+    """Record `group`'s program op by op (as `_forward_order` traces it: numpy's
+    conversions pass traced values through, the random states are put back) and save its
+    summary, or one line saying why it cannot be recorded."""
+    import random
+
+    import numpy as np
+
+    from parity.judge.dataflow import numpy_conversions
+    from parity.origin import LocaliseError, record
+
+    states = random.getstate(), np.random.get_state()
+    reason, recording = None, None
+    try:
+        with numpy_conversions():
+            recording = record(group, keep_arrays=False, max_bytes=ORIGIN_MAX_BYTES)
+        if not any(recording.values[i].kind in ("op", "move")
+                   for i in recording.outputs.values() if i >= 0):  # fmt: skip
+            reason = "the producer's outputs are not computed by its jax program"
+    except LocaliseError as e:
+        reason = e.reason
+    except Exception as e:  # an operation that cannot run on its own: say so, do not fail
+        reason = f"recording raised {type(e).__name__}: {' '.join(str(e).split())[:200]}"
+    finally:
+        random.setstate(states[0])
+        np.random.set_state(states[1])
+    if reason is not None or recording is None:
+        reason = reason or "nothing was recorded"
+        (out / f"{name}{ORIGIN_REASON}").write_text(json.dumps({"reason": reason}))
+        _log(f"group {name!r}: not recorded: {reason}")
+        return
+    np.savez(out / f"{name}{ORIGIN_RECORDING}", **recording.summary().to_arrays())  # pyright: ignore[reportArgumentType]
+    _log(f"group {name!r}: recorded {len(recording.values)} values")
+
+
 def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser()
     p.add_argument("--parent-pid", type=int, default=0, help="die when this process dies")
@@ -213,6 +257,11 @@ def main(argv: list[str] | None = None) -> int:
         "--class-map-only",
         action="store_true",
         help="import the producers and save their CLASS_MAP and group names, run no group",
+    )
+    p.add_argument(
+        "--record-origin",
+        action="store_true",
+        help="record each group's program op by op (OUT/<group>.origin.npz), save no arrays",
     )
     args = p.parse_args(argv)
     _die_with_parent(args.parent_pid)
@@ -278,7 +327,10 @@ def main(argv: list[str] | None = None) -> int:
         return 0
     for i, name in enumerate(wanted, 1):
         t0 = time.perf_counter()
-        _log(f"[{i}/{len(wanted)}] {name}: running")
+        _log(f"[{i}/{len(wanted)}] {name}: {'recording' if args.record_origin else 'running'}")
+        if args.record_origin:  # a group that cannot be recorded says why in OUT
+            _record_origin(groups[name], out, name)
+            continue
         split: list[bool] = []
         try:
             # Producers may return any pytree: flattened to `{"a.b": array}` keys.

@@ -19,7 +19,8 @@ one's file.
 
 The cache folder is, first found: `PARITY_BASELINE_CACHE`, `[tool.parity] baseline_cache`,
 `$XDG_CACHE_HOME/parity/baselines`, `~/.cache/parity/baselines`. `parity baseline
-build/list/clear` manages it.
+build/list/clear` manages it. Beside an entry, `<group>.origin.npz` holds the group's
+program recorded op by op at the base, for a failing check's origin (`parity.run.origins`).
 
 Nothing here imports jax.
 """
@@ -54,6 +55,7 @@ __all__ = [
     "BaselineCache",
     "BaselineSource",
     "CachedBase",
+    "base_commit",
     "cache_dir",
 ]
 
@@ -330,7 +332,7 @@ class BaselineSource:
             isa = current.get("isa_cap")
         else:
             processes, devices, isa = config.processes, config.devices, config.isa
-        root, full = _base_commit(config.root, sha)
+        root, full = base_commit(config.root, sha)
         src = config.src_relative()
         self.progress(
             f"re-producing {', '.join(groups)} at the base {full[:12]} in this environment "
@@ -399,7 +401,7 @@ class BaselineSource:
         return out
 
 
-def _base_commit(root: Path, sha: str) -> tuple[Path, str]:
+def base_commit(root: Path, sha: str) -> tuple[Path, str]:
     """The git repository holding `root` and the full SHA of the base commit `sha` there;
     `BaseUnavailable` saying which of three things is wrong: `root` is in no git
     repository, the commit is missing from a shallow clone, or from a full one."""

@@ -14,6 +14,11 @@ per commit, as `git bisect run` has (exit 125 there):
 - `skip`: the producers cannot run there (a symbol they need is missing, a crash): the
   commit is reported and never counted as bad; the search continues around it.
 
+Where one first bad commit is found, its failing group is recorded op by op there and at
+its parent (`parity.run.origins.origin_between`), and the answer names the origin: the
+first operation of the bad commit's program that computes what its parent's never did, at
+its source line.
+
 The user's checkout, index, branches and `git bisect` state are never touched: only
 `git worktree add/remove/prune` and read-only git commands run. Nothing here imports jax.
 """
@@ -88,6 +93,9 @@ class BisectResult:
     - `candidates`: for `ambiguous`, the skipped commits and the first known bad one.
     - `steps`: every commit checked, in the order checked (GOOD and BAD first).
     - `commits`: how many first-parent commits lie between GOOD (excluded) and BAD.
+    - `origin`: for `found`, where the first bad commit diverges from its parent (as
+      `parity.results.CheckResult.origin`), or None; `origin_line`: the `origin:` line (the
+      origin, or why it is not named), None where it was not asked for.
     """
 
     good: str
@@ -97,6 +105,8 @@ class BisectResult:
     commits: int
     first_bad: Step | None = None
     candidates: tuple[str, ...] = ()
+    origin: dict[str, Any] | None = None
+    origin_line: str | None = None
 
     @property
     def skipped(self) -> tuple[Step, ...]:
@@ -117,6 +127,8 @@ class BisectResult:
             "class": fb.class_name if fb else None,
             "candidates": list(self.candidates),
             "skipped": [s.sha for s in self.skipped],
+            "origin": self.origin,
+            "origin_line": self.origin_line,
             "steps": [asdict(s) for s in self.steps],
         }
 
@@ -191,6 +203,7 @@ def bisect(
     groups: Sequence[str] = (),
     overrides: Sequence[tuple[str, str]] = (),
     progress: Callable[[str], None] = print,
+    origin: bool = True,
 ) -> BisectResult:
     """Find the first first-parent commit after `good` up to `bad` that breaks a check.
 
@@ -202,6 +215,8 @@ def bisect(
     - `groups`: a subset of the producer groups (default all).
     - `overrides`: `(pattern, class)` rules before the pinned class map.
     - `progress`: receives one line per step.
+    - `origin`: name the origin of a first bad commit found (two more producer runs that
+      record its group op by op, there and at its parent).
 
     **Returns:** a `BisectResult`. Raises `BisectError` for revisions that cannot be
     bisected, `parity.run.config.ConfigError` for a missing producers file.
@@ -286,4 +301,13 @@ def bisect(
     between = [commits[i] for i in range(lo + 1, hi)]
     if between:
         return result("ambiguous", first_bad=known[hi], candidates=(*between, commits[hi]))
-    return result("found", first_bad=known[hi])
+    fb = known[hi]
+    if not origin or fb.group is None or fb.key is None or fb.class_name is None:
+        return result("found", first_bad=fb)
+    from parity.run.origins import origin_between
+
+    parent = commits[hi - 1] if hi > 0 else good_sha
+    doc, line = origin_between(
+        config, root, (fb.group, fb.key, fb.class_name), fb.sha, parent, progress=progress
+    )
+    return result("found", first_bad=fb, origin=doc, origin_line=line)

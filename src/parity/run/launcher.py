@@ -162,6 +162,7 @@ def run_producers(
     class_map_only: bool = False,
     check_classes: bool = False,
     code: str = "the code under test",
+    record_origin: bool = False,
 ) -> str:
     """Run `producers` in a subprocess importing code from `code_root/src` (or, with
     `src`, from each of these folders relative to `code_root`, first one first). `code`
@@ -175,6 +176,10 @@ def run_producers(
     the first failure; the timeout defaults to `parity.run.processes.DEFAULT_TIMEOUT_S`);
     process 0 saves. On a cluster, `process_id` and `coordinator` (`HOST0:PORT`) start only
     this host's worker. A single process has no timeout unless one is given.
+
+    With `record_origin`, each group's program is recorded op by op instead of run, and
+    `out/<group>.origin.npz` (or `.origin.json`, why not) saved in place of its arrays
+    (`parity.run.origins`).
 
     With `check_classes` (a repin), a `CLASS_MAP` naming a class parity cannot use stops
     the run before any group runs.
@@ -203,6 +208,8 @@ def run_producers(
         cmd += ["--class-map-only"]
     if check_classes:
         cmd += ["--check-classes"]
+    if record_origin:
+        cmd += ["--record-origin"]
     if processes > 1:
 
         def forward(line: str) -> None:

@@ -74,6 +74,8 @@ class Produced:
     - `provenance`: group -> the producer process's provenance (collected where the arrays
       were made), which the drift policy judges against the golden's.
     - `layout`: processes and devices per process of the run.
+    - `orders`: group -> how its forward order was made (`dataflow`: its outputs were read
+      from its traced program; `declared`: it does not trace, or was not traced).
     """
 
     groups: dict[str, dict[str, np.ndarray]]
@@ -82,6 +84,7 @@ class Produced:
     xla_flags: str
     provenance: dict[str, dict[str, Any]] = field(default_factory=dict)
     layout: Layout = field(default_factory=Layout)
+    orders: dict[str, str] = field(default_factory=dict)
 
 
 def failure_reason(output: str) -> str:
@@ -165,13 +168,15 @@ def produce(
         out: dict[str, dict[str, np.ndarray]] = {}
         maps: dict[str, list[list[str]]] = {}
         provenance: dict[str, dict[str, Any]] = {}
+        orders: dict[str, str] = {}
         for manifest in sorted(Path(tmp).glob("*.json")):
             loaded = load_runner_output(Path(tmp), manifest.stem)
             out[manifest.stem] = loaded.arrays
             maps[manifest.stem] = loaded.class_map
             provenance[manifest.stem] = loaded.provenance
+            orders[manifest.stem] = loaded.order
     layout = Layout(config.processes, config.devices)
-    return Produced(out, maps, time.perf_counter() - t0, flags, provenance, layout)
+    return Produced(out, maps, time.perf_counter() - t0, flags, provenance, layout, orders)
 
 
 def check_produced(

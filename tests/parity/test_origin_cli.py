@@ -1,0 +1,195 @@
+"""Where a golden check diverged (issue 35, item 4): a failing `parity check` names the
+first operation of the current tree that computes what the golden's base never did, at
+its source line, in its text, JSON and HTML; `parity bisect` names it between the first
+bad commit and its parent; a group that cannot be recorded says why in one line and keeps
+its verdict.
+
+One tmp project serves the module: a 2-layer model whose producers return only its
+`logits`, pinned at one commit, then a bug in `mix` (the function between the blocks'
+norm and their residual sum) at a second.
+"""
+
+from __future__ import annotations
+
+import json
+import subprocess
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+pytest.importorskip("jax")
+
+MODEL = """\
+import jax
+import jax.numpy as jnp
+
+
+def init(key):
+    k = jax.random.split(key, 3)
+    return {
+        "embed": jax.random.normal(k[0], (16, 8)),
+        "w": jax.random.normal(k[1], (2, 8, 8)) / 3,
+        "head": jax.random.normal(k[2], (8, 16)) / 3,
+    }
+
+
+def norm(x):
+    return x / jnp.sqrt(jnp.mean(x * x, -1, keepdims=True) + 1e-6)
+
+
+def mix(x, w):
+    return jax.nn.gelu(x @ w)
+
+
+def block(x, w):
+    return x + mix(norm(x), w)
+
+
+def logits(params, tokens):
+    x = params["embed"][tokens]
+    for i in range(2):
+        x = block(x, params["w"][i])
+    return norm(x) @ params["head"]
+"""
+
+#: The bug: a scale inside `mix`, on a line of its own.
+BUGGY = MODEL.replace(
+    "    return jax.nn.gelu(x @ w)\n", "    h = x @ w * 1.5\n    return jax.nn.gelu(h)\n"
+)
+
+PRODUCERS = """\
+import jax
+import numpy as np
+
+import tinynet
+
+
+def _logits():
+    return tinynet.logits(tinynet.init(jax.random.key(0)), jax.numpy.arange(6) % 16)
+
+
+def forward():
+    return {"logits": _logits()}
+
+
+def host():
+    # numpy computes the output on the host: the program does not trace to it
+    return {"probs": np.tanh(np.asarray(_logits()))}
+
+
+def kl():
+    return {"kl_logits": _logits()}
+
+
+GROUPS = {"forward": forward, "host": host, "kl": kl}
+CLASS_MAP = [("kl_logits", "bf16_logits")]
+"""
+
+MODEL_FILE = "src/tinynet/__init__.py"
+
+
+@pytest.fixture(scope="module")
+def project(
+    tmp_path_factory: pytest.TempPathFactory, pinned_project: Any, git: Any
+) -> tuple[Path, str, str]:
+    """The project with the bug committed: `(repo, good sha, bad sha)`."""
+    repo = pinned_project(tmp_path_factory.mktemp("origin"), PRODUCERS, files={MODEL_FILE: MODEL})
+    good = git(repo, "rev-parse", "HEAD")
+    (repo / MODEL_FILE).write_text(BUGGY)
+    git(repo, "commit", "-qam", "scale inside mix")
+    return repo, good, git(repo, "rev-parse", "HEAD")
+
+
+@pytest.fixture(scope="module")
+def checked(
+    project: tuple[Path, str, str], run_parity: Callable[..., Any]
+) -> tuple[subprocess.CompletedProcess[str], dict[str, Any], Path]:
+    repo = project[0]
+    report = repo.parent / "check.json"
+    folder = repo.parent / "report"
+    done = run_parity(repo, "check", "--json", str(report), "--report", str(folder))
+    return done, json.loads(report.read_text()), folder
+
+
+def _bug_line() -> int:
+    """The 1-based line of the bug in BUGGY, found by text, not by parity."""
+    return next(n for n, text in enumerate(BUGGY.splitlines(), 1) if "* 1.5" in text)
+
+
+def _origin_line(stdout: str, check: str) -> str:
+    lines = stdout.splitlines()
+    start = next(i for i, ln in enumerate(lines) if ln.strip().startswith(f"FAIL {check} "))
+    return next(ln.strip() for ln in lines[start + 1 :] if ln.strip().startswith("origin:"))
+
+
+def test_a_failing_check_names_the_line_and_function_of_the_bug(checked: Any) -> None:
+    done, doc, _ = checked
+    assert done.returncode == 1, done.stdout + done.stderr
+    line = _origin_line(done.stdout, "forward")
+    assert f"{MODEL_FILE}:{_bug_line()} in mix" in line, line
+    entry = next(c for c in doc["checks"] if c["name"] == "forward")
+    origin = entry["origin"]
+    assert {k: origin[k] for k in ("file", "line", "function", "key")} == {
+        "file": MODEL_FILE, "line": _bug_line(), "function": "mix", "key": "logits",
+    }  # fmt: skip
+    assert origin["primitive"] == "mul"
+    assert 0.0 < origin["matched_fraction"] < 1.0
+    assert entry["origin_line"] == line
+
+
+def test_a_group_that_cannot_be_recorded_says_why_and_keeps_its_verdict(
+    checked: Any, project: tuple[Path, str, str], run_parity: Callable[..., Any]
+) -> None:
+    done, doc, _ = checked
+    host = _origin_line(done.stdout, "host")
+    assert host.startswith("origin: not named: the producer does not trace"), host
+    kl = _origin_line(done.stdout, "kl")
+    assert "kl_logits" in kl and "no matching tolerance" in kl, kl
+    entries = {c["name"]: c for c in doc["checks"]}
+    assert entries["host"]["origin"] is None and entries["kl"]["origin"] is None
+    # The same group checked without looking for an origin: the same verdict and exit.
+    plain = run_parity(project[0], "check", "--groups", "host", "--origin", "off")
+    assert plain.returncode == done.returncode, plain.stdout + plain.stderr
+    verdict = [ln for ln in plain.stdout.splitlines() if ln.strip().startswith("FAIL host ")]
+    assert verdict and verdict[0] in done.stdout.splitlines()
+    assert "origin:" not in plain.stdout
+
+
+def test_the_html_report_plots_the_matched_share_of_a_check_with_an_origin(checked: Any) -> None:
+    _, _, folder = checked
+    page = (folder / "index.html").read_text()
+    assert "where it diverged" in page
+    plots = sorted(p.name for p in folder.glob("origin_*.png"))
+    assert plots == ["origin_00_forward.png"], plots  # host and kl have no origin to plot
+    assert f'src="{plots[0]}"' in page
+
+
+def test_bisect_names_the_origin_between_the_first_bad_commit_and_its_parent(
+    project: tuple[Path, str, str], run_parity: Callable[..., Any]
+) -> None:
+    repo, good, bad = project
+    report = repo.parent / "bisect.json"
+    done = run_parity(repo, "bisect", good, "HEAD", "--groups", "forward", "--json", str(report))
+    assert done.returncode == 0, done.stdout + done.stderr
+    doc = json.loads(report.read_text())
+    assert doc["first_bad_commit"] == bad
+    assert doc["origin"]["function"] == "mix" and doc["origin"]["file"] == MODEL_FILE
+    assert doc["origin"]["line"] == _bug_line()
+    assert f"origin: mul at {MODEL_FILE}:{_bug_line()} in mix" in done.stdout
+
+
+def test_a_program_past_the_byte_limit_is_said_too_large_not_recorded() -> None:
+    import jax.numpy as jnp
+
+    from parity.origin import LocaliseError, record
+
+    x = jnp.ones((64, 64), jnp.float32)  # 16 KiB per value
+
+    def fn(x):
+        return jnp.tanh(x) * 2 + 1
+
+    assert record(fn, x, max_bytes=1 << 20).outputs  # well under the limit: recorded
+    with pytest.raises(LocaliseError, match="too large to record"):
+        record(fn, x, max_bytes=40_000)
