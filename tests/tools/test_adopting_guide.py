@@ -11,32 +11,23 @@ behind), so that rewriting the guide cannot bless a regression."""
 
 from __future__ import annotations
 
-import importlib.util
+import importlib
 import json
+import subprocess
 import sys
 import tomllib
 from collections.abc import Callable
 from pathlib import Path
-from types import ModuleType
 from typing import Any
 
 import pytest
 
 ROOT = Path(__file__).resolve().parents[2]
+TOOL = ROOT / "tools" / "adopting_guide.py"
 
-
-def _load_tool() -> ModuleType:
-    spec = importlib.util.spec_from_file_location(
-        "adopting_guide", ROOT / "tools" / "adopting_guide.py"
-    )
-    assert spec is not None and spec.loader is not None
-    module = importlib.util.module_from_spec(spec)
-    sys.modules[spec.name] = module  # dataclasses look their module up there
-    spec.loader.exec_module(module)
-    return module
-
-
-guide = _load_tool()
+# tools/guide/, the tool's package: tools/ is on sys.path when the tool runs as a script.
+sys.path.insert(0, str(ROOT / "tools"))
+guide = importlib.import_module("guide")
 
 # --------------------------------------------------------------------------- normalising
 
@@ -161,7 +152,7 @@ def test_every_figure_the_prose_quotes_is_the_one_its_output_prints() -> None:
     committed = guide.GUIDE.read_text()
     done = _as_printed(committed)
     assert guide.render(committed, guide.parse(committed), done) == committed
-    figures = guide._FIGURE.findall(committed)
+    figures = guide.FIGURE.findall(committed)
     assert len(figures) >= 2, "section 8 quotes worst/bound and the logits' spread"
     _, pattern, value = figures[0]
     wrong = committed.replace(f"{pattern} -->{value}<", f"{pattern} -->0.0358<", 1)
@@ -170,6 +161,16 @@ def test_every_figure_the_prose_quotes_is_the_one_its_output_prints() -> None:
     broken = committed.replace(pattern, "^no such line (here)$", 1)
     with pytest.raises(guide.GuideError, match="printed no such line"):
         guide.render(broken, guide.parse(broken), done)
+
+
+def test_the_command_line_imports_its_package_from_any_folder(tmp_path: Path) -> None:
+    """`python tools/adopting_guide.py` finds tools/guide/ wherever it is run from (its
+    folder is on sys.path as a script's)."""
+    proc = subprocess.run(
+        [sys.executable, str(TOOL), "--help"], cwd=tmp_path, capture_output=True, text=True
+    )
+    assert proc.returncode == 0, proc.stderr
+    assert "--check" in proc.stdout and "--write" in proc.stdout and "--keep" in proc.stdout
 
 
 def test_the_install_sentences_agree_with_pyproject_and_readme() -> None:
