@@ -4,39 +4,33 @@ throwaway project (tinymlp, a fresh git repository built from the guide's own fi
 a `lax.scan` refactor, the pytest fixture passing, a commit that breaks layer 1 (the red
 check naming its key, `--save-actual` and `parity diff`, the failing pytest test), a
 bisect naming that commit without touching the checkout, a revert, a 2x2 check, calibrate,
-`repin --classes-only` and the calibrated 2x2 check. One walk serves two kinds of test: the
+`repin --classes-only` (the logits `bitwise`) and the calibrated 2x2 check, a 1e-6 logits
+bug on another ISA that `bitwise` and the base catch and `calibrated` passes "not exact",
+and the origin of a bug named from the logits alone (`parity.localise`,
+`assert_equivalent(new_fn=, old_fn=)`). One walk serves two kinds of test: the
 committed guide must equal the fresh rendering beyond the normalisation, and the walk must
 tell the story the guide tells (exit codes, the key and the commit named, nothing left
 behind), so that rewriting the guide cannot bless a regression."""
 
 from __future__ import annotations
 
-import importlib.util
+import importlib
 import json
+import subprocess
 import sys
 import tomllib
 from collections.abc import Callable
 from pathlib import Path
-from types import ModuleType
 from typing import Any
 
 import pytest
 
 ROOT = Path(__file__).resolve().parents[2]
+TOOL = ROOT / "tools" / "adopting_guide.py"
 
-
-def _load_tool() -> ModuleType:
-    spec = importlib.util.spec_from_file_location(
-        "adopting_guide", ROOT / "tools" / "adopting_guide.py"
-    )
-    assert spec is not None and spec.loader is not None
-    module = importlib.util.module_from_spec(spec)
-    sys.modules[spec.name] = module  # dataclasses look their module up there
-    spec.loader.exec_module(module)
-    return module
-
-
-guide = _load_tool()
+# tools/guide/, the tool's package: tools/ is on sys.path when the tool runs as a script.
+sys.path.insert(0, str(ROOT / "tools"))
+guide = importlib.import_module("guide")
 
 # --------------------------------------------------------------------------- normalising
 
@@ -161,8 +155,8 @@ def test_every_figure_the_prose_quotes_is_the_one_its_output_prints() -> None:
     committed = guide.GUIDE.read_text()
     done = _as_printed(committed)
     assert guide.render(committed, guide.parse(committed), done) == committed
-    figures = guide._FIGURE.findall(committed)
-    assert len(figures) >= 2, "section 8 quotes worst/bound and the logits' spread"
+    figures = guide.FIGURE.findall(committed)
+    assert len(figures) >= 2, "the prose quotes figures in sections 4, 8, 9 and 10"
     _, pattern, value = figures[0]
     wrong = committed.replace(f"{pattern} -->{value}<", f"{pattern} -->0.0358<", 1)
     fresh = guide.render(wrong, guide.parse(wrong), done)
@@ -170,6 +164,16 @@ def test_every_figure_the_prose_quotes_is_the_one_its_output_prints() -> None:
     broken = committed.replace(pattern, "^no such line (here)$", 1)
     with pytest.raises(guide.GuideError, match="printed no such line"):
         guide.render(broken, guide.parse(broken), done)
+
+
+def test_the_command_line_imports_its_package_from_any_folder(tmp_path: Path) -> None:
+    """`python tools/adopting_guide.py` finds tools/guide/ wherever it is run from (its
+    folder is on sys.path as a script's)."""
+    proc = subprocess.run(
+        [sys.executable, str(TOOL), "--help"], cwd=tmp_path, capture_output=True, text=True
+    )
+    assert proc.returncode == 0, proc.stderr
+    assert "--check" in proc.stdout and "--write" in proc.stdout and "--keep" in proc.stdout
 
 
 def test_the_install_sentences_agree_with_pyproject_and_readme() -> None:
@@ -281,6 +285,38 @@ def test_the_walk_tells_the_story_the_guide_tells(walked) -> None:
         assert multi.returncode == 0 and "2 processes x 2 devices (4 in all)" in multi.output
     assert "0 key(s) passed by calibration alone" in done.step("calibrated-check").output
 
+    # A 1e-6 logits bug off the pin's machine: bitwise and the base catch it; calibrated,
+    # and bitwise with the second judge off, pass it and say so on the verdict line.
+    caught = done.step("small-bug", "parity check")
+    assert caught.returncode == 1
+    assert "logits [bitwise, fail], first differing element at index" in caught.output
+    assert " vs base " in caught.output
+    for flag, why in (
+        ("--override 'logits=calibrated'", "(logits) passed their calibrated bound"),
+        ("--baseline off", "(logits) failed their pinned class and passed by calibration alone"),
+    ):
+        passed = done.step("small-bug", f"parity check --isa AVX {flag}")
+        verdict = _verdict(passed.output)
+        assert passed.returncode == 0 and verdict.startswith("parity: PASS (0 of 4"), verdict
+        assert ", not exact: " in verdict and why in verdict, verdict
+
+    # The origin of the dropped transpose, named from the logits alone at the changed line.
+    source = (done.project / "src" / "tinymlp" / "__init__.py").read_text().splitlines()
+    bug = [i + 1 for i, line in enumerate(source) if "x @ w + b" in line]
+    assert len(bug) == 1, source
+    named = done.step("origin")
+    assert named.returncode == 0
+    assert f"localise: dot_general at src/tinymlp/__init__.py:{bug[0]} in " in named.output
+    assert f"origin: dot_general at {done.project}/src/tinymlp/__init__.py:{bug[0]} in " in (
+        named.output
+    )
+    assert "in forward.<locals>.dense: " in named.output
+
     status = done.step("done", "git status").output.splitlines()
     assert status and all(line.startswith("!! ") for line in status), status
     assert list(done.tmp.iterdir()) == []  # no temporary worktree, golden or log left
+
+
+def _verdict(output: str) -> str:
+    """The verdict line of a check's output (the first that starts `parity: `)."""
+    return next(line for line in output.splitlines() if line.startswith("parity: "))
