@@ -212,9 +212,12 @@ def _words(text: str, limit: int) -> str:
     return flat[:limit].rsplit(" ", 1)[0] + " ..."
 
 
-def _ranked(closed: Any, shapes: Any) -> tuple[list[str], bool]:
+def _ranked(closed: Any, shapes: Any, declared: Sequence[str] = ()) -> tuple[list[str], bool]:
     """The output keys of a traced program, earliest computed first, and whether any
-    output is computed by it at all (not an input or a constant)."""
+    output is computed by it at all (not an input or a constant). Outputs computed at one
+    place (the outputs of one call, a dict's values fanned out of one stacked array) keep
+    the order of `declared` where given, else the flattened outputs' own (a dict's keys as
+    jax sorts them)."""
     import jax
 
     leaves, treedef = jax.tree_util.tree_flatten(shapes)
@@ -223,7 +226,8 @@ def _ranked(closed: Any, shapes: Any) -> tuple[list[str], bool]:
     jaxpr = closed.jaxpr
     seen: dict[int, dict[Any, tuple[int, int]]] = {}
     places = [_position(v, jaxpr, seen) for v in jaxpr.outvars]
-    ranked = sorted(range(len(leaves)), key=lambda j: places[j])
+    rank = {k: i for i, k in enumerate(declared)}
+    ranked = sorted(range(len(leaves)), key=lambda j: (places[j], rank.get(keys.get(j, ""), j)))
     return [keys[j] for j in ranked if j in keys], any(p != (-1,) for p in places)
 
 
@@ -271,11 +275,12 @@ def numpy_conversions() -> Iterator[list[Any]]:
         jax.device_get = get
 
 
-def traced_order(fn: Callable[[], Any]) -> list[str] | None:
+def traced_order(fn: Callable[[], Any], declared: Sequence[str] = ()) -> list[str] | None:
     """The dataflow order of `fn()`'s outputs, traced under `numpy_conversions` (a function
     that converts its outputs to numpy at the end traces to the program that computed
-    them); None where no output is computed by the program. Raises `DataflowError` where
-    `fn` does not trace even so."""
+    them); None where no output is computed by the program. Outputs computed at one place
+    keep their order in `declared` (the keys as the function returned them). Raises
+    `DataflowError` where `fn` does not trace even so."""
     import jax
 
     with numpy_conversions():
@@ -286,7 +291,7 @@ def traced_order(fn: Callable[[], Any]) -> list[str] | None:
                 f"{getattr(fn, '__name__', fn)!s} does not trace, so its dataflow order cannot "
                 f"be read from its program ({type(e).__name__}: {_words(str(e), 200)})"
             ) from None
-    order, computed = _ranked(closed, shapes)
+    order, computed = _ranked(closed, shapes, declared)
     return order if computed else None
 
 

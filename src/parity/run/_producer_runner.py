@@ -170,7 +170,7 @@ def _forward_order(
 
     states = random.getstate(), np.random.get_state()
     try:
-        order = traced_order(group)
+        order = traced_order(group, declared=list(arrays))
     except DataflowError as e:
         _log(f"the forward order stays the declared one: {e.reason}")
         return DECLARED, arrays
