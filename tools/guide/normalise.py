@@ -8,7 +8,9 @@ matches the one in `git log`); any other hex string of 7+ characters with a lett
 digit (`<hex>`); git's dates (`<date>`, in `git revert`'s summary); timings (`1.9s`,
 `12.3 s`, `40ms`: `<t>`); local ports (`localhost:<port>`); and the host's list of XLA ISA
 caps in calibrate's header (`host ISA caps <this host's>`), the one line that depends on
-the machine rather than the run. Numbers, keys, verdicts and words are compared as printed;
+the machine rather than the run; and the plugin's count of compiles and cache loads
+(`compiled <n> ... loaded <n>`), which depends on what the machine's compilation cache
+already held. Numbers, keys, verdicts and words are compared as printed;
 lines lose trailing whitespace. jaxlib's "[Gloo] Rank 0 is connected to N peer ranks" lines
 are not normalised away: the multi-process launcher echoes worker 0's output as it comes,
 and with jaxlib 0.10.2 it carries none.
@@ -33,6 +35,7 @@ def stand_in(subject: str) -> str:
 _HEX = re.compile(r"\b[0-9a-f]{7,40}\b")
 _TIMING = re.compile(r"\b\d+(?:\.\d+)? ?(?:ms|s)\b")
 _PORT = re.compile(r"\b(localhost|127\.0\.0\.1):\d+\b")
+_COMPILES = re.compile(r"XLA compiled \d+ program\(s\) and loaded \d+")
 _HOST_CAPS = re.compile(r"host ISA caps [A-Z0-9_]+(?:, [A-Z0-9_]+)*")
 # git's default date format, as `git revert` prints it ("Date: Wed Dec 2 06:12:14 2026 +0000")
 _DATE = re.compile(
@@ -71,5 +74,6 @@ def normalise(text: str, *, root: str | Path, shas: Mapping[str, str]) -> str:
     text = _DATE.sub("<date>", text)
     text = _TIMING.sub("<t>", text)
     text = _PORT.sub(r"\1:<port>", text)
+    text = _COMPILES.sub("XLA compiled <n> program(s) and loaded <n>", text)
     text = _HOST_CAPS.sub("host ISA caps <this host's>", text)
     return "\n".join(line.rstrip() for line in text.split("\n"))

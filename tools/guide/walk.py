@@ -9,8 +9,9 @@ PYTEST_*, GIT_*, PYTHONPATH, PYTHONDONTWRITEBYTECODE, PYTHONWARNINGS, CI or BUIL
 (under either, pytest prints its summary lines whole), FORCE_COLOR, PY_COLORS or NO_COLOR.
 Fixed on top: a git identity and no global or system git configuration, COLUMNS=80
 (pytest's rule width), LC_ALL=C.UTF-8 (git's messages), XDG_CACHE_HOME beside the project
-(`~/cache`: the user's cache folder, where `parity` keeps re-produced bases and the
-machine's jax compilation cache, so every walk starts with both empty), and
+(`~/cache`: the user's cache folder, where `parity` keeps re-produced bases, so every walk
+starts with none), PARITY_JAX_CACHE the caller's machine compilation cache (a program
+compiled by an earlier walk or test is loaded, with the same bits), and
 PYTHONUNBUFFERED=1, so that stdout and stderr, read through one pipe, interleave as on a
 terminal (where stdout is line-buffered) instead of stdout arriving last.
 
@@ -111,8 +112,21 @@ def environment(tmp: Path) -> dict[str, str]:
         GIT_CONFIG_NOSYSTEM="1",
         # A fresh user's cache folder, beside the project: where re-produced bases go.
         XDG_CACHE_HOME=str(tmp.parent / "cache"),
+        # The machine's jax compilation cache, the caller's: a cache hit gives the same
+        # bits as a compile, so only the plugin's compile count differs (normalised).
+        PARITY_JAX_CACHE=_compile_cache(),
     )
     return env
+
+
+def _compile_cache() -> str:
+    """The compilation cache the caller's parity uses (resolved by its plugin, or set by the
+    user), else parity's default, `~/.cache/parity/jax`."""
+    for name in ("PARITY_RESOLVED_JAX_CACHE", "PARITY_JAX_CACHE"):
+        if os.environ.get(name):
+            return os.environ[name]
+    home = os.environ.get("XDG_CACHE_HOME") or str(Path.home() / ".cache")
+    return str(Path(home) / "parity" / "jax")
 
 
 def apply_edit(path: Path, block: str) -> None:
