@@ -140,6 +140,6 @@ def inexact(comparison: Comparison, why: BaseUnavailable | None, against: str) -
         parts.append(
             f"{len(loose)} key(s) ({_keys(loose)}) passed their calibrated bound, not bit for "
             f"bit against {against}; a key that reproduces here is judged bit for bit under "
-            "`bitwise` (docs/adopting.md)"
+            "`bitwise` (docs/adopting.md, section 9)"
         )
     return "; ".join(parts)

@@ -22,7 +22,7 @@ so they compare bitwise).
 from __future__ import annotations
 
 import argparse
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import IO, Any
@@ -50,7 +50,6 @@ from parity.judge.chunks import DEFAULT_BUDGET, Block
 from parity.judge.compare import Comparison
 from parity.report import format_table, write_html, write_json
 from parity.results import CheckError
-from parity.run.config import load_config
 from parity.store import GoldenFile
 
 __all__ = ["DiffResult", "add_parser", "run", "run_diff"]
@@ -157,7 +156,7 @@ def run_diff(
     class_name: str | None = None,
     overrides: Sequence[tuple[str, str]] = (),
     budget: int = DEFAULT_BUDGET,
-    drift_mode: PolicyMode = "warn",
+    drift_mode: PolicyMode | Callable[[], PolicyMode] = "warn",
 ) -> DiffResult:
     """Compare every array of the file `actual` against the file `golden`: a check
     (`parity.check.check_file`) with GOLDEN as the golden file (its pinned classes, forward
@@ -176,7 +175,9 @@ def run_diff(
     - `overrides`: `(pattern, class)` rules tried before everything else.
     - `budget`: bytes one array comparison may hold at once (default 512 MiB).
     - `drift_mode`: the bitwise drift policy (`parity.environment`), over ACTUAL's
-      provenance against GOLDEN's; a file that records none is not compared.
+      provenance against GOLDEN's; a file that records none is not compared. A callable is
+      asked only where the two environments differ in a way that can move bits (the
+      command line's reads `[tool.parity]`, which an identical environment never needs).
 
     **Returns:** a `DiffResult`. Raises `CLIError` for unusable input: a missing, truncated,
     corrupt or unsafe file, an unknown class, or arrays parity cannot compare.
@@ -189,12 +190,15 @@ def run_diff(
         source = _classes_source(gf, class_name, overrides)
         with read_errors(af, None, "ACTUAL"):
             arrays = {k: _side(af, k, "ACTUAL", gf) for k in af}
+        difference = environment_difference(gf.provenance or None, af.provenance or None)
+        if callable(drift_mode):
+            drift_mode = drift_mode() if difference.moves_bits else "warn"
         try:
             result = check_file(
                 arrays,
                 gf,
                 current=af.provenance,
-                difference=environment_difference(gf.provenance or None, af.provenance or None),
+                difference=difference,
                 class_map=class_name,
                 overrides=overrides,
                 drift_mode=drift_mode,
@@ -251,6 +255,12 @@ def add_parser(sub: Any, help: str) -> None:
     report_flag(diff, old="--html")
 
 
+def _project_drift() -> PolicyMode:
+    from parity.run.config import load_config
+
+    return load_config().drift
+
+
 def run(args: argparse.Namespace, out: IO[str]) -> int:
     overrides = overrides_of(args)
     result = run_diff(
@@ -260,7 +270,7 @@ def run(args: argparse.Namespace, out: IO[str]) -> int:
         overrides=overrides,
         budget=args.memory * 2**20,
         # ACTUAL's environment against GOLDEN's, as in a check: the project's policy, if any
-        drift_mode=args.drift or load_config().drift,
+        drift_mode=args.drift or _project_drift,
     )
     out.write(format_table(result.comparison, header=result.header))
     title = f"parity diff: {args.actual} against {args.golden}"

@@ -166,12 +166,13 @@ def _compiles(config: pytest.Config) -> compile_count.Counts:
 def pytest_terminal_summary(terminalreporter: Any, exitstatus: int, config: pytest.Config) -> None:
     if getattr(config, "workeroutput", None) is not None:
         return
-    terminalreporter.write_line(f"parity: {_compiles(config).line()}")
     summary = config.stash.get(_SUMMARY, None)
-    if summary is None:
-        return
     tr = terminalreporter
+    if summary is None:  # no check ran: the compile count alone, on one line
+        tr.write_line(f"parity: {_compiles(config).line()}")
+        return
     tr.section("parity")
+    tr.write_line(_compiles(config).line())
     results, merged = summary.session.results, summary.session.merged
     # The per-class table and each failing check's first divergence; every failing key was
     # already printed by its test, so keep the summary short.
