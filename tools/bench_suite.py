@@ -112,7 +112,7 @@ def _print(run: Run) -> None:
 
 
 def main(argv: list[str] | None = None) -> int:
-    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    p = argparse.ArgumentParser(description=(__doc__ or "").split("\n\n")[0])
     p.add_argument("--target", choices=[*COMMANDS, "both"], default="both")
     p.add_argument("--warm", type=int, default=1, help="warm runs after the cold one")
     p.add_argument("--keep", action="store_true", help="keep the clone, caches and outputs")
