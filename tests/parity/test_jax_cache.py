@@ -111,3 +111,60 @@ def test_a_producer_process_inherits_the_machine_cache(
     off = isolated_env(2)
     assert off["JAX_ENABLE_COMPILATION_CACHE"] == "false"
     assert "JAX_COMPILATION_CACHE_DIR" not in off
+
+
+_DISTRIBUTED = """
+import json, sys
+from pathlib import Path
+import jax
+jax.config.update("jax_cpu_collectives_implementation", "gloo")
+jax.config.update("jax_num_cpu_devices", 2)
+pid = int(sys.argv[2])
+jax.distributed.initialize(sys.argv[3], 2, pid)
+from parity.run import compile_count, jax_cache
+jax_cache.enable(Path(sys.argv[1]))
+compile_count.install()
+import numpy as np
+from jax.sharding import Mesh, NamedSharding, PartitionSpec as P
+mesh = Mesh(np.array(jax.devices()), ("dp",))
+x = jax.make_array_from_process_local_data(
+    NamedSharding(mesh, P("dp")), np.full((2, 3), pid + 1.0, np.float32))
+total = float(jax.jit(lambda a: (a * 2.0 + 1.0).sum())(x))
+c = compile_count.counts()
+print(json.dumps({"total": total, "compiled": c.compiled, "loaded": c.loaded}))
+"""
+
+
+def _distributed_run(root: Path) -> list[dict]:
+    import socket
+
+    with socket.socket() as s:
+        s.bind(("localhost", 0))
+        port = s.getsockname()[1]
+    env = {k: v for k, v in os.environ.items() if not k.startswith(("JAX_", "PARITY_"))}
+    env |= {"JAX_PLATFORMS": "cpu", "XLA_FLAGS": "--xla_cpu_max_isa=AVX2"}
+    procs = [
+        subprocess.Popen(
+            [sys.executable, "-c", _DISTRIBUTED, str(root), str(pid), f"localhost:{port}"],
+            env=env,
+            stdout=subprocess.PIPE,
+            stderr=subprocess.PIPE,
+            text=True,
+        )
+        for pid in range(2)
+    ]
+    return [_finish(p) for p in procs]
+
+
+def test_every_process_of_a_distributed_run_loads_its_programs_the_second_time(
+    tmp_path: Path,
+) -> None:
+    """jax writes cache entries from process 0 only, and on CPU process 1's keys differ
+    from process 0's (the topology fingerprint): process 1 compiled everything on every
+    run until each process wrote its own entries."""
+    first = _distributed_run(tmp_path)
+    second = _distributed_run(tmp_path)
+    # 2 devices of process 0 hold 1.0, process 1's hold 2.0: 6 * 3 + 6 * 5
+    assert [r["total"] for r in first + second] == [48.0] * 4
+    assert [r["compiled"] for r in first] != [0, 0], first  # a cold run compiles
+    assert [r["compiled"] for r in second] == [0, 0], second

@@ -107,6 +107,10 @@ def _join_run() -> tuple[int, int] | None:
         return None
     process_id, processes, coordinator = place
     initialize(coordinator, processes, process_id)
+    if os.environ.get("JAX_COMPILATION_CACHE_DIR"):  # the machine's cache: every process
+        from parity.run.jax_cache import write_from_every_process  # writes its programs
+
+        write_from_every_process()
     _log(f"process {process_id} of {processes} joined the run at {coordinator}")
     return process_id, processes
 

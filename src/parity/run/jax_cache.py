@@ -22,6 +22,14 @@ Two facts of jax 0.10's cache decide how (read in `jax/_src/cache_key.py` and
   `filelock` lock around every read and write (and evicts the least recently used entries
   beyond the limit): one writer at a time and no torn read. parity always sets a limit.
 
+- **Only process 0 of a distributed run writes, and the others' keys differ from its.**
+  jax hashes the CPU topology's fingerprint into every key, and on CPU that fingerprint
+  differs per process (process 1's never equals process 0's), while jax's `_cache_write`
+  skips every process but 0 (to spare shared filesystems concurrent writers). So process
+  1 of a 2-process session found nothing and compiled everything on every run.
+  `write_from_every_process` lets each process write its own entries (under its own key:
+  no two processes write one file, and the lock serialises the folder).
+
 The folder holds a subfolder per processor (`parity.store.provenance.cpu_signature`):
 XLA's CPU code is built for the host, so a home folder shared by machines of different
 processors never hands one machine another's kernels.
@@ -38,7 +46,7 @@ import hashlib
 import os
 from collections.abc import Mapping
 from pathlib import Path
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 from parity.store.provenance import cpu_signature
 
@@ -55,6 +63,7 @@ __all__ = [
     "folder_for",
     "for_children",
     "resolve",
+    "write_from_every_process",
 ]
 
 #: Where the plugin (or a command) records the cache root it resolved, for the processes
@@ -101,7 +110,60 @@ def enable(root: Path) -> Path:
     folder.mkdir(parents=True, exist_ok=True)
     for name, value in _settings(folder).items():
         jax.config.update(name, value)
+    write_from_every_process()
     return folder
+
+
+def write_from_every_process() -> bool:
+    """Let every process of a distributed run write its own compiled programs to the cache,
+    not only process 0 (module docstring). This wraps a private function of jax
+    (`jax._src.compiler._cache_write`, jax 0.10); where jax has none of that shape, it
+    changes nothing and returns False, and the other processes compile as jax made them.
+    Idempotent."""
+    import inspect
+
+    from jax._src import compilation_cache, compiler, distributed
+
+    original = getattr(compiler, "_cache_write", None)
+    if original is None or getattr(original, "_parity_every_process", False):
+        return original is not None
+    expected = ["cache_key", "compile_time_secs", "module_name", "backend", "executable",
+                "host_callbacks"]  # fmt: skip
+    if list(inspect.signature(original).parameters) != expected:
+        return False
+
+    def _cache_write(
+        cache_key: str,
+        compile_time_secs: float,
+        module_name: str,
+        backend: Any,
+        executable: Any,
+        host_callbacks: Any,
+    ) -> None:
+        if distributed.global_state.process_id in (None, 0) or host_callbacks:
+            return original(
+                cache_key, compile_time_secs, module_name, backend, executable, host_callbacks
+            )
+        import jax
+
+        if compile_time_secs < jax.config.jax_persistent_cache_min_compile_time_secs:  # pyright: ignore[reportAttributeAccessIssue]
+            return None
+        try:
+            compilation_cache.put_executable_and_time(
+                cache_key, module_name, executable, backend, int(compile_time_secs)
+            )
+        except Exception as e:  # as jax's own writer: a failed write is a warning
+            import warnings
+
+            warnings.warn(
+                f"parity: cannot write compilation cache entry {module_name!r}: {e}",
+                stacklevel=2,
+            )
+        return None
+
+    _cache_write._parity_every_process = True  # pyright: ignore[reportFunctionMemberAccess]
+    compiler._cache_write = _cache_write
+    return True
 
 
 def child_env(root: Path | None) -> dict[str, str]:
