@@ -444,7 +444,8 @@ def test_a_producer_that_ends_in_numpy_keeps_the_dataflow_order(
         [sys.executable, "-m", "pytest", "-q", "-p", "no:randomly", "-p", "no:cacheprovider",
          "--parity-jax-cache", "none", "test_tree_map.py"],
         cwd=repo, capture_output=True, text=True, timeout=300,
-        env={**os.environ, "PYTHONPATH": f"{repo / 'src'}:{repo}:{os.environ['PYTHONPATH']}"},
+        env={**os.environ, "PYTHONPATH": os.pathsep.join(
+            [str(repo / "src"), str(repo), *filter(None, [os.environ.get("PYTHONPATH")])])},
     )  # fmt: skip
     assert plugin.returncode == 1, plugin.stdout + plugin.stderr
     assert "first breaking its class: taps.ln0" in plugin.stdout, plugin.stdout
