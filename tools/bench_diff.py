@@ -154,19 +154,6 @@ def parity_diff(actual: Path, golden: Path) -> bool:
     return result.comparison.passed
 
 
-_RAW_PROCESS = """
-import sys
-import h5py
-import numpy as np
-
-with h5py.File(sys.argv[1], "r") as fa, h5py.File(sys.argv[2], "r") as fg:
-    names = []
-    fg.visititems(lambda n, o: names.append(n) if isinstance(o, h5py.Dataset) else None)
-    ok = all(np.array_equal(fa[n][()], fg[n][()]) for n in names)
-print("equal" if ok else "differ")
-"""
-
-
 def _median_s(fn: Callable[[], Any], repeats: int) -> float:
     fn()  # warm the page cache and imports
     times = []
@@ -255,7 +242,7 @@ def main(argv: list[str] | None = None) -> int:
             lambda: subprocess.run(cli_plain, check=True, capture_output=True, env=env),
             args.repeats,
         )
-        raw_proc = [sys.executable, "-c", _RAW_PROCESS, str(qa), str(qg)]
+        raw_proc = [sys.executable, "-c", bench_startup.RAW_PROCESS, str(qa), str(qg)]
         raw_wall_s = _median_s(lambda: _run(raw_proc), args.repeats)
         imp = [sys.executable, "-c", "import parity.cli"]
         import_s = _median_s(lambda: _run(imp), args.repeats)

@@ -49,7 +49,8 @@ from parity.judge.tolerance import ClassMap
 from parity.store import write_goldens
 from parity.store.provenance import collect_provenance
 
-_RAW_PROCESS = """
+#: The plain process parity diff is measured against (tools/bench_diff.py uses it too).
+RAW_PROCESS = """
 import sys
 import h5py
 import numpy as np
@@ -113,7 +114,7 @@ def measure(paths: dict[str, Path], rounds: int, bytecode: str) -> dict[str, Any
     **returns** per command its wall and CPU times, medians and ratios to `raw`."""
     py = sys.executable
     commands = {
-        "raw": [py, "-c", _RAW_PROCESS, str(paths["actual_plain"]), str(paths["golden_plain"])],
+        "raw": [py, "-c", RAW_PROCESS, str(paths["actual_plain"]), str(paths["golden_plain"])],
         "parity diff": [py, "-m", "parity", "diff", str(paths["actual"]), str(paths["golden"])],
         "parity diff, plain files": [
             py,
