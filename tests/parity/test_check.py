@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import json
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 import pytest
@@ -235,9 +236,10 @@ def test_a_diff_judges_actual_s_environment_by_the_golden_s_calibration(tmp_path
         run_diff(actual, golden, drift_mode="strict")
 
 
-def test_judged_by_the_base_the_header_keeps_no_drift_that_moves_bits(tmp_path: Path) -> None:
-    """The base re-produced here shares this environment: its drift cannot explain a
-    failure, so the header drops that line and keeps the informational one."""
+def _pinned_with_a_base_and_one_ulp_moved(tmp_path: Path) -> tuple[dict, Path, Any, dict]:
+    """Group g pinned here on 1 device at base b..b, a stand-in base source that re-produces
+    the goldens bit for bit, and the arrays with `plain[0]` one ulp up: `(provenance,
+    goldens, base, arrays)`."""
     from parity.base_judge import ReproducedBase
 
     here = collect_provenance() | {"device_count": 1, "processes": 1, "base_sha": "b" * 40}
@@ -252,8 +254,15 @@ def test_judged_by_the_base_the_header_keeps_no_drift_that_moves_bits(tmp_path: 
 
     mutated = _arrays()
     mutated["plain"][0] = np.nextafter(mutated["plain"][0], np.float32(9))
+    return here, goldens, Base(), mutated
+
+
+def test_judged_by_the_base_the_header_keeps_no_drift_that_moves_bits(tmp_path: Path) -> None:
+    """The base re-produced here shares this environment: its drift cannot explain a
+    failure, so the header drops that line and keeps the informational one."""
+    here, goldens, base, mutated = _pinned_with_a_base_and_one_ulp_moved(tmp_path)
     elsewhere = here | {"device_count": 4, "numpy": "0.0.elsewhere"}
-    result = check_group(mutated, "g", goldens=goldens, current_provenance=elsewhere, base=Base())
+    result = check_group(mutated, "g", goldens=goldens, current_provenance=elsewhere, base=base)
     assert not result.passed and result.comparison.finding("plain").verdict == "fail"
     assert result.header["judge"].startswith("the base re-produced here at bbbbbbbbbbbb")
     drift = [v for k, v in result.header.items() if k.startswith("drift")]
@@ -268,22 +277,9 @@ def test_judged_by_the_base_a_failure_is_vs_base_and_the_base_is_not_called_cali
 ) -> None:
     """The base reproduced the goldens bit for bit: nothing was calibrated, so the judge
     line does not say "calibrated noise"; the failure is named against the base."""
-    from parity.base_judge import ReproducedBase
-
-    here = collect_provenance() | {"device_count": 1, "processes": 1, "base_sha": "b" * 40}
-    goldens = tmp_path / "goldens"
-    goldens.mkdir()
-    _pin(goldens, here)
-    base_file = write_goldens(tmp_path / "base.h5", _arrays(), order=_KEYS)
-
-    class Base:
-        def reproduce(self, group, pinned, current) -> ReproducedBase:
-            return ReproducedBase(base_file, str(pinned["base_sha"]), cached=True)
-
-    mutated = _arrays()
-    mutated["plain"][0] = np.nextafter(mutated["plain"][0], np.float32(9))
+    here, goldens, base, mutated = _pinned_with_a_base_and_one_ulp_moved(tmp_path)
     elsewhere = here | {"device_count": 4}
-    result = check_group(mutated, "g", goldens=goldens, current_provenance=elsewhere, base=Base())
+    result = check_group(mutated, "g", goldens=goldens, current_provenance=elsewhere, base=base)
     judge = result.header["judge"]
     assert "itself within the goldens' pinned classes: bit for bit equal" in judge, judge
     assert "calibrated" not in judge
