@@ -40,7 +40,7 @@ from typing import Any
 from parity.base_judge import BaseUnavailable, ReproducedBase
 from parity.environment import environment_difference, environment_fingerprint
 from parity.judge.tolerance import ClassMap
-from parity.run.config import ParityConfig
+from parity.run.config import ParityConfig, user_cache_folder
 from parity.run.launcher import ProducerRunError, RepinError, load_runner_output, run_producers
 from parity.run.processes import WorkerFailed
 from parity.run.repin import class_of
@@ -73,9 +73,7 @@ def cache_dir(config: ParityConfig | None = None) -> Path:
         return Path(raw).expanduser().resolve()
     if config is not None and config.baseline_cache is not None:
         return config.baseline_cache
-    xdg = os.environ.get("XDG_CACHE_HOME")
-    base = Path(xdg) if xdg else Path.home() / ".cache"
-    return base / "parity" / "baselines"
+    return user_cache_folder("baselines")
 
 
 @dataclass(frozen=True)

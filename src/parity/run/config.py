@@ -206,6 +206,13 @@ def split_override(text: str) -> tuple[str, str] | None:
     return (pattern, name) if sep and pattern and name else None
 
 
+def user_cache_folder(name: str) -> Path:
+    """`name` under parity's folder in the user's cache folder: `$XDG_CACHE_HOME/parity/NAME`,
+    else `~/.cache/parity/NAME` (the re-produced bases, the compilation cache)."""
+    xdg = os.environ.get("XDG_CACHE_HOME")
+    return (Path(xdg) if xdg else Path.home() / ".cache") / "parity" / name
+
+
 def find_pyproject(start: str | os.PathLike[str] | None = None) -> Path | None:
     """The first `pyproject.toml` in `start` (default the working directory) or above it."""
     here = Path(start if start is not None else Path.cwd()).resolve()

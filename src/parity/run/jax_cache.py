@@ -77,9 +77,9 @@ MAX_BYTES = 8 * 1024**3
 
 def default_folder() -> Path:
     """`$XDG_CACHE_HOME/parity/jax`, else `~/.cache/parity/jax`: beside the bases."""
-    xdg = os.environ.get("XDG_CACHE_HOME")
-    base = Path(xdg) if xdg else Path.home() / ".cache"
-    return base / "parity" / "jax"
+    from parity.run.config import user_cache_folder
+
+    return user_cache_folder("jax")
 
 
 def folder_for(root: Path) -> Path:
