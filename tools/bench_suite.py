@@ -19,7 +19,10 @@ loaded from the cache (`PARITY_COMPILE_LOG`, `parity.run.compile_count`): the py
 processes, xdist workers, the workers of a distributed session and the producer processes.
 Subprocesses of the tests that are not parity's (a test's own `python -c` script) are not
 counted. Prints, per run: seconds, the tests' outcome line, compiles and cache loads, and
-the 20 slowest tests (pytest's `--durations`).
+the 20 slowest tests (pytest's `--durations`), and where XLA's compile seconds went: the 20
+tests and the 20 program names with the most (each with how many programs were compiled and
+in how many processes: a name compiled in several processes is a program compiled again
+that a shared cache or a shared fixture could have served).
 """
 
 from __future__ import annotations
@@ -35,7 +38,7 @@ import time
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
-from parity.run.compile_count import LOG_VAR, read_log
+from parity.run.compile_count import LOG_VAR, Compiled, read_compiles, read_log
 
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -45,6 +48,8 @@ COMMANDS = {
 }
 
 _OUTCOME = re.compile(r"^=+ (.*\b(?:passed|failed|error)\b.*) in ([\d.]+)s")
+#: How many tests and program names the compile tables list.
+TOP = 20
 _DURATION = re.compile(r"^([\d.]+)s (call|setup|teardown)\s+(\S+)")
 
 
@@ -61,6 +66,8 @@ class Run:
     processes: int
     layouts: list[tuple[str, float]] = field(default_factory=list)
     slowest: list[tuple[float, str]] = field(default_factory=list)
+    by_test: list[Compiled] = field(default_factory=list)
+    by_program: list[Compiled] = field(default_factory=list)
 
 
 def _parse(output: str) -> tuple[list[tuple[str, float]], list[tuple[float, str]]]:
@@ -92,8 +99,9 @@ def run_once(target: str, kind: str, clone: Path, cache_home: Path, logs: Path) 
     (logs / f"{target}-{kind}.out").write_text(done.stdout + done.stderr)
     counts = read_log(log)
     layouts, slowest = _parse(done.stdout)
+    by_test, by_program = (read_compiles(log, by=by)[:TOP] for by in ("test", "program"))
     return Run(target, kind, round(seconds, 1), done.returncode, counts.compiled,
-               counts.loaded, counts.processes, layouts, slowest)  # fmt: skip
+               counts.loaded, counts.processes, layouts, slowest, by_test, by_program)  # fmt: skip
 
 
 def _print(run: Run) -> None:
@@ -109,6 +117,12 @@ def _print(run: Run) -> None:
         print("   slowest tests:")
         for seconds, name in run.slowest:
             print(f"   {seconds:8.1f} s  {name}")
+    for title, rows in (("tests", run.by_test), ("programs", run.by_program)):
+        if rows:
+            print(f"   compile seconds by {title} (programs compiled, in how many processes):")
+            for r in rows:
+                where = f"{r.programs:4d} in {r.processes:3d}"
+                print(f"   {r.seconds:8.1f} s  {where}  {r.name or '-'}")
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -168,3 +168,47 @@ def test_every_process_of_a_distributed_run_loads_its_programs_the_second_time(
     assert [r["total"] for r in first + second] == [48.0] * 4
     assert [r["compiled"] for r in first] != [0, 0], first  # a cold run compiles
     assert [r["compiled"] for r in second] == [0, 0], second
+
+
+_TIMED = """
+import sys
+from pathlib import Path
+from parity.run import compile_count, jax_cache
+jax_cache.enable(Path(sys.argv[1]))
+compile_count.install()
+import jax, jax.numpy as jnp
+
+def double(x):
+    return 2.0 * x
+
+def shift(x):
+    return x + 1.0
+
+x = jnp.zeros((3,), jnp.float32)
+jax.jit(double)(x).block_until_ready()
+jax.jit(shift)(x).block_until_ready()
+"""
+
+
+def test_the_compile_log_names_each_compiled_program_and_its_test_but_no_cache_load(
+    tmp_path: Path,
+) -> None:
+    """`PARITY_COMPILE_LOG` keeps, per compiled program, its name and the test that ran it
+    (`PYTEST_CURRENT_TEST`); a second process on the same cache loads both programs and adds
+    no compile under its test."""
+    from parity.run.compile_count import LOG_VAR, read_compiles, read_log
+
+    log = tmp_path / "log"
+    for test in ("a.py::first (call)", "a.py::second (call)"):
+        env = {k: v for k, v in os.environ.items() if not k.startswith(("JAX_", "PARITY_"))}
+        env |= {"JAX_PLATFORMS": "cpu", LOG_VAR: str(log), "PYTEST_CURRENT_TEST": test}
+        done = subprocess.run([sys.executable, "-c", _TIMED, str(tmp_path / "cache")],
+                              env=env, capture_output=True, text=True)  # fmt: skip
+        assert done.returncode == 0, done.stderr
+    by_program = {r.name: r for r in read_compiles(log, by="program")}
+    assert by_program["jit(double)"].programs == 1 and by_program["jit(shift)"].programs == 1
+    assert all(r.processes == 1 and r.seconds > 0 for r in by_program.values())
+    by_test = read_compiles(log, by="test")
+    assert [r.name for r in by_test] == ["a.py::first"]
+    assert by_test[0].programs == read_log(log).compiled
+    assert read_log(log).loaded >= 2

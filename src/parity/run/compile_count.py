@@ -4,7 +4,10 @@ compilation cache instead.
 jax reports both through `jax.monitoring`: `/jax/core/compile/backend_compile_duration` once
 per program handed to XLA (the span covers the cache lookup too), and
 `/jax/compilation_cache/cache_hits` once per program the cache answered. A compile is the
-first minus the second. `install` registers the two listeners once per process.
+first minus the second. `install` registers the two listeners once per process. A compile
+is also timed, by the program's name and by the test that was running
+(`PYTEST_CURRENT_TEST`, which pytest sets and the processes a test starts inherit), so that a
+log says where a suite's compile seconds went.
 
 With `PARITY_COMPILE_LOG` naming a folder, a process that installed the counter writes its
 figures there when it exits (`<pid>.json`); `read_log` adds them up. `tools/bench_suite.py`
@@ -21,7 +24,16 @@ import sys
 from dataclasses import dataclass
 from pathlib import Path
 
-__all__ = ["LOG_VAR", "Counts", "counts", "flush", "install", "read_log"]
+__all__ = [
+    "LOG_VAR",
+    "Compiled",
+    "Counts",
+    "counts",
+    "flush",
+    "install",
+    "read_compiles",
+    "read_log",
+]
 
 #: The folder each counted process writes its figures to when it exits.
 LOG_VAR = "PARITY_COMPILE_LOG"
@@ -56,19 +68,31 @@ class Counts:
 _requests = 0
 _hits = 0
 _installed = False
+#: (test, program name) -> [programs compiled, seconds]: the compiles, not the cache loads.
+_timed: dict[tuple[str, str], list[float]] = {}
+#: Whether the cache answered the request whose span is open (its hit event comes first).
+_answered = False
 
 
-def _on_duration(event: str, duration_secs: float, **_: object) -> None:
-    del duration_secs
-    global _requests
-    if event == _BACKEND_COMPILE:
-        _requests += 1
+def _on_duration(event: str, duration_secs: float, **kwargs: object) -> None:
+    global _requests, _answered
+    if event != _BACKEND_COMPILE:
+        return
+    _requests += 1
+    if _answered:
+        _answered = False
+        return
+    test = os.environ.get("PYTEST_CURRENT_TEST", "").rsplit(" (", 1)[0]
+    entry = _timed.setdefault((test, str(kwargs.get("fun_name", ""))), [0, 0.0])
+    entry[0] += 1
+    entry[1] += duration_secs
 
 
 def _on_event(event: str, **_: object) -> None:
-    global _hits
+    global _hits, _answered
     if event == _CACHE_HIT:
         _hits += 1
+        _answered = True
 
 
 def install() -> None:
@@ -100,7 +124,8 @@ def flush() -> None:
         return
     folder = Path(raw)
     c = counts()
-    doc = {"argv": sys.argv[:3], "compiled": c.compiled, "loaded": c.loaded}
+    timed = [[test, name, n, secs] for (test, name), (n, secs) in sorted(_timed.items())]
+    doc = {"argv": sys.argv[:3], "compiled": c.compiled, "loaded": c.loaded, "timed": timed}
     folder.mkdir(parents=True, exist_ok=True)
     tmp = folder / f".{os.getpid()}.json.tmp"
     tmp.write_text(json.dumps(doc))
@@ -114,3 +139,33 @@ def read_log(folder: Path) -> Counts:
         doc = json.loads(path.read_text())
         total = total + Counts(int(doc["compiled"]), int(doc["loaded"]))
     return total
+
+
+@dataclass(frozen=True)
+class Compiled:
+    """Compiles of one program name, or under one test, summed over the processes of a log.
+
+    **Fields:** `name` (the program's name, or the test's node id), `programs` (how many
+    were compiled), `seconds` (their compile seconds, cache look-ups included),
+    `processes` (in how many processes)."""
+
+    name: str
+    programs: int
+    seconds: float
+    processes: int
+
+
+def read_compiles(folder: Path, *, by: str) -> list[Compiled]:
+    """The compiles the processes wrote to `folder`, summed by `"program"` (name) or by
+    `"test"` (node id; `""` outside a test), most seconds first."""
+    index = {"test": 0, "program": 1}[by]
+    sums: dict[str, list[float]] = {}
+    where: dict[str, set[str]] = {}
+    for path in sorted(folder.glob("*.json")):
+        for row in json.loads(path.read_text()).get("timed", []):
+            entry = sums.setdefault(row[index], [0, 0.0])
+            entry[0] += int(row[2])
+            entry[1] += float(row[3])
+            where.setdefault(row[index], set()).add(path.stem)
+    rows = [Compiled(k, int(n), s, len(where[k])) for k, (n, s) in sums.items()]
+    return sorted(rows, key=lambda r: (-r.seconds, r.name))
