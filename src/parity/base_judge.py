@@ -15,8 +15,11 @@ change. So where such a check has keys that fail their pinned class, `judge_by_b
 
 A `BaseSource` (`parity.run.baseline.BaselineSource` for the CLI and the pytest plugin)
 re-produces a group at a commit; where it cannot (the commit is missing, the producers
-cannot run there), it raises `BaseUnavailable` and the check falls back to the calibrated
-judgement of the goldens, saying why in its header.
+cannot run there), it raises `BaseUnavailable` (defined with what a check hands back,
+`parity.results`, and named here with the protocol that raises it) and the check falls
+back to the calibrated judgement of the goldens, saying why in its header. A check that
+has no base to judge by (every `parity diff`) or no key failing its class never loads this
+module: `parity.exactness` imports it where the base judges.
 
 Nothing here runs producers or imports jax.
 """
@@ -34,7 +37,7 @@ from parity.judge.classes import ToleranceClass
 from parity.judge.compare import Comparison, Finding, Order, compare_trees
 from parity.judge.floats import sig
 from parity.judge.tolerance import KeyClass
-from parity.results import CheckError
+from parity.results import BaseUnavailable, CheckError
 from parity.store import GoldenStoreError, open_goldens
 
 if TYPE_CHECKING:
@@ -53,18 +56,6 @@ __all__ = [
 #: What the base re-produced here is called in a finding's words ("actual ... vs base ..."),
 #: where it judged the tree: the vocabulary's word for the second judge's reference.
 BASE = "base"
-
-
-class BaseUnavailable(Exception):
-    """The golden's base cannot be re-produced here.
-
-    **Fields:** `reason` (one line: why) and `hint` (one line: what to do).
-    """
-
-    def __init__(self, reason: str, hint: str):
-        super().__init__(f"{reason}; {hint}")
-        self.reason = reason
-        self.hint = hint
 
 
 @dataclass(frozen=True)

@@ -64,8 +64,6 @@ from parity.judge.tolerance import (
 from parity.judge.trees import flatten
 from parity.results import CheckError, CheckResult
 from parity.store import GoldenFile, GoldenMissingError, GoldenStoreError, open_goldens
-from parity.store.provenance import collect_provenance
-from parity.store.writer import save_arrays
 
 if TYPE_CHECKING:
     from parity.base_judge import BaseSource
@@ -356,6 +354,8 @@ def check_file(
     header |= {"judge": judge, **env_header}
     saved = command = None
     if save_actual is not None and not comparison.passed:
+        from parity.store.writer import save_arrays
+
         path = save_arrays(save_actual, name or group, flat_a, classes=names,
                            order=placed, provenance=current)  # fmt: skip
         reference = gf.path if judged_by_base is None else Path(base_path)
@@ -419,6 +419,8 @@ def check_group(
     `CheckError` for unusable input, and where the base re-produced here is outside the
     goldens' recorded noise.
     """
+    from parity.store.provenance import collect_provenance
+
     gf = _as_dir(goldens).open(group)
     current = current_provenance if current_provenance is not None else collect_provenance()
     return check_file(actual, gf, current=current, **options)
@@ -458,6 +460,8 @@ def check_live(
     )  # fmt: skip
     saved = command = None
     if save_actual is not None and not comparison.passed:
+        from parity.store.writer import save_arrays
+
         keys = [f.key for f in comparison.findings]
         path = save_arrays(save_actual, name, flat_a, classes=resolve, order=keys)
         ref = save_arrays(save_actual, f"{name}.expected", flatten(expected, bare=BARE_KEY),

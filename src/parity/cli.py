@@ -237,6 +237,15 @@ def _named_command(argv: Sequence[str]) -> str | None:
     return next((a for a in argv if not a.startswith("-")), None)
 
 
+def _config_error() -> type[Exception]:
+    """`parity.run.config.ConfigError`, imported only once a command has raised something:
+    `main` catches it without loading `[tool.parity]`'s reader for a command that never reads
+    it (a `diff` of files pinned in this environment)."""
+    from parity.run.config import ConfigError
+
+    return ConfigError
+
+
 def main(argv: Sequence[str] | None = None) -> int:
     """Run the command line: build the parser of the subcommand it names only
     (`build_parser(built=...)`), so that a command imports its own module and nothing of the
@@ -260,7 +269,6 @@ def main(argv: Sequence[str] | None = None) -> int:
     command = _BY_NAME[args.command]
     run = importlib.import_module(command.module).run
     from parity.commands.common import EXIT_UNUSABLE, CLIError, one_line
-    from parity.run.config import ConfigError
 
     try:
         if not command.runs_producers:
@@ -269,7 +277,7 @@ def main(argv: Sequence[str] | None = None) -> int:
 
         with signals_reach_main_thread():
             return run(args, sys.stdout)
-    except (CLIError, ConfigError) as e:
+    except (CLIError, _config_error()) as e:
         sys.stdout.flush()
         print(f"parity: error: {one_line(str(e))}", file=sys.stderr)
         return EXIT_UNUSABLE

@@ -51,6 +51,7 @@ from parity.xla_env import DEVICE_FLAG, ISA_FLAG
 __all__ = [
     "BITS_FIELDS",
     "DEFAULT_RELAX_ULPS",
+    "DRIFT_MODES",
     "INFO_FIELDS",
     "NOT_ENVIRONMENT",
     "Dimension",
@@ -65,6 +66,10 @@ __all__ = [
 
 Severity = Literal["info", "bits"]
 PolicyMode = Literal["strict", "relax", "warn"]
+#: The policy's modes in the order a command line offers them (`--drift`, `[tool.parity]
+#: drift`, `--parity-drift`); here, with the policy, so that a command that only reads files
+#: need not load `parity.run.config` to offer them.
+DRIFT_MODES: tuple[PolicyMode, ...] = ("warn", "relax", "strict")
 
 #: Fields whose drift can change the last bits of XLA's output.
 BITS_FIELDS = (

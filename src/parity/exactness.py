@@ -15,22 +15,27 @@ It is *not exact* where:
 - a key under the `calibrated` class passed without being bitwise equal to what it was
   judged against: its bound, not its bits, let it through.
 
-`parity.check.check_file` calls these; nothing here runs producers or imports jax.
+`parity.check.check_file` calls these; nothing here runs producers or imports jax. The
+second judge itself (`parity.base_judge`) is imported where it judges (`second_judge`), so
+that a check with no base to judge by (every `parity diff`) or no key failing its class
+does not load it.
 """
 
 from __future__ import annotations
 
 from collections.abc import Callable, Mapping, Sequence
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
-from parity.base_judge import BaseSource, BaseUnavailable, judge_by_base
 from parity.calibration.bounds import BY_CALIBRATION, CALIBRATED
 from parity.environment import EnvironmentDifference
 from parity.judge.classes import ToleranceClass
 from parity.judge.compare import Comparison, Finding, Order
 from parity.judge.tolerance import KeyClass, UnknownClassError, parse_class_name
-from parity.results import CheckError
+from parity.results import BaseUnavailable, CheckError
 from parity.store import GoldenFile
+
+if TYPE_CHECKING:
+    from parity.base_judge import BaseSource
 
 __all__ = ["SECOND_JUDGE_OFF", "inexact", "judge_line", "required_error", "second_judge"]
 
@@ -71,6 +76,8 @@ def second_judge(
     re-produced (the line says why, and the calibrated judgement of the goldens stands),
     a `CheckError` there instead when `required`. `registries`: the exact classes the tree
     is judged by, and the drift policy's the base is held to the goldens by."""
+    from parity.base_judge import judge_by_base
+
     group = gf.path.stem
     try:
         reproduced = base.reproduce(group, gf.provenance, current)

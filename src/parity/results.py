@@ -1,6 +1,8 @@
 """What a check hands back: `CheckResult` (one golden group or live differential, compared),
-or `CheckError` when its input cannot be used; the header lines a report of several checks
-shows, and results as JSON between processes. `parity.check` makes them; the CLI, the
+or `CheckError` when its input cannot be used; `BaseUnavailable`, why the second judge could
+not judge (`parity.base_judge`, whose `BaseSource` raises it; the verdict names it:
+`parity.exactness`); the header lines a report of several checks shows, and results as
+JSON between processes. `parity.check` makes them; the CLI, the
 pytest plugin and the report session read them. Writing arrays is the store's
 (`parity.store.writer.save_arrays`)."""
 
@@ -15,6 +17,7 @@ from typing import Any
 from parity.judge.compare import Comparison, Finding
 
 __all__ = [
+    "BaseUnavailable",
     "CheckError",
     "CheckResult",
     "merged_header_lines",
@@ -26,6 +29,18 @@ __all__ = [
 class CheckError(Exception):
     """Input a check cannot use: a missing or unusable golden group, a drift the policy
     refuses, a class the registry lacks. Its message is one line saying what to do."""
+
+
+class BaseUnavailable(Exception):
+    """The golden's base cannot be re-produced here.
+
+    **Fields:** `reason` (one line: why) and `hint` (one line: what to do).
+    """
+
+    def __init__(self, reason: str, hint: str):
+        super().__init__(f"{reason}; {hint}")
+        self.reason = reason
+        self.hint = hint
 
 
 @dataclass(frozen=True)

@@ -8,6 +8,7 @@ import os
 import re
 import subprocess
 import sys
+from collections.abc import Sequence
 from pathlib import Path
 
 import h5py
@@ -409,13 +410,12 @@ _LOADED_AFTER = (
     "print(json.dumps([code, sorted(sys.modules)]))\n"
 )
 
-#: What no command that reads files needs: the producers' machinery (the bases the second
-#: judge re-produces, the runner, the calibration room), jax, and the installed
-#: distribution's metadata (`--version` reads it, when asked). `parity.base_judge` may load:
-#: the verdict's wording (`parity.exactness`) names its typed reasons, and it imports
-#: nothing a diff does not already need.
+#: What no command that reads files needs: the producers' machinery (the second judge and
+#: the bases it re-produces, the runner, the calibration room), jax, and the installed
+#: distribution's metadata (`--version` reads it, when asked).
 _NOT_FOR_READING = (
     "jax",
+    "parity.base_judge",
     "parity.run.baseline",
     "parity.run.runner",
     "parity.run.launcher",
@@ -450,6 +450,48 @@ def test_a_command_imports_its_own_module_and_no_other_command_s(
     others = {c.module for c in COMMANDS if c.name != command}
     assert sorted(others & loaded) == []
     assert sorted(loaded.intersection(_NOT_FOR_READING)) == []
+
+
+#: What a `diff` of two files pinned in one environment runs without, beyond
+#: `_NOT_FOR_READING`: all of `parity.run` (`[tool.parity]` is read only where the two
+#: environments differ, for the project's drift policy), the store's writer and the
+#: provenance it collects, the JSON and HTML reports (loaded for `--json` and `--report`)
+#: and `difflib` (the suggestion for a misspelt class). A small diff's start-up is mostly
+#: imports (`tools/bench_startup.py`).
+_NOT_FOR_A_DIFF = (
+    "parity.run",
+    "parity.store.writer",
+    "parity.store.provenance",
+    "parity.report.html",
+    "parity.report.jsondoc",
+    "parity.report.session",
+    "difflib",
+)
+
+
+def _of(loaded: set[str], packages: Sequence[str]) -> list[str]:
+    """The modules of `loaded` that are one of `packages` or inside one."""
+    return sorted(m for m in loaded if any(m == p or m.startswith(p + ".") for p in packages))
+
+
+def test_a_diff_loads_neither_the_run_layer_nor_the_writers_nor_the_reports_it_skips(
+    tmp_path: Path, golden: Path
+) -> None:
+    changed = _arrays()
+    changed["weights.w"][0, 0] += 1  # a bitwise key fails: exit 1, the failure reported
+    actual = _write(tmp_path / "actual.h5", changed)
+    for argv, expected in (((actual, golden), 1), ((golden, golden), 0)):
+        code, loaded = _loaded_after("diff", *argv)
+        assert code == expected
+        assert "parity.check" in loaded and "parity.commands.diff" in loaded
+        assert _of(loaded, (*_NOT_FOR_READING, *_NOT_FOR_A_DIFF)) == []
+    # The reports load where they are asked for, and only the ones asked for.
+    code, loaded = _loaded_after("diff", actual, golden, "--json", tmp_path / "r.json")
+    assert (code, (tmp_path / "r.json").is_file()) == (1, True)
+    assert _of(loaded, _NOT_FOR_A_DIFF) == ["parity.report.jsondoc"]
+    code, loaded = _loaded_after("diff", actual, golden, "--report", tmp_path / "report")
+    assert (code, (tmp_path / "report" / "index.html").is_file()) == (1, True)
+    assert {"parity.report.html", "parity.report.jsondoc"} <= loaded  # and what its plots need
 
 
 def test_the_overview_imports_no_command_and_lists_every_one(

@@ -1,17 +1,23 @@
 """What every subcommand shares: the one error class, the exit codes, the flags of
-`[tool.parity]`, and the class names given on the command line."""
+`[tool.parity]`, and the class names given on the command line.
+
+`[tool.parity]`'s reader (`parity.run.config`) and the device defaults
+(`parity.run.devices`) are imported inside the functions that use them, so that a command
+that only reads files (`diff`, `show`) loads neither (`tests/parity/test_cli.py`)."""
 
 from __future__ import annotations
 
 import argparse
 import sys
 import textwrap
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
+from parity.environment import DRIFT_MODES
 from parity.judge.classes import REGISTRY
 from parity.judge.tolerance import class_problem
-from parity.run.config import DRIFT_MODES, ParityConfig, load_config, split_override
-from parity.run.devices import DEFAULT_ISA_CAP
+
+if TYPE_CHECKING:
+    from parity.run.config import ParityConfig
 
 __all__ = [
     "DRIFT_MODES",
@@ -66,6 +72,8 @@ def parse_override(text: str) -> tuple[str, str]:
     """`PATTERN=CLASS` from the command line as a `(pattern, class)` pair; `CLIError` if
     malformed or the class is unknown. The class may carry parameters
     (`'taps.*=reduction[K=512]'`): the split is at the last `=` outside brackets."""
+    from parity.run.config import split_override
+
     rule = split_override(text)
     if rule is None:
         raise CLIError(
@@ -196,6 +204,8 @@ def config_flags(
 ) -> None:
     """The flags of `[tool.parity]`'s keys (`goldens=False`: a command that pins its own);
     `old_goldens`: a deprecated spelling of `--goldens`."""
+    from parity.run.devices import DEFAULT_ISA_CAP
+
     g = p.add_argument_group("settings (override [tool.parity] in pyproject.toml)")
     if goldens:
         goldens_flag(g, old=old_goldens)
@@ -274,6 +284,8 @@ def override_flag(p: argparse.ArgumentParser) -> None:
 
 
 def config_of(args: argparse.Namespace) -> ParityConfig:
+    from parity.run.config import load_config
+
     keys = ("goldens", "producers", "src", "isa", "devices", "processes", "drift")
     flags = {k: getattr(args, k, None) for k in keys}
     config = load_config().with_overrides(**flags)

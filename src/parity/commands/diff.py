@@ -48,7 +48,7 @@ from parity.commands.files import opened, read_errors
 from parity.environment import PolicyMode, environment_difference
 from parity.judge.chunks import DEFAULT_BUDGET, Block
 from parity.judge.compare import Comparison
-from parity.report import format_table, write_html, write_json
+from parity.report import format_table
 from parity.results import CheckError
 from parity.store import GoldenFile
 
@@ -273,12 +273,24 @@ def run(args: argparse.Namespace, out: IO[str]) -> int:
         drift_mode=args.drift or _project_drift,
     )
     out.write(format_table(result.comparison, header=result.header))
+    if args.json_path or args.report:
+        _write_reports(args, result, out)
+    return result.exit_code
+
+
+def _write_reports(args: argparse.Namespace, result: DiffResult, out: IO[str]) -> None:
+    """`--json FILE` and `--report DIR`: the JSON writer loads only here, the HTML page's
+    only for `--report`, so that a diff that prints the table alone loads neither."""
+    from parity.report import write_json
+
     title = f"parity diff: {args.actual} against {args.golden}"
     try:
         if args.json_path:
             path = write_json(args.json_path, result.comparison, header=result.header)
             out.write(f"JSON report written to {path}\n")
         if args.report:
+            from parity.report import write_html
+
             folder = Path(args.report)
             folder.mkdir(parents=True, exist_ok=True)
             table = format_table(result.comparison, header=result.header)
@@ -288,4 +300,3 @@ def run(args: argparse.Namespace, out: IO[str]) -> int:
             out.write(f"report written to {folder} (report.txt, report.json, index.html)\n")
     except OSError as e:
         raise CLIError(f"cannot write the report: {e}") from None
-    return result.exit_code

@@ -18,7 +18,6 @@ This module imports numpy and ml_dtypes only: jax arrays reach it through `np.as
 
 from __future__ import annotations
 
-import difflib
 import fnmatch
 import json
 from collections.abc import Callable, Iterable, Mapping, Sequence
@@ -185,6 +184,8 @@ PER_KEY_PARAMS = frozenset({"spread"})
 def nearest_class(name: str, registry: Mapping[str, ToleranceClass] = REGISTRY) -> str | None:
     """The registry's class name closest to `name` (a typo's likely meaning), or None where
     none is close (`difflib.get_close_matches`, on the name without its parameters)."""
+    import difflib  # only a name that is not a class needs it: not loaded by every check
+
     found = difflib.get_close_matches(name.partition("[")[0], sorted(registry), n=1, cutoff=0.6)
     return found[0] if found else None
 

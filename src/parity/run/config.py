@@ -45,9 +45,11 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Literal
 
+from parity.environment import DRIFT_MODES
 from parity.run.devices import DEFAULT_ISA_CAP
 
 __all__ = [
+    "DRIFT_MODES",
     "ENV",
     "KEYS",
     "ConfigError",
@@ -70,9 +72,8 @@ ENV = {
 }
 #: The values of `baseline`.
 BASELINE_MODES = ("auto", "require", "off")
-#: The values of `drift` (`parity.environment.PolicyMode`).
+#: The values of `drift` (`parity.environment.PolicyMode`, offered as `DRIFT_MODES` lists them).
 DriftMode = Literal["warn", "relax", "strict"]
-DRIFT_MODES: tuple[DriftMode, ...] = ("warn", "relax", "strict")
 
 
 class ConfigError(Exception):
