@@ -15,8 +15,7 @@ builds the whole tree.
 Every subcommand spells one idea one way (docs/design.md, "Vocabulary"): `--goldens DIR`,
 `--json FILE` (always a file; `-` is stdout), `--report DIR` (text, JSON and HTML),
 `--class NAME`, `--override PATTERN=CLASS`, `--drift`; the shared definitions live in
-`parity.commands.common`. Old spellings (`repin --out`, `diff --html`, a bare `show
---json`) work for one release with a one-line warning on stderr.
+`parity.commands.common`.
 - `parity repin`, `parity check`, `parity bisect`, `parity calibrate` and `parity baseline
   build` run producers.
 
