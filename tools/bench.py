@@ -91,7 +91,8 @@ def bench_inits(args: argparse.Namespace, results: Results) -> None:
     from jax.sharding import Mesh, NamedSharding, PartitionSpec
 
     from decomp import sources
-    from decomp.ci_function import CIConfig, init_ci_function
+    from decomp.ci_function import init_ci_function
+    from decomp.config import CIConfig
     from decomp.legacy import ci_init as legacy_ci
     from decomp.legacy import sources_init as legacy_sources
     from decomp.taps import parse_site, site_names
@@ -181,8 +182,7 @@ def bench_train_step(args: argparse.Namespace, results: Results) -> None:
     import jax
     import jax.numpy as jnp
 
-    from decomp.ci_function import CIConfig
-    from decomp.config import Remat, SPDConfig
+    from decomp.config import CIConfig, Remat, SPDConfig
     from decomp.train import init_train_state, make_train_step
 
     model, inputs = _toy_width_glu(args)
@@ -232,8 +232,7 @@ def bench_step_time(args: argparse.Namespace, results: Results) -> None:
     import jax
 
     from decomp import train
-    from decomp.ci_function import CIConfig
-    from decomp.config import SPDConfig
+    from decomp.config import CIConfig, SPDConfig
     from decomp.legacy import train as legacy_train
 
     model, inputs = _toy_width_glu(args)

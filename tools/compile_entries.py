@@ -118,7 +118,7 @@ def _taps_legacy(s: Structure):
 
 
 def _ci_args(s: Structure) -> tuple[Any, tuple[str, ...], dict[str, tuple[int, int]]]:
-    from decomp.ci_function import CIConfig
+    from decomp.config import CIConfig
 
     model = _model(s)
     shapes = model.site_shapes()
@@ -177,8 +177,7 @@ def _sources_legacy(s: Structure):
 def _spd(s: Structure, remat: str | None) -> tuple[Any, Any, Any, Any, Any]:
     import jax
 
-    from decomp.ci_function import CIConfig
-    from decomp.config import SPDConfig
+    from decomp.config import CIConfig, SPDConfig
     from decomp.train import init_train_state
 
     model = _model(s)

@@ -11,9 +11,8 @@ the code of a detached worktree at SHA in a temporary folder; your working tree,
 and branches are not touched. The new files replace the old ones only once every group
 has been produced; a repin killed at any moment (even SIGKILL) leaves the old goldens or
 the complete new ones, and the next repin, or `--recover`, finishes its replace (see
-src/parity/store/staging.py). `--out DIR` is the old spelling of `--goldens DIR` (one
-release). Exit codes are `parity repin`'s: 0 pinned, 2 repinning failed (old goldens
-untouched), 130 on Ctrl-C.
+src/parity/store/staging.py). Exit codes are `parity repin`'s: 0 pinned, 2 repinning
+failed (old goldens untouched), 130 on Ctrl-C.
 """
 
 from __future__ import annotations

@@ -14,12 +14,57 @@ from typing import Literal
 import jax.numpy as jnp
 import numpy as np
 
-from decomp.ci_function import CIConfig
-
 Remat = Literal["nothing", "dots"] | None
 
 _REMAT_MODES = (None, "nothing", "dots")
 _SOURCES_DTYPES = ("float32", "bfloat16")
+
+
+@dataclasses.dataclass(frozen=True)
+class CIConfig:
+    """Structure of the CI function.
+
+    - `d_hidden`: width of the chunk transformer's residual stream.
+    - `n_blocks`: pre-norm blocks per chunk.
+    - `n_head`: attention heads; `d_hidden / n_head` must be an even integer (rotate-half
+      RoPE).
+    - `d_mlp`: hidden width of each block's MLP.
+    - `sites_per_chunk`: consecutive sites per chunk; must divide the number of sites.
+    - `rope_theta`: RoPE base.
+    - `eps`: added to the mean square in every rms norm.
+    """
+
+    d_hidden: int
+    n_blocks: int
+    n_head: int
+    d_mlp: int
+    sites_per_chunk: int
+    rope_theta: float = 10000.0
+    eps: float = 1e-6
+
+    def __post_init__(self) -> None:
+        for name in ("d_hidden", "n_blocks", "n_head", "d_mlp", "sites_per_chunk"):
+            value = getattr(self, name)
+            if isinstance(value, bool) or not isinstance(value, int) or value < 1:
+                raise ValueError(f"CIConfig.{name} must be a positive int, got {value!r}")
+        if self.d_hidden % self.n_head:
+            raise ValueError(
+                f"CIConfig: n_head ({self.n_head}) must divide d_hidden ({self.d_hidden}); "
+                "pick d_hidden = n_head * head_dim"
+            )
+        if (self.d_hidden // self.n_head) % 2:
+            raise ValueError(
+                f"CIConfig: the head dim d_hidden / n_head = {self.d_hidden // self.n_head} "
+                "must be even for rotate-half RoPE"
+            )
+        if not self.rope_theta > 0:
+            raise ValueError(f"CIConfig.rope_theta must be positive, got {self.rope_theta}")
+        if not self.eps > 0:
+            raise ValueError(f"CIConfig.eps must be positive, got {self.eps}")
+
+    @property
+    def head_dim(self) -> int:
+        return self.d_hidden // self.n_head
 
 
 def _fail(field: str, value: object, allowed: str) -> ValueError:

@@ -20,18 +20,26 @@ from __future__ import annotations
 
 import dataclasses
 from collections.abc import Hashable, Mapping, Sequence
-from typing import TYPE_CHECKING, Any, TypeVar
+from typing import Any, Protocol, TypeVar
 
 import jax
 import jax.numpy as jnp
 import numpy as np
 from jax import Array
 
-if TYPE_CHECKING:
-    # `decomp.model` imports this module (through `decomp.components`).
-    from decomp.model import DecomposedModel
-
 K = TypeVar("K", bound=Hashable)
+
+
+class _Sited(Protocol):
+    """What `SiteLayout.of` reads of a target: the part of `decomp.model.DecomposedModel` it
+    needs, said here because `decomp.model` imports this module (through
+    `decomp.components`)."""
+
+    @property
+    def site_names(self) -> Sequence[str]: ...
+
+    @property
+    def site_kinds(self) -> Mapping[str, Sequence[str]]: ...
 
 
 @dataclasses.dataclass(frozen=True)
@@ -59,7 +67,7 @@ class SiteLayout:
             raise ValueError("every kind needs at least one site")
 
     @classmethod
-    def of(cls, model: DecomposedModel) -> SiteLayout:
+    def of(cls, model: _Sited) -> SiteLayout:
         """The layout of a target, from its `site_names` and `site_kinds`."""
         kinds = tuple((k, tuple(sites)) for k, sites in model.site_kinds.items())
         return cls(tuple(model.site_names), kinds)

@@ -15,8 +15,7 @@ builds the whole tree.
 Every subcommand spells one idea one way (docs/design.md, "Vocabulary"): `--goldens DIR`,
 `--json FILE` (always a file; `-` is stdout), `--report DIR` (text, JSON and HTML),
 `--class NAME`, `--override PATTERN=CLASS`, `--drift`; the shared definitions live in
-`parity.commands.common`. Old spellings (`repin --out`, `diff --html`, a bare `show
---json`) work for one release with a one-line warning on stderr.
+`parity.commands.common`.
 - `parity repin`, `parity check`, `parity bisect`, `parity calibrate` and `parity baseline
   build` run producers.
 
@@ -40,31 +39,16 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:
-    from parity.commands.common import (
-        EXIT_FAIL,
-        EXIT_OK,
-        EXIT_UNUSABLE,
-        CLIError,
-        check_class_name,
-        parse_override,
-    )
-    from parity.commands.diff import DiffResult, run_diff
-    from parity.commands.show import format_inventory, inventory
+    from parity.commands.common import EXIT_OK, EXIT_UNUSABLE
+    from parity.commands.diff import run_diff
 
 __all__ = [
     "COMMANDS",
-    "EXIT_FAIL",
     "EXIT_OK",
     "EXIT_UNUSABLE",
-    "CLIError",
     "Command",
-    "DiffResult",
     "build_parser",
-    "check_class_name",
-    "format_inventory",
-    "inventory",
     "main",
-    "parse_override",
     "run_diff",
     "version",
 ]
@@ -131,16 +115,9 @@ _BY_NAME = {c.name: c for c in COMMANDS}
 #: The names `parity.cli` re-exports, name -> the module that defines it; each loads its
 #: module on first use (`__getattr__`), so that importing `parity.cli` loads no command.
 _REEXPORTS = {
-    "EXIT_FAIL": "parity.commands.common",
     "EXIT_OK": "parity.commands.common",
     "EXIT_UNUSABLE": "parity.commands.common",
-    "CLIError": "parity.commands.common",
-    "check_class_name": "parity.commands.common",
-    "parse_override": "parity.commands.common",
-    "DiffResult": "parity.commands.diff",
     "run_diff": "parity.commands.diff",
-    "format_inventory": "parity.commands.show",
-    "inventory": "parity.commands.show",
 }
 
 

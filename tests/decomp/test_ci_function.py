@@ -15,7 +15,6 @@ from jax.sharding import Mesh, NamedSharding, PartitionSpec
 from decomp import legacy, nn
 from decomp.ci_function import (
     LEAK,
-    CIConfig,
     CIFunction,
     _apply_chunk,
     _init_chunk,
@@ -24,6 +23,7 @@ from decomp.ci_function import (
     ci_upper,
     init_ci_function,
 )
+from decomp.config import CIConfig
 from decomp.legacy import causal_importances, ci_pre_activations
 from decomp.taps import SITE_KINDS, parse_site, site_names
 from parity import assert_equivalent

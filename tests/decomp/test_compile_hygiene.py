@@ -18,8 +18,7 @@ import jax
 import pytest
 
 from decomp import legacy, train
-from decomp.ci_function import CIConfig
-from decomp.config import SPDConfig
+from decomp.config import CIConfig, SPDConfig
 from decomp.legacy import train as legacy_train
 from decomp.targets import GLUConfig, GLUTransformer
 

@@ -24,8 +24,7 @@ RTOL, ATOL = 1e-4, 1e-7
 _SCRIPT = r"""
 import sys
 import jax, jax.numpy as jnp, numpy as np
-from decomp.ci_function import CIConfig
-from decomp.config import SPDConfig
+from decomp.config import CIConfig, SPDConfig
 from decomp.eval import make_eval_step
 from decomp.mesh import make_dp_mesh, shard_batch
 from decomp.targets.glu_transformer import GLUConfig, GLUTransformer

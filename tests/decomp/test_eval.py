@@ -10,9 +10,8 @@ import numpy as np
 import pytest
 
 from decomp import legacy
-from decomp.ci_function import CIConfig
 from decomp.components import SiteMask
-from decomp.config import SPDConfig
+from decomp.config import CIConfig, SPDConfig
 from decomp.eval import MODES, make_eval_step
 from decomp.targets.glu_transformer import GLUConfig, GLUTransformer
 from decomp.targets.toy import TMS, TMSConfig

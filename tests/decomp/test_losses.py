@@ -11,9 +11,8 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
-from decomp.ci_function import CIConfig
 from decomp.components import SiteMask
-from decomp.config import SPDConfig
+from decomp.config import CIConfig, SPDConfig
 from decomp.legacy import init_components, masked_output, route_chunk, stochastic_masks
 from decomp.losses import (
     IMPORTANCE_EPS,

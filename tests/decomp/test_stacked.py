@@ -19,8 +19,9 @@ import optax
 import pytest
 
 from decomp import legacy
-from decomp.ci_function import CIConfig, causal_importances_by_kind, init_ci_function
+from decomp.ci_function import causal_importances_by_kind, init_ci_function
 from decomp.components import init_components_by_kind
+from decomp.config import CIConfig
 from decomp.legacy import causal_importances, init_components, route_chunk, stochastic_masks
 from decomp.masks import recon_chunks, route_chunk_by_kind, stochastic_masks_by_kind
 from decomp.sources import init_sources, init_sources_by_kind

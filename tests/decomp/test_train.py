@@ -12,8 +12,7 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
-from decomp.ci_function import CIConfig
-from decomp.config import SPDConfig
+from decomp.config import CIConfig, SPDConfig
 from decomp.targets.glu_transformer import GLUConfig, GLUTransformer
 from decomp.targets.toy import ResidMLP, ResidMLPConfig
 from decomp.train import init_train_state, make_train_step

@@ -250,8 +250,7 @@ TRAIN_STEPS = 3
 def spd_configs(remat: str | None) -> tuple[GLUConfig, Any]:
     """The GLU and SPD configurations of every pinned trajectory (and of the eval group),
     without the model's weights."""
-    from decomp.ci_function import CIConfig
-    from decomp.config import SPDConfig
+    from decomp.config import CIConfig, SPDConfig
 
     cfg = GLUConfig(n_layer=2, d_model=32, n_head=2, n_kv_head=1, head_dim=16, d_mlp=64,
                     vocab_size=64)  # fmt: skip

@@ -22,7 +22,8 @@ from producers import (
 )
 
 from decomp import legacy
-from decomp.ci_function import CIConfig, init_ci_function
+from decomp.ci_function import init_ci_function
+from decomp.config import CIConfig
 from decomp.legacy import train as legacy_train
 from decomp.sources import init_sources
 from decomp.train import init_train_state

@@ -52,8 +52,7 @@ from producers import (
     wanted_sets,
 )
 
-from decomp.ci_function import CIConfig
-from decomp.config import SPDConfig
+from decomp.config import CIConfig, SPDConfig
 from decomp.targets.glu_transformer import GLUConfig, GLUTransformer
 from decomp.train import frozen_forward, init_train_state, make_train_step, spd_losses
 from parity.check import check_group

@@ -357,9 +357,7 @@ def test_logits_one_ulp_off(parity_check):
 """
 
 
-@pytest.mark.parametrize(
-    "how", ["none", "--parity-override", "--parity-class", "overrides=", "class_overrides="]
-)
+@pytest.mark.parametrize("how", ["none", "--parity-override", "--parity-class", "overrides="])
 def test_the_session_and_call_rules_mirror_the_command_line(
     inner: pytest.Pytester, how: str
 ) -> None:
@@ -372,16 +370,6 @@ def test_the_session_and_call_rules_mirror_the_command_line(
     }.get(how, ())
     result = _run(inner, *options)
     result.assert_outcomes(**({"failed": 1} if how == "none" else {"passed": 1}))
-    deprecated = "parity_check(class_overrides=...) is deprecated"
-    assert (deprecated in result.stdout.str()) == (how == "class_overrides=")
-
-
-def test_the_old_cache_option_warns_and_still_turns_the_cache_off(inner: pytest.Pytester) -> None:
-    inner.makepyfile(test_nothing="def test_nothing():\n    pass\n")
-    result = inner.runpytest_subprocess("-p", "no:cacheprovider", "--parity-cache", "none")
-    result.assert_outcomes(passed=1)
-    assert "--parity-cache is deprecated" in result.stdout.str()
-    assert not (inner.path / ".jax_cache").exists()
 
 
 def test_a_bad_session_rule_is_a_usage_error(inner: pytest.Pytester) -> None:

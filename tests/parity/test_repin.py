@@ -347,11 +347,10 @@ def test_sigint_anywhere_leaves_old_goldens_no_worktree_and_no_process(
             os.kill(paused_pid, 0)
 
 
-@pytest.mark.parametrize("flag", ["--goldens", "--out"])
-def test_repin_tool_is_parity_repin_exit_code_and_message_for_unknown_sha(tmp_path, flag):
+def test_repin_tool_is_parity_repin_exit_code_and_message_for_unknown_sha(tmp_path):
     proc = subprocess.run(
         [sys.executable, str(ROOT / "tools" / "repin_goldens.py"), "--base", "no-such-rev",
-         flag, str(tmp_path)],
+         "--goldens", str(tmp_path)],
         capture_output=True,
         text=True,
         cwd=ROOT,
@@ -359,13 +358,6 @@ def test_repin_tool_is_parity_repin_exit_code_and_message_for_unknown_sha(tmp_pa
     assert proc.returncode == 2  # parity repin's: unusable input, old goldens untouched
     assert "not a commit" in proc.stderr
     assert "Traceback" not in proc.stderr
-    warned = [line for line in proc.stderr.splitlines() if "deprecated" in line]
-    # `--out`, the old spelling of `--goldens`, says so in one line.
-    assert warned == (
-        ["parity: warning: --out is deprecated and goes in the next release; use --goldens DIR"]
-        if flag == "--out"
-        else []
-    )
 
 
 def test_project_modules_named_like_parity_modules_are_not_shadowed(tmp_path, git):

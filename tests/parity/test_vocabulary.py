@@ -1,7 +1,7 @@
 """One vocabulary (docs/design.md, "Vocabulary"): the same flag for the same idea on every
-subcommand, with the same help text; the old spellings working for one release with a
-one-line deprecation message; the settings of the command line and the plugin read by one
-path (`parity.run.config`), environment variables included."""
+subcommand, with the same help text; no old spelling kept beside it (none has shipped); the
+settings of the command line and the plugin read by one path (`parity.run.config`),
+environment variables included."""
 
 from __future__ import annotations
 
@@ -80,19 +80,26 @@ def test_no_subcommand_spells_the_old_words_in_its_help() -> None:
             assert old not in text, (command, old)
 
 
-# --------------------------------------------------------------------------- deprecations
-
-_OUT_WARNING = (
-    "parity: warning: --out is deprecated and goes in the next release; use --goldens DIR"
+@pytest.mark.parametrize(
+    ("argv", "said"),
+    [
+        (["repin", "--base", "HEAD", "--out", "x"], "unrecognized arguments: --out x"),
+        (["diff", "a.h5", "g.h5", "--html", "x"], "unrecognized arguments: --html x"),
+        (["show", "g.h5", "--json"], "argument --json: expected one argument"),
+    ],
 )
+def test_an_old_spelling_is_a_usage_error(
+    argv: list[str], said: str, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """`repin --out`, `diff --html` and a bare `show --json` never shipped: argparse refuses
+    them as it refuses any unknown word, exit 2, before a file is read."""
+    assert main(argv) == 2
+    assert said in capsys.readouterr().err
 
 
-def test_repin_out_is_the_old_spelling_of_goldens(capsys: pytest.CaptureFixture[str]) -> None:
-    args = build_parser().parse_args(["repin", "--base", "HEAD", "--out", "elsewhere"])
-    assert args.goldens == "elsewhere"
-    assert capsys.readouterr().err.splitlines() == [_OUT_WARNING]
+def test_repin_goldens_names_the_golden_folder() -> None:
     args = build_parser().parse_args(["repin", "--base", "HEAD", "--goldens", "elsewhere"])
-    assert args.goldens == "elsewhere" and capsys.readouterr().err == ""
+    assert args.goldens == "elsewhere"
 
 
 @pytest.fixture
@@ -103,13 +110,12 @@ def files(tmp_path: Path) -> tuple[Path, Path]:
     return actual, golden
 
 
-@pytest.mark.parametrize("flag", ["--report", "--html"])
-def test_diff_report_writes_text_json_and_html_and_html_is_its_old_spelling(
-    tmp_path: Path, files: tuple[Path, Path], flag: str, capsys: pytest.CaptureFixture[str]
+def test_diff_report_writes_text_json_and_html(
+    tmp_path: Path, files: tuple[Path, Path], capsys: pytest.CaptureFixture[str]
 ) -> None:
     actual, golden = files
     folder = tmp_path / "report"
-    assert main(["diff", str(actual), str(golden), flag, str(folder)]) == 0
+    assert main(["diff", str(actual), str(golden), "--report", str(folder)]) == 0
     assert sorted(p.name for p in folder.iterdir() if p.is_file()) >= [
         "index.html",
         "report.json",
@@ -117,9 +123,7 @@ def test_diff_report_writes_text_json_and_html_and_html_is_its_old_spelling(
     ]
     assert json.loads((folder / "report.json").read_text())["verdict"] == "pass"
     assert "a" in (folder / "report.txt").read_text()
-    err = capsys.readouterr().err.splitlines()
-    old = "parity: warning: --html is deprecated and goes in the next release; use --report DIR"
-    assert err == ([old] if flag == "--html" else [])
+    assert capsys.readouterr().err == ""
 
 
 @pytest.mark.parametrize(("mode", "code"), [("warn", 0), ("relax", 0), ("strict", 2)])
@@ -140,29 +144,14 @@ def test_diff_drift_is_the_checks_policy_over_actuals_environment(
     assert ("checked as ulp" in said) == (mode == "relax")
 
 
-_BARE_JSON = (
-    "parity: warning: a bare --json is deprecated and goes in the next release; "
-    "use --json - (stdout) or --json FILE"
-)
-
-
-@pytest.mark.parametrize(
-    ("where", "warned"),
-    [("after", True), ("before", True), ("dash", False)],
-)
-def test_show_json_dash_prints_and_a_bare_json_still_does_with_a_warning(
-    files: tuple[Path, Path], capsys: pytest.CaptureFixture[str], where: str, warned: bool
+def test_show_json_dash_prints_the_json(
+    files: tuple[Path, Path], capsys: pytest.CaptureFixture[str]
 ) -> None:
     golden = str(files[1])
-    argv = {
-        "after": ["show", golden, "--json"],
-        "before": ["show", "--json", golden],
-        "dash": ["show", golden, "--json", "-"],
-    }[where]
-    assert main(argv) == 0
+    assert main(["show", golden, "--json", "-"]) == 0
     printed = capsys.readouterr()
     assert json.loads(printed.out)["path"] == golden
-    assert printed.err.splitlines() == ([_BARE_JSON] if warned else [])
+    assert printed.err == ""
 
 
 def test_show_json_file_writes_the_file(
@@ -175,11 +164,12 @@ def test_show_json_file_writes_the_file(
     assert printed.out == f"JSON written to {target}\n" and printed.err == ""
 
 
-def test_show_without_golden_is_a_one_line_error(capsys: pytest.CaptureFixture[str]) -> None:
-    assert main(["show"]) == 2
-    assert (
-        capsys.readouterr().err == "parity: error: show needs GOLDEN, the HDF5 file to describe\n"
-    )
+@pytest.mark.parametrize("argv", [["show"], ["show", "--json", "g.h5"]])
+def test_show_without_golden_is_a_usage_error_naming_it(
+    argv: list[str], capsys: pytest.CaptureFixture[str]
+) -> None:
+    assert main(argv) == 2
+    assert "the following arguments are required: GOLDEN" in capsys.readouterr().err
 
 
 # --------------------------------------------------------------------------- --class

@@ -17,7 +17,8 @@ import jax.numpy as jnp
 import numpy as np
 from jax import Array
 
-from decomp.ci_function import CIBlocks, CIConfig, CIFunction
+from decomp.ci_function import CIBlocks, CIFunction
+from decomp.config import CIConfig
 
 
 def _normal(key: Array, shape: tuple[int, ...]) -> Array:

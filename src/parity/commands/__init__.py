@@ -7,7 +7,7 @@
 name (`--goldens`, `--producers`, `--src`, `--isa`, `--devices`, `--processes`, `--drift`).
 A flag means one thing on every subcommand (docs/design.md, "Vocabulary"): `common`
 defines the shared ones once (`--goldens`, `--json`, `--report`, `--class`, `--override`,
-`--drift`, ...) and the deprecated old spellings (`deprecated_alias`). Each
+`--drift`, ...). Each
 module adds its subparser (`add_parser(sub, help)`, `help` its line in `parity --help`,
 declared with the module's name in `parity.cli.COMMANDS`) to the one argparse tree that
 `parity.cli.build_parser` builds, and runs its command (`run(args, out)`); `parity.cli.main`

@@ -30,7 +30,6 @@ __all__ = [
     "class_flag",
     "config_flags",
     "config_of",
-    "deprecated_alias",
     "drift_flag",
     "goldens_flag",
     "groups_flag",
@@ -122,41 +121,13 @@ def groups_flag(p: argparse.ArgumentParser, *, of: str = "producer") -> None:
     p.add_argument("--groups", metavar="a,b", help=f"a subset of the {of} groups")
 
 
-def deprecated_alias(old: str, new: str) -> type[argparse.Action]:
-    """An argparse action for the old spelling `old` of the flag `new`: it stores the value
-    where `new` does and prints one line on stderr naming the new spelling. Old spellings
-    keep working for one release (docs/design.md, "Vocabulary")."""
-
-    class _Deprecated(argparse.Action):
-        def __call__(self, parser: Any, namespace: Any, values: Any, option: Any = None) -> None:
-            print(
-                f"parity: warning: {old} is deprecated and goes in the next release; use {new}",
-                file=sys.stderr,
-                flush=True,
-            )
-            setattr(namespace, self.dest, values)
-
-    return _Deprecated
-
-
-def _old_spelling(p: Any, old: str, new: str, *, dest: str) -> None:
-    """`old`, a deprecated spelling of the flag `new` (`--goldens DIR`) taking one value into
-    `dest`: it still works, says so once, and is not shown to a new user."""
-    metavar = new.partition(" ")[2] or None
-    p.add_argument(
-        old, dest=dest, metavar=metavar, action=deprecated_alias(old, new), help=argparse.SUPPRESS
-    )
-
-
-def goldens_flag(p: Any, *, old: str | None = None) -> None:
-    """`--goldens DIR`, the golden folder (`old`: a deprecated spelling of it)."""
+def goldens_flag(p: Any) -> None:
+    """`--goldens DIR`, the golden folder."""
     p.add_argument(
         "--goldens",
         metavar="DIR",
         help="golden folder (default: [tool.parity] goldens, else goldens)",
     )
-    if old:
-        _old_spelling(p, old, "--goldens DIR", dest="goldens")
 
 
 def json_flag(p: argparse.ArgumentParser, *, what: str = "the report") -> None:
@@ -164,16 +135,13 @@ def json_flag(p: argparse.ArgumentParser, *, what: str = "the report") -> None:
     p.add_argument("--json", dest="json_path", metavar="FILE", help=f"write {what} as JSON to FILE")
 
 
-def report_flag(p: argparse.ArgumentParser, *, old: str | None = None) -> None:
-    """`--report DIR`: the report folder, report.txt, report.json and index.html (`old`: a
-    deprecated spelling of it)."""
+def report_flag(p: argparse.ArgumentParser) -> None:
+    """`--report DIR`: the report folder, report.txt, report.json and index.html."""
     p.add_argument(
         "--report",
         metavar="DIR",
         help="write the report to DIR: report.txt (the table), report.json, index.html (plots)",
     )
-    if old:
-        _old_spelling(p, old, "--report DIR", dest="report")
 
 
 def class_flag(p: argparse.ArgumentParser) -> None:
@@ -199,16 +167,13 @@ def drift_flag(p: argparse.ArgumentParser) -> None:
     )
 
 
-def config_flags(
-    p: argparse.ArgumentParser, *, goldens: bool = True, old_goldens: str | None = None
-) -> None:
-    """The flags of `[tool.parity]`'s keys (`goldens=False`: a command that pins its own);
-    `old_goldens`: a deprecated spelling of `--goldens`."""
+def config_flags(p: argparse.ArgumentParser, *, goldens: bool = True) -> None:
+    """The flags of `[tool.parity]`'s keys (`goldens=False`: a command that pins its own)."""
     from parity.run.devices import DEFAULT_ISA_CAP
 
     g = p.add_argument_group("settings (override [tool.parity] in pyproject.toml)")
     if goldens:
-        goldens_flag(g, old=old_goldens)
+        goldens_flag(g)
     g.add_argument(
         "--producers",
         metavar="FILE",

@@ -252,7 +252,7 @@ def add_parser(sub: Any, help: str) -> None:
         ),
     )
     json_flag(diff)
-    report_flag(diff, old="--html")
+    report_flag(diff)
 
 
 def _project_drift() -> PolicyMode:

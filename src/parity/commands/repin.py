@@ -68,7 +68,7 @@ def add_parser(sub: Any, help: str) -> None:
         action="store_true",
         help="leave the temporary worktree in place for inspection (its path is printed)",
     )
-    config_flags(repin, old_goldens="--out")
+    config_flags(repin)
 
 
 def _snapshot(folder: Path) -> dict[str, tuple[int, int, int]]:

@@ -5,7 +5,6 @@ from __future__ import annotations
 
 import argparse
 import json
-import sys
 from pathlib import Path
 from typing import IO, Any, cast
 
@@ -166,10 +165,6 @@ class `parity diff` would check it under, forward order) without loading the dat
 """
 
 
-#: `--json` given without a value: the old spelling of `--json -` (one release).
-_BARE = "\0bare"
-
-
 def add_parser(sub: Any, help: str) -> None:
     """Add `show` to `sub` (argparse subparsers), `help` its line in `parity --help`."""
     show = subparser(
@@ -179,14 +174,11 @@ def add_parser(sub: Any, help: str) -> None:
         description=_SHOW_DESCRIPTION,
     )
     show.usage = "parity show [-h] GOLDEN [--json FILE] [--verify]"
-    # `nargs="?"` on both: `parity show --json GOLDEN` (the old spelling) must still parse.
-    show.add_argument("golden", metavar="GOLDEN", nargs="?", help="HDF5 file to describe")
+    show.add_argument("golden", metavar="GOLDEN", help="HDF5 file to describe")
     show.add_argument(
         "--json",
         dest="json_path",
         metavar="FILE",
-        nargs="?",
-        const=_BARE,
         help="write the description as JSON to FILE instead of printing the text; '-' "
         "prints the JSON",
     )
@@ -197,18 +189,6 @@ def add_parser(sub: Any, help: str) -> None:
 
 def run(args: argparse.Namespace, out: IO[str]) -> int:
     golden, target = args.golden, args.json_path
-    if target is not None and (target == _BARE or golden is None):
-        # `show GOLDEN --json` or `show --json GOLDEN`: JSON on stdout, as before.
-        print(
-            "parity: warning: a bare --json is deprecated and goes in the next release; "
-            "use --json - (stdout) or --json FILE",
-            file=sys.stderr,
-            flush=True,
-        )
-        golden = target if golden is None else golden
-        target = "-"
-    if golden is None:
-        raise CLIError("show needs GOLDEN, the HDF5 file to describe")
     doc = inventory(golden, verify=args.verify)
     if target is None:
         out.write(format_inventory(doc))

@@ -36,11 +36,6 @@ class Scale:
     max_abs: float
 
     @classmethod
-    def for_rule(cls, rule: Rule, golden: np.ndarray, g64: np.ndarray | None = None) -> Scale:
-        """`Scale.of(golden)` if `rule` needs it, else a placeholder without the pass."""
-        return cls.of(golden, g64) if rule.needs_scale() else cls(golden.dtype, 0.0)
-
-    @classmethod
     def of(cls, golden: np.ndarray, g64: np.ndarray | None = None) -> Scale:
         """The scale of `golden` (`g64`: the same array as float64, if the caller has it)."""
         x64 = g64 if g64 is not None else golden.astype(np.float64)

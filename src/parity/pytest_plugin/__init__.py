@@ -42,8 +42,7 @@ roots go to the front of `sys.path` before conftests and test modules are import
   persistent compilation cache folder, one per machine (`parity.run.jax_cache`): shared by
   the xdist workers, the processes of a distributed session and every process the tests
   start. `none` disables it. Default `~/.cache/parity/jax` (`$XDG_CACHE_HOME/parity/jax`),
-  outside the checkout. `--parity-cache` is its deprecated old spelling. The terminal
-  summary counts the session's compiles and cache loads.
+  outside the checkout. The terminal summary counts the session's compiles and cache loads.
 
 Fixtures:
 

@@ -43,15 +43,6 @@ def session_config(config: pytest.Config) -> ParityConfig:
     a fourth source, the ini value `parity_goldens`, under `[tool.parity]`; the option and
     the ini value are relative to the rootdir. A bad value is a `pytest.UsageError`."""
     raw_cache = config.getoption("--parity-jax-cache")
-    if config.getoption("--parity-cache") is not None:
-        config.issue_config_time_warning(
-            DeprecationWarning(
-                "--parity-cache is deprecated and goes in the next release; use "
-                "--parity-jax-cache (the same value)"
-            ),
-            stacklevel=2,
-        )
-        raw_cache = raw_cache or config.getoption("--parity-cache")
     devices = config.getoption("--parity-devices")
     if devices is not None and devices < 1:
         raise pytest.UsageError(f"--parity-devices must be at least 1, got {devices}")

@@ -3,7 +3,6 @@ the session report and fails with the table."""
 
 from __future__ import annotations
 
-import warnings
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
@@ -42,7 +41,6 @@ class _Check:
         produce_s: float | None = None,
         fail: bool = True,
         provenance: Mapping[str, Any] | None = None,
-        class_overrides: Sequence[tuple[str, str]] | None = None,
     ) -> Any:
         """Compare `actual` against a golden group (by name) or a live reference.
 
@@ -67,8 +65,6 @@ class _Check:
         - `provenance`: the environment `actual` was produced in, when that was another
           process (`parity.run.runner.produce`'s `Produced.provenance[group]`); default this
           one's. A golden check judges environment drift and calibrated layouts by it.
-        - `class_overrides`: the old name of `overrides` (a `DeprecationWarning`; it goes
-          in the next release).
 
         **Returns:** the `parity.judge.compare.Comparison`.
         """
@@ -78,14 +74,6 @@ class _Check:
         from parity.results import CheckError
 
         config = self.config
-        if class_overrides is not None:
-            warnings.warn(
-                "parity_check(class_overrides=...) is deprecated and goes in the next release; "
-                "use overrides=... (the same rules)",
-                DeprecationWarning,
-                stacklevel=2,
-            )
-            overrides = [*class_overrides, *overrides]
         rules = [*config.stash[OVERRIDES], *overrides]
         save = config.getoption("--parity-save-actual")
         save = None if save is None else Path(config.invocation_params.dir, save).resolve()

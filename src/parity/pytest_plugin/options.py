@@ -9,8 +9,6 @@ the command line.
 
 from __future__ import annotations
 
-import argparse
-
 import pytest
 
 from parity.run.config import BASELINE_MODES, DRIFT_MODES
@@ -124,7 +122,4 @@ def pytest_addoption(parser: pytest.Parser) -> None:
         "workers and every process the tests start; 'none' turns it off (default: "
         "PARITY_JAX_CACHE, else [tool.parity] jax_cache, else ~/.cache/parity/jax)",
     )
-    # The old spelling of --parity-jax-cache (one release): a DeprecationWarning names it;
-    # not shown to a new user.
-    group.addoption("--parity-cache", default=None, metavar="DIR", help=argparse.SUPPRESS)
     parser.addini("parity_goldens", "golden folder, relative to the rootdir", default="goldens")

@@ -68,7 +68,6 @@ class Produced:
     **Fields:**
 
     - `groups`: group -> `{key: array}`, keys in producer (forward) order.
-    - `class_maps`: group -> the producers' `CLASS_MAP` rules.
     - `seconds`: wall time of the run, process start included.
     - `xla_flags`: the XLA flags the run used.
     - `provenance`: group -> the producer process's provenance (collected where the arrays
@@ -79,7 +78,6 @@ class Produced:
     """
 
     groups: dict[str, dict[str, np.ndarray]]
-    class_maps: dict[str, list[list[str]]]
     seconds: float
     xla_flags: str
     provenance: dict[str, dict[str, Any]] = field(default_factory=dict)
@@ -166,17 +164,15 @@ def produce(
             output = (e.output if isinstance(e, ProducerRunError) else "") or str(e)
             raise ProducersFailed(failure_reason(output), output) from None
         out: dict[str, dict[str, np.ndarray]] = {}
-        maps: dict[str, list[list[str]]] = {}
         provenance: dict[str, dict[str, Any]] = {}
         orders: dict[str, str] = {}
         for manifest in sorted(Path(tmp).glob("*.json")):
             loaded = load_runner_output(Path(tmp), manifest.stem)
             out[manifest.stem] = loaded.arrays
-            maps[manifest.stem] = loaded.class_map
             provenance[manifest.stem] = loaded.provenance
             orders[manifest.stem] = loaded.order
     layout = Layout(config.processes, config.devices)
-    return Produced(out, maps, time.perf_counter() - t0, flags, provenance, layout, orders)
+    return Produced(out, time.perf_counter() - t0, flags, provenance, layout, orders)
 
 
 def check_produced(
