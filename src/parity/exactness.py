@@ -24,7 +24,7 @@ from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
 from parity.base_judge import BaseSource, BaseUnavailable, judge_by_base
-from parity.calibration.bounds import BY_CALIBRATION, CALIBRATED
+from parity.calibrated.bounds import BY_CALIBRATION, CALIBRATED
 from parity.environment import EnvironmentDifference
 from parity.judge.classes import ToleranceClass
 from parity.judge.compare import Comparison, Finding, Order
