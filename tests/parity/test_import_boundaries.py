@@ -1,6 +1,7 @@
 """What each layer of parity may import, held by tests: each subpackage's docstring says it in
 prose, these tests in fresh processes; parity's modules import one another without a cycle,
-and each layer only the layers below it (issue 23)."""
+and each layer only the layers below it (issue 23); so do its folders, as a reader sees
+them, each at one height (issue 38)."""
 
 from __future__ import annotations
 
@@ -191,6 +192,68 @@ def test_the_cycle_finder_finds_a_cycle() -> None:
 def test_parity_modules_import_one_another_without_a_cycle() -> None:
     graph = _import_graph()
     assert "parity.store.reader" in graph and "parity.judge.compare" in graph
+    assert _cycles(graph) == []
+
+
+def _folder_of(module: str) -> str:
+    """The node a reader sees `module` in: its subpackage folder of src/parity, or the
+    top-level module itself (`parity.check`); `parity` for the package's `__init__`."""
+    return ".".join(module.split(".")[:2])
+
+
+def _folder_imports() -> dict[tuple[str, str], list[str]]:
+    """Each import from one folder into another (`parity` itself aside), with the module
+    imports that make it: inside functions too, never under `if TYPE_CHECKING:`."""
+    paths = sorted(SRC.rglob("*.py"))
+    known = {_module_name(p) for p in paths}
+    edges: dict[tuple[str, str], list[str]] = {}
+    for path in paths:
+        module = _module_name(path)
+        for other in sorted(_imports(path, known, anywhere=True)):
+            edge = (_folder_of(module), _folder_of(other))
+            if edge[0] != edge[1] and "parity" not in edge:
+                edges.setdefault(edge, []).append(f"{module} -> {other}")
+    return edges
+
+
+def _folder_tier(folder: str) -> int:
+    return next(i for i, units in enumerate(LAYERS) if folder in units)
+
+
+def test_each_folder_sits_at_one_tier() -> None:
+    """A folder is one room at one height: every module in it falls under the folder's own
+    entry in `LAYERS`, and `LAYERS` names folders and top-level modules, each once, never a
+    module inside a folder (which would hang part of a room at another height)."""
+    modules = {_module_name(p) for p in SRC.rglob("*.py")} - {"parity"}
+    tiers: dict[str, set[int]] = {}
+    for module in modules:
+        unit = _unit_of(module)
+        assert unit is not None, module
+        tiers.setdefault(_folder_of(module), set()).add(_folder_tier(unit))
+    assert {f: sorted(t) for f, t in sorted(tiers.items()) if len(t) > 1} == {}
+    units = [u for tier in LAYERS for u in tier]
+    assert sorted(u for u in units if _folder_of(u) != u) == []
+    assert sorted(units) == sorted(set(units)) == sorted(tiers)
+
+
+def test_no_folder_imports_a_folder_of_its_own_tier_or_above() -> None:
+    edges = _folder_imports()
+    # An import inside a function counts: the calibrate command loads calibration when run.
+    assert ("parity.commands", "parity.calibration") in edges
+    assert ("parity.calibration", "parity.run") in edges
+    upward = [
+        f"{a} imports {b} ({', '.join(via)})"
+        for (a, b), via in sorted(edges.items())
+        if _folder_tier(b) >= _folder_tier(a)
+    ]
+    assert upward == []
+
+
+def test_the_folders_import_one_another_without_a_cycle() -> None:
+    graph: dict[str, set[str]] = {_folder_of(_module_name(p)): set() for p in SRC.rglob("*.py")}
+    for a, b in _folder_imports():
+        graph[a].add(b)
+    assert "parity.check" in graph["parity.run"]
     assert _cycles(graph) == []
 
 
