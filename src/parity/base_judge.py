@@ -8,7 +8,7 @@ change. So where such a check has keys that fail their pinned class, `judge_by_b
 
 1. holds the base re-produced here (a golden-format file a `BaseSource` provides) to the
    committed goldens under the calibrated bound of the dimensions that differ
-   (`parity.calibration.bounds.judge_environment`); a key beyond it means this environment is
+   (`parity.calibrated.bounds.judge_environment`); a key beyond it means this environment is
    outside the recorded noise, a `CheckError` naming the calibrate command;
 2. judges the tree against that re-production under the pinned classes, as the goldens
    would judge it in their own environment: bitwise keys bit for bit.
@@ -31,8 +31,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Protocol
 
-from parity.calibration.bounds import BY_CALIBRATION, calibrate_command, judge_environment
-from parity.calibration.spreads import Spreads
+from parity.calibrated.bounds import BY_CALIBRATION, calibrate_command, judge_environment
+from parity.calibrated.spreads import Spreads
 from parity.judge.classes import ToleranceClass
 from parity.judge.compare import Comparison, Finding, Order, compare_trees
 from parity.judge.floats import sig
@@ -118,7 +118,7 @@ def judge_by_base(
     - `gf`: the committed golden file of the group.
     - `base`: the group re-produced at `gf`'s base commit in this environment.
     - `classes`: key -> class name, or class (the check's precedence, each calibrated
-      key's spread bound: `parity.calibration.bounds.bind_calibrated`).
+      key's spread bound: `parity.calibrated.bounds.bind_calibrated`).
     - `registry`: the classes the tree is judged by (no drift relaxation: the tree and the
       base share their environment).
     - `held_registry`: the classes the base is held to the goldens by (the drift policy's).

@@ -20,7 +20,7 @@ judge.
 
 A key under the `calibrated` class is judged against its recorded spread, and in an
 environment other than the pin's each key by the looser of its class and its calibrated
-bound there: `parity.calibration.bounds` does both, here applied by `check_file`.
+bound there: `parity.calibrated.bounds` does both, here applied by `check_file`.
 
 **Errors.** Input the check cannot use raises a `CheckError` (a missing or unusable golden
 group, a refused drift, an unknown class); a comparison that fails is not an error: it is
@@ -37,8 +37,8 @@ from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, TypedDict, Unpack, cast
 
-from parity.calibration.bounds import bind_calibrated, judge_environment
-from parity.calibration.spreads import Spreads
+from parity.calibrated.bounds import bind_calibrated, judge_environment
+from parity.calibrated.spreads import Spreads
 from parity.environment import (
     EnvironmentDifference,
     PolicyDecision,

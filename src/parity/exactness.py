@@ -26,7 +26,7 @@ from __future__ import annotations
 from collections.abc import Callable, Mapping, Sequence
 from typing import TYPE_CHECKING, Any
 
-from parity.calibration.bounds import BY_CALIBRATION, CALIBRATED
+from parity.calibrated.bounds import BY_CALIBRATION, CALIBRATED
 from parity.environment import EnvironmentDifference
 from parity.judge.classes import ToleranceClass
 from parity.judge.compare import Comparison, Finding, Order

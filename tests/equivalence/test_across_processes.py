@@ -32,7 +32,7 @@ from typing import Any
 
 import pytest
 
-from parity.calibration.spreads import Spreads
+from parity.calibrated.spreads import Spreads
 from parity.judge.tolerance import ClassMap
 from parity.report import format_table
 from parity.run.config import load_config

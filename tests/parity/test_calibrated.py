@@ -14,9 +14,9 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from parity.calibration.bounds import bind_calibrated
+from parity.calibrated.bounds import bind_calibrated
+from parity.calibrated.spreads import Spreads
 from parity.calibration.record import merge_spreads
-from parity.calibration.spreads import Spreads
 from parity.commands.diff import run_diff
 from parity.commands.show import inventory
 from parity.environment import Dimension

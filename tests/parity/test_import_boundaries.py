@@ -1,6 +1,7 @@
 """What each layer of parity may import, held by tests: each subpackage's docstring says it in
 prose, these tests in fresh processes; parity's modules import one another without a cycle,
-and each layer only the layers below it (issue 23)."""
+and each layer only the layers below it (issue 23); so do its folders, as a reader sees
+them, each at one height (issue 38)."""
 
 from __future__ import annotations
 
@@ -24,6 +25,7 @@ FORBIDDEN = {
     "parity.store": ("jax", "decomp"),
     "parity.report": ("jax", "h5py", "decomp"),
     "parity.run": ("jax", "decomp"),
+    "parity.calibrated": ("jax", "h5py", "decomp"),
     "parity.calibration": ("jax", "decomp"),
 }
 
@@ -88,28 +90,29 @@ def _imports(path: Path, known: set[str], *, anywhere: bool = False) -> set[str]
     return {m for m in found if m in known and m != name}
 
 
-#: parity's layers, lowest first. A module may import its own unit and the units of every
-#: tier before its own, never a sibling of its tier nor a unit of a later tier; imports inside
-#: functions count (they run as soon as the function does), those under `if TYPE_CHECKING:`
-#: (which never run) do not. `parity` itself (the package's `__init__`, which imports nothing
-#: until a public name is used) sits below every tier. The order is the one the code had
-#: when it was written down (issue 23); each subpackage's docstring says it in prose.
+#: parity's layers, lowest first, by folder as a reader sees them: each subpackage of
+#: src/parity is one unit, each top-level module one of its own, and a unit sits at one tier.
+#: A module may import its own unit and the units of every tier before its own, never a
+#: sibling of its tier nor a unit of a later tier; imports inside functions count (they run
+#: as soon as the function does), those under `if TYPE_CHECKING:` (which never run) do not.
+#: `parity` itself (the package's `__init__`, which imports nothing until a public name is
+#: used) sits below every tier. The order is the one the code had when it was written down
+#: (issue 23), with the calibrated class in a check and the measuring of the noise in two
+#: rooms since (issue 38); each subpackage's docstring says it in prose.
 LAYERS: tuple[tuple[str, ...], ...] = (
-    # leaves: the XLA flag names; the recorded spreads; compile statistics (jax only)
-    ("parity.xla_env", "parity.calibration.spreads", "parity.compile_stats"),
+    # leaves: the XLA flag names; compile statistics (jax only)
+    ("parity.xla_env", "parity.compile_stats"),
     ("parity.environment",),  # whether two environments differ, and how: decided once
     ("parity.judge",),  # numpy only
     # each over the judge (the store: h5py, xla_env too; localise: jax inside functions only)
     ("parity.store", "parity.report", "parity.origin"),
     ("parity.results",),  # the core: what a check hands back (CheckResult, CheckError)
-    ("parity.calibration.bounds",),  # the core: the calibrated class in a check
+    ("parity.calibrated",),  # the core: the recorded spreads, the calibrated class in a check
     ("parity.base_judge",),  # the core: the second judge, a base re-produced here
     ("parity.exactness",),  # the core: how exact a verdict is, the call to the second judge
     ("parity.check",),  # the core: golden folder, class precedence, drift policy, compare
     ("parity.run",),  # running producers: config, git, processes, repin, bisect, baseline
-    # measuring the noise (`parity calibrate`): the rest of the calibration room, whose two
-    # modules a check reads sit below (spreads among the leaves, bounds in the core)
-    ("parity.calibration",),
+    ("parity.calibration",),  # measuring the noise (`parity calibrate`), over the runner
     ("parity.assertions", "parity.commands", "parity.pytest_plugin"),  # the faces
     ("parity.cli",),  # the one argparse tree over the commands
     ("parity.__main__",),
@@ -189,6 +192,68 @@ def test_the_cycle_finder_finds_a_cycle() -> None:
 def test_parity_modules_import_one_another_without_a_cycle() -> None:
     graph = _import_graph()
     assert "parity.store.reader" in graph and "parity.judge.compare" in graph
+    assert _cycles(graph) == []
+
+
+def _folder_of(module: str) -> str:
+    """The node a reader sees `module` in: its subpackage folder of src/parity, or the
+    top-level module itself (`parity.check`); `parity` for the package's `__init__`."""
+    return ".".join(module.split(".")[:2])
+
+
+def _folder_imports() -> dict[tuple[str, str], list[str]]:
+    """Each import from one folder into another (`parity` itself aside), with the module
+    imports that make it: inside functions too, never under `if TYPE_CHECKING:`."""
+    paths = sorted(SRC.rglob("*.py"))
+    known = {_module_name(p) for p in paths}
+    edges: dict[tuple[str, str], list[str]] = {}
+    for path in paths:
+        module = _module_name(path)
+        for other in sorted(_imports(path, known, anywhere=True)):
+            edge = (_folder_of(module), _folder_of(other))
+            if edge[0] != edge[1] and "parity" not in edge:
+                edges.setdefault(edge, []).append(f"{module} -> {other}")
+    return edges
+
+
+def _folder_tier(folder: str) -> int:
+    return next(i for i, units in enumerate(LAYERS) if folder in units)
+
+
+def test_each_folder_sits_at_one_tier() -> None:
+    """A folder is one room at one height: every module in it falls under the folder's own
+    entry in `LAYERS`, and `LAYERS` names folders and top-level modules, each once, never a
+    module inside a folder (which would hang part of a room at another height)."""
+    modules = {_module_name(p) for p in SRC.rglob("*.py")} - {"parity"}
+    tiers: dict[str, set[int]] = {}
+    for module in modules:
+        unit = _unit_of(module)
+        assert unit is not None, module
+        tiers.setdefault(_folder_of(module), set()).add(_folder_tier(unit))
+    assert {f: sorted(t) for f, t in sorted(tiers.items()) if len(t) > 1} == {}
+    units = [u for tier in LAYERS for u in tier]
+    assert sorted(u for u in units if _folder_of(u) != u) == []
+    assert sorted(units) == sorted(set(units)) == sorted(tiers)
+
+
+def test_no_folder_imports_a_folder_of_its_own_tier_or_above() -> None:
+    edges = _folder_imports()
+    # An import inside a function counts: the calibrate command loads calibration when run.
+    assert ("parity.commands", "parity.calibration") in edges
+    assert ("parity.calibration", "parity.run") in edges
+    upward = [
+        f"{a} imports {b} ({', '.join(via)})"
+        for (a, b), via in sorted(edges.items())
+        if _folder_tier(b) >= _folder_tier(a)
+    ]
+    assert upward == []
+
+
+def test_the_folders_import_one_another_without_a_cycle() -> None:
+    graph: dict[str, set[str]] = {_folder_of(_module_name(p)): set() for p in SRC.rglob("*.py")}
+    for a, b in _folder_imports():
+        graph[a].add(b)
+    assert "parity.check" in graph["parity.run"]
     assert _cycles(graph) == []
 
 

@@ -26,7 +26,7 @@ from typing import Any, Literal
 
 import numpy as np
 
-from parity.calibration.spreads import Spreads
+from parity.calibrated.spreads import Spreads
 from parity.check import pinned_class_map
 from parity.judge.classes import REGISTRY, ToleranceClass
 from parity.judge.compare import Finding, compare_arrays

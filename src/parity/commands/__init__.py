@@ -17,6 +17,7 @@ code 2. Importing any of these modules imports no jax; the commands that run pro
 import what they need when they run, so that `parity diff` and `parity show` load neither
 those nor the second judge (`tests/parity/test_cli.py` holds them to that). A face: it may
 import every layer below it (`parity.judge`, `parity.store`, `parity.report`, the core,
-`parity.run`), never a sibling face (`parity.pytest_plugin`, `parity.assertions`) nor
-`parity.cli` above it (`tests/parity/test_import_boundaries.py` holds it to that).
+`parity.run`, `parity.calibration`), never a sibling face (`parity.pytest_plugin`,
+`parity.assertions`) nor `parity.cli` above it (`tests/parity/test_import_boundaries.py`
+holds it to that).
 """

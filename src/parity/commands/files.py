@@ -7,8 +7,8 @@ import contextlib
 from collections.abc import Callable, Iterator, Sequence
 from pathlib import Path
 
-from parity.calibration.bounds import bind_calibrated
-from parity.calibration.spreads import Spreads
+from parity.calibrated.bounds import bind_calibrated
+from parity.calibrated.spreads import Spreads
 from parity.check import pinned_class_map
 from parity.commands.common import CLIError
 from parity.judge.tolerance import class_resolver

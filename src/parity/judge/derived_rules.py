@@ -104,7 +104,7 @@ class Calibrated(Rule):
     `spread` is the largest `|a-b|` that benign perturbations of the environment (other
     ISA caps, device counts, process layouts, a repeat) moved this key from its golden,
     as `parity calibrate --write` recorded it in the golden file; the check sets it per key
-    as data, the exact float (`parity.calibration.bounds.bind_calibrated`), so the class
+    as data, the exact float (`parity.calibrated.bounds.bind_calibrated`), so the class
     map and every report name the class alone.
     `k` is the margin over the measured noise; the floor, in ulps of the golden's largest
     finite magnitude, keeps a key whose noise measured zero from being held to bitwise

@@ -176,7 +176,7 @@ def get_class(
 
 
 #: Rule parameters a check binds per key from the golden file's recorded calibration
-#: (`parity.calibration.bounds.bind_calibrated`), so a class map or an override may name a
+#: (`parity.calibrated.bounds.bind_calibrated`), so a class map or an override may name a
 #: class that leaves them open (`calibrated`, whose `spread` is each key's own).
 PER_KEY_PARAMS = frozenset({"spread"})
 

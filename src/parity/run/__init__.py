@@ -8,8 +8,8 @@ it, `repin` pins what it saved, `runner` produces and checks, `baseline` re-prod
 golden's base here; `bisection` searches on top (measuring the environment's noise is
 `parity.calibration`'s, which sits above this layer). It may import numpy, the layers below
 it (`parity.judge`, `parity.store`, `parity.report`, the core: `parity.check`,
-`parity.calibration.bounds`, `parity.results`, and the leaves `parity.xla_env`,
-`parity.calibration.spreads`, `parity.compile_stats`); jax only lazily, inside a function
+`parity.calibrated`, `parity.results`, and the leaves `parity.xla_env`,
+`parity.compile_stats`); jax only lazily, inside a function
 that runs once jax is wanted; never decomp, nor the faces above it (`parity.commands`,
 `parity.pytest_plugin`, `parity.cli`, `parity.assertions`):
 `tests/parity/test_import_boundaries.py` holds it to that. Nothing is re-exported: import

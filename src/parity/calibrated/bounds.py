@@ -2,7 +2,7 @@
 
 A key under `calibrated` is judged against its own recorded spread: `bind_calibrated` gives
 each such key the class resolved with the spread its golden file records
-(`parity.calibration.spreads.Spreads`) bound as the rule's parameter `spread`, as data: the
+(`parity.calibrated.spreads.Spreads`) bound as the rule's parameter `spread`, as data: the
 exact float, never text in the class's name, which stays as the class map writes it
 (`calibrated`, `calibrated[k=8]`). Where the check's environment differs from the pin's in
 a calibrated dimension (device count, processes, ISA cap, processor:
@@ -19,7 +19,7 @@ from collections.abc import Callable, Mapping
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from parity.calibration.spreads import Spreads
+from parity.calibrated.spreads import Spreads
 from parity.judge.chunks import DEFAULT_BUDGET
 from parity.judge.classes import REGISTRY, ToleranceClass
 from parity.judge.compare import Comparison, Finding, compare_arrays
@@ -58,7 +58,7 @@ def bind_calibrated(
 ) -> Callable[[str], KeyClass]:
     """`resolve`, with each key under the `calibrated` class (and no spread written in the
     class map) resolved to its `ToleranceClass` with its recorded spread (its envelope over
-    every perturbation, `parity.calibration.spreads.Spreads.envelope`) bound as the rule's `spread`;
+    every perturbation, `parity.calibrated.spreads.Spreads.envelope`) bound as the rule's `spread`;
     every other key keeps its class name. `CheckError` naming the calibrate command where
     no spread is recorded; `UnknownClassError` for a calibrated class `registry` cannot
     build."""
