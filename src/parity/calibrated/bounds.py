@@ -10,12 +10,20 @@ a calibrated dimension (device count, processes, ISA cap, processor:
 that fails its pinned class again under its calibrated bound there: the looser of the two
 decides. `parity.check.check_file` applies both, for a check of a golden group and for
 `parity diff` alike.
+
+**The classes of a golden's keys** are composed once, in `golden_classes`: the class map
+pinned in the file, the one precedence (`parity.judge.tolerance.class_resolver`: overrides,
+the caller's map, the pinned map, the class recorded with each array, `bitwise`) and each
+calibrated key's recorded spread bound on its rule. A check (`parity.check`), `parity show`
+(`parity.commands.files`) and `parity calibrate`'s measure (`parity.calibration.measure`)
+all call it.
 """
 
 from __future__ import annotations
 
 import dataclasses
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -23,7 +31,15 @@ from parity.calibrated.spreads import Spreads
 from parity.judge.chunks import DEFAULT_BUDGET
 from parity.judge.classes import REGISTRY, ToleranceClass
 from parity.judge.compare import Comparison, Finding, compare_arrays
-from parity.judge.tolerance import KeyClass, get_class, parse_class_name
+from parity.judge.tolerance import (
+    ClassMap,
+    ClassMapLike,
+    KeyClass,
+    Overrides,
+    class_resolver,
+    get_class,
+    parse_class_name,
+)
 from parity.results import CheckError
 
 if TYPE_CHECKING:
@@ -33,9 +49,13 @@ if TYPE_CHECKING:
 __all__ = [
     "BY_CALIBRATION",
     "CALIBRATED",
+    "KeyClasses",
     "bind_calibrated",
+    "bind_spread",
     "calibrate_command",
+    "golden_classes",
     "judge_environment",
+    "pinned_class_map",
 ]
 
 #: The class of the calibrated bounds: its `k` and floor, from the registry's `calibrated`.
@@ -75,9 +95,97 @@ def bind_calibrated(
                 f"records no calibration of it; measure and record it with "
                 f"`{calibrate_command(group)}`"
             )
-        return get_class(name, registry, params={"spread": spread})
+        return bind_spread(name, spread, registry)
 
     return bound
+
+
+def bind_spread(
+    name: str, spread: float, registry: Mapping[str, ToleranceClass] = REGISTRY
+) -> ToleranceClass:
+    """The class `name` (a `calibrated` one) with `spread` bound on its rule as data, the
+    exact float (`parity.judge.tolerance.get_class`'s `params`): the one way a spread is
+    bound, for a check's keys, its second judgement by calibration and `parity calibrate`'s
+    measure."""
+    return get_class(name, registry, params={"spread": spread})
+
+
+def pinned_class_map(gf: GoldenFile) -> ClassMap | None:
+    """The class map pinned in `gf`, or None if it pins none; `CheckError` if malformed."""
+    if not gf.class_map_json:
+        return None
+    try:
+        return ClassMap.from_json(gf.class_map_json)
+    except ValueError as e:
+        raise CheckError(
+            f"{gf.path}: the pinned class map is malformed ({e}); pass a class map, or repin "
+            "the file"
+        ) from None
+
+
+@dataclass(frozen=True)
+class KeyClasses:
+    """The classes of a golden's keys (`golden_classes`).
+
+    **Fields:**
+
+    - `names`: key -> class name, by the one precedence (`class_resolver`'s).
+    - `bound`: key -> its class for a comparison: the name, or for a key under `calibrated`
+      its `ToleranceClass` with the recorded spread bound (`bind_calibrated`; a
+      `CheckError` naming the calibrate command where none is recorded).
+    - `keys`: the golden's keys (those asked for), in forward order: the pinned order, then
+      the keys pinned without a place, by name (the order a comparison reports them in).
+    - `spreads`: the spreads the file records.
+    """
+
+    names: Callable[[str], str]
+    bound: Callable[[str], KeyClass]
+    keys: tuple[str, ...]
+    spreads: Spreads
+
+    def unbound(self, key: str) -> bool:
+        """Whether `key` is under `calibrated` with no spread written in its class name
+        nor recorded in the file (`bound` refuses it; `parity calibrate` measures it)."""
+        base, params = parse_class_name(self.names(key))
+        return base == CALIBRATED and "spread" not in params and self.spreads.envelope(key) is None
+
+
+def golden_classes(
+    gf: GoldenFile,
+    *,
+    overrides: Overrides = (),
+    class_map: ClassMapLike = None,
+    keys: Sequence[str] | None = None,
+    registry: Mapping[str, ToleranceClass] = REGISTRY,
+) -> KeyClasses:
+    """The classes of `gf`'s keys: the one place the pinned map, the precedence and the
+    recorded spreads are composed.
+
+    **Arguments:**
+
+    - `gf`: the golden file (its pinned class map, the class recorded with each array, its
+      forward order and its recorded spreads).
+    - `overrides`, `class_map`: the check's rules and the caller's map, before the pinned
+      map (`parity.judge.tolerance.class_resolver`).
+    - `keys`: the keys whose recorded classes count (a check of part of a group); default
+      every key of `gf`.
+    - `registry`: the classes a calibrated key's class is built from.
+
+    **Returns:** a `KeyClasses`. Raises `CheckError` where the pinned map is malformed.
+    """
+    chosen = set(gf) if keys is None else set(keys)
+    wanted = [k for k in gf if k in chosen]
+    names = class_resolver(
+        overrides=overrides,
+        class_map=class_map,
+        pinned=pinned_class_map(gf),
+        recorded={k: gf.info(k).class_name for k in wanted},
+    )
+    spreads = Spreads.of(gf.provenance)
+    placed = [k for k in gf.ordered_keys() if k in chosen]
+    ordered = (*placed, *sorted(set(wanted) - set(placed)))
+    bound = bind_calibrated(names, spreads, gf.path.stem, gf.path, registry)
+    return KeyClasses(names, bound, ordered, spreads)
 
 
 def judge_environment(
@@ -121,7 +229,7 @@ def judge_environment(
         if f.verdict != "fail" or spread is None or f.key not in flat_a:
             findings.append(f)
             continue
-        tol = get_class(CALIBRATED, registry, params={"spread": spread})
+        tol = bind_spread(CALIBRATED, spread, registry)
         again = compare_arrays(
             f.key, flat_a[f.key], gf.source(f.key), tol, order=f.order, budget=budget
         )

@@ -26,12 +26,11 @@ from typing import Any, Literal
 
 import numpy as np
 
-from parity.calibrated.spreads import Spreads
-from parity.check import pinned_class_map
+from parity.calibrated.bounds import bind_spread, golden_classes
 from parity.judge.classes import REGISTRY, ToleranceClass
 from parity.judge.compare import Finding, compare_arrays
 from parity.judge.floats import from_json_float, json_float, largest_finite_abs
-from parity.judge.tolerance import Overrides, class_resolver, get_class, parse_class_name
+from parity.judge.tolerance import Overrides, to_class
 from parity.judge.ulp import is_float_dtype, to_float64
 from parity.store import GoldenFile
 
@@ -194,23 +193,18 @@ def measure(
 
     **Returns:** one `KeySpread` per golden key, in the golden's forward order.
     """
-    resolve = class_resolver(
-        overrides=overrides,
-        pinned=pinned_class_map(golden),
-        recorded={k: golden.info(k).class_name for k in golden},
-    )
+    classes = golden_classes(golden, overrides=overrides, registry=registry)
     out: list[KeySpread] = []
-    ordered = golden.ordered_keys()
-    recorded = Spreads.of(golden.provenance)
-    for key in ordered + sorted(set(golden) - set(ordered)):
+    for key in classes.keys:
         g = np.asarray(golden[key])
-        name = resolve(key)
-        base, params = parse_class_name(name)
+        name = classes.names(key)
         # A `calibrated` key is measured against its recorded spread; never calibrated
         # before, against this measurement's own (its ratio is then 1/k by construction).
-        pending = base == "calibrated" and "spread" not in params
-        spread = recorded.envelope(key) if pending else None
-        tol = get_class(name, registry, params={"spread": spread or 0.0} if pending else None)
+        unbound = classes.unbound(key)
+        if unbound:
+            tol = bind_spread(name, 0.0, registry)
+        else:
+            tol = to_class(classes.bound(key), registry)
         scale = _scale(g)
         findings: list[tuple[str, Finding]] = []
         unmeasured: list[str] = []
@@ -223,9 +217,8 @@ def measure(
                 unmeasured.append(f"{label}: {f.reason}")
                 continue
             findings.append((label, f))
-        if pending and spread is None and findings:
-            measured = max(f.max_abs or 0.0 for _, f in findings)
-            tol = get_class(name, registry, params={"spread": measured})
+        if unbound and findings:
+            tol = bind_spread(name, max(f.max_abs or 0.0 for _, f in findings), registry)
             findings = [(label, compare_arrays(key, runs[label][key], g, tol))
                         for label, _ in findings]  # fmt: skip
         bound = next((f.bound for _, f in findings if f.bound is not None), 0.0) or 0.0

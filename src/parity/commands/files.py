@@ -7,11 +7,8 @@ import contextlib
 from collections.abc import Callable, Iterator, Sequence
 from pathlib import Path
 
-from parity.calibrated.bounds import bind_calibrated
-from parity.calibrated.spreads import Spreads
-from parity.check import pinned_class_map
+from parity.calibrated.bounds import golden_classes
 from parity.commands.common import CLIError
-from parity.judge.tolerance import class_resolver
 from parity.results import CheckError
 from parity.store import GoldenFile, GoldenStoreError, open_goldens
 
@@ -57,30 +54,23 @@ def read_errors(gf: GoldenFile, key: str | None, role: str) -> Iterator[None]:
 
 
 def key_classes(
-    gf: GoldenFile,
-    recorded: dict[str, str],
-    *,
-    class_name: str | None = None,
-    overrides: Sequence[tuple[str, str]] = (),
+    gf: GoldenFile, *, class_name: str | None = None, overrides: Sequence[tuple[str, str]] = ()
 ) -> Callable[[str], str]:
-    """key -> class name in `gf`, by `parity.judge.tolerance.class_resolver`'s precedence:
-    `overrides`, then `class_name` for every key, then `gf`'s pinned map, then the class
-    `recorded` with each array, then bitwise. A key a check would refuse (under `calibrated`
-    with no spread recorded in `gf`) is a `CLIError` naming the calibrate command."""
+    """key -> class name in `gf`, by `parity.calibrated.bounds.golden_classes` (the one
+    precedence: `overrides`, then `class_name` for every key, then `gf`'s pinned map, then
+    the class recorded with each array, then bitwise). A key a check would refuse (under
+    `calibrated` with no spread recorded in `gf`) is a `CLIError` naming the calibrate
+    command."""
     try:
-        pinned = pinned_class_map(gf)
+        classes = golden_classes(gf, overrides=overrides, class_map=class_name)
     except CheckError as e:
         raise CLIError(f"GOLDEN: {e}") from None
-    names = class_resolver(
-        overrides=overrides, class_map=class_name, pinned=pinned, recorded=recorded
-    )
-    bound = bind_calibrated(names, Spreads.of(gf.provenance), gf.path.stem, gf.path)
 
     def resolve(key: str) -> str:
         try:
-            bound(key)  # as a check binds it: a calibrated key needs its recorded spread
+            classes.bound(key)  # as a check binds it: a calibrated key needs its recorded spread
         except CheckError as e:
             raise CLIError(f"GOLDEN: {e}") from None
-        return names(key)
+        return classes.names(key)
 
     return resolve

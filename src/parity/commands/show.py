@@ -58,7 +58,7 @@ def inventory(golden: str | Path, *, verify: bool = False) -> dict[str, Any]:
                 raise CLIError(
                     f"GOLDEN: {gf.path}: the pinned class map is not JSON ({e}); repin the file"
                 ) from None
-        bound = key_classes(gf, {i.key: i.class_name for i in infos})
+        bound = key_classes(gf)
         notes: list[str] = []
 
         def resolve(key: str) -> str:
