@@ -26,17 +26,18 @@ Nothing here runs producers or imports jax.
 
 from __future__ import annotations
 
+import dataclasses
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, Protocol
+from typing import TYPE_CHECKING, Any, Protocol, runtime_checkable
 
 from parity.calibrated.bounds import BY_CALIBRATION, calibrate_command, judge_environment
 from parity.calibrated.spreads import Spreads
 from parity.judge.classes import ToleranceClass
 from parity.judge.compare import Comparison, Finding, Order, compare_trees
 from parity.judge.floats import sig
-from parity.judge.tolerance import KeyClass
+from parity.judge.tolerance import KeyClass, to_class
 from parity.results import BaseUnavailable, CheckError
 from parity.store import GoldenStoreError, open_goldens
 
@@ -46,8 +47,10 @@ if TYPE_CHECKING:
 
 __all__ = [
     "BASE",
+    "BaseRequest",
     "BaseSource",
     "BaseUnavailable",
+    "BatchBaseSource",
     "ReproducedBase",
     "judge_by_base",
 ]
@@ -73,6 +76,11 @@ class ReproducedBase:
     seconds: float = 0.0
 
 
+#: What a check's first verdict asks of a `BaseSource`: `(group, pinned provenance, current
+#: provenance)` (`parity.exactness.FirstVerdict.base_request`).
+BaseRequest = tuple[str, Mapping[str, Any], Mapping[str, Any]]
+
+
 class BaseSource(Protocol):
     """What re-produces a golden group at its base commit in a check's environment."""
 
@@ -81,6 +89,19 @@ class BaseSource(Protocol):
     ) -> ReproducedBase:
         """The group re-produced at `pinned["base_sha"]` in the environment `current`
         describes (a provenance); raises `BaseUnavailable` where it cannot be."""
+        ...
+
+
+@runtime_checkable
+class BatchBaseSource(BaseSource, Protocol):
+    """A `BaseSource` that also re-produces several groups at once: the missing ones of each
+    base commit and environment in one producer run (`parity.run.baseline.BaselineSource`).
+    `parity.exactness.prepare_bases` uses it where the source has it."""
+
+    def prepare(
+        self, wanted: Sequence[BaseRequest]
+    ) -> Mapping[str, ReproducedBase | BaseUnavailable]:
+        """Each group of `wanted` re-produced, or the `BaseUnavailable` saying why not."""
         ...
 
 
@@ -97,6 +118,43 @@ def _worst(findings: Sequence[Finding]) -> str:
     return text
 
 
+def _against_base(
+    flat_a: Mapping[str, Any],
+    base_arrays: Mapping[str, Any],
+    classes: Callable[[str], KeyClass],
+    registries: tuple[Mapping[str, ToleranceClass], Mapping[str, ToleranceClass]],
+    order: Order | None,
+    first: Comparison | None,
+    held: Comparison,
+) -> Comparison:
+    """The tree against the base under the exact classes (`registries[0]`). A key whose
+    bytes equal the goldens' both in the first verdict (`first`, under `registries[1]`) and
+    in the base (`held`), under the same class in both registries, equals the base bit for
+    bit: its first finding, named against the base, is what comparing it again would
+    find, so it is not compared again."""
+    exact, policy = registries
+    same = {f.key for f in held.findings if f.bitwise_equal}
+    reused = {
+        f.key: dataclasses.replace(f, reference=BASE)
+        for f in (first.findings if first is not None else ())
+        if f.bitwise_equal and f.key in same
+        and to_class(classes(f.key), exact) == to_class(classes(f.key), policy)
+    }  # fmt: skip
+    rest = compare_trees(
+        {k: a for k, a in flat_a.items() if k not in reused},
+        {k: b for k, b in base_arrays.items() if k not in reused},
+        classes, registry=exact, order=order, reference=BASE,
+    )  # fmt: skip
+    if first is None or not reused:
+        return rest
+    # The places in the forward order are the first verdict's: the same keys, the same order.
+    found = {f.key: f for f in rest.findings}
+    return Comparison(
+        tuple(reused.get(f.key) or dataclasses.replace(found[f.key], order=f.order)
+              for f in first.findings)
+    )  # fmt: skip
+
+
 def judge_by_base(
     flat_a: Mapping[str, Any],
     gf: GoldenFile,
@@ -109,6 +167,7 @@ def judge_by_base(
     order: Order | None,
     keys: Sequence[str],
     group: str,
+    first: Comparison | None = None,
 ) -> tuple[Comparison, str]:
     """Judge `flat_a` against the base re-produced here (see the module docstring).
 
@@ -127,6 +186,9 @@ def judge_by_base(
     - `order`: the forward order of the comparison.
     - `keys`: the golden keys the check covers.
     - `group`: the group's name, for messages.
+    - `first`: the tree against the goldens under `held_registry` (the check's first
+      verdict), whose findings are reused where they are what this comparison would find
+      (`_against_base`); None: every key is compared.
 
     **Returns:** the comparison of the tree against the base, and the header line naming
     this judge. Raises `CheckError` when the base is outside the goldens' recorded noise
@@ -161,10 +223,9 @@ def judge_by_base(
                     f"beyond); record this environment's noise on main with "
                     f"`{calibrate_command(group)}`, or run where the goldens were pinned"
                 )
-            comparison = compare_trees(
-                {k: flat_a[k] for k in flat_a}, base_arrays, classes, registry=registry,
-                order=order, reference=BASE,
-            )  # fmt: skip
+            comparison = _against_base(
+                flat_a, base_arrays, classes, (registry, held_registry), order, first, held
+            )
     except GoldenStoreError as e:
         raise CheckError(
             f"group {group!r}: the base re-produced at {base.sha[:12]} is unusable ({e}); "

@@ -30,30 +30,26 @@ about pytest.
 
 from __future__ import annotations
 
-import dataclasses
 import os
 import time
 from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, TypedDict, Unpack, cast
+from typing import TYPE_CHECKING, Any, TypedDict, Unpack
 
-from parity.calibrated.bounds import bind_calibrated, judge_environment
-from parity.calibrated.spreads import Spreads
+from parity.calibrated.bounds import golden_classes
 from parity.environment import (
     EnvironmentDifference,
     PolicyDecision,
     PolicyMode,
     environment_difference,
 )
-from parity.exactness import SECOND_JUDGE_OFF, inexact, judge_line, required_error, second_judge
+from parity.exactness import FirstVerdict, VerdictOptions, conclude, prepare_bases
 from parity.judge.chunks import DEFAULT_BUDGET
 from parity.judge.classes import REGISTRY, ToleranceClass
 from parity.judge.compare import Comparison, Order, compare_trees
-from parity.judge.dataflow import order_hint
 from parity.judge.rules import Ulp
 from parity.judge.tolerance import (
     DEFAULT_CLASS,
-    ClassMap,
     ClassMapLike,
     KeyClass,
     Overrides,
@@ -62,7 +58,7 @@ from parity.judge.tolerance import (
     class_resolver,
 )
 from parity.judge.trees import flatten
-from parity.results import CheckError, CheckResult
+from parity.results import CheckError, CheckResult, diff_command
 from parity.store import GoldenFile, GoldenMissingError, GoldenStoreError, open_goldens
 
 if TYPE_CHECKING:
@@ -75,8 +71,9 @@ __all__ = [
     "GoldenDir",
     "check_file",
     "check_group",
+    "check_groups",
     "check_live",
-    "pinned_class_map",
+    "first_verdict",
 ]
 
 #: The key of a bare array (a one-leaf pytree) in a live check or `assert_equivalent`.
@@ -145,19 +142,6 @@ def _as_dir(goldens: GoldenDir | str | os.PathLike[str]) -> GoldenDir:
 # --------------------------------------------------------------------------- classes
 
 
-def pinned_class_map(gf: GoldenFile) -> ClassMap | None:
-    """The class map pinned in `gf`, or None if it pins none; `CheckError` if malformed."""
-    if not gf.class_map_json:
-        return None
-    try:
-        return ClassMap.from_json(gf.class_map_json)
-    except ValueError as e:
-        raise CheckError(
-            f"{gf.path}: the pinned class map is malformed ({e}); pass a class map, or repin "
-            "the file"
-        ) from None
-
-
 def _policy_registry(
     decision: PolicyDecision, registry: Mapping[str, ToleranceClass]
 ) -> dict[str, ToleranceClass]:
@@ -171,21 +155,6 @@ def _policy_registry(
             meaning="bitwise, relaxed to ulp by the drift policy",
         )
     return out
-
-
-def _diff_command(
-    saved: Path, golden: Path | None, overrides: Overrides, class_map: ClassMapLike = None
-) -> str:
-    """The `parity diff` command that judges `saved` against `golden` as the check did:
-    its overrides, then the caller's class map (its rules as further `--override`s, its
-    default as `--class`), so that the table it prints is the check's."""
-    caller = ClassMap(default=class_map) if isinstance(class_map, str) else class_map
-    rules = [*overrides, *(caller.rules if caller is not None else ())]
-    parts = ["python -m parity diff", str(saved), str(golden) if golden else "<expected>"]
-    parts += [f"--override '{p}={c}'" for p, c in rules]
-    if caller is not None and caller.default is not None:
-        parts.append(f"--class '{caller.default}'")
-    return " ".join(parts)
 
 
 # --------------------------------------------------------------------------- checks
@@ -226,7 +195,37 @@ def _compare(
     return comparison, flat_a, time.perf_counter() - t0
 
 
-def check_file(
+class _GroupOptions(TypedDict, total=False):
+    """The options of a check of a golden group but its base (`first_verdict` takes them)."""
+
+    class_map: ClassMapLike
+    overrides: Overrides
+    order: Order | None
+    drift_mode: PolicyMode
+    registry: Mapping[str, ToleranceClass]
+    name: str | None
+    node: str | None
+    produce_s: float | None
+    save_actual: str | os.PathLike[str] | None
+    keys: Sequence[str] | None
+    require_base: bool
+
+
+class CheckOptions(_GroupOptions, total=False):
+    """The options of a check of a golden group, as `check_file` takes them."""
+
+    base: BaseSource | None
+
+
+class _FileOptions(_GroupOptions, total=False):
+    """`check_file`'s options besides `current` and `base`."""
+
+    difference: EnvironmentDifference | None
+    budget: int
+    golden_source: Callable[[str], Any] | None
+
+
+def first_verdict(
     actual: Any,
     gf: GoldenFile,
     *,
@@ -242,13 +241,70 @@ def check_file(
     produce_s: float | None = None,
     save_actual: str | os.PathLike[str] | None = None,
     keys: Sequence[str] | None = None,
-    base: BaseSource | None = None,
     require_base: bool = False,
     budget: int = DEFAULT_BUDGET,
     golden_source: Callable[[str], Any] | None = None,
+) -> FirstVerdict:
+    """`actual` judged by the golden file `gf`, before the second judge: the classes
+    resolved, the environment difference decided, the drift policy applied, the one
+    comparison made (the arguments are `check_file`'s). Whether a base is wanted is
+    `FirstVerdict.wants_base`. Raises `CheckError` for unusable input."""
+    started = time.time()
+    t0 = time.perf_counter()
+    group = gf.path.stem
+    try:
+        chosen = None if keys is None else set(keys)
+        wanted = [k for k in gf if chosen is None or k in chosen]
+        # Sources, not arrays: each is read in chunks when compared, checksum verified.
+        golden_arrays = {k: (golden_source or gf.source)(k) for k in wanted}
+        classes = golden_classes(gf, overrides=overrides, class_map=class_map, keys=wanted,
+                                 registry=registry)  # fmt: skip
+        placed = gf.ordered_keys()
+    except GoldenStoreError as e:
+        raise CheckError(f"golden group {group!r} is unusable: {e}") from None
+    if difference is None:
+        difference = environment_difference(gf.provenance, current)
+    decision = difference.policy(drift_mode)
+    if decision.refused:
+        raise CheckError(" ".join(decision.header))
+    policy = _policy_registry(decision, registry)
+    for key in golden_arrays:
+        classes.bound(key)  # a calibrated key without a recorded spread is an error first
+    load_s = time.perf_counter() - t0
+    forward = [k for k in placed if k in golden_arrays] if order is None else order
+    try:
+        comparison, flat_a, compare_s = _compare(
+            actual, golden_arrays, classes.bound, registry=policy, order=forward,
+            name=name or group, budget=budget,
+        )  # fmt: skip
+    except GoldenStoreError as e:
+        raise CheckError(f"golden group {group!r} is unusable: {e}") from None
+    report = VerdictOptions(name or group, node, produce_s, save_actual, overrides, class_map,
+                     drift_mode, require_base, budget)  # fmt: skip
+    return FirstVerdict(gf, current, difference, classes, tuple(golden_arrays), flat_a,
+                        forward, comparison, (registry, policy), report, started, load_s,
+                        compare_s)  # fmt: skip
+
+
+def _concluded(firsts: Sequence[FirstVerdict], base: BaseSource | None) -> list[CheckResult]:
+    """The end of the one pass: the bases the first verdicts want, prepared at once, then
+    each verdict concluded, in order."""
+    bases = prepare_bases(base, [f.base_request() for f in firsts if f.wants_base])
+    return [conclude(f, bases[f.group] if f.wants_base else None) for f in firsts]
+
+
+def check_file(
+    actual: Any,
+    gf: GoldenFile,
+    *,
+    current: Mapping[str, Any],
+    base: BaseSource | None = None,
+    **options: Unpack[_FileOptions],
 ) -> CheckResult:
     """Compare `actual` against the golden file `gf`: the core of `check_group` and of
-    `parity diff` (a check of one file against another).
+    `parity diff` (a check of one file against another). Its first verdict
+    (`first_verdict`), the base that wants (`parity.exactness.prepare_bases`), the result
+    (`conclude`).
 
     **Arguments:**
 
@@ -284,113 +340,7 @@ def check_file(
     order, the calibration and (`judge`) the judge used. Raises `CheckError` for unusable
     input, and where the base re-produced here is outside the goldens' recorded noise.
     """
-    started = time.time()
-    t0 = time.perf_counter()
-    group = gf.path.stem
-    try:
-        # Sources, not arrays: each is read in chunks when compared, checksum verified.
-        chosen = None if keys is None else set(keys)
-        wanted = [k for k in gf if chosen is None or k in chosen]
-        golden_arrays = {k: (golden_source or gf.source)(k) for k in wanted}
-        recorded = {k: gf.info(k).class_name for k in wanted}
-        placed = gf.ordered_keys()
-    except GoldenStoreError as e:
-        raise CheckError(f"golden group {group!r} is unusable: {e}") from None
-    if difference is None:
-        difference = environment_difference(gf.provenance, current)
-    decision = difference.policy(drift_mode)
-    if decision.refused:
-        raise CheckError(" ".join(decision.header))
-    exact_registry = registry
-    registry = _policy_registry(decision, registry)
-    spreads = Spreads.of(gf.provenance)
-    names = class_resolver(
-        overrides=overrides, class_map=class_map, pinned=pinned_class_map(gf), recorded=recorded
-    )
-    classes = bind_calibrated(names, spreads, group, gf.path, exact_registry)
-    for key in golden_arrays:
-        classes(key)  # a calibrated key without a recorded spread is an error before any work
-    load_s = time.perf_counter() - t0
-    forward = [k for k in placed if k in golden_arrays] if order is None else order
-    try:
-        comparison, flat_a, compare_s = _compare(
-            actual, golden_arrays, classes, registry=registry, order=forward,
-            name=name or group, budget=budget,
-        )  # fmt: skip
-        judged_by_base, base_path, env_header, why = None, "", {}, None
-        judge = judge_line(difference, comparison.passed)
-        needed = difference.moves_bits and not comparison.passed
-        if needed and base is None:
-            why = SECOND_JUDGE_OFF
-            if require_base:
-                raise required_error(group, why)
-        elif needed and base is not None:
-            judged_by_base, judge, base_path, why = second_judge(
-                base, gf, current, difference, flat_a, classes, (exact_registry, registry),
-                forward, list(golden_arrays), required=require_base,
-            )  # fmt: skip
-        if judged_by_base is not None:
-            comparison = judged_by_base
-            # The drift cannot explain a failure here: the base shares this environment, so
-            # the header keeps only what cannot move bits.
-            decision = dataclasses.replace(difference, bits=(), dimensions=()).policy(drift_mode)
-        else:
-            comparison, env_header = judge_environment(
-                comparison, flat_a, gf, spreads, difference, registry, budget=budget
-            )
-        against = "the goldens" if judged_by_base is None else "the base re-produced here"
-        comparison = dataclasses.replace(comparison, inexact=inexact(comparison, why, against))
-    except GoldenStoreError as e:
-        raise CheckError(f"golden group {group!r} is unusable: {e}") from None
-    header = {"golden": str(gf.path)}
-    if gf.provenance.get("base_sha"):
-        header["base_sha"] = str(gf.provenance["base_sha"])
-    header |= {f"drift {i}": line for i, line in enumerate(decision.header)}
-    if hint := order_hint(gf.provenance.get("order"), placed):
-        header["order"] = hint
-    calibration = gf.provenance.get("calibration")
-    if isinstance(calibration, dict) and calibration.get("summary"):
-        header["calibration"] = str(cast(dict[str, Any], calibration)["summary"])
-    header |= {"judge": judge, **env_header}
-    saved = command = None
-    if save_actual is not None and not comparison.passed:
-        from parity.store.writer import save_arrays
-
-        path = save_arrays(save_actual, name or group, flat_a, classes=names,
-                           order=placed, provenance=current)  # fmt: skip
-        reference = gf.path if judged_by_base is None else Path(base_path)
-        saved, command = str(path), _diff_command(path, reference, overrides, class_map)
-    return CheckResult(
-        name=name or group,
-        comparison=comparison,
-        group=group,
-        node=node,
-        header=header,
-        checked_keys=tuple(sorted(golden_arrays)),
-        started=started,
-        produce_s=produce_s,
-        load_s=load_s,
-        compare_s=compare_s,
-        saved=saved,
-        command=command,
-    )
-
-
-class CheckOptions(TypedDict, total=False):
-    """The options of a check of a golden group, as `check_file` takes them."""
-
-    class_map: ClassMapLike
-    overrides: Overrides
-    order: Order | None
-    drift_mode: PolicyMode
-    registry: Mapping[str, ToleranceClass]
-    name: str | None
-    node: str | None
-    produce_s: float | None
-    save_actual: str | os.PathLike[str] | None
-    keys: Sequence[str] | None
-    base: BaseSource | None
-    require_base: bool
+    return _concluded([first_verdict(actual, gf, current=current, **options)], base)[0]
 
 
 def check_group(
@@ -401,8 +351,8 @@ def check_group(
     current_provenance: Mapping[str, Any] | None = None,
     **options: Unpack[CheckOptions],
 ) -> CheckResult:
-    """Compare `actual` against the golden group `group` (`check_file` of
-    `<goldens>/<group>.h5`).
+    """Compare `actual` against the golden group `group` (`check_groups` of that one
+    group: `check_file` of `<goldens>/<group>.h5`).
 
     **Arguments:**
 
@@ -419,11 +369,45 @@ def check_group(
     `CheckError` for unusable input, and where the base re-produced here is outside the
     goldens' recorded noise.
     """
+    provenance = {group: current_provenance}
+    return check_groups({group: actual}, goldens=goldens, provenance=provenance, **options)[0]
+
+
+def check_groups(
+    produced: Mapping[str, Any],
+    *,
+    goldens: GoldenDir | str | os.PathLike[str],
+    provenance: Mapping[str, Mapping[str, Any] | None] | None = None,
+    base: BaseSource | None = None,
+    **options: Unpack[_GroupOptions],
+) -> list[CheckResult]:
+    """Compare each group of `produced` against its golden group, in one pass: every
+    group's first verdict (`first_verdict`), then the bases of those that want one,
+    prepared at once (`parity.exactness.prepare_bases`: one producer run per base commit
+    and environment where `base` can batch), then each verdict concluded (`conclude`).
+
+    **Arguments:**
+
+    - `produced`: group -> a pytree of arrays.
+    - `goldens`: the golden folder.
+    - `provenance`: group -> the environment its arrays were produced in (`parity check`:
+      the producer process's); for a group without one, this process's.
+    - `base`: the second judge, as `check_file` takes it.
+    - `options`: as `check_file` takes them (but `base`).
+
+    **Returns:** one `CheckResult` per group, in `produced`'s order. Raises `CheckError`
+    as `check_file` does: a first verdict's before any base is prepared.
+    """
     from parity.store.provenance import collect_provenance
 
-    gf = _as_dir(goldens).open(group)
-    current = current_provenance if current_provenance is not None else collect_provenance()
-    return check_file(actual, gf, current=current, **options)
+    folder = _as_dir(goldens)
+    firsts: list[FirstVerdict] = []
+    for group, actual in produced.items():
+        gf = folder.open(group)
+        current = (provenance or {}).get(group)
+        current = current if current is not None else collect_provenance()
+        firsts.append(first_verdict(actual, gf, current=current, **options))
+    return _concluded(firsts, base)
 
 
 def check_live(
@@ -466,7 +450,7 @@ def check_live(
         path = save_arrays(save_actual, name, flat_a, classes=resolve, order=keys)
         ref = save_arrays(save_actual, f"{name}.expected", flatten(expected, bare=BARE_KEY),
                           classes=resolve, order=keys)  # fmt: skip
-        saved, command = str(path), _diff_command(path, ref, overrides, class_map)
+        saved, command = str(path), diff_command(path, ref, overrides, class_map)
     return CheckResult(
         name=name,
         comparison=comparison,

@@ -12,14 +12,17 @@ import dataclasses
 import json
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
+from pathlib import Path
 from typing import Any
 
 from parity.judge.compare import Comparison, Finding
+from parity.judge.tolerance import ClassMap, ClassMapLike, Overrides
 
 __all__ = [
     "BaseUnavailable",
     "CheckError",
     "CheckResult",
+    "diff_command",
     "merged_header_lines",
     "results_from_json",
     "results_to_json",
@@ -110,6 +113,22 @@ class CheckResult:
 
 #: The header lines a report shows once per check, named after it.
 _PER_CHECK = ("calibration", "environment", "judge", "order")
+
+
+def diff_command(
+    saved: Path, golden: Path | None, overrides: Overrides, class_map: ClassMapLike = None
+) -> str:
+    """The `parity diff` command that judges `saved` against `golden` as the check did
+    (`CheckResult.command`): its overrides, then the caller's class map (its rules as
+    further `--override`s, its default as `--class`), so that the table it prints is the
+    check's."""
+    caller = ClassMap(default=class_map) if isinstance(class_map, str) else class_map
+    rules = [*overrides, *(caller.rules if caller is not None else ())]
+    parts = ["python -m parity diff", str(saved), str(golden) if golden else "<expected>"]
+    parts += [f"--override '{p}={c}'" for p, c in rules]
+    if caller is not None and caller.default is not None:
+        parts.append(f"--class '{caller.default}'")
+    return " ".join(parts)
 
 
 def merged_header_lines(

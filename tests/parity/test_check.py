@@ -354,3 +354,72 @@ def test_required_second_judge_without_a_base_is_an_input_error(tmp_path: Path) 
     # The pin's own environment needs no base: required or not, the goldens judge.
     assert not check_group(mutated, "g", goldens=tmp_path, current_provenance=here,
                            require_base=True).passed  # fmt: skip
+
+
+def test_a_check_that_needs_its_base_compares_each_pair_of_arrays_once(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """One pass: the first verdict records that the base is wanted, the base is prepared
+    once, and the judgement by the base reuses what the first verdict found. Every tree
+    array is compared with its golden once, the base with the goldens once, and the tree
+    with the base only where the first verdict did not already show it equal: the key
+    that moved."""
+    import parity.calibrated.bounds
+    import parity.judge.compare
+    from parity.judge.compare import compare_trees
+    from parity.run.runner import Produced, check_produced
+    from parity.store import open_goldens
+    from parity.store.reader import GoldenFile
+
+    here, goldens, base, mutated = _pinned_with_a_base_and_one_ulp_moved(tmp_path)
+    elsewhere = here | {"device_count": 4}
+
+    class Batch:
+        def __init__(self) -> None:
+            self.prepared: list[list[str]] = []
+            self.reproduced: list[str] = []
+
+        def reproduce(self, group, pinned, current):
+            self.reproduced.append(group)
+            return base.reproduce(group, pinned, current)
+
+        def prepare(self, wanted):
+            self.prepared.append([g for g, _, _ in wanted])
+            return {g: base.reproduce(g, p, c) for g, p, c in wanted}
+
+    files: dict[int, str] = {}  # id of a source -> the file it reads
+    source = GoldenFile.source
+
+    def tagged(self, key):
+        got = source(self, key)
+        files[id(got)] = self.path.name
+        return got
+
+    tree = {id(a): "tree" for a in mutated.values()}
+    pairs: list[tuple[str, str, str]] = []
+    compare = parity.judge.compare.compare_arrays
+
+    def counted(key, actual, golden, tol, **kw):
+        pairs.append((key, tree.get(id(actual)) or files[id(actual)], files[id(golden)]))
+        return compare(key, actual, golden, tol, **kw)
+
+    monkeypatch.setattr(GoldenFile, "source", tagged)
+    monkeypatch.setattr(parity.judge.compare, "compare_arrays", counted)
+    monkeypatch.setattr(parity.calibrated.bounds, "compare_arrays", counted)
+    produced = Produced({"g": mutated}, 0.0, "", provenance={"g": elsewhere})
+    batch = Batch()
+    [result] = check_produced(produced, goldens, base=batch)
+    monkeypatch.undo()
+
+    assert batch.prepared == [["g"]] and batch.reproduced == []
+    expected = [(k, "tree", "g.h5") for k in _KEYS] + [(k, "base.h5", "g.h5") for k in _KEYS]
+    assert sorted(pairs) == sorted([*expected, ("plain", "tree", "base.h5")]), pairs
+    # The same verdict as the plugin's call per group, and as comparing every key anew.
+    alone = check_group(mutated, "g", goldens=goldens, current_provenance=elsewhere, base=base)
+    assert result.comparison.findings == alone.comparison.findings
+    assert result.header == alone.header and not result.passed
+    classes = {f.key: f.class_name for f in result.comparison.findings}
+    with open_goldens(tmp_path / "base.h5") as bf:
+        anew = compare_trees(mutated, {k: bf[k] for k in bf}, classes.__getitem__,
+                             order=_KEYS, reference="base")  # fmt: skip
+    assert result.comparison.findings == anew.findings

@@ -241,11 +241,14 @@ class BaselineSource:
     ) -> ReproducedBase:
         """The group re-produced at `pinned["base_sha"]` in the environment `current`
         describes, from the cache or built now; `BaseUnavailable` where it cannot be."""
-        return self.prepare([(group, pinned, current)])[group]
+        got = self.prepare([(group, pinned, current)])[group]
+        if isinstance(got, BaseUnavailable):
+            raise got
+        return got
 
     def prepare(
         self, wanted: Sequence[tuple[str, Mapping[str, Any], Mapping[str, Any]]]
-    ) -> dict[str, ReproducedBase]:
+    ) -> dict[str, ReproducedBase | BaseUnavailable]:
         """`reproduce` for several groups at once: the missing ones of each base commit
         and environment are built in one producer run.
 
@@ -253,8 +256,8 @@ class BaselineSource:
 
         - `wanted`: `(group, pinned provenance, current provenance)` triples.
 
-        **Returns:** group -> its base. Raises `BaseUnavailable` for the first group that
-        cannot be re-produced (after trying them all).
+        **Returns:** group -> its base, or the `BaseUnavailable` saying why it cannot be
+        re-produced (every group tried).
         """
         out: dict[str, ReproducedBase] = {}
         batches: dict[tuple[str, str], list[str]] = {}
@@ -282,6 +285,7 @@ class BaselineSource:
                 errors |= dict.fromkeys(groups, known)
                 continue
             paths = [self.cache.path_for(sha, fp, digest, g) for g in groups]
+            failed: BaseUnavailable | None = None
             with self.cache.locked(paths):
                 todo = [g for g, p in zip(groups, paths, strict=True) if not self.cache.usable(p)]
                 built: dict[str, ReproducedBase] = {}
@@ -289,14 +293,15 @@ class BaselineSource:
                     try:
                         built = self.build(todo, sha, envs[(sha, fp)], digest=digest)
                     except BaseUnavailable as e:
-                        self._failed[(sha, fp)] = e
-                        errors |= dict.fromkeys(groups, e)
-                        continue
+                        self._failed[(sha, fp)] = failed = e
             for g, p in zip(groups, paths, strict=True):
-                out[g] = built.get(g) or ReproducedBase(p, sha, cached=True)
-        if errors:
-            raise next(iter(errors.values()))
-        return out
+                if failed is None:
+                    out[g] = built.get(g) or ReproducedBase(p, sha, cached=True)
+                elif self.cache.usable(p):  # written before the build failed
+                    out[g] = self._built.get(p) or ReproducedBase(p, sha, cached=True)
+                else:
+                    errors[g] = failed
+        return {**out, **errors}
 
     def build(
         self,

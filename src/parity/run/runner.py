@@ -4,26 +4,25 @@
 `produce` runs the producers file in a subprocess (`parity.run._producer_runner`) with the ISA
 cap and device count set before jax starts, importing the code under test from the
 configured src roots of some code root (the current tree, or a worktree at a commit), and
-loads what it saved. `check_produced` compares each group with the goldens through
-`parity.check.check_group`, the one place that resolves classes and applies the drift
-policy. Nothing here imports jax.
+loads what it saved. `check_produced` compares every group with the goldens in one pass
+through `parity.check.check_groups`, the one place that resolves classes and applies the
+drift policy. Nothing here imports jax.
 """
 
 from __future__ import annotations
 
-import contextlib
 import re
 import tempfile
 import time
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Protocol
+from typing import Any
 
 import numpy as np
 
-from parity.base_judge import BaseSource, BaseUnavailable, ReproducedBase
-from parity.check import GoldenDir, check_group
+from parity.base_judge import BaseSource
+from parity.check import GoldenDir, check_groups
 from parity.environment import PolicyMode
 from parity.results import CheckResult
 from parity.run.config import ParityConfig
@@ -37,7 +36,6 @@ from parity.run.launcher import (
 from parity.run.processes import Layout, WorkerFailed
 
 __all__ = [
-    "BatchBaseSource",
     "Produced",
     "ProducersFailed",
     "check_produced",
@@ -184,10 +182,11 @@ def check_produced(
     drift_mode: PolicyMode = "warn",
     save_actual: Path | None = None,
     node: str | None = None,
-    base: BatchBaseSource | None = None,
+    base: BaseSource | None = None,
     require_base: bool = False,
 ) -> list[CheckResult]:
-    """Check every produced group against its golden file (`parity.check.check_group`).
+    """Check every produced group against its golden file, in one pass
+    (`parity.check.check_groups`).
 
     **Arguments:**
 
@@ -198,67 +197,26 @@ def check_produced(
       group's producer environment.
     - `save_actual`: a folder for the obtained arrays of failing groups.
     - `node`: who ran the check, for reports.
-    - `base`: the second judge (`parity.run.baseline.BaselineSource`): the groups that
-      want their base re-produced here (`parity.base_judge`) get it from one producer run
-      per base commit, not one per group. None: the goldens judge.
+    - `base`: the second judge (`parity.run.baseline.BaselineSource`): the groups whose
+      first verdict wants their base re-produced here (`parity.base_judge`) get it from one
+      producer run per base commit, not one per group. None: the goldens judge.
     - `require_base`: a group the base would judge but cannot is a `CheckError`
       (`parity.check.check_file`).
 
     **Returns:** one `CheckResult` per group, in group order. Raises `CheckError` for a
     group without a usable golden file, and (`require_base`) one the base cannot judge.
     """
-    folder = goldens if isinstance(goldens, GoldenDir) else GoldenDir(goldens)
-    share = produced.seconds / max(1, len(produced.groups))
-
-    def check(group: str, arrays: dict[str, np.ndarray], source: BaseSource | None) -> CheckResult:
-        # The drift policy judges the producer process's environment, not this jax-free one.
-        return check_group(
-            arrays,
-            group,
-            goldens=folder,
-            class_map=class_name,
-            overrides=overrides,
-            drift_mode=drift_mode,
-            node=node,
-            produce_s=share,
-            save_actual=save_actual,
-            current_provenance=produced.provenance.get(group),
-            base=source,
-            # The first pass only asks which groups want a base: nothing is required yet.
-            require_base=require_base and not isinstance(source, _Asked),
-        )
-
-    if base is None:
-        return [check(g, a, None) for g, a in produced.groups.items()]
-    # First pass: which groups want a base (asked for, not built); then build them together.
-    asked = _Asked()
-    first = {g: check(g, a, asked) for g, a in produced.groups.items()}
-    if asked.wanted:
-        with contextlib.suppress(BaseUnavailable):  # each group's check says why again
-            base.prepare(asked.wanted)
-    return [
-        check(g, a, base) if g in asked.groups else first[g] for g, a in produced.groups.items()
-    ]
-
-
-class BatchBaseSource(BaseSource, Protocol):
-    """A `BaseSource` that can also build several groups in one run."""
-
-    def prepare(
-        self, wanted: Sequence[tuple[str, Mapping[str, Any], Mapping[str, Any]]]
-    ) -> Mapping[str, ReproducedBase]: ...
-
-
-class _Asked:
-    """A `BaseSource` that only records what the check asks for."""
-
-    def __init__(self) -> None:
-        self.wanted: list[tuple[str, Mapping[str, Any], Mapping[str, Any]]] = []
-        self.groups: set[str] = set()
-
-    def reproduce(
-        self, group: str, pinned: Mapping[str, Any], current: Mapping[str, Any]
-    ) -> ReproducedBase:
-        self.wanted.append((group, pinned, current))
-        self.groups.add(group)
-        raise BaseUnavailable("not built yet", "")
+    # The drift policy judges the producer process's environment, not this jax-free one.
+    return check_groups(
+        produced.groups,
+        goldens=goldens,
+        provenance=produced.provenance,
+        base=base,
+        class_map=class_name,
+        overrides=overrides,
+        drift_mode=drift_mode,
+        node=node,
+        produce_s=produced.seconds / max(1, len(produced.groups)),
+        save_actual=save_actual,
+        require_base=require_base,
+    )
