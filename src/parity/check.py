@@ -11,6 +11,12 @@ drift policy or compares on its own. **One comparison** (`_compare`) serves thre
 - two live pytrees, `check_live`: `assert_equivalent` is `check_live` plus the trees'
   non-array leaves.
 
+**One pass** (docs/design.md, "One pass"): a check of golden groups (`check_groups`; of
+one, `check_group` and `check_file`) makes each group's first verdict (`first_verdict`:
+the one comparison, and whether a base is wanted), has the bases prepared at once
+(`parity.exactness.prepare_bases`), then concludes each (`parity.exactness.conclude`),
+reusing the tree flattened once.
+
 **The environment.** `check_file` decides once how the environment `actual` was produced
 in differs from the pin's (`parity.environment.environment_difference`) and hands that
 one `EnvironmentDifference` to the drift policy, the calibrated judgement and the second
