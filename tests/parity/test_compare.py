@@ -14,12 +14,12 @@ from parity.judge.compare import (
     ArrayVerdict,
     Comparison,
     Finding,
-    array_reason,
     compare_arrays,
     compare_trees,
     flatten,
     measure_array,
 )
+from parity.judge.reasons import array_reason
 from parity.judge.rules import Close, Ulp
 from parity.judge.tolerance import ClassMap, UnmatchedKeyError
 

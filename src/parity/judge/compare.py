@@ -1,7 +1,9 @@
 """Compare arrays against goldens, array by array, under their tolerance classes.
 
 `compare_arrays` checks one array and returns a `Finding`: what differed, by how much,
-where it was worst and what was allowed. `compare_trees` checks every key of two (nested)
+where it was worst and what was allowed; it is a comparator, `measure_array` (the figures
+and the verdict as plain data, an `ArrayVerdict`), and its message
+(`parity.judge.reasons.array_reason`). `compare_trees` checks every key of two (nested)
 mappings, reports every failure (not just the first), walks the keys in a declared
 forward order and names the first divergence.
 
@@ -15,8 +17,7 @@ from __future__ import annotations
 
 import math
 from collections.abc import Callable, Iterable, Mapping, Sequence
-from dataclasses import dataclass
-from typing import Any, Literal, cast
+from typing import Any, Literal
 
 import numpy as np
 
@@ -29,8 +30,8 @@ from parity.judge.chunks import (
     plan,
 )
 from parity.judge.classes import REGISTRY, ToleranceClass
-from parity.judge.findings import Comparison, Finding, Scalar, Verdict
-from parity.judge.floats import sig
+from parity.judge.findings import ArrayVerdict, Comparison, Finding, Verdict
+from parity.judge.reasons import GOLDEN, absent_reason, array_reason
 from parity.judge.tally import Tally, scan_scale
 from parity.judge.tolerance import ClassMap, KeyClass, to_class
 from parity.judge.trees import flatten
@@ -42,15 +43,11 @@ __all__ = [
     "Finding",
     "Order",
     "Verdict",
-    "array_reason",
     "compare_arrays",
     "compare_trees",
     "flatten",
     "measure_array",
 ]
-
-#: What a comparison's other side is called by default: a pinned file.
-GOLDEN = "golden"
 
 #: A forward order: a sequence of keys, or a callable giving each key a sort key (or `None`
 #: for keys it does not cover).
@@ -82,31 +79,6 @@ def _index(i: int, shape: tuple[int, ...]) -> tuple[int, ...]:
     return tuple(int(j) for j in np.unravel_index(i, shape))
 
 
-def _fmt(x: Any) -> str:
-    # The dtype's own str: shortest repr that round-trips in that dtype (0.1, not 0.1000000015).
-    return str(x)
-
-
-def _absent_reason(
-    key: str, shape: tuple[int, ...], dtype: str, verdict: Verdict, reference: str
-) -> str:
-    """The reason of a key on one side only (`verdict` `"missing"` or `"unexpected"`)."""
-    live = reference not in (GOLDEN, "base")  # a live tree, not a pinned (or re-produced) file
-    if verdict == "missing":
-        return (
-            f"key {key!r} (shape {shape}, {dtype}) is in the "
-            f"{'expected tree' if live else reference} but not in the "
-            "actual outputs: the change dropped or renamed it; restore it"
-            + (", or leave it out of the expected tree" if live else ", or repin the goldens")
-            + " if the change is intended"
-        )
-    return f"key {key!r} (shape {shape}, {dtype}) is in the actual outputs but not in the " + (
-        "expected tree: add it there, or stop producing it"
-        if live
-        else f"{reference}: repin the goldens to pin it, or stop producing it"
-    )
-
-
 def _absent(
     key: str,
     tol: ToleranceClass,
@@ -130,58 +102,12 @@ def _absent(
         n_elements=math.prod(shape),
         allowed=tol.describe_allowed(),
         bitwise_equal=False,
-        reason=_absent_reason(key, shape, dtype, verdict, reference),
+        reason=absent_reason(key, shape, dtype, verdict, reference),
         order=order,
         rule=tol.rule.kind,
         unit=tol.rule.unit,
         reference=reference,
     )
-
-
-@dataclass(frozen=True, kw_only=True)
-class ArrayVerdict:
-    """One array compared with its golden, as plain data: the figures and the verdict,
-    before any words (`array_reason` writes them; `compare_arrays` makes the `Finding`).
-
-    **Fields:** `key`, `tol`, `reference` and `order` as `measure_array` was given them;
-    both sides' shapes and dtypes; `mismatch` (`"dtype"` or `"shape"` where the arrays
-    were not compared element by element, else `None`); `kind` (`"float"`, `"int"` or
-    `"other"`: how the elements were compared; `None` on a mismatch); `verdict` (`"pass"`
-    or `"fail"`); then the figures as `Finding` holds them (`None` where not measured);
-    and the element a failure names: `worst_index`, `worst_is`, its two values in the
-    array's dtype (`worst_actual`, `worst_golden`: the reason prints those), as the finding
-    stores them (`worst_actual_value`, `worst_golden_value`) and the rule's words on it
-    (`worst_detail`).
-    """
-
-    key: str
-    tol: ToleranceClass
-    reference: str
-    order: int | None
-    shape_actual: tuple[int, ...]
-    shape_golden: tuple[int, ...]
-    dtype_actual: np.dtype[Any]
-    dtype_golden: np.dtype[Any]
-    mismatch: Literal["dtype", "shape"] | None
-    kind: Literal["float", "int", "other"] | None
-    verdict: Verdict
-    n_elements: int
-    n_differ: int | None = None
-    n_violating: int | None = None
-    n_nan_inf_mismatch: int | None = None
-    max_abs: float | None = None
-    max_rel: float | None = None
-    max_ulp: int | None = None
-    bound: float | None = None
-    figure: float | None = None
-    note: str = ""
-    worst_index: tuple[int, ...] | None = None
-    worst_is: str = ""
-    worst_actual: Any = None
-    worst_golden: Any = None
-    worst_actual_value: Scalar | None = None
-    worst_golden_value: Scalar | None = None
-    worst_detail: str = ""
 
 
 def _tally(src_a: Source, src_g: Source, tol: ToleranceClass, budget: int) -> Tally:
@@ -288,64 +214,6 @@ def measure_array(
         worst_golden_value=worst.golden_value,
         worst_detail=worst.detail,
     )
-
-
-def array_reason(v: ArrayVerdict) -> str:
-    """The message of `measure_array`: why the array fails, naming the key, the class and
-    its rule, how many elements break it, the worst element (index and both values), the
-    figures, the shape and dtype; `""` for a pass.
-
-    **Arguments:** `v`, a comparator's result.
-
-    **Returns:** the text `Finding.reason` holds.
-    """
-    key, tol, reference = v.key, v.tol, v.reference
-    dtype = v.dtype_golden.name
-    if v.mismatch == "dtype":
-        return (
-            f"key {key!r}: dtype {v.dtype_actual.name} (actual) does not match {dtype} "
-            f"({reference}); parity compares dtypes strictly, without casting. Produce "
-            f"{dtype}"
-            + (", or repin the goldens" if reference == GOLDEN else "")
-            + " if the dtype change is intended"
-        )
-    if v.mismatch == "shape":
-        return (
-            f"key {key!r}: shape {v.shape_actual} (actual) does not match {v.shape_golden} "
-            f"({reference}), {dtype}; parity compares shapes strictly, without broadcasting"
-        )
-    if v.verdict == "pass":
-        return ""
-    n, n_violating = v.n_elements, cast(int, v.n_violating)
-    share = n_violating / n
-    notes: list[str] = []
-    if v.n_nan_inf_mismatch:
-        notes.append(
-            f"{v.n_nan_inf_mismatch} NaN/inf position(s) differ (NaN and ±inf must sit at the "
-            "same positions under every class)"
-        )
-    if v.kind == "int" and tol.rule.tolerant:
-        notes.append(f"{dtype} arrays are compared exactly under every class")
-    if v.kind == "other" and tol.rule.tolerant:
-        notes.append(f"{dtype} has no float rule in parity; compared exactly")
-    what = "break the rule" if tol.rule.tolerant else "differ in their bits"
-    values = f"actual {_fmt(v.worst_actual)} vs {reference} {_fmt(v.worst_golden)}"
-    figures = []
-    if v.max_abs is not None:
-        figures.append(f"max |a-b| {sig(v.max_abs)}")
-    if v.max_rel is not None:
-        figures.append(f"max rel {sig(v.max_rel)}")
-    if v.max_ulp is not None:
-        figures.append(f"max ulp {v.max_ulp}")
-    reason = (
-        f"key {key!r} breaks class {tol.name!r} ({tol.describe_allowed()}): "
-        f"{n_violating} of {n} elements ({sig(100 * share)}%) {what}; {v.worst_is} "
-        f"at index {v.worst_index}: {values}"
-    )
-    reason += f"{v.worst_detail}; {', '.join(figures)}; shape {v.shape_golden}, {dtype}"
-    if notes:
-        reason += "; " + "; ".join(notes)
-    return reason
 
 
 def compare_arrays(
