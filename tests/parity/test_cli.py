@@ -455,16 +455,16 @@ def test_a_command_imports_its_own_module_and_no_other_command_s(
 #: What a `diff` of two files pinned in one environment runs without, beyond
 #: `_NOT_FOR_READING`: all of `parity.run` (`[tool.parity]` is read only where the two
 #: environments differ, for the project's drift policy), the store's writer and the
-#: provenance it collects, the JSON and HTML reports (loaded for `--json` and `--report`)
-#: and `difflib` (the suggestion for a misspelt class). A small diff's start-up is mostly
-#: imports (`tools/bench_startup.py`).
+#: provenance it collects, the JSON and HTML writers (loaded for `--json` and `--report`:
+#: the report session it prints through imports them only to write) and `difflib` (the
+#: suggestion for a misspelt class). A small diff's start-up is mostly imports
+#: (`tools/bench_startup.py`).
 _NOT_FOR_A_DIFF = (
     "parity.run",
     "parity.store.writer",
     "parity.store.provenance",
     "parity.report.html",
     "parity.report.jsondoc",
-    "parity.report.session",
     "difflib",
 )
 

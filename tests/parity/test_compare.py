@@ -10,7 +10,16 @@ import numpy as np
 import pytest
 
 from parity.judge.classes import REGISTRY, ToleranceClass
-from parity.judge.compare import Comparison, Finding, compare_arrays, compare_trees, flatten
+from parity.judge.compare import (
+    ArrayVerdict,
+    Comparison,
+    Finding,
+    compare_arrays,
+    compare_trees,
+    flatten,
+    measure_array,
+)
+from parity.judge.reasons import array_reason
 from parity.judge.rules import Close, Ulp
 from parity.judge.tolerance import ClassMap, UnmatchedKeyError
 
@@ -316,3 +325,52 @@ def test_bitwise_worst_is_the_first_differing_element_even_with_nans() -> None:
     finding = compare_arrays("b", actual, golden, BITWISE)
     assert finding.worst_index == (1,) and finding.n_nan_inf_mismatch == 1
     assert compare_arrays("b", actual, golden, CLOSE).worst_index == (2,)
+
+
+def _verdict(**figures: object) -> ArrayVerdict:
+    """A comparator's result written by hand: key `x`, float32 `(3,)` on both sides."""
+    f32 = np.dtype(np.float32)
+    sides = {"key": "x", "tol": BITWISE, "reference": "golden", "order": None,
+             "shape_actual": (3,), "shape_golden": (3,), "dtype_actual": f32,
+             "dtype_golden": f32, "n_elements": 3}  # fmt: skip
+    return ArrayVerdict(**(sides | figures))
+
+
+# [1, 2, 4] against [1, 2.5, 4] in float32: one element differs by 0.5, 2**21 ulps at 2.0.
+_ONE_DIFFERS = {
+    "mismatch": None, "kind": "float", "verdict": "fail", "n_differ": 1, "n_violating": 1,
+    "n_nan_inf_mismatch": 0, "max_abs": 0.5, "max_rel": 0.25, "max_ulp": 2**21, "bound": 0.0,
+    "worst_index": (1,), "worst_is": "first differing element",
+    "worst_actual": np.float32(2.5), "worst_golden": np.float32(2.0),
+    "worst_actual_value": 2.5, "worst_golden_value": 2.0,
+}  # fmt: skip
+
+
+def test_the_message_alone_renders_a_comparator_result_written_by_hand() -> None:
+    v = _verdict(**_ONE_DIFFERS)
+    assert array_reason(v) == (
+        "key 'x' breaks class 'bitwise' (bitwise): 1 of 3 elements (33.3%) differ in their "
+        "bits; first differing element at index (1,): actual 2.5 vs golden 2.0; max |a-b| "
+        "0.5, max rel 0.25, max ulp 2097152; shape (3,), float32"
+    )
+    # The comparator computes those figures, and the finding carries the message's words.
+    golden = np.array([1.0, 2.0, 4.0], np.float32)
+    actual = np.array([1.0, 2.5, 4.0], np.float32)
+    assert measure_array("x", actual, golden, BITWISE) == v
+    assert compare_arrays("x", actual, golden, BITWISE).reason == array_reason(v)
+
+
+def test_the_message_names_a_mismatch_and_says_nothing_of_a_pass() -> None:
+    f64 = np.dtype(np.float64)
+    dtype = _verdict(mismatch="dtype", kind=None, verdict="fail", dtype_actual=f64)
+    assert array_reason(dtype) == (
+        "key 'x': dtype float64 (actual) does not match float32 (golden); parity compares "
+        "dtypes strictly, without casting. Produce float32, or repin the goldens if the dtype "
+        "change is intended"
+    )
+    shape = _verdict(mismatch="shape", kind=None, verdict="fail", shape_actual=(1, 3))
+    assert array_reason(shape) == (
+        "key 'x': shape (1, 3) (actual) does not match (3,) (golden), float32; parity compares "
+        "shapes strictly, without broadcasting"
+    )
+    assert array_reason(_verdict(**(_ONE_DIFFERS | {"verdict": "pass"}))) == ""

@@ -140,3 +140,23 @@ def test_html_report_skips_the_plot_of_a_class_whose_arrays_are_all_bitwise_equa
     index = write_html(tmp_path, comparison)
     assert "fp32_reassoc: all 2 arrays bitwise equal; no plot." in index.read_text()
     assert not list(tmp_path.glob("*.png"))
+
+
+def test_a_session_of_one_comparison_writes_what_the_writers_write_of_it(tmp_path: Path) -> None:
+    from parity.report import ReportSession
+
+    comparison, _, _ = _comparison()
+    header = {"actual": "a.h5", "golden": "g.h5"}
+    session = ReportSession.whole(comparison, header)
+    assert session.table() == format_table(comparison, header=header)
+    session.write_json(tmp_path / "s.json", session.to_json())
+    write_json(tmp_path / "w.json", comparison, header=header)
+    assert (tmp_path / "s.json").read_bytes() == (tmp_path / "w.json").read_bytes()
+    session.write_folder(tmp_path / "s", title="t")
+    write_html(tmp_path / "w", comparison, header=header, title="t")
+    folder = tmp_path / "s"
+    assert (folder / "report.json").read_bytes() == (tmp_path / "w.json").read_bytes()
+    assert (folder / "index.html").read_bytes() == (tmp_path / "w" / "index.html").read_bytes()
+    assert (tmp_path / "s" / "report.txt").read_text() == format_table(
+        comparison, header=header
+    ) + "\n"

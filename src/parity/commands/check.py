@@ -127,6 +127,28 @@ def verify_goldens(folder: Path, groups: list[str]) -> None:
                     raise CLIError(str(e)) from None
 
 
+def _check_run_flags(args: argparse.Namespace, processes: int) -> None:
+    """`--timeout`, `--coordinator` and `--process-id` against each other and against the
+    run's `processes`: a `CLIError` naming the flag and what to pass instead."""
+    if args.timeout is not None and args.timeout <= 0:
+        raise CLIError(f"--timeout must be a positive number of seconds, got {args.timeout}")
+    if (args.coordinator is None) != (args.process_id is None):
+        raise CLIError(
+            "--coordinator and --process-id go together (one process per host of a cluster); "
+            "pass both, or neither to run every process here"
+        )
+    if args.process_id is not None and processes < 2:
+        raise CLIError(
+            f"--coordinator and --process-id need a run of several processes, got --processes "
+            f"{processes}; pass --processes N (the number of hosts)"
+        )
+    if args.process_id is not None and not 0 <= args.process_id < processes:
+        raise CLIError(
+            f"--process-id {args.process_id} is not one of the run's processes 0..."
+            f"{processes - 1} (--processes {processes})"
+        )
+
+
 def run(args: argparse.Namespace, out: IO[str]) -> int:
     from parity.check import GoldenDir
     from parity.report import ReportSession
@@ -140,23 +162,7 @@ def run(args: argparse.Namespace, out: IO[str]) -> int:
     if args.class_name is not None:
         check_class_name(args.class_name)
     require_goldens(config)
-    if args.timeout is not None and args.timeout <= 0:
-        raise CLIError(f"--timeout must be a positive number of seconds, got {args.timeout}")
-    if (args.coordinator is None) != (args.process_id is None):
-        raise CLIError(
-            "--coordinator and --process-id go together (one process per host of a cluster); "
-            "pass both, or neither to run every process here"
-        )
-    if args.process_id is not None and config.processes < 2:
-        raise CLIError(
-            f"--coordinator and --process-id need a run of several processes, got --processes "
-            f"{config.processes}; pass --processes N (the number of hosts)"
-        )
-    if args.process_id is not None and not 0 <= args.process_id < config.processes:
-        raise CLIError(
-            f"--process-id {args.process_id} is not one of the run's processes 0..."
-            f"{config.processes - 1} (--processes {config.processes})"
-        )
+    _check_run_flags(args, config.processes)
     if not args.process_id:  # process 0's host reads the goldens; the others never do
         verify_goldens(config.goldens, split_groups(args.groups))
     try:

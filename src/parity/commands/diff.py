@@ -48,7 +48,7 @@ from parity.commands.files import opened, read_errors
 from parity.environment import PolicyMode, environment_difference
 from parity.judge.chunks import DEFAULT_BUDGET, Block
 from parity.judge.compare import Comparison
-from parity.report import format_table
+from parity.report.session import ReportSession
 from parity.results import CheckError
 from parity.store import GoldenFile
 
@@ -272,31 +272,23 @@ def run(args: argparse.Namespace, out: IO[str]) -> int:
         # ACTUAL's environment against GOLDEN's, as in a check: the project's policy, if any
         drift_mode=args.drift or _project_drift,
     )
-    out.write(format_table(result.comparison, header=result.header))
-    if args.json_path or args.report:
-        _write_reports(args, result, out)
+    session = ReportSession.whole(result.comparison, result.header)
+    out.write(session.table())
+    _write_reports(session, args, out)
     return result.exit_code
 
 
-def _write_reports(args: argparse.Namespace, result: DiffResult, out: IO[str]) -> None:
-    """`--json FILE` and `--report DIR`: the JSON writer loads only here, the HTML page's
-    only for `--report`, so that a diff that prints the table alone loads neither."""
-    from parity.report import write_json
-
-    title = f"parity diff: {args.actual} against {args.golden}"
+def _write_reports(session: ReportSession, args: argparse.Namespace, out: IO[str]) -> None:
+    """`--json FILE` and `--report DIR`, through the report session (which loads the JSON
+    writer only here, the HTML page's only for `--report`)."""
     try:
         if args.json_path:
-            path = write_json(args.json_path, result.comparison, header=result.header)
+            path = Path(args.json_path)
+            session.write_json(path, session.to_json())
             out.write(f"JSON report written to {path}\n")
         if args.report:
-            from parity.report import write_html
-
             folder = Path(args.report)
-            folder.mkdir(parents=True, exist_ok=True)
-            table = format_table(result.comparison, header=result.header)
-            (folder / "report.txt").write_text(table + "\n")
-            write_html(folder, result.comparison, header=result.header, title=title)
-            write_json(folder / "report.json", result.comparison, header=result.header)
+            session.write_folder(folder, title=f"parity diff: {args.actual} against {args.golden}")
             out.write(f"report written to {folder} (report.txt, report.json, index.html)\n")
     except OSError as e:
         raise CLIError(f"cannot write the report: {e}") from None

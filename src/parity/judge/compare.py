@@ -1,7 +1,9 @@
 """Compare arrays against goldens, array by array, under their tolerance classes.
 
 `compare_arrays` checks one array and returns a `Finding`: what differed, by how much,
-where it was worst and what was allowed. `compare_trees` checks every key of two (nested)
+where it was worst and what was allowed; it is a comparator, `measure_array` (the figures
+and the verdict as plain data, an `ArrayVerdict`), and its message
+(`parity.judge.reasons.array_reason`). `compare_trees` checks every key of two (nested)
 mappings, reports every failure (not just the first), walks the keys in a declared
 forward order and names the first divergence.
 
@@ -28,14 +30,15 @@ from parity.judge.chunks import (
     plan,
 )
 from parity.judge.classes import REGISTRY, ToleranceClass
-from parity.judge.findings import Comparison, Finding, Verdict
-from parity.judge.floats import sig
+from parity.judge.findings import ArrayVerdict, Comparison, Finding, Verdict
+from parity.judge.reasons import GOLDEN, absent_reason, array_reason
 from parity.judge.tally import Tally, scan_scale
 from parity.judge.tolerance import ClassMap, KeyClass, to_class
 from parity.judge.trees import flatten
 from parity.judge.ulp import is_float_dtype, is_int_dtype
 
 __all__ = [
+    "ArrayVerdict",
     "Comparison",
     "Finding",
     "Order",
@@ -43,10 +46,8 @@ __all__ = [
     "compare_arrays",
     "compare_trees",
     "flatten",
+    "measure_array",
 ]
-
-#: What a comparison's other side is called by default: a pinned file.
-GOLDEN = "golden"
 
 #: A forward order: a sequence of keys, or a callable giving each key a sort key (or `None`
 #: for keys it does not cover).
@@ -78,11 +79,6 @@ def _index(i: int, shape: tuple[int, ...]) -> tuple[int, ...]:
     return tuple(int(j) for j in np.unravel_index(i, shape))
 
 
-def _fmt(x: Any) -> str:
-    # The dtype's own str: shortest repr that round-trips in that dtype (0.1, not 0.1000000015).
-    return str(x)
-
-
 def _absent(
     key: str,
     tol: ToleranceClass,
@@ -94,24 +90,6 @@ def _absent(
     if not is_source(present):
         present = np.asarray(present)
     shape, dtype = tuple(int(d) for d in present.shape), np.dtype(present.dtype).name
-    live = reference not in (GOLDEN, "base")  # a live tree, not a pinned (or re-produced) file
-    if verdict == "missing":
-        reason = (
-            f"key {key!r} (shape {shape}, {dtype}) is in the "
-            f"{'expected tree' if live else reference} but not in the "
-            "actual outputs: the change dropped or renamed it; restore it"
-            + (", or leave it out of the expected tree" if live else ", or repin the goldens")
-            + " if the change is intended"
-        )
-    else:
-        reason = (
-            f"key {key!r} (shape {shape}, {dtype}) is in the actual outputs but not in the "
-            + (
-                "expected tree: add it there, or stop producing it"
-                if live
-                else f"{reference}: repin the goldens to pin it, or stop producing it"
-            )
-        )
     golden_side = verdict == "missing"
     return Finding(
         key=key,
@@ -124,11 +102,117 @@ def _absent(
         n_elements=math.prod(shape),
         allowed=tol.describe_allowed(),
         bitwise_equal=False,
-        reason=reason,
+        reason=absent_reason(key, shape, dtype, verdict, reference),
         order=order,
         rule=tol.rule.kind,
         unit=tol.rule.unit,
         reference=reference,
+    )
+
+
+def _tally(src_a: Source, src_g: Source, tol: ToleranceClass, budget: int) -> Tally:
+    """Every chunk of the two (same dtype, same shape) sources folded into one `Tally`."""
+    dtype, shape = src_g.dtype, src_g.shape
+    is_float = is_float_dtype(dtype)
+    kind: Literal["float", "int", "other"] = (
+        "float" if is_float else "int" if is_int_dtype(dtype) else "other"
+    )
+    whole = is_float and not tol.rule.elementwise
+    per_chunk = max(1, math.prod(shape)) if whole else elements_per_chunk(dtype.itemsize, budget)
+    blocks = list(plan(shape, per_chunk))
+    scale = None
+    if is_float and tol.rule.judge_needs_scale():
+        scale = scan_scale(src_g, blocks)
+    tally = Tally(kind, tol, scale, dtype, shape=shape)
+    for block in blocks:
+        tally.add(block.start, src_a.read(block), src_g.read(block))
+    src_a.finish()
+    src_g.finish()
+    return tally
+
+
+def measure_array(
+    key: str,
+    actual: Any,
+    golden: Any,
+    tol: ToleranceClass,
+    *,
+    order: int | None = None,
+    budget: int = DEFAULT_BUDGET,
+    reference: str = GOLDEN,
+) -> ArrayVerdict:
+    """The comparator of `compare_arrays`: its figures and verdict, without the words.
+
+    **Arguments:** as `compare_arrays`.
+
+    **Returns:** an `ArrayVerdict`. Raises `TypeError` as `compare_arrays` does.
+    """
+    src_a = _as_source(key, actual, "actual")
+    src_g = _as_source(key, golden, reference)
+    shape_g, dtype = src_g.shape, src_g.dtype
+    sides = {
+        "key": key,
+        "tol": tol,
+        "reference": reference,
+        "order": order,
+        "shape_actual": src_a.shape,
+        "shape_golden": shape_g,
+        "dtype_actual": src_a.dtype,
+        "dtype_golden": dtype,
+        "n_elements": math.prod(shape_g),
+    }
+    mismatch = "dtype" if src_a.dtype != dtype else "shape" if src_a.shape != shape_g else None
+    if mismatch is not None:
+        return ArrayVerdict(**sides, mismatch=mismatch, kind=None, verdict="fail")
+    tally = _tally(src_a, src_g, tol, budget)
+    is_float = tally.kind == "float"
+    bound = tol.rule.bound(tally.final_scale(dtype)) if is_float else 0.0
+    if tally.n_differ == 0:
+        # The same bytes pass every class.
+        return ArrayVerdict(
+            **sides,
+            mismatch=None,
+            kind=tally.kind,
+            verdict="pass",
+            n_differ=0,
+            n_violating=0,
+            n_nan_inf_mismatch=0 if is_float else None,
+            max_abs=0.0,
+            max_rel=0.0,
+            max_ulp=0 if is_float else None,
+            bound=bound,
+            figure=0.0 if is_float and tol.rule.unit not in ("abs", "ulp") else None,
+        )
+    worst, worst_is_special = tally.worst()
+    # One meaning of "at index" on every line: the element this label names.
+    where = (
+        "first NaN/inf mismatch"
+        if worst_is_special
+        else "worst"
+        if tally.best is not None
+        else "first differing element"
+    )
+    return ArrayVerdict(
+        **sides,
+        mismatch=None,
+        kind=tally.kind,
+        verdict="fail" if tally.n_violating else "pass",
+        n_differ=tally.n_differ,
+        n_violating=tally.n_violating,
+        n_nan_inf_mismatch=tally.n_special if is_float else None,
+        max_abs=tally.max_abs,
+        max_rel=tally.max_rel if tally.kind != "other" else None,
+        max_ulp=tally.max_ulp if is_float else None,
+        bound=bound,
+        figure=tally.figure,
+        note=tally.note,
+        worst_index=_index(worst.index, shape_g),
+        worst_is=where,
+        worst_actual=worst.actual,
+        worst_golden=worst.golden,
+        worst_actual_value=worst.actual_value,
+        worst_golden_value=worst.golden_value,
+        worst_detail=worst.detail,
     )
 
 
@@ -142,7 +226,8 @@ def compare_arrays(
     budget: int = DEFAULT_BUDGET,
     reference: str = GOLDEN,
 ) -> Finding:
-    """Compare one array against its golden under a tolerance class.
+    """Compare one array against its golden under a tolerance class: the comparator
+    (`measure_array`) and its message (`array_reason`) as one `Finding`.
 
     **Arguments:**
 
@@ -164,145 +249,45 @@ def compare_arrays(
     every class, and so are dtypes without a float rule (complex, long double). Raises
     `TypeError` for object, string and datetime arrays.
     """
-    src_a = _as_source(key, actual, "actual")
-    src_g = _as_source(key, golden, reference)
-    shape_a, shape_g = src_a.shape, src_g.shape
-    dtype = src_g.dtype
-    common = {
-        "key": key,
-        "class_name": tol.name,
-        "shape_actual": shape_a,
-        "shape_golden": shape_g,
-        "dtype_actual": src_a.dtype.name,
-        "dtype_golden": dtype.name,
-        "allowed": tol.describe_allowed(),
-        "order": order,
-        "rule": tol.rule.kind,
-        "unit": tol.rule.unit,
-        "reference": reference,
-    }
-    mismatch = None
-    if src_a.dtype != dtype:
-        mismatch = (
-            f"key {key!r}: dtype {src_a.dtype.name} (actual) does not match {dtype.name} "
-            f"({reference}); parity compares dtypes strictly, without casting. Produce "
-            f"{dtype.name}"
-            + (", or repin the goldens" if reference == GOLDEN else "")
-            + " if the dtype change is intended"
-        )
-    elif shape_a != shape_g:
-        mismatch = (
-            f"key {key!r}: shape {shape_a} (actual) does not match {shape_g} ({reference}), "
-            f"{dtype.name}; parity compares shapes strictly, without broadcasting"
-        )
-    n = math.prod(shape_g)
-    if mismatch is not None:
-        return Finding(**common, verdict="fail", n_elements=n, bitwise_equal=False, reason=mismatch)
+    v = measure_array(key, actual, golden, tol, order=order, budget=budget, reference=reference)
+    return _finding_of(v, array_reason(v))
 
-    is_float = is_float_dtype(dtype)
-    kind: Literal["float", "int", "other"] = (
-        "float" if is_float else "int" if is_int_dtype(dtype) else "other"
-    )
-    whole = is_float and not tol.rule.elementwise
-    per_chunk = max(1, n) if whole else elements_per_chunk(dtype.itemsize, budget)
-    blocks = list(plan(shape_g, per_chunk))
-    scale = None
-    if is_float and tol.rule.judge_needs_scale():
-        scale = scan_scale(src_g, blocks)
-    tally = Tally(kind, tol, scale, dtype, shape=shape_g)
-    for block in blocks:
-        tally.add(block.start, src_a.read(block), src_g.read(block))
-    src_a.finish()
-    src_g.finish()
-    scale = tally.final_scale(dtype)
-    bound = tol.rule.bound(scale) if is_float else 0.0
 
-    if tally.n_differ == 0:
-        # The same bytes pass every class.
-        return Finding(
-            **common,
-            verdict="pass",
-            n_elements=n,
-            n_differ=0,
-            share_differ=0.0,
-            max_abs=0.0,
-            max_rel=0.0,
-            max_ulp=0 if is_float else None,
-            worst_index=None,
-            worst_actual=None,
-            worst_golden=None,
-            bitwise_equal=True,
-            reason="",
-            n_violating=0,
-            n_nan_inf_mismatch=0 if is_float else None,
-            bound=bound,
-            figure=0.0 if is_float and tol.rule.unit not in ("abs", "ulp") else None,
-        )
-
-    worst, worst_is_special = tally.worst()
-    worst_index = _index(worst.index, shape_g)
-    notes: list[str] = []
-    if tally.n_special:
-        notes.append(
-            f"{tally.n_special} NaN/inf position(s) differ (NaN and ±inf must sit at the same "
-            "positions under every class)"
-        )
-    if kind == "int" and tol.rule.tolerant:
-        notes.append(f"{dtype.name} arrays are compared exactly under every class")
-    if kind == "other" and tol.rule.tolerant:
-        notes.append(f"{dtype.name} has no float rule in parity; compared exactly")
-    # One meaning of "at index" on every line: the element this label names.
-    where = (
-        "first NaN/inf mismatch"
-        if worst_is_special
-        else "worst"
-        if tally.best is not None
-        else "first differing element"
-    )
-    max_ulp = tally.max_ulp if is_float else None
-    max_rel = tally.max_rel if kind != "other" else None
-    n_violating = tally.n_violating
-    verdict: Verdict = "fail" if n_violating else "pass"
-    reason = ""
-    if verdict == "fail":
-        share = n_violating / n
-        what = "break the rule" if tol.rule.tolerant else "differ in their bits"
-        values = f"actual {_fmt(worst.actual)} vs {reference} {_fmt(worst.golden)}"
-        figures = []
-        if tally.max_abs is not None:
-            figures.append(f"max |a-b| {sig(tally.max_abs)}")
-        if max_rel is not None:
-            figures.append(f"max rel {sig(max_rel)}")
-        if max_ulp is not None:
-            figures.append(f"max ulp {max_ulp}")
-        reason = (
-            f"key {key!r} breaks class {tol.name!r} ({tol.describe_allowed()}): "
-            f"{n_violating} of {n} elements ({sig(100 * share)}%) {what}; {where} at index "
-            f"{worst_index}: {values}"
-        )
-        reason += f"{worst.detail}; {', '.join(figures)}; shape {shape_g}, {dtype.name}"
-        if notes:
-            reason += "; " + "; ".join(notes)
+def _finding_of(v: ArrayVerdict, reason: str) -> Finding:
+    """The `Finding` of a comparator's result `v`, with `reason` its words."""
+    share = None
+    if v.n_differ is not None:
+        share = v.n_differ / v.n_elements if v.n_differ else 0.0  # an empty array too
     return Finding(
-        **common,
-        verdict=verdict,
-        n_elements=n,
-        n_differ=tally.n_differ,
-        share_differ=tally.n_differ / n,
-        max_abs=tally.max_abs,
-        max_rel=max_rel,
-        max_ulp=max_ulp,
-        worst_index=worst_index,
-        worst_is=where,
-        worst_actual=worst.actual_value,
-        worst_golden=worst.golden_value,
-        bitwise_equal=False,
+        key=v.key,
+        class_name=v.tol.name,
+        verdict=v.verdict,
+        shape_actual=v.shape_actual,
+        shape_golden=v.shape_golden,
+        dtype_actual=v.dtype_actual.name,
+        dtype_golden=v.dtype_golden.name,
+        n_elements=v.n_elements,
+        allowed=v.tol.describe_allowed(),
+        bitwise_equal=v.mismatch is None and v.n_differ == 0,
         reason=reason,
-        n_violating=n_violating,
-        n_nan_inf_mismatch=tally.n_special if is_float else None,
-        bound=bound,
-        figure=tally.figure,
-        note=tally.note,
+        n_differ=v.n_differ,
+        share_differ=share,
+        max_abs=v.max_abs,
+        max_rel=v.max_rel,
+        max_ulp=v.max_ulp,
+        worst_index=v.worst_index,
+        worst_actual=v.worst_actual_value,
+        worst_golden=v.worst_golden_value,
+        order=v.order,
+        n_violating=v.n_violating,
+        n_nan_inf_mismatch=v.n_nan_inf_mismatch,
+        bound=v.bound,
+        rule=v.tol.rule.kind,
+        unit=v.tol.rule.unit,
+        figure=v.figure,
+        note=v.note,
+        reference=v.reference,
+        worst_is=v.worst_is,
     )
 
 

@@ -7,11 +7,16 @@ from __future__ import annotations
 import dataclasses
 from collections.abc import Mapping
 from dataclasses import dataclass
-from typing import Any, Literal, cast
+from typing import TYPE_CHECKING, Any, Literal, cast
 
 from parity.judge.floats import from_json_float, json_float
 
-__all__ = ["Comparison", "Finding", "Scalar", "Verdict"]
+if TYPE_CHECKING:
+    import numpy as np
+
+    from parity.judge.classes import ToleranceClass
+
+__all__ = ["ArrayVerdict", "Comparison", "Finding", "Scalar", "Verdict"]
 
 Verdict = Literal["pass", "fail", "missing", "unexpected"]
 Scalar = bool | int | float | complex
@@ -150,6 +155,53 @@ class Finding:
             if name in kwargs:
                 kwargs[name] = from_json_float(kwargs[name])
         return cls(**kwargs)
+
+
+@dataclass(frozen=True, kw_only=True)
+class ArrayVerdict:
+    """One array compared with its golden, as plain data: the figures and the verdict,
+    before any words (`parity.judge.reasons.array_reason` writes them; `compare_arrays` makes the
+    `Finding`).
+
+    **Fields:** `key`, `tol`, `reference` and `order` as `measure_array` was given them;
+    both sides' shapes and dtypes; `mismatch` (`"dtype"` or `"shape"` where the arrays
+    were not compared element by element, else `None`); `kind` (`"float"`, `"int"` or
+    `"other"`: how the elements were compared; `None` on a mismatch); `verdict` (`"pass"`
+    or `"fail"`); then the figures as `Finding` holds them (`None` where not measured);
+    and the element a failure names: `worst_index`, `worst_is`, its two values in the
+    array's dtype (`worst_actual`, `worst_golden`: the reason prints those), as the finding
+    stores them (`worst_actual_value`, `worst_golden_value`) and the rule's words on it
+    (`worst_detail`).
+    """
+
+    key: str
+    tol: ToleranceClass
+    reference: str
+    order: int | None
+    shape_actual: tuple[int, ...]
+    shape_golden: tuple[int, ...]
+    dtype_actual: np.dtype[Any]
+    dtype_golden: np.dtype[Any]
+    mismatch: Literal["dtype", "shape"] | None
+    kind: Literal["float", "int", "other"] | None
+    verdict: Verdict
+    n_elements: int
+    n_differ: int | None = None
+    n_violating: int | None = None
+    n_nan_inf_mismatch: int | None = None
+    max_abs: float | None = None
+    max_rel: float | None = None
+    max_ulp: int | None = None
+    bound: float | None = None
+    figure: float | None = None
+    note: str = ""
+    worst_index: tuple[int, ...] | None = None
+    worst_is: str = ""
+    worst_actual: Any = None
+    worst_golden: Any = None
+    worst_actual_value: Scalar | None = None
+    worst_golden_value: Scalar | None = None
+    worst_detail: str = ""
 
 
 @dataclass(frozen=True)

@@ -12,9 +12,9 @@ terminal) and `matplotlib` (plots) only lazily; never jax, h5py or decomp, nor i
 `parity.store` or a layer above it (the core, `parity.run`, the faces):
 `tests/parity/test_import_boundaries.py` holds it to that. This package re-exports the
 public names: the table's (`summary`, `text`) load with it; those of `jsondoc`, `html` and
-`session` load their module on first use, so that a command that prints only the table
-(`parity diff` without `--json` or `--report`) loads none of them
-(`tests/parity/test_cli.py`).
+`session` load their module on first use, and the session loads the two writers only to
+write, so that a command that prints only the table (`parity diff` without `--json` or
+`--report`) loads neither writer (`tests/parity/test_cli.py`).
 """
 
 import importlib

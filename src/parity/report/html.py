@@ -190,40 +190,16 @@ def _cells(values: Sequence[str], tag: str = "td") -> str:
     return "".join(f"<{tag}>{html.escape(v)}</{tag}>" for v in values)
 
 
-def write_html(
-    directory: str | os.PathLike[str],
+def _summary_section(
     comparison: Comparison,
-    *,
-    header: Mapping[str, str] | None = None,
-    title: str = "parity report",
-    checks: Checks | None = None,
-    origins: Origins | None = None,
-) -> Path:
-    """Write an HTML report, `index.html` with one PNG plot per class, into `directory`.
+    header: Mapping[str, str] | None,
+    title: str,
+    w: Callable[[str], Any],
+) -> None:
+    """The page's title, verdict, header table and per-class table."""
+    from html import escape as esc
 
-    The page needs nothing outside `directory`: the CSS is inline and the plots are files
-    beside it. Without matplotlib the page is written without plots and says so.
-
-    **Arguments:**
-
-    - `directory`: where to write; created if needed.
-    - `comparison`: the comparison to report.
-    - `header`: provenance and the like, shown in a table at the top.
-    - `title`: the page title.
-    - `checks`: as in `format_table`: the first divergence is then shown per check.
-    - `origins`: check name -> (its `origin:` line, its origin dict or None): the line under
-      its first divergence, and a plot of the matched share along the program.
-
-    **Returns:** the path of `index.html`.
-    """
-    import html  # here: html.entities is 10 ms that text and JSON reports never need
-
-    out_dir = Path(directory)
-    out_dir.mkdir(parents=True, exist_ok=True)
-    esc = html.escape
     verdict = "pass" if comparison.passed else "fail"
-    body = io.StringIO()
-    w = body.write
     w(f"<h1>{esc(title)}</h1>\n")
     w(
         f'<p>verdict: <span class="{verdict}">{verdict.upper()}</span> '
@@ -247,28 +223,45 @@ def write_html(
         w("<tr>" + "".join(cells) + "</tr>\n")
     w("</table>\n")
 
+
+def _divergence_section(
+    comparison: Comparison,
+    checks: Checks | None,
+    origins: Origins | None,
+    w: Callable[[str], Any],
+) -> None:
+    """The first divergence: of the whole comparison, or per check (with its origin line)."""
+    from html import escape as esc
+
     if checks is None:
         w("<h2>first divergence (in forward order)</h2>\n<ul>\n")
         w(f"<li>{esc(divergence('first not bitwise equal', comparison.first_not_bitwise))}</li>\n")
         w(f"<li>{esc(divergence('first breaking its class', comparison.first_failure))}</li>\n")
         w("</ul>\n")
-    else:
-        w("<h2>checks, in the order they ran</h2>\n<table>\n<tr>")
-        w(_cells(["check", "verdict", "arrays", "first divergence (this check's order)"], "th"))
-        w("</tr>\n")
-        for name, comp in checks:
-            verdict = "pass" if comp.passed else "fail"
-            pointers = [divergence("first not bitwise equal", comp.first_not_bitwise)]
-            if not comp.passed:
-                pointers.append(divergence("first breaking its class", comp.first_failure))
-                if origins and name in origins:
-                    pointers.append(origins[name][0])
-            w(
-                f'<tr><td>{esc(name)}</td><td class="{verdict}">{verdict}</td>'
-                f'<td class="num">{len(comp.failures)} of {len(comp.findings)} fail</td>'
-                f"<td>{'<br>'.join(esc(p) for p in pointers)}</td></tr>\n"
-            )
-        w("</table>\n")
+        return
+    w("<h2>checks, in the order they ran</h2>\n<table>\n<tr>")
+    w(_cells(["check", "verdict", "arrays", "first divergence (this check's order)"], "th"))
+    w("</tr>\n")
+    for name, comp in checks:
+        verdict = "pass" if comp.passed else "fail"
+        pointers = [divergence("first not bitwise equal", comp.first_not_bitwise)]
+        if not comp.passed:
+            pointers.append(divergence("first breaking its class", comp.first_failure))
+            if origins and name in origins:
+                pointers.append(origins[name][0])
+        w(
+            f'<tr><td>{esc(name)}</td><td class="{verdict}">{verdict}</td>'
+            f'<td class="num">{len(comp.failures)} of {len(comp.findings)} fail</td>'
+            f"<td>{'<br>'.join(esc(p) for p in pointers)}</td></tr>\n"
+        )
+    w("</table>\n")
+
+
+def _plots_section(
+    out_dir: Path, comparison: Comparison, origins: Origins | None, w: Callable[[str], Any]
+) -> None:
+    """The plots (the origins', then one per class), or a note where matplotlib is missing."""
+    from html import escape as esc
 
     w("<h2>plots</h2>\n")
     try:
@@ -279,19 +272,24 @@ def write_html(
             "install it (<code>pip install matplotlib</code>, the <code>plots</code> extra) "
             "and rerun.</p>\n"
         )
-    else:
-        if origins:
-            _origin_section(out_dir, origins, w)
-        for i, (name, findings) in enumerate(comparison.by_class().items()):
-            if all(f.passed and f.bitwise_equal for f in findings):
-                # A flat line on the floor says nothing a sentence cannot, at a fraction
-                # of the cost (plots are most of a report's time).
-                w(f"<p>{esc(name)}: all {len(findings)} arrays bitwise equal; no plot.</p>\n")
-                continue
-            png = f"plot_{i:02d}_{_safe_name(name)}.png"
-            _plot_class(out_dir / png, name, findings)
-            alt = f"{name}: error per key against the allowed band"
-            w(f'<p><img src="{esc(png)}" alt="{esc(alt)}"></p>\n')
+        return
+    if origins:
+        _origin_section(out_dir, origins, w)
+    for i, (name, findings) in enumerate(comparison.by_class().items()):
+        if all(f.passed and f.bitwise_equal for f in findings):
+            # A flat line on the floor says nothing a sentence cannot, at a fraction
+            # of the cost (plots are most of a report's time).
+            w(f"<p>{esc(name)}: all {len(findings)} arrays bitwise equal; no plot.</p>\n")
+            continue
+        png = f"plot_{i:02d}_{_safe_name(name)}.png"
+        _plot_class(out_dir / png, name, findings)
+        alt = f"{name}: error per key against the allowed band"
+        w(f'<p><img src="{esc(png)}" alt="{esc(alt)}"></p>\n')
+
+
+def _findings_section(comparison: Comparison, w: Callable[[str], Any]) -> None:
+    """Every failure with its reason, then every array in forward order."""
+    from html import escape as esc
 
     failures = comparison.failures
     w(f"<h2>failures ({len(failures)})</h2>\n")
@@ -335,6 +333,45 @@ def write_html(
             f"<td>{esc(str(f.worst_index) if f.worst_index is not None else '-')}</td></tr>\n"
         )
     w("</table>\n")
+
+
+def write_html(
+    directory: str | os.PathLike[str],
+    comparison: Comparison,
+    *,
+    header: Mapping[str, str] | None = None,
+    title: str = "parity report",
+    checks: Checks | None = None,
+    origins: Origins | None = None,
+) -> Path:
+    """Write an HTML report, `index.html` with one PNG plot per class, into `directory`.
+
+    The page needs nothing outside `directory`: the CSS is inline and the plots are files
+    beside it. Without matplotlib the page is written without plots and says so.
+
+    **Arguments:**
+
+    - `directory`: where to write; created if needed.
+    - `comparison`: the comparison to report.
+    - `header`: provenance and the like, shown in a table at the top.
+    - `title`: the page title.
+    - `checks`: as in `format_table`: the first divergence is then shown per check.
+    - `origins`: check name -> (its `origin:` line, its origin dict or None): the line under
+      its first divergence, and a plot of the matched share along the program.
+
+    **Returns:** the path of `index.html`.
+    """
+    import html  # here: html.entities is 10 ms that text and JSON reports never need
+
+    out_dir = Path(directory)
+    out_dir.mkdir(parents=True, exist_ok=True)
+    esc = html.escape
+    body = io.StringIO()
+    w = body.write
+    _summary_section(comparison, header, title, w)
+    _divergence_section(comparison, checks, origins, w)
+    _plots_section(out_dir, comparison, origins, w)
+    _findings_section(comparison, w)
 
     page = (
         '<!DOCTYPE html>\n<html lang="en">\n<head>\n<meta charset="utf-8">\n'

@@ -11,7 +11,7 @@ from typing import Any
 from parity.judge.compare import Comparison, Finding
 from parity.report.summary import Checks, summarize
 
-__all__ = ["JSON_SCHEMA", "to_json", "write_json"]
+__all__ = ["JSON_SCHEMA", "json_text", "to_json", "write_json"]
 
 #: Identifies the layout of `to_json` output; bump on incompatible changes.
 JSON_SCHEMA = "parity.report/1"
@@ -88,6 +88,11 @@ def write_json(
     **Returns:** the path written.
     """
     target = Path(path)
-    text = json.dumps(to_json(comparison, header=header), indent=2, allow_nan=False)
-    target.write_text(text + "\n", encoding="utf-8")
+    target.write_text(json_text(to_json(comparison, header=header)), encoding="utf-8")
     return target
+
+
+def json_text(doc: Mapping[str, Any]) -> str:
+    """`doc` (from `to_json`) as `write_json` writes it: indented, strict JSON (no NaN
+    literals), in its own order, a newline at the end."""
+    return json.dumps(doc, indent=2, allow_nan=False) + "\n"

@@ -1,6 +1,8 @@
 """The checks of one session (a `parity check` run, a pytest session) reported as one: the
 merged findings, the table, the JSON document and the report folder. `parity check` and the
-pytest plugin both build one and print or write what it gives."""
+pytest plugin both build one and print or write what it gives; `parity diff` builds one of
+its single comparison (`ReportSession.whole`). The JSON and HTML writers load only when a
+session writes them, so that a command that prints the table alone loads neither."""
 
 from __future__ import annotations
 
@@ -11,8 +13,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from parity.judge.compare import Comparison
-from parity.report.html import write_html
-from parity.report.jsondoc import to_json
+from parity.report.summary import Checks
 from parity.report.text import format_table
 
 if TYPE_CHECKING:
@@ -46,23 +47,38 @@ def merged_findings(results: Sequence[CheckResult]) -> Comparison:
 class ReportSession:
     """The checks of one session, in the order they ran, and the header of their report.
 
-    **Fields:** `results` (the `CheckResult`s), `header` (the report's header lines) and
-    `merged` (`merged_findings(results)`, worked out once).
+    **Fields:** `results` (the `CheckResult`s), `header` (the report's header lines),
+    `merged` (`merged_findings(results)`, worked out once) and `per_check` (whether the
+    report names a first divergence per check; `False` for a session of one comparison
+    reported whole, `whole`).
     """
 
     results: tuple[CheckResult, ...]
     header: dict[str, str]
     merged: Comparison
+    per_check: bool = True
 
     @classmethod
     def of(cls, results: Sequence[CheckResult], header: dict[str, str]) -> ReportSession:
         """The session of `results` (in the order they ran) under `header`."""
         return cls(tuple(results), header, merged_findings(results))
 
+    @classmethod
+    def whole(cls, comparison: Comparison, header: dict[str, str]) -> ReportSession:
+        """The session of one comparison under `header`, reported whole: its keys as they
+        are, its first divergence over all of them, no check entries (`parity diff`)."""
+        return cls((), header, comparison, per_check=False)
+
     @property
     def checks(self) -> list[tuple[str, Comparison]]:
         """(name, comparison) of each check, in the order they ran."""
         return [(r.name, r.comparison) for r in self.results]
+
+    @property
+    def _by_check(self) -> Checks | None:
+        """What the writers take as `checks`: each check's comparison, or `None` for a
+        comparison reported whole."""
+        return self.checks if self.per_check else None
 
     @property
     def origins(self) -> dict[str, str]:
@@ -75,7 +91,7 @@ class ReportSession:
         return format_table(
             self.merged,
             header=self.header,
-            checks=self.checks,
+            checks=self._by_check,
             failing_checks_only=failing_checks_only,
             failures=failures,
             origins=self.origins,
@@ -83,14 +99,23 @@ class ReportSession:
 
     def to_json(self, fields: Sequence[str] = CHECK_FIELDS) -> dict[str, Any]:
         """`to_json` of the merged findings, each check's entry with `fields` of its result."""
-        doc = to_json(self.merged, header=self.header, checks=self.checks)
-        for entry, r in zip(doc["checks"], self.results, strict=True):
-            entry |= {name: getattr(r, name) for name in fields}
+        from parity.report.jsondoc import to_json
+
+        doc = to_json(self.merged, header=self.header, checks=self._by_check)
+        if self.per_check:
+            for entry, r in zip(doc["checks"], self.results, strict=True):
+                entry |= {name: getattr(r, name) for name in fields}
         return doc
 
     def write_json(self, path: Path, doc: dict[str, Any]) -> None:
-        """Write `doc` (from `to_json`) to `path`, indented, keys sorted."""
-        path.write_text(json.dumps(doc, indent=1, sort_keys=True))
+        """Write `doc` (from `to_json`) to `path`: indented, keys sorted; a comparison
+        reported whole as `parity.report.write_json` writes one (strict, in its order)."""
+        if self.per_check:
+            path.write_text(json.dumps(doc, indent=1, sort_keys=True))
+        else:
+            from parity.report.jsondoc import json_text
+
+            path.write_text(json_text(doc), encoding="utf-8")
 
     def write_folder(
         self,
@@ -111,11 +136,13 @@ class ReportSession:
         - `complete`: called with the JSON document before it is written, to add to it
           (the plugin's timing, which includes writing the text and the page).
         """
+        from parity.report.html import write_html
+
         folder.mkdir(parents=True, exist_ok=True)
         (folder / "report.txt").write_text(self.table() + "\n")
         html_title = {} if title is None else {"title": title}
         origins = {r.name: (r.origin_line or "", r.origin) for r in self.results if r.origin_line}
-        write_html(folder, self.merged, header=self.header, checks=self.checks,
+        write_html(folder, self.merged, header=self.header, checks=self._by_check,
                    origins=origins, **html_title)  # fmt: skip
         doc = self.to_json(fields)
         if complete is not None:

@@ -236,7 +236,8 @@ def _record_origin(group: Callable[[], Any], out: Path, name: str) -> None:
     _log(f"group {name!r}: recorded {len(recording.values)} values")
 
 
-def main(argv: list[str] | None = None) -> int:
+def _arguments(argv: list[str] | None) -> argparse.Namespace:
+    """The worker's command line (the launcher writes it)."""
     p = argparse.ArgumentParser()
     p.add_argument("--parent-pid", type=int, default=0, help="die when this process dies")
     p.add_argument("--src", required=True, help="folder to import the code under test from")
@@ -267,13 +268,12 @@ def main(argv: list[str] | None = None) -> int:
         action="store_true",
         help="record each group's program op by op (OUT/<group>.origin.npz), save no arrays",
     )
-    args = p.parse_args(argv)
-    _die_with_parent(args.parent_pid)
-    place = _join_run()
+    return p.parse_args(argv)
 
-    # The harness is the current tree's: import it before `--src` shadows the packages, so
-    # that producers using `parity` (compile statistics, say) get it, while the subject
-    # (everything else) comes from `--src`.
+
+def _import_harness() -> Callable[[], Any] | None:
+    """Import the harness (and install the compile counter where asked); its
+    `collect_provenance`, or None where parity cannot be imported."""
     collect_provenance = None
     try:
         import parity
@@ -285,6 +285,81 @@ def main(argv: list[str] | None = None) -> int:
             compile_count.install()
     except ImportError:
         pass
+    return collect_provenance
+
+
+def _save_group(
+    out: Path,
+    name: str,
+    arrays: dict[str, Any],
+    class_map: list[list[str]],
+    order_source: Any,
+    provenance: Any,
+) -> None:
+    """Write group `name`'s arrays to `OUT/<name>.npz` (ml_dtypes and void arrays as their
+    bits, under `a0`, `a1`, ...) and its manifest to `OUT/<name>.json`: the keys, their
+    dtypes, the class map, where the order came from and the provenance."""
+    import numpy as np
+
+    raw: dict[str, np.ndarray] = {}
+    dtypes: dict[str, str] = {}
+    for j, (key, value) in enumerate(arrays.items()):
+        a = np.asarray(value)
+        dtypes[key] = a.dtype.name
+        if a.dtype.kind == "V" or type(a.dtype).__module__.startswith("ml_dtypes"):
+            a = a.view(f"u{a.dtype.itemsize}")
+        # Not np.ascontiguousarray: it turns 0-d arrays into shape (1,).
+        raw[f"a{j}"] = np.array(a, order="C", copy=True)
+    np.savez(out / f"{name}.npz", **raw)  # pyright: ignore[reportArgumentType]
+    manifest = {
+        "keys": list(arrays),
+        "dtypes": dtypes,
+        "class_map": class_map,
+        "order": order_source,
+        "provenance": provenance,
+    }
+    (out / f"{name}.json").write_text(json.dumps(manifest))
+
+
+def _refusal(
+    args: argparse.Namespace,
+    groups: list[str],
+    wanted: list[str],
+    class_map: list[list[str]],
+    out: Path,
+) -> int | None:
+    """What stops the run before any group runs, as its exit code (the reason written to
+    OUT, typed for the launcher, and a line for the log): a wanted group the producers do
+    not define, or (with `--check-classes`) a CLASS_MAP class parity cannot use."""
+    unknown = [g for g in wanted if g not in groups]
+    if unknown:
+        # Typed for the launcher (`UnknownGroupsError`), a line for the log.
+        (out / UNKNOWN_GROUPS).write_text(json.dumps({"unknown": unknown, "defined": groups}))
+        _log(f"unknown group(s) {unknown}; the producers define {groups}")
+        return EXIT_UNKNOWN_GROUP
+    if args.check_classes:
+        from parity.judge.tolerance import class_problem
+
+        where = f"the producers' CLASS_MAP ({args.producers})"
+        problems = [
+            class_problem(str(c), f"{where}: the rule ({p!r}, {c!r})") for p, c in class_map
+        ]
+        if any(problems):
+            (out / UNUSABLE_CLASSES).write_text(json.dumps([x for x in problems if x]))
+            _log(f"{where} names a class parity cannot use")
+            return EXIT_UNUSABLE_CLASS
+    return None
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = _arguments(argv)
+    _die_with_parent(args.parent_pid)
+    place = _join_run()
+
+    # The harness is the current tree's: import it before `--src` shadows the packages, so
+    # that producers using `parity` (compile statistics, say) get it, while the subject
+    # (everything else) comes from `--src`.
+    collect_provenance = _import_harness()
     drop = {os.path.realpath(d) for d in args.drop_path}
     sys.path[:] = [e for e in sys.path if os.path.realpath(e or ".") not in drop]
     for root in reversed([args.src, *args.also_src]):
@@ -308,24 +383,10 @@ def main(argv: list[str] | None = None) -> int:
     groups: dict = module.GROUPS
     class_map = [list(rule) for rule in getattr(module, "CLASS_MAP", [])]
     wanted = [g for g in args.groups.split(",") if g] or list(groups)
-    unknown = [g for g in wanted if g not in groups]
     out = Path(args.out)
-    if unknown:
-        # Typed for the launcher (`UnknownGroupsError`), a line for the log.
-        (out / UNKNOWN_GROUPS).write_text(json.dumps({"unknown": unknown, "defined": list(groups)}))
-        _log(f"unknown group(s) {unknown}; the producers define {list(groups)}")
-        return EXIT_UNKNOWN_GROUP
-    if args.check_classes:
-        from parity.judge.tolerance import class_problem
-
-        where = f"the producers' CLASS_MAP ({args.producers})"
-        problems = [
-            class_problem(str(c), f"{where}: the rule ({p!r}, {c!r})") for p, c in class_map
-        ]
-        if any(problems):
-            (out / UNUSABLE_CLASSES).write_text(json.dumps([x for x in problems if x]))
-            _log(f"{where} names a class parity cannot use")
-            return EXIT_UNUSABLE_CLASS
+    refused = _refusal(args, list(groups), wanted, class_map, out)
+    if refused is not None:
+        return refused
     if args.class_map_only:
         (out / "class_map.json").write_text(json.dumps({"class_map": class_map, "groups": wanted}))
         return 0
@@ -369,24 +430,8 @@ def main(argv: list[str] | None = None) -> int:
             if place[0] != 0:  # process 0 saves; the others only had to take part
                 _log(f"[{i}/{len(wanted)}] {name}: {len(arrays)} arrays, same as process 0")
                 continue
-        raw: dict[str, np.ndarray] = {}
-        dtypes: dict[str, str] = {}
-        for j, (key, value) in enumerate(hosted.items()):
-            a = np.asarray(value)
-            dtypes[key] = a.dtype.name
-            if a.dtype.kind == "V" or type(a.dtype).__module__.startswith("ml_dtypes"):
-                a = a.view(f"u{a.dtype.itemsize}")
-            # Not np.ascontiguousarray: it turns 0-d arrays into shape (1,).
-            raw[f"a{j}"] = np.array(a, order="C", copy=True)
-        np.savez(out / f"{name}.npz", **raw)  # pyright: ignore[reportArgumentType]
-        manifest = {
-            "keys": list(arrays),
-            "dtypes": dtypes,
-            "class_map": class_map,
-            "order": order_source,
-            "provenance": collect_provenance() if collect_provenance is not None else None,
-        }
-        (out / f"{name}.json").write_text(json.dumps(manifest))
+        provenance = collect_provenance() if collect_provenance is not None else None
+        _save_group(out, name, hosted, class_map, order_source, provenance)
         _log(f"[{i}/{len(wanted)}] {name}: {len(arrays)} arrays in {time.perf_counter() - t0:.1f}s")
         if place is not None and place[1] > 1 and not any(split):
             # The run passes, but it tested nothing a single process does not: the

@@ -195,6 +195,48 @@ def _evaluate(
     return step("good", f"all {n} arrays of {len(results)} group(s) hold their class")
 
 
+def _resolve(start: Path, good: str, bad: str) -> tuple[Path, str, str]:
+    """The repository holding `start`, and GOOD's and BAD's SHAs: a `BisectError` where
+    either does not resolve, they are one commit, or GOOD is not an ancestor of BAD."""
+    try:
+        root = repo_root(start)
+        good_sha, bad_sha = resolve_sha(root, good), resolve_sha(root, bad)
+    except GitError as e:
+        raise BisectError(" ".join(str(e).split())) from None
+    if good_sha == bad_sha:
+        raise BisectError(f"GOOD and BAD are the same commit ({good_sha}); nothing to bisect")
+    if not _is_ancestor(root, good_sha, bad_sha):
+        raise BisectError(
+            f"GOOD {good_sha[:12]} is not an ancestor of BAD {bad_sha[:12]}; pass an older "
+            "GOOD (see `git log --first-parent`)"
+        )
+    return root, good_sha, bad_sha
+
+
+def _search(
+    commits: Sequence[str], last: Step, check: Callable[[str], Step]
+) -> tuple[int, int, dict[int, Step]]:
+    """Bisect `commits` (GOOD's child ... BAD, BAD's step `last`), `check` judging one:
+    the last known good index (-1: GOOD itself), the first known bad one, and the bad steps
+    by index. Untestable commits are skipped; the one nearest the middle is tried next."""
+    lo, hi = -1, len(commits) - 1  # last known good, first known bad
+    known: dict[int, Step] = {hi: last}
+    skipped: set[int] = set()
+    while True:
+        untested = [i for i in range(lo + 1, hi) if i not in skipped]
+        if not untested:
+            return lo, hi, known
+        mid = (lo + hi) / 2
+        i = min(untested, key=lambda j: (abs(j - mid), j))
+        s = check(commits[i])
+        if s.outcome == "good":
+            lo = i
+        elif s.outcome == "bad":
+            hi, known[i] = i, s
+        else:
+            skipped.add(i)
+
+
 def bisect(
     good: str,
     bad: str,
@@ -222,18 +264,7 @@ def bisect(
     bisected, `parity.run.config.ConfigError` for a missing producers file.
     """
     config.need_producers()
-    try:
-        root = repo_root(config.root)
-        good_sha, bad_sha = resolve_sha(root, good), resolve_sha(root, bad)
-    except GitError as e:
-        raise BisectError(" ".join(str(e).split())) from None
-    if good_sha == bad_sha:
-        raise BisectError(f"GOOD and BAD are the same commit ({good_sha}); nothing to bisect")
-    if not _is_ancestor(root, good_sha, bad_sha):
-        raise BisectError(
-            f"GOOD {good_sha[:12]} is not an ancestor of BAD {bad_sha[:12]}; pass an older "
-            "GOOD (see `git log --first-parent`)"
-        )
+    root, good_sha, bad_sha = _resolve(config.root, good, bad)
     commits = first_parent_commits(root, good_sha, bad_sha)
     steps: list[Step] = []
 
@@ -282,22 +313,7 @@ def bisect(
             if last.outcome != "bad":
                 return result("bad_passes" if last.outcome == "good" else "cannot_run")
             progress(f"bisecting {len(commits) - 1} commit(s) between GOOD and BAD (first parents)")
-            lo, hi = -1, len(commits) - 1  # last known good, first known bad
-            known: dict[int, Step] = {hi: last}
-            skipped: set[int] = set()
-            while True:
-                untested = [i for i in range(lo + 1, hi) if i not in skipped]
-                if not untested:
-                    break
-                mid = (lo + hi) / 2
-                i = min(untested, key=lambda j: (abs(j - mid), j))
-                s = check(commits[i], "search")
-                if s.outcome == "good":
-                    lo = i
-                elif s.outcome == "bad":
-                    hi, known[i] = i, s
-                else:
-                    skipped.add(i)
+            lo, hi, known = _search(commits, last, lambda sha: check(sha, "search"))
     between = [commits[i] for i in range(lo + 1, hi)]
     if between:
         return result("ambiguous", first_bad=known[hi], candidates=(*between, commits[hi]))

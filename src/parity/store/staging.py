@@ -38,7 +38,7 @@ from collections.abc import Iterator, Sequence
 from pathlib import Path
 
 from parity.store.format import JOURNAL_NAME
-from parity.store.writer import fsync_dir
+from parity.store.writer import fsync_dir, write_atomic
 
 __all__ = [
     "JOURNAL_NAME",
@@ -96,21 +96,6 @@ def _checkpoint(step: str) -> None:
 def staged_name(dest: Path) -> Path:
     """Where the new version of `dest` is staged: `.<name>.new` in the same folder."""
     return dest.with_name(f".{dest.name}.new")
-
-
-def _write_atomic(path: Path, text: str) -> None:
-    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
-    try:
-        with os.fdopen(fd, "w", encoding="utf-8") as fh:
-            fh.write(text)
-            fh.flush()
-            os.fsync(fh.fileno())
-        os.replace(tmp, path)
-    except BaseException:
-        with contextlib.suppress(FileNotFoundError):
-            os.unlink(tmp)
-        raise
-    fsync_dir(path.parent, strict=True)
 
 
 def _owner_pid(text: str) -> int | None:
@@ -193,7 +178,7 @@ def commit_staged(folder: Path, renames: Sequence[tuple[Path, Path]]) -> None:
     plan = {"pid": os.getpid(), "renames": [[s.name, d.name] for s, d in renames]}
     _checkpoint("staged")
     try:
-        _write_atomic(journal, json.dumps(plan))
+        write_atomic(journal, json.dumps(plan).encode("utf-8"), strict=True)
     except OSError as e:
         raise StagingError(
             f"cannot write the journal {journal}: {e.strerror or e}; old goldens are untouched"

@@ -26,7 +26,7 @@ from parity.store.format import (
 from parity.store.keys import encode_key
 from parity.store.provenance import collect_provenance
 
-__all__ = ["fsync_dir", "save_arrays", "set_text", "write_goldens"]
+__all__ = ["fsync_dir", "save_arrays", "set_text", "write_atomic", "write_goldens"]
 
 
 def write_goldens(
@@ -75,7 +75,6 @@ def write_goldens(
     order_index = {k: i for i, k in enumerate(order_list)}
     prov_json = json.dumps(dict(provenance or {}), sort_keys=True, allow_nan=False)
 
-    dest_dir = dest.parent if str(dest.parent) else Path(".")
     # Built in memory (HDF5's core driver, same bytes as a file on disk) and written with
     # plain file I/O: a full disk or a file size limit then fails one `write` with a clean
     # OSError, where HDF5 writing to disk itself leaves its library state broken and can
@@ -122,23 +121,33 @@ def write_goldens(
         set_text(f.attrs, META_ATTR, meta)
         f.flush()
         image = f.id.get_file_image()
+    write_atomic(dest, image, mode=_mode_for(dest))
+    return dest
+
+
+def write_atomic(path: Path, data: bytes, *, mode: int | None = None, strict: bool = False) -> None:
+    """Write `data` to `path` atomically: a temporary file in the same folder, flushed and
+    fsynced, given `mode` (else it keeps `mkstemp`'s 0600), moved over `path` with
+    `os.replace`, then the folder fsynced (`fsync_dir`, `strict` as there). If anything
+    fails, the temporary file is removed and an existing `path` is left as it was."""
     import tempfile  # here: a reader of goldens (`parity diff`, `show`) never writes one
 
-    fd, tmp_name = tempfile.mkstemp(dir=dest_dir, prefix=f".{dest.name}.", suffix=".tmp")
+    folder = path.parent if str(path.parent) else Path(".")
+    fd, tmp_name = tempfile.mkstemp(dir=folder, prefix=f".{path.name}.", suffix=".tmp")
     tmp = Path(tmp_name)
     try:
         with os.fdopen(fd, "wb") as fh:
-            fh.write(image)
+            fh.write(data)
             fh.flush()
             os.fsync(fh.fileno())
-        os.chmod(tmp, _mode_for(dest))
-        os.replace(tmp, dest)
+        if mode is not None:
+            os.chmod(tmp, mode)
+        os.replace(tmp, path)
     except BaseException:
         with contextlib.suppress(FileNotFoundError):
             tmp.unlink()
         raise
-    fsync_dir(dest_dir)
-    return dest
+    fsync_dir(folder, strict=strict)
 
 
 def set_text(attrs: h5py.AttributeManager, name: str, text: str) -> None:
