@@ -28,7 +28,6 @@ OPTION_TABLES = {
 #: its slice, and its entry goes with it (the test fails on an entry that no longer needs
 #: it). Nothing else may join this list.
 PENDING = {
-    ("parity/check.py", "check_file"),
     ("parity/pytest_plugin/fixtures.py", "__call__"),
     ("parity/run/launcher.py", "run_producers"),
 }
