@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import functools
 
+import _reference as reference
 import jax
 import jax.numpy as jnp
 import numpy as np
@@ -18,21 +19,6 @@ from decomp.targets.toy import TMS, TMSConfig
 from decomp.train import TrainState, importances, init_train_state
 
 BATCH, SEQ, VOCAB, C = 4, 8, 64, 4
-
-
-def _np_log_softmax(x: np.ndarray) -> np.ndarray:
-    x = x - x.max(-1, keepdims=True)
-    return x - np.log(np.exp(x).sum(-1, keepdims=True))
-
-
-def _np_kl(p: np.ndarray, q: np.ndarray) -> float:
-    lp, lq = _np_log_softmax(p.astype(np.float64)), _np_log_softmax(q.astype(np.float64))
-    return float(np.mean(np.sum(np.exp(lp) * (lp - lq), -1)))
-
-
-def _np_ce(logits: np.ndarray, tokens: np.ndarray) -> float:
-    lq = _np_log_softmax(logits[:, :-1].astype(np.float64))
-    return float(-np.mean(np.take_along_axis(lq, tokens[:, 1:, None], -1)))
 
 
 @functools.cache
@@ -92,10 +78,14 @@ def test_deterministic_modes_match_a_masked_forward_outside_the_step(mode: str) 
     components = state.site_components()
     out = np.asarray(jax.jit(legacy.masked_output)(model, inputs, components, masks))
     clean, tokens = np.asarray(clean), np.asarray(inputs)
-    np.testing.assert_allclose(metrics[f"kl/{mode}"], _np_kl(clean, out), rtol=1e-4, atol=1e-7)
-    want_ce = _np_ce(out, tokens) - _np_ce(clean, tokens)
+    np.testing.assert_allclose(
+        metrics[f"kl/{mode}"], reference.kl(clean, out), rtol=1e-4, atol=1e-7
+    )
+    want_ce = reference.next_token_ce(out, tokens) - reference.next_token_ce(clean, tokens)
     np.testing.assert_allclose(metrics[f"ce_diff/{mode}"], want_ce, rtol=1e-4, atol=1e-5)
-    np.testing.assert_allclose(metrics["ce/clean"], _np_ce(clean, tokens), rtol=1e-5)
+    np.testing.assert_allclose(
+        metrics["ce/clean"], reference.next_token_ce(clean, tokens), rtol=1e-5
+    )
 
 
 def test_l0_counts_components_above_the_threshold() -> None:
