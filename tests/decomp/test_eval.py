@@ -9,12 +9,13 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 import pytest
+from producers import spd_configs
 
 from decomp import legacy
 from decomp.components import SiteMask
 from decomp.config import CIConfig, SPDConfig
 from decomp.eval import MODES, make_eval_step
-from decomp.targets.glu_transformer import GLUConfig, GLUTransformer
+from decomp.targets.glu_transformer import GLUTransformer
 from decomp.targets.toy import TMS, TMSConfig
 from decomp.train import TrainState, importances, init_train_state
 
@@ -23,14 +24,10 @@ BATCH, SEQ, VOCAB, C = 4, 8, 64, 4
 
 @functools.cache
 def glu_eval() -> tuple[GLUTransformer, TrainState, jax.Array, dict[str, np.ndarray]]:
-    cfg = GLUConfig(n_layer=2, d_model=32, n_head=2, n_kv_head=1, head_dim=16, d_mlp=64,
-                    vocab_size=VOCAB)  # fmt: skip
+    cfg, pinned = spd_configs(None)
     model = jax.jit(lambda k: GLUTransformer.init(cfg, key=k))(jax.random.key(0))
-    spd = SPDConfig(
-        n_components=C,
-        ci=CIConfig(d_hidden=16, n_blocks=1, n_head=2, d_mlp=32, sites_per_chunk=7),
-        l0_threshold=0.1,
-    )
+    # The pinned CI function and C, every other field at its default: the eval step alone.
+    spd = SPDConfig(n_components=C, ci=pinned.ci, l0_threshold=0.1)
     state = init_train_state(model, spd, key=jax.random.key(7), seq_len=SEQ)
     inputs = jax.random.randint(jax.random.key(1), (BATCH, SEQ), 0, VOCAB, jnp.int32)
     metrics = make_eval_step(model, spd)(state, inputs, jax.random.key(2))

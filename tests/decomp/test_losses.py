@@ -11,6 +11,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 import pytest
+from producers import spd_configs
 
 from decomp.components import SiteMask
 from decomp.config import CIConfig, SPDConfig
@@ -33,9 +34,9 @@ from decomp.masks import (
     uniform_k_routing,
 )
 from decomp.stacked import SiteLayout
-from decomp.targets.glu_transformer import GLUConfig, GLUTransformer
+from decomp.targets.glu_transformer import GLUTransformer
 
-CI_CFG = CIConfig(d_hidden=16, n_blocks=1, n_head=2, d_mlp=32, sites_per_chunk=7)
+CI_CFG = spd_configs(None)[1].ci
 
 
 # --- losses against numpy ------------------------------------------------------------------
@@ -63,8 +64,7 @@ def test_faithfulness_matches_numpy() -> None:
 @functools.cache
 def tiny_glu() -> tuple[GLUTransformer, dict]:
     """The tiny GLU and components, each made by one jitted program (not op by op)."""
-    cfg = GLUConfig(n_layer=2, d_model=32, n_head=2, n_kv_head=1, head_dim=16, d_mlp=64,
-                    vocab_size=64)  # fmt: skip
+    cfg, _ = spd_configs(None)
     model = jax.jit(lambda k: GLUTransformer.init(cfg, key=k))(jax.random.key(0))
     shapes = model.site_shapes()
     comps = jax.jit(lambda k: init_components(shapes, 4, key=k))(jax.random.key(1))

@@ -65,7 +65,9 @@ def init(cls, config, seed: int):
     return jax.jit(lambda s: cls.init(config, key=jax.random.key(s)))(seed)
 
 
-# name: (model, d_in, d_out, sites {name: (d_in, d_out)}, manual forward)
+# name: (model, d_in, d_out, sites {name: (d_in, d_out)}, manual forward). Smaller and more
+# uneven widths than the toy golden's (`producers.toy_group`): no two widths of a model agree,
+# so a transposed or misrouted weight fails on its shape.
 TOYS = {
     "simple_mlp": (
         init(SimpleMLP, SimpleMLPConfig(d_in=6, d_hidden=(8, 7), d_out=4), 0),
