@@ -61,8 +61,8 @@ def _moved(noise: float) -> float:
 
 
 @pytest.fixture
-def project(tmp_path: Path, pinned_project) -> Path:
-    return pinned_project(tmp_path, PRODUCERS, TABLE, files={"src/model.py": "BUG = 0.0\n"})
+def project(tmp_path: Path, git_project) -> Path:
+    return git_project(tmp_path, PRODUCERS, TABLE, files={"src/model.py": "BUG = 0.0\n"})
 
 
 def _calibrate(repo: Path, run_parity, perturb: str = "devices=4,repeat") -> None:
@@ -165,7 +165,7 @@ def test_a_missing_base_commit_falls_back_to_calibration_and_says_why(project, r
 
 
 def test_without_git_history_the_verdict_line_says_not_exact_and_require_exits_2(
-    project, run_parity, pinned_project, tmp_path
+    project, run_parity, git_project, tmp_path
 ):
     _calibrate(project, run_parity)
     shutil.rmtree(project / ".git")

@@ -63,8 +63,8 @@ def _moved(noise: float) -> float:
 
 
 @pytest.fixture
-def project(tmp_path: Path, pinned_project) -> Path:
-    return pinned_project(tmp_path, PRODUCERS, 'producers = "producers.py"\nsrc = "."\n')
+def project(tmp_path: Path, git_project) -> Path:
+    return git_project(tmp_path, PRODUCERS, 'producers = "producers.py"\nsrc = "."\n')
 
 
 def test_a_calibrated_key_without_a_record_is_exit_2_naming_the_command(project, run_parity):
