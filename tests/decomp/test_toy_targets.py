@@ -8,6 +8,7 @@ import functools
 import jax
 import numpy as np
 import pytest
+from _jitted import clean, fused, read
 
 from decomp import DecomposedModel, legacy
 from decomp.components import SiteComponents, SiteMask
@@ -96,21 +97,6 @@ TOYS = {
         manual_resid_mlp,
     ),
 }
-
-
-@jax.jit
-def clean(model, x):
-    return model.clean_output(x)
-
-
-@functools.partial(jax.jit, static_argnames="wanted")
-def read(model, x, wanted):
-    return model.read_activations(x, wanted)
-
-
-@functools.partial(jax.jit, static_argnames="wanted")
-def fused(model, x, wanted):
-    return model.clean_output_and_activations(x, wanted)
 
 
 @jax.jit
