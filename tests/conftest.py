@@ -4,9 +4,10 @@ the simulated device count before jax starts."""
 import contextlib
 import hashlib
 import os
+import shutil
 import subprocess
 import sys
-from collections.abc import Callable, Iterator, Mapping
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -80,33 +81,47 @@ def run_parity() -> Callable[..., subprocess.CompletedProcess[str]]:
     return _run_parity
 
 
-def _pinned_project(
+def _git_project(
     root: Path,
-    producers: str,
-    table: str = 'producers = "producers.py"\n',
-    files: Mapping[str, str] | None = None,
+    producers: str | None = None,
+    table: str | None = 'producers = "producers.py"\n',
+    files: Mapping[str, str | Path] | None = None,
+    *,
+    pin: Sequence[str] | None = (),
+    message: str = "one",
+    branch: str | None = "main",
 ) -> Path:
     repo = root / "proj"
     repo.mkdir()
-    (repo / "producers.py").write_text(producers)
-    for rel, text in (files or {}).items():
+    if producers is not None:
+        (repo / "producers.py").write_text(producers)
+    for rel, content in (files or {}).items():
+        if isinstance(content, Path):
+            shutil.copytree(content, repo / rel, ignore=shutil.ignore_patterns("__pycache__"))
+            continue
         (repo / rel).parent.mkdir(parents=True, exist_ok=True)
-        (repo / rel).write_text(text)
-    (repo / "pyproject.toml").write_text(f"[tool.parity]\n{table}")
-    _git(repo, "init", "-q", "-b", "main")
+        (repo / rel).write_text(content)
+    if table is not None:
+        (repo / "pyproject.toml").write_text(f"[tool.parity]\n{table}")
+    _git(repo, "init", "-q", *(("-b", branch) if branch else ()))
     _git(repo, "add", "-A")
-    _git(repo, "commit", "-qm", "one")
-    pinned = _run_parity(repo, "repin", "--base", "HEAD")
-    assert pinned.returncode == 0, pinned.stdout + pinned.stderr
+    _git(repo, "commit", "-qm", message)
+    if pin is not None:
+        pinned = _run_parity(repo, "repin", "--base", "HEAD", *pin)
+        assert pinned.returncode == 0, pinned.stdout + pinned.stderr
     return repo
 
 
 @pytest.fixture(scope="session")
-def pinned_project() -> Callable[..., Path]:
-    """`pinned_project(root, producers_text, table=..., files=...)`: a git repository
-    `root/proj` with a producers file, a `[tool.parity]` table (its body `table`) and
-    `files` (relative path -> text), goldens pinned at its one commit."""
-    return _pinned_project
+def git_project() -> Callable[..., Path]:
+    """`git_project(root, producers=None, table=..., files=None, *, pin=(), message="one",
+    branch="main") -> root/proj`: a git repository with one commit (`message`, on `branch`;
+    None: git's default) of a producers file (None: none), a `[tool.parity]` table (its body
+    `table`; None: no pyproject.toml) and `files` (relative path -> text, or a folder that is
+    copied without its `__pycache__`), then goldens pinned at that commit by `parity repin
+    --base HEAD *pin` (None: nothing pinned). Session-scoped, so a module-scoped fixture can
+    build its project under `tmp_path_factory`."""
+    return _git_project
 
 
 def _checkout_snapshot(repo: Path) -> dict[str, str]:

@@ -6,6 +6,9 @@ published Llama / Qwen3 definitions, not from decomp: it reads Hugging Face styl
 written as a rotation of the pairs `(x[j], x[j + head_dim/2])`, the llama3 frequency scaling
 as Meta's per-frequency loop, and grouped-query attention by indexing the kv head of each
 query head, so that a slip in the vectorised forms does not repeat here.
+
+Beside the forward, the losses and metrics the SPD tests hold decomp's to (`log_softmax`,
+`kl`, `next_token_ce`): one copy, in float64 whatever the input's dtype.
 """
 
 from __future__ import annotations
@@ -50,6 +53,25 @@ def rms(x: np.ndarray, w: np.ndarray | None, eps: float) -> np.ndarray:
     """`x / sqrt(mean(x^2) + eps) * w` over the last axis."""
     out = x / np.sqrt(np.mean(x * x, axis=-1, keepdims=True) + eps)
     return out if w is None else out * w
+
+
+def log_softmax(x: np.ndarray) -> np.ndarray:
+    """`log softmax(x)` over the last axis, in float64."""
+    x = np.asarray(x, np.float64)
+    x = x - x.max(-1, keepdims=True)
+    return x - np.log(np.exp(x).sum(-1, keepdims=True))
+
+
+def kl(p_logits: np.ndarray, q_logits: np.ndarray) -> float:
+    """`KL(softmax(p) || softmax(q))` over the last axis, averaged over the leading axes."""
+    lp, lq = log_softmax(p_logits), log_softmax(q_logits)
+    return float(np.mean(np.sum(np.exp(lp) * (lp - lq), -1)))
+
+
+def next_token_ce(logits: np.ndarray, tokens: np.ndarray) -> float:
+    """Mean cross-entropy of `tokens[:, 1:]` under `logits[:, :-1]` (`[batch, seq, vocab]`)."""
+    lq = log_softmax(logits[:, :-1])
+    return float(-np.mean(np.take_along_axis(lq, tokens[:, 1:, None], -1)))
 
 
 def inv_freq(cfg: RefConfig) -> np.ndarray:

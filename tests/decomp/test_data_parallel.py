@@ -19,28 +19,27 @@ from parity.run import jax_cache
 from parity.run.devices import xla_flags_for
 
 RTOL, ATOL = 1e-4, 1e-7
+PRODUCERS_DIR = Path(__file__).resolve().parents[1] / "equivalence"
 
-#: Three train steps and one eval step of the tiny GLU, every figure saved to argv[1].
+#: Three train steps and one eval step of the tiny GLU, every figure saved to argv[1]; the
+#: configurations are the pinned trajectories' (`producers.spd_configs`, from the folder
+#: argv[2]) with test_train.tiny_spd's larger learning rates, weight decay and clip.
 _SCRIPT = r"""
-import sys
+import dataclasses, sys
 import jax, jax.numpy as jnp, numpy as np
-from decomp.config import CIConfig, SPDConfig
 from decomp.eval import make_eval_step
 from decomp.mesh import make_dp_mesh, shard_batch
-from decomp.targets.glu_transformer import GLUConfig, GLUTransformer
+from decomp.targets.glu_transformer import GLUTransformer
 from decomp.train import init_train_state, make_train_step
 
+sys.path.insert(0, sys.argv[2])
+from producers import spd_configs
+
 out = {"n_devices": np.asarray(jax.device_count())}
-glu = GLUConfig(n_layer=2, d_model=32, n_head=2, n_kv_head=1, head_dim=16, d_mlp=64,
-                vocab_size=64)
+glu, pinned = spd_configs(None)
 model = jax.jit(lambda k: GLUTransformer.init(glu, key=k))(jax.random.key(0))
-cfg = SPDConfig(
-    n_components=4,
-    ci=CIConfig(d_hidden=16, n_blocks=1, n_head=2, d_mlp=32, sites_per_chunk=7),
-    importance_coeff=1e-2, p_anneal_steps=4, n_mask_samples=2, recon_sites_per_chunk=7,
-    pgd_warmup_steps=2, pgd_lr=0.05, lr_components=1e-2, lr_ci=1e-2, weight_decay=1e-3,
-    grad_clip=0.5,
-)
+cfg = dataclasses.replace(pinned, pgd_lr=0.05, lr_components=1e-2, lr_ci=1e-2,
+                          weight_decay=1e-3, grad_clip=0.5)
 mesh = make_dp_mesh()
 state = init_train_state(model, cfg, key=jax.random.key(7), seq_len=8, mesh=mesh)
 step, evaluate = make_train_step(model, cfg, mesh=mesh), make_eval_step(model, cfg, mesh=mesh)
@@ -80,7 +79,7 @@ def _run_arms(tmp_path: Path, counts: tuple[int, ...]) -> dict[int, dict[str, np
         procs[n] = (
             path,
             subprocess.Popen(
-                [sys.executable, "-c", _SCRIPT, str(path)],
+                [sys.executable, "-c", _SCRIPT, str(path), str(PRODUCERS_DIR)],
                 env=_env(n),
                 stdout=subprocess.PIPE,
                 stderr=subprocess.STDOUT,

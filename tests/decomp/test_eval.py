@@ -4,47 +4,30 @@ from __future__ import annotations
 
 import functools
 
+import _reference as reference
 import jax
 import jax.numpy as jnp
 import numpy as np
 import pytest
+from producers import spd_configs
 
 from decomp import legacy
 from decomp.components import SiteMask
 from decomp.config import CIConfig, SPDConfig
 from decomp.eval import MODES, make_eval_step
-from decomp.targets.glu_transformer import GLUConfig, GLUTransformer
+from decomp.targets.glu_transformer import GLUTransformer
 from decomp.targets.toy import TMS, TMSConfig
 from decomp.train import TrainState, importances, init_train_state
 
 BATCH, SEQ, VOCAB, C = 4, 8, 64, 4
 
 
-def _np_log_softmax(x: np.ndarray) -> np.ndarray:
-    x = x - x.max(-1, keepdims=True)
-    return x - np.log(np.exp(x).sum(-1, keepdims=True))
-
-
-def _np_kl(p: np.ndarray, q: np.ndarray) -> float:
-    lp, lq = _np_log_softmax(p.astype(np.float64)), _np_log_softmax(q.astype(np.float64))
-    return float(np.mean(np.sum(np.exp(lp) * (lp - lq), -1)))
-
-
-def _np_ce(logits: np.ndarray, tokens: np.ndarray) -> float:
-    lq = _np_log_softmax(logits[:, :-1].astype(np.float64))
-    return float(-np.mean(np.take_along_axis(lq, tokens[:, 1:, None], -1)))
-
-
 @functools.cache
 def glu_eval() -> tuple[GLUTransformer, TrainState, jax.Array, dict[str, np.ndarray]]:
-    cfg = GLUConfig(n_layer=2, d_model=32, n_head=2, n_kv_head=1, head_dim=16, d_mlp=64,
-                    vocab_size=VOCAB)  # fmt: skip
+    cfg, pinned = spd_configs(None)
     model = jax.jit(lambda k: GLUTransformer.init(cfg, key=k))(jax.random.key(0))
-    spd = SPDConfig(
-        n_components=C,
-        ci=CIConfig(d_hidden=16, n_blocks=1, n_head=2, d_mlp=32, sites_per_chunk=7),
-        l0_threshold=0.1,
-    )
+    # The pinned CI function and C, every other field at its default: the eval step alone.
+    spd = SPDConfig(n_components=C, ci=pinned.ci, l0_threshold=0.1)
     state = init_train_state(model, spd, key=jax.random.key(7), seq_len=SEQ)
     inputs = jax.random.randint(jax.random.key(1), (BATCH, SEQ), 0, VOCAB, jnp.int32)
     metrics = make_eval_step(model, spd)(state, inputs, jax.random.key(2))
@@ -92,10 +75,14 @@ def test_deterministic_modes_match_a_masked_forward_outside_the_step(mode: str) 
     components = state.site_components()
     out = np.asarray(jax.jit(legacy.masked_output)(model, inputs, components, masks))
     clean, tokens = np.asarray(clean), np.asarray(inputs)
-    np.testing.assert_allclose(metrics[f"kl/{mode}"], _np_kl(clean, out), rtol=1e-4, atol=1e-7)
-    want_ce = _np_ce(out, tokens) - _np_ce(clean, tokens)
+    np.testing.assert_allclose(
+        metrics[f"kl/{mode}"], reference.kl(clean, out), rtol=1e-4, atol=1e-7
+    )
+    want_ce = reference.next_token_ce(out, tokens) - reference.next_token_ce(clean, tokens)
     np.testing.assert_allclose(metrics[f"ce_diff/{mode}"], want_ce, rtol=1e-4, atol=1e-5)
-    np.testing.assert_allclose(metrics["ce/clean"], _np_ce(clean, tokens), rtol=1e-5)
+    np.testing.assert_allclose(
+        metrics["ce/clean"], reference.next_token_ce(clean, tokens), rtol=1e-5
+    )
 
 
 def test_l0_counts_components_above_the_threshold() -> None:

@@ -11,6 +11,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 import pytest
+from _jitted import clean, fused, read
 from _reference import RefConfig
 from _reference import forward as reference_forward
 from _reference import inv_freq as reference_inv_freq
@@ -78,21 +79,6 @@ def wanted_sets(n_layer: int) -> dict[str, tuple[str, ...]]:
 
 
 WANTED = wanted_sets(N_LAYER)
-
-
-@jax.jit
-def clean(model, tokens):
-    return model.clean_output(tokens)
-
-
-@functools.partial(jax.jit, static_argnames="wanted")
-def read(model, tokens, wanted):
-    return model.read_activations(tokens, wanted)
-
-
-@functools.partial(jax.jit, static_argnames="wanted")
-def fused(model, tokens, wanted):
-    return model.clean_output_and_activations(tokens, wanted)
 
 
 @functools.partial(jax.jit, static_argnames="wanted")

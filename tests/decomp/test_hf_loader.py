@@ -9,6 +9,7 @@ import jax
 import ml_dtypes
 import numpy as np
 import pytest
+from _jitted import clean
 
 from decomp.targets import GLUConfig, GLUTransformer
 
@@ -19,11 +20,6 @@ LLAMA = GLUConfig(
 )  # fmt: skip
 QWEN3 = dataclasses.replace(LLAMA, family="qwen3")
 TIED = dataclasses.replace(LLAMA, tie_word_embeddings=True)
-
-
-@jax.jit
-def clean(model, tokens):
-    return model.clean_output(tokens)
 
 
 @pytest.fixture(scope="module")

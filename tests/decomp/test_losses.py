@@ -6,10 +6,12 @@ from __future__ import annotations
 import dataclasses
 import functools
 
+import _reference as reference
 import jax
 import jax.numpy as jnp
 import numpy as np
 import pytest
+from producers import spd_configs
 
 from decomp.components import SiteMask
 from decomp.config import CIConfig, SPDConfig
@@ -32,19 +34,9 @@ from decomp.masks import (
     uniform_k_routing,
 )
 from decomp.stacked import SiteLayout
-from decomp.targets.glu_transformer import GLUConfig, GLUTransformer
+from decomp.targets.glu_transformer import GLUTransformer
 
-CI_CFG = CIConfig(d_hidden=16, n_blocks=1, n_head=2, d_mlp=32, sites_per_chunk=7)
-
-
-def _np_log_softmax(x: np.ndarray) -> np.ndarray:
-    x = x - x.max(-1, keepdims=True)
-    return x - np.log(np.exp(x).sum(-1, keepdims=True))
-
-
-def _np_kl(p_logits: np.ndarray, q_logits: np.ndarray) -> float:
-    lp, lq = _np_log_softmax(p_logits), _np_log_softmax(q_logits)
-    return float(np.mean(np.sum(np.exp(lp) * (lp - lq), -1)))
+CI_CFG = spd_configs(None)[1].ci
 
 
 # --- losses against numpy ------------------------------------------------------------------
@@ -72,8 +64,7 @@ def test_faithfulness_matches_numpy() -> None:
 @functools.cache
 def tiny_glu() -> tuple[GLUTransformer, dict]:
     """The tiny GLU and components, each made by one jitted program (not op by op)."""
-    cfg = GLUConfig(n_layer=2, d_model=32, n_head=2, n_kv_head=1, head_dim=16, d_mlp=64,
-                    vocab_size=64)  # fmt: skip
+    cfg, _ = spd_configs(None)
     model = jax.jit(lambda k: GLUTransformer.init(cfg, key=k))(jax.random.key(0))
     shapes = model.site_shapes()
     comps = jax.jit(lambda k: init_components(shapes, 4, key=k))(jax.random.key(1))
@@ -119,7 +110,7 @@ def test_kl_matches_numpy_and_is_zero_on_equal_logits() -> None:
     rng = np.random.default_rng(2)
     p, q = rng.normal(size=(2, 5, 11)) * 3, rng.normal(size=(2, 5, 11)) * 3
     got = kl_divergence(jnp.asarray(p, jnp.float32), jnp.asarray(q, jnp.float32))
-    np.testing.assert_allclose(float(got), _np_kl(p, q), rtol=1e-5)
+    np.testing.assert_allclose(float(got), reference.kl(p, q), rtol=1e-5)
     assert float(kl_divergence(jnp.asarray(p, jnp.float32), jnp.asarray(p, jnp.float32))) == 0.0
 
 
@@ -275,7 +266,7 @@ def test_stochastic_recon_matches_a_loop_over_draws_and_chunks(
             for j, s in enumerate(sites):
                 routed[s] = masks[s]._replace(routing=r[..., j])
             values.append(
-                _np_kl(
+                reference.kl(
                     np.asarray(clean, np.float64),
                     np.asarray(_linear_forward(comps, routed), np.float64),
                 )

@@ -8,6 +8,7 @@ import functools
 import jax
 import numpy as np
 import pytest
+from _jitted import clean, fused, read
 
 from decomp import DecomposedModel, legacy
 from decomp.components import SiteComponents, SiteMask
@@ -65,7 +66,9 @@ def init(cls, config, seed: int):
     return jax.jit(lambda s: cls.init(config, key=jax.random.key(s)))(seed)
 
 
-# name: (model, d_in, d_out, sites {name: (d_in, d_out)}, manual forward)
+# name: (model, d_in, d_out, sites {name: (d_in, d_out)}, manual forward). Smaller and more
+# uneven widths than the toy golden's (`producers.toy_group`): no two widths of a model agree,
+# so a transposed or misrouted weight fails on its shape.
 TOYS = {
     "simple_mlp": (
         init(SimpleMLP, SimpleMLPConfig(d_in=6, d_hidden=(8, 7), d_out=4), 0),
@@ -94,21 +97,6 @@ TOYS = {
         manual_resid_mlp,
     ),
 }
-
-
-@jax.jit
-def clean(model, x):
-    return model.clean_output(x)
-
-
-@functools.partial(jax.jit, static_argnames="wanted")
-def read(model, x, wanted):
-    return model.read_activations(x, wanted)
-
-
-@functools.partial(jax.jit, static_argnames="wanted")
-def fused(model, x, wanted):
-    return model.clean_output_and_activations(x, wanted)
 
 
 @jax.jit

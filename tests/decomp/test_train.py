@@ -11,9 +11,10 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 import pytest
+from producers import spd_configs
 
 from decomp.config import CIConfig, SPDConfig
-from decomp.targets.glu_transformer import GLUConfig, GLUTransformer
+from decomp.targets.glu_transformer import GLUTransformer
 from decomp.targets.toy import ResidMLP, ResidMLPConfig
 from decomp.train import init_train_state, make_train_step
 
@@ -21,22 +22,16 @@ BATCH, SEQ, VOCAB = 4, 8, 64
 
 
 def tiny_glu() -> GLUTransformer:
-    cfg = GLUConfig(n_layer=2, d_model=32, n_head=2, n_kv_head=1, head_dim=16, d_mlp=64,
-                    vocab_size=VOCAB)  # fmt: skip
+    cfg, _ = spd_configs(None)
     return jax.jit(lambda k: GLUTransformer.init(cfg, key=k))(jax.random.key(0))
 
 
 def tiny_spd(**overrides: Any) -> SPDConfig:
-    base = SPDConfig(
-        n_components=4,
-        ci=CIConfig(d_hidden=16, n_blocks=1, n_head=2, d_mlp=32, sites_per_chunk=7),
-        importance_coeff=1e-2,
-        p_start=2.0,
-        p_end=1.0,
-        p_anneal_steps=4,
-        n_mask_samples=2,
-        recon_sites_per_chunk=7,
-        pgd_warmup_steps=2,
+    """The pinned trajectories' configuration (`producers.spd_configs`) with larger learning
+    rates, weight decay and a clip at 0.5, then `overrides`."""
+    _, pinned = spd_configs(None)
+    base = dataclasses.replace(
+        pinned,
         pgd_lr=0.05,
         lr_components=1e-2,
         lr_ci=1e-2,

@@ -65,6 +65,8 @@ def test_fused_accessor_equals_the_separate_methods(family, parity_check):
 
 
 def _ci_structure():
+    """The 4-layer forward goldens' GLU with a CI function of two blocks (the trajectories'
+    has one, `spd_configs`): the vmapped init must stack the block axis as the loop does."""
     model = _init_glu(glu_config("llama"), 0)
     shapes = model.site_shapes()
     names = tuple(model.site_names)

@@ -15,12 +15,10 @@ import subprocess
 import sys
 from pathlib import Path
 
-import numpy as np
 import pytest
+from _device_noise import DEVICE_NOISE, moved
 
 from parity.store import open_goldens, write_goldens
-
-DEVICE_NOISE = 2.5e-7
 
 PRODUCERS = f"""\
 import os
@@ -53,16 +51,9 @@ CLASS_MAP = [("logits", "bitwise"), ("taps.*", "fp32_reassoc")]
 TABLE = 'producers = "producers.py"\nsrc = "src"\n'
 
 
-def _moved(noise: float) -> float:
-    """max |a-b| of `BASE` moved by `noise`, in float32."""
-    base = np.linspace(1.0, 2.0, 8)
-    a = (base + noise).astype(np.float32).astype(np.float64)
-    return float(np.max(np.abs(a - base.astype(np.float32).astype(np.float64))))
-
-
 @pytest.fixture
-def project(tmp_path: Path, pinned_project) -> Path:
-    return pinned_project(tmp_path, PRODUCERS, TABLE, files={"src/model.py": "BUG = 0.0\n"})
+def project(tmp_path: Path, git_project) -> Path:
+    return git_project(tmp_path, PRODUCERS, TABLE, files={"src/model.py": "BUG = 0.0\n"})
 
 
 def _calibrate(repo: Path, run_parity, perturb: str = "devices=4,repeat") -> None:
@@ -84,7 +75,7 @@ def test_a_change_below_the_calibrated_bound_fails_bitwise_against_the_base_on_4
     project, run_parity
 ):
     _calibrate(project, run_parity)
-    spread = _moved(DEVICE_NOISE)
+    spread = moved(DEVICE_NOISE)
     _bug(project, spread / 4)  # a real change, 16x below the calibrated bound k * spread
     calibrated = run_parity(project, "check", "--devices", "4", "--baseline", "off")
     assert calibrated.returncode == 0, calibrated.stdout + calibrated.stderr
@@ -135,7 +126,7 @@ def test_a_base_outside_the_recorded_noise_is_exit_2_naming_the_calibrate_comman
     assert "this environment (devices 1 -> 4) is outside the recorded noise of group 'g'" in err
     assert "parity calibrate --groups g" in err
     # Figures in three significant digits, as every message prints them; never a raw repr.
-    assert f"(bitwise: max abs {_moved(DEVICE_NOISE):.3g};" in err, err
+    assert f"(bitwise: max abs {moved(DEVICE_NOISE):.3g};" in err, err
     assert not re.search(r"\d\.\d{6,}(e[-+]?\d+)?", err), err
 
 
@@ -165,11 +156,11 @@ def test_a_missing_base_commit_falls_back_to_calibration_and_says_why(project, r
 
 
 def test_without_git_history_the_verdict_line_says_not_exact_and_require_exits_2(
-    project, run_parity, pinned_project, tmp_path
+    project, run_parity, git_project, tmp_path
 ):
     _calibrate(project, run_parity)
     shutil.rmtree(project / ".git")
-    _bug(project, _moved(DEVICE_NOISE) / 4)  # a real bug, below the calibrated bound
+    _bug(project, moved(DEVICE_NOISE) / 4)  # a real bug, below the calibrated bound
     proc = run_parity(project, "check", "--devices", "4")
     assert proc.returncode == 0, proc.stdout + proc.stderr
     verdict = proc.stdout.splitlines()[0]
@@ -206,7 +197,7 @@ def test_a_shallow_clone_without_the_base_commit_is_named_as_such(
     clone = tmp_path / "ci" / "proj"
     clone.parent.mkdir()
     git(tmp_path, "clone", "-q", "--depth", "1", f"file://{project}", str(clone))
-    _bug(clone, _moved(DEVICE_NOISE) / 4)
+    _bug(clone, moved(DEVICE_NOISE) / 4)
     proc = run_parity(clone, "check", "--devices", "4")
     assert proc.returncode == 0, proc.stdout + proc.stderr
     verdict = proc.stdout.splitlines()[0]
@@ -285,7 +276,7 @@ def test_the_pytest_plugin_judges_golden_checks_by_the_base_off_the_pins_layout(
     clean = _inner_pytest(project, tmp_path, "--parity-devices", "4")
     assert clean.returncode == 0, clean.stdout + clean.stderr
     assert "the base re-produced here at" in clean.stdout
-    _bug(project, _moved(DEVICE_NOISE) / 4)
+    _bug(project, moved(DEVICE_NOISE) / 4)
     bug = _inner_pytest(project, tmp_path, "--parity-devices", "4")
     assert bug.returncode == 1, bug.stdout + bug.stderr
     assert "(cached at" in bug.stdout and "logits" in bug.stdout

@@ -14,13 +14,11 @@ from parity.run.config import ParityConfig
 
 
 @pytest.fixture
-def history(tmp_path: Path, git) -> tuple[Path, list[str]]:
+def history(tmp_path: Path, git, git_project) -> tuple[Path, list[str]]:
     """A repository with 8 commits on main."""
-    repo = tmp_path / "repo"
-    repo.mkdir()
-    git(repo, "init", "-q", "-b", "main")
-    shas = []
-    for i in range(8):
+    repo = git_project(tmp_path, table=None, files={"f.txt": "0"}, pin=None, message="c0")
+    shas = [git(repo, "rev-parse", "HEAD")]
+    for i in range(1, 8):
         (repo / "f.txt").write_text(str(i))
         git(repo, "add", "f.txt")
         git(repo, "commit", "-qm", f"c{i}")
@@ -96,16 +94,11 @@ def test_revisions_that_cannot_be_bisected_are_errors(monkeypatch, history):
         _run(monkeypatch, repo, ["no-such-rev", shas[0]], {})
 
 
-def test_a_commit_lacking_what_the_producers_need_is_named_in_the_skip(tmp_path, git):
+def test_a_commit_lacking_what_the_producers_need_is_named_in_the_skip(tmp_path, git, git_project):
     # Real producers (numpy only): the commit tried lacks the module they import.
-    repo = tmp_path / "repo"
-    (repo / "src").mkdir(parents=True)
-    (repo / "producers.py").write_text(
-        "import numpy as np\nimport tinylib\n\nGROUPS = {'g': lambda: {'x': np.zeros(2)}}\n"
-    )
-    git(repo, "init", "-q", "-b", "main")
-    git(repo, "add", "-A")
-    git(repo, "commit", "-qm", "no tinylib yet")
+    producers = "import numpy as np\nimport tinylib\n\nGROUPS = {'g': lambda: {'x': np.zeros(2)}}\n"
+    repo = git_project(tmp_path, producers, table=None, pin=None, message="no tinylib yet")
+    (repo / "src").mkdir()  # the src root the config names, empty (git keeps no empty folder)
     sha = git(repo, "rev-parse", "HEAD")
     config = ParityConfig(root=repo, producers=repo / "producers.py", src=(repo / "src",))
     goldens = bisection.GoldenDir(tmp_path / "goldens")

@@ -69,8 +69,8 @@ def _expected_max_abs(noises: list[float], dtype: type) -> float:
 
 
 @pytest.fixture
-def project(tmp_path: Path, pinned_project) -> Path:
-    return pinned_project(tmp_path, PRODUCERS, 'producers = "producers.py"\nsrc = "."\n')
+def project(tmp_path: Path, git_project) -> Path:
+    return git_project(tmp_path, PRODUCERS, 'producers = "producers.py"\nsrc = "."\n')
 
 
 def test_perturbations_leave_the_baseline_out_and_refuse_what_the_host_lacks() -> None:

@@ -13,6 +13,7 @@ from pathlib import Path
 
 import numpy as np
 import pytest
+from _device_noise import DEVICE_NOISE, moved
 
 from parity.calibrated.bounds import bind_calibrated
 from parity.calibrated.spreads import Spreads
@@ -26,8 +27,6 @@ from parity.judge.rules import Calibrated, Scale
 from parity.judge.tolerance import ClassMap
 from parity.results import CheckError
 from parity.store import open_goldens, write_goldens
-
-DEVICE_NOISE = 2.5e-7
 
 PRODUCERS = f"""\
 import os
@@ -55,16 +54,9 @@ CLASS_MAP = [("exact.*", "bitwise"), ("steady.*", "bitwise"), ("calib.*", "calib
 """
 
 
-def _moved(noise: float) -> float:
-    """max |a-b| of the producers' arrays moved by `noise`, in float32."""
-    base = np.linspace(1.0, 2.0, 8)
-    a = (base + noise).astype(np.float32).astype(np.float64)
-    return float(np.max(np.abs(a - base.astype(np.float32).astype(np.float64))))
-
-
 @pytest.fixture
-def project(tmp_path: Path, pinned_project) -> Path:
-    return pinned_project(tmp_path, PRODUCERS, 'producers = "producers.py"\nsrc = "."\n')
+def project(tmp_path: Path, git_project) -> Path:
+    return git_project(tmp_path, PRODUCERS, 'producers = "producers.py"\nsrc = "."\n')
 
 
 def test_a_calibrated_key_without_a_record_is_exit_2_naming_the_command(project, run_parity):
@@ -87,7 +79,7 @@ def test_calibration_is_recorded_per_key_and_perturbation_and_moves_no_array(pro
         assert gf.verify() == 3
         spreads = Spreads.of(gf.provenance)
     assert spreads.labels == ("devices=4", "repeat")
-    assert list(spreads.keys["exact.v"]) == [pytest.approx(_moved(DEVICE_NOISE)), 0.0]
+    assert list(spreads.keys["exact.v"]) == [pytest.approx(moved(DEVICE_NOISE)), 0.0]
     assert list(spreads.keys["steady.w"]) == [0.0, 0.0]
     # A second calibration of another dimension adds its column and keeps the others.
     proc = run_parity(project, "calibrate", "--perturb", "devices=2", "--write")
@@ -117,7 +109,7 @@ def test_checks_pass_where_pinned_and_on_calibrated_layouts_and_catch_a_bug_beyo
     assert env and "devices 1 -> 4" in env[0] and "1 key(s) passed by calibration alone" in env[0]
     # A change of 10x the recorded spread on the calibrated key fails in the pin's
     # environment (its bound is k = 4 times its spread).
-    spread = _moved(DEVICE_NOISE)
+    spread = moved(DEVICE_NOISE)
     (project / "producers.py").write_text(PRODUCERS.replace("BUG = 0.0", f"BUG = {10 * spread!r}"))
     bug = run_parity(project, "check")
     assert bug.returncode == 1, bug.stdout + bug.stderr
@@ -145,7 +137,7 @@ def test_an_override_to_calibrated_uses_the_recorded_spread_and_says_why_where_n
     assert used.returncode == 0, used.stdout + used.stderr
     doc = json.loads((project / "c.json").read_text())
     exact = next(f for f in doc["findings"] if f["key"] == "g/exact.v")
-    spread = _moved(DEVICE_NOISE)
+    spread = moved(DEVICE_NOISE)
     assert exact["class"] == "calibrated" and f"4*{spread:.3g}" in exact["allowed"]
 
 
@@ -266,7 +258,7 @@ def test_calibrate_records_a_measurement_saved_as_json(project, run_parity, tmp_
     with open_goldens(project / "goldens" / "g.h5") as gf:
         spreads = Spreads.of(gf.provenance)
     assert spreads.labels == ("devices=4",)
-    assert list(spreads.keys["exact.v"]) == [pytest.approx(_moved(DEVICE_NOISE))]
+    assert list(spreads.keys["exact.v"]) == [pytest.approx(moved(DEVICE_NOISE))]
     saved.write_text("{}")
     bad = run_parity(project, "calibrate", "--from-json", str(saved), "--write")
     assert bad.returncode == 2 and "not a calibrate --json file" in bad.stderr

@@ -19,6 +19,7 @@ import h5py
 import ml_dtypes
 import numpy as np
 import pytest
+from _damage import flip_stored_byte
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 from hypothesis.extra import numpy as hnp
@@ -174,12 +175,19 @@ class _Recording:
         self.inner.finish()
 
 
-def _bf16_pair(shape: tuple[int, ...]) -> tuple[np.ndarray, np.ndarray]:
-    rng = np.random.default_rng(0)
-    g = rng.standard_normal(shape).astype(ml_dtypes.bfloat16)
+def _flipped_pair(
+    shape: tuple[int, ...], dtype: Any, *, seed: int, every: int, bits: int
+) -> tuple[np.ndarray, np.ndarray]:
+    """`(actual, golden)`: a seeded normal golden of `dtype`, and a copy with `bits` XORed
+    into every `every`-th element's bit pattern."""
+    g = np.random.default_rng(seed).standard_normal(shape).astype(dtype)
     a = g.copy()
-    a.view(np.uint16).reshape(-1)[::5] ^= 1
+    a.view(f"u{g.itemsize}").reshape(-1)[::every] ^= bits
     return a, g
+
+
+def _bf16_pair(shape: tuple[int, ...]) -> tuple[np.ndarray, np.ndarray]:
+    return _flipped_pair(shape, ml_dtypes.bfloat16, seed=0, every=5, bits=1)
 
 
 def test_file_sources_read_at_most_the_budget_and_give_the_whole_finding(tmp_path: Path) -> None:
@@ -201,12 +209,7 @@ def test_a_damaged_chunk_is_caught_by_the_checksum(tmp_path: Path) -> None:
     _, g = _bf16_pair((40, 64))
     path = tmp_path / "g.h5"
     write_goldens(path, {"x": g})
-    with open_goldens(path) as gf:
-        # Find where the data sits and flip one byte of its last chunk.
-        offset = gf._f["x/%value"].id.get_offset()  # pyright: ignore[reportAttributeAccessIssue]
-    raw = bytearray(path.read_bytes())
-    raw[offset + g.nbytes - 3] ^= 0x10
-    path.write_bytes(bytes(raw))
+    flip_stored_byte(path, "x/%value", g.nbytes - 3, 0x10)  # a byte of its last chunk
     with open_goldens(path) as gf, pytest.raises(GoldenCorruptError, match="sha256"):
         compare_arrays("x", g, gf.source("x"), REGISTRY["bitwise"], budget=_budget_for(64, 2))
     cmd = [sys.executable, "-m", "parity", "diff", str(path), str(path), "--memory", "1"]
@@ -231,11 +234,7 @@ def test_parity_diff_in_chunks_reports_what_the_whole_comparison_does(tmp_path: 
 
 
 def _f32_pair(shape: tuple[int, ...]) -> tuple[np.ndarray, np.ndarray]:
-    rng = np.random.default_rng(1)
-    g = rng.standard_normal(shape).astype(np.float32)
-    a = g.copy()
-    a.view(np.uint32).reshape(-1)[::7] ^= 3
-    return a, g
+    return _flipped_pair(shape, np.float32, seed=1, every=7, bits=3)
 
 
 def _write_plain(path: Path, arrays: dict[str, np.ndarray], **kwargs: Any) -> Path:

@@ -14,6 +14,7 @@ from pathlib import Path
 import h5py
 import numpy as np
 import pytest
+from _damage import flip_stored_byte
 
 from parity.judge.tolerance import ClassMap
 from parity.store import write_goldens
@@ -182,16 +183,7 @@ def test_a_truncated_file_exits_2(tmp_path: Path, golden: Path) -> None:
 
 def test_a_flipped_byte_exits_2_naming_the_checksum(tmp_path: Path, golden: Path) -> None:
     actual = _write(tmp_path / "actual.h5", _arrays())
-    with h5py.File(golden, "r") as f:
-        dset = f["weights/w/%value"]
-        assert isinstance(dset, h5py.Dataset)
-        offset = dset.id.get_offset()
-    assert offset is not None
-    with open(golden, "r+b") as fh:
-        fh.seek(offset + 9)
-        byte = fh.read(1)
-        fh.seek(offset + 9)
-        fh.write(bytes([byte[0] ^ 0x10]))
+    flip_stored_byte(golden, "weights/w/%value", 9, 0x10)
     _assert_unusable(_parity("diff", actual, golden), "GOLDEN", "'weights.w'", "sha256")
     # show reads no data unless asked to verify it.
     assert _parity("show", golden).returncode == 0
@@ -371,11 +363,11 @@ _IMPORTS_AFTER = (
 )
 
 
-def _imports_after(*argv: str | Path) -> tuple[int, list[str], str]:
-    """Run `parity.cli.main(argv)` in a fresh process; **returns** its exit code, which of
-    ml_dtypes and jax it had imported by the end, and its output."""
+def _in_fresh_process(script: str, argv: tuple[str | Path, ...]) -> tuple[int, list[str], str]:
+    """Run `script` (`_IMPORTS_AFTER` or `_LOADED_AFTER`) on `argv` in a fresh process;
+    **returns** the exit code and the names of its last line, and the output before it."""
     proc = subprocess.run(
-        [sys.executable, "-c", _IMPORTS_AFTER, json.dumps([str(a) for a in argv])],
+        [sys.executable, "-c", script, json.dumps([str(a) for a in argv])],
         capture_output=True,
         text=True,
         timeout=120,
@@ -384,6 +376,12 @@ def _imports_after(*argv: str | Path) -> tuple[int, list[str], str]:
     *shown, last = proc.stdout.strip().splitlines()
     code, loaded = json.loads(last)
     return code, loaded, "\n".join(shown)
+
+
+def _imports_after(*argv: str | Path) -> tuple[int, list[str], str]:
+    """Run `parity.cli.main(argv)` in a fresh process; **returns** its exit code, which of
+    ml_dtypes and jax it had imported by the end, and its output."""
+    return _in_fresh_process(_IMPORTS_AFTER, argv)
 
 
 def test_show_and_diff_of_float32_files_import_neither_ml_dtypes_nor_jax(
@@ -425,14 +423,7 @@ _NOT_FOR_READING = (
 
 
 def _loaded_after(*argv: str | Path) -> tuple[int, set[str]]:
-    proc = subprocess.run(
-        [sys.executable, "-c", _LOADED_AFTER, json.dumps([str(a) for a in argv])],
-        capture_output=True,
-        text=True,
-        timeout=120,
-    )
-    assert proc.returncode == 0, proc.stdout + proc.stderr
-    code, loaded = json.loads(proc.stdout.strip().splitlines()[-1])
+    code, loaded, _ = _in_fresh_process(_LOADED_AFTER, argv)
     return code, set(loaded)
 
 

@@ -30,16 +30,11 @@ def _one_line_error(proc: subprocess.CompletedProcess[str], needle: str) -> None
 
 
 @pytest.fixture
-def project(tmp_path: Path, git) -> Path:
-    repo = tmp_path / "proj"
-    (repo / "src" / "tinylib").mkdir(parents=True)
-    (repo / "src" / "tinylib" / "__init__.py").write_text("VALUE = 1.0\n")
-    (repo / "producers.py").write_text(PRODUCERS)
-    (repo / "pyproject.toml").write_text('[tool.parity]\nproducers = "producers.py"\n')
-    git(repo, "init", "-q", "-b", "main")
-    git(repo, "add", "-A")
-    git(repo, "commit", "-qm", "one")
-    return repo
+def project(tmp_path: Path, git_project) -> Path:
+    """Committed, nothing pinned yet."""
+    return git_project(
+        tmp_path, PRODUCERS, files={"src/tinylib/__init__.py": "VALUE = 1.0\n"}, pin=None
+    )
 
 
 def test_check_without_goldens_says_how_to_pin(project: Path, run_parity) -> None:
@@ -236,13 +231,13 @@ CLASS_MAP = [("*", "calibrated")]
 
 
 def test_a_repin_of_unchanged_arrays_keeps_the_calibration_and_show_always_shows(
-    tmp_path: Path, run_parity, pinned_project
+    tmp_path: Path, run_parity, git_project
 ) -> None:
     """After `calibrate --write`, a repin whose arrays are unchanged keeps every key's
     spread (and says so), so `check` and `show` work as before; `show` of a file whose
     calibrated keys have no spread still shows it, with the check's refusal as a note
     (issue 29)."""
-    repo = pinned_project(tmp_path, CALIBRATED)
+    repo = git_project(tmp_path, CALIBRATED)
     uncalibrated = run_parity(repo, "show", "goldens/g.h5", "--json", "-")
     assert uncalibrated.returncode == 0, uncalibrated.stderr
     doc = json.loads(uncalibrated.stdout)
@@ -293,12 +288,12 @@ PRODUCERS_ABC = (
 
 
 def test_classes_only_with_order_rewrites_the_order_and_keeps_every_array(
-    tmp_path: Path, run_parity, pinned_project
+    tmp_path: Path, run_parity, git_project
 ) -> None:
     """`repin --classes-only --order` takes the current producers' key order and nothing
     else: every array's checksum and the provenance's environment stay as pinned."""
     first = PRODUCERS_BAC.format(b="np.ones(2)")
-    repo = pinned_project(tmp_path, first)
+    repo = git_project(tmp_path, first)
     before = json.loads(run_parity(repo, "show", "goldens/g.h5", "--json", "-").stdout)
     # The producers now return the same keys in another order (and another value, which
     # must not reach the golden: only the order is taken).

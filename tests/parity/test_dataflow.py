@@ -102,15 +102,20 @@ def test_forward(parity_check):
 FORWARD = ["taps.embed", "taps.conv0", "taps.ln0", "taps.conv1", "taps.gelu0", "logits"]
 
 
+MODEL_FILE = "src/convnet/__init__.py"
+#: The model's file as every project commits it (a test writes the bug, eps 1e-3, later).
+GOOD_MODEL = {MODEL_FILE: MODEL.format(eps="1e-5")}
+
+
 def _write_model(repo: Path, eps: str) -> None:
-    (repo / "src" / "convnet").mkdir(parents=True, exist_ok=True)
-    (repo / "src" / "convnet" / "__init__.py").write_text(MODEL.format(eps=eps))
+    (repo / MODEL_FILE).parent.mkdir(parents=True, exist_ok=True)
+    (repo / MODEL_FILE).write_text(MODEL.format(eps=eps))
 
 
 def _model(repo: Path, name: str) -> Any:
     import importlib.util
 
-    spec = importlib.util.spec_from_file_location(name, repo / "src" / "convnet" / "__init__.py")
+    spec = importlib.util.spec_from_file_location(name, repo / MODEL_FILE)
     assert spec is not None and spec.loader is not None
     module = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(module)
@@ -230,19 +235,10 @@ def _parity(run_parity: Any, repo: Path, *args: str | Path) -> subprocess.Comple
 
 @pytest.mark.slow
 def test_a_bug_in_a_middle_layer_is_named_first_by_check_bisect_and_assert_equivalent(
-    tmp_path: Path, git: Any, run_parity: Any
+    tmp_path: Path, git: Any, run_parity: Any, git_project: Any
 ) -> None:
-    repo = tmp_path / "proj"
-    repo.mkdir()
-    _write_model(repo, "1e-5")
-    (repo / "producers.py").write_text(PRODUCERS)
-    (repo / "pyproject.toml").write_text('[tool.parity]\nproducers = "producers.py"\n')
-    git(repo, "init", "-q", "-b", "main")
-    git(repo, "add", "-A")
-    git(repo, "commit", "-qm", "a conv model")
+    repo = git_project(tmp_path, PRODUCERS, files=GOOD_MODEL, message="a conv model")
     good = git(repo, "rev-parse", "HEAD")
-    pinned = _parity(run_parity, repo, "repin", "--base", "HEAD")
-    assert pinned.returncode == 0, pinned.stdout + pinned.stderr
 
     shown = _parity(run_parity, repo, "show", "goldens/forward.h5", "--json", "-")
     assert shown.returncode == 0, shown.stderr
@@ -317,14 +313,14 @@ def test_a_bug_in_a_middle_layer_is_named_first_by_check_bisect_and_assert_equiv
 
 
 def test_a_declared_alphabetical_order_is_said_by_show_and_check(
-    tmp_path: Path, run_parity: Any, pinned_project: Any
+    tmp_path: Path, run_parity: Any, git_project: Any
 ) -> None:
     producers = (
         "import numpy as np\n\n"
         "GROUPS = {'g': lambda: {k: np.full(2, i, np.float32) for i, k in "
         "enumerate(['a', 'b', 'c'])}}\n"
     )
-    repo = pinned_project(tmp_path, producers)
+    repo = git_project(tmp_path, producers)
     shown = run_parity(repo, "show", "goldens/g.h5")
     assert shown.returncode == 0, shown.stderr
     assert "forward order: declared" in shown.stdout
@@ -413,15 +409,14 @@ def test_tree_map(parity_check):
 
 @pytest.mark.slow
 def test_a_producer_that_ends_in_numpy_keeps_the_dataflow_order(
-    tmp_path: Path, run_parity: Any, pinned_project: Any
+    tmp_path: Path, run_parity: Any, git_project: Any
 ) -> None:
     """`jax.tree.map(np.asarray, out)`, `jax.device_get(out)` and a comprehension of
     `np.asarray` on the dict a jitted function returned: the order is the program's, so a
     bug in a middle layer (the LayerNorm's epsilon) is named first by check and the plugin,
     and a repin that changes nothing says nothing about the order."""
-    model = {"src/convnet/__init__.py": MODEL.format(eps="1e-5")}
     table = 'producers = "producers.py"\nsrc = "src"\n'
-    repo = pinned_project(tmp_path, NUMPY_PRODUCERS, table, files=model)
+    repo = git_project(tmp_path, NUMPY_PRODUCERS, table, files=GOOD_MODEL)
     groups = ("tree_map", "device_get", "comprehension")
     for group in groups:
         shown = run_parity(repo, "show", f"goldens/{group}.h5", "--json", "-")
@@ -471,11 +466,10 @@ GROUPS = {"forward": forward}
 
 @pytest.mark.slow
 def test_an_order_not_read_from_the_program_is_said_every_check_and_a_repin_names_its_change(
-    tmp_path: Path, run_parity: Any, pinned_project: Any
+    tmp_path: Path, run_parity: Any, git_project: Any
 ) -> None:
-    model = {"src/convnet/__init__.py": MODEL.format(eps="1e-5")}
     table = 'producers = "producers.py"\nsrc = "src"\n'
-    repo = pinned_project(tmp_path, UNTRACEABLE, table, files=model)
+    repo = git_project(tmp_path, UNTRACEABLE, table, files=GOOD_MODEL)
     shown = run_parity(repo, "show", "goldens/forward.h5")
     assert "forward order: declared" in shown.stdout, shown.stdout
     for _ in range(2):  # every check, not only the pin

@@ -92,10 +92,10 @@ MODEL_FILE = "src/tinynet/__init__.py"
 
 @pytest.fixture(scope="module")
 def project(
-    tmp_path_factory: pytest.TempPathFactory, pinned_project: Any, git: Any
+    tmp_path_factory: pytest.TempPathFactory, git_project: Any, git: Any
 ) -> tuple[Path, str, str]:
     """The project with the bug committed: `(repo, good sha, bad sha)`."""
-    repo = pinned_project(tmp_path_factory.mktemp("origin"), PRODUCERS, files={MODEL_FILE: MODEL})
+    repo = git_project(tmp_path_factory.mktemp("origin"), PRODUCERS, files={MODEL_FILE: MODEL})
     good = git(repo, "rev-parse", "HEAD")
     (repo / MODEL_FILE).write_text(BUGGY)
     git(repo, "commit", "-qam", "scale inside mix")

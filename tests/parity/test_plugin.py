@@ -180,17 +180,13 @@ def test_parity_check_passes_fails_names_keys_and_writes_the_report(
 def test_a_damaged_golden_fails_the_test_with_one_line_not_an_internal_error(
     inner: pytest.Pytester,
 ) -> None:
-    import h5py
+    from _damage import flip_stored_byte
 
     arrays = _arrays()
     for group in ("data", "meta"):
         _pin(inner.path, group, arrays, order=list(arrays))
     path = inner.path / "goldens" / "data.h5"
-    with h5py.File(path, "r") as f:
-        offset = f["logits/%value"].id.get_offset()  # pyright: ignore[reportAttributeAccessIssue]
-    raw = bytearray(path.read_bytes())
-    raw[offset + 3] ^= 0x40
-    path.write_bytes(bytes(raw))
+    flip_stored_byte(path, "logits/%value", 3, 0x40)
     path = inner.path / "goldens" / "meta.h5"
     raw = bytearray(path.read_bytes())
     at = raw.index(b'"logits"')  # in the index text, a root attribute
@@ -463,20 +459,18 @@ def test_the_plugin_puts_the_configured_src_roots_on_sys_path(tmp_path: Path) ->
 
 
 def test_the_default_compile_cache_is_the_machine_s_outside_the_checkout(
-    tmp_path: Path, git
+    tmp_path: Path, git, git_project
 ) -> None:
-    proj, home = tmp_path / "proj", tmp_path / "cache-home"
-    proj.mkdir()
-    (proj / ".gitignore").write_text("__pycache__/\n")
-    (proj / "pyproject.toml").write_text('[project]\nname = "p"\n\n[tool.parity]\n')
-    (proj / "tests").mkdir()
-    (proj / "tests" / "test_jit.py").write_text(
-        "import jax\nimport jax.numpy as jnp\n\n\n"
-        "def test_jit():\n    assert float(jax.jit(jnp.sin)(0.0)) == 0.0\n"
+    files = {
+        ".gitignore": "__pycache__/\n",
+        "pyproject.toml": '[project]\nname = "p"\n\n[tool.parity]\n',
+        "tests/test_jit.py": "import jax\nimport jax.numpy as jnp\n\n\n"
+        "def test_jit():\n    assert float(jax.jit(jnp.sin)(0.0)) == 0.0\n",
+    }
+    proj = git_project(
+        tmp_path, table=None, files=files, pin=None, message="a project", branch=None
     )
-    git(proj, "init", "-q")
-    git(proj, "add", ".")
-    git(proj, "commit", "-qm", "a project")
+    home = tmp_path / "cache-home"
     env = _bare_env() | {"XDG_CACHE_HOME": str(home)}
     done = subprocess.run([sys.executable, "-m", "pytest", "-q", "-n", "2", "tests"], cwd=proj,
                           env=env, capture_output=True, text=True, timeout=300)  # fmt: skip

@@ -65,19 +65,12 @@ GROUPS = {"g": g}
 
 
 @pytest.fixture(scope="module")
-def project(tmp_path_factory: pytest.TempPathFactory, git, run_parity) -> Path:
+def project(tmp_path_factory: pytest.TempPathFactory, git_project) -> Path:
     """A project pinned on 1 process x 4 devices."""
-    repo = tmp_path_factory.mktemp("mp") / "proj"
-    repo.mkdir()
-    (repo / "producers.py").write_text(PRODUCERS)
-    (repo / "pyproject.toml").write_text('[tool.parity]\nproducers = "producers.py"\n')
-    (repo / ".gitignore").write_text("mode.txt\npid.txt\n")
-    git(repo, "init", "-q", "-b", "main")
-    git(repo, "add", "-A")
-    git(repo, "commit", "-qm", "one")
-    pinned = run_parity(repo, "repin", "--base", "HEAD", "--devices", "4")
-    assert pinned.returncode == 0, pinned.stdout + pinned.stderr
-    return repo
+    files = {".gitignore": "mode.txt\npid.txt\n"}
+    return git_project(
+        tmp_path_factory.mktemp("mp"), PRODUCERS, files=files, pin=("--devices", "4")
+    )
 
 
 @pytest.fixture
@@ -332,9 +325,9 @@ GROUPS = {"plain": lambda: {"x": np.arange(4, dtype=np.float32)}}
 
 
 def test_a_group_with_nothing_sharded_over_processes_says_so(
-    tmp_path: Path, run_parity, pinned_project
+    tmp_path: Path, run_parity, git_project
 ) -> None:
-    repo = pinned_project(tmp_path, NUMPY_PRODUCERS)
+    repo = git_project(tmp_path, NUMPY_PRODUCERS)
     proc = run_parity(repo, "check", "--processes", "2", "--devices", "1")
     assert proc.returncode == 0, proc.stdout + proc.stderr
     hint = [ln for ln in proc.stderr.splitlines() if "no array was sharded" in ln]

@@ -30,14 +30,10 @@ def _write_lib(repo: Path, body: str) -> None:
 
 
 @pytest.fixture
-def repo(tmp_path: Path, git) -> tuple[Path, str, str]:
+def repo(tmp_path: Path, git, git_project) -> tuple[Path, str, str]:
     """A repository with two commits of a tiny library, and a dirty working tree."""
-    repo = tmp_path / "repo"
-    repo.mkdir()
-    git(repo, "init", "-q", "-b", "main")
-    _write_lib(repo, "VALUE = 1.0\n")
-    git(repo, "add", "-A")
-    git(repo, "commit", "-qm", "first")
+    lib = {"src/tinylib/__init__.py": "VALUE = 1.0\n"}
+    repo = git_project(tmp_path, table=None, files=lib, pin=None, message="first")
     first = git(repo, "rev-parse", "HEAD")
     _write_lib(repo, "VALUE = 2.0\nNEW_THING = 5\n")
     git(repo, "add", "-A")
@@ -360,15 +356,10 @@ def test_repin_tool_is_parity_repin_exit_code_and_message_for_unknown_sha(tmp_pa
     assert "Traceback" not in proc.stderr
 
 
-def test_project_modules_named_like_parity_modules_are_not_shadowed(tmp_path, git):
-    repo = tmp_path / "proj"
-    (repo / "src").mkdir(parents=True)
+def test_project_modules_named_like_parity_modules_are_not_shadowed(tmp_path, git_project):
     # `config` and `report` are also modules of parity's own folder, where the runner runs.
-    (repo / "src" / "config.py").write_text("VALUE = 7.0\n")
-    (repo / "src" / "report.py").write_text("SCALE = 2.0\n")
-    git(repo, "init", "-q", "-b", "main")
-    git(repo, "add", "-A")
-    git(repo, "commit", "-qm", "one")
+    files = {"src/config.py": "VALUE = 7.0\n", "src/report.py": "SCALE = 2.0\n"}
+    repo = git_project(tmp_path, table=None, files=files, pin=None)
     producers = _producers(
         tmp_path,
         """

@@ -14,6 +14,7 @@ import h5py
 import ml_dtypes
 import numpy as np
 import pytest
+from _damage import flip_stored_byte
 from hypothesis import given
 from hypothesis import strategies as st
 
@@ -355,14 +356,8 @@ def test_a_flipped_byte_in_the_data_is_reported_as_corrupt(tmp_path):
     want = np.arange(64, dtype=np.float32)
     path = write_goldens(tmp_path / "g.h5", {"good": np.ones(4), "taps.x": want})
     with h5py.File(path, "r") as f:
-        offset = f["taps/x/%value"].id.get_offset()
         digest = f["taps/x/%value"].attrs["sha256"].decode()  # pyright: ignore[reportAttributeAccessIssue]
-    assert offset is not None
-    with open(path, "r+b") as fh:
-        fh.seek(offset + 17)
-        byte = fh.read(1)
-        fh.seek(offset + 17)
-        fh.write(bytes([byte[0] ^ 0x01]))
+    flip_stored_byte(path, "taps/x/%value", 17, 0x01)
     with open_goldens(path) as g:
         _assert_exact(g["good"], np.ones(4))  # other arrays still load
         with pytest.raises(GoldenCorruptError) as err:

@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import json
-import shutil
 import subprocess
 import sys
 from pathlib import Path
@@ -12,14 +11,12 @@ ROOT = Path(__file__).resolve().parents[2]
 TOOL = ROOT / "tools" / "compile_report.py"
 
 
-def test_base_mode_measures_both_commits_separately(tmp_path, git):
+def test_base_mode_measures_both_commits_separately(tmp_path, git, git_project):
     """Base: the scanned forward. Head: the same scan fully unrolled. The report must see one
     while loop at the base, none at head, and a larger HLO at head."""
-    repo = tmp_path / "repo"
-    shutil.copytree(ROOT / "src", repo / "src", ignore=shutil.ignore_patterns("__pycache__"))
-    git(repo, "init", "-q", "-b", "main")
-    git(repo, "add", "-A")
-    git(repo, "commit", "-qm", "scanned")
+    repo = git_project(
+        tmp_path, table=None, files={"src": ROOT / "src"}, pin=None, message="scanned"
+    )
     base = git(repo, "rev-parse", "HEAD")
     glu = repo / "src" / "decomp" / "targets" / "glu_transformer.py"
     text = glu.read_text()
