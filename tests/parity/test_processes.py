@@ -9,11 +9,14 @@ from __future__ import annotations
 import json
 import os
 import re
+import shutil
 import signal
 import socket
 import subprocess
 import sys
 import time
+from collections.abc import Iterator
+from concurrent.futures import Future, ThreadPoolExecutor
 from pathlib import Path
 
 import pytest
@@ -149,28 +152,52 @@ def test_a_producer_raising_on_one_process_ends_the_run_naming_it(
     _assert_nothing_left(project, proc.stderr)
 
 
+#: The two runs that wait (gloo's 30 s, a 25 s timeout): started together, each in its own
+#: copy of the pinned project, so that their waits overlap instead of adding up on one worker.
+WAITS = {
+    "late": ("check", "--processes", "2", "--devices", "2"),
+    "hang": ("check", "--processes", "2", "--devices", "2", "--timeout", "25"),
+}
+
+
+@pytest.fixture(scope="module")
+def waiting_runs(
+    project: Path, tmp_path_factory: pytest.TempPathFactory, run_parity
+) -> Iterator[dict[str, tuple[Path, Future[subprocess.CompletedProcess[str]]]]]:
+    """Each of `WAITS` running in the background on its own copy of `project` with its fault
+    set: `{fault: (copy, future of the finished run)}`."""
+    with ThreadPoolExecutor(len(WAITS)) as pool:
+        runs = {}
+        for fault, args in WAITS.items():
+            copy = tmp_path_factory.mktemp(f"mp-{fault}") / "proj"
+            shutil.copytree(project, copy)
+            (copy / "mode.txt").write_text(fault)
+            runs[fault] = (copy, pool.submit(run_parity, copy, *args))
+        yield runs
+
+
 @pytest.mark.slow
-def test_a_process_reaching_the_first_collective_40_s_late_is_waited_for(
-    project: Path, run_parity, mode
-) -> None:
+@pytest.mark.xdist_group("processes.waits")
+def test_a_process_reaching_the_first_collective_40_s_late_is_waited_for(waiting_runs) -> None:
     """gloo waits 30 s at a communicator's first collective; the workers build the one over
     every device as they join (`parity.run.processes._open_communicator`), so a producer's
     first sum, reached 40 s apart (as when one process compiles a large program far
     behind the other), is waited for instead of ending the run."""
-    mode("late")
-    proc = run_parity(project, "check", "--processes", "2", "--devices", "2")
+    copy, run = waiting_runs["late"]
+    proc = run.result()
     assert proc.returncode == 0, proc.stdout + proc.stderr
-    assert _workers_of(project) == [], "worker processes outlived the run"
+    assert _workers_of(copy) == [], "worker processes outlived the run"
 
 
 @pytest.mark.slow
-def test_a_hanging_worker_is_stopped_at_the_timeout(project: Path, run_parity, mode) -> None:
-    mode("hang")
-    proc = run_parity(project, "check", "--processes", "2", "--devices", "2", "--timeout", "25")
+@pytest.mark.xdist_group("processes.waits")
+def test_a_hanging_worker_is_stopped_at_the_timeout(waiting_runs) -> None:
+    copy, run = waiting_runs["hang"]
+    proc = run.result()
     assert proc.returncode == 2, proc.stdout + proc.stderr
     _fault(proc.stderr, "timed out after 25 s")
     assert "process 1:" in proc.stderr  # the still-running workers' last lines
-    _assert_nothing_left(project, proc.stderr)
+    _assert_nothing_left(copy, proc.stderr)
 
 
 SLEEPING_PRODUCERS = """\
