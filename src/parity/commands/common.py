@@ -275,14 +275,14 @@ def require_defined_groups(config: ParityConfig, groups: list[str]) -> None:
     import tempfile
     from pathlib import Path
 
-    from parity.run.launcher import RepinError, UnknownGroupsError, run_producers
+    from parity.run.launcher import ProducerRunError, UnknownGroupsError, run_producers
 
     with tempfile.TemporaryDirectory(prefix="parity-groups-") as tmp:
         try:
-            run_producers(config.root, config.need_producers(), Path(tmp), groups=groups,
-                          src=config.src_relative(), progress=lambda _: None,
+            run_producers(config.root, config.need_producers(), Path(tmp), command="calibrate",
+                          groups=groups, src=config.src_relative(), progress=lambda _: None,
                           class_map_only=True)  # fmt: skip
         except UnknownGroupsError as e:
             raise CLIError(e.message) from None
-        except RepinError:
+        except ProducerRunError:
             return

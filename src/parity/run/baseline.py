@@ -41,10 +41,8 @@ from parity.base_judge import BaseUnavailable, ReproducedBase
 from parity.environment import environment_difference, environment_fingerprint
 from parity.judge.tolerance import ClassMap
 from parity.run.config import ParityConfig, user_cache_folder
-from parity.run.launcher import ProducerRunError, RepinError, load_runner_output, run_producers
-from parity.run.processes import WorkerFailed
+from parity.run.launcher import ProducerRunError, load_runner_output, run_producers
 from parity.run.repin import class_of
-from parity.run.runner import failure_reason
 from parity.run.worktree import GitError, git, repo_root, resolve_sha, temporary_worktree
 from parity.store import GoldenStoreError, open_goldens, write_goldens
 from parity.store.provenance import digest_sources
@@ -343,6 +341,7 @@ class BaselineSource:
                     wt,
                     config.need_producers(),
                     tmp,
+                    command="baseline",
                     device_count=devices,
                     isa_cap=isa,
                     groups=groups,
@@ -353,11 +352,9 @@ class BaselineSource:
                     timeout=self.timeout,
                     code=f"the base commit {full[:12]}",
                 )
-            except (RepinError, WorkerFailed) as e:
-                output = e.output if isinstance(e, ProducerRunError | WorkerFailed) else str(e)
+            except ProducerRunError as e:
                 raise BaseUnavailable(
-                    f"the producers cannot run at the base {full[:12]}: "
-                    f"{failure_reason(output or str(e))}",
+                    f"the producers cannot run at the base {full[:12]}: {e.reason}",
                     "make the producers run there (feature-detect what the base lacks), or "
                     "turn the second judge off (`--baseline off`)",
                 ) from None
@@ -369,7 +366,7 @@ class BaselineSource:
                         f"the producers define no group {group!r}",
                         "check the group names against the producers' GROUPS",
                     )
-                loaded = load_runner_output(tmp, group)
+                loaded = load_runner_output(tmp, group, command="baseline")
                 fp = environment_fingerprint(loaded.provenance)
                 if current is not None and fp != environment_fingerprint(current):
                     moved = "; ".join(

@@ -11,7 +11,8 @@ Crash safety (`parity.store.staging`): a repin holds an exclusive lock on the go
 finishes or cleans up after a killed one (`recover`), stages every new file completely and
 replaces the old ones through a journal, so SIGKILL at any moment leaves the old goldens or
 the complete new ones. A full disk or an unwritable folder is a `RepinError` with the old
-goldens intact.
+goldens intact; producers that cannot run, a `parity.run.launcher.ProducerRunError` saying
+so.
 
 A producers file defines `GROUPS`, a mapping of group name to a zero-argument callable
 returning `{key: array}` in forward order (the order first-divergence reports follow), and
@@ -35,7 +36,7 @@ from parity.judge.dataflow import order_change
 from parity.judge.floats import sig
 from parity.judge.tolerance import ClassMap
 from parity.run.devices import DEFAULT_ISA_CAP
-from parity.run.launcher import RepinError, load_runner_output, run_producers
+from parity.run.launcher import load_runner_output, run_producers
 from parity.run.signals import signals_reach_main_thread
 from parity.run.worktree import (
     remove_stale_worktrees,
@@ -55,6 +56,12 @@ from parity.store.staging import (
     recover,
     staged_name,
 )
+
+
+class RepinError(RuntimeError):
+    """Repinning failed before or after the producers ran (no producers file, an unusable
+    or locked golden folder, a golden that cannot be written or read); the old goldens are
+    untouched. Producers that fail are a `parity.run.launcher.ProducerRunError`."""
 
 
 @dataclass(frozen=True)
@@ -304,6 +311,7 @@ def _repin_locked(
             wt,
             producers,
             Path(tmp),
+            command="repin",
             device_count=device_count,
             isa_cap=isa_cap,
             groups=groups,
@@ -319,7 +327,7 @@ def _repin_locked(
         changes = []
         try:
             for name in names:
-                produced = load_runner_output(Path(tmp), name)
+                produced = load_runner_output(Path(tmp), name, command="repin")
                 arrays = produced.arrays
                 # Collected in the producer process (see `_producer_runner`), so it
                 # describes the process that made the arrays, not this one.
@@ -419,8 +427,9 @@ def reclass(
     decision made on main from a calibration, where a repin on another host would
     re-produce every array.
 
-    **Returns:** one `Reclassed` per file. Raises `RepinError` if the producers cannot
-    be imported or a group has no golden file.
+    **Returns:** one `Reclassed` per file. Raises `parity.run.launcher.ProducerRunError`
+    if the producers cannot be imported (or, with `reorder`, run), `RepinError` if a group
+    has no golden file.
     """
     root = repo_root(repo)
     producers = Path(producers).resolve()
@@ -428,7 +437,7 @@ def reclass(
     with signals_reach_main_thread(), _locked(out), owned_tempdir(RUNNER_PREFIX) as tmp:
         for line in _recover(out, root):
             progress(line)
-        run_producers(root, producers, Path(tmp), progress=progress, src=src,
+        run_producers(root, producers, Path(tmp), command="repin", progress=progress, src=src,
                       class_map_only=True, check_classes=True)  # fmt: skip
         doc = json.loads((Path(tmp) / "class_map.json").read_text())
         class_map = ClassMap(rules=tuple((p, c) for p, c in doc["class_map"]))
@@ -440,9 +449,10 @@ def reclass(
         if reorder:
             produced = Path(tmp) / "produced"
             produced.mkdir()
-            run_producers(root, producers, produced, progress=progress, src=src, groups=names)
+            run_producers(root, producers, produced, command="repin", progress=progress,
+                          src=src, groups=names)  # fmt: skip
             for name in names:
-                run = load_runner_output(produced, name)
+                run = load_runner_output(produced, name, command="repin")
                 orders[name] = (list(run.arrays), run.order)
         staged: list[tuple[Path, Path]] = []
         done: list[Reclassed] = []
