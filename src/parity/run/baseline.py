@@ -38,13 +38,12 @@ from pathlib import Path
 from typing import Any
 
 from parity.base_judge import BaseUnavailable, ReproducedBase
-from parity.environment import environment_difference, environment_fingerprint
-from parity.judge.tolerance import ClassMap
+from parity.environment import environment_difference, environment_fingerprint, layout_of
 from parity.run.config import ParityConfig, user_cache_folder
 from parity.run.launcher import ProducerRunError, load_runner_output, run_producers
-from parity.run.repin import class_of
+from parity.run.repin import write_run
 from parity.run.worktree import GitError, git, repo_root, resolve_sha, temporary_worktree
-from parity.store import GoldenStoreError, open_goldens, write_goldens
+from parity.store import GoldenStoreError, open_goldens
 from parity.store.provenance import digest_sources
 from parity.store.staging import owned_tempdir
 
@@ -169,8 +168,7 @@ class BaselineCache:
                     prov = dict(gf.provenance)
             except GoldenStoreError:
                 continue
-            processes = int(prov.get("processes") or 1)
-            devices = int(prov.get("device_count") or 1) // processes
+            processes, devices = layout_of(prov)
             out.append(
                 CachedBase(
                     path,
@@ -323,9 +321,7 @@ class BaselineSource:
         config = self.config
         digest = digest or self._digest()
         if current is not None:
-            processes = int(current.get("processes") or 1)
-            devices = max(1, int(current.get("device_count") or 1) // processes)
-            isa = current.get("isa_cap")
+            (processes, devices), isa = layout_of(current), current.get("isa_cap")
         else:
             processes, devices, isa = config.processes, config.devices, config.isa
         root, full = base_commit(config.root, sha)
@@ -377,17 +373,9 @@ class BaselineSource:
                         "run the check with no XLA flags beyond the ISA cap and device count "
                         "parity sets, as the producers run",
                     )
-                class_map = ClassMap(rules=tuple((p, c) for p, c in loaded.class_map))
                 path = self.cache.path_for(full, fp, digest, group)
                 path.parent.mkdir(parents=True, exist_ok=True)
-                write_goldens(
-                    path,
-                    loaded.arrays,
-                    classes={k: class_of(class_map, k) for k in loaded.arrays},
-                    class_map_json=class_map.to_json(),
-                    provenance={**loaded.provenance, "base_sha": full, "producer_digest": digest},
-                    order=list(loaded.arrays),
-                )
+                write_run(path, loaded, sha=full, digest=digest)
                 out[group] = self._built[path] = ReproducedBase(path, full, False, seconds)
         self.progress(
             f"re-produced {len(out)} group(s) at {full[:12]} in {time.perf_counter() - t0:.1f}s, "

@@ -34,7 +34,7 @@ import numpy as np
 
 from parity.base_judge import BaseUnavailable
 from parity.check import GoldenDir
-from parity.environment import environment_fingerprint
+from parity.environment import environment_fingerprint, layout_of
 from parity.judge.classes import REGISTRY, ToleranceClass
 from parity.judge.tolerance import UnknownClassError, to_class
 from parity.origin import LocaliseError, Recording, align, matching_tolerance
@@ -85,10 +85,7 @@ def record_groups(
     """
     devices, isa = config.devices, config.isa
     if current is not None:
-        devices = max(
-            1, int(current.get("device_count") or 1) // int(current.get("processes") or 1)
-        )
-        isa = current.get("isa_cap")
+        (_, devices), isa = layout_of(current), current.get("isa_cap")
     try:
         run_producers(
             code_root, config.need_producers(), out, command="origin", device_count=devices,

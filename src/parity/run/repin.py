@@ -36,7 +36,7 @@ from parity.judge.dataflow import order_change
 from parity.judge.floats import sig
 from parity.judge.tolerance import ClassMap
 from parity.run.devices import DEFAULT_ISA_CAP
-from parity.run.launcher import load_runner_output, run_producers
+from parity.run.launcher import RunnerOutput, load_runner_output, run_producers
 from parity.run.signals import signals_reach_main_thread
 from parity.run.worktree import (
     remove_stale_worktrees,
@@ -208,6 +208,56 @@ def class_of(class_map: ClassMap, key: str) -> str:
         return "bitwise"
 
 
+def write_golden(
+    path: Path,
+    arrays: Mapping[str, np.ndarray],
+    class_map: ClassMap,
+    *,
+    provenance: Mapping[str, Any],
+    order: Sequence[str],
+) -> dict[str, str]:
+    """Write `arrays` as a golden file at `path` (`parity.store.write_goldens`: atomic,
+    byte-reproducible), each key under its class in the producers' `class_map`
+    (`class_of`), that map, `provenance` and the forward `order` recorded beside them: what
+    a repin, a reclass and a cached base write.
+
+    **Returns:** key -> the class written for it.
+    """
+    classes = {k: class_of(class_map, k) for k in arrays}
+    write_goldens(path, arrays, classes=classes, class_map_json=class_map.to_json(),
+                  provenance=provenance, order=order)  # fmt: skip
+    return classes
+
+
+def write_run(
+    path: Path,
+    run: RunnerOutput,
+    *,
+    sha: str,
+    digest: str,
+    calibration: Mapping[str, Any] | None = None,
+) -> None:
+    """Write what a producer run saved for one group as a golden file at `path`
+    (`write_golden`): a repin's new golden, a cached base.
+
+    **Arguments:**
+
+    - `run`: what the producer process saved (`parity.run.launcher.load_runner_output`):
+      the arrays in their forward order, classed by its `CLASS_MAP`; its provenance,
+      collected in that process, so it describes the process that made the arrays.
+    - `sha`, `digest`: the base commit the arrays were made at, the producers' digest
+      (`digest_sources`), recorded with how the forward order was made.
+    - `calibration`: what to record as the file's calibration (a repin's carried one,
+      `carry_calibration`); None records none.
+    """
+    provenance = {**run.provenance, "base_sha": sha, "producer_digest": digest,
+                  "order": run.order}  # fmt: skip
+    if calibration is not None:
+        provenance["calibration"] = calibration
+    class_map = ClassMap(rules=tuple((p, c) for p, c in run.class_map))
+    write_golden(path, run.arrays, class_map, provenance=provenance, order=list(run.arrays))
+
+
 def repin(
     base: str,
     *,
@@ -328,30 +378,14 @@ def _repin_locked(
         try:
             for name in names:
                 produced = load_runner_output(Path(tmp), name, command="repin")
-                arrays = produced.arrays
-                # Collected in the producer process (see `_producer_runner`), so it
-                # describes the process that made the arrays, not this one.
-                provenance = {**produced.provenance, "base_sha": sha, "producer_digest": digest,
-                              "order": produced.order}  # fmt: skip
-                class_map = ClassMap(rules=tuple((p, c) for p, c in produced.class_map))
-                classes = {k: class_of(class_map, k) for k in arrays}
                 dest = out / f"{name}.h5"
-                change = summarize_change(name, dest, arrays, produced.order)
+                change = summarize_change(name, dest, produced.arrays, produced.order)
                 calibration, note = carry_calibration(dest, change)
-                if calibration is not None:
-                    provenance["calibration"] = calibration
                 changes.append(dataclasses.replace(change, calibration=note))
                 new = staged_name(dest)
                 staged.append((new, dest))
                 try:
-                    write_goldens(
-                        new,
-                        arrays,
-                        classes=classes,
-                        class_map_json=class_map.to_json(),
-                        provenance=provenance,
-                        order=list(arrays),
-                    )
+                    write_run(new, produced, sha=sha, digest=digest, calibration=calibration)
                 except (OSError, RuntimeError) as e:  # a full disk, a quota, RLIMIT_FSIZE
                     raise RepinError(
                         f"cannot write the new golden {dest.name} in {out}: "
@@ -471,7 +505,6 @@ def reclass(
                         f"cannot be rewritten ({' '.join(str(e).split())}); pin it again with "
                         "parity repin --base <SHA>"
                     ) from None
-                classes = {k: class_of(class_map, k) for k in arrays}
                 reordered = None
                 if name in orders:
                     keys, made = orders[name]
@@ -486,8 +519,8 @@ def reclass(
                     order, provenance = keys, {**provenance, "order": made}
                 new = staged_name(dest)
                 staged.append((new, dest))
-                write_goldens(new, arrays, classes=classes, class_map_json=class_map.to_json(),
-                              provenance=provenance, order=order)  # fmt: skip
+                classes = write_golden(new, arrays, class_map, provenance=provenance,
+                                       order=order)  # fmt: skip
                 with open_goldens(new) as check:
                     moved = tuple(k for k in check if check.info(k).sha256 != sha.get(k))
                 changed = tuple((k, before[k], classes[k]) for k in arrays
