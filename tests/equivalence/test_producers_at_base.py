@@ -32,8 +32,9 @@ from producers import per_site
 
 from parity.check import check_group
 from parity.run.config import load_config
+from parity.run.launcher import ProducerRunError
 from parity.run.repin import golden_provenance
-from parity.run.runner import ProducersFailed, produce
+from parity.run.runner import produce
 from parity.run.worktree import GitError, resolve_sha, temporary_worktree
 from parity.store import open_goldens
 
@@ -118,7 +119,7 @@ def test_todays_producers_reproduce_the_goldens_at_their_base(tmp_path):
                 drop_paths=list(config.src),
                 code=f"the base commit {sha[:12]}",
             )
-        except ProducersFailed as e:
+        except ProducerRunError as e:
             pytest.fail(
                 f"today's producers cannot run at {sha[:12]}: {e.reason}\n{e.output[-3000:]}"
             )

@@ -354,7 +354,8 @@ def test_the_producer_runner_keeps_the_random_state_when_it_traces(tmp_path: Pat
         capture_output=True, text=True, timeout=300,
     )  # fmt: skip
     assert proc.returncode == 0, proc.stderr
-    first, second = load_runner_output(out, "first"), load_runner_output(out, "second")
+    first = load_runner_output(out, "first", command="check")
+    second = load_runner_output(out, "second", command="check")
     assert first.order == "dataflow" and list(first.arrays) == ["b", "a"]
     assert second.order == "declared"
     draws = np.random.RandomState(0)

@@ -15,8 +15,8 @@ from typing import Any
 import numpy as np
 import pytest
 
-from parity.run.launcher import RepinError
-from parity.run.repin import repin
+from parity.run.launcher import ProducerRunError
+from parity.run.repin import RepinError, repin
 from parity.run.worktree import GitError
 from parity.store import open_goldens
 
@@ -170,7 +170,7 @@ def test_base_lacking_a_symbol_is_named(repo, tmp_path, git):
         CLASS_MAP = [("*", "bitwise")]
     """,
     )
-    with pytest.raises(RepinError, match="NEW_THING") as info:
+    with pytest.raises(ProducerRunError, match="NEW_THING") as info:
         repin(
             first,
             producers=producers,
@@ -207,7 +207,7 @@ def test_crashing_producer_shows_its_traceback_and_leaves_old_goldens(repo, tmp_
         CLASS_MAP = [("*", "bitwise")]
     """,
     )
-    with pytest.raises(RepinError, match="producer exploded on purpose") as info:
+    with pytest.raises(ProducerRunError, match="producer exploded on purpose") as info:
         repin(first, producers=crash, out_dir=out, repo=repo_dir, progress=lambda _: None)
     assert "Traceback" in str(info.value)
     assert (out / "g.h5").read_bytes() == old
@@ -397,8 +397,7 @@ def _repin_in_child(
     code = textwrap.dedent(prelude) + textwrap.dedent(
         f"""
         import sys
-        from parity.run.launcher import RepinError
-        from parity.run.repin import repin
+        from parity.run.repin import RepinError, repin
         try:
             repin({base!r}, producers={str(producers)!r}, out_dir={str(out)!r},
                   repo={str(repo_dir)!r}, progress=lambda line: print(line, flush=True))

@@ -127,8 +127,8 @@ def calibrate(
     - `progress`: receives progress lines.
     - `registry`: the classes by name.
 
-    **Returns:** a `Calibration`. Raises `parity.run.runner.ProducersFailed` if the producers
-    cannot run in some environment.
+    **Returns:** a `Calibration`. Raises `parity.run.launcher.ProducerRunError` if the
+    producers cannot run in some environment.
     """
     from parity.run.runner import produce
 
@@ -137,7 +137,9 @@ def calibrate(
     for i, p in enumerate(perturbs, 1):
         progress(f"[calibrate {i}/{len(perturbs)}] {p.label}: producing {', '.join(goldens)}")
         env = dataclasses.replace(config, isa=p.isa, devices=p.devices, processes=p.processes)
-        produced = produce(config.root, env, groups=list(goldens), progress=progress)
+        produced = produce(
+            config.root, env, groups=list(goldens), progress=progress, command="calibrate"
+        )
         seconds[p.label] = round(produced.seconds, 2)
         for group in goldens:
             runs[group][p.label] = produced.groups.get(group, {})

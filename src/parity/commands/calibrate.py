@@ -101,7 +101,7 @@ def run(args: argparse.Namespace, out: IO[str]) -> int:
     from parity.calibration.record import record as record_calibration
     from parity.check import GoldenDir
     from parity.results import CheckError
-    from parity.run.runner import ProducersFailed
+    from parity.run.launcher import ProducerRunError
     from parity.store import GoldenStoreError
 
     config = config_of(args)
@@ -137,9 +137,9 @@ def run(args: argparse.Namespace, out: IO[str]) -> int:
     except (GoldenStoreError, CheckError) as e:
         folder.close()
         raise CLIError(str(e)) from None
-    except ProducersFailed as e:
+    except ProducerRunError as e:
         folder.close()
-        log = keep_log(e.output)
+        log = keep_log(e.output or e.head)
         raise CLIError(f"the producers cannot run: {e.reason} (output: {log})") from None
     except KeyError as e:  # an unknown or incomplete class in an override or the pinned map
         folder.close()

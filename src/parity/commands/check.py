@@ -154,8 +154,8 @@ def run(args: argparse.Namespace, out: IO[str]) -> int:
     from parity.report import ReportSession
     from parity.results import CheckError, merged_header_lines
     from parity.run.baseline import BaselineSource
-    from parity.run.launcher import UnknownGroupsError
-    from parity.run.runner import ProducersFailed, check_produced, produce
+    from parity.run.launcher import ProducerRunError, UnknownGroupsError
+    from parity.run.runner import check_produced, produce
 
     config = config_of(args)
     overrides = overrides_of(args)
@@ -177,8 +177,8 @@ def run(args: argparse.Namespace, out: IO[str]) -> int:
         )
     except UnknownGroupsError as e:
         raise CLIError(e.message) from None
-    except ProducersFailed as e:
-        log = keep_log(e.output)
+    except ProducerRunError as e:
+        log = keep_log(e.output or e.head)
         if e.tail:  # a worker's last lines, before the one-line verdict
             print(f"parity: last output lines:\n{e.tail}", file=sys.stderr, flush=True)
         raise CLIError(f"the producers cannot run: {e.reason} (output: {log})") from None

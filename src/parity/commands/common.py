@@ -13,8 +13,7 @@ import textwrap
 from typing import TYPE_CHECKING, Any
 
 from parity.environment import DRIFT_MODES
-from parity.judge.classes import REGISTRY
-from parity.judge.tolerance import class_problem
+from parity.judge.tolerance import OVERRIDE_HELP, RuleError, class_help, class_problem, flag_rules
 
 if TYPE_CHECKING:
     from parity.run.config import ParityConfig
@@ -38,7 +37,6 @@ __all__ = [
     "one_line",
     "override_flag",
     "overrides_of",
-    "parse_override",
     "process_flags",
     "processes_flag",
     "report_flag",
@@ -65,22 +63,6 @@ class CLIError(Exception):
 
 def one_line(text: str) -> str:
     return " ".join(str(text).split())
-
-
-def parse_override(text: str) -> tuple[str, str]:
-    """`PATTERN=CLASS` from the command line as a `(pattern, class)` pair; `CLIError` if
-    malformed or the class is unknown. The class may carry parameters
-    (`'taps.*=reduction[K=512]'`): the split is at the last `=` outside brackets."""
-    from parity.run.config import split_override
-
-    rule = split_override(text)
-    if rule is None:
-        raise CLIError(
-            f"--override {text!r} is not PATTERN=CLASS; for example "
-            "--override 'traj.*=device_count'"
-        )
-    check_class_name(rule[1], where=f"--override {text!r}")
-    return rule
 
 
 def check_class_name(name: str, *, where: str | None = None) -> None:
@@ -147,13 +129,7 @@ def report_flag(p: argparse.ArgumentParser) -> None:
 def class_flag(p: argparse.ArgumentParser) -> None:
     """`--class NAME`: one tolerance class for every key, after `--override`, before the
     goldens' pinned classes."""
-    p.add_argument(
-        "--class",
-        dest="class_name",
-        metavar="NAME",
-        help="check every key under tolerance class NAME (after --override, before the "
-        f"goldens' pinned classes); known: {', '.join(sorted(REGISTRY))}",
-    )
+    p.add_argument("--class", dest="class_name", metavar="NAME", help=class_help())
 
 
 def drift_flag(p: argparse.ArgumentParser) -> None:
@@ -237,14 +213,9 @@ def process_flags(p: argparse.ArgumentParser) -> None:
 
 
 def override_flag(p: argparse.ArgumentParser) -> None:
+    """`--override PATTERN=CLASS` (repeatable): rules before every other class."""
     p.add_argument(
-        "--override",
-        action="append",
-        default=[],
-        metavar="PATTERN=CLASS",
-        help="check keys matching PATTERN (shell-style, e.g. 'traj.*') under CLASS, before "
-        "everything else (repeatable); 'calibrated' judges each key by the spread `parity "
-        "calibrate --write` recorded in its golden file",
+        "--override", action="append", default=[], metavar="PATTERN=CLASS", help=OVERRIDE_HELP
     )
 
 
@@ -263,13 +234,13 @@ def config_of(args: argparse.Namespace) -> ParityConfig:
 def overrides_of(args: argparse.Namespace, *, with_class: bool = False) -> list[tuple[str, str]]:
     """The `--override PATTERN=CLASS` flags as `(pattern, class)` pairs; `with_class`: then
     `--class NAME` as the rule `*=NAME` (every key), which is where `--class` stands in
-    the precedence, for the commands whose core takes rules only."""
-    rules = [parse_override(o) for o in args.override]
-    name = getattr(args, "class_name", None)
-    if with_class and name is not None:
-        check_class_name(name)
-        rules.append(("*", name))
-    return rules
+    the precedence, for the commands whose core takes rules only
+    (`parity.judge.tolerance.flag_rules`; a `CLIError` for a rule that cannot stand)."""
+    name = getattr(args, "class_name", None) if with_class else None
+    try:
+        return flag_rules(args.override, name)
+    except RuleError as e:
+        raise CLIError(str(e)) from None
 
 
 def report_progress(line: str) -> None:
@@ -304,14 +275,14 @@ def require_defined_groups(config: ParityConfig, groups: list[str]) -> None:
     import tempfile
     from pathlib import Path
 
-    from parity.run.launcher import RepinError, UnknownGroupsError, run_producers
+    from parity.run.launcher import ProducerRunError, UnknownGroupsError, run_producers
 
     with tempfile.TemporaryDirectory(prefix="parity-groups-") as tmp:
         try:
-            run_producers(config.root, config.need_producers(), Path(tmp), groups=groups,
-                          src=config.src_relative(), progress=lambda _: None,
+            run_producers(config.root, config.need_producers(), Path(tmp), command="calibrate",
+                          groups=groups, src=config.src_relative(), progress=lambda _: None,
                           class_map_only=True)  # fmt: skip
         except UnknownGroupsError as e:
             raise CLIError(e.message) from None
-        except RepinError:
+        except ProducerRunError:
             return

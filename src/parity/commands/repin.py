@@ -111,9 +111,8 @@ def run(args: argparse.Namespace, out: IO[str]) -> int:
 
 
 def _run(config: Any, args: argparse.Namespace, out: IO[str]) -> int:
-    from parity.run.launcher import ProducerRunError, RepinError, UnusableClassError
-    from parity.run.repin import repin
-    from parity.run.runner import failure_reason
+    from parity.run.launcher import ProducerRunError, UnusableClassError
+    from parity.run.repin import RepinError, repin
     from parity.run.worktree import GitError
 
     target = config.goldens
@@ -144,21 +143,27 @@ def _run(config: Any, args: argparse.Namespace, out: IO[str]) -> int:
         )
     except (GitError, UnusableClassError) as e:
         raise CLIError(str(e)) from None
-    except RepinError as e:
-        text = str(e)
-        head, output = (e.head, e.output) if isinstance(e, ProducerRunError) else (text, "")
-        why = failure_reason(output) if output else ""
-        log = keep_log(output or text)
-        raise CLIError(f"repin failed: {head} {why} (producer output: {log})") from None
+    except (ProducerRunError, RepinError) as e:
+        head, log = _failed(e)
+        raise CLIError(f"repin failed: {head} (producer output: {keep_log(log)})") from None
     out.write(f"pinned at {result.sha} into {result.out_dir}\n")
     for change in result.changes:
         out.write(change.describe() + "\n")
     return EXIT_OK
 
 
+def _failed(e: Exception) -> tuple[str, str]:
+    """What a repin that failed says (a `ProducerRunError`'s head and the reason its output
+    gives, else the `RepinError`'s text), and what its log holds."""
+    from parity.run.launcher import ProducerRunError
+
+    if not isinstance(e, ProducerRunError):
+        return str(e), str(e)
+    return (f"{e.head} {e.reason}" if e.output else e.head), e.output or e.head
+
+
 def _recover(config: Any, target: Path, out: IO[str]) -> int:
-    from parity.run.launcher import RepinError
-    from parity.run.repin import recover_folder
+    from parity.run.repin import RepinError, recover_folder
     from parity.run.worktree import GitError
 
     try:
@@ -170,9 +175,8 @@ def _recover(config: Any, target: Path, out: IO[str]) -> int:
 
 
 def _reclass(config: Any, target: Path, args: argparse.Namespace, out: IO[str]) -> int:
-    from parity.run.launcher import ProducerRunError, RepinError, UnusableClassError
-    from parity.run.repin import reclass
-    from parity.run.runner import failure_reason
+    from parity.run.launcher import ProducerRunError, UnusableClassError
+    from parity.run.repin import RepinError, reclass
 
     try:
         done = reclass(producers=config.need_producers(), out_dir=target, repo=config.root,
@@ -180,11 +184,8 @@ def _reclass(config: Any, target: Path, args: argparse.Namespace, out: IO[str]) 
                        src=config.src_relative(), reorder=args.order)  # fmt: skip
     except UnusableClassError as e:
         raise CLIError(str(e)) from None
-    except RepinError as e:
-        text = str(e)
-        head, output = (e.head, e.output) if isinstance(e, ProducerRunError) else (text, "")
-        why = failure_reason(output) if output else ""
-        raise CLIError(f"repin --classes-only failed: {head} {why}".strip()) from None
+    except (ProducerRunError, RepinError) as e:
+        raise CLIError(f"repin --classes-only failed: {_failed(e)[0]}") from None
     out.write(f"class map of the current producers written into {target}\n")
     for r in done:
         out.write(r.describe() + "\n")

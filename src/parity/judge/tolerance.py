@@ -3,7 +3,8 @@
 `get_class` looks a class up by name in a registry (`REGISTRY` by default, the named classes
 of `parity.judge.classes`); a `ClassMap` gives each array key a class name by glob pattern,
 and is pinned in every golden file. `effective_atol` is the absolute tolerance a class
-gives against one golden.
+gives against one golden. `flag_rules` reads the rules a user gives as flags (`--override`,
+`--class`; the plugin's `--parity-override`, `--parity-class`), for both faces.
 
 A class map may set rule parameters per pattern by writing them after the class name:
 `"reduction[K=512]"` is the registry's `reduction` class with the reduction length `K`
@@ -32,19 +33,24 @@ from parity.judge.ulp import is_float_dtype, to_float64
 
 __all__ = [
     "DEFAULT_CLASS",
+    "OVERRIDE_HELP",
     "PER_KEY_PARAMS",
     "ClassMap",
     "ClassMapLike",
     "KeyClass",
     "Overrides",
+    "RuleError",
     "UnknownClassError",
     "UnmatchedKeyError",
+    "class_help",
     "class_problem",
     "class_resolver",
     "effective_atol",
+    "flag_rules",
     "get_class",
     "nearest_class",
     "parse_class_name",
+    "split_override",
     "to_class",
 ]
 
@@ -217,6 +223,72 @@ def class_problem(
     except (UnknownClassError, ValueError) as e:
         return f"{where}: {e}"
     return None
+
+
+class RuleError(ValueError):
+    """A class rule given as a flag (`--override PATTERN=CLASS`, `--class NAME`, or the
+    plugin's `--parity-override` and `--parity-class`) that cannot stand; its text is one
+    sentence naming the flag that gave it."""
+
+
+#: The help of `--override PATTERN=CLASS`: the subcommands' and, as `--parity-override`,
+#: the pytest plugin's.
+OVERRIDE_HELP = (
+    "check keys matching PATTERN (shell-style, e.g. 'traj.*') under CLASS, before "
+    "everything else (repeatable); 'calibrated' judges each key by the spread `parity "
+    "calibrate --write` recorded in its golden file"
+)
+
+
+def class_help(prefix: str = "--") -> str:
+    """The help of `--class NAME` (`prefix` `"--"`: the subcommands') and of
+    `--parity-class NAME` (`"--parity-"`: the pytest plugin's)."""
+    return (
+        f"check every key under tolerance class NAME (after {prefix}override, before any "
+        f"other class, the goldens' pinned ones included); known: {', '.join(sorted(REGISTRY))}"
+    )
+
+
+def split_override(text: str) -> tuple[str, str] | None:
+    """`PATTERN=CLASS` (`--override`, `--parity-override`) as `(pattern, class)`, or None
+    if malformed. The class may carry parameters (`'taps.*=reduction[K=512]'`): the split
+    is at the last `=` outside brackets. Whether the class exists is the caller's check."""
+    head = text[: text.rindex("[")] if text.endswith("]") and "[" in text else text
+    pattern, sep, _ = head.rpartition("=")
+    name = text[len(pattern) + 1 :] if sep else ""
+    return (pattern, name) if sep and pattern and name else None
+
+
+def flag_rules(
+    overrides: Iterable[str], class_name: str | None = None, *, prefix: str = "--"
+) -> list[tuple[str, str]]:
+    """The class rules given as flags, in their precedence: each `--override PATTERN=CLASS`
+    as `(pattern, class)`, then `--class NAME` as `("*", NAME)` (every key).
+
+    **Arguments:**
+
+    - `overrides`: the `--override` texts, in the order given.
+    - `class_name`: the `--class` name, or None.
+    - `prefix`: the flags' prefix, for messages: `"--"` (the subcommands) or `"--parity-"`
+      (the pytest plugin).
+
+    **Returns:** the `(pattern, class)` rules. Raises `RuleError` naming the flag for a
+    rule that is not `PATTERN=CLASS` or a class that cannot stand there (`class_problem`).
+    """
+    given = [(split_override(text), f"{prefix}override {text!r}") for text in overrides]
+    if class_name is not None:
+        given.append((("*", class_name), f"{prefix}class"))
+    rules: list[tuple[str, str]] = []
+    for rule, where in given:
+        if rule is None:
+            raise RuleError(
+                f"{where} is not PATTERN=CLASS; for example {prefix}override 'traj.*=device_count'"
+            )
+        problem = class_problem(rule[1], where)
+        if problem is not None:
+            raise RuleError(problem)
+        rules.append(rule)
+    return rules
 
 
 @dataclass(frozen=True)

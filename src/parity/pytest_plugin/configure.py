@@ -11,8 +11,9 @@ from typing import TYPE_CHECKING
 
 import pytest
 
+from parity.judge.tolerance import RuleError, flag_rules
 from parity.pytest_plugin.stash import BASE, CONFIG, GOLDENS, NARROWED, OVERRIDES, RESULTS
-from parity.run.config import ConfigError, ParityConfig, load_config, split_override
+from parity.run.config import ConfigError, ParityConfig, load_config
 from parity.run.devices import (
     DeviceCountError,
     cap_isa,
@@ -68,27 +69,13 @@ def session_config(config: pytest.Config) -> ParityConfig:
 def _session_overrides(config: pytest.Config) -> tuple[tuple[str, str], ...]:
     """`--parity-override PATTERN=CLASS` rules, then `--parity-class NAME` as `*=NAME`;
     a malformed rule or a class that cannot stand there
-    (`parity.judge.tolerance.class_problem`, as on the command line) is a
+    (`parity.judge.tolerance.flag_rules`, the command line's parser) is a
     `pytest.UsageError` naming the option that gave it."""
-    from parity.judge.tolerance import class_problem
-
-    rules: list[tuple[tuple[str, str], str]] = []
-    for text in config.getoption("--parity-override") or ():
-        rule = split_override(text)
-        if rule is None:
-            raise pytest.UsageError(
-                f"--parity-override {text!r} is not PATTERN=CLASS; for example "
-                "--parity-override 'traj.*=device_count'"
-            )
-        rules.append((rule, f"--parity-override {text!r}"))
-    name = config.getoption("--parity-class")
-    if name is not None:
-        rules.append((("*", name), "--parity-class"))
-    for (_, cls), where in rules:
-        problem = class_problem(cls, where)
-        if problem is not None:
-            raise pytest.UsageError(problem)
-    return tuple(rule for rule, _ in rules)
+    overrides = config.getoption("--parity-override") or ()
+    try:
+        return tuple(flag_rules(overrides, config.getoption("--parity-class"), prefix="--parity-"))
+    except RuleError as e:
+        raise pytest.UsageError(str(e)) from None
 
 
 _SRC_ROOTS = pytest.StashKey[list[str]]()

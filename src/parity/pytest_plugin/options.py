@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import pytest
 
+from parity.judge.tolerance import OVERRIDE_HELP, class_help
 from parity.run.config import BASELINE_MODES, DRIFT_MODES
 from parity.run.devices import DEFAULT_ISA_CAP
 
@@ -39,16 +40,9 @@ def pytest_addoption(parser: pytest.Parser) -> None:
         action="append",
         default=[],
         metavar="PATTERN=CLASS",
-        help="check keys matching PATTERN (shell-style, e.g. 'traj.*') under CLASS, in every "
-        "check, before everything else (repeatable)",
+        help=OVERRIDE_HELP,
     )
-    group.addoption(
-        "--parity-class",
-        default=None,
-        metavar="NAME",
-        help="check every key of every check under tolerance class NAME (after "
-        "--parity-override, before a check's own classes)",
-    )
+    group.addoption("--parity-class", default=None, metavar="NAME", help=class_help("--parity-"))
     group.addoption(
         "--parity-drift",
         default=None,

@@ -38,15 +38,12 @@ from pathlib import Path
 from typing import Any
 
 from parity.base_judge import BaseUnavailable, ReproducedBase
-from parity.environment import environment_difference, environment_fingerprint
-from parity.judge.tolerance import ClassMap
+from parity.environment import environment_difference, environment_fingerprint, layout_of
 from parity.run.config import ParityConfig, user_cache_folder
-from parity.run.launcher import ProducerRunError, RepinError, load_runner_output, run_producers
-from parity.run.processes import WorkerFailed
-from parity.run.repin import class_of
-from parity.run.runner import failure_reason
+from parity.run.launcher import ProducerRunError, load_runner_output, run_producers
+from parity.run.repin import write_run
 from parity.run.worktree import GitError, git, repo_root, resolve_sha, temporary_worktree
-from parity.store import GoldenStoreError, open_goldens, write_goldens
+from parity.store import GoldenStoreError, open_goldens
 from parity.store.provenance import digest_sources
 from parity.store.staging import owned_tempdir
 
@@ -171,8 +168,7 @@ class BaselineCache:
                     prov = dict(gf.provenance)
             except GoldenStoreError:
                 continue
-            processes = int(prov.get("processes") or 1)
-            devices = int(prov.get("device_count") or 1) // processes
+            processes, devices = layout_of(prov)
             out.append(
                 CachedBase(
                     path,
@@ -330,9 +326,7 @@ class BaselineSource:
         config = self.config
         digest = digest or self._digest()
         if current is not None:
-            processes = int(current.get("processes") or 1)
-            devices = max(1, int(current.get("device_count") or 1) // processes)
-            isa = current.get("isa_cap")
+            (processes, devices), isa = layout_of(current), current.get("isa_cap")
         else:
             processes, devices, isa = config.processes, config.devices, config.isa
         root, full = base_commit(config.root, sha)
@@ -348,6 +342,7 @@ class BaselineSource:
                     wt,
                     config.need_producers(),
                     tmp,
+                    command="baseline",
                     device_count=devices,
                     isa_cap=isa,
                     groups=groups,
@@ -358,11 +353,9 @@ class BaselineSource:
                     timeout=self.timeout,
                     code=f"the base commit {full[:12]}",
                 )
-            except (RepinError, WorkerFailed) as e:
-                output = e.output if isinstance(e, ProducerRunError | WorkerFailed) else str(e)
+            except ProducerRunError as e:
                 raise BaseUnavailable(
-                    f"the producers cannot run at the base {full[:12]}: "
-                    f"{failure_reason(output or str(e))}",
+                    f"the producers cannot run at the base {full[:12]}: {e.reason}",
                     "make the producers run there (feature-detect what the base lacks), or "
                     "turn the second judge off (`--baseline off`)",
                 ) from None
@@ -374,7 +367,7 @@ class BaselineSource:
                         f"the producers define no group {group!r}",
                         "check the group names against the producers' GROUPS",
                     )
-                loaded = load_runner_output(tmp, group)
+                loaded = load_runner_output(tmp, group, command="baseline")
                 fp = environment_fingerprint(loaded.provenance)
                 if current is not None and fp != environment_fingerprint(current):
                     moved = "; ".join(
@@ -385,17 +378,9 @@ class BaselineSource:
                         "run the check with no XLA flags beyond the ISA cap and device count "
                         "parity sets, as the producers run",
                     )
-                class_map = ClassMap(rules=tuple((p, c) for p, c in loaded.class_map))
                 path = self.cache.path_for(full, fp, digest, group)
                 path.parent.mkdir(parents=True, exist_ok=True)
-                write_goldens(
-                    path,
-                    loaded.arrays,
-                    classes={k: class_of(class_map, k) for k in loaded.arrays},
-                    class_map_json=class_map.to_json(),
-                    provenance={**loaded.provenance, "base_sha": full, "producer_digest": digest},
-                    order=list(loaded.arrays),
-                )
+                write_run(path, loaded, sha=full, digest=digest)
                 out[group] = self._built[path] = ReproducedBase(path, full, False, seconds)
         self.progress(
             f"re-produced {len(out)} group(s) at {full[:12]} in {time.perf_counter() - t0:.1f}s, "

@@ -36,9 +36,9 @@ from typing import Any, Literal
 from parity.check import GoldenDir
 from parity.results import CheckError
 from parity.run.config import ParityConfig
-from parity.run.launcher import ProducerRunError, RepinError, UnknownGroupsError
-from parity.run.repin import repin
-from parity.run.runner import ProducersFailed, check_produced, failure_reason, produce
+from parity.run.launcher import ProducerRunError, UnknownGroupsError
+from parity.run.repin import RepinError, repin
+from parity.run.runner import check_produced, produce
 from parity.run.worktree import GitError, git, repo_root, resolve_sha, temporary_worktree
 
 __all__ = ["BisectError", "BisectResult", "Step", "bisect", "first_parent_commits"]
@@ -172,9 +172,14 @@ def _evaluate(
     try:
         with temporary_worktree(root, sha) as wt:
             produced = produce(
-                wt, config, groups=groups, drop_paths=config.src, code=f"commit {sha[:12]}"
+                wt,
+                config,
+                groups=groups,
+                drop_paths=config.src,
+                code=f"commit {sha[:12]}",
+                command="bisect",
             )
-    except ProducersFailed as e:
+    except ProducerRunError as e:
         return step("skip", f"cannot run the producers: {e.reason}")
     except GitError as e:
         return step("skip", f"cannot check out: {' '.join(str(e).split())}")
@@ -293,8 +298,8 @@ def bisect(
             )
         except UnknownGroupsError as e:  # the producers' file, whatever the commit
             raise BisectError(e.message) from None
-        except RepinError as e:
-            why = failure_reason((e.output if isinstance(e, ProducerRunError) else "") or str(e))
+        except (ProducerRunError, RepinError) as e:
+            why = e.reason if isinstance(e, ProducerRunError) else " ".join(str(e).split())
             record(Step(good_sha, _subject(root, good_sha), "skip", f"cannot pin: {why}", "GOOD"))
             return result("cannot_run")
         with GoldenDir(tmp) as goldens:

@@ -56,7 +56,6 @@ __all__ = [
     "ParityConfig",
     "find_pyproject",
     "load_config",
-    "split_override",
 ]
 
 #: The keys `[tool.parity]` accepts.
@@ -195,16 +194,6 @@ class ParityConfig:
             return self
         values = _parse(given, base=Path.cwd(), where="command line")
         return dataclasses.replace(self, **values, explicit=self.explicit | set(values))
-
-
-def split_override(text: str) -> tuple[str, str] | None:
-    """`PATTERN=CLASS` (`--override`, `--parity-override`) as `(pattern, class)`, or None
-    if malformed. The class may carry parameters (`'taps.*=reduction[K=512]'`): the split
-    is at the last `=` outside brackets. Whether the class exists is the caller's check."""
-    head = text[: text.rindex("[")] if text.endswith("]") and "[" in text else text
-    pattern, sep, _ = head.rpartition("=")
-    name = text[len(pattern) + 1 :] if sep else ""
-    return (pattern, name) if sep and pattern and name else None
 
 
 def user_cache_folder(name: str) -> Path:

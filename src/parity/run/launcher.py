@@ -1,9 +1,9 @@
 """The producer launcher: the producers file run against a code root in a fresh process
 (`_producer_runner`, started by path), under the one process supervisor
 (`parity.run.processes.supervise`), and what that process saved read back. `repin` pins
-what it returns, `parity.run.runner` checks it. A run that fails raises `ProducerRunError`
-(a `RepinError` with fields), a multi-process run or a timeout
-`parity.run.processes.WorkerFailed`.
+what it returns, `parity.run.runner` checks it. Every run that fails, of one process or
+several, raises `ProducerRunError`: the one producer-run failure, with fields, whose
+message says what the failed run leaves in the command that ran it (`LEAVES`).
 
 Nothing here imports jax.
 """
@@ -12,21 +12,23 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import sys
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import Any, Literal
 
 import numpy as np
 
 from parity.run.devices import DEFAULT_ISA_CAP, isolated_env
-from parity.run.processes import DEFAULT_TIMEOUT_S, run_workers, supervise
+from parity.run.processes import DEFAULT_TIMEOUT_S, WorkerFailed, run_workers, supervise
 
 __all__ = [
     "EXIT_MISSING_SYMBOL",
+    "LEAVES",
+    "Command",
     "ProducerRunError",
-    "RepinError",
     "RunnerOutput",
     "UnknownGroupsError",
     "UnusableClassError",
@@ -42,22 +44,84 @@ EXIT_UNUSABLE_CLASS = 5
 _UNUSABLE_CLASSES = "unusable_classes.json"  # `_producer_runner.UNUSABLE_CLASSES`
 
 
-class RepinError(RuntimeError):
-    """Repinning failed; the old goldens are untouched."""
+#: The commands that run the producers.
+Command = Literal["repin", "check", "bisect", "calibrate", "baseline", "origin"]
+
+#: What a producer run that failed leaves, in each command that runs one.
+LEAVES: dict[Command, str] = {
+    "repin": "old goldens are untouched",
+    "check": "nothing was checked",
+    "bisect": "the commit is skipped",
+    "calibrate": "nothing was measured or recorded",
+    "baseline": "the base was not re-produced",
+    "origin": "the origin is not named",
+}
 
 
-class ProducerRunError(RepinError):
-    """The producer process ran and failed (a crash, a missing symbol).
+class ProducerRunError(RuntimeError):
+    """The producers did not run to the end, or what they saved cannot be used: a crash, a
+    symbol the code lacks, a worker of a multi-process run that failed, a timeout, no
+    provenance recorded. The one error of a producer run, whichever command ran it.
 
-    **Fields:** `head` (one sentence: why, and that the old goldens are untouched) and
-    `output` (the last lines the process printed, traceback included; may be empty). Its
-    text is the head, then the output.
+    **Fields:**
+
+    - `command`: the command that ran the producers (`Command`); the message says what the
+      failed run leaves there (`LEAVES`: a repin's old goldens are untouched).
+    - `failure`: what became of the run, one clause (`"the producers failed (exit 1)"`,
+      `"the base commit 1a2b3c4d5e6f lacks a symbol the producers need"`, a worker's exit).
+    - `reason`: one line saying why: the runner's own verdict (its last `[producers]`
+      line) unless that is only a progress line, else the last line of the output (the
+      exception of a traceback); in a multi-process run or a timeout, `failure`.
+    - `output`: the output of the process (of every worker), traceback included, for a
+      log file; may be empty.
+    - `tail`: in a multi-process run or a timeout, the last output lines of the worker (or
+      workers) that failed, to print below `reason`; else empty.
+    - `worker`: the process id that failed first in a multi-process run or a timeout (None:
+      a single process that failed, or a timeout with several still running).
+
+    Its text is `head` (the failure and what it leaves), then the output.
     """
 
-    def __init__(self, reason: str, output: str):
-        self.head = f"{reason}; old goldens are untouched."
+    def __init__(
+        self,
+        command: Command,
+        failure: str,
+        output: str = "",
+        *,
+        reason: str | None = None,
+        tail: str = "",
+        worker: int | None = None,
+    ):
+        self.command: Command = command
+        self.failure = failure
         self.output = output
-        super().__init__(f"{self.head} Producer output:\n{output}")
+        self.reason = reason if reason is not None else _failure_reason(output, failure)
+        self.tail = tail
+        self.worker = worker
+        super().__init__(f"{self.head} Producer output:\n{output}" if output else self.head)
+
+    @property
+    def head(self) -> str:
+        """One sentence: the failure, and what it leaves in the command that ran it."""
+        return f"{self.failure}; {LEAVES[self.command]}."
+
+    @classmethod
+    def of_workers(cls, command: Command, e: WorkerFailed) -> ProducerRunError:
+        """A multi-process run (or a timed-out one) that the supervisor stopped."""
+        return cls(command, e.reason, e.output, reason=e.reason, tail=e.tail, worker=e.worker)
+
+
+def _failure_reason(output: str, failure: str) -> str:
+    """`ProducerRunError.reason` of a single process: the runner's own verdict (its last
+    `[producers]` line) unless that is only a progress line, else the last line of the
+    output (the exception of a traceback); `failure` where there is no output."""
+    lines = [ln.strip() for ln in output.splitlines() if ln.strip()]
+    logged = [
+        ln.removeprefix("[producers]").strip() for ln in lines if ln.startswith("[producers]")
+    ]
+    if logged and not re.match(r"\[\d+/\d+\] .*: running$", logged[-1]):
+        return logged[-1]
+    return lines[-1] if lines else failure
 
 
 class UnknownGroupsError(ProducerRunError):
@@ -65,11 +129,17 @@ class UnknownGroupsError(ProducerRunError):
     `--groups`): an input error, not a producer that failed.
 
     **Fields:** `unknown` and `defined` (the groups asked for that it lacks, every group it
-    defines), `producers` (the file), and those of `ProducerRunError`.
+    defines), `producers` (the file), `message` (the one line every command says) and
+    those of `ProducerRunError`.
     """
 
     def __init__(
-        self, unknown: Sequence[str], defined: Sequence[str], producers: Path, output: str
+        self,
+        command: Command,
+        unknown: Sequence[str],
+        defined: Sequence[str],
+        producers: Path,
+        output: str,
     ):
         self.unknown = tuple(unknown)
         self.defined = tuple(defined)
@@ -80,23 +150,30 @@ class UnknownGroupsError(ProducerRunError):
             f"no group named {names}: the producers ({producers}) define {listed}; pass one "
             "of them to --groups"
         )
-        super().__init__(self.message, output)
-        self.head = self.message
+        super().__init__(command, self.message, output)
+
+    @property
+    def head(self) -> str:
+        return self.message
 
 
-class UnusableClassError(RepinError):
+class UnusableClassError(ProducerRunError):
     """The producers' `CLASS_MAP` names a class parity cannot pin (a typo such as
-    `fp32_reasoc`, a parameter missing): an input error, found before any group ran.
+    `fp32_reasoc`, a parameter missing): an input error, found before any group ran (only
+    a repin asks, `run_producers(check_classes=True)`).
 
     **Fields:** `problems`, one sentence per such rule (the pattern, the name, the nearest
-    known class and every known one: `parity.judge.tolerance.class_problem`)."""
+    known class and every known one: `parity.judge.tolerance.class_problem`), and those of
+    `ProducerRunError`."""
 
-    def __init__(self, problems: Sequence[str]):
+    def __init__(self, command: Command, problems: Sequence[str]):
         self.problems = tuple(problems)
-        super().__init__(
-            "; ".join(self.problems) + "; fix CLASS_MAP and run again: nothing was produced "
-            "or written, the goldens are untouched"
-        )
+        message = "; ".join(self.problems) + "; fix CLASS_MAP and run again"
+        super().__init__(command, message)
+
+    @property
+    def head(self) -> str:
+        return f"{self.failure}: nothing was produced or written, the goldens are untouched"
 
 
 def _restore_dtype(raw: np.ndarray, name: str) -> np.ndarray:
@@ -124,9 +201,9 @@ class RunnerOutput:
     order: str = "declared"
 
 
-def load_runner_output(out: Path, group: str) -> RunnerOutput:
-    """What the runner saved for `group` in `out`. Raises `RepinError` if it recorded no
-    provenance (it could not import parity)."""
+def load_runner_output(out: Path, group: str, *, command: Command) -> RunnerOutput:
+    """What the runner saved for `group` in `out`, for `command`. Raises
+    `ProducerRunError` if it recorded no provenance (it could not import parity)."""
     manifest = json.loads((out / f"{group}.json").read_text())
     with np.load(out / f"{group}.npz") as npz:
         arrays = {
@@ -135,9 +212,10 @@ def load_runner_output(out: Path, group: str) -> RunnerOutput:
         }
     provenance = manifest.get("provenance")
     if not isinstance(provenance, dict):
-        raise RepinError(
+        raise ProducerRunError(
+            command,
             f"the producer process recorded no provenance for group {group!r} (it could not "
-            "import parity.store.provenance); check that parity is importable there"
+            "import parity.store.provenance); check that parity is importable there",
         )
     return RunnerOutput(
         arrays, manifest["class_map"], provenance, str(manifest.get("order", "declared"))
@@ -149,6 +227,7 @@ def run_producers(
     producers: Path,
     out: Path,
     *,
+    command: Command,
     device_count: int = 1,
     isa_cap: str | None = DEFAULT_ISA_CAP,
     groups: Sequence[str] = (),
@@ -164,10 +243,10 @@ def run_producers(
     code: str = "the code under test",
     record_origin: bool = False,
 ) -> str:
-    """Run `producers` in a subprocess importing code from `code_root/src` (or, with
-    `src`, from each of these folders relative to `code_root`, first one first). `code`
-    names that code in messages (`"commit 1a2b3c4d5e6f"`): a symbol the producers need
-    and it lacks is reported as lacking there.
+    """Run `producers` for `command` in a subprocess importing code from `code_root/src`
+    (or, with `src`, from each of these folders relative to `code_root`, first one first).
+    `code` names that code in messages (`"commit 1a2b3c4d5e6f"`): a symbol the producers
+    need and it lacks is reported as lacking there.
 
     One process or several, the run goes through one supervisor
     (`parity.run.processes.supervise`), which stops it after `timeout` seconds. With
@@ -184,12 +263,12 @@ def run_producers(
     With `check_classes` (a repin), a `CLASS_MAP` naming a class parity cannot use stops
     the run before any group runs.
 
-    **Returns:** the XLA flags the subprocess ran under. Raises `UnknownGroupsError` when
-    `groups` names a group the producers do not define, `UnusableClassError` (with
-    `check_classes`) for such a `CLASS_MAP`, `RepinError` with the
-    producer's output (traceback included) if it fails, and
-    `parity.run.processes.WorkerFailed` when a worker of a multi-process run fails, and when
-    the run, of one process or several, outlives `timeout`.
+    **Returns:** the XLA flags the subprocess ran under. Raises `ProducerRunError` (its
+    message fits `command`) with the producer's output (traceback included) if it fails,
+    when a worker of a multi-process run fails, and when the run, of one process or
+    several, outlives `timeout`; its `UnknownGroupsError` when `groups` names a group the
+    producers do not define, its `UnusableClassError` (with `check_classes`) for such a
+    `CLASS_MAP`.
     """
     env = isolated_env(device_count, isa_cap=isa_cap)
     env["PYTHONHASHSEED"] = "0"
@@ -216,15 +295,18 @@ def run_producers(
             if line.startswith("[producers]"):
                 progress(line)
 
-        run_workers(
-            cmd,
-            processes,
-            env=env,
-            timeout=DEFAULT_TIMEOUT_S if timeout is None else timeout,
-            progress=forward,
-            coordinator=coordinator,
-            process_id=process_id,
-        )
+        try:
+            run_workers(
+                cmd,
+                processes,
+                env=env,
+                timeout=DEFAULT_TIMEOUT_S if timeout is None else timeout,
+                progress=forward,
+                coordinator=coordinator,
+                process_id=process_id,
+            )
+        except WorkerFailed as e:
+            raise ProducerRunError.of_workers(command, e) from None
         return flags
     tail: list[str] = []
 
@@ -234,18 +316,21 @@ def run_producers(
         if line.startswith("[producers]"):
             progress(line)
 
-    (rc,) = supervise(cmd, [env], timeout=timeout, ok=lambda _: True, progress=collect)
+    try:
+        (rc,) = supervise(cmd, [env], timeout=timeout, ok=lambda _: True, progress=collect)
+    except WorkerFailed as e:  # a timeout
+        raise ProducerRunError.of_workers(command, e) from None
     if rc == EXIT_UNKNOWN_GROUP and (out / _UNKNOWN_GROUPS).is_file():
         doc = json.loads((out / _UNKNOWN_GROUPS).read_text())
-        raise UnknownGroupsError(doc["unknown"], doc["defined"], producers, "\n".join(tail))
+        unknown, defined, output = doc["unknown"], doc["defined"], "\n".join(tail)
+        raise UnknownGroupsError(command, unknown, defined, producers, output)
     if rc == EXIT_UNUSABLE_CLASS and (out / _UNUSABLE_CLASSES).is_file():
-        raise UnusableClassError(json.loads((out / _UNUSABLE_CLASSES).read_text()))
+        raise UnusableClassError(command, json.loads((out / _UNUSABLE_CLASSES).read_text()))
     if rc != 0:
-        output = "\n".join(tail)
-        reason = (
+        failure = (
             f"{code} lacks a symbol the producers need"
             if rc == EXIT_MISSING_SYMBOL
             else f"the producers failed (exit {rc})"
         )
-        raise ProducerRunError(reason, output)
+        raise ProducerRunError(command, failure, "\n".join(tail))
     return flags

@@ -34,16 +34,15 @@ import numpy as np
 
 from parity.base_judge import BaseUnavailable
 from parity.check import GoldenDir
-from parity.environment import environment_fingerprint
+from parity.environment import environment_fingerprint, layout_of
 from parity.judge.classes import REGISTRY, ToleranceClass
 from parity.judge.tolerance import UnknownClassError, to_class
 from parity.origin import LocaliseError, Recording, align, matching_tolerance
 from parity.results import CheckError, CheckResult
 from parity.run.baseline import BaselineCache, base_commit, cache_dir
 from parity.run.config import ParityConfig
-from parity.run.launcher import ProducerRunError, RepinError, run_producers
-from parity.run.processes import WorkerFailed
-from parity.run.runner import Produced, failure_reason
+from parity.run.launcher import ProducerRunError, run_producers
+from parity.run.runner import Produced
 from parity.run.worktree import GitError, temporary_worktree
 from parity.store.provenance import digest_sources
 from parity.store.staging import owned_tempdir
@@ -86,21 +85,15 @@ def record_groups(
     """
     devices, isa = config.devices, config.isa
     if current is not None:
-        devices = max(
-            1, int(current.get("device_count") or 1) // int(current.get("processes") or 1)
-        )
-        isa = current.get("isa_cap")
+        (_, devices), isa = layout_of(current), current.get("isa_cap")
     try:
         run_producers(
-            code_root, config.need_producers(), out, device_count=devices, isa_cap=isa,
-            groups=groups, drop_paths=drop_paths, progress=progress, src=config.src_relative(),
-            timeout=timeout, code=code, record_origin=True,
+            code_root, config.need_producers(), out, command="origin", device_count=devices,
+            isa_cap=isa, groups=groups, drop_paths=drop_paths, progress=progress,
+            src=config.src_relative(), timeout=timeout, code=code, record_origin=True,
         )  # fmt: skip
-    except (RepinError, WorkerFailed) as e:
-        output = e.output if isinstance(e, ProducerRunError | WorkerFailed) else str(e)
-        return dict.fromkeys(
-            groups, f"the producers cannot run at {code}: {failure_reason(output)}"
-        )
+    except ProducerRunError as e:
+        return dict.fromkeys(groups, f"the producers cannot run at {code}: {e.reason}")
     found: dict[str, Path | str] = {}
     for g in groups:
         path, why = out / f"{g}{_RECORDING}", out / f"{g}{_REASON}"

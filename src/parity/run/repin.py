@@ -11,7 +11,8 @@ Crash safety (`parity.store.staging`): a repin holds an exclusive lock on the go
 finishes or cleans up after a killed one (`recover`), stages every new file completely and
 replaces the old ones through a journal, so SIGKILL at any moment leaves the old goldens or
 the complete new ones. A full disk or an unwritable folder is a `RepinError` with the old
-goldens intact.
+goldens intact; producers that cannot run, a `parity.run.launcher.ProducerRunError` saying
+so.
 
 A producers file defines `GROUPS`, a mapping of group name to a zero-argument callable
 returning `{key: array}` in forward order (the order first-divergence reports follow), and
@@ -35,7 +36,7 @@ from parity.judge.dataflow import order_change
 from parity.judge.floats import sig
 from parity.judge.tolerance import ClassMap
 from parity.run.devices import DEFAULT_ISA_CAP
-from parity.run.launcher import RepinError, load_runner_output, run_producers
+from parity.run.launcher import RunnerOutput, load_runner_output, run_producers
 from parity.run.signals import signals_reach_main_thread
 from parity.run.worktree import (
     remove_stale_worktrees,
@@ -55,6 +56,12 @@ from parity.store.staging import (
     recover,
     staged_name,
 )
+
+
+class RepinError(RuntimeError):
+    """Repinning failed before or after the producers ran (no producers file, an unusable
+    or locked golden folder, a golden that cannot be written or read); the old goldens are
+    untouched. Producers that fail are a `parity.run.launcher.ProducerRunError`."""
 
 
 @dataclass(frozen=True)
@@ -201,6 +208,56 @@ def class_of(class_map: ClassMap, key: str) -> str:
         return "bitwise"
 
 
+def write_golden(
+    path: Path,
+    arrays: Mapping[str, np.ndarray],
+    class_map: ClassMap,
+    *,
+    provenance: Mapping[str, Any],
+    order: Sequence[str],
+) -> dict[str, str]:
+    """Write `arrays` as a golden file at `path` (`parity.store.write_goldens`: atomic,
+    byte-reproducible), each key under its class in the producers' `class_map`
+    (`class_of`), that map, `provenance` and the forward `order` recorded beside them: what
+    a repin, a reclass and a cached base write.
+
+    **Returns:** key -> the class written for it.
+    """
+    classes = {k: class_of(class_map, k) for k in arrays}
+    write_goldens(path, arrays, classes=classes, class_map_json=class_map.to_json(),
+                  provenance=provenance, order=order)  # fmt: skip
+    return classes
+
+
+def write_run(
+    path: Path,
+    run: RunnerOutput,
+    *,
+    sha: str,
+    digest: str,
+    calibration: Mapping[str, Any] | None = None,
+) -> None:
+    """Write what a producer run saved for one group as a golden file at `path`
+    (`write_golden`): a repin's new golden, a cached base.
+
+    **Arguments:**
+
+    - `run`: what the producer process saved (`parity.run.launcher.load_runner_output`):
+      the arrays in their forward order, classed by its `CLASS_MAP`; its provenance,
+      collected in that process, so it describes the process that made the arrays.
+    - `sha`, `digest`: the base commit the arrays were made at, the producers' digest
+      (`digest_sources`), recorded with how the forward order was made.
+    - `calibration`: what to record as the file's calibration (a repin's carried one,
+      `carry_calibration`); None records none.
+    """
+    provenance = {**run.provenance, "base_sha": sha, "producer_digest": digest,
+                  "order": run.order}  # fmt: skip
+    if calibration is not None:
+        provenance["calibration"] = calibration
+    class_map = ClassMap(rules=tuple((p, c) for p, c in run.class_map))
+    write_golden(path, run.arrays, class_map, provenance=provenance, order=list(run.arrays))
+
+
 def repin(
     base: str,
     *,
@@ -304,6 +361,7 @@ def _repin_locked(
             wt,
             producers,
             Path(tmp),
+            command="repin",
             device_count=device_count,
             isa_cap=isa_cap,
             groups=groups,
@@ -319,31 +377,15 @@ def _repin_locked(
         changes = []
         try:
             for name in names:
-                produced = load_runner_output(Path(tmp), name)
-                arrays = produced.arrays
-                # Collected in the producer process (see `_producer_runner`), so it
-                # describes the process that made the arrays, not this one.
-                provenance = {**produced.provenance, "base_sha": sha, "producer_digest": digest,
-                              "order": produced.order}  # fmt: skip
-                class_map = ClassMap(rules=tuple((p, c) for p, c in produced.class_map))
-                classes = {k: class_of(class_map, k) for k in arrays}
+                produced = load_runner_output(Path(tmp), name, command="repin")
                 dest = out / f"{name}.h5"
-                change = summarize_change(name, dest, arrays, produced.order)
+                change = summarize_change(name, dest, produced.arrays, produced.order)
                 calibration, note = carry_calibration(dest, change)
-                if calibration is not None:
-                    provenance["calibration"] = calibration
                 changes.append(dataclasses.replace(change, calibration=note))
                 new = staged_name(dest)
                 staged.append((new, dest))
                 try:
-                    write_goldens(
-                        new,
-                        arrays,
-                        classes=classes,
-                        class_map_json=class_map.to_json(),
-                        provenance=provenance,
-                        order=list(arrays),
-                    )
+                    write_run(new, produced, sha=sha, digest=digest, calibration=calibration)
                 except (OSError, RuntimeError) as e:  # a full disk, a quota, RLIMIT_FSIZE
                     raise RepinError(
                         f"cannot write the new golden {dest.name} in {out}: "
@@ -419,8 +461,9 @@ def reclass(
     decision made on main from a calibration, where a repin on another host would
     re-produce every array.
 
-    **Returns:** one `Reclassed` per file. Raises `RepinError` if the producers cannot
-    be imported or a group has no golden file.
+    **Returns:** one `Reclassed` per file. Raises `parity.run.launcher.ProducerRunError`
+    if the producers cannot be imported (or, with `reorder`, run), `RepinError` if a group
+    has no golden file.
     """
     root = repo_root(repo)
     producers = Path(producers).resolve()
@@ -428,7 +471,7 @@ def reclass(
     with signals_reach_main_thread(), _locked(out), owned_tempdir(RUNNER_PREFIX) as tmp:
         for line in _recover(out, root):
             progress(line)
-        run_producers(root, producers, Path(tmp), progress=progress, src=src,
+        run_producers(root, producers, Path(tmp), command="repin", progress=progress, src=src,
                       class_map_only=True, check_classes=True)  # fmt: skip
         doc = json.loads((Path(tmp) / "class_map.json").read_text())
         class_map = ClassMap(rules=tuple((p, c) for p, c in doc["class_map"]))
@@ -440,9 +483,10 @@ def reclass(
         if reorder:
             produced = Path(tmp) / "produced"
             produced.mkdir()
-            run_producers(root, producers, produced, progress=progress, src=src, groups=names)
+            run_producers(root, producers, produced, command="repin", progress=progress,
+                          src=src, groups=names)  # fmt: skip
             for name in names:
-                run = load_runner_output(produced, name)
+                run = load_runner_output(produced, name, command="repin")
                 orders[name] = (list(run.arrays), run.order)
         staged: list[tuple[Path, Path]] = []
         done: list[Reclassed] = []
@@ -461,7 +505,6 @@ def reclass(
                         f"cannot be rewritten ({' '.join(str(e).split())}); pin it again with "
                         "parity repin --base <SHA>"
                     ) from None
-                classes = {k: class_of(class_map, k) for k in arrays}
                 reordered = None
                 if name in orders:
                     keys, made = orders[name]
@@ -476,8 +519,8 @@ def reclass(
                     order, provenance = keys, {**provenance, "order": made}
                 new = staged_name(dest)
                 staged.append((new, dest))
-                write_goldens(new, arrays, classes=classes, class_map_json=class_map.to_json(),
-                              provenance=provenance, order=order)  # fmt: skip
+                classes = write_golden(new, arrays, class_map, provenance=provenance,
+                                       order=order)  # fmt: skip
                 with open_goldens(new) as check:
                     moved = tuple(k for k in check if check.info(k).sha256 != sha.get(k))
                 changed = tuple((k, before[k], classes[k]) for k in arrays

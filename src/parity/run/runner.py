@@ -11,7 +11,6 @@ drift policy. Nothing here imports jax.
 
 from __future__ import annotations
 
-import re
 import tempfile
 import time
 from collections.abc import Callable, Sequence
@@ -26,37 +25,14 @@ from parity.check import GoldenDir, check_groups
 from parity.environment import PolicyMode
 from parity.results import CheckResult
 from parity.run.config import ParityConfig
-from parity.run.launcher import (
-    ProducerRunError,
-    RepinError,
-    UnknownGroupsError,
-    load_runner_output,
-    run_producers,
-)
-from parity.run.processes import Layout, WorkerFailed
+from parity.run.launcher import Command, load_runner_output, run_producers
+from parity.run.processes import Layout
 
 __all__ = [
     "Produced",
-    "ProducersFailed",
     "check_produced",
-    "failure_reason",
     "produce",
 ]
-
-
-class ProducersFailed(RuntimeError):
-    """The producers could not run against a code root (a missing symbol, a crash).
-
-    **Fields:** `reason` (one line: what the producer log said last), `output` (the
-    producer's output, traceback included) and `tail` (in a multi-process run, the last
-    output lines of the worker that failed, to print below the reason; else empty).
-    """
-
-    def __init__(self, reason: str, output: str, tail: str = ""):
-        super().__init__(reason)
-        self.reason = reason
-        self.output = output
-        self.tail = tail
 
 
 @dataclass(frozen=True)
@@ -83,19 +59,6 @@ class Produced:
     orders: dict[str, str] = field(default_factory=dict)
 
 
-def failure_reason(output: str) -> str:
-    """One line saying why a producer run failed: the runner's own verdict (its last
-    `[producers]` line) unless that is only a progress line, else the last line of the
-    output (the exception of a traceback)."""
-    lines = [ln.strip() for ln in output.splitlines() if ln.strip()]
-    logged = [
-        ln.removeprefix("[producers]").strip() for ln in lines if ln.startswith("[producers]")
-    ]
-    if logged and not re.match(r"\[\d+/\d+\] .*: running$", logged[-1]):
-        return logged[-1]
-    return lines[-1] if lines else "no output"
-
-
 def produce(
     code_root: Path,
     config: ParityConfig,
@@ -107,6 +70,7 @@ def produce(
     coordinator: str | None = None,
     process_id: int | None = None,
     code: str = "the code under test",
+    command: Command = "check",
 ) -> Produced:
     """Run the configured producers against `code_root` in a fresh process.
 
@@ -125,47 +89,43 @@ def produce(
       process id: only this host's worker starts here (one process per host), and only
       process 0's host gets the outputs (the others get no groups).
     - `code`: what `code_root` holds, for messages (`"commit 1a2b3c4d5e6f"`).
+    - `command`: the command that runs them, which a failure's message fits
+      (`parity.run.launcher.ProducerRunError`).
 
     With `config.processes` above 1 the producers run SPMD as the workers of one JAX
     distributed run, `config.devices` devices each, and process 0's outputs are loaded.
 
-    **Returns:** a `Produced`. Raises `ProducersFailed` if the producers cannot run
-    there (a worker of a multi-process run failed or was killed, or the run timed out), and
-    `parity.run.config.ConfigError` if nothing says which producers to run.
+    **Returns:** a `Produced`. Raises `parity.run.launcher.ProducerRunError` if the
+    producers cannot run there (a crash, a worker of a multi-process run failed or was
+    killed, the run timed out; its `UnknownGroupsError` for a group they do not define),
+    and `parity.run.config.ConfigError` if nothing says which producers to run.
     """
     producers = config.need_producers()
     src = config.src_relative()
     t0 = time.perf_counter()
     with tempfile.TemporaryDirectory(prefix="parity-produce-") as tmp:
-        try:
-            flags = run_producers(
-                code_root,
-                producers,
-                Path(tmp),
-                device_count=config.devices,
-                isa_cap=config.isa,
-                groups=groups,
-                drop_paths=drop_paths,
-                progress=progress,
-                src=src,
-                processes=config.processes,
-                timeout=timeout,
-                coordinator=coordinator,
-                process_id=process_id,
-                code=code,
-            )
-        except WorkerFailed as e:
-            raise ProducersFailed(e.reason, e.output, e.tail) from None
-        except UnknownGroupsError:
-            raise  # an input error, said in one line by the command
-        except RepinError as e:
-            output = (e.output if isinstance(e, ProducerRunError) else "") or str(e)
-            raise ProducersFailed(failure_reason(output), output) from None
+        flags = run_producers(
+            code_root,
+            producers,
+            Path(tmp),
+            command=command,
+            device_count=config.devices,
+            isa_cap=config.isa,
+            groups=groups,
+            drop_paths=drop_paths,
+            progress=progress,
+            src=src,
+            processes=config.processes,
+            timeout=timeout,
+            coordinator=coordinator,
+            process_id=process_id,
+            code=code,
+        )
         out: dict[str, dict[str, np.ndarray]] = {}
         provenance: dict[str, dict[str, Any]] = {}
         orders: dict[str, str] = {}
         for manifest in sorted(Path(tmp).glob("*.json")):
-            loaded = load_runner_output(Path(tmp), manifest.stem)
+            loaded = load_runner_output(Path(tmp), manifest.stem, command=command)
             out[manifest.stem] = loaded.arrays
             provenance[manifest.stem] = loaded.provenance
             orders[manifest.stem] = loaded.order
