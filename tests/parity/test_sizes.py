@@ -8,8 +8,6 @@ import ast
 from collections.abc import Iterator
 from pathlib import Path
 
-import pytest
-
 SRC = Path(__file__).resolve().parents[2] / "src"
 PACKAGES = ("parity", "decomp")
 
@@ -20,17 +18,7 @@ FUNCTION_LINES = 100
 #: body that only declares options reads as a table, one option a row, and splitting it
 #: would only scatter the rows. Each entry must be recognised as such by `_declarative`
 #: (and still be over the limit), so the list cannot hold anything else.
-OPTION_TABLES = {
-    ("parity/pytest_plugin/options.py", "pytest_addoption"),
-}
-
-#: Functions over the limit in files that parallel slices of issue 38 own; each is fixed in
-#: its slice, and its entry goes with it (the test fails on an entry that no longer needs
-#: it). Nothing else may join this list.
-PENDING = {
-    ("parity/pytest_plugin/fixtures.py", "__call__"),
-    ("parity/run/launcher.py", "run_producers"),
-}
+OPTION_TABLES: set[tuple[str, str]] = set()
 
 #: Calls that declare an option (argparse's, pytest's) or make the parser or group that
 #: takes them; a call of a name ending in `_flag` or `_flags` is one of the shared option
@@ -112,19 +100,18 @@ def test_no_function_is_over_100_lines_but_the_option_tables() -> None:
     over = {
         f"{path}:{node.lineno} {name} ({n} lines)"
         for (path, name), (n, node) in found.items()
-        if (path, name) not in OPTION_TABLES | PENDING
+        if (path, name) not in OPTION_TABLES
     }
     assert over == set(), f"functions over {FUNCTION_LINES} lines: {sorted(over)}"
-    stale = (OPTION_TABLES | PENDING) - set(found)
+    stale = (OPTION_TABLES) - set(found)
     assert stale == set(), f"no longer over {FUNCTION_LINES} lines: drop {sorted(stale)}"
 
 
-@pytest.mark.parametrize("entry", sorted(OPTION_TABLES), ids=lambda e: f"{e[0]}:{e[1]}")
-def test_each_allowed_option_table_only_declares_options(entry: tuple[str, str]) -> None:
-    path, name = entry
-    tree = ast.parse((SRC / path).read_text())
-    (node,) = (f for f in _functions(tree) if f.name == name)
-    assert _declarative(node), f"{path}:{name} does more than declare options"
+def test_each_allowed_option_table_only_declares_options() -> None:
+    for path, name in sorted(OPTION_TABLES):
+        tree = ast.parse((SRC / path).read_text())
+        (node,) = (f for f in _functions(tree) if f.name == name)
+        assert _declarative(node), f"{path}:{name} does more than declare options"
 
 
 def test_the_declarative_rule_tells_a_table_from_code() -> None:

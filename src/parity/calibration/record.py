@@ -57,7 +57,7 @@ def record(cal: Calibration, golden: GoldenFile, group: str, path: Path | None =
     (the same bytes per array); only the provenance gains (or replaces) `calibration`, so
     the file's metadata checksum changes. The write is atomic (`write_goldens`); `golden`
     is closed once read. A later repin keeps the spreads of the keys it leaves unchanged
-    (`parity.run.repin.carry_calibration`).
+    (`parity.run.goldens.carry_calibration`).
 
     **Arguments:**
 

@@ -6,7 +6,7 @@ from __future__ import annotations
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, cast
 
 import pytest
 
@@ -22,6 +22,41 @@ if TYPE_CHECKING:  # parity.check loads h5py: imported only when a check runs
 def parity_goldens(pytestconfig: pytest.Config) -> GoldenDir:
     """The golden folder (`--parity-goldens`), files opened lazily and read-only."""
     return pytestconfig.stash[GOLDENS]
+
+
+def _on_every_host(
+    actual: Any, golden: Any, live: bool, statics: tuple[dict[str, Any], dict[str, Any]]
+) -> tuple[Any, Any]:
+    """`actual` (and a live `golden`) flattened with arrays sharded over processes brought
+    to every process's host, in the same order everywhere (a collective); a live tree's
+    non-array leaves go into `statics`."""
+    from parity.check import BARE_KEY
+    from parity.judge.trees import flatten
+    from parity.run.processes import to_host
+
+    bare = BARE_KEY if live else None
+    actual = flatten(actual, to_array=to_host, bare=bare, non_arrays=statics[0] if live else None)
+    if live:
+        golden = flatten(golden, to_array=to_host, bare=BARE_KEY, non_arrays=statics[1])
+    return actual, golden
+
+
+def _failure_text(result: CheckResult, differing: Sequence[str]) -> str:
+    """What a failed check says: the report table, the non-array leaves that differ, where
+    the obtained arrays went and how to find the origin."""
+    from parity.report import format_table
+
+    text = f"parity check {result.name!r} failed\n"
+    text += format_table(result.comparison, header=result.header)
+    if differing:
+        text += f"non-array leaves that differ ({len(differing)}):\n"
+        text += "\n".join(differing) + "\n"
+    if result.saved:
+        text += f"obtained arrays written to {result.saved}; reproduce with:\n"
+        text += f"  {result.command}\n"
+    if result.group is not None and not result.passed:
+        text += _origin_hint(result.group)
+    return text
 
 
 @dataclass
@@ -63,40 +98,27 @@ class _Check:
         - `fail`: fail the test (with the report table) when the comparison fails, or a
           live reference's non-array leaf differs.
         - `provenance`: the environment `actual` was produced in, when that was another
-          process (`parity.run.runner.produce`'s `Produced.provenance[group]`); default this
-          one's. A golden check judges environment drift and calibrated layouts by it.
+          process (`Produced.provenance[group]` of `parity.run.runner.produce`; default
+          this one's): a golden check judges drift and calibrated layouts by it.
 
         **Returns:** the `parity.judge.compare.Comparison`.
         """
         from parity.check import check_group, check_live
         from parity.judge.trees import non_array_differences
-        from parity.report import format_table
         from parity.results import CheckError
 
         config = self.config
         rules = [*config.stash[OVERRIDES], *overrides]
         save = config.getoption("--parity-save-actual")
         save = None if save is None else Path(config.invocation_params.dir, save).resolve()
-        place = worker_place()
-        live = not isinstance(golden, str)
-        # A live reference's non-array leaves (an equinox module's activation function):
-        # compared with `==`, as assert_equivalent does.
+        place, live = worker_place(), not isinstance(golden, str)
+        # A live reference's non-array leaves (an equinox module's activation function),
+        # compared with `==` as assert_equivalent does.
         statics: tuple[dict[str, Any], dict[str, Any]] = ({}, {})
         if place is not None:
-            # Arrays sharded over processes come to every process's host (in the same
-            # order everywhere: a collective); process 0 alone saves what failed.
-            from parity.check import BARE_KEY
-            from parity.judge.trees import flatten
-            from parity.run.processes import to_host
-
-            bare = BARE_KEY if live else None
-            actual = flatten(actual, to_array=to_host, bare=bare,
-                             non_arrays=statics[0] if live else None)  # fmt: skip
-            if live:
-                golden = flatten(golden, to_array=to_host, bare=BARE_KEY, non_arrays=statics[1])
-            save = save if place[0] == 0 else None
-        problem = None
-        result: CheckResult | None = None
+            actual, golden = _on_every_host(actual, golden, live, statics)
+            save = save if place[0] == 0 else None  # process 0 alone saves what failed
+        problem, result = None, cast("CheckResult | None", None)
         try:
             if isinstance(golden, str):
                 result = check_group(
@@ -140,17 +162,7 @@ class _Check:
             config.stash[RESULTS].append(result)
         differing = non_array_differences(*statics)
         if fail and (not result.passed or differing):
-            text = f"parity check {result.name!r} failed\n"
-            text += format_table(result.comparison, header=result.header)
-            if differing:
-                text += f"non-array leaves that differ ({len(differing)}):\n"
-                text += "\n".join(differing) + "\n"
-            if result.saved:
-                text += f"obtained arrays written to {result.saved}; reproduce with:\n"
-                text += f"  {result.command}\n"
-            if result.group is not None and not result.passed:
-                text += _origin_hint(result.group)
-            pytest.fail(text, pytrace=False)
+            pytest.fail(_failure_text(result, differing), pytrace=False)
         return result.comparison
 
     @staticmethod

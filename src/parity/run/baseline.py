@@ -40,8 +40,8 @@ from typing import Any
 from parity.base_judge import BaseUnavailable, ReproducedBase
 from parity.environment import environment_difference, environment_fingerprint, layout_of
 from parity.run.config import ParityConfig, user_cache_folder
+from parity.run.goldens import write_run
 from parity.run.launcher import ProducerRunError, load_runner_output, run_producers
-from parity.run.repin import write_run
 from parity.run.worktree import GitError, git, repo_root, resolve_sha, temporary_worktree
 from parity.store import GoldenStoreError, open_goldens
 from parity.store.provenance import digest_sources

@@ -222,6 +222,29 @@ def load_runner_output(out: Path, group: str, *, command: Command) -> RunnerOutp
     )
 
 
+def _runner_argv(
+    roots: Sequence[Path],
+    producers: Path,
+    out: Path,
+    *,
+    code: str,
+    drop_paths: Sequence[Path],
+    groups: Sequence[str],
+) -> list[str]:
+    """The producer runner's command line: its code roots (the first is `--src`), the
+    producers file, the output folder, the paths to drop and the groups to run."""
+    cmd = [sys.executable, str(_RUNNER), "--parent-pid", str(os.getpid())]
+    cmd += ["--code", code, "--src", str(roots[0]), "--producers"]
+    for extra in roots[1:]:
+        cmd += ["--also-src", str(extra)]
+    cmd += [str(producers), "--out", str(out)]
+    for path in drop_paths:
+        cmd += ["--drop-path", str(path)]
+    if groups:
+        cmd += ["--groups", ",".join(groups)]
+    return cmd
+
+
 def run_producers(
     code_root: Path,
     producers: Path,
@@ -258,10 +281,8 @@ def run_producers(
 
     With `record_origin`, each group's program is recorded op by op instead of run, and
     `out/<group>.origin.npz` (or `.origin.json`, why not) saved in place of its arrays
-    (`parity.run.origins`).
-
-    With `check_classes` (a repin), a `CLASS_MAP` naming a class parity cannot use stops
-    the run before any group runs.
+    (`parity.run.origins`). With `check_classes` (a repin), a `CLASS_MAP` naming a class
+    parity cannot use stops the run before any group runs.
 
     **Returns:** the XLA flags the subprocess ran under. Raises `ProducerRunError` (its
     message fits `command`) with the producer's output (traceback included) if it fails,
@@ -274,21 +295,11 @@ def run_producers(
     env["PYTHONHASHSEED"] = "0"
     flags = env["XLA_FLAGS"]
     roots = [code_root / r for r in src] if src else [code_root / "src"]
-    cmd = [sys.executable, str(_RUNNER), "--parent-pid", str(os.getpid())]
-    cmd += ["--code", code, "--src", str(roots[0]), "--producers"]
-    for extra in roots[1:]:
-        cmd += ["--also-src", str(extra)]
-    cmd += [str(producers), "--out", str(out)]
-    for p in drop_paths:
-        cmd += ["--drop-path", str(p)]
-    if groups:
-        cmd += ["--groups", ",".join(groups)]
-    if class_map_only:  # `out/class_map.json`: the producers' CLASS_MAP; no group runs
-        cmd += ["--class-map-only"]
-    if check_classes:
-        cmd += ["--check-classes"]
-    if record_origin:
-        cmd += ["--record-origin"]
+    cmd = _runner_argv(roots, producers, out, code=code, drop_paths=drop_paths, groups=groups)
+    # class_map_only: `out/class_map.json`, the producers' CLASS_MAP; no group runs
+    switches = {"--class-map-only": class_map_only, "--check-classes": check_classes,
+                "--record-origin": record_origin}  # fmt: skip
+    cmd += [flag for flag, on in switches.items() if on]
     if processes > 1:
 
         def forward(line: str) -> None:
@@ -316,9 +327,9 @@ def run_producers(
         if line.startswith("[producers]"):
             progress(line)
 
-    try:
+    try:  # one process: a `WorkerFailed` is a timeout
         (rc,) = supervise(cmd, [env], timeout=timeout, ok=lambda _: True, progress=collect)
-    except WorkerFailed as e:  # a timeout
+    except WorkerFailed as e:
         raise ProducerRunError.of_workers(command, e) from None
     if rc == EXIT_UNKNOWN_GROUP and (out / _UNKNOWN_GROUPS).is_file():
         doc = json.loads((out / _UNKNOWN_GROUPS).read_text())

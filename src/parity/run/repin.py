@@ -28,15 +28,17 @@ import json
 from collections.abc import Callable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
 
-import numpy as np
-
-from parity.judge.dataflow import order_change
-from parity.judge.floats import sig
 from parity.judge.tolerance import ClassMap
 from parity.run.devices import DEFAULT_ISA_CAP
-from parity.run.launcher import RunnerOutput, load_runner_output, run_producers
+from parity.run.goldens import (
+    GroupChange,
+    carry_calibration,
+    summarize_change,
+    write_golden,
+    write_run,
+)
+from parity.run.launcher import load_runner_output, run_producers
 from parity.run.signals import signals_reach_main_thread
 from parity.run.worktree import (
     remove_stale_worktrees,
@@ -44,7 +46,7 @@ from parity.run.worktree import (
     resolve_sha,
     temporary_worktree,
 )
-from parity.store import GoldenStoreError, open_goldens, write_goldens
+from parity.store import GoldenStoreError, open_goldens
 from parity.store.provenance import digest_sources
 from parity.store.staging import (
     JOURNAL_NAME,
@@ -65,197 +67,10 @@ class RepinError(RuntimeError):
 
 
 @dataclass(frozen=True)
-class GroupChange:
-    """What a repin changed in one golden file."""
-
-    group: str
-    path: Path
-    n_arrays: int
-    added: tuple[str, ...] = ()
-    removed: tuple[str, ...] = ()
-    changed: tuple[tuple[str, str], ...] = ()  # (key, how much)
-    new_file: bool = False
-    calibration: str = ""  # what became of the old file's calibration, one line
-    order: str = ""  # how the forward order changed (`parity.judge.dataflow.order_change`)
-
-    @property
-    def unchanged(self) -> bool:
-        return not (self.added or self.removed or self.changed or self.new_file or self.order)
-
-    def describe(self, limit: int = 10) -> str:
-        tail = "".join(f"\n  {x}" for x in (self.order, self.calibration) if x)
-        if self.new_file:
-            return f"{self.group}: new file, {self.n_arrays} arrays"
-        if self.unchanged:
-            return f"{self.group}: {self.n_arrays} arrays, unchanged{tail}"
-        lines = [
-            f"{self.group}: {self.n_arrays} arrays; {len(self.added)} added, "
-            f"{len(self.removed)} removed, {len(self.changed)} changed"
-        ]
-        lines += [f"  + {k}" for k in self.added[:limit]]
-        lines += [f"  - {k}" for k in self.removed[:limit]]
-        lines += [f"  ~ {k}: {how}" for k, how in self.changed[:limit]]
-        hidden = sum(max(0, len(x) - limit) for x in (self.added, self.removed, self.changed))
-        if hidden:
-            lines.append(f"  ... and {hidden} more")
-        return "\n".join(lines) + tail
-
-
-@dataclass(frozen=True)
 class RepinResult:
     sha: str
     out_dir: Path
     changes: tuple[GroupChange, ...] = field(default_factory=tuple)
-
-
-def _describe_change(old: np.ndarray, new: np.ndarray) -> str | None:
-    if old.dtype != new.dtype or old.shape != new.shape:
-        return f"{old.dtype}{list(old.shape)} -> {new.dtype}{list(new.shape)}"
-    if old.tobytes() == new.tobytes():
-        return None
-    if old.dtype.kind in "fcV":
-        a = old.astype(np.float64)
-        b = new.astype(np.float64)
-        with np.errstate(invalid="ignore"):
-            diff = np.abs(a - b)
-        n = int(np.sum(~((a == b) | (np.isnan(a) & np.isnan(b)))))
-        finite = diff[np.isfinite(diff)]
-        worst = float(finite.max()) if finite.size else float("nan")
-        return f"{n}/{old.size} elements differ, max abs {sig(worst)}"
-    return f"{int(np.sum(old != new))}/{old.size} elements differ"
-
-
-def summarize_change(
-    group: str, path: Path, new: Mapping[str, np.ndarray], order: str | None = None
-) -> GroupChange:
-    """Compare freshly produced arrays (in their forward order, made as `order` says:
-    `"dataflow"` or `"declared"`, None to leave the order out) with the golden file at
-    `path` (if any)."""
-    if not path.exists():
-        return GroupChange(group, path, len(new), new_file=True)
-    try:
-        old_file = open_goldens(path)
-    except GoldenStoreError as e:
-        return GroupChange(group, path, len(new), changed=(("<file>", f"unreadable: {e}"),))
-    with old_file as old:
-        old_keys = set(old.keys())
-        changed = []
-        for key in sorted(old_keys & set(new)):
-            how = _describe_change(np.asarray(old[key]), np.asarray(new[key]))
-            if how:
-                changed.append((key, how))
-        return GroupChange(
-            group,
-            path,
-            len(new),
-            added=tuple(sorted(set(new) - old_keys)),
-            removed=tuple(sorted(old_keys - set(new))),
-            changed=tuple(changed),
-            order="" if order is None else order_change(
-                old.provenance.get("order"), old.ordered_keys(), order, list(new)
-            ),
-        )  # fmt: skip
-
-
-def carry_calibration(path: Path, change: GroupChange) -> tuple[dict[str, Any] | None, str]:
-    """What a repin keeps of the calibration recorded in the old golden file at `path`.
-
-    A key's spread measures the harmless noise of its computation; a repin that leaves the
-    key's bytes alone leaves that computation alone, so its spread stays (the `calibrated`
-    class and checks off the pin's environment go on reading it). A key that changed, was
-    added or was removed loses its spread: its noise is measured again by `parity
-    calibrate`.
-
-    **Returns:** the calibration to record in the new file (None where the old file
-    recorded none, or none of its keys stayed) and one line for the repin's summary (empty
-    where there was nothing to keep).
-    """
-    if change.new_file:
-        return None, ""
-    try:
-        with open_goldens(path) as old:
-            calibration = old.provenance.get("calibration")
-    except GoldenStoreError:
-        return None, ""
-    if not isinstance(calibration, dict):
-        return None, ""
-    spread = calibration.get("spread")
-    keys = spread.get("keys", {}) if isinstance(spread, dict) else {}
-    moved = {k for k, _ in change.changed} | set(change.removed) | set(change.added)
-    kept = {k: v for k, v in keys.items() if k not in moved}
-    lost = sorted(set(keys) - set(kept))
-    redo = (
-        f"parity calibrate --groups {change.group} --perturb isa,devices,processes,repeat "
-        "--write measures them again"
-    )
-    if not kept:
-        return None, f"calibration dropped: every calibrated key changed; {redo}"
-    carried = {**calibration, "spread": {**spread, "keys": kept}}  # pyright: ignore[reportGeneralTypeIssues]
-    if not lost and not change.added:
-        return carried, f"calibration kept: {len(kept)} keys' spreads, their arrays unchanged"
-    return carried, (
-        f"calibration kept for {len(kept)} unchanged keys, dropped for "
-        f"{len(lost) + len(change.added)} changed or new ones; {redo}"
-    )
-
-
-def class_of(class_map: ClassMap, key: str) -> str:
-    """`key`'s class under the producers' `CLASS_MAP`; `bitwise` where no rule matches
-    (`CLASS_MAP` is optional)."""
-    try:
-        return class_map.class_for(key)
-    except KeyError:
-        return "bitwise"
-
-
-def write_golden(
-    path: Path,
-    arrays: Mapping[str, np.ndarray],
-    class_map: ClassMap,
-    *,
-    provenance: Mapping[str, Any],
-    order: Sequence[str],
-) -> dict[str, str]:
-    """Write `arrays` as a golden file at `path` (`parity.store.write_goldens`: atomic,
-    byte-reproducible), each key under its class in the producers' `class_map`
-    (`class_of`), that map, `provenance` and the forward `order` recorded beside them: what
-    a repin, a reclass and a cached base write.
-
-    **Returns:** key -> the class written for it.
-    """
-    classes = {k: class_of(class_map, k) for k in arrays}
-    write_goldens(path, arrays, classes=classes, class_map_json=class_map.to_json(),
-                  provenance=provenance, order=order)  # fmt: skip
-    return classes
-
-
-def write_run(
-    path: Path,
-    run: RunnerOutput,
-    *,
-    sha: str,
-    digest: str,
-    calibration: Mapping[str, Any] | None = None,
-) -> None:
-    """Write what a producer run saved for one group as a golden file at `path`
-    (`write_golden`): a repin's new golden, a cached base.
-
-    **Arguments:**
-
-    - `run`: what the producer process saved (`parity.run.launcher.load_runner_output`):
-      the arrays in their forward order, classed by its `CLASS_MAP`; its provenance,
-      collected in that process, so it describes the process that made the arrays.
-    - `sha`, `digest`: the base commit the arrays were made at, the producers' digest
-      (`digest_sources`), recorded with how the forward order was made.
-    - `calibration`: what to record as the file's calibration (a repin's carried one,
-      `carry_calibration`); None records none.
-    """
-    provenance = {**run.provenance, "base_sha": sha, "producer_digest": digest,
-                  "order": run.order}  # fmt: skip
-    if calibration is not None:
-        provenance["calibration"] = calibration
-    class_map = ClassMap(rules=tuple((p, c) for p, c in run.class_map))
-    write_golden(path, run.arrays, class_map, provenance=provenance, order=list(run.arrays))
 
 
 def repin(
@@ -493,39 +308,9 @@ def reclass(
         try:
             for name in names:
                 dest = out / f"{name}.h5"
-                try:
-                    with open_goldens(dest) as gf:
-                        arrays = {k: gf[k] for k in gf}
-                        before = {k: gf.info(k).class_name for k in gf}
-                        sha = {k: gf.info(k).sha256 for k in gf}
-                        provenance, order = dict(gf.provenance), gf.ordered_keys()
-                except GoldenStoreError as e:
-                    raise RepinError(
-                        f"the golden file of group {name!r} cannot be read, so its classes "
-                        f"cannot be rewritten ({' '.join(str(e).split())}); pin it again with "
-                        "parity repin --base <SHA>"
-                    ) from None
-                reordered = None
-                if name in orders:
-                    keys, made = orders[name]
-                    if sorted(keys) != sorted(arrays):
-                        raise RepinError(
-                            f"the producers return other keys for group {name!r} than its "
-                            f"golden holds ({len(set(keys) ^ set(arrays))} differ); "
-                            "--order only reorders: repin it with parity repin --base <SHA>"
-                        )
-                    old_place = {k: i for i, k in enumerate(order)}
-                    reordered = sum(old_place.get(k) != i for i, k in enumerate(keys))
-                    order, provenance = keys, {**provenance, "order": made}
                 new = staged_name(dest)
                 staged.append((new, dest))
-                classes = write_golden(new, arrays, class_map, provenance=provenance,
-                                       order=order)  # fmt: skip
-                with open_goldens(new) as check:
-                    moved = tuple(k for k in check if check.info(k).sha256 != sha.get(k))
-                changed = tuple((k, before[k], classes[k]) for k in arrays
-                                if before[k] != classes[k])  # fmt: skip
-                done.append(Reclassed(name, dest, len(arrays), moved, changed, reordered))
+                done.append(_reclass_file(name, dest, new, class_map, orders))
             commit_staged(out, staged)
         except StagingError as e:
             raise RepinError(str(e)) from None
@@ -537,7 +322,41 @@ def reclass(
     return done
 
 
-def golden_provenance(path: Path) -> dict[str, Any]:
-    """The provenance recorded in a golden file."""
-    with open_goldens(path) as g:
-        return dict(g.provenance)
+def _reclass_file(
+    name: str,
+    dest: Path,
+    new: Path,
+    class_map: ClassMap,
+    orders: Mapping[str, tuple[list[str], str]],
+) -> Reclassed:
+    """Write group `name`'s golden `dest` again at `new` under `class_map` (and, where
+    `orders` has the group, in the produced order), every array byte for byte."""
+    try:
+        with open_goldens(dest) as gf:
+            arrays = {k: gf[k] for k in gf}
+            before = {k: gf.info(k).class_name for k in gf}
+            sha = {k: gf.info(k).sha256 for k in gf}
+            provenance, order = dict(gf.provenance), gf.ordered_keys()
+    except GoldenStoreError as e:
+        raise RepinError(
+            f"the golden file of group {name!r} cannot be read, so its classes "
+            f"cannot be rewritten ({' '.join(str(e).split())}); pin it again with "
+            "parity repin --base <SHA>"
+        ) from None
+    reordered = None
+    if name in orders:
+        keys, made = orders[name]
+        if sorted(keys) != sorted(arrays):
+            raise RepinError(
+                f"the producers return other keys for group {name!r} than its "
+                f"golden holds ({len(set(keys) ^ set(arrays))} differ); "
+                "--order only reorders: repin it with parity repin --base <SHA>"
+            )
+        old_place = {k: i for i, k in enumerate(order)}
+        reordered = sum(old_place.get(k) != i for i, k in enumerate(keys))
+        order, provenance = keys, {**provenance, "order": made}
+    classes = write_golden(new, arrays, class_map, provenance=provenance, order=order)
+    with open_goldens(new) as check:
+        moved = tuple(k for k in check if check.info(k).sha256 != sha.get(k))
+    changed = tuple((k, before[k], classes[k]) for k in arrays if before[k] != classes[k])
+    return Reclassed(name, dest, len(arrays), moved, changed, reordered)
