@@ -558,7 +558,7 @@ def test_a_full_disk_is_a_clear_error_and_leaves_the_old_goldens(pinned):
     # (Python ignores SIGXFSZ, so the write returns EFBIG) as a full disk would.
     prelude = """
         import resource
-        import parity.run.repin as r
+        import parity.run.goldens as r
 
         real = r.write_goldens
 
