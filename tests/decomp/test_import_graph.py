@@ -7,10 +7,11 @@ The sources are read with `ast`; nothing of decomp (nor jax) is imported.
 
 from __future__ import annotations
 
-import ast
 import graphlib
 import importlib.util
 from pathlib import Path
+
+from _source_imports import module_name, source_imports
 
 _SPEC = importlib.util.find_spec("decomp")
 assert _SPEC is not None and _SPEC.submodule_search_locations
@@ -18,28 +19,15 @@ ROOT = Path(next(iter(_SPEC.submodule_search_locations)))
 
 
 def _module_name(path: Path) -> str:
-    parts = path.relative_to(ROOT.parent).with_suffix("").parts
-    return ".".join(parts[:-1] if parts[-1] == "__init__" else parts)
+    return module_name(path, ROOT.parent)
 
 
 def _imports(path: Path, known: set[str]) -> set[str]:
-    """The decomp modules `path` imports anywhere in its body. `from decomp import nn` is an
-    import of `decomp.nn` alone: a module's packages run before it whatever it imports, so
-    they are no edge of their own."""
-    name = _module_name(path)
-    package = name if path.stem == "__init__" else name.rpartition(".")[0]
-    found: set[str] = set()
-    for node in ast.walk(ast.parse(path.read_text(), str(path))):
-        if isinstance(node, ast.Import):
-            found.update(alias.name for alias in node.names)
-        elif isinstance(node, ast.ImportFrom):
-            base = node.module or ""
-            if node.level:
-                anchor = package.rsplit(".", node.level - 1)[0] if node.level > 1 else package
-                base = f"{anchor}.{base}" if base else anchor
-            submodules = {f"{base}.{alias.name}" for alias in node.names} & known
-            found |= submodules or {base}
-    return {m for m in found if m in known and m != name}
+    """The decomp modules `path` imports anywhere in its body, `if TYPE_CHECKING:` included.
+    `from decomp import nn` is an import of `decomp.nn` alone: a module's packages run
+    before it whatever it imports, so they are no edge of their own."""
+    return source_imports(path, ROOT.parent, known, anywhere=True, type_checking=True,
+                          packages=False)  # fmt: skip
 
 
 def _import_graph() -> dict[str, set[str]]:

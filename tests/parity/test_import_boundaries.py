@@ -14,6 +14,7 @@ from pathlib import Path
 import pytest
 
 import parity
+from _source_imports import module_name, source_imports
 
 SRC = Path(parity.__file__).resolve().parent
 
@@ -54,40 +55,16 @@ def test_a_layer_loads_none_of_what_its_docstring_forbids(package: str) -> None:
 
 
 def _module_name(path: Path) -> str:
-    parts = path.relative_to(SRC.parent).with_suffix("").parts
-    return ".".join(parts[:-1] if parts[-1] == "__init__" else parts)
+    return module_name(path, SRC.parent)
 
 
 def _imports(path: Path, known: set[str], *, anywhere: bool = False) -> set[str]:
     """The parity modules `path` imports at its top level (not inside a function, and not
     under `if TYPE_CHECKING:`), so importing it runs them first; with `anywhere`, inside
     functions and classes too (they run as soon as the function does), still never under
-    `if TYPE_CHECKING:` (which never runs)."""
-    name = _module_name(path)
-    package = name if path.stem == "__init__" else name.rpartition(".")[0]
-    tree = ast.parse(path.read_text(), str(path))
-    nodes = list(ast.walk(tree)) if anywhere else tree.body
-    never_run = {
-        id(n)
-        for node in nodes
-        if isinstance(node, ast.If) and ast.unparse(node.test) == "TYPE_CHECKING"
-        for n in ast.walk(node)
-    }
-    found: set[str] = set()
-    for node in nodes:
-        if id(node) in never_run:
-            continue
-        if isinstance(node, ast.Import):
-            found.update(alias.name for alias in node.names)
-        elif isinstance(node, ast.ImportFrom):
-            base = node.module or ""
-            if node.level:
-                anchor = package.rsplit(".", node.level - 1)[0] if node.level > 1 else package
-                base = f"{anchor}.{base}" if base else anchor
-            found.add(base)
-            # `from parity.store import writer` imports the submodule too.
-            found.update(f"{base}.{alias.name}" for alias in node.names)
-    return {m for m in found if m in known and m != name}
+    `if TYPE_CHECKING:` (which never runs). `from parity.store import writer` imports the
+    package and the submodule."""
+    return source_imports(path, SRC.parent, known, anywhere=anywhere)
 
 
 #: parity's layers, lowest first, by folder as a reader sees them: each subpackage of
