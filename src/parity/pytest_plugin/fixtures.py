@@ -6,7 +6,7 @@ from __future__ import annotations
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, cast
+from typing import TYPE_CHECKING, Any
 
 import pytest
 
@@ -118,7 +118,7 @@ class _Check:
         if place is not None:
             actual, golden = _on_every_host(actual, golden, live, statics)
             save = save if place[0] == 0 else None  # process 0 alone saves what failed
-        problem, result = None, cast("CheckResult | None", None)
+        problem = None
         try:
             if isinstance(golden, str):
                 result = check_group(
@@ -153,7 +153,7 @@ class _Check:
         except CheckError as e:
             # Failed outside the except clause: inside it pytest also prints "During
             # handling of the above exception".
-            problem = str(e)
+            result, problem = None, str(e)
         if place is not None:
             result = self._agree(result, problem, place[0])
         if problem is not None or result is None:
