@@ -16,10 +16,12 @@ import subprocess
 import sys
 import time
 from collections.abc import Iterator
-from concurrent.futures import Future, ThreadPoolExecutor
 from pathlib import Path
 
 import pytest
+
+#: One worker runs this module, in file order: the waits at its end overlap the rest.
+pytestmark = pytest.mark.xdist_group("processes")
 
 PRODUCERS = '''\
 """A batch split over every process, doubled, and its sum; mode.txt picks a fault."""
@@ -126,6 +128,7 @@ def _fault(stderr: str, needle: str) -> None:
     assert len(errors) == 1 and needle in errors[0], stderr
 
 
+@pytest.mark.usefixtures("waiting_runs")  # start the waits (end of the module) first
 def test_check_over_two_processes_passes_and_records_the_layout(
     project: Path, run_parity, tmp_path: Path
 ) -> None:
@@ -150,54 +153,6 @@ def test_a_producer_raising_on_one_process_ends_the_run_naming_it(
     _fault(proc.stderr, "process 1 of 2 exited with status 1")
     assert "RuntimeError: deliberate failure on process 1" in proc.stderr
     _assert_nothing_left(project, proc.stderr)
-
-
-#: The two runs that wait (gloo's 30 s, a 25 s timeout): started together, each in its own
-#: copy of the pinned project, so that their waits overlap instead of adding up on one worker.
-WAITS = {
-    "late": ("check", "--processes", "2", "--devices", "2"),
-    "hang": ("check", "--processes", "2", "--devices", "2", "--timeout", "25"),
-}
-
-
-@pytest.fixture(scope="module")
-def waiting_runs(
-    project: Path, tmp_path_factory: pytest.TempPathFactory, run_parity
-) -> Iterator[dict[str, tuple[Path, Future[subprocess.CompletedProcess[str]]]]]:
-    """Each of `WAITS` running in the background on its own copy of `project` with its fault
-    set: `{fault: (copy, future of the finished run)}`."""
-    with ThreadPoolExecutor(len(WAITS)) as pool:
-        runs = {}
-        for fault, args in WAITS.items():
-            copy = tmp_path_factory.mktemp(f"mp-{fault}") / "proj"
-            shutil.copytree(project, copy)
-            (copy / "mode.txt").write_text(fault)
-            runs[fault] = (copy, pool.submit(run_parity, copy, *args))
-        yield runs
-
-
-@pytest.mark.slow
-@pytest.mark.xdist_group("processes.waits")
-def test_a_process_reaching_the_first_collective_40_s_late_is_waited_for(waiting_runs) -> None:
-    """gloo waits 30 s at a communicator's first collective; the workers build the one over
-    every device as they join (`parity.run.processes._open_communicator`), so a producer's
-    first sum, reached 40 s apart (as when one process compiles a large program far
-    behind the other), is waited for instead of ending the run."""
-    copy, run = waiting_runs["late"]
-    proc = run.result()
-    assert proc.returncode == 0, proc.stdout + proc.stderr
-    assert _workers_of(copy) == [], "worker processes outlived the run"
-
-
-@pytest.mark.slow
-@pytest.mark.xdist_group("processes.waits")
-def test_a_hanging_worker_is_stopped_at_the_timeout(waiting_runs) -> None:
-    copy, run = waiting_runs["hang"]
-    proc = run.result()
-    assert proc.returncode == 2, proc.stdout + proc.stderr
-    _fault(proc.stderr, "timed out after 25 s")
-    assert "process 1:" in proc.stderr  # the still-running workers' last lines
-    _assert_nothing_left(copy, proc.stderr)
 
 
 SLEEPING_PRODUCERS = """\
@@ -478,3 +433,81 @@ def test_the_plugin_ends_the_session_when_a_worker_dies(plugin_project: Path) ->
     assert log and "--- process 1 ---" in Path(log.group(1)).read_text(), proc.stderr
     left = [p.name for p in (plugin_project.parent / "tmp").iterdir()]
     assert left == [Path(log.group(1)).name], f"temporary files left: {left}"
+
+
+# --------------------------------------------------------------------------- the waits
+
+#: The two runs that wait (gloo's 30 s, a 25 s timeout), each in its own copy of the pinned
+#: project. They start with this module's first test and run in the background while the
+#: module's other tests run on the same worker (the module is one `xdist_group`, its tests
+#: in file order), so that their 40 s and 25 s overlap the rest instead of adding up on one
+#: worker; the two tests at the end read their results.
+WAITS = {
+    "late": ("check", "--processes", "2", "--devices", "2"),
+    "hang": ("check", "--processes", "2", "--devices", "2", "--timeout", "25"),
+}
+
+
+@pytest.fixture(scope="module")
+def waiting_runs(
+    project: Path, tmp_path_factory: pytest.TempPathFactory
+) -> Iterator[dict[str, tuple[Path, subprocess.Popen[str]]]]:
+    """Each of `WAITS` started in the background on its own copy of `project` with its fault
+    set: `{fault: (copy, the running command)}`. A run that no test read (its test was not
+    selected) is stopped with SIGTERM at the end of the module, as a user's Ctrl-C would."""
+    runs = {}
+    for fault, args in WAITS.items():
+        copy = tmp_path_factory.mktemp(f"mp-{fault}") / "proj"
+        shutil.copytree(project, copy)
+        (copy / "mode.txt").write_text(fault)
+        runs[fault] = (copy, _start_parity(copy, *args))
+    try:
+        yield runs
+    finally:
+        for _, proc in runs.values():
+            if proc.poll() is None:
+                proc.terminate()
+            proc.communicate()
+
+
+def _start_parity(repo: Path, *args: str) -> subprocess.Popen[str]:
+    """`python -m parity ARGS` in `repo`, started, with the environment `run_parity` gives
+    (tests/conftest.py)."""
+    tmp = repo.parent / "tmp"
+    tmp.mkdir(exist_ok=True)
+    env = {k: v for k, v in os.environ.items() if k != "PARITY_DEVICES"}
+    env |= {"PYTHONWARNINGS": "ignore", "TMPDIR": str(tmp)}
+    env["PARITY_BASELINE_CACHE"] = str(repo.parent / "baselines")
+    return subprocess.Popen(
+        [sys.executable, "-m", "parity", *args],
+        cwd=repo,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+        env=env,
+    )
+
+
+def _finished(run: subprocess.Popen[str]) -> tuple[int, str, str]:
+    stdout, stderr = run.communicate(timeout=300)
+    return run.returncode, stdout, stderr
+
+
+def test_a_process_reaching_the_first_collective_40_s_late_is_waited_for(waiting_runs) -> None:
+    """gloo waits 30 s at a communicator's first collective; the workers build the one over
+    every device as they join (`parity.run.processes._open_communicator`), so a producer's
+    first sum, reached 40 s apart (as when one process compiles a large program far
+    behind the other), is waited for instead of ending the run."""
+    copy, run = waiting_runs["late"]
+    code, stdout, stderr = _finished(run)
+    assert code == 0, stdout + stderr
+    assert _workers_of(copy) == [], "worker processes outlived the run"
+
+
+def test_a_hanging_worker_is_stopped_at_the_timeout(waiting_runs) -> None:
+    copy, run = waiting_runs["hang"]
+    code, stdout, stderr = _finished(run)
+    assert code == 2, stdout + stderr
+    _fault(stderr, "timed out after 25 s")
+    assert "process 1:" in stderr  # the still-running workers' last lines
+    _assert_nothing_left(copy, stderr)
