@@ -53,7 +53,7 @@ from parity.exactness import FirstVerdict, VerdictOptions, conclude, prepare_bas
 from parity.judge.chunks import DEFAULT_BUDGET
 from parity.judge.classes import REGISTRY, ToleranceClass
 from parity.judge.compare import Comparison, Order, compare_trees
-from parity.judge.rules import Ulp
+from parity.judge.fixed_rules import Ulp
 from parity.judge.tolerance import (
     DEFAULT_CLASS,
     ClassMapLike,

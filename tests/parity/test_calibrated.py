@@ -23,7 +23,8 @@ from parity.commands.show import inventory
 from parity.environment import Dimension
 from parity.judge.classes import CALIBRATED_FLOOR_ULPS, CALIBRATED_K, REGISTRY, ToleranceClass
 from parity.judge.compare import compare_trees
-from parity.judge.rules import Calibrated, Scale
+from parity.judge.measured_rules import Calibrated
+from parity.judge.rule_base import Scale
 from parity.judge.tolerance import ClassMap
 from parity.results import CheckError
 from parity.store import open_goldens, write_goldens

@@ -14,6 +14,6 @@ A floor of the core, over `parity.results`: it may import numpy, `parity.judge`,
 `parity.check` (which read it), nor anything that runs producers (`parity.run`,
 `parity.calibration`) or a face above them. The `Calibrated` rule itself (a multiple of a
 measured spread) is a rule like the others and lives with them in
-`parity.judge.derived_rules`. This package's `__init__` imports nothing. Nothing here
+`parity.judge.measured_rules`. This package's `__init__` imports nothing. Nothing here
 imports jax or h5py; `tests/parity/test_import_boundaries.py` holds it to all of that.
 """
