@@ -367,7 +367,7 @@ def test_a_check_that_needs_its_base_compares_each_pair_of_arrays_once(
     import parity.calibrated.bounds
     import parity.judge.compare
     from parity.judge.compare import compare_trees
-    from parity.run.runner import Produced, check_produced
+    from parity.run.produced import Produced, check_produced
     from parity.store import open_goldens
     from parity.store.reader import GoldenFile
 

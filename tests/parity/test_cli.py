@@ -415,7 +415,7 @@ _NOT_FOR_READING = (
     "jax",
     "parity.base_judge",
     "parity.run.baseline",
-    "parity.run.runner",
+    "parity.run.produced",
     "parity.run.launcher",
     "parity.calibration.calibrate",
     "importlib.metadata",

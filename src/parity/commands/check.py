@@ -155,7 +155,7 @@ def run(args: argparse.Namespace, out: IO[str]) -> int:
     from parity.results import CheckError, merged_header_lines
     from parity.run.baseline import BaselineSource
     from parity.run.launcher import ProducerRunError, UnknownGroupsError
-    from parity.run.runner import check_produced, produce
+    from parity.run.produced import check_produced, produce
 
     config = config_of(args)
     overrides = overrides_of(args)

@@ -98,7 +98,7 @@ class _Check:
         - `fail`: fail the test (with the report table) when the comparison fails, or a
           live reference's non-array leaf differs.
         - `provenance`: the environment `actual` was produced in, when that was another
-          process (`Produced.provenance[group]` of `parity.run.runner.produce`; default
+          process (`Produced.provenance[group]` of `parity.run.produced.produce`; default
           this one's): a golden check judges drift and calibrated layouts by it.
 
         **Returns:** the `parity.judge.compare.Comparison`.

@@ -42,7 +42,7 @@ from parity.results import CheckError, CheckResult
 from parity.run.baseline import BaselineCache, base_commit, cache_dir
 from parity.run.config import ParityConfig
 from parity.run.launcher import ProducerRunError, run_producers
-from parity.run.runner import Produced
+from parity.run.produced import Produced
 from parity.run.worktree import GitError, temporary_worktree
 from parity.store.provenance import digest_sources
 from parity.store.staging import owned_tempdir

@@ -1,5 +1,7 @@
-"""Produce in a fresh process, then check: the one runner behind `parity check` and
-`parity bisect` (and, through `parity.run.launcher.run_producers`, repin).
+"""Produce in a fresh process, then check: what `parity check` and `parity bisect` do with
+a code root (`Produced`, `produce`, `check_produced`). The producers themselves run in
+`parity.run._producer_runner`, which `parity.run.launcher.run_producers` starts, for repin
+too.
 
 `produce` runs the producers file in a subprocess (`parity.run._producer_runner`) with the ISA
 cap and device count set before jax starts, importing the code under test from the
