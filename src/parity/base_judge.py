@@ -8,7 +8,7 @@ change. So where such a check has keys that fail their pinned class, `judge_by_b
 
 1. holds the base re-produced here (a golden-format file a `BaseSource` provides) to the
    committed goldens under the calibrated bound of the dimensions that differ
-   (`parity.calibrated.bounds.judge_environment`); a key beyond it means this environment is
+   (`parity.calibrated.bounds.calibrated_comparison`); a key beyond it means this environment is
    outside the recorded noise, a `CheckError` naming the calibrate command;
 2. judges the tree against that re-production under the pinned classes, as the goldens
    would judge it in their own environment: bitwise keys bit for bit.
@@ -32,7 +32,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Protocol, runtime_checkable
 
-from parity.calibrated.bounds import BY_CALIBRATION, calibrate_command, judge_environment
+from parity.calibrated.bounds import BY_CALIBRATION, calibrate_command, calibrated_comparison
 from parity.calibrated.spreads import Spreads
 from parity.judge.classes import ToleranceClass
 from parity.judge.compare import Comparison, Finding, Order, compare_trees
@@ -208,7 +208,7 @@ def judge_by_base(
             golden = {k: gf.source(k) for k in keys}
             held = compare_trees(base_arrays, golden, classes, registry=held_registry,
                                  order=order)  # fmt: skip
-            held, _ = judge_environment(
+            held, _ = calibrated_comparison(
                 held, base_arrays, gf, Spreads.of(gf.provenance), difference, held_registry
             )
             beyond = [f for f in held.findings if not f.passed]

@@ -33,7 +33,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, cast
 
-from parity.calibrated.bounds import BY_CALIBRATION, CALIBRATED, KeyClasses, judge_environment
+from parity.calibrated.bounds import BY_CALIBRATION, CALIBRATED, KeyClasses, calibrated_comparison
 from parity.environment import EnvironmentDifference, PolicyMode
 from parity.judge.classes import ToleranceClass
 from parity.judge.compare import Comparison, Finding, Order
@@ -245,7 +245,7 @@ def conclude(first: FirstVerdict, base: ReproducedBase | BaseUnavailable | None)
             # the header keeps only what cannot move bits.
             difference = dataclasses.replace(difference, bits=(), dimensions=())
         else:
-            comparison, env_header = judge_environment(
+            comparison, env_header = calibrated_comparison(
                 first.comparison, first.flat_a, gf, first.classes.spreads, difference,
                 first.registries[1], budget=opts.budget,
             )  # fmt: skip

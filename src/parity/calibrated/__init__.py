@@ -7,7 +7,7 @@ measured noise"). Measuring and recording that noise (`parity calibrate`) is
   columns bound a check in another environment; it imports nothing of parity.
 - `bounds`: each key's recorded spread bound on its rule (`bind_calibrated`), and, where the
   environment differs from the pin's, each failing key judged again under its calibrated
-  bound there (`judge_environment`).
+  bound there (`calibrated_comparison`).
 
 A floor of the core, over `parity.results`: it may import numpy, `parity.judge`,
 `parity.results` and the leaves below them; never `parity.base_judge`, `parity.exactness`,
