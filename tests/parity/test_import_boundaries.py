@@ -85,8 +85,8 @@ LAYERS: tuple[tuple[str, ...], ...] = (
     ("parity.store", "parity.report", "parity.origin"),
     ("parity.results",),  # the core: what a check hands back (CheckResult, CheckError)
     ("parity.calibrated",),  # the core: the recorded spreads, the calibrated class in a check
-    ("parity.base_judge",),  # the core: the second judge, a base re-produced here
-    ("parity.exactness",),  # the core: how exact a verdict is, the call to the second judge
+    ("parity.baseline",),  # the core: the baseline, a golden group re-produced here
+    ("parity.exactness",),  # the core: how exact a verdict is, the comparison with a baseline
     ("parity.check",),  # the core: golden folder, class precedence, drift policy, compare
     ("parity.run",),  # running producers: config, git, processes, repin, bisect, baseline
     ("parity.calibration",),  # measuring the noise (`parity calibrate`), over parity.run

@@ -10,7 +10,7 @@ measured noise"). Measuring and recording that noise (`parity calibrate`) is
   bound there (`calibrated_comparison`).
 
 A floor of the core, over `parity.results`: it may import numpy, `parity.judge`,
-`parity.results` and the leaves below them; never `parity.base_judge`, `parity.exactness`,
+`parity.results` and the leaves below them; never `parity.baseline`, `parity.exactness`,
 `parity.check` (which read it), nor anything that runs producers (`parity.run`,
 `parity.calibration`) or a face above them. The `Calibrated` rule itself (a multiple of a
 measured spread) is a rule like the others and lives with them in

@@ -105,7 +105,7 @@ def bind_spread(
 ) -> ToleranceClass:
     """The class `name` (a `calibrated` one) with `spread` bound on its rule as data, the
     exact float (`parity.judge.tolerance.get_class`'s `params`): the one way a spread is
-    bound, for a check's keys, its second judgement by calibration and `parity calibrate`'s
+    bound, for a check's keys, its comparison by calibration and `parity calibrate`'s
     measure."""
     return get_class(name, registry, params={"spread": spread})
 

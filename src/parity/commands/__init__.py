@@ -15,7 +15,7 @@ imports the module of the command it runs and no other. Every input error is a
 `common.CLIError`, printed by `parity.cli.main` as one `parity: error: ...` line with exit
 code 2. Importing any of these modules imports no jax; the commands that run producers
 import what they need when they run, so that `parity diff` and `parity show` load neither
-those nor the second judge (`tests/parity/test_cli.py` holds them to that). A face: it may
+those nor the baseline (`tests/parity/test_cli.py` holds them to that). A face: it may
 import every layer below it (`parity.judge`, `parity.store`, `parity.report`, the core,
 `parity.run`, `parity.calibration`), never a sibling face (`parity.pytest_plugin`,
 `parity.assertions`) nor `parity.cli` above it (`tests/parity/test_import_boundaries.py`

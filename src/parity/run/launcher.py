@@ -53,7 +53,7 @@ LEAVES: dict[Command, str] = {
     "check": "nothing was checked",
     "bisect": "the commit is skipped",
     "calibrate": "nothing was measured or recorded",
-    "baseline": "the base was not re-produced",
+    "baseline": "the baseline was not re-produced",
     "origin": "the origin is not named",
 }
 
