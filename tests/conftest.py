@@ -62,7 +62,7 @@ def _run_parity(repo: Path, *args: str) -> subprocess.CompletedProcess[str]:
         cwd=repo,
         capture_output=True,
         text=True,
-        # A private cache of re-produced bases too (parity.run.baseline): never the user's.
+        # A private cache of baselines too (parity.run.baseline): never the user's.
         # The command line reads PARITY_DEVICES as the plugin does: an outer
         # `PARITY_DEVICES=4 pytest` must not move the layout these projects pin and check.
         env={

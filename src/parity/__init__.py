@@ -4,11 +4,11 @@
 `parity.check_group` / `parity.check_live` are the core that the CLI and the pytest plugin
 share; `parity.localise(new_fn, old_fn, *args)` names the first operation of a new program
 that computes what the old one never did, at its source line. Tolerance classes as data
-(rules as objects, `parity.judge.rules`), comparison of arrays and pytrees with a finding
-per key and the first divergence named, an HDF5 golden store with provenance and
-checksums, repin at a git base commit, compile statistics, reports, a CLI (`python -m
-parity`) and a pytest plugin. `import parity` does not import jax,
-h5py, matplotlib or rich: the public names load their module on first use.
+(rules as objects, `parity.judge.fixed_rules` and `parity.judge.measured_rules`),
+comparison of arrays and pytrees with a finding per key and the first divergence named, an
+HDF5 golden store with provenance and checksums, repin at a git base commit, compile
+statistics, reports, a CLI (`python -m parity`) and a pytest plugin. `import parity` does
+not import jax, h5py, matplotlib or rich: the public names load their module on first use.
 """
 
 import importlib
@@ -24,17 +24,9 @@ if TYPE_CHECKING:
     from parity.judge.classes import REGISTRY, ToleranceClass
     from parity.judge.compare import Comparison, Finding
     from parity.judge.dataflow import dataflow_order, in_dataflow_order
-    from parity.judge.rules import (
-        Bitwise,
-        Budget,
-        Calibrated,
-        Close,
-        LogitKL,
-        Reduction,
-        RelativeToMax,
-        Rule,
-        Ulp,
-    )
+    from parity.judge.fixed_rules import Bitwise, Close, RelativeToMax, Ulp
+    from parity.judge.measured_rules import Budget, Calibrated, LogitKL, Reduction
+    from parity.judge.rule_base import Rule
     from parity.judge.tolerance import ClassMap, get_class
     from parity.origin.api import localise
     from parity.report import format_table
@@ -67,15 +59,15 @@ _PUBLIC: dict[str, str] = {
     "REGISTRY": "parity.judge.classes",
     "ClassMap": "parity.judge.tolerance",
     "get_class": "parity.judge.tolerance",
-    "Rule": "parity.judge.rules",
-    "Bitwise": "parity.judge.rules",
-    "Ulp": "parity.judge.rules",
-    "Close": "parity.judge.rules",
-    "RelativeToMax": "parity.judge.rules",
-    "Reduction": "parity.judge.rules",
-    "Calibrated": "parity.judge.rules",
-    "Budget": "parity.judge.rules",
-    "LogitKL": "parity.judge.rules",
+    "Rule": "parity.judge.rule_base",
+    "Bitwise": "parity.judge.fixed_rules",
+    "Ulp": "parity.judge.fixed_rules",
+    "Close": "parity.judge.fixed_rules",
+    "RelativeToMax": "parity.judge.fixed_rules",
+    "Reduction": "parity.judge.measured_rules",
+    "Calibrated": "parity.judge.measured_rules",
+    "Budget": "parity.judge.measured_rules",
+    "LogitKL": "parity.judge.measured_rules",
     # the golden store's reader
     "open_goldens": "parity.store",
     "GoldenFile": "parity.store",

@@ -13,14 +13,14 @@ drift policy or compares on its own. **One comparison** (`_compare`) serves thre
 
 **One pass** (docs/design.md, "One pass"): a check of golden groups (`check_groups`; of
 one, `check_group` and `check_file`) makes each group's first verdict (`first_verdict`:
-the one comparison, and whether a base is wanted), has the bases prepared at once
-(`parity.exactness.prepare_bases`), then concludes each (`parity.exactness.conclude`),
+the one comparison, and whether a baseline is wanted), has the baselines prepared at once
+(`parity.exactness.prepare_baselines`), then concludes each (`parity.exactness.conclude`),
 reusing the tree flattened once.
 
 **The environment.** `check_file` decides once how the environment `actual` was produced
 in differs from the pin's (`parity.environment.environment_difference`) and hands that
-one `EnvironmentDifference` to the drift policy, the calibrated judgement and the second
-judge.
+one `EnvironmentDifference` to the drift policy, the calibrated comparison and the
+baseline.
 
 **Class resolution**: one precedence everywhere, `parity.judge.tolerance.class_resolver`'s.
 
@@ -49,11 +49,11 @@ from parity.environment import (
     PolicyMode,
     environment_difference,
 )
-from parity.exactness import FirstVerdict, VerdictOptions, conclude, prepare_bases
+from parity.exactness import FirstVerdict, VerdictOptions, conclude, prepare_baselines
 from parity.judge.chunks import DEFAULT_BUDGET
 from parity.judge.classes import REGISTRY, ToleranceClass
 from parity.judge.compare import Comparison, Order, compare_trees
-from parity.judge.rules import Ulp
+from parity.judge.fixed_rules import Ulp
 from parity.judge.tolerance import (
     DEFAULT_CLASS,
     ClassMapLike,
@@ -68,7 +68,7 @@ from parity.results import CheckError, CheckResult, diff_command
 from parity.store import GoldenFile, GoldenMissingError, GoldenStoreError, open_goldens
 
 if TYPE_CHECKING:
-    from parity.base_judge import BaseSource
+    from parity.baseline import BaselineSource
 
 __all__ = [
     "BARE_KEY",
@@ -202,7 +202,8 @@ def _compare(
 
 
 class _GroupOptions(TypedDict, total=False):
-    """The options of a check of a golden group but its base (`first_verdict` takes them)."""
+    """The options of a check of a golden group but its baseline (`first_verdict` takes
+    them)."""
 
     class_map: ClassMapLike
     overrides: Overrides
@@ -214,17 +215,17 @@ class _GroupOptions(TypedDict, total=False):
     produce_s: float | None
     save_actual: str | os.PathLike[str] | None
     keys: Sequence[str] | None
-    require_base: bool
+    require_baseline: bool
 
 
 class CheckOptions(_GroupOptions, total=False):
     """The options of a check of a golden group, as `check_file` takes them."""
 
-    base: BaseSource | None
+    baseline: BaselineSource | None
 
 
 class _FileOptions(_GroupOptions, total=False):
-    """`check_file`'s options besides `current` and `base`."""
+    """`check_file`'s options besides `current` and `baseline`."""
 
     difference: EnvironmentDifference | None
     budget: int
@@ -247,14 +248,14 @@ def first_verdict(
     produce_s: float | None = None,
     save_actual: str | os.PathLike[str] | None = None,
     keys: Sequence[str] | None = None,
-    require_base: bool = False,
+    require_baseline: bool = False,
     budget: int = DEFAULT_BUDGET,
     golden_source: Callable[[str], Any] | None = None,
 ) -> FirstVerdict:
-    """`actual` judged by the golden file `gf`, before the second judge: the classes
+    """`actual` compared with the golden file `gf`, before any baseline: the classes
     resolved, the environment difference decided, the drift policy applied, the one
-    comparison made (the arguments are `check_file`'s). Whether a base is wanted is
-    `FirstVerdict.wants_base`. Raises `CheckError` for unusable input."""
+    comparison made (the arguments are `check_file`'s). Whether a baseline is wanted is
+    `FirstVerdict.wants_baseline`. Raises `CheckError` for unusable input."""
     started = time.time()
     t0 = time.perf_counter()
     group = gf.path.stem
@@ -286,17 +287,20 @@ def first_verdict(
     except GoldenStoreError as e:
         raise CheckError(f"golden group {group!r} is unusable: {e}") from None
     report = VerdictOptions(name or group, node, produce_s, save_actual, overrides, class_map,
-                     drift_mode, require_base, budget)  # fmt: skip
+                     drift_mode, require_baseline, budget)  # fmt: skip
     return FirstVerdict(gf, current, difference, classes, tuple(golden_arrays), flat_a,
                         forward, comparison, (registry, policy), report, started, load_s,
                         compare_s)  # fmt: skip
 
 
-def _concluded(firsts: Sequence[FirstVerdict], base: BaseSource | None) -> list[CheckResult]:
-    """The end of the one pass: the bases the first verdicts want, prepared at once, then
-    each verdict concluded, in order."""
-    bases = prepare_bases(base, [f.base_request() for f in firsts if f.wants_base])
-    return [conclude(f, bases[f.group] if f.wants_base else None) for f in firsts]
+def _concluded(
+    firsts: Sequence[FirstVerdict], baseline: BaselineSource | None
+) -> list[CheckResult]:
+    """The end of the one pass: the baselines the first verdicts want, prepared at once,
+    then each verdict concluded, in order."""
+    wanted = [f.baseline_request() for f in firsts if f.wants_baseline]
+    baselines = prepare_baselines(baseline, wanted)
+    return [conclude(f, baselines[f.group] if f.wants_baseline else None) for f in firsts]
 
 
 def check_file(
@@ -304,13 +308,13 @@ def check_file(
     gf: GoldenFile,
     *,
     current: Mapping[str, Any],
-    base: BaseSource | None = None,
+    baseline: BaselineSource | None = None,
     **options: Unpack[_FileOptions],
 ) -> CheckResult:
     """Compare `actual` against the golden file `gf`: the core of `check_group` and of
     `parity diff` (a check of one file against another). Its first verdict
-    (`first_verdict`), the base that wants (`parity.exactness.prepare_bases`), the result
-    (`conclude`).
+    (`first_verdict`), the baseline it wants (`parity.exactness.prepare_baselines`), the
+    result (`conclude`).
 
     **Arguments:**
 
@@ -321,7 +325,7 @@ def check_file(
     - `current`: the provenance of the environment `actual` was produced in.
     - `difference`: how that environment differs from the pin's; default
       `environment_difference(gf.provenance, current)`. Decided once, and handed to every
-      judge below.
+      comparison below.
     - `class_map`, `overrides`: see the module docstring's precedence.
     - `order`: the forward order; default the golden's pinned order.
     - `drift_mode`: the bitwise drift policy (`parity.environment`).
@@ -331,22 +335,24 @@ def check_file(
     - `save_actual`: a folder; when the check fails, the obtained arrays are written there
       as `<name>.h5` in golden format (see `CheckResult.command`).
     - `keys`: check only these keys of the golden (a producer of part of it); default all.
-    - `base`: the second judge (`parity.base_judge`): where the environment differs from
-      the pin's in a way that can move bits and some key fails its pinned class, the group
-      re-produced at its base commit here judges the tree, exactly. None: the goldens
-      judge, by calibration where the environment differs.
-    - `require_base`: where the base would judge (above) but cannot (`base` is None, or it
-      cannot be re-produced here), raise a `CheckError` with the reason and what to do
-      instead of passing keys by calibration alone (`parity.exactness`).
+    - `baseline`: what re-produces the baseline (`parity.baseline.BaselineSource`): where
+      the environment differs from the pin's in a way that can move bits and some key fails
+      its pinned class, the group re-produced at its base commit here is the tree's
+      reference, exactly. None: the goldens are, by calibration where the environment
+      differs.
+    - `require_baseline`: where the baseline would be the reference (above) but cannot
+      (`baseline` is None, or it cannot be re-produced here), raise a `CheckError` with the
+      reason and what to do instead of passing keys by calibration alone
+      (`parity.exactness`).
     - `budget`: bytes one array comparison may hold at once (`parity.judge.chunks`).
     - `golden_source`: key -> the golden's array or `Source` (`parity diff` names the file
       in read errors); default `gf.source`.
 
     **Returns:** a `CheckResult`; its header says where the goldens are, the drift, the
-    order, the calibration and (`judge`) the judge used. Raises `CheckError` for unusable
-    input, and where the base re-produced here is outside the goldens' recorded noise.
+    order, the calibration and (`reference`) the reference used. Raises `CheckError` for
+    unusable input, and where the baseline is outside the goldens' recorded noise.
     """
-    return _concluded([first_verdict(actual, gf, current=current, **options)], base)[0]
+    return _concluded([first_verdict(actual, gf, current=current, **options)], baseline)[0]
 
 
 def check_group(
@@ -368,12 +374,12 @@ def check_group(
     - `current_provenance`: the environment `actual` was produced in, when that was another
       process (`parity check`); default this process's.
     - `options`: as `check_file` takes them (`class_map`, `overrides`, `order`,
-      `drift_mode`, `registry`, `name`, `node`, `produce_s`, `save_actual`, `keys`, `base`,
-      `require_base`).
+      `drift_mode`, `registry`, `name`, `node`, `produce_s`, `save_actual`, `keys`,
+      `baseline`, `require_baseline`).
 
-    **Returns:** a `CheckResult`; its header's `judge` line names the judge used. Raises
-    `CheckError` for unusable input, and where the base re-produced here is outside the
-    goldens' recorded noise.
+    **Returns:** a `CheckResult`; its header's `reference` line names the reference used.
+    Raises `CheckError` for unusable input, and where the baseline is outside the goldens'
+    recorded noise.
     """
     provenance = {group: current_provenance}
     return check_groups({group: actual}, goldens=goldens, provenance=provenance, **options)[0]
@@ -384,13 +390,14 @@ def check_groups(
     *,
     goldens: GoldenDir | str | os.PathLike[str],
     provenance: Mapping[str, Mapping[str, Any] | None] | None = None,
-    base: BaseSource | None = None,
+    baseline: BaselineSource | None = None,
     **options: Unpack[_GroupOptions],
 ) -> list[CheckResult]:
     """Compare each group of `produced` against its golden group, in one pass: every
-    group's first verdict (`first_verdict`), then the bases of those that want one,
-    prepared at once (`parity.exactness.prepare_bases`: one producer run per base commit
-    and environment where `base` can batch), then each verdict concluded (`conclude`).
+    group's first verdict (`first_verdict`), then the baselines of those that want one,
+    prepared at once (`parity.exactness.prepare_baselines`: one producer run per base
+    commit and environment where `baseline` can batch), then each verdict concluded
+    (`conclude`).
 
     **Arguments:**
 
@@ -398,11 +405,11 @@ def check_groups(
     - `goldens`: the golden folder.
     - `provenance`: group -> the environment its arrays were produced in (`parity check`:
       the producer process's); for a group without one, this process's.
-    - `base`: the second judge, as `check_file` takes it.
-    - `options`: as `check_file` takes them (but `base`).
+    - `baseline`: what re-produces the baselines, as `check_file` takes it.
+    - `options`: as `check_file` takes them (but `baseline`).
 
     **Returns:** one `CheckResult` per group, in `produced`'s order. Raises `CheckError`
-    as `check_file` does: a first verdict's before any base is prepared.
+    as `check_file` does: a first verdict's before any baseline is prepared.
     """
     from parity.store.provenance import collect_provenance
 
@@ -413,7 +420,7 @@ def check_groups(
         current = (provenance or {}).get(group)
         current = current if current is not None else collect_provenance()
         firsts.append(first_verdict(actual, gf, current=current, **options))
-    return _concluded(firsts, base)
+    return _concluded(firsts, baseline)
 
 
 def check_live(

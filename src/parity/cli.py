@@ -106,7 +106,7 @@ COMMANDS: tuple[Command, ...] = (
     Command(
         "baseline",
         "parity.commands.baseline",
-        "build, list or clear the golden bases re-produced in this environment",
+        "build, list or clear the baselines: golden groups re-produced at their base here",
         runs_producers=True,
     ),
 )
@@ -137,7 +137,7 @@ Differential equivalence checks on HDF5 array files.
   parity check                   run the producers on this tree, check against the goldens
   parity bisect GOOD BAD         find the first commit that breaks a check
   parity calibrate               measure the harmless noise against each class's bound
-  parity baseline build|list|clear  the goldens' bases re-produced in this environment
+  parity baseline build|list|clear  the baselines: goldens re-produced at their base here
 
 repin, check, bisect, calibrate and baseline read [tool.parity] in the nearest
 pyproject.toml (goldens, producers, src, isa, devices, processes, baseline,

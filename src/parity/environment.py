@@ -3,7 +3,7 @@
 `environment_difference(pinned, current)` compares two provenances (what
 `parity.store.provenance.collect_provenance` records) and returns one frozen
 `EnvironmentDifference`; every face of parity (a check of a golden group, `parity diff`,
-the second judge, the base cache) asks it, and none compares provenances on its own.
+the baseline, the baseline cache) asks it, and none compares provenances on its own.
 
 Each field that differs is a `Drift` with a severity:
 
@@ -326,7 +326,7 @@ def environment_fingerprint(prov: Mapping[str, Any]) -> str:
     """A short digest of everything in a provenance that can move XLA's bits (the
     `BITS_FIELDS` and `processor`, compared as `environment_difference` compares them: XLA
     flags as a set, the device count by its own field): two runs with the same fingerprint
-    produce the same bits from the same code. Names a re-produced base in its cache
+    produce the same bits from the same code. Names a baseline in its cache
     (`parity.run.baseline`)."""
     fields = {f: prov.get(f) for f in (*BITS_FIELDS, "processor")}
     fields["processes"] = int(fields["processes"] or 1)

@@ -1,27 +1,27 @@
 """A golden check after its first verdict, and how exact its verdict is (docs/design.md,
 "A verdict says how exact it was"): the first verdict as data (`FirstVerdict`: it records
-whether a base is wanted), the bases the first verdicts want, prepared at once
-(`prepare_bases`), the second judgement and the result (`conclude`), the header's `judge`
-line, and the phrase the verdict line carries where a key passed by a calibrated bound
-although the check could have judged it bit for bit
-(`parity.judge.findings.Comparison.inexact`).
+whether a baseline is wanted), the baselines the first verdicts want, prepared at once
+(`prepare_baselines`), the comparison with the baseline (`against_baseline`) and the
+result (`conclude`), the header's `reference` line (`reference_line`), and the phrase the
+verdict line carries where a key passed by a calibrated bound although the check could
+have compared it bit for bit (`parity.judge.findings.Comparison.inexact`).
 
-A check judges exactly where the goldens judge in their own environment, where every key
-holds its pinned class, or where the base re-produced here judges (`parity.base_judge`).
-It is *not exact* where:
+A check is exact where its reference is the goldens in their own environment, where every
+key holds its pinned class, or where its reference is the baseline (`parity.baseline`). It
+is *not exact* where:
 
 - off the pin's environment a key failed its pinned class and passed by its calibrated
-  bound alone, because the second judge is off or the base cannot be re-produced here
-  (the verdict line names the keys, the reason and what to do); with the second judge
-  required (`--baseline require`, `[tool.parity] baseline = "require"`,
-  `--parity-baseline require`) that case is a `CheckError` instead;
-- a key under the `calibrated` class passed without being bitwise equal to what it was
-  judged against: its bound, not its bits, let it through.
+  bound alone, because the baseline is off or cannot be re-produced here (the verdict line
+  names the keys, the reason and what to do); with the baseline required (`--baseline
+  require`, `[tool.parity] baseline = "require"`, `--parity-baseline require`) that case
+  is a `CheckError` instead;
+- a key under the `calibrated` class passed without being bitwise equal to its
+  reference: its bound, not its bits, let it through.
 
 `parity.check` makes the first verdicts and calls these; nothing here runs producers or
-imports jax. The second judge itself (`parity.base_judge`) is imported where it prepares
-or judges (`prepare_bases`, `second_judge`), so that a check with no base to judge by
-(every `parity diff`) or no key failing its class does not load it.
+imports jax. `parity.baseline` itself is imported where a baseline is prepared or compared
+with (`prepare_baselines`, `against_baseline`), so that a check with no baseline to
+compare with (every `parity diff`) or no key failing its class does not load it.
 """
 
 from __future__ import annotations
@@ -33,7 +33,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, cast
 
-from parity.calibrated.bounds import BY_CALIBRATION, CALIBRATED, KeyClasses, judge_environment
+from parity.calibrated.bounds import BY_CALIBRATION, CALIBRATED, KeyClasses, calibrated_comparison
 from parity.environment import EnvironmentDifference, PolicyMode
 from parity.judge.classes import ToleranceClass
 from parity.judge.compare import Comparison, Finding, Order
@@ -45,29 +45,29 @@ from parity.judge.tolerance import (
     UnknownClassError,
     parse_class_name,
 )
-from parity.results import BaseUnavailable, CheckError, CheckResult, diff_command
+from parity.results import BaselineUnavailable, CheckError, CheckResult, diff_command
 from parity.store import GoldenFile, GoldenStoreError
 
 if TYPE_CHECKING:
-    from parity.base_judge import BaseRequest, BaseSource, ReproducedBase
+    from parity.baseline import Baseline, BaselineRequest, BaselineSource
 
 __all__ = [
-    "SECOND_JUDGE_OFF",
+    "BASELINE_OFF",
     "FirstVerdict",
     "VerdictOptions",
+    "against_baseline",
     "conclude",
     "inexact",
-    "judge_line",
-    "prepare_bases",
+    "prepare_baselines",
+    "reference_line",
     "required_error",
-    "second_judge",
 ]
 
-#: Why a key passed by calibration where the second judge was turned off.
-SECOND_JUDGE_OFF = BaseUnavailable(
-    "the second judge is off",
-    "check with it on (baseline auto; require makes this case an error) to judge them bit "
-    "for bit against the base re-produced here",
+#: Why a key passed by calibration where the baseline was turned off.
+BASELINE_OFF = BaselineUnavailable(
+    "the baseline is off",
+    "check with it on (baseline auto; require makes this case an error) to compare them bit "
+    "for bit with the baseline re-produced here",
 )
 
 
@@ -83,14 +83,14 @@ class VerdictOptions:
     overrides: Overrides
     class_map: ClassMapLike
     drift_mode: PolicyMode
-    require_base: bool
+    require_baseline: bool
     budget: int
 
 
 @dataclass(frozen=True)
 class FirstVerdict:
-    """A golden check's first verdict: the tree judged by its goldens, once, before the
-    second judge (`parity.check.first_verdict`); `conclude` turns it into the `CheckResult`.
+    """A golden check's first verdict: the tree compared with its goldens, once, before any
+    baseline (`parity.check.first_verdict`); `conclude` turns it into the `CheckResult`.
 
     **Fields:** `gf` (the golden file), `current` (the provenance `actual` was produced
     in), `difference` (how it differs from the pin's, decided once), `classes` (the classes
@@ -121,62 +121,64 @@ class FirstVerdict:
         return self.gf.path.stem
 
     @property
-    def wants_base(self) -> bool:
-        """Whether the second judge should judge: the environment differs from the pin's in
-        a way that can move bits, and some key fails its pinned class."""
+    def wants_baseline(self) -> bool:
+        """Whether the baseline should be the reference: the environment differs from the
+        pin's in a way that can move bits, and some key fails its pinned class."""
         return self.difference.moves_bits and not self.comparison.passed
 
-    def base_request(self) -> BaseRequest:
-        """What re-produces this group's base: `(group, pinned provenance, current)`."""
+    def baseline_request(self) -> BaselineRequest:
+        """What re-produces this group's baseline: `(group, pinned provenance, current)`."""
         return self.group, self.gf.provenance, self.current
 
 
-def judge_line(difference: EnvironmentDifference, passed: bool) -> str:
-    """The header's `judge` line where the second judge does not run (or before it does)."""
+def reference_line(difference: EnvironmentDifference, passed: bool) -> str:
+    """The header's `reference` line where the baseline is not compared with (or before it
+    is)."""
     if difference.unknown:
         return f"the goldens (the environments are not compared: {difference.unknown})"
     if not difference.moves_bits:
         return "the goldens (this is the environment they were pinned in)"
     if passed:
         return "the goldens: every key holds its pinned class here"
-    return "the goldens, by calibration (the second judge is off)"
+    return "the goldens, by calibration (the baseline is off)"
 
 
-def prepare_bases(
-    base: BaseSource | None, wanted: Sequence[BaseRequest]
-) -> dict[str, ReproducedBase | BaseUnavailable]:
-    """The bases the first verdicts want, each group's base or why there is none: prepared
-    at once where `base` builds several groups in one run (`parity.base_judge.BatchBaseSource`:
-    one producer run per base commit and environment), else group by group; every group
-    `SECOND_JUDGE_OFF` where `base` is None (the second judge is off).
+def prepare_baselines(
+    source: BaselineSource | None, wanted: Sequence[BaselineRequest]
+) -> dict[str, Baseline | BaselineUnavailable]:
+    """The baselines the first verdicts want, each group's or why there is none: prepared at
+    once where `source` builds several groups in one run
+    (`parity.baseline.BatchBaselineSource`: one producer run per base commit and
+    environment), else group by group; every group `BASELINE_OFF` where `source` is None
+    (the baseline is off).
 
     **Arguments:**
 
-    - `base`: the second judge, or None.
+    - `source`: what re-produces the baselines, or None.
     - `wanted`: `(group, pinned provenance, current provenance)` of each first verdict
-      that wants a base (`FirstVerdict.base_request`).
+      that wants a baseline (`FirstVerdict.baseline_request`).
 
-    **Returns:** group -> its `ReproducedBase`, or the `BaseUnavailable` saying why not.
+    **Returns:** group -> its `Baseline`, or the `BaselineUnavailable` saying why not.
     """
-    if base is None:
-        return {group: SECOND_JUDGE_OFF for group, _, _ in wanted}
+    if source is None:
+        return {group: BASELINE_OFF for group, _, _ in wanted}
     if not wanted:
         return {}
-    from parity.base_judge import BatchBaseSource
+    from parity.baseline import BatchBaselineSource
 
-    if isinstance(base, BatchBaseSource):
-        return dict(base.prepare(wanted))
-    out: dict[str, ReproducedBase | BaseUnavailable] = {}
+    if isinstance(source, BatchBaselineSource):
+        return dict(source.prepare(wanted))
+    out: dict[str, Baseline | BaselineUnavailable] = {}
     for group, pinned, current in wanted:
         try:
-            out[group] = base.reproduce(group, pinned, current)
-        except BaseUnavailable as e:
+            out[group] = source.reproduce(group, pinned, current)
+        except BaselineUnavailable as e:
             out[group] = e
     return out
 
 
-def second_judge(
-    base: ReproducedBase | BaseUnavailable,
+def against_baseline(
+    baseline: Baseline | BaselineUnavailable,
     gf: GoldenFile,
     difference: EnvironmentDifference,
     flat_a: Mapping[str, Any],
@@ -187,69 +189,69 @@ def second_judge(
     keys: Sequence[str],
     *,
     required: bool,
-) -> tuple[Comparison | None, str, str, BaseUnavailable | None]:
-    """The comparison against the base re-produced here, the header line naming that
-    judge, the base's file and None; `(None, line, "", why)` where there is no base (the
-    line says why, and the calibrated judgement of the goldens stands), a `CheckError`
-    there instead when `required`. `first`: the first verdict's comparison, whose findings
-    the judgement by the base reuses where it can (`parity.base_judge.judge_by_base`).
-    `registries`: the exact classes the tree is judged by, and the drift policy's the base
-    is held to the goldens by."""
+) -> tuple[Comparison | None, str, str, BaselineUnavailable | None]:
+    """The comparison with the baseline, the header's `reference` line naming it, the
+    baseline's file and None; `(None, line, "", why)` where there is no baseline (the line
+    says why, and the calibrated comparison with the goldens stands), a `CheckError` there
+    instead when `required`. `first`: the first verdict's comparison, whose findings the
+    comparison with the baseline reuses where it can
+    (`parity.baseline.compare_with_baseline`). `registries`: the exact classes the tree is
+    judged by, and the drift policy's the baseline is held to the goldens by."""
     group = gf.path.stem
-    if isinstance(base, BaseUnavailable):
+    if isinstance(baseline, BaselineUnavailable):
         if required:
-            raise required_error(group, base)
-        if base is SECOND_JUDGE_OFF:
-            return None, judge_line(difference, passed=False), "", base
+            raise required_error(group, baseline)
+        if baseline is BASELINE_OFF:
+            return None, reference_line(difference, passed=False), "", baseline
         line = (
-            f"the goldens, by calibration: the base cannot be re-produced here ({base.reason}); "
-            f"{base.hint}"
+            "the goldens, by calibration: the baseline cannot be re-produced here "
+            f"({baseline.reason}); {baseline.hint}"
         )
-        return None, line, "", base
-    from parity.base_judge import judge_by_base
+        return None, line, "", baseline
+    from parity.baseline import compare_with_baseline
 
     exact, held = registries
-    comparison, line = judge_by_base(
-        flat_a, gf, base, classes, registry=exact, held_registry=held,
+    comparison, line = compare_with_baseline(
+        flat_a, gf, baseline, classes, registry=exact, held_registry=held,
         difference=difference, order=order, keys=keys, group=group, first=first,
     )  # fmt: skip
-    return comparison, line, str(base.path), None
+    return comparison, line, str(baseline.path), None
 
 
-def conclude(first: FirstVerdict, base: ReproducedBase | BaseUnavailable | None) -> CheckResult:
-    """The `CheckResult` of a first verdict: judged again by the base re-produced here
-    (`base`, where the first verdict wanted one), or by calibration where the environment
-    differs; then the header, and the obtained arrays saved where it fails.
+def conclude(first: FirstVerdict, baseline: Baseline | BaselineUnavailable | None) -> CheckResult:
+    """The `CheckResult` of a first verdict: compared again with the baseline (where the
+    first verdict wanted one), or by calibration where the environment differs; then the
+    header, and the obtained arrays saved where it fails.
 
     **Arguments:**
 
     - `first`: the first verdict (`parity.check.first_verdict`).
-    - `base`: None where no base was wanted (`FirstVerdict.wants_base`); else the base
-      prepared for it (`prepare_bases`), or why there is none.
+    - `baseline`: None where no baseline was wanted (`FirstVerdict.wants_baseline`); else
+      the baseline prepared for it (`prepare_baselines`), or why there is none.
 
-    **Returns:** the `CheckResult`. Raises `CheckError` where the base is required but
-    cannot judge, and where the base is outside the goldens' recorded noise.
+    **Returns:** the `CheckResult`. Raises `CheckError` where the baseline is required but
+    cannot be compared with, and where the baseline is outside the goldens' recorded noise.
     """
     gf, group, difference, opts = first.gf, first.group, first.difference, first.report
     try:
-        judged_by_base, base_path, env_header, why = None, "", {}, None
-        judge = judge_line(difference, first.comparison.passed)
-        if base is not None:
-            judged_by_base, judge, base_path, why = second_judge(
-                base, gf, difference, first.flat_a, first.comparison, first.classes.bound,
-                first.registries, first.forward, first.keys, required=opts.require_base,
+        by_baseline, baseline_path, env_header, why = None, "", {}, None
+        reference = reference_line(difference, first.comparison.passed)
+        if baseline is not None:
+            by_baseline, reference, baseline_path, why = against_baseline(
+                baseline, gf, difference, first.flat_a, first.comparison, first.classes.bound,
+                first.registries, first.forward, first.keys, required=opts.require_baseline,
             )  # fmt: skip
-        if judged_by_base is not None:
-            comparison = judged_by_base
-            # The drift cannot explain a failure here: the base shares this environment, so
-            # the header keeps only what cannot move bits.
+        if by_baseline is not None:
+            comparison = by_baseline
+            # The drift cannot explain a failure here: the baseline shares this environment,
+            # so the header keeps only what cannot move bits.
             difference = dataclasses.replace(difference, bits=(), dimensions=())
         else:
-            comparison, env_header = judge_environment(
+            comparison, env_header = calibrated_comparison(
                 first.comparison, first.flat_a, gf, first.classes.spreads, difference,
                 first.registries[1], budget=opts.budget,
             )  # fmt: skip
-        against = "the goldens" if judged_by_base is None else "the base re-produced here"
+        against = "the goldens" if by_baseline is None else "the baseline"
         comparison = dataclasses.replace(comparison, inexact=inexact(comparison, why, against))
     except GoldenStoreError as e:
         raise CheckError(f"golden group {group!r} is unusable: {e}") from None
@@ -264,7 +266,7 @@ def conclude(first: FirstVerdict, base: ReproducedBase | BaseUnavailable | None)
     calibration = gf.provenance.get("calibration")
     if isinstance(calibration, dict) and calibration.get("summary"):
         header["calibration"] = str(cast(dict[str, Any], calibration)["summary"])
-    header |= {"judge": judge, **env_header}
+    header |= {"reference": reference, **env_header}
     saved = command = None
     if opts.save_actual is not None and not comparison.passed:
         from parity.store.writer import save_arrays
@@ -272,8 +274,8 @@ def conclude(first: FirstVerdict, base: ReproducedBase | BaseUnavailable | None)
         path = save_arrays(opts.save_actual, opts.name, first.flat_a,
                            classes=first.classes.names, order=placed,
                            provenance=first.current)  # fmt: skip
-        reference = gf.path if judged_by_base is None else Path(base_path)
-        saved, command = str(path), diff_command(path, reference, opts.overrides, opts.class_map)
+        compared = gf.path if by_baseline is None else Path(baseline_path)
+        saved, command = str(path), diff_command(path, compared, opts.overrides, opts.class_map)
     return CheckResult(
         name=opts.name,
         comparison=comparison,
@@ -290,12 +292,12 @@ def conclude(first: FirstVerdict, base: ReproducedBase | BaseUnavailable | None)
     )
 
 
-def required_error(group: str, why: BaseUnavailable) -> CheckError:
-    """The error of a check that requires the second judge where it cannot judge."""
+def required_error(group: str, why: BaselineUnavailable) -> CheckError:
+    """The error of a check that requires the baseline where it cannot be re-produced."""
     return CheckError(
-        f"group {group!r}: the second judge is required (baseline require) but the base "
-        f"cannot be re-produced here ({why.reason}), so a bitwise key would pass by its "
-        f"calibrated bound alone; {why.hint}; or accept that judgement (baseline auto)"
+        f"group {group!r}: the baseline is required (baseline require) but cannot be "
+        f"re-produced here ({why.reason}), so a bitwise key would pass by its calibrated "
+        f"bound alone; {why.hint}; or accept that judgement (baseline auto)"
     )
 
 
@@ -311,17 +313,17 @@ def _keys(findings: Sequence[Finding]) -> str:
     return names + (f" and {len(findings) - 3} more" if len(findings) > 3 else "")
 
 
-def inexact(comparison: Comparison, why: BaseUnavailable | None, against: str) -> str:
+def inexact(comparison: Comparison, why: BaselineUnavailable | None, against: str) -> str:
     """What the verdict line says about how exact `comparison` is (module docstring), or
     "" where it is exact.
 
     **Arguments:**
 
     - `comparison`: the check's final comparison.
-    - `why`: why the base did not judge where some key passed by calibration alone (the
-      second judge off or the base unavailable); None where the base judged or was not
-      needed.
-    - `against`: what the tree was judged against, in words ("the goldens", "the base").
+    - `why`: why the baseline was not the reference where some key passed by calibration
+      alone (the baseline off or unavailable); None where the baseline was the reference
+      or was not needed.
+    - `against`: the tree's reference, in words ("the goldens", "the baseline").
     """
     parts: list[str] = []
     by_calibration = [

@@ -1,6 +1,7 @@
 """What a check hands back: `CheckResult` (one golden group or live differential, compared),
-or `CheckError` when its input cannot be used; `BaseUnavailable`, why the second judge could
-not judge (`parity.base_judge`, whose `BaseSource` raises it; the verdict names it:
+or `CheckError` when its input cannot be used; `BaselineUnavailable`, why there is no
+baseline to compare with (`parity.baseline`, whose `BaselineSource` raises it; the verdict
+names it:
 `parity.exactness`); the header lines a report of several checks shows, and results as
 JSON between processes. `parity.check` makes them; the CLI, the
 pytest plugin and the report session read them. Writing arrays is the store's
@@ -19,7 +20,7 @@ from parity.judge.compare import Comparison, Finding
 from parity.judge.tolerance import ClassMap, ClassMapLike, Overrides
 
 __all__ = [
-    "BaseUnavailable",
+    "BaselineUnavailable",
     "CheckError",
     "CheckResult",
     "diff_command",
@@ -34,8 +35,9 @@ class CheckError(Exception):
     refuses, a class the registry lacks. Its message is one line saying what to do."""
 
 
-class BaseUnavailable(Exception):
-    """The golden's base cannot be re-produced here.
+class BaselineUnavailable(Exception):
+    """The golden's baseline cannot be re-produced here (at its base commit, in this
+    environment).
 
     **Fields:** `reason` (one line: why) and `hint` (one line: what to do).
     """
@@ -112,13 +114,13 @@ class CheckResult:
 
 
 #: The header lines a report shows once per check, named after it.
-_PER_CHECK = ("calibration", "environment", "judge", "order")
+_PER_CHECK = ("calibration", "environment", "order", "reference")
 
 
 def diff_command(
     saved: Path, golden: Path | None, overrides: Overrides, class_map: ClassMapLike = None
 ) -> str:
-    """The `parity diff` command that judges `saved` against `golden` as the check did
+    """The `parity diff` command that compares `saved` with `golden` as the check did
     (`CheckResult.command`): its overrides, then the caller's class map (its rules as
     further `--override`s, its default as `--class`), so that the table it prints is the
     check's."""
@@ -136,7 +138,7 @@ def merged_header_lines(
 ) -> dict[str, str]:
     """The per-check header lines a report of several checks shows beside its own
     `header`: each drift line once (named after the first check that has it), and each
-    check's calibration, environment, judge and order lines, named after the check."""
+    check's calibration, environment, order and reference lines, named after the check."""
     out: dict[str, str] = {}
     for r in results:
         for k, v in r.header.items():

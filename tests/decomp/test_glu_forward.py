@@ -22,7 +22,7 @@ from decomp import legacy
 from decomp.targets import GLUConfig
 from parity import assert_equivalent
 from parity.judge.classes import REGISTRY, ToleranceClass
-from parity.judge.rules import RelativeToMax
+from parity.judge.fixed_rules import RelativeToMax
 
 N_LAYER = 4
 CONFIGS = {

@@ -34,7 +34,7 @@ from parity.check import check_group
 from parity.run.config import load_config
 from parity.run.goldens import golden_provenance
 from parity.run.launcher import ProducerRunError
-from parity.run.runner import produce
+from parity.run.produced import produce
 from parity.run.worktree import GitError, resolve_sha, temporary_worktree
 from parity.store import open_goldens
 

@@ -22,7 +22,8 @@ import parity
 from parity.check import check_live
 from parity.judge.classes import REGISTRY, ToleranceClass
 from parity.judge.compare import compare_arrays
-from parity.judge.rules import Elements, Judgement, RelativeToMax, Rule, Scale
+from parity.judge.fixed_rules import RelativeToMax
+from parity.judge.rule_base import Elements, Judgement, Rule, Scale
 from parity.judge.tolerance import ClassMap
 from parity.store import open_goldens, write_goldens
 

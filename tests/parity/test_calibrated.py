@@ -23,7 +23,8 @@ from parity.commands.show import inventory
 from parity.environment import Dimension
 from parity.judge.classes import CALIBRATED_FLOOR_ULPS, CALIBRATED_K, REGISTRY, ToleranceClass
 from parity.judge.compare import compare_trees
-from parity.judge.rules import Calibrated, Scale
+from parity.judge.measured_rules import Calibrated
+from parity.judge.rule_base import Scale
 from parity.judge.tolerance import ClassMap
 from parity.results import CheckError
 from parity.store import open_goldens, write_goldens
@@ -101,8 +102,8 @@ def test_checks_pass_where_pinned_and_on_calibrated_layouts_and_catch_a_bug_beyo
     assert pinned.returncode == 0, pinned.stdout + pinned.stderr
     # The pin's environment: pinned classes stand, no line on another environment.
     assert not [ln for ln in pinned.stdout.splitlines() if ln.strip().startswith("environment")]
-    # The goldens judge by calibration (the second judge, a base re-produced here, is off:
-    # tests/parity/test_base_judge.py).
+    # The goldens are the reference, by calibration (the baseline is off:
+    # tests/parity/test_baseline.py).
     four = run_parity(project, "check", "--devices", "4", "--baseline", "off")
     assert four.returncode == 0, four.stdout + four.stderr
     env = [ln for ln in four.stdout.splitlines() if ln.strip().startswith("environment")]

@@ -80,8 +80,8 @@ def test_one_class_precedence_in_every_case(
 def test_a_diff_is_the_check_of_its_two_files(
     tmp_path: Path, overrides, class_name, expected
 ) -> None:
-    """`parity diff ACTUAL GOLDEN` is `check_file` of GOLDEN with ACTUAL's environment:
-    the same findings (classes, order, verdicts) and the same drift, order and judge lines."""
+    """`parity diff ACTUAL GOLDEN` is `check_file` of GOLDEN with ACTUAL's environment: the
+    same findings (classes, order, verdicts) and the same drift, order and reference lines."""
     here = collect_provenance()
     _pin(tmp_path, here | {"base_sha": "f" * 40})
     mutated = _arrays()
@@ -236,35 +236,36 @@ def test_a_diff_judges_actual_s_environment_by_the_golden_s_calibration(tmp_path
         run_diff(actual, golden, drift_mode="strict")
 
 
-def _pinned_with_a_base_and_one_ulp_moved(tmp_path: Path) -> tuple[dict, Path, Any, dict]:
-    """Group g pinned here on 1 device at base b..b, a stand-in base source that re-produces
-    the goldens bit for bit, and the arrays with `plain[0]` one ulp up: `(provenance,
-    goldens, base, arrays)`."""
-    from parity.base_judge import ReproducedBase
+def _pinned_with_a_baseline_and_one_ulp_moved(tmp_path: Path) -> tuple[dict, Path, Any, dict]:
+    """Group g pinned here on 1 device at base b..b, a stand-in baseline source that
+    re-produces the goldens bit for bit, and the arrays with `plain[0]` one ulp up:
+    `(provenance, goldens, baseline source, arrays)`."""
+    from parity.baseline import Baseline
 
     here = collect_provenance() | {"device_count": 1, "processes": 1, "base_sha": "b" * 40}
     goldens = tmp_path / "goldens"
     goldens.mkdir()
     _pin(goldens, here)
-    base_file = write_goldens(tmp_path / "base.h5", _arrays(), order=_KEYS)
+    baseline_file = write_goldens(tmp_path / "baseline.h5", _arrays(), order=_KEYS)
 
-    class Base:
-        def reproduce(self, group, pinned, current) -> ReproducedBase:
-            return ReproducedBase(base_file, str(pinned["base_sha"]), cached=True)
+    class Source:
+        def reproduce(self, group, pinned, current) -> Baseline:
+            return Baseline(baseline_file, str(pinned["base_sha"]), cached=True)
 
     mutated = _arrays()
     mutated["plain"][0] = np.nextafter(mutated["plain"][0], np.float32(9))
-    return here, goldens, Base(), mutated
+    return here, goldens, Source(), mutated
 
 
-def test_judged_by_the_base_the_header_keeps_no_drift_that_moves_bits(tmp_path: Path) -> None:
-    """The base re-produced here shares this environment: its drift cannot explain a
-    failure, so the header drops that line and keeps the informational one."""
-    here, goldens, base, mutated = _pinned_with_a_base_and_one_ulp_moved(tmp_path)
+def test_against_the_baseline_the_header_keeps_no_drift_that_moves_bits(tmp_path: Path) -> None:
+    """The baseline shares this environment: its drift cannot explain a failure, so the
+    header drops that line and keeps the informational one."""
+    here, goldens, baseline, mutated = _pinned_with_a_baseline_and_one_ulp_moved(tmp_path)
     elsewhere = here | {"device_count": 4, "numpy": "0.0.elsewhere"}
-    result = check_group(mutated, "g", goldens=goldens, current_provenance=elsewhere, base=base)
+    result = check_group(mutated, "g", goldens=goldens, current_provenance=elsewhere,
+                         baseline=baseline)  # fmt: skip
     assert not result.passed and result.comparison.finding("plain").verdict == "fail"
-    assert result.header["judge"].startswith("the base re-produced here at bbbbbbbbbbbb")
+    assert result.header["reference"].startswith("the baseline re-produced here at bbbbbbbbbbbb")
     drift = [v for k, v in result.header.items() if k.startswith("drift")]
     assert drift == ["environment drift (informational): numpy: '" + here["numpy"]
                      + "' -> '0.0.elsewhere' (info)"]  # fmt: skip
@@ -272,21 +273,23 @@ def test_judged_by_the_base_the_header_keeps_no_drift_that_moves_bits(tmp_path: 
     assert "device_count: 1 -> 4 (bits)" in without.header["drift 0"]
 
 
-def test_judged_by_the_base_a_failure_is_vs_base_and_the_base_is_not_called_calibrated(
+def test_against_the_baseline_a_failure_is_vs_baseline_and_the_baseline_is_not_called_calibrated(
     tmp_path: Path,
 ) -> None:
-    """The base reproduced the goldens bit for bit: nothing was calibrated, so the judge
-    line does not say "calibrated noise"; the failure is named against the base."""
-    here, goldens, base, mutated = _pinned_with_a_base_and_one_ulp_moved(tmp_path)
+    """The baseline reproduced the goldens bit for bit: nothing was calibrated, so the
+    reference line does not say "calibrated noise"; the failure is named against the
+    baseline."""
+    here, goldens, baseline, mutated = _pinned_with_a_baseline_and_one_ulp_moved(tmp_path)
     elsewhere = here | {"device_count": 4}
-    result = check_group(mutated, "g", goldens=goldens, current_provenance=elsewhere, base=base)
-    judge = result.header["judge"]
-    assert "itself within the goldens' pinned classes: bit for bit equal" in judge, judge
-    assert "calibrated" not in judge
+    result = check_group(mutated, "g", goldens=goldens, current_provenance=elsewhere,
+                         baseline=baseline)  # fmt: skip
+    reference = result.header["reference"]
+    assert "itself within the goldens' pinned classes: bit for bit equal" in reference, reference
+    assert "calibrated" not in reference
     failure = result.comparison.finding("plain")
-    assert " vs base " in failure.reason and "vs golden" not in failure.reason
+    assert " vs baseline " in failure.reason and "vs golden" not in failure.reason
     text = format_table(result.comparison, header=result.header)
-    assert "vs base" in text and "vs golden" not in text, text
+    assert "vs baseline" in text and "vs golden" not in text, text
 
 
 def test_at_index_names_the_same_element_on_pass_and_fail_lines(tmp_path: Path) -> None:
@@ -342,36 +345,37 @@ def test_a_calibrated_key_that_passes_off_its_bits_says_not_exact(tmp_path: Path
     assert same.comparison.inexact == ""
 
 
-def test_required_second_judge_without_a_base_is_an_input_error(tmp_path: Path) -> None:
+def test_a_required_baseline_that_nothing_re_produces_is_an_input_error(tmp_path: Path) -> None:
     here = collect_provenance() | {"device_count": 1, "processes": 1, "base_sha": "b" * 40}
     _pin(tmp_path, here)
     mutated = _arrays()
     mutated["plain"][0] += np.float32(1e-6)
     elsewhere = here | {"device_count": 4}
-    with pytest.raises(CheckError, match="the second judge is required"):
+    with pytest.raises(CheckError, match="the baseline is required"):
         check_group(mutated, "g", goldens=tmp_path, current_provenance=elsewhere,
-                    require_base=True)  # fmt: skip
-    # The pin's own environment needs no base: required or not, the goldens judge.
+                    require_baseline=True)  # fmt: skip
+    # The pin's own environment needs no baseline: required or not, the goldens are the
+    # reference.
     assert not check_group(mutated, "g", goldens=tmp_path, current_provenance=here,
-                           require_base=True).passed  # fmt: skip
+                           require_baseline=True).passed  # fmt: skip
 
 
-def test_a_check_that_needs_its_base_compares_each_pair_of_arrays_once(
+def test_a_check_that_needs_its_baseline_compares_each_pair_of_arrays_once(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    """One pass: the first verdict records that the base is wanted, the base is prepared
-    once, and the judgement by the base reuses what the first verdict found. Every tree
-    array is compared with its golden once, the base with the goldens once, and the tree
-    with the base only where the first verdict did not already show it equal: the key
-    that moved."""
+    """One pass: the first verdict records that the baseline is wanted, the baseline is
+    prepared once, and the comparison with the baseline reuses what the first verdict
+    found. Every tree array is compared with its golden once, the baseline with the goldens
+    once, and the tree with the baseline only where the first verdict did not already show
+    it equal: the key that moved."""
     import parity.calibrated.bounds
     import parity.judge.compare
     from parity.judge.compare import compare_trees
-    from parity.run.runner import Produced, check_produced
+    from parity.run.produced import Produced, check_produced
     from parity.store import open_goldens
     from parity.store.reader import GoldenFile
 
-    here, goldens, base, mutated = _pinned_with_a_base_and_one_ulp_moved(tmp_path)
+    here, goldens, baseline, mutated = _pinned_with_a_baseline_and_one_ulp_moved(tmp_path)
     elsewhere = here | {"device_count": 4}
 
     class Batch:
@@ -381,11 +385,11 @@ def test_a_check_that_needs_its_base_compares_each_pair_of_arrays_once(
 
         def reproduce(self, group, pinned, current):
             self.reproduced.append(group)
-            return base.reproduce(group, pinned, current)
+            return baseline.reproduce(group, pinned, current)
 
         def prepare(self, wanted):
             self.prepared.append([g for g, _, _ in wanted])
-            return {g: base.reproduce(g, p, c) for g, p, c in wanted}
+            return {g: baseline.reproduce(g, p, c) for g, p, c in wanted}
 
     files: dict[int, str] = {}  # id of a source -> the file it reads
     source = GoldenFile.source
@@ -408,18 +412,20 @@ def test_a_check_that_needs_its_base_compares_each_pair_of_arrays_once(
     monkeypatch.setattr(parity.calibrated.bounds, "compare_arrays", counted)
     produced = Produced({"g": mutated}, 0.0, "", provenance={"g": elsewhere})
     batch = Batch()
-    [result] = check_produced(produced, goldens, base=batch)
+    [result] = check_produced(produced, goldens, baseline=batch)
     monkeypatch.undo()
 
     assert batch.prepared == [["g"]] and batch.reproduced == []
-    expected = [(k, "tree", "g.h5") for k in _KEYS] + [(k, "base.h5", "g.h5") for k in _KEYS]
-    assert sorted(pairs) == sorted([*expected, ("plain", "tree", "base.h5")]), pairs
+    expected = [(k, "tree", "g.h5") for k in _KEYS]
+    expected += [(k, "baseline.h5", "g.h5") for k in _KEYS]
+    assert sorted(pairs) == sorted([*expected, ("plain", "tree", "baseline.h5")]), pairs
     # The same verdict as the plugin's call per group, and as comparing every key anew.
-    alone = check_group(mutated, "g", goldens=goldens, current_provenance=elsewhere, base=base)
+    alone = check_group(mutated, "g", goldens=goldens, current_provenance=elsewhere,
+                        baseline=baseline)  # fmt: skip
     assert result.comparison.findings == alone.comparison.findings
     assert result.header == alone.header and not result.passed
     classes = {f.key: f.class_name for f in result.comparison.findings}
-    with open_goldens(tmp_path / "base.h5") as bf:
+    with open_goldens(tmp_path / "baseline.h5") as bf:
         anew = compare_trees(mutated, {k: bf[k] for k in bf}, classes.__getitem__,
-                             order=_KEYS, reference="base")  # fmt: skip
+                             order=_KEYS, reference="baseline")  # fmt: skip
     assert result.comparison.findings == anew.findings

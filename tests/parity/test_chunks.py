@@ -28,7 +28,7 @@ from parity.cli import run_diff
 from parity.judge.chunks import ArraySource, Block, elements_per_chunk, plan
 from parity.judge.classes import REGISTRY, ToleranceClass
 from parity.judge.compare import compare_arrays
-from parity.judge.rules import Close, RelativeToMax, Ulp
+from parity.judge.fixed_rules import Close, RelativeToMax, Ulp
 from parity.judge.ulp import to_float64, ulp_distance
 from parity.report import format_table
 from parity.store import GoldenCorruptError, open_goldens, write_goldens

@@ -408,14 +408,14 @@ _LOADED_AFTER = (
     "print(json.dumps([code, sorted(sys.modules)]))\n"
 )
 
-#: What no command that reads files needs: the producers' machinery (the second judge and
-#: the bases it re-produces, the runner, the calibration room), jax, and the installed
+#: What no command that reads files needs: the producers' machinery (the baseline and its
+#: builder, produce-then-check, the launcher, the calibration room), jax, and the installed
 #: distribution's metadata (`--version` reads it, when asked).
 _NOT_FOR_READING = (
     "jax",
-    "parity.base_judge",
+    "parity.baseline",
     "parity.run.baseline",
-    "parity.run.runner",
+    "parity.run.produced",
     "parity.run.launcher",
     "parity.calibration.calibrate",
     "importlib.metadata",

@@ -19,8 +19,8 @@ from parity.judge.compare import (
     flatten,
     measure_array,
 )
+from parity.judge.fixed_rules import Close, Ulp
 from parity.judge.reasons import array_reason
-from parity.judge.rules import Close, Ulp
 from parity.judge.tolerance import ClassMap, UnmatchedKeyError
 
 BITWISE = REGISTRY["bitwise"]

@@ -108,7 +108,7 @@ def test_this_repository_configures_itself_the_same_way():
     assert cfg.src == (root / "src",)
 
 
-def test_the_second_judge_and_its_cache_folder_are_settings(tmp_path, monkeypatch):
+def test_the_baseline_and_its_cache_folder_are_settings(tmp_path, monkeypatch):
     from parity.run.baseline import ENV_VAR, cache_dir
 
     monkeypatch.delenv(ENV_VAR, raising=False)

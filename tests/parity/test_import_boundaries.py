@@ -85,11 +85,11 @@ LAYERS: tuple[tuple[str, ...], ...] = (
     ("parity.store", "parity.report", "parity.origin"),
     ("parity.results",),  # the core: what a check hands back (CheckResult, CheckError)
     ("parity.calibrated",),  # the core: the recorded spreads, the calibrated class in a check
-    ("parity.base_judge",),  # the core: the second judge, a base re-produced here
-    ("parity.exactness",),  # the core: how exact a verdict is, the call to the second judge
+    ("parity.baseline",),  # the core: the baseline, a golden group re-produced here
+    ("parity.exactness",),  # the core: how exact a verdict is, the comparison with a baseline
     ("parity.check",),  # the core: golden folder, class precedence, drift policy, compare
     ("parity.run",),  # running producers: config, git, processes, repin, bisect, baseline
-    ("parity.calibration",),  # measuring the noise (`parity calibrate`), over the runner
+    ("parity.calibration",),  # measuring the noise (`parity calibrate`), over parity.run
     ("parity.assertions", "parity.commands", "parity.pytest_plugin"),  # the faces
     ("parity.cli",),  # the one argparse tree over the commands
     ("parity.__main__",),
@@ -108,7 +108,7 @@ def test_each_layer_imports_only_the_layers_below_it() -> None:
     assert sorted(m for m in known if m != "parity" and _unit_of(m) is None) == []
     imports = {_module_name(p): _imports(p, known, anywhere=True) for p in paths}
     # The reader sees an import inside a function, and skips one under TYPE_CHECKING.
-    assert "parity.run.runner" in imports["parity.calibration.calibrate"]
+    assert "parity.run.produced" in imports["parity.calibration.calibrate"]
     assert "parity.results" not in imports["parity.report.session"]
     upward = []
     for module, imported in sorted(imports.items()):

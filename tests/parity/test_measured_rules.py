@@ -12,7 +12,8 @@ import pytest
 
 from parity.judge.classes import REGISTRY, ToleranceClass
 from parity.judge.compare import compare_arrays, compare_trees
-from parity.judge.rules import Budget, LogitKL, Reduction, Scale, unit_roundoff
+from parity.judge.measured_rules import Budget, LogitKL, Reduction, unit_roundoff
+from parity.judge.rule_base import Scale
 from parity.judge.tolerance import ClassMap, UnknownClassError, get_class
 from parity.report import format_table
 

@@ -21,7 +21,7 @@ from hypothesis.extra import numpy as hnp
 
 from parity.judge.classes import REGISTRY, ToleranceClass
 from parity.judge.compare import compare_arrays
-from parity.judge.rules import Close, Ulp
+from parity.judge.fixed_rules import Close, Ulp
 from parity.judge.tolerance import (
     ClassMap,
     UnknownClassError,

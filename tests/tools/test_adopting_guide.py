@@ -5,7 +5,7 @@ a `lax.scan` refactor, the pytest fixture passing, a commit that breaks layer 1 
 check naming its key, `--save-actual` and `parity diff`, the failing pytest test), a
 bisect naming that commit without touching the checkout, a revert, a 2x2 check, calibrate,
 `repin --classes-only` (the logits `bitwise`) and the calibrated 2x2 check, a 1e-6 logits
-bug on another ISA that `bitwise` and the base catch and `calibrated` passes "not exact",
+bug on another ISA that `bitwise` and the baseline catch and `calibrated` passes "not exact",
 and the origin of a bug named from the logits alone (`parity.localise`,
 `assert_equivalent(new_fn=, old_fn=)`). One walk serves two kinds of test: the
 committed guide must equal the fresh rendering beyond the normalisation, and the walk must
@@ -285,12 +285,12 @@ def test_the_walk_tells_the_story_the_guide_tells(walked) -> None:
         assert multi.returncode == 0 and "2 processes x 2 devices (4 in all)" in multi.output
     assert "0 key(s) passed by calibration alone" in done.step("calibrated-check").output
 
-    # A 1e-6 logits bug off the pin's machine: bitwise and the base catch it; calibrated,
-    # and bitwise with the second judge off, pass it and say so on the verdict line.
+    # A 1e-6 logits bug off the pin's machine: bitwise and the baseline catch it; calibrated,
+    # and bitwise with the baseline off, pass it and say so on the verdict line.
     caught = done.step("small-bug", "parity check")
     assert caught.returncode == 1
     assert "logits [bitwise, fail], first differing element at index" in caught.output
-    assert " vs base " in caught.output
+    assert " vs baseline " in caught.output
     for flag, why in (
         ("--override 'logits=calibrated'", "(logits) passed their calibrated bound"),
         ("--baseline off", "(logits) failed their pinned class and passed by calibration alone"),

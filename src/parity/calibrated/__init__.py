@@ -7,13 +7,13 @@ measured noise"). Measuring and recording that noise (`parity calibrate`) is
   columns bound a check in another environment; it imports nothing of parity.
 - `bounds`: each key's recorded spread bound on its rule (`bind_calibrated`), and, where the
   environment differs from the pin's, each failing key judged again under its calibrated
-  bound there (`judge_environment`).
+  bound there (`calibrated_comparison`).
 
 A floor of the core, over `parity.results`: it may import numpy, `parity.judge`,
-`parity.results` and the leaves below them; never `parity.base_judge`, `parity.exactness`,
+`parity.results` and the leaves below them; never `parity.baseline`, `parity.exactness`,
 `parity.check` (which read it), nor anything that runs producers (`parity.run`,
 `parity.calibration`) or a face above them. The `Calibrated` rule itself (a multiple of a
 measured spread) is a rule like the others and lives with them in
-`parity.judge.derived_rules`. This package's `__init__` imports nothing. Nothing here
+`parity.judge.measured_rules`. This package's `__init__` imports nothing. Nothing here
 imports jax or h5py; `tests/parity/test_import_boundaries.py` holds it to all of that.
 """

@@ -6,9 +6,9 @@ each such key the class resolved with the spread its golden file records
 exact float, never text in the class's name, which stays as the class map writes it
 (`calibrated`, `calibrated[k=8]`). Where the check's environment differs from the pin's in
 a calibrated dimension (device count, processes, ISA cap, processor:
-`parity.environment.EnvironmentDifference.dimensions`), `judge_environment` judges each key
-that fails its pinned class again under its calibrated bound there: the looser of the two
-decides. `parity.check.check_file` applies both, for a check of a golden group and for
+`parity.environment.EnvironmentDifference.dimensions`), `calibrated_comparison` judges
+each key that fails its pinned class again under its calibrated bound there: the looser of
+the two decides. `parity.check.check_file` applies both, for a check of a golden group and for
 `parity diff` alike.
 
 **The classes of a golden's keys** are composed once, in `golden_classes`: the class map
@@ -53,8 +53,8 @@ __all__ = [
     "bind_calibrated",
     "bind_spread",
     "calibrate_command",
+    "calibrated_comparison",
     "golden_classes",
-    "judge_environment",
     "pinned_class_map",
 ]
 
@@ -105,7 +105,7 @@ def bind_spread(
 ) -> ToleranceClass:
     """The class `name` (a `calibrated` one) with `spread` bound on its rule as data, the
     exact float (`parity.judge.tolerance.get_class`'s `params`): the one way a spread is
-    bound, for a check's keys, its second judgement by calibration and `parity calibrate`'s
+    bound, for a check's keys, its comparison by calibration and `parity calibrate`'s
     measure."""
     return get_class(name, registry, params={"spread": spread})
 
@@ -188,7 +188,7 @@ def golden_classes(
     return KeyClasses(names, bound, ordered, spreads)
 
 
-def judge_environment(
+def calibrated_comparison(
     comparison: Comparison,
     flat_a: Mapping[str, Any],
     gf: GoldenFile,
@@ -198,11 +198,12 @@ def judge_environment(
     *,
     budget: int = DEFAULT_BUDGET,
 ) -> tuple[Comparison, dict[str, str]]:
-    """Where the check's environment differs from the pin's in calibrated dimensions, judge
-    each key that fails its pinned class again under its calibrated bound for those
-    dimensions (`max(floor, k * spread)`, the spread measured there): the looser of the
-    two decides. In the pin's environment nothing changes, and where no calibration of it
-    is recorded and every key holds its pinned class, nothing is said (nothing needs one).
+    """`comparison` by calibration: where the check's environment differs from the pin's
+    in calibrated dimensions, each key that fails its pinned class judged again under its
+    calibrated bound for those dimensions (`max(floor, k * spread)`, the spread measured
+    there): the looser of the two decides. In the pin's environment nothing changes, and
+    where no calibration of it is recorded and every key holds its pinned class, nothing is
+    said (nothing needs one).
     `budget`: bytes one array comparison may hold at once (`parity.judge.chunks`).
 
     **Returns:** the comparison, with the findings that passed by calibration replaced

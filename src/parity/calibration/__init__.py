@@ -11,7 +11,7 @@ environments is, measured by running the producers and recorded with the goldens
   columns recorded before.
 
 How a check reads what is recorded (the `calibrated` class) is `parity.calibrated`'s, in the
-core below. This room sits above `parity.run`, whose runner it drives: it may import numpy,
+core below. This room sits above `parity.run`, whose producer runs it drives: it may import numpy,
 every layer below it (`parity.judge`, `parity.store`, `parity.report`, the core with
 `parity.calibrated` and `parity.check`, `parity.run`); never decomp, nor the faces above it
 (`parity.commands`, whose `calibrate` is its command line, `parity.pytest_plugin`,

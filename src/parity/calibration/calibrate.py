@@ -4,7 +4,7 @@ class's bound.
 The goldens are pinned in one environment (an ISA cap and a device count, see
 `parity.run.devices`). Calibration runs the same producers on the same code under benign
 perturbations of that environment (`parity.calibration.perturbations`), each in a fresh process
-through `parity.run.runner.produce` (another XLA CPU ISA cap the host supports, another
+through `parity.run.produced.produce` (another XLA CPU ISA cap the host supports, another
 simulated device count, or the same environment again), and measures every array against
 its golden under the class it is checked with (`parity.calibration.measure`: per key the largest
 spread, per class the verdict `ok`, `below noise` or `blunt`). `Calibration` holds the
@@ -130,7 +130,7 @@ def calibrate(
     **Returns:** a `Calibration`. Raises `parity.run.launcher.ProducerRunError` if the
     producers cannot run in some environment.
     """
-    from parity.run.runner import produce
+    from parity.run.produced import produce
 
     runs: dict[str, dict[str, dict[str, Any]]] = {g: {} for g in goldens}
     seconds: dict[str, float] = {}

@@ -2,7 +2,7 @@
 
 `diff` and `show` read HDF5 files (`parity.store`) and compare them (`parity.judge`);
 `repin`, `check`, `bisect` and `calibrate` run producers (`parity.run.repin`,
-`parity.run.runner`, `parity.run.bisection`, `parity.calibration.calibrate`), configured by
+`parity.run.produced`, `parity.run.bisection`, `parity.calibration.calibrate`), configured by
 `[tool.parity]` (`parity.run.config`); each key can be overridden by the flag of the same
 name (`--goldens`, `--producers`, `--src`, `--isa`, `--devices`, `--processes`, `--drift`).
 A flag means one thing on every subcommand (docs/design.md, "Vocabulary"): `common`
@@ -15,7 +15,7 @@ imports the module of the command it runs and no other. Every input error is a
 `common.CLIError`, printed by `parity.cli.main` as one `parity: error: ...` line with exit
 code 2. Importing any of these modules imports no jax; the commands that run producers
 import what they need when they run, so that `parity diff` and `parity show` load neither
-those nor the second judge (`tests/parity/test_cli.py` holds them to that). A face: it may
+those nor the baseline (`tests/parity/test_cli.py` holds them to that). A face: it may
 import every layer below it (`parity.judge`, `parity.store`, `parity.report`, the core,
 `parity.run`, `parity.calibration`), never a sibling face (`parity.pytest_plugin`,
 `parity.assertions`) nor `parity.cli` above it (`tests/parity/test_import_boundaries.py`

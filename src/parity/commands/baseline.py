@@ -1,6 +1,6 @@
-"""`parity baseline build|list|clear`: the cache of golden groups re-produced at their base
-commit in this environment, the second judge of `parity check` and the pytest plugin off
-the pin's environment (`parity.run.baseline`)."""
+"""`parity baseline build|list|clear`: the cache of baselines, the golden groups re-produced
+at their base commit in this environment, which `parity check` and the pytest plugin
+compare with off the pin's environment (`parity.run.baseline`)."""
 
 from __future__ import annotations
 
@@ -21,7 +21,7 @@ from parity.commands.common import (
 )
 
 if TYPE_CHECKING:
-    from parity.run.baseline import BaselineSource
+    from parity.run.baseline import BaselineBuilder
 
 __all__ = ["add_parser", "run"]
 
@@ -34,8 +34,8 @@ def add_parser(sub: Any, help: str) -> None:
         help=help,
         description="Off the environment the goldens were pinned in, `parity check` and the "
         "pytest plugin re-produce a failing group at its golden's base commit here (a "
-        "temporary worktree, a fresh process with this layout and ISA cap) and judge the "
-        "tree against it exactly. The results are cached per (base commit, environment, "
+        "temporary worktree, a fresh process with this layout and ISA cap), the baseline, and "
+        "compare the tree with it exactly. Baselines are cached per (base commit, environment, "
         "producers, group), in PARITY_BASELINE_CACHE, else [tool.parity] baseline_cache, "
         "else the user's cache folder. `build` fills the cache ahead of a check (progress on "
         "stderr), `list` shows it, `clear` empties it.",
@@ -51,37 +51,37 @@ def add_parser(sub: Any, help: str) -> None:
     groups_flag(build)
     config_flags(build)
     processes_flag(build)
-    actions.add_parser("list", help="list the cached bases")
-    clear = actions.add_parser("clear", help="remove the cached bases")
+    actions.add_parser("list", help="list the cached baselines")
+    clear = actions.add_parser("clear", help="remove the cached baselines")
     clear.add_argument("--base", metavar="SHA", help="only those of this base commit (a prefix)")
 
 
 def run(args: argparse.Namespace, out: IO[str]) -> int:
-    from parity.run.baseline import BaselineCache, BaselineSource, cache_dir
+    from parity.run.baseline import BaselineBuilder, BaselineCache, cache_dir
     from parity.run.config import load_config
 
     if args.action == "list":
         cache = BaselineCache(cache_dir(load_config()))
         entries = cache.entries()
-        out.write(f"{len(entries)} cached base group(s) in {cache.folder}\n")
+        out.write(f"{len(entries)} cached baseline(s) in {cache.folder}\n")
         for e in entries:
             out.write(f"  {e.line()}\n")
         return EXIT_OK
     if args.action == "clear":
         cache = BaselineCache(cache_dir(load_config()))
         n = cache.clear(sha=args.base)
-        out.write(f"removed {n} cached base group(s) from {cache.folder}\n")
+        out.write(f"removed {n} cached baseline(s) from {cache.folder}\n")
         return EXIT_OK
-    return _build(args, out, BaselineSource(config_of(args), progress=report_progress))
+    return _build(args, out, BaselineBuilder(config_of(args), progress=report_progress))
 
 
-def _build(args: argparse.Namespace, out: IO[str], source: BaselineSource) -> int:
-    from parity.base_judge import BaseUnavailable
+def _build(args: argparse.Namespace, out: IO[str], builder: BaselineBuilder) -> int:
+    from parity.baseline import BaselineUnavailable
     from parity.check import GoldenDir
     from parity.results import CheckError
     from parity.store.provenance import digest_sources
 
-    config = source.config
+    config = builder.config
     require_goldens(config)
     wanted = split_groups(args.groups)
     by_sha: dict[str, list[str]] = {}
@@ -98,10 +98,10 @@ def _build(args: argparse.Namespace, out: IO[str], source: BaselineSource) -> in
     digest = digest_sources([config.need_producers()])
     for sha, groups in by_sha.items():
         try:
-            built = source.build(groups, sha, digest=digest)
-        except BaseUnavailable as e:
+            built = builder.build(groups, sha, digest=digest)
+        except BaselineUnavailable as e:
             raise CLIError(f"cannot re-produce {', '.join(groups)}: {e}") from None
-        for group, base in built.items():
-            took = f"{base.seconds:.1f}s"
-            out.write(f"{group}: base {sha[:12]} re-produced ({took} a group) -> {base.path}\n")
+        for group, baseline in built.items():
+            took = f"{baseline.seconds:.1f}s"
+            out.write(f"{group}: base {sha[:12]} re-produced ({took} a group) -> {baseline.path}\n")
     return EXIT_OK

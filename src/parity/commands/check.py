@@ -59,11 +59,12 @@ def add_parser(sub: Any, help: str) -> None:
     check.add_argument(
         "--baseline",
         choices=("auto", "require", "off"),
-        help="the second judge off the pin's environment: auto (default, or [tool.parity] "
-        "baseline) re-produces a group at its golden's base commit here, in a cache, where a "
-        "key fails its pinned class, and judges the tree against it exactly; require does "
-        "the same and exits 2 where the base cannot be re-produced, rather than pass a key "
-        "by calibration alone (for CI); off judges by the goldens' calibrated bounds alone",
+        help="the baseline, the reference off the pin's environment: auto (default, or "
+        "[tool.parity] baseline) re-produces a group at its golden's base commit here, in a "
+        "cache, where a key fails its pinned class, and compares the tree with it exactly; "
+        "require does the same and exits 2 where the baseline cannot be re-produced, rather "
+        "than pass a key by calibration alone (for CI); off compares with the goldens under "
+        "their calibrated bounds alone",
     )
     origin_flag(check)
     override_flag(check)
@@ -153,9 +154,9 @@ def run(args: argparse.Namespace, out: IO[str]) -> int:
     from parity.check import GoldenDir
     from parity.report import ReportSession
     from parity.results import CheckError, merged_header_lines
-    from parity.run.baseline import BaselineSource
+    from parity.run.baseline import BaselineBuilder
     from parity.run.launcher import ProducerRunError, UnknownGroupsError
-    from parity.run.runner import check_produced, produce
+    from parity.run.produced import check_produced, produce
 
     config = config_of(args)
     overrides = overrides_of(args)
@@ -191,14 +192,14 @@ def run(args: argparse.Namespace, out: IO[str]) -> int:
     save = Path(args.save_actual).resolve() if args.save_actual else None
     mode = args.baseline or config.baseline
     # On a cluster (--coordinator) this host alone cannot re-produce a multi-host run.
-    base = None
+    baseline = None
     if mode == "require" and args.coordinator is not None:
         raise CLIError(
             "--baseline require cannot be met on a cluster (--coordinator): one host cannot "
-            "re-produce a multi-host run's base; pass --baseline auto or off there"
+            "re-produce a multi-host run's baseline; pass --baseline auto or off there"
         )
     if mode != "off" and args.coordinator is None:
-        base = BaselineSource(config, progress=report_progress, timeout=args.timeout)
+        baseline = BaselineBuilder(config, progress=report_progress, timeout=args.timeout)
     try:
         with GoldenDir(config.goldens) as goldens:
             results = check_produced(
@@ -209,8 +210,8 @@ def run(args: argparse.Namespace, out: IO[str]) -> int:
                 drift_mode=config.drift,
                 save_actual=save,
                 node="parity check",
-                base=base,
-                require_base=mode == "require",
+                baseline=baseline,
+                require_baseline=mode == "require",
             )
             if args.origin == "auto" and not all(r.passed for r in results):
                 from parity.run.origins import name_origins

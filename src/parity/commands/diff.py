@@ -64,7 +64,7 @@ class DiffResult:
     - `comparison`: one finding per key of either file, in the GOLDEN's forward order.
     - `header`: lines for the report header: both paths, where the classes came from, then
       the check's (`parity.check.check_file`): the GOLDEN's base SHA, ACTUAL's environment
-      drift against GOLDEN's, the order, the calibration and the judge.
+      drift against GOLDEN's, the order, the calibration and the reference.
     """
 
     comparison: Comparison

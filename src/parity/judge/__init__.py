@@ -1,8 +1,9 @@
 """The judge: how two arrays, or two pytrees of them, are compared and what a verdict means.
 
-`ulp` (the float dtypes parity knows and the ulp line), `rule`, `rules` and `derived_rules`
-(what every rule shares, the elementwise rules, the rules whose bound is derived: propagated
-from a reduction's length, measured by calibration, a budget), `classes`
+`ulp` (the float dtypes parity knows and the ulp line), `rule_base`, `fixed_rules`,
+`measured_rules` and `registry` (what every rule shares, the rules with a fixed tolerance,
+the rules whose bound is measured or propagated: by calibration, from a reduction's length,
+a budget; every rule by its kind), `classes`
 (tolerance classes as data, the registry), `tolerance` (class names looked up, class maps),
 `trees` (pytrees to `{key: array}`), `dataflow` (the order a function's program computes
 its outputs in, read from its jaxpr), `chunks` (the chunk plan and array sources, for

@@ -1,7 +1,8 @@
 """Tolerance classes as data: what a refactor may change in an array.
 
-A class is a name, a rule (an object of `parity.judge.rules` or `parity.judge.derived_rules`:
-`Bitwise`, `Ulp`, `Close`, `RelativeToMax`, `Reduction`, `Calibrated`, `Budget`, `LogitKL`),
+A class is a name, a rule (an object of `parity.judge.fixed_rules` or
+`parity.judge.measured_rules`: `Bitwise`, `Ulp`, `Close`, `RelativeToMax`, `Reduction`,
+`Calibrated`, `Budget`, `LogitKL`),
 one line saying what it tolerates and the measurement that set its threshold
 (`ToleranceClass`, JSON-safe both ways). `REGISTRY` holds the named classes, each with the
 measurement behind its bound. Under every class dtypes and shapes are strict (float32
@@ -21,17 +22,10 @@ from collections.abc import Mapping
 from dataclasses import KW_ONLY, dataclass
 from typing import Any
 
-from parity.judge.rules import (
-    Bitwise,
-    Budget,
-    Calibrated,
-    Close,
-    LogitKL,
-    Reduction,
-    RelativeToMax,
-    Rule,
-    rule_from_dict,
-)
+from parity.judge.fixed_rules import Bitwise, Close, RelativeToMax
+from parity.judge.measured_rules import Budget, Calibrated, LogitKL, Reduction
+from parity.judge.registry import rule_from_dict
+from parity.judge.rule_base import Rule
 
 __all__ = [
     "BF16_KL_TAU",
@@ -52,7 +46,7 @@ class ToleranceClass:
     **Arguments:**
 
     - `name`: the class name, as the class map and reports spell it.
-    - `rule`: a `parity.judge.rules.Rule`, e.g. `Close(atol=2e-5)` or `Ulp(max_ulp=2)`.
+    - `rule`: a `parity.judge.rule_base.Rule`, e.g. `Close(atol=2e-5)` or `Ulp(max_ulp=2)`.
     - `meaning`: one line saying what the class tolerates.
     - `measured`: the measurement that set the threshold.
     """
@@ -68,7 +62,7 @@ class ToleranceClass:
             raise ValueError(f"tolerance class name must be a non-empty str, got {self.name!r}")
         if not isinstance(self.rule, Rule):
             raise ValueError(
-                f"tolerance class {self.name!r}: rule must be a parity.judge.rules.Rule object "
+                f"tolerance class {self.name!r}: rule must be a parity.judge.rule_base.Rule object "
                 f"such as Close(atol=1e-6) or Ulp(max_ulp=2), got {self.rule!r}"
             )
         for field in ("meaning", "measured"):
@@ -103,7 +97,7 @@ class ToleranceClass:
 
         **Arguments:**
 
-        - `data`: a mapping with `name`, `rule` (a kind of `parity.judge.rules.RULES`),
+        - `data`: a mapping with `name`, `rule` (a kind of `parity.judge.registry.RULES`),
           `meaning`, optionally `measured`, and the rule's parameters. Parameters another
           rule takes are accepted only at their neutral values (0 or null), as older
           reports wrote every rule's parameters.
@@ -115,7 +109,7 @@ class ToleranceClass:
             raise ValueError(f"tolerance class dict lacks required fields {missing}: {data!r}")
         params = {k: v for k, v in data.items() if k not in _CLASS_FIELDS}
         kind = data["rule"]
-        from parity.judge.rules import RULES
+        from parity.judge.registry import RULES
 
         takes: set[str] = set()
         if kind in RULES:

@@ -240,8 +240,9 @@ def compare_arrays(
     - `budget`: bytes the comparison may hold at once (chunks and temporaries); arrays
         larger than that are compared in chunks (`parity.judge.chunks`), with the same finding.
     - `reference`: what `golden` is called in the finding's words: `"golden"` (a pinned
-        file, the default; its advice is to repin), `"base"` (the golden's base
-        re-produced here, which judged: `parity.base_judge`) or `"expected"` (a live tree).
+        file, the default; its advice is to repin), `"baseline"` (the golden group
+        re-produced at its base commit here: `parity.baseline`) or `"expected"` (a live
+        tree).
 
     **Returns:** a `Finding`. Dtypes and shapes are strict: a mismatch is a `"fail"` whose
     reason names both, never a cast or broadcast. NaN and inf (with sign) must sit at the

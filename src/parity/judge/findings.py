@@ -90,7 +90,8 @@ class Finding:
     - `note`: what the rule says even of a passing array (a `budget` class: "below budget:
         repin to ratchet it down"); `""` when it says nothing.
     - `reference`: what `actual` was compared with, in words: `"golden"` (a pinned file),
-        or `"expected"` (a live tree: `assert_equivalent`, `check_live`).
+        `"baseline"` (the golden group re-produced at its base commit here) or
+        `"expected"` (a live tree: `assert_equivalent`, `check_live`).
     """
 
     key: str

@@ -25,7 +25,7 @@ def absent_reason(
     key: str, shape: tuple[int, ...], dtype: str, verdict: Verdict, reference: str
 ) -> str:
     """The reason of a key on one side only (`verdict` `"missing"` or `"unexpected"`)."""
-    live = reference not in (GOLDEN, "base")  # a live tree, not a pinned (or re-produced) file
+    live = reference not in (GOLDEN, "baseline")  # a live tree, not a pinned or re-produced file
     if verdict == "missing":
         return (
             f"key {key!r} (shape {shape}, {dtype}) is in the "

@@ -16,7 +16,7 @@ from parity.judge.chunks import Block, Source
 from parity.judge.classes import ToleranceClass
 from parity.judge.findings import Scalar
 from parity.judge.floats import largest_finite_abs
-from parity.judge.rules import Elements, Scale
+from parity.judge.rule_base import Elements, Scale
 from parity.judge.ulp import ordinal_distance, to_float64
 
 __all__ = ["Tally", "Worst", "scan_scale"]

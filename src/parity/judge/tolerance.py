@@ -28,7 +28,9 @@ from typing import Any, cast
 import numpy as np
 
 from parity.judge.classes import REGISTRY, ToleranceClass
-from parity.judge.rules import Close, Scale, rule_from_dict
+from parity.judge.fixed_rules import Close
+from parity.judge.registry import rule_from_dict
+from parity.judge.rule_base import Scale
 from parity.judge.ulp import is_float_dtype, to_float64
 
 __all__ = [

@@ -33,9 +33,9 @@ from typing import Any
 import numpy as np
 
 from parity.judge.classes import ToleranceClass
+from parity.judge.fixed_rules import Bitwise
 from parity.judge.floats import largest_finite_abs
-from parity.judge.rule import Scale
-from parity.judge.rules import Bitwise
+from parity.judge.rule_base import Scale
 from parity.judge.ulp import is_float_dtype, spacing_at, to_float64
 from parity.origin.record import LocaliseError
 from parity.origin.recording import BLOCKS, Fingerprint, Recording, Value, ordinary

@@ -19,7 +19,8 @@ roots go to the front of `sys.path` before conftests and test modules are import
   `overrides=` and `class_map=`.
 - `--parity-drift {warn,relax,strict}`: what environment drift does to bitwise classes
   (see `parity.environment`; default `[tool.parity]` drift, else warn).
-- `--parity-baseline {auto,require,off}`: the second judge off the pin's environment.
+- `--parity-baseline {auto,require,off}`: the baseline, the reference off the pin's
+  environment.
 - `--parity-save-actual DIR`: when a check fails, write what was produced to
   `DIR/<check>.h5` in golden format; the failure message gives the `parity diff` command
   that reproduces its table.

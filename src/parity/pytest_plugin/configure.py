@@ -12,7 +12,14 @@ from typing import TYPE_CHECKING
 import pytest
 
 from parity.judge.tolerance import RuleError, flag_rules
-from parity.pytest_plugin.stash import BASE, CONFIG, GOLDENS, NARROWED, OVERRIDES, RESULTS
+from parity.pytest_plugin.stash import (
+    BASELINE,
+    CONFIG,
+    GOLDENS,
+    NARROWED,
+    OVERRIDES,
+    RESULTS,
+)
 from parity.run.config import ConfigError, ParityConfig, load_config
 from parity.run.devices import (
     DeviceCountError,
@@ -22,7 +29,7 @@ from parity.run.devices import (
 from parity.run.processes import worker_place
 
 if TYPE_CHECKING:  # parity.check loads h5py: imported only when a check runs
-    from parity.run.baseline import BaselineSource
+    from parity.run.baseline import BaselineBuilder
 
 
 def _enable_compile_cache(project: ParityConfig) -> None:
@@ -192,30 +199,30 @@ def pytest_configure(config: pytest.Config) -> None:
     from parity.check import GoldenDir
 
     config.stash[GOLDENS] = GoldenDir(project.goldens)
-    config.stash[BASE] = _base_source(project)
+    config.stash[BASELINE] = _baseline_builder(project)
 
 
-def _base_source(project: ParityConfig) -> BaselineSource | None:
-    """The second judge of golden checks (`parity.run.baseline`), from the session's
-    settings: off where `--parity-baseline off` (or `baseline = "off"`) says so, and where
-    no producers file is configured (nothing could re-produce a group; a usage error where
-    `require` asks for the second judge)."""
+def _baseline_builder(project: ParityConfig) -> BaselineBuilder | None:
+    """What re-produces the baselines of golden checks (`parity.run.baseline`), from the
+    session's settings: off where `--parity-baseline off` (or `baseline = "off"`) says so,
+    and where no producers file is configured (nothing could re-produce a group; a usage
+    error where `require` asks for the baseline)."""
     if project.baseline == "require" and project.producers is None:
         raise pytest.UsageError(
             f'--parity-baseline require (or baseline = "require") needs the producers that '
-            f"re-produce a golden's base, and {project.where} names none; set producers, or "
+            f"re-produce a golden's baseline, and {project.where} names none; set producers, or "
             "pass --parity-baseline auto"
         )
     if project.baseline == "off" or project.producers is None:
         return None
-    from parity.run.baseline import BaselineSource
+    from parity.run.baseline import BaselineBuilder
 
     def progress(line: str) -> None:
         import sys
 
         print(f"parity: {line}", file=sys.stderr, flush=True)
 
-    return BaselineSource(project, progress=progress)
+    return BaselineBuilder(project, progress=progress)
 
 
 def pytest_deselected(items: Sequence[pytest.Item]) -> None:

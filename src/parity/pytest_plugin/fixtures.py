@@ -10,7 +10,7 @@ from typing import TYPE_CHECKING, Any
 
 import pytest
 
-from parity.pytest_plugin.stash import BASE, CONFIG, GOLDENS, OVERRIDES, RESULTS
+from parity.pytest_plugin.stash import BASELINE, CONFIG, GOLDENS, OVERRIDES, RESULTS
 from parity.run.processes import worker_place
 
 if TYPE_CHECKING:  # parity.check loads h5py: imported only when a check runs
@@ -98,7 +98,7 @@ class _Check:
         - `fail`: fail the test (with the report table) when the comparison fails, or a
           live reference's non-array leaf differs.
         - `provenance`: the environment `actual` was produced in, when that was another
-          process (`Produced.provenance[group]` of `parity.run.runner.produce`; default
+          process (`Produced.provenance[group]` of `parity.run.produced.produce`; default
           this one's): a golden check judges drift and calibrated layouts by it.
 
         **Returns:** the `parity.judge.compare.Comparison`.
@@ -134,8 +134,8 @@ class _Check:
                     produce_s=produce_s,
                     save_actual=save,
                     current_provenance=provenance,
-                    base=config.stash.get(BASE, None),
-                    require_base=config.stash[CONFIG].baseline == "require",
+                    baseline=config.stash.get(BASELINE, None),
+                    require_baseline=config.stash[CONFIG].baseline == "require",
                 )
             else:
                 result = check_live(
@@ -187,8 +187,8 @@ class _Check:
 def _origin_hint(group: str) -> str:
     """The `origin:` line of a failed golden check. A test hands over arrays, not the
     program that made them: naming the origin takes two producer runs that record the
-    group's program op by op (here and at the base), more than a failing test should pay,
-    even where the second judge re-produced the base (it records no program), so the line
+    group's program op by op (here and at the base commit), more than a failing test should
+    pay, even where the baseline was re-produced (it records no program), so the line
     says which command names it (docs/design.md, "Where it diverged")."""
     return (
         f"origin: not named by the plugin (it would record the group's program twice, here "

@@ -55,11 +55,11 @@ def pytest_addoption(parser: pytest.Parser) -> None:
         "--parity-baseline",
         default=None,
         choices=BASELINE_MODES,
-        help="the second judge off the pin's environment: auto re-produces a golden group at "
-        "its base commit here (in a cache) where a key fails its pinned class and judges "
-        "against it exactly; require does the same and fails the check (an input error) "
-        "where the base cannot be re-produced; off judges by the goldens' calibrated bounds "
-        "(default: [tool.parity] baseline, else auto)",
+        help="the baseline, the reference off the pin's environment: auto re-produces a "
+        "golden group at its base commit here (in a cache) where a key fails its pinned "
+        "class and compares with it exactly; require does the same and fails the check (an "
+        "input error) where the baseline cannot be re-produced; off compares with the "
+        "goldens under their calibrated bounds (default: [tool.parity] baseline, else auto)",
     )
     group.addoption(
         "--parity-save-actual",

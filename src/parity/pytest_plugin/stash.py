@@ -9,7 +9,7 @@ import pytest
 if TYPE_CHECKING:  # parity.check loads h5py: imported only when a check runs
     from parity.check import GoldenDir
     from parity.results import CheckResult
-    from parity.run.baseline import BaselineSource
+    from parity.run.baseline import BaselineBuilder
     from parity.run.config import ParityConfig
 
 #: The checks recorded in this process (on the xdist controller: every worker's too).
@@ -18,8 +18,9 @@ RESULTS: pytest.StashKey[list[CheckResult]] = pytest.StashKey()
 GOLDENS: pytest.StashKey[GoldenDir] = pytest.StashKey()
 #: Whether the run was narrowed (`-k`, `-m`, `--deselect`, `--lf`, node ids).
 NARROWED = pytest.StashKey[bool]()
-#: The second judge of the session's golden checks, or None where it is off.
-BASE: pytest.StashKey[BaselineSource | None] = pytest.StashKey()
+#: What re-produces the baselines of the session's golden checks, or None where the
+#: baseline is off.
+BASELINE: pytest.StashKey[BaselineBuilder | None] = pytest.StashKey()
 #: The session's settings: `[tool.parity]`, the `PARITY_*` variables, the `--parity-*`
 #: options (`configure.session_config`).
 CONFIG: pytest.StashKey[ParityConfig] = pytest.StashKey()

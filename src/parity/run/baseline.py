@@ -1,8 +1,8 @@
-"""Golden groups re-produced at their base commit in this environment, cached: the second
-judge of a check run off the pin's environment (`parity.base_judge`; docs/design.md, "Two
-judges").
+"""Golden groups re-produced at their base commit in this environment, cached: the
+baselines, the reference of a check run off the pin's environment where a key fails its
+pinned class (`parity.baseline`; docs/design.md, "Two references").
 
-`BaselineSource.reproduce(group, pinned, current)` returns the group as the producers make
+`BaselineBuilder.reproduce(group, pinned, current)` returns the group as the producers make
 it at the golden's base commit in the environment `current` describes (processor, ISA cap,
 processes x devices, jax, XLA flags): a temporary worktree at the commit, the producers of
 the current tree run against its code in a fresh process (or processes) with that layout
@@ -20,7 +20,7 @@ one's file.
 The cache folder is, first found: `PARITY_BASELINE_CACHE`, `[tool.parity] baseline_cache`,
 `$XDG_CACHE_HOME/parity/baselines`, `~/.cache/parity/baselines`. `parity baseline
 build/list/clear` manages it. Beside an entry, `<group>.origin.npz` holds the group's
-program recorded op by op at the base, for a failing check's origin (`parity.run.origins`).
+program recorded op by op at the base commit, for a failing check's origin (`parity.run.origins`).
 
 Nothing here imports jax.
 """
@@ -37,7 +37,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from parity.base_judge import BaseUnavailable, ReproducedBase
+from parity.baseline import Baseline, BaselineUnavailable
 from parity.environment import environment_difference, environment_fingerprint, layout_of
 from parity.run.config import ParityConfig, user_cache_folder
 from parity.run.goldens import write_run
@@ -49,9 +49,9 @@ from parity.store.staging import owned_tempdir
 
 __all__ = [
     "ENV_VAR",
+    "BaselineBuilder",
     "BaselineCache",
-    "BaselineSource",
-    "CachedBase",
+    "CachedBaseline",
     "base_commit",
     "cache_dir",
 ]
@@ -74,8 +74,8 @@ def cache_dir(config: ParityConfig | None = None) -> Path:
 
 
 @dataclass(frozen=True)
-class CachedBase:
-    """One cached group.
+class CachedBaseline:
+    """One cached baseline: a group at a base commit in one environment.
 
     **Fields:** `path`, `group`, `sha` (the base commit), `fingerprint` (of the
     environment), `digest` (of the producers, 12 hex), `layout` (`processes x devices`),
@@ -158,9 +158,9 @@ class BaselineCache:
                 with contextlib.suppress(OSError):  # not empty: another entry lives there
                     folder.rmdir()
 
-    def entries(self) -> list[CachedBase]:
+    def entries(self) -> list[CachedBaseline]:
         """Every cached group, by base commit, then environment, then group."""
-        out: list[CachedBase] = []
+        out: list[CachedBaseline] = []
         for path in sorted(self.folder.glob("*/*/*.h5")):
             fingerprint, _, digest = path.parent.name.partition("-")
             try:
@@ -170,7 +170,7 @@ class BaselineCache:
                 continue
             processes, devices = layout_of(prov)
             out.append(
-                CachedBase(
+                CachedBaseline(
                     path,
                     path.stem,
                     path.parent.parent.name,
@@ -201,9 +201,10 @@ class BaselineCache:
         return removed
 
 
-class BaselineSource:
-    """Re-produces golden groups at their base commit here, through the cache; the
-    `parity.base_judge.BaseSource` of `parity check`, `parity bisect` and the pytest plugin.
+class BaselineBuilder:
+    """Re-produces golden groups at their base commit here, through the cache: the
+    `parity.baseline.BaselineSource` of `parity check`, `parity bisect` and the pytest
+    plugin.
 
     **Arguments:**
 
@@ -226,25 +227,25 @@ class BaselineSource:
         self.cache = cache or BaselineCache(cache_dir(config))
         self.progress = progress
         self.timeout = timeout
-        self._failed: dict[tuple[str, str], BaseUnavailable] = {}
-        self._built: dict[Path, ReproducedBase] = {}  # what this source built, with its cost
+        self._failed: dict[tuple[str, str], BaselineUnavailable] = {}
+        self._built: dict[Path, Baseline] = {}  # what this builder built, with its cost
 
     def _digest(self) -> str:
         return digest_sources([self.config.need_producers()])
 
     def reproduce(
         self, group: str, pinned: Mapping[str, Any], current: Mapping[str, Any]
-    ) -> ReproducedBase:
+    ) -> Baseline:
         """The group re-produced at `pinned["base_sha"]` in the environment `current`
-        describes, from the cache or built now; `BaseUnavailable` where it cannot be."""
+        describes, from the cache or built now; `BaselineUnavailable` where it cannot be."""
         got = self.prepare([(group, pinned, current)])[group]
-        if isinstance(got, BaseUnavailable):
+        if isinstance(got, BaselineUnavailable):
             raise got
         return got
 
     def prepare(
         self, wanted: Sequence[tuple[str, Mapping[str, Any], Mapping[str, Any]]]
-    ) -> dict[str, ReproducedBase | BaseUnavailable]:
+    ) -> dict[str, Baseline | BaselineUnavailable]:
         """`reproduce` for several groups at once: the missing ones of each base commit
         and environment are built in one producer run.
 
@@ -252,18 +253,18 @@ class BaselineSource:
 
         - `wanted`: `(group, pinned provenance, current provenance)` triples.
 
-        **Returns:** group -> its base, or the `BaseUnavailable` saying why it cannot be
-        re-produced (every group tried).
+        **Returns:** group -> its baseline, or the `BaselineUnavailable` saying why it
+        cannot be re-produced (every group tried).
         """
-        out: dict[str, ReproducedBase] = {}
+        out: dict[str, Baseline] = {}
         batches: dict[tuple[str, str], list[str]] = {}
         envs: dict[tuple[str, str], Mapping[str, Any]] = {}
-        errors: dict[str, BaseUnavailable] = {}
+        errors: dict[str, BaselineUnavailable] = {}
         digest = self._digest()
         for group, pinned, current in wanted:
             sha = str(pinned.get("base_sha") or "")
             if not sha:
-                errors[group] = BaseUnavailable(
+                errors[group] = BaselineUnavailable(
                     "the golden records no base commit",
                     "repin it with `parity repin --base <SHA>`, which records one",
                 )
@@ -271,7 +272,7 @@ class BaselineSource:
             fp = environment_fingerprint(current)
             path = self.cache.path_for(sha, fp, digest, group)
             if self.cache.usable(path):
-                out[group] = self._built.get(path) or ReproducedBase(path, sha, cached=True)
+                out[group] = self._built.get(path) or Baseline(path, sha, cached=True)
                 continue
             batches.setdefault((sha, fp), []).append(group)
             envs[(sha, fp)] = current
@@ -281,20 +282,20 @@ class BaselineSource:
                 errors |= dict.fromkeys(groups, known)
                 continue
             paths = [self.cache.path_for(sha, fp, digest, g) for g in groups]
-            failed: BaseUnavailable | None = None
+            failed: BaselineUnavailable | None = None
             with self.cache.locked(paths):
                 todo = [g for g, p in zip(groups, paths, strict=True) if not self.cache.usable(p)]
-                built: dict[str, ReproducedBase] = {}
+                built: dict[str, Baseline] = {}
                 if todo:
                     try:
                         built = self.build(todo, sha, envs[(sha, fp)], digest=digest)
-                    except BaseUnavailable as e:
+                    except BaselineUnavailable as e:
                         self._failed[(sha, fp)] = failed = e
             for g, p in zip(groups, paths, strict=True):
                 if failed is None:
-                    out[g] = built.get(g) or ReproducedBase(p, sha, cached=True)
+                    out[g] = built.get(g) or Baseline(p, sha, cached=True)
                 elif self.cache.usable(p):  # written before the build failed
-                    out[g] = self._built.get(p) or ReproducedBase(p, sha, cached=True)
+                    out[g] = self._built.get(p) or Baseline(p, sha, cached=True)
                 else:
                     errors[g] = failed
         return {**out, **errors}
@@ -306,7 +307,7 @@ class BaselineSource:
         current: Mapping[str, Any] | None = None,
         *,
         digest: str | None = None,
-    ) -> dict[str, ReproducedBase]:
+    ) -> dict[str, Baseline]:
         """Produce `groups` at `sha` now and write them into the cache (no lock: `prepare`
         holds it; `parity baseline build` takes it too).
 
@@ -319,8 +320,8 @@ class BaselineSource:
           for the configured layout and ISA cap.
         - `digest`: the producers' digest (computed if not given).
 
-        **Returns:** group -> its base (`seconds` is the run's share per group). Raises
-        `BaseUnavailable` when the commit is missing, the producers cannot run there, or
+        **Returns:** group -> its baseline (`seconds` is the run's share per group). Raises
+        `BaselineUnavailable` when the commit is missing, the producers cannot run there, or
         the build's environment is not `current`'s.
         """
         config = self.config
@@ -354,16 +355,16 @@ class BaselineSource:
                     code=f"the base commit {full[:12]}",
                 )
             except ProducerRunError as e:
-                raise BaseUnavailable(
+                raise BaselineUnavailable(
                     f"the producers cannot run at the base {full[:12]}: {e.reason}",
                     "make the producers run there (feature-detect what the base lacks), or "
-                    "turn the second judge off (`--baseline off`)",
+                    "turn the baseline off (`--baseline off`)",
                 ) from None
             seconds = (time.perf_counter() - t0) / len(groups)
-            out: dict[str, ReproducedBase] = {}
+            out: dict[str, Baseline] = {}
             for group in groups:
                 if not (tmp / f"{group}.json").is_file():
-                    raise BaseUnavailable(
+                    raise BaselineUnavailable(
                         f"the producers define no group {group!r}",
                         "check the group names against the producers' GROUPS",
                     )
@@ -373,15 +374,15 @@ class BaselineSource:
                     moved = "; ".join(
                         str(d) for d in environment_difference(current, loaded.provenance).bits
                     )
-                    raise BaseUnavailable(
-                        f"the base ran in another environment than the check ({moved})",
+                    raise BaselineUnavailable(
+                        f"the baseline ran in another environment than the check ({moved})",
                         "run the check with no XLA flags beyond the ISA cap and device count "
                         "parity sets, as the producers run",
                     )
                 path = self.cache.path_for(full, fp, digest, group)
                 path.parent.mkdir(parents=True, exist_ok=True)
                 write_run(path, loaded, sha=full, digest=digest)
-                out[group] = self._built[path] = ReproducedBase(path, full, False, seconds)
+                out[group] = self._built[path] = Baseline(path, full, False, seconds)
         self.progress(
             f"re-produced {len(out)} group(s) at {full[:12]} in {time.perf_counter() - t0:.1f}s, "
             f"cached in {self.cache.folder}"
@@ -391,16 +392,16 @@ class BaselineSource:
 
 def base_commit(root: Path, sha: str) -> tuple[Path, str]:
     """The git repository holding `root` and the full SHA of the base commit `sha` there;
-    `BaseUnavailable` saying which of three things is wrong: `root` is in no git
+    `BaselineUnavailable` saying which of three things is wrong: `root` is in no git
     repository, the commit is missing from a shallow clone, or from a full one."""
     try:
         repo = repo_root(root)
     except GitError:
-        raise BaseUnavailable(
+        raise BaselineUnavailable(
             f"{root} is not in a git repository, so its base commit {sha[:12]} cannot be "
             "checked out",
             "check in a git clone of the project that holds that commit, or where the goldens "
-            "were pinned (its ISA cap and layout), where they judge bit for bit",
+            "were pinned (its ISA cap and layout), where a check compares with them bit for bit",
         ) from None
     try:
         return repo, resolve_sha(repo, sha)
@@ -411,11 +412,11 @@ def base_commit(root: Path, sha: str) -> tuple[Path, str]:
     except GitError:
         shallow = False
     if shallow:
-        raise BaseUnavailable(
+        raise BaselineUnavailable(
             f"its commit {sha[:12]} is not in this clone, which is shallow (it holds no history)",
             "fetch the history (`git fetch --unshallow`; in CI, check out with full depth)",
         )
-    raise BaseUnavailable(
+    raise BaselineUnavailable(
         f"its commit {sha[:12]} is not in the history of the repository at {repo}",
         f"fetch it (`git fetch origin {sha}`), or repin the goldens at a commit of this history",
     )

@@ -5,7 +5,7 @@ touching the user's repository state.
 goldens are never read or written), confirms that GOOD passes against them and that BAD
 fails, then binary-searches the first-parent commits between them. Each commit is checked
 out as a temporary detached worktree (`parity.run.worktree.temporary_worktree`), the current
-tree's producers run against its code in a fresh process (`parity.run.runner.produce`), and
+tree's producers run against its code in a fresh process (`parity.run.produced.produce`), and
 the arrays are checked against GOOD's goldens (`parity.check.check_group`). Three outcomes
 per commit, as `git bisect run` has (exit 125 there):
 
@@ -37,8 +37,8 @@ from parity.check import GoldenDir
 from parity.results import CheckError
 from parity.run.config import ParityConfig
 from parity.run.launcher import ProducerRunError, UnknownGroupsError
+from parity.run.produced import check_produced, produce
 from parity.run.repin import RepinError, repin
-from parity.run.runner import check_produced, produce
 from parity.run.worktree import GitError, git, repo_root, resolve_sha, temporary_worktree
 
 __all__ = ["BisectError", "BisectResult", "Step", "bisect", "first_parent_commits"]

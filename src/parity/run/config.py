@@ -12,12 +12,13 @@ still marks the project root, and every key takes its default. Keys:
   `AVX2`);
 - `devices`: simulated CPU devices, per process (default 1);
 - `processes`: processes of one JAX distributed run (default 1; see `parity.run.processes`);
-- `baseline`: the second judge off the pin's environment, `"auto"` (default: where the
-  environment differs from the pin's and a key fails its pinned class, the golden's base
-  re-produced here judges the tree: `parity.base_judge`), `"require"` (as auto, and where
-  the base cannot judge, an input error instead of a pass by calibration alone:
-  `parity.exactness`) or `"off"` (the goldens judge, by calibration);
-- `baseline_cache`: the folder of re-produced bases (default the user's cache folder:
+- `baseline`: the baseline, the reference off the pin's environment, `"auto"` (default:
+  where the environment differs from the pin's and a key fails its pinned class, the tree
+  is compared with the golden group re-produced at its base commit here:
+  `parity.baseline`), `"require"` (as auto, and where the baseline cannot be re-produced,
+  an input error instead of a pass by calibration alone: `parity.exactness`) or `"off"`
+  (the goldens are the reference, by calibration);
+- `baseline_cache`: the folder of the baselines (default the user's cache folder:
   `parity.run.baseline`);
 - `drift`: the drift policy, what a difference that can change bits between the goldens'
   environment and this one does to bitwise classes: `"warn"` (default), `"relax"` or
@@ -94,8 +95,8 @@ class ParityConfig:
     - `isa`: the ISA cap (`--xla_cpu_max_isa`), or None to leave it alone.
     - `devices`: simulated CPU devices, per process.
     - `processes`: processes of one distributed run.
-    - `baseline`: the second judge, `"auto"`, `"require"` or `"off"`.
-    - `baseline_cache`: the folder of re-produced bases, or None for the default.
+    - `baseline`: the baseline, `"auto"`, `"require"` or `"off"`.
+    - `baseline_cache`: the folder of the baselines, or None for the default.
     - `drift`: the drift policy, `"warn"`, `"relax"` or `"strict"`.
     - `jax_cache`: the compilation cache folder; None for the default
       (`parity.run.jax_cache.default_folder`), or, where `jax_cache` is in `explicit`
@@ -198,7 +199,7 @@ class ParityConfig:
 
 def user_cache_folder(name: str) -> Path:
     """`name` under parity's folder in the user's cache folder: `$XDG_CACHE_HOME/parity/NAME`,
-    else `~/.cache/parity/NAME` (the re-produced bases, the compilation cache)."""
+    else `~/.cache/parity/NAME` (the baselines, the compilation cache)."""
     xdg = os.environ.get("XDG_CACHE_HOME")
     return (Path(xdg) if xdg else Path.home() / ".cache") / "parity" / name
 

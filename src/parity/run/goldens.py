@@ -3,8 +3,8 @@
 `write_run` writes one group of a `RunnerOutput` (`parity.run.launcher`) as a golden file
 with its provenance (the run's own, the base SHA, the producers' digest, how the forward
 order was made); `write_golden` writes arrays under a class map. Both repin
-(`parity.run.repin`) and the bases re-produced off the pin's environment
-(`parity.run.baseline`) write through them, so a base reads as a golden does.
+(`parity.run.repin`) and the baselines re-produced off the pin's environment
+(`parity.run.baseline`) write through them, so a baseline reads as a golden does.
 `summarize_change` says what a repin changed in a file (`GroupChange`), and
 `carry_calibration` what became of the old file's calibration.
 """

@@ -76,7 +76,7 @@ MAX_BYTES = 8 * 1024**3
 
 
 def default_folder() -> Path:
-    """`$XDG_CACHE_HOME/parity/jax`, else `~/.cache/parity/jax`: beside the bases."""
+    """`$XDG_CACHE_HOME/parity/jax`, else `~/.cache/parity/jax`: beside the baselines."""
     from parity.run.config import user_cache_folder
 
     return user_cache_folder("jax")

@@ -1,7 +1,7 @@
 """The producer launcher: the producers file run against a code root in a fresh process
 (`_producer_runner`, started by path), under the one process supervisor
 (`parity.run.processes.supervise`), and what that process saved read back. `repin` pins
-what it returns, `parity.run.runner` checks it. Every run that fails, of one process or
+what it returns, `parity.run.produced` checks it. Every run that fails, of one process or
 several, raises `ProducerRunError`: the one producer-run failure, with fields, whose
 message says what the failed run leaves in the command that ran it (`LEAVES`).
 
@@ -53,7 +53,7 @@ LEAVES: dict[Command, str] = {
     "check": "nothing was checked",
     "bisect": "the commit is skipped",
     "calibrate": "nothing was measured or recorded",
-    "baseline": "the base was not re-produced",
+    "baseline": "the baseline was not re-produced",
     "origin": "the origin is not named",
 }
 

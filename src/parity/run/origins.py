@@ -5,8 +5,8 @@ computes what the base's program never did, at its source line (issue 35; docs/d
 `parity check` asks for it after the verdict, for the failing groups only, so a passing
 check costs what it did before: one more producer run of those groups on the current tree
 with `--record-origin` (each group's program recorded op by op, its summary saved), and one
-at the golden's base commit in this environment (a temporary worktree, as the second judge
-re-produces a base), cached beside the second judge's entry
+at the golden's base commit in this environment (a temporary worktree, as a baseline is
+re-produced), cached beside the baseline's entry
 (`<cache>/<sha>/<fingerprint>-<digest>/<group>.origin.npz`), so a failing check run again
 pays only for the current tree's recording. `locate`'s rule then runs here, on the two
 summaries. `parity bisect` does the same for the first bad commit against its parent.
@@ -32,7 +32,7 @@ from typing import Any
 
 import numpy as np
 
-from parity.base_judge import BaseUnavailable
+from parity.baseline import BaselineUnavailable
 from parity.check import GoldenDir
 from parity.environment import environment_fingerprint, layout_of
 from parity.judge.classes import REGISTRY, ToleranceClass
@@ -42,7 +42,7 @@ from parity.results import CheckError, CheckResult
 from parity.run.baseline import BaselineCache, base_commit, cache_dir
 from parity.run.config import ParityConfig
 from parity.run.launcher import ProducerRunError, run_producers
-from parity.run.runner import Produced
+from parity.run.produced import Produced
 from parity.run.worktree import GitError, temporary_worktree
 from parity.store.provenance import digest_sources
 from parity.store.staging import owned_tempdir
@@ -152,7 +152,7 @@ def _record_base(
     groups = [g for g, _ in missing]
     try:
         root, full = base_commit(config.root, sha)
-    except BaseUnavailable as e:
+    except BaselineUnavailable as e:
         return dict.fromkeys(groups, f"the base cannot be re-produced here: {e.reason}")
     progress(f"recording {', '.join(groups)} at the base {full[:12]} to name the origin")
     found: dict[str, Path | str] = {}
@@ -271,7 +271,7 @@ def name_origins(
     timeout: float | None = None,
 ) -> list[CheckResult]:
     """`results` with each failing group's origin named (`CheckResult.origin`,
-    `origin_line`), against its golden's base re-produced here (module docstring); passing
+    `origin_line`), against its golden's base commit recorded here (module docstring); passing
     checks untouched. `root`: paths in the origins are relative to it."""
     lines: dict[str, str] = {}
     todo: list[CheckResult] = []
@@ -322,7 +322,7 @@ def _one(
     assert isinstance(new, Path) and isinstance(old, Path)
     try:
         return explain(new, old, first.key, first.class_name, root=root,
-                       old_name="the base re-produced here")  # fmt: skip
+                       old_name="the base commit")  # fmt: skip
     except (LocaliseError, UnknownClassError, ValueError) as e:
         return None, f"origin: not named: {e.reason if isinstance(e, LocaliseError) else e}"
 

@@ -1,7 +1,38 @@
-"""What every rule shares: the `Rule` base, the `Scale` of a golden array, the `Elements` a
-rule judges and the `Judgement` it returns (see `parity.judge.rules` for what each method
-means), and two helpers of the rules: `check_nonneg` (a parameter is a finite number >= 0)
-and `judge_within` (one bound on `|a-b|` for the whole array).
+"""What every rule shares. A rule says how far a float array may move from its golden, one
+object per rule: it measures the violations of one pair of arrays and states its own
+bound. It is the only place that knows its arithmetic: `parity.judge.compare` walks every
+array the same way and asks the rule three things:
+
+- `bound(scale)`: the largest allowed deviation for an array of that scale, in the rule's
+  `unit` (`"abs"` for `|a-b|`, `"ulp"` for ulp distance); reports plot errors against it.
+- `judge(e, scale)`: for the elements of `e` (an `Elements`), which break the rule and how
+  badly (a score; the worst element is the one with the largest score). `parity.judge.compare`
+  hands a rule only the elements whose bits differ (elements with equal bits pass every
+  rule), a chunk at a time for large arrays, when the rule is `elementwise`; other rules
+  see every element of the whole array at once.
+- `describe()`: the rule in words, for reports and messages.
+
+Most rules judge element by element on `|a-b|` or the ulp distance. `Elements` also carries
+both arrays (flattened, float64) and the array's shape, for rules that need the sign of a
+difference (`Budget`: only growth fails) or a whole row at once (`LogitKL`: a distribution
+per position along the last axis). A rule may attach a figure in its own unit
+(`Judgement.figure`, e.g. the largest KL) and a note for a passing array
+(`Judgement.note`, e.g. "below budget").
+
+`scale` is a `Scale`, the facts about the whole golden array a rule may need before judging
+single elements (its largest finite magnitude). Splitting the two is what lets a caller
+judge an array chunk by chunk and still get the bound of the whole array.
+
+Rules only judge *finite float* elements. What every class shares is handled by the
+caller, never by a rule: dtypes and shapes are strict, NaN and ±inf must sit at the same
+positions, and integer and bool arrays are compared exactly.
+
+Here: the `Rule` base, the `Scale` of a golden array, the `Elements` a rule judges and the
+`Judgement` it returns, and two helpers of the rules: `check_nonneg` (a parameter is a
+finite number >= 0) and `judge_within` (one bound on `|a-b|` for the whole array). The
+rules themselves are its subclasses: those with a fixed tolerance in
+`parity.judge.fixed_rules`, those with a measured or propagated bound in
+`parity.judge.measured_rules`; `parity.judge.registry` names them all by their `kind`.
 
 This module imports numpy only.
 """

@@ -1,8 +1,9 @@
 """The rules whose bound is measured or propagated rather than a fixed tolerance:
 `Reduction` (the error of a length-K reduction), `Calibrated` (a multiple of the spread a
 calibration measured), `Budget` (a figure that may shrink but not grow) and `LogitKL`
-(the KL divergence of two logit rows), with `unit_roundoff`. Registered in
-`parity.judge.rules.RULES` beside the elementwise rules.
+(the KL divergence of two logit rows), with `unit_roundoff`. Siblings of the rules with a
+fixed tolerance (`parity.judge.fixed_rules`), registered with them in
+`parity.judge.registry.RULES`.
 
 This module imports numpy, and ml_dtypes for a dtype numpy does not know.
 """
@@ -16,7 +17,15 @@ from typing import Any, ClassVar
 import numpy as np
 
 from parity.judge.floats import sig
-from parity.judge.rule import Elements, Judgement, Rule, Scale, Unit, check_nonneg, judge_within
+from parity.judge.rule_base import (
+    Elements,
+    Judgement,
+    Rule,
+    Scale,
+    Unit,
+    check_nonneg,
+    judge_within,
+)
 from parity.judge.ulp import spacing_at
 
 __all__ = ["Budget", "Calibrated", "LogitKL", "Reduction", "unit_roundoff"]

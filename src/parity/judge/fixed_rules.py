@@ -1,73 +1,30 @@
-"""Rules: how far a float array may move from its golden, one object per rule.
+"""The rules with a fixed tolerance, each elementwise: `Bitwise`, `Ulp`, `Close` and
+`RelativeToMax` (what every rule shares: `parity.judge.rule_base`; the rules whose bound is
+measured or propagated: `parity.judge.measured_rules`; every rule by its kind:
+`parity.judge.registry`).
 
-A rule measures the violations of one pair of arrays and states its own bound. It is the
-only place that knows its arithmetic: `parity.judge.compare` walks every array the same way and
-asks the rule three things:
-
-- `bound(scale)`: the largest allowed deviation for an array of that scale, in the rule's
-  `unit` (`"abs"` for `|a-b|`, `"ulp"` for ulp distance); reports plot errors against it.
-- `judge(e, scale)`: for the elements of `e` (an `Elements`), which break the rule and how
-  badly (a score; the worst element is the one with the largest score). `parity.judge.compare`
-  hands a rule only the elements whose bits differ (elements with equal bits pass every
-  rule), a chunk at a time for large arrays, when the rule is `elementwise`; other rules
-  see every element of the whole array at once.
-- `describe()`: the rule in words, for reports and messages.
-
-Most rules judge element by element on `|a-b|` or the ulp distance. `Elements` also carries
-both arrays (flattened, float64) and the array's shape, for rules that need the sign of a
-difference (`Budget`: only growth fails) or a whole row at once (`LogitKL`: a distribution
-per position along the last axis). A rule may attach a figure in its own unit
-(`Judgement.figure`, e.g. the largest KL) and a note for a passing array
-(`Judgement.note`, e.g. "below budget").
-
-`scale` is a `Scale`, the facts about the whole golden array a rule may need before judging
-single elements (its largest finite magnitude). Splitting the two is what lets a caller
-judge an array chunk by chunk and still get the bound of the whole array.
-
-Rules only judge *finite float* elements. What every class shares is handled by the
-caller, never by a rule: dtypes and shapes are strict, NaN and ±inf must sit at the same
-positions, and integer and bool arrays are compared exactly.
-
-The elementwise rules with a fixed tolerance (`Bitwise`, `Ulp`, `Close`, `RelativeToMax`)
-live here; what every rule shares (`Rule`, `Scale`, `Elements`, `Judgement`) in
-`parity.judge.rule`; the rules with a measured or propagated bound (`Reduction`,
-`Calibrated`, `Budget`, `LogitKL`) in `parity.judge.derived_rules`. This module names them all:
-adding a rule is one class, registered in `RULES` under its `kind`, so that
-`ToleranceClass.from_dict` (and the golden files' JSON) can name it.
-
-This module imports numpy and ml_dtypes only.
+This module imports numpy, and ml_dtypes for a dtype numpy does not know.
 """
 
 from __future__ import annotations
 
-import dataclasses
-from collections.abc import Mapping
 from dataclasses import dataclass
-from typing import Any, ClassVar
+from typing import ClassVar
 
 import numpy as np
 
-from parity.judge.derived_rules import Budget, Calibrated, LogitKL, Reduction, unit_roundoff
-from parity.judge.rule import Elements, Judgement, Rule, Scale, Unit, check_nonneg, judge_within
+from parity.judge.rule_base import (
+    Elements,
+    Judgement,
+    Rule,
+    Scale,
+    Unit,
+    check_nonneg,
+    judge_within,
+)
 from parity.judge.ulp import spacing_at
 
-__all__ = [
-    "RULES",
-    "Bitwise",
-    "Budget",
-    "Calibrated",
-    "Close",
-    "Elements",
-    "Judgement",
-    "LogitKL",
-    "Reduction",
-    "RelativeToMax",
-    "Rule",
-    "Scale",
-    "Ulp",
-    "rule_from_dict",
-    "unit_roundoff",
-]
+__all__ = ["Bitwise", "Close", "RelativeToMax", "Ulp"]
 
 
 @dataclass(frozen=True)
@@ -202,29 +159,3 @@ class RelativeToMax(Rule):
 
     def judge(self, e: Elements, scale: Scale) -> Judgement:
         return judge_within(e, self.bound(scale))
-
-
-#: Every rule by its `kind`.
-RULES: Mapping[str, type[Rule]] = {
-    r.kind: r for r in (Bitwise, Ulp, Close, RelativeToMax, Reduction, Calibrated, Budget, LogitKL)
-}
-
-
-def rule_from_dict(kind: str, params: Mapping[str, Any]) -> Rule:
-    """Build a rule from its kind and parameters (as `Rule.params` gives them).
-
-    Raises `ValueError` naming the known kinds, or the parameters a kind takes.
-    """
-    try:
-        cls = RULES[kind]
-    except (KeyError, TypeError):
-        raise ValueError(f"unknown rule {kind!r}; known rules: {sorted(RULES)}") from None
-    fields = {f.name for f in dataclasses.fields(cls)}  # pyright: ignore[reportArgumentType]
-    unknown = sorted(set(params) - fields)
-    if unknown:
-        got = ", ".join(f"{k}={params[k]!r}" for k in unknown)
-        raise ValueError(f"rule {kind!r} takes {sorted(fields) or 'no parameters'}, got {got}")
-    try:
-        return cls(**dict(params))
-    except TypeError as e:
-        raise ValueError(f"rule {kind!r}: {e}") from None

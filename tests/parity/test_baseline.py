@@ -1,5 +1,5 @@
-"""The second judge: off the pin's environment, a golden group re-produced at its base
-commit here judges the tree exactly (`parity.base_judge`, `parity.run.baseline`).
+"""The baseline: off the pin's environment, a golden group re-produced at its base commit
+here is the tree's reference, exactly (`parity.baseline`, `parity.run.baseline`).
 
 The project's code under test (`src/model.py`) and producers are numpy only; the producers
 move every key by a known amount on more than one device (read from the XLA flags the
@@ -61,8 +61,8 @@ def _calibrate(repo: Path, run_parity, perturb: str = "devices=4,repeat") -> Non
     assert proc.returncode == 0, proc.stdout + proc.stderr
 
 
-def _judge(stdout: str) -> str:
-    lines = [ln.strip() for ln in stdout.splitlines() if ln.strip().startswith("judge")]
+def _reference(stdout: str) -> str:
+    lines = [ln.strip() for ln in stdout.splitlines() if ln.strip().startswith("reference")]
     assert len(lines) == 1, stdout
     return lines[0]
 
@@ -71,7 +71,7 @@ def _bug(repo: Path, value: float) -> None:
     (repo / "src" / "model.py").write_text(f"BUG = {value!r}\n")
 
 
-def test_a_change_below_the_calibrated_bound_fails_bitwise_against_the_base_on_4_devices(
+def test_a_change_below_the_calibrated_bound_fails_bitwise_against_the_baseline_on_4_devices(
     project, run_parity
 ):
     _calibrate(project, run_parity)
@@ -84,39 +84,40 @@ def test_a_change_below_the_calibrated_bound_fails_bitwise_against_the_base_on_4
     assert exact.returncode == 1, exact.stdout + exact.stderr
     sha = subprocess.run(["git", "-C", str(project), "rev-parse", "HEAD"], capture_output=True,
                          text=True, check=True).stdout.strip()  # fmt: skip
-    judge = _judge(exact.stdout)
-    assert f"the base re-produced here at {sha[:12]} (built now" in judge
-    assert "itself within the goldens' calibrated noise: 2 of 2 key(s) differ" in judge
+    reference = _reference(exact.stdout)
+    assert f"the baseline re-produced here at {sha[:12]} (built now" in reference
+    assert "itself within the goldens' calibrated noise: 2 of 2 key(s) differ" in reference
     failing = [ln for ln in exact.stdout.splitlines() if ln.startswith("bitwise")]
     assert failing and failing[0].split()[4] == "1", exact.stdout  # logits fail, bitwise
     assert "FAIL g" in exact.stdout and "logits" in exact.stdout
 
 
-def test_an_unchanged_tree_passes_against_the_base_which_the_next_check_reads_from_the_cache(
+def test_an_unchanged_tree_passes_against_the_baseline_which_the_next_check_reads_from_the_cache(
     project, run_parity, tmp_path
 ):
     _calibrate(project, run_parity)
     first = run_parity(project, "check", "--devices", "4")
     assert first.returncode == 0, first.stdout + first.stderr
-    assert "(built now in" in _judge(first.stdout)
+    assert "(built now in" in _reference(first.stdout)
     assert "re-producing g at the base" in first.stderr  # progress on stderr
     second = run_parity(project, "check", "--devices", "4")
     assert second.returncode == 0, second.stdout + second.stderr
-    assert "(cached at" in _judge(second.stdout)
+    assert "(cached at" in _reference(second.stdout)
     assert "re-producing" not in second.stderr
     listed = run_parity(project, "baseline", "list")
     assert listed.returncode == 0, listed.stderr
-    assert "1 cached base group(s)" in listed.stdout and "layout 1x4" in listed.stdout
-    # In the pin's own environment the goldens judge and nothing is built.
+    assert "1 cached baseline(s)" in listed.stdout and "layout 1x4" in listed.stdout
+    # In the pin's own environment the goldens are the reference and nothing is built.
     pinned = run_parity(project, "check")
     assert pinned.returncode == 0, pinned.stdout + pinned.stderr
-    assert "the goldens (this is the environment they were pinned in)" in _judge(pinned.stdout)
+    here = _reference(pinned.stdout)
+    assert "the goldens (this is the environment they were pinned in)" in here
     cleared = run_parity(project, "baseline", "clear")
-    assert "removed 1 cached base group(s)" in cleared.stdout
+    assert "removed 1 cached baseline(s)" in cleared.stdout
     assert not list((tmp_path / "baselines").glob("*/*/*.h5"))
 
 
-def test_a_base_outside_the_recorded_noise_is_exit_2_naming_the_calibrate_command(
+def test_a_baseline_outside_the_recorded_noise_is_exit_2_naming_the_calibrate_command(
     project, run_parity
 ):
     _calibrate(project, run_parity, "repeat")  # no device column: 4 devices not calibrated
@@ -145,10 +146,11 @@ def test_a_missing_base_commit_falls_back_to_calibration_and_says_why(project, r
     _rewrite_base(project, "0123456789abcdef" * 2 + "01234567")
     proc = run_parity(project, "check", "--devices", "4")
     assert proc.returncode == 0, proc.stdout + proc.stderr
-    judge = _judge(proc.stdout)
-    assert "the goldens, by calibration: the base cannot be re-produced here" in judge
+    reference = _reference(proc.stdout)
+    assert "the goldens, by calibration: the baseline cannot be re-produced here" in reference
     # A full clone: the commit is missing from its history, and no shallow clone is blamed.
-    assert "is not in the history of the repository" in judge and "git fetch origin" in judge
+    assert "is not in the history of the repository" in reference
+    assert "git fetch origin" in reference
     assert "shallow" not in proc.stdout and "unshallow" not in proc.stdout
     verdict = proc.stdout.splitlines()[0]
     assert verdict.startswith("parity: PASS") and "not exact" in verdict, verdict
@@ -174,7 +176,7 @@ def test_without_git_history_the_verdict_line_says_not_exact_and_require_exits_2
     required = run_parity(project, "check", "--devices", "4", "--baseline", "require")
     assert required.returncode == 2, required.stdout + required.stderr
     err = required.stderr.strip().splitlines()[-1]
-    assert "the second judge is required" in err and "is not in a git repository" in err
+    assert "the baseline is required" in err and "is not in a git repository" in err
     table = (project / "pyproject.toml").read_text()
     (project / "pyproject.toml").write_text(table + 'baseline = "require"\n')
     configured = run_parity(project, "check", "--devices", "4")
@@ -184,7 +186,7 @@ def test_without_git_history_the_verdict_line_says_not_exact_and_require_exits_2
     plugin = _inner_pytest(project, tmp_path, "--parity-devices", "4", "--parity-baseline",
                            "require")  # fmt: skip
     assert plugin.returncode == 1, plugin.stdout + plugin.stderr
-    assert "the second judge is required" in plugin.stdout
+    assert "the baseline is required" in plugin.stdout
     assert not cache.exists() or not any(cache.rglob("*")), sorted(cache.rglob("*"))
 
 
@@ -214,11 +216,11 @@ def test_producers_that_cannot_run_at_the_base_fall_back_and_name_the_reason(pro
     (project / "producers.py").write_text(text)
     proc = run_parity(project, "check", "--devices", "4")
     assert proc.returncode == 0, proc.stdout + proc.stderr
-    judge = _judge(proc.stdout)
-    assert "the producers cannot run at the base" in judge and "SCALE" in judge
+    reference = _reference(proc.stdout)
+    assert "the producers cannot run at the base" in reference and "SCALE" in reference
 
 
-def test_concurrent_checks_build_the_base_once(project, run_parity, tmp_path):
+def test_concurrent_checks_build_the_baseline_once(project, run_parity, tmp_path):
     _calibrate(project, run_parity)
     count = tmp_path / "runs.txt"
     env = {
@@ -241,9 +243,9 @@ def test_concurrent_checks_build_the_base_once(project, run_parity, tmp_path):
     ]
     outs = [p.communicate(timeout=300) for p in procs]
     assert [p.returncode for p in procs] == [0, 0], outs
-    judges = sorted("(built now in" in _judge(out) for out, _ in outs)
-    assert judges == [False, True], outs  # one built it, the other found it cached
-    # Two trees produced, one base: the second check waited on the lock and read it.
+    built = sorted("(built now in" in _reference(out) for out, _ in outs)
+    assert built == [False, True], outs  # one built it, the other found it cached
+    # Two trees produced, one baseline: the second check waited on the lock and read it.
     assert count.read_text().count("run") == 3
 
 
@@ -268,18 +270,18 @@ def _inner_pytest(repo: Path, tmp_path: Path, *args: str) -> subprocess.Complete
     )  # fmt: skip
 
 
-def test_the_pytest_plugin_judges_golden_checks_by_the_base_off_the_pins_layout(
+def test_the_pytest_plugin_compares_golden_checks_with_the_baseline_off_the_pins_layout(
     project, run_parity, tmp_path
 ):
     _calibrate(project, run_parity)
     (project / "test_g.py").write_text(INNER_TEST)
     clean = _inner_pytest(project, tmp_path, "--parity-devices", "4")
     assert clean.returncode == 0, clean.stdout + clean.stderr
-    assert "the base re-produced here at" in clean.stdout
+    assert "the baseline re-produced here at" in clean.stdout
     _bug(project, moved(DEVICE_NOISE) / 4)
     bug = _inner_pytest(project, tmp_path, "--parity-devices", "4")
     assert bug.returncode == 1, bug.stdout + bug.stderr
     assert "(cached at" in bug.stdout and "logits" in bug.stdout
     off = _inner_pytest(project, tmp_path, "--parity-devices", "4", "--parity-baseline", "off")
     assert off.returncode == 0, off.stdout + off.stderr
-    assert "the goldens, by calibration (the second judge is off)" in off.stdout
+    assert "the goldens, by calibration (the baseline is off)" in off.stdout

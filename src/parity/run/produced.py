@@ -1,5 +1,7 @@
-"""Produce in a fresh process, then check: the one runner behind `parity check` and
-`parity bisect` (and, through `parity.run.launcher.run_producers`, repin).
+"""Produce in a fresh process, then check: what `parity check` and `parity bisect` do with
+a code root (`Produced`, `produce`, `check_produced`). The producers themselves run in
+`parity.run._producer_runner`, which `parity.run.launcher.run_producers` starts, for repin
+too.
 
 `produce` runs the producers file in a subprocess (`parity.run._producer_runner`) with the ISA
 cap and device count set before jax starts, importing the code under test from the
@@ -20,7 +22,7 @@ from typing import Any
 
 import numpy as np
 
-from parity.base_judge import BaseSource
+from parity.baseline import BaselineSource
 from parity.check import GoldenDir, check_groups
 from parity.environment import PolicyMode
 from parity.results import CheckResult
@@ -142,8 +144,8 @@ def check_produced(
     drift_mode: PolicyMode = "warn",
     save_actual: Path | None = None,
     node: str | None = None,
-    base: BaseSource | None = None,
-    require_base: bool = False,
+    baseline: BaselineSource | None = None,
+    require_baseline: bool = False,
 ) -> list[CheckResult]:
     """Check every produced group against its golden file, in one pass
     (`parity.check.check_groups`).
@@ -157,26 +159,28 @@ def check_produced(
       group's producer environment.
     - `save_actual`: a folder for the obtained arrays of failing groups.
     - `node`: who ran the check, for reports.
-    - `base`: the second judge (`parity.run.baseline.BaselineSource`): the groups whose
-      first verdict wants their base re-produced here (`parity.base_judge`) get it from one
-      producer run per base commit, not one per group. None: the goldens judge.
-    - `require_base`: a group the base would judge but cannot is a `CheckError`
-      (`parity.check.check_file`).
+    - `baseline`: what re-produces the baselines (`parity.run.baseline.BaselineBuilder`):
+      the groups whose first verdict wants their baseline (`parity.baseline`) get it from
+      one producer run per base commit, not one per group. None: the goldens are the
+      reference.
+    - `require_baseline`: a group whose baseline would be the reference but cannot be
+      re-produced is a `CheckError` (`parity.check.check_file`).
 
     **Returns:** one `CheckResult` per group, in group order. Raises `CheckError` for a
-    group without a usable golden file, and (`require_base`) one the base cannot judge.
+    group without a usable golden file, and (`require_baseline`) one whose baseline cannot
+    be re-produced.
     """
     # The drift policy judges the producer process's environment, not this jax-free one.
     return check_groups(
         produced.groups,
         goldens=goldens,
         provenance=produced.provenance,
-        base=base,
+        baseline=baseline,
         class_map=class_name,
         overrides=overrides,
         drift_mode=drift_mode,
         node=node,
         produce_s=produced.seconds / max(1, len(produced.groups)),
         save_actual=save_actual,
-        require_base=require_base,
+        require_baseline=require_baseline,
     )

@@ -1,4 +1,4 @@
-"""The second judge on the real subject (docs/design.md, "Two judges"): a change that moves
+"""The baseline on the real subject (docs/design.md, "Two references"): a change that moves
 the GLU logits by about 1e-6 and leaves every tap inside `fp32_reassoc` fails at the
 logits, bitwise, at 4 devices and at 1 device in another environment than the pin's.
 
@@ -12,7 +12,7 @@ is: the goldens were pinned at 1 device under AVX2, and neither check runs there
 
 The tree under test is the working tree's tracked files, copied over a temporary worktree
 of HEAD (the base commit of the goldens is in the history, as in a full clone), with the
-change applied; the cache of re-produced bases is private to the test.
+change applied; the cache of baselines is private to the test.
 """
 
 from __future__ import annotations
@@ -61,8 +61,9 @@ def _check(tree: Path, cache: Path, report: Path, *args: str) -> dict:
     )  # fmt: skip
     assert proc.returncode == 1, proc.stdout + proc.stderr
     doc = json.loads(report.read_text())
-    judge = [v for k, v in doc["header"].items() if k.startswith("judge")]
-    assert len(judge) == 1 and judge[0].startswith("the base re-produced here at 60638e806ee5")
+    reference = [v for k, v in doc["header"].items() if k.startswith("reference")]
+    assert len(reference) == 1
+    assert reference[0].startswith("the baseline re-produced here at 60638e806ee5"), reference
     return doc
 
 
@@ -71,7 +72,7 @@ def _check(tree: Path, cache: Path, report: Path, *args: str) -> dict:
     [("--devices", "4"), ("--isa", "AVX")],
     ids=["4 devices", "1 device, another ISA cap"],
 )
-def test_a_logits_change_of_1e_6_fails_bitwise_against_the_base_off_the_pins_environment(
+def test_a_logits_change_of_1e_6_fails_bitwise_against_the_baseline_off_the_pins_environment(
     changed_tree: Path, tmp_path: Path, layout: tuple[str, ...]
 ):
     doc = _check(changed_tree, tmp_path / "baselines", tmp_path / "report.json", *layout)
