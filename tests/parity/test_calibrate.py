@@ -73,7 +73,7 @@ def project(tmp_path: Path, git_project) -> Path:
     return git_project(tmp_path, PRODUCERS, 'producers = "producers.py"\nsrc = "."\n')
 
 
-def test_perturbations_leave_the_baseline_out_and_refuse_what_the_host_lacks() -> None:
+def test_perturbations_leave_the_pinned_environment_out_and_refuse_what_the_host_lacks() -> None:
     base = ParityConfig(root=Path("."), isa="AVX2", devices=1)
     got = perturbations(["isa", "devices", "repeat"], base, host_caps=["SSE4_2", "AVX", "AVX2"])
     assert got == [
@@ -84,7 +84,7 @@ def test_perturbations_leave_the_baseline_out_and_refuse_what_the_host_lacks() -
         Perturbation("repeat", "AVX2", 1),
     ]
     # A bare `processes` is 2 processes x 2 devices, the layout the guide checks and the
-    # messages suggesting it mean, whatever the baseline's devices.
+    # messages suggesting it mean, whatever the pinned device count.
     for devices in (1, 4):
         at = ParityConfig(root=Path("."), isa="AVX2", devices=devices)
         assert perturbations(["processes"], at, host_caps=[]) == [

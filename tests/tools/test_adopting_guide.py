@@ -51,7 +51,8 @@ def test_normalise_replaces_what_differs_between_two_runs() -> None:
         f"{_REAL[:7]} pin goldens at the loop\n"
         "joined the run at localhost:48567; 1 passed in 12.3 s; compare 40ms\n"
         " Date: Wed Dec 2 06:12:14 2026 +0000\n"
-        "parity calibrate: baseline isa AVX2; host ISA caps SSE4_2, AVX, AVX2, AVX512_BF16\n"
+        "parity calibrate: pinned at isa AVX2, 1 device(s); "
+        "host ISA caps SSE4_2, AVX, AVX2, AVX512_BF16\n"
         "a temporary file parity-3f2a9c1 elsewhere\n"
     )
     assert _normalise(text) == (
@@ -61,7 +62,8 @@ def test_normalise_replaces_what_differs_between_two_runs() -> None:
         f"{_SHOWN[:7]} pin goldens at the loop\n"
         "joined the run at localhost:<port>; 1 passed in <t>; compare <t>\n"
         " Date: <date>\n"
-        "parity calibrate: baseline isa AVX2; host ISA caps <this host's>\n"
+        "parity calibrate: pinned at isa AVX2, 1 device(s); "
+        "host ISA caps <this host's>\n"
         "a temporary file parity-<hex> elsewhere\n"
     )
 

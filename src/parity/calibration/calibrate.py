@@ -40,12 +40,12 @@ __all__ = ["Calibration", "calibrate", "format_calibration"]
 class Calibration:
     """What `calibrate` measured.
 
-    **Fields:** `baseline` (the pinned environment: `isa`, `devices`), `perturbations`,
-    `seconds` (per perturbation label, the producer run's wall time), `keys` (every
-    `KeySpread`, by group in order) and `host` (the host's supported ISA caps).
+    **Fields:** `pinned` (the environment the goldens were pinned in: `isa`, `devices`),
+    `perturbations`, `seconds` (per perturbation label, the producer run's wall time), `keys`
+    (every `KeySpread`, by group in order) and `host` (the host's supported ISA caps).
     """
 
-    baseline: dict[str, Any]
+    pinned: dict[str, Any]
     perturbations: tuple[Perturbation, ...]
     seconds: dict[str, float]
     keys: tuple[KeySpread, ...]
@@ -61,10 +61,10 @@ class Calibration:
         return class_spreads([k for k in self.keys if group is None or k.group == group])
 
     def to_dict(self) -> dict[str, Any]:
-        """The measurement as JSON-safe data: baseline, perturbations, per-class spreads
-        (over all groups and per group) and every key's spread."""
+        """The measurement as JSON-safe data: the pinned environment, perturbations,
+        per-class spreads (over all groups and per group) and every key's spread."""
         return {
-            "baseline": self.baseline,
+            "pinned": self.pinned,
             "host_isa_caps": list(self.host),
             "perturbations": [dataclasses.asdict(p) for p in self.perturbations],
             "seconds": self.seconds,
@@ -77,7 +77,7 @@ class Calibration:
     def from_dict(cls, data: Mapping[str, Any]) -> Calibration:
         """Read `to_dict`'s output back (a measurement saved with `--json`)."""
         return cls(
-            baseline=dict(data["baseline"]),
+            pinned=dict(data["pinned"]),
             perturbations=tuple(Perturbation(**p) for p in data["perturbations"]),
             seconds=dict(data.get("seconds", {})),
             keys=tuple(KeySpread.from_dict(k) for k in data["keys"]),
@@ -119,7 +119,7 @@ def calibrate(
 
     **Arguments:**
 
-    - `config`: the project's settings; its ISA cap and device count are the baseline the
+    - `config`: the project's settings; its ISA cap and device count are the environment the
       goldens were pinned in.
     - `goldens`: group -> its golden file (the groups to calibrate).
     - `perturbs`: the environments to produce in (`perturbations`).
@@ -147,7 +147,7 @@ def calibrate(
     for group, gf in goldens.items():
         keys += measure(runs[group], gf, group, overrides=overrides, registry=registry)
     return Calibration(
-        baseline={"isa": config.isa, "devices": config.devices},
+        pinned={"isa": config.isa, "devices": config.devices},
         perturbations=tuple(perturbs),
         seconds=seconds,
         keys=tuple(keys),
@@ -158,9 +158,9 @@ def calibrate(
 def format_calibration(cal: Calibration) -> str:
     """The measurement as text: the environments, then per class its measured noise
     next to its bound, the flags, and the keys that broke their class."""
-    base = cal.baseline
+    pinned = cal.pinned
     lines = [
-        f"parity calibrate: baseline isa {base['isa']}, {base['devices']} device(s) (as pinned); "
+        f"parity calibrate: pinned at isa {pinned['isa']}, {pinned['devices']} device(s); "
         f"host ISA caps {', '.join(cal.host) or 'unknown'}",
         "perturbations (each a fresh producer process): "
         + ", ".join(f"{p.label} ({cal.seconds.get(p.label, 0):.0f}s)" for p in cal.perturbations),

@@ -86,18 +86,18 @@ class Perturbation:
 
 
 def perturbations(
-    spec: Sequence[str], baseline: ParityConfig, *, host_caps: Sequence[str] | None = None
+    spec: Sequence[str], pinned: ParityConfig, *, host_caps: Sequence[str] | None = None
 ) -> list[Perturbation]:
-    """The environments a `--perturb` list names, the baseline's own left out.
+    """The environments a `--perturb` list names, the pinned one left out.
 
     **Arguments:**
 
-    - `spec`: items `isa` (every cap of `host_caps` but the baseline's), `isa=CAP` (one
-      cap, which the host must support), `devices` (`DEVICE_COUNTS` but the baseline's),
+    - `spec`: items `isa` (every cap of `host_caps` but the pinned one), `isa=CAP` (one
+      cap, which the host must support), `devices` (`DEVICE_COUNTS` but the pinned one),
       `devices=N`, `processes` (`PROCESS_LAYOUT`: 2 processes of 2 devices), `processes=PxD`
-      (P processes of D devices), `repeat` (the baseline environment again: run-to-run
+      (P processes of D devices), `repeat` (the pinned environment again: run-to-run
       determinism).
-    - `baseline`: the configuration the goldens were pinned in (ISA cap, devices).
+    - `pinned`: the configuration the goldens were pinned in (ISA cap, devices).
     - `host_caps`: the caps this host supports (default `host_isa_caps()`).
 
     **Returns:** the perturbations in the order given, without repeats. Raises
@@ -114,23 +114,23 @@ def perturbations(
         name, eq, value = item.strip().partition("=")
         if name == "isa" and not eq:
             for cap in caps:
-                if cap != baseline.isa:
-                    add(Perturbation(f"isa={cap}", cap, baseline.devices))
+                if cap != pinned.isa:
+                    add(Perturbation(f"isa={cap}", cap, pinned.devices))
         elif name == "isa":
             if value not in caps:
                 raise CalibrationError(
                     f"--perturb {item}: this host supports the ISA caps {caps or 'none known'} "
                     f"(from /proc/cpuinfo); pick one of them"
                 )
-            add(Perturbation(f"isa={value}", value, baseline.devices))
+            add(Perturbation(f"isa={value}", value, pinned.devices))
         elif name == "devices" and not eq:
             for n in DEVICE_COUNTS:
-                if n != baseline.devices:
-                    add(Perturbation(f"devices={n}", baseline.isa, n))
+                if n != pinned.devices:
+                    add(Perturbation(f"devices={n}", pinned.isa, n))
         elif name == "devices":
             if not value.isdigit() or int(value) < 1:
                 raise CalibrationError(f"--perturb {item}: the device count must be an int >= 1")
-            add(Perturbation(f"devices={int(value)}", baseline.isa, int(value)))
+            add(Perturbation(f"devices={int(value)}", pinned.isa, int(value)))
         elif name == "processes":
             procs, _, devs = (value or PROCESS_LAYOUT).partition("x")
             if not (procs.isdigit() and devs.isdigit() and int(procs) >= 2 and int(devs) >= 1):
@@ -138,10 +138,10 @@ def perturbations(
                     f"--perturb {item}: a process layout is PxD with P >= 2 processes of D >= 1 "
                     "devices each, for example processes=2x2"
                 )
-            add(Perturbation(f"processes={int(procs)}x{int(devs)}", baseline.isa, int(devs),
+            add(Perturbation(f"processes={int(procs)}x{int(devs)}", pinned.isa, int(devs),
                              int(procs)))  # fmt: skip
         elif name == "repeat" and not eq:
-            add(Perturbation("repeat", baseline.isa, baseline.devices))
+            add(Perturbation("repeat", pinned.isa, pinned.devices))
         else:
             raise CalibrationError(
                 f"unknown perturbation {item!r}; expected isa, isa=CAP, devices, devices=N, "
@@ -149,7 +149,7 @@ def perturbations(
             )
     if not out:
         raise CalibrationError(
-            f"--perturb {','.join(spec)} leaves nothing to run besides the baseline "
-            f"(isa {baseline.isa}, {baseline.devices} device(s)); add devices or repeat"
+            f"--perturb {','.join(spec)} leaves nothing to run besides the pinned environment "
+            f"(isa {pinned.isa}, {pinned.devices} device(s)); add devices or repeat"
         )
     return out

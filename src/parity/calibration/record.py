@@ -77,7 +77,7 @@ def record(cal: Calibration, golden: GoldenFile, group: str, path: Path | None =
 
     here = collect_provenance()
     provenance["calibration"] = {
-        "baseline": cal.baseline,
+        "pinned": cal.pinned,
         # Where it was measured: every column holds the difference between that host and
         # the pin's, so a calibration on another processor than the pin's measures that too.
         "host": {"cpu": here["cpu"], "processor": here["processor"], "isa_caps": list(cal.host)},
