@@ -52,26 +52,42 @@ def git() -> Callable[..., str]:
     return _git
 
 
-def _run_parity(repo: Path, *args: str) -> subprocess.CompletedProcess[str]:
+def _parity_env(repo: Path) -> dict[str, str]:
+    """The environment of `python -m parity` run in `repo` by a test."""
     # A private TMPDIR: what the commands leave behind is visible, and nobody else's
     # cleanup of a shared /tmp can pull a worktree away mid-run.
     tmp = repo.parent / "tmp"
     tmp.mkdir(exist_ok=True)
+    # A private cache of baselines too (parity.run.baseline): never the user's.
+    # The command line reads PARITY_DEVICES as the plugin does: an outer
+    # `PARITY_DEVICES=4 pytest` must not move the layout these projects pin and check.
+    return {
+        **{k: v for k, v in os.environ.items() if k != "PARITY_DEVICES"},
+        "PYTHONWARNINGS": "ignore",
+        "TMPDIR": str(tmp),
+        "PARITY_BASELINE_CACHE": str(repo.parent / "baselines"),
+    }
+
+
+def _run_parity(repo: Path, *args: str) -> subprocess.CompletedProcess[str]:
     return subprocess.run(
         [sys.executable, "-m", "parity", *args],
         cwd=repo,
         capture_output=True,
         text=True,
-        # A private cache of baselines too (parity.run.baseline): never the user's.
-        # The command line reads PARITY_DEVICES as the plugin does: an outer
-        # `PARITY_DEVICES=4 pytest` must not move the layout these projects pin and check.
-        env={
-            **{k: v for k, v in os.environ.items() if k != "PARITY_DEVICES"},
-            "PYTHONWARNINGS": "ignore",
-            "TMPDIR": str(tmp),
-            "PARITY_BASELINE_CACHE": str(repo.parent / "baselines"),
-        },
+        env=_parity_env(repo),
         timeout=300,
+    )
+
+
+def _start_parity(repo: Path, *args: str) -> subprocess.Popen[str]:
+    return subprocess.Popen(
+        [sys.executable, "-m", "parity", *args],
+        cwd=repo,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+        env=_parity_env(repo),
     )
 
 
@@ -79,6 +95,13 @@ def _run_parity(repo: Path, *args: str) -> subprocess.CompletedProcess[str]:
 def run_parity() -> Callable[..., subprocess.CompletedProcess[str]]:
     """`run_parity(repo, *args)`: `python -m parity ARGS` in `repo`, TMPDIR beside it."""
     return _run_parity
+
+
+@pytest.fixture(scope="session")
+def start_parity() -> Callable[..., subprocess.Popen[str]]:
+    """`start_parity(repo, *args)`: what `run_parity` runs, started and not waited for (its
+    output on pipes)."""
+    return _start_parity
 
 
 def _git_project(

@@ -450,7 +450,7 @@ WAITS = {
 
 @pytest.fixture(scope="module")
 def waiting_runs(
-    project: Path, tmp_path_factory: pytest.TempPathFactory
+    project: Path, tmp_path_factory: pytest.TempPathFactory, start_parity
 ) -> Iterator[dict[str, tuple[Path, subprocess.Popen[str]]]]:
     """Each of `WAITS` started in the background on its own copy of `project` with its fault
     set: `{fault: (copy, the running command)}`. A run that no test read (its test was not
@@ -460,7 +460,7 @@ def waiting_runs(
         copy = tmp_path_factory.mktemp(f"mp-{fault}") / "proj"
         shutil.copytree(project, copy)
         (copy / "mode.txt").write_text(fault)
-        runs[fault] = (copy, _start_parity(copy, *args))
+        runs[fault] = (copy, start_parity(copy, *args))
     try:
         yield runs
     finally:
@@ -468,24 +468,6 @@ def waiting_runs(
             if proc.poll() is None:
                 proc.terminate()
             proc.communicate()
-
-
-def _start_parity(repo: Path, *args: str) -> subprocess.Popen[str]:
-    """`python -m parity ARGS` in `repo`, started, with the environment `run_parity` gives
-    (tests/conftest.py)."""
-    tmp = repo.parent / "tmp"
-    tmp.mkdir(exist_ok=True)
-    env = {k: v for k, v in os.environ.items() if k != "PARITY_DEVICES"}
-    env |= {"PYTHONWARNINGS": "ignore", "TMPDIR": str(tmp)}
-    env["PARITY_BASELINE_CACHE"] = str(repo.parent / "baselines")
-    return subprocess.Popen(
-        [sys.executable, "-m", "parity", *args],
-        cwd=repo,
-        stdout=subprocess.PIPE,
-        stderr=subprocess.PIPE,
-        text=True,
-        env=env,
-    )
 
 
 def _finished(run: subprocess.Popen[str]) -> tuple[int, str, str]:
