@@ -54,6 +54,7 @@ def test_normalise_replaces_what_differs_between_two_runs() -> None:
         "parity calibrate: pinned at isa AVX2, 1 device(s); "
         "host ISA caps SSE4_2, AVX, AVX2, AVX512_BF16\n"
         "a temporary file parity-3f2a9c1 elsewhere\n"
+        " forward base 860c5750663d layout 1x1 env 3f2a9c1 GenuineIntel family 6 model 167\n"
     )
     assert _normalise(text) == (
         f"repin at {_SHOWN[:12]}: adding a temporary worktree\n"
@@ -65,6 +66,7 @@ def test_normalise_replaces_what_differs_between_two_runs() -> None:
         "parity calibrate: pinned at isa AVX2, 1 device(s); "
         "host ISA caps <this host's>\n"
         "a temporary file parity-<hex> elsewhere\n"
+        " forward base <hex> layout 1x1 env <hex> <processor>\n"
     )
 
 

@@ -7,8 +7,9 @@ from its subject, the same at every length git prints, so a SHA in the bisect's 
 matches the one in `git log`); any other hex string of 7+ characters with a letter and a
 digit (`<hex>`); git's dates (`<date>`, in `git revert`'s summary); timings (`1.9s`,
 `12.3 s`, `40ms`: `<t>`); local ports (`localhost:<port>`); and the host's list of XLA ISA
-caps in calibrate's header (`host ISA caps <this host's>`), the one line that depends on
-the machine rather than the run; and the plugin's count of compiles and cache loads
+caps in calibrate's header (`host ISA caps <this host's>`) and the processor a cached
+baseline was built on (`parity baseline list`: `GenuineIntel family 6 model 167` reads
+`<processor>`), what depends on the machine rather than the run; and the plugin's count of compiles and cache loads
 (`compiled <n> ... loaded <n>`), which depends on what the machine's compilation cache
 already held. Numbers, keys, verdicts and words are compared as printed;
 lines lose trailing whitespace. jaxlib's "[Gloo] Rank 0 is connected to N peer ranks" lines
@@ -37,6 +38,8 @@ _TIMING = re.compile(r"\b\d+(?:\.\d+)? ?(?:ms|s)\b")
 _PORT = re.compile(r"\b(localhost|127\.0\.0\.1):\d+\b")
 _COMPILES = re.compile(r"XLA compiled \d+ program\(s\) and loaded \d+")
 _HOST_CAPS = re.compile(r"host ISA caps [A-Z0-9_]+(?:, [A-Z0-9_]+)*")
+# provenance's processor (`cpu_signature`): vendor, family and model
+_PROCESSOR = re.compile(r"\b[A-Za-z]+ family \d+ model \d+\b")
 # git's default date format, as `git revert` prints it ("Date: Wed Dec 2 06:12:14 2026 +0000")
 _DATE = re.compile(
     r"\b(?:Mon|Tue|Wed|Thu|Fri|Sat|Sun) (?:Jan|Feb|Mar|Apr|May|Jun|Jul|Aug|Sep|Oct|Nov|Dec) "
@@ -55,8 +58,8 @@ def normalise(text: str, *, root: str | Path, shas: Mapping[str, str]) -> str:
       SHA becomes the stand-in's prefix of the same length.
 
     **Returns:** the text with the temporary folder, SHAs, other hex strings of 7+ characters
-    that hold a letter and a digit, dates, timings, local ports and the host's ISA cap list
-    replaced (see the module docstring), and trailing whitespace removed from every line.
+    that hold a letter and a digit, dates, timings, local ports, the host's ISA cap list and
+    processor replaced (see the module docstring), and trailing whitespace removed from every line.
     """
     for path in sorted({str(root), os.path.realpath(root)}, key=len, reverse=True):
         text = text.replace(path, "~")
@@ -76,4 +79,5 @@ def normalise(text: str, *, root: str | Path, shas: Mapping[str, str]) -> str:
     text = _PORT.sub(r"\1:<port>", text)
     text = _COMPILES.sub("XLA compiled <n> program(s) and loaded <n>", text)
     text = _HOST_CAPS.sub("host ISA caps <this host's>", text)
+    text = _PROCESSOR.sub("<processor>", text)
     return "\n".join(line.rstrip() for line in text.split("\n"))
