@@ -9,9 +9,9 @@ digit (`<hex>`); git's dates (`<date>`, in `git revert`'s summary); timings (`1.
 `12.3 s`, `40ms`: `<t>`); local ports (`localhost:<port>`); and the host's list of XLA ISA
 caps in calibrate's header (`host ISA caps <this host's>`) and the processor a cached
 baseline was built on (`parity baseline list`: `GenuineIntel family 6 model 167` reads
-`<processor>`), what depends on the machine rather than the run; and the plugin's count of compiles and cache loads
-(`compiled <n> ... loaded <n>`), which depends on what the machine's compilation cache
-already held. Numbers, keys, verdicts and words are compared as printed;
+`<processor>`), what depends on the machine rather than the run; and the plugin's count
+of compiles and cache loads (`compiled <n> ... loaded <n>`), which depends on what the
+machine's compilation cache already held. Numbers, keys, verdicts and words are compared as printed;
 lines lose trailing whitespace. jaxlib's "[Gloo] Rank 0 is connected to N peer ranks" lines
 are not normalised away: the multi-process launcher echoes worker 0's output as it comes,
 and with jaxlib 0.10.2 it carries none.
