@@ -1,6 +1,6 @@
 """`python -m parity`: see `parity.cli`."""
 
-from parity.cli import main
+from parity.cli import script
 
 if __name__ == "__main__":
-    raise SystemExit(main())
+    script()

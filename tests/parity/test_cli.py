@@ -485,6 +485,40 @@ def test_a_diff_loads_neither_the_run_layer_nor_the_writers_nor_the_reports_it_s
     assert {"parity.report.html", "parity.report.jsondoc"} <= loaded  # and what its plots need
 
 
+#: `python -m parity` in a fresh process, with what an `atexit` handler sees: whether the
+#: collector's objects were frozen when `main` returned in-process, and at the exit.
+_FROZEN_AT_EXIT = (
+    "import atexit, gc, json, runpy, sys\n"
+    "from parity.cli import main\n"
+    "argv = json.loads(sys.argv[1])\n"
+    "in_process = main(argv), gc.get_freeze_count()\n"
+    "atexit.register(lambda: print(json.dumps([*in_process, gc.get_freeze_count()])))\n"
+    "sys.argv = ['parity', *argv]\n"
+    "runpy.run_module('parity', run_name='__main__')\n"
+)
+
+
+def test_the_entry_point_exits_with_main_s_code_and_the_collector_frozen(
+    tmp_path: Path, golden: Path
+) -> None:
+    # Frozen, the interpreter's shutdown skips its full collections: ~15 ms of a small
+    # diff's start-up (`tools/bench_startup.py`). `main` alone leaves the collector be.
+    changed = _arrays()
+    changed["weights.w"][0, 0] += 1
+    actual = _write(tmp_path / "actual.h5", changed)
+    for argv, expected in ((("diff", golden, golden), 0), (("diff", actual, golden), 1)):
+        proc = subprocess.run(
+            [sys.executable, "-c", _FROZEN_AT_EXIT, json.dumps([str(a) for a in argv])],
+            capture_output=True,
+            text=True,
+            timeout=120,
+        )
+        assert proc.returncode == expected, proc.stdout + proc.stderr
+        code, frozen_in_process, frozen_at_exit = json.loads(proc.stdout.splitlines()[-1])
+        assert (code, frozen_in_process) == (expected, 0)
+        assert frozen_at_exit > 0
+
+
 def test_the_overview_imports_no_command_and_lists_every_one(
     capsys: pytest.CaptureFixture[str],
 ) -> None:

@@ -72,7 +72,7 @@ def test_the_wheel_requires_no_subject_dependency(wheel: Path) -> None:
     extras = {re.sub(r"""^.*extra == ["']([^"']+)["'].*$""", r"\1", r) for r in subject}
     assert subject and extras == {"test", "dev"}, subject
     assert "parity = parity.pytest_plugin" in entry_points
-    assert "parity = parity.cli:main" in entry_points
+    assert "parity = parity.cli:script" in entry_points
 
 
 def test_the_sdist_carries_parity_and_no_decomp(tmp_path: Path) -> None:
