@@ -9,7 +9,9 @@ same load on a shared machine), each as a fresh process:
 - `raw`: a plain Python process that imports h5py and numpy, reads both plain files and
   compares every pair with `np.array_equal`: the yardstick (the target is at most 1.2x).
 - `parity diff`: `python -m parity diff` on the parity files (checksums verified, every
-  array under its class), and on the plain files.
+  array under its class), and on the plain files; and the installed `parity` script (the
+  `parity` beside this interpreter, where the package is installed) on the parity files,
+  the command as a user types it (no `runpy`).
 - `python -c pass` and `import h5py, numpy`: the interpreter, and the imports that the
   raw process pays too.
 
@@ -34,6 +36,7 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import shutil
 import statistics
 import subprocess
 import sys
@@ -127,6 +130,11 @@ def measure(paths: dict[str, Path], rounds: int, bytecode: str) -> dict[str, Any
         "python -c pass": [py, "-c", "pass"],
         "import h5py, numpy": [py, "-c", "import h5py, numpy"],
     }
+    script = shutil.which("parity", path=str(Path(py).parent))
+    if script is not None:  # the installed `parity` script: `parity diff` as a user types it
+        items = list(commands.items())
+        items.insert(2, ("parity diff (the script)", [script, "diff", *items[1][1][-2:]]))
+        commands = dict(items)
     times: dict[str, dict[str, list[float]]] = {n: {"wall": [], "cpu": []} for n in commands}
     with tempfile.TemporaryDirectory(prefix="bench_startup_pyc_") as pyc:
         env = {

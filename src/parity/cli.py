@@ -41,6 +41,8 @@ from collections.abc import Collection, Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, NoReturn
 
+from parity.commands.formatter import Formatter
+
 if TYPE_CHECKING:
     from parity.commands.common import EXIT_OK, EXIT_UNUSABLE
     from parity.commands.diff import run_diff
@@ -189,26 +191,27 @@ def build_parser(built: Collection[str] | None = None) -> argparse.ArgumentParse
 
     **Arguments:**
 
-    - `built`: the subcommands whose parser is built (importing their module); every other
-      one gets an empty parser that carries its `--help` line and nothing else, so that the
-      parser reads a command line naming one of `built` (or none: `--help`, `--version`, a
-      usage error) and no other. `None` (the default): the whole tree, every module of
-      `COMMANDS` imported.
+    - `built`: the subcommands whose parser is built (importing their module). Naming one
+      subcommand, the parser holds that one only: it reads a command line naming it, and
+      nothing else needs the others (its `--help` and its errors print its own usage).
+      Naming none (`()`): every subcommand gets an empty parser that carries its `--help`
+      line and nothing else, for `--help`, `--version` and a usage error that lists them.
+      `None` (the default): the whole tree, every module of `COMMANDS` imported.
 
-    **Returns:** an `argparse.ArgumentParser` with every subcommand of `COMMANDS`.
+    **Returns:** an `argparse.ArgumentParser`.
     """
     parser = argparse.ArgumentParser(
         prog="parity",
         description=_DESCRIPTION,
-        formatter_class=argparse.RawDescriptionHelpFormatter,
+        formatter_class=Formatter,
     )
     parser.add_argument("--version", action=_Version)
     sub = parser.add_subparsers(dest="command", metavar="COMMAND", required=True)
     for command in COMMANDS:
         if built is None or command.name in built:
             importlib.import_module(command.module).add_parser(sub, command.help)
-        else:
-            sub.add_parser(command.name, help=command.help)
+        elif not built:
+            sub.add_parser(command.name, help=command.help, formatter_class=Formatter)
     return parser
 
 
@@ -240,7 +243,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     """
     argv = list(sys.argv[1:] if argv is None else argv)
     named = _named_command(argv)
-    parser = build_parser(built=() if named is None else (named,))
+    parser = build_parser(built=(named,) if named in _BY_NAME else ())
     try:
         args = parser.parse_args(argv)
     except SystemExit as e:  # --help (0) or a bad command line (2); argparse printed why

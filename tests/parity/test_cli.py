@@ -448,8 +448,9 @@ def test_a_command_imports_its_own_module_and_no_other_command_s(
 #: environments differ, for the project's drift policy), the store's writer and the
 #: provenance it collects, the JSON and HTML writers (loaded for `--json` and `--report`:
 #: the report session it prints through imports them only to write) and `difflib` (the
-#: suggestion for a misspelt class). A small diff's start-up is mostly imports
-#: (`tools/bench_startup.py`).
+#: suggestion for a misspelt class), and `shutil` (argparse's own formatter imports it, and
+#: its compression modules, for the terminal's width: `parity.cli.Formatter` reads it
+#: without). A small diff's start-up is mostly imports (`tools/bench_startup.py`).
 _NOT_FOR_A_DIFF = (
     "parity.run",
     "parity.store.writer",
@@ -457,12 +458,36 @@ _NOT_FOR_A_DIFF = (
     "parity.report.html",
     "parity.report.jsondoc",
     "difflib",
+    "shutil",
 )
 
 
 def _of(loaded: set[str], packages: Sequence[str]) -> list[str]:
     """The modules of `loaded` that are one of `packages` or inside one."""
     return sorted(m for m in loaded if any(m == p or m.startswith(p + ".") for p in packages))
+
+
+@pytest.mark.parametrize("columns", [None, "63", "0", "wide"])
+def test_the_help_is_as_wide_as_argparse_would_make_it(
+    monkeypatch: pytest.MonkeyPatch, columns: str | None
+) -> None:
+    import shutil
+
+    from parity.commands.formatter import Formatter
+    from parity.commands.formatter import columns as read_columns
+
+    if columns is None:
+        monkeypatch.delenv("COLUMNS", raising=False)
+    else:
+        monkeypatch.setenv("COLUMNS", columns)
+    assert read_columns() == shutil.get_terminal_size().columns
+    ours = argparse.ArgumentParser(prog="p", formatter_class=Formatter, description="a\n b")
+    theirs = argparse.ArgumentParser(
+        prog="p", formatter_class=argparse.RawDescriptionHelpFormatter, description="a\n b"
+    )
+    for p in (ours, theirs):
+        p.add_argument("--flag", help="word " * 40)
+    assert ours.format_help() == theirs.format_help()
 
 
 def test_a_diff_loads_neither_the_run_layer_nor_the_writers_nor_the_reports_it_skips(

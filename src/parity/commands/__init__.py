@@ -1,4 +1,5 @@
-"""The subcommands of `parity`, one module each, and what they share (`common`, `files`).
+"""The subcommands of `parity`, one module each, and what they share (`common`, `files`,
+`formatter`: the help formatter of every parser, `parity.cli`'s too).
 
 `diff` and `show` read HDF5 files (`parity.store`) and compare them (`parity.judge`);
 `repin`, `check`, `bisect` and `calibrate` run producers (`parity.run.repin`,

@@ -12,6 +12,7 @@ import sys
 import textwrap
 from typing import TYPE_CHECKING, Any
 
+from parity.commands.formatter import Formatter
 from parity.environment import DRIFT_MODES
 from parity.judge.tolerance import OVERRIDE_HELP, RuleError, class_help, class_problem, flag_rules
 
@@ -89,7 +90,7 @@ def subparser(sub: Any, name: str, *, help: str, description: str) -> argparse.A
         name,
         help=help,
         description=description,
-        formatter_class=argparse.RawDescriptionHelpFormatter,
+        formatter_class=Formatter,
     )
 
 
