@@ -268,6 +268,54 @@ def bench_step_time(args: argparse.Namespace, results: Results) -> None:
         )
 
 
+@section("cache_put")
+def bench_cache_put(args: argparse.Namespace, results: Results) -> None:
+    """One write into the size-limited jax compilation cache that parity shares per machine
+    (`parity.run.jax_cache`), in a folder already holding `--entries` entries of 27 KB (a
+    cold test suite leaves ~1,900): jax's own write, which lists the folder and reads every
+    entry's access time first, against the write with parity's size tally
+    (`keep_a_size_tally`). Each in its own copy of the folder; `--steps` writes each.
+    Records `cache_put_{legacy,new}_s` (medians)."""
+    import tempfile
+    from pathlib import Path
+
+    from jax._src.lru_cache import LRUCache
+
+    from parity.run import jax_cache
+
+    value = b"x" * 27_000
+
+    def filled(folder: Path) -> LRUCache:
+        cache = LRUCache(str(folder), max_size=jax_cache.MAX_BYTES)
+        for i in range(args.entries):
+            (folder / f"old{i}-cache").write_bytes(value)
+            (folder / f"old{i}-atime").write_bytes(time.time_ns().to_bytes(8, "little"))
+        return cache
+
+    def puts(cache: LRUCache) -> list[float]:
+        out = []
+        for i in range(args.steps):
+            t0 = time.perf_counter()
+            cache.put(f"new{i}", value)
+            out.append(time.perf_counter() - t0)
+        return out
+
+    with tempfile.TemporaryDirectory(prefix="bench_cache_put_") as tmp:
+        legacy_folder, new_folder = Path(tmp, "jax"), Path(tmp, "tally")
+        legacy_folder.mkdir()
+        new_folder.mkdir()
+        legacy = puts(filled(legacy_folder))
+        if not jax_cache.keep_a_size_tally():
+            raise SystemExit("this jax has no LRUCache._evict_if_needed to wrap")
+        new = puts(filled(new_folder))
+    results.add_pair("cache", f"cache write, {args.entries} entries", "cache_put", legacy, new)
+    print(
+        f"cache write into {args.entries} entries: jax's {statistics.median(legacy) * 1e3:.2f} "
+        f"ms, with the size tally {statistics.median(new) * 1e3:.2f} ms (medians of "
+        f"{args.steps}; the first write with the tally lists the folder once)"
+    )
+
+
 # --- driver --------------------------------------------------------------------------------
 
 
@@ -291,7 +339,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser.add_argument("--n-layer", type=int, default=32, help="GLU layers (7 sites each)")
     parser.add_argument("--c", type=int, default=8, help="components per site")
     parser.add_argument("--seq-len", type=int, default=16, help="T of the sources")
-    parser.add_argument("--steps", type=int, default=10, help="timed steps (step_time)")
+    parser.add_argument("--steps", type=int, default=10, help="timed steps (step_time, cache_put)")
+    parser.add_argument("--entries", type=int, default=2000, help="cache entries (cache_put)")
     args = parser.parse_args(argv)
     if args.repeats < 1:
         parser.error("--repeats must be at least 1")

@@ -81,10 +81,48 @@ def test_processes_on_one_empty_cache_at_once_all_get_correct_results(tmp_path: 
         assert run["out"] == runs[0]["out"]
     entries = list(jax_cache.folder_for(tmp_path).glob("*-cache"))
     assert len(entries) >= len(_SIZES)
+    # Four writers at once kept the size tally whole: it is the bytes the entries take.
+    tally = jax_cache.folder_for(tmp_path) / jax_cache.SIZE_TALLY
+    assert int(tally.read_bytes()) == sum(p.stat().st_size for p in entries)
     # A second process compiles nothing: every program is in the cache now.
     again = _finish(_start(tmp_path, _SIZES))
     assert again["out"] == runs[0]["out"]
     assert (again["compiled"], again["loaded"] >= len(_SIZES)) == (0, True), again
+
+
+def test_a_write_lists_the_folder_only_where_the_tally_says_the_limit_would_pass(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    from jax._src.lru_cache import LRUCache
+
+    assert jax_cache.keep_a_size_tally()
+    listings: list[Path] = []
+    count = jax_cache._stored_bytes
+
+    def counted(folder: Path, suffix: str) -> int:
+        listings.append(folder)
+        return count(folder, suffix)
+
+    monkeypatch.setattr(jax_cache, "_stored_bytes", counted)
+    cache = LRUCache(str(tmp_path), max_size=1000)
+    tally = tmp_path / jax_cache.SIZE_TALLY
+
+    def stored() -> dict[str, int]:
+        return {p.name.removesuffix("-cache"): p.stat().st_size for p in tmp_path.glob("*-cache")}
+
+    cache.put("a", b"a" * 300)  # no tally yet: the folder is listed, then counted
+    assert (len(listings), int(tally.read_bytes())) == (1, 300)
+    cache.put("b", b"b" * 300)
+    assert cache.get("a") == b"a" * 300  # `a` is now used more recently than `b`
+    cache.put("c", b"c" * 300)
+    assert (len(listings), int(tally.read_bytes())) == (1, 900)  # no listing below the limit
+    cache.put("d", b"d" * 300)  # 1200 bytes would pass 1000: jax evicts, least recent first
+    assert len(listings) == 2
+    assert stored() == {"a": 300, "c": 300, "d": 300}
+    assert int(tally.read_bytes()) == 900
+    tally.write_bytes(b"not a number")  # an unreadable tally: listed and counted again
+    cache.put("e", b"e" * 50)
+    assert len(listings) == 3 and int(tally.read_bytes()) == sum(stored().values()) == 950
 
 
 def test_a_cache_key_does_not_depend_on_the_folder(tmp_path: Path) -> None:

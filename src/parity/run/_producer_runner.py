@@ -272,7 +272,8 @@ def _arguments(argv: list[str] | None) -> argparse.Namespace:
 
 
 def _import_harness() -> Callable[[], Any] | None:
-    """Import the harness (and install the compile counter where asked); its
+    """Import the harness (and install the compile counter where asked, and the size tally
+    of the machine's compilation cache where it has one: `parity.run.jax_cache`); its
     `collect_provenance`, or None where parity cannot be imported."""
     collect_provenance = None
     try:
@@ -283,6 +284,10 @@ def _import_harness() -> Callable[[], Any] | None:
 
         if os.environ.get(compile_count.LOG_VAR):
             compile_count.install()
+        if os.environ.get("JAX_COMPILATION_CACHE_DIR"):  # the machine's cache
+            from parity.run.jax_cache import keep_a_size_tally
+
+            keep_a_size_tally()
     except ImportError:
         pass
     return collect_provenance

@@ -29,6 +29,16 @@ Two facts of jax 0.10's cache decide how (read in `jax/_src/cache_key.py` and
   1 of a 2-process session found nothing and compiled everything on every run.
   `write_from_every_process` lets each process write its own entries (under its own key:
   no two processes write one file, and the lock serialises the folder).
+- **Every write reads the whole folder.** Before each write, under the folder's lock, the
+  size-limited cache lists every entry, stats it and reads its access-time file, to learn
+  whether the folder is over its limit (`LRUCache._evict_if_needed`): a write into a
+  folder of n entries costs n file reads, while every other process waits on the lock (28
+  ms at 1,900 entries here, the size of one cold test suite; a machine's folder grows to
+  its 8 GiB limit, hundreds of thousands of entries). `keep_a_size_tally` keeps the
+  folder's byte count in a file beside the entries (`SIZE_TALLY`), updated under the same
+  lock: a write reads one small file, and the folder is listed only where the tally says
+  the limit would be passed (then jax evicts as it would, least recently used first, and
+  the tally is counted again) or where there is no tally yet.
 
 The folder holds a subfolder per processor (`parity.store.provenance.cpu_signature`):
 XLA's CPU code is built for the host, so a home folder shared by machines of different
@@ -42,6 +52,7 @@ must.
 
 from __future__ import annotations
 
+import contextlib
 import hashlib
 import os
 from collections.abc import Mapping
@@ -56,12 +67,14 @@ if TYPE_CHECKING:
 __all__ = [
     "MAX_BYTES",
     "RESOLVED_VAR",
+    "SIZE_TALLY",
     "child_env",
     "default_folder",
     "enable",
     "export",
     "folder_for",
     "for_children",
+    "keep_a_size_tally",
     "resolve",
     "write_from_every_process",
 ]
@@ -73,6 +86,8 @@ RESOLVED_VAR = "PARITY_RESOLVED_JAX_CACHE"
 #: The size limit: past it the least recently used entries go. A limit is also what makes
 #: jax lock the folder around every read and write (module docstring).
 MAX_BYTES = 8 * 1024**3
+#: The file, in the cache folder, holding the bytes its entries take (`keep_a_size_tally`).
+SIZE_TALLY = ".parity-size-tally"
 
 
 def default_folder() -> Path:
@@ -111,6 +126,7 @@ def enable(root: Path) -> Path:
     for name, value in _settings(folder).items():
         jax.config.update(name, value)
     write_from_every_process()
+    keep_a_size_tally()
     return folder
 
 
@@ -163,6 +179,74 @@ def write_from_every_process() -> bool:
 
     _cache_write._parity_every_process = True  # pyright: ignore[reportFunctionMemberAccess]
     compiler._cache_write = _cache_write
+    return True
+
+
+def _stored_bytes(folder: Path, suffix: str) -> int:
+    """The bytes the entries (`*<suffix>`) of `folder` take."""
+    total = 0
+    with os.scandir(folder) as entries:
+        for entry in entries:
+            if entry.name.endswith(suffix):
+                with contextlib.suppress(FileNotFoundError):  # removed since the listing
+                    total += entry.stat().st_size
+    return total
+
+
+def _read_tally(path: Path) -> int | None:
+    try:
+        return int(path.read_bytes())
+    except (OSError, ValueError):  # none yet, or unreadable: the folder is counted again
+        return None
+
+
+def _write_tally(path: Path, size: int) -> None:
+    """Write the tally whole (a temporary file renamed over it): a reader never sees part
+    of a number, which could read as a smaller one."""
+    part = path.with_name(f"{path.name}.{os.getpid()}")
+    part.write_bytes(str(size).encode())
+    os.replace(part, path)
+
+
+def keep_a_size_tally() -> bool:
+    """Let a write into the size-limited cache read one tally file instead of every entry
+    (module docstring). This wraps a private method of jax
+    (`jax._src.lru_cache.LRUCache._evict_if_needed`, jax 0.10), which jax calls under the
+    folder's lock before each write; where jax has none of that shape, it changes nothing
+    and returns False. Idempotent.
+
+    The tally counts what this code wrote: a write whose file then fails, or an entry
+    removed by hand, leaves it above the truth, so the folder is listed sooner than it had
+    to be; entries written by a jax without this wrapper (a process parity did not set up)
+    are not counted until the next listing, which writes the true figure again."""
+    import inspect
+
+    from jax._src import lru_cache
+
+    cache = getattr(lru_cache, "LRUCache", None)
+    original = getattr(cache, "_evict_if_needed", None)
+    suffix = getattr(lru_cache, "_CACHE_SUFFIX", None)
+    if original is None or not isinstance(suffix, str):
+        return False
+    if getattr(original, "_parity_tally", False):
+        return True
+    if list(inspect.signature(original).parameters) != ["self", "additional_size"]:
+        return False
+
+    def _evict_if_needed(self: Any, *, additional_size: int = 0) -> None:
+        if not self.eviction_enabled:
+            return
+        folder = Path(self.path)
+        tally = folder / SIZE_TALLY
+        known = _read_tally(tally)
+        if known is not None and known + additional_size <= self.max_size:
+            _write_tally(tally, known + additional_size)
+            return
+        original(self, additional_size=additional_size)
+        _write_tally(tally, _stored_bytes(folder, suffix) + additional_size)
+
+    _evict_if_needed._parity_tally = True  # pyright: ignore[reportFunctionMemberAccess]
+    cache._evict_if_needed = _evict_if_needed  # pyright: ignore[reportOptionalMemberAccess]
     return True
 
 
