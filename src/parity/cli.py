@@ -3,9 +3,10 @@
 One argparse tree: `COMMANDS` declares each subcommand (its name, its module in
 `parity.commands`, its `--help` line): `diff`, `show`, `repin`, `check`, `bisect`,
 `calibrate`, `baseline`. `main` imports the module of the one the command line names and
-no other (`build_parser(built=...)`: the others' parsers are empty, carrying only their
-`--help` line), so that `parity diff` starts in the time a diff needs; `build_parser()`
-builds the whole tree.
+no other, and builds that one's parser only (`build_parser(built=...)`; with none named,
+`--help` or a usage error, every subcommand gets an empty parser carrying its `--help`
+line), so that `parity diff` starts in the time a diff needs; `build_parser()` builds the
+whole tree. Every parser formats its help with `parity.commands.formatter.Formatter`.
 
 - `parity diff ACTUAL GOLDEN [--class NAME] [--json FILE] [--report DIR]` compares every
   array of two HDF5 files (parity-written or plain h5py files) and prints the report table.
