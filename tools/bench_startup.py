@@ -132,9 +132,9 @@ def measure(paths: dict[str, Path], rounds: int, bytecode: str) -> dict[str, Any
     }
     script = shutil.which("parity", path=str(Path(py).parent))
     if script is not None:  # the installed `parity` script: `parity diff` as a user types it
+        typed = [script, "diff", str(paths["actual"]), str(paths["golden"])]
         items = list(commands.items())
-        items.insert(2, ("parity diff (the script)", [script, "diff", *items[1][1][-2:]]))
-        commands = dict(items)
+        commands = dict([*items[:2], ("parity diff (the script)", typed), *items[2:]])
     times: dict[str, dict[str, list[float]]] = {n: {"wall": [], "cpu": []} for n in commands}
     with tempfile.TemporaryDirectory(prefix="bench_startup_pyc_") as pyc:
         env = {

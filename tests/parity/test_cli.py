@@ -449,8 +449,8 @@ def test_a_command_imports_its_own_module_and_no_other_command_s(
 #: provenance it collects, the JSON and HTML writers (loaded for `--json` and `--report`:
 #: the report session it prints through imports them only to write) and `difflib` (the
 #: suggestion for a misspelt class), and `shutil` (argparse's own formatter imports it, and
-#: its compression modules, for the terminal's width: `parity.cli.Formatter` reads it
-#: without). A small diff's start-up is mostly imports (`tools/bench_startup.py`).
+#: its compression modules, for the terminal's width: `parity.commands.formatter.Formatter`
+#: reads it without). A small diff's start-up is mostly imports (`tools/bench_startup.py`).
 _NOT_FOR_A_DIFF = (
     "parity.run",
     "parity.store.writer",
