@@ -187,7 +187,10 @@ def test_a_hanging_single_process_producer_is_stopped_at_the_timeout(tmp_path: P
     assert _workers_of(tmp_path) == [], "the producer process outlived the run"
 
 
-def test_a_worker_killed_mid_run_ends_the_run_naming_it(project: Path, mode) -> None:
+@pytest.mark.parametrize("signum", [signal.SIGKILL, signal.SIGTERM], ids=lambda s: s.name)
+def test_a_worker_killed_mid_run_ends_the_run_naming_it(project: Path, mode, signum) -> None:
+    """SIGTERM as SIGKILL: jax's runtime takes SIGTERM for a preemption notice and would
+    let the worker sleep on; `parity.run.processes.initialize` gives it back."""
     mode("kill")
     tmp = project.parent / "tmp"
     tmp.mkdir(exist_ok=True)
@@ -206,14 +209,14 @@ def test_a_worker_killed_mid_run_ends_the_run_naming_it(project: Path, mode) -> 
             time.sleep(0.1)
         assert pid_file.exists(), "process 1 never reached its producer"
         time.sleep(0.2)  # the file is written before the sleep begins
-        os.kill(int(pid_file.read_text()), signal.SIGKILL)
+        os.kill(int(pid_file.read_text()), signum)
         _, stderr = proc.communicate(timeout=120)
     finally:
         if proc.poll() is None:
             proc.kill()
             proc.communicate()
     assert proc.returncode == 2, stderr
-    _fault(stderr, "process 1 of 2 was killed by SIGKILL")
+    _fault(stderr, f"process 1 of 2 was killed by {signum.name}")
     _assert_nothing_left(project, stderr)
 
 

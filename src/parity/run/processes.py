@@ -24,6 +24,7 @@ import socket
 import subprocess
 import sys
 import tempfile
+import threading
 import time
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
@@ -382,9 +383,18 @@ def initialize(coordinator: str, processes: int, process_id: int) -> None:
     # Cross-process reductions on CPU need a collectives implementation; set before
     # initialize, which builds the CPU client with it.
     jax.config.update("jax_cpu_collectives_implementation", "gloo")
+    # jax's runtime takes SIGTERM for its preemption notice (a C handler that records the
+    # signal and lets the process run on): a worker the launcher stops would then live out
+    # the whole kill grace, blocked in a collective its failed peer never joins. The
+    # process's own disposition is put back, so SIGTERM stops a worker as it stops any
+    # process.
+    main = threading.current_thread() is threading.main_thread()
+    term = signal.getsignal(signal.SIGTERM) if main else None
     jax.distributed.initialize(
         coordinator_address=coordinator, num_processes=processes, process_id=process_id
     )
+    if term is not None:  # None: off the main thread, or a handler from outside Python
+        signal.signal(signal.SIGTERM, term)
     if processes > 1:
         _open_communicator()
 
