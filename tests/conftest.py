@@ -2,6 +2,7 @@
 the simulated device count before jax starts."""
 
 import contextlib
+import functools
 import hashlib
 import os
 import shutil
@@ -104,7 +105,38 @@ def start_parity() -> Callable[..., subprocess.Popen[str]]:
     return _start_parity
 
 
+#: Pinned projects built so far by this process, by what they were built from (`_built_key`),
+#: each kept as it was right after its pin: a test asking for the same project again gets a
+#: copy of it (the same commit, the same golden files), not another `parity repin` (a
+#: process that imports jax, a worktree, a producer process) per test.
+_PINNED: dict[str, Path] = {}
+
+
+def _built_key(
+    producers: str | None,
+    table: str | None,
+    files: Mapping[str, str | Path] | None,
+    pin: Sequence[str],
+    message: str,
+    branch: str | None,
+) -> str:
+    h = hashlib.sha256()
+    for part in (producers, table, tuple(pin), message, branch, os.environ.get("XLA_FLAGS")):
+        h.update(repr(part).encode() + b"\0")
+    for rel, content in sorted((files or {}).items()):
+        h.update(rel.encode() + b"\0")
+        if isinstance(content, Path):  # a folder: its files' paths and bytes
+            for f in sorted(content.rglob("*")):
+                if f.is_file() and "__pycache__" not in f.parts:
+                    h.update(f.relative_to(content).as_posix().encode() + f.read_bytes())
+        else:
+            h.update(content.encode())
+        h.update(b"\0")
+    return h.hexdigest()
+
+
 def _git_project(
+    kept_root: Path,
     root: Path,
     producers: str | None = None,
     table: str | None = 'producers = "producers.py"\n',
@@ -115,6 +147,13 @@ def _git_project(
     branch: str | None = "main",
 ) -> Path:
     repo = root / "proj"
+    key = None if pin is None else _built_key(producers, table, files, pin, message, branch)
+    if key in _PINNED:
+        shutil.copytree(_PINNED[key], repo, symlinks=True)
+        # The copy's files have new inodes and times: git refreshes its index now, as it
+        # would have after a commit in place, so no later status rewrites it.
+        _git(repo, "update-index", "-q", "--refresh")
+        return repo
     repo.mkdir()
     if producers is not None:
         (repo / "producers.py").write_text(producers)
@@ -132,19 +171,25 @@ def _git_project(
     if pin is not None:
         pinned = _run_parity(repo, "repin", "--base", "HEAD", *pin)
         assert pinned.returncode == 0, pinned.stdout + pinned.stderr
+    if key is not None:
+        kept = kept_root / key[:16] / "proj"
+        shutil.copytree(repo, kept, symlinks=True)
+        _PINNED[key] = kept
     return repo
 
 
 @pytest.fixture(scope="session")
-def git_project() -> Callable[..., Path]:
+def git_project(tmp_path_factory: pytest.TempPathFactory) -> Callable[..., Path]:
     """`git_project(root, producers=None, table=..., files=None, *, pin=(), message="one",
     branch="main") -> root/proj`: a git repository with one commit (`message`, on `branch`;
     None: git's default) of a producers file (None: none), a `[tool.parity]` table (its body
     `table`; None: no pyproject.toml) and `files` (relative path -> text, or a folder that is
     copied without its `__pycache__`), then goldens pinned at that commit by `parity repin
     --base HEAD *pin` (None: nothing pinned). Session-scoped, so a module-scoped fixture can
-    build its project under `tmp_path_factory`."""
-    return _git_project
+    build its project under `tmp_path_factory`. A project pinned before in this process from
+    the same producers, table, files, pin arguments and message is copied, not pinned again
+    (`_PINNED`)."""
+    return functools.partial(_git_project, tmp_path_factory.mktemp("pinned-projects"))
 
 
 def _checkout_snapshot(repo: Path) -> dict[str, str]:
