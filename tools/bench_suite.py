@@ -18,11 +18,12 @@ folder. Every process parity starts writes how many programs it compiled and how
 loaded from the cache (`PARITY_COMPILE_LOG`, `parity.run.compile_count`): the pytest
 processes, xdist workers, the workers of a distributed session and the producer processes.
 Subprocesses of the tests that are not parity's (a test's own `python -c` script) are not
-counted. Prints, per run: seconds, the tests' outcome line, compiles and cache loads, and
-the 20 slowest tests (pytest's `--durations`), and where XLA's compile seconds went: the 20
-tests and the 20 program names with the most (each with how many programs were compiled and
-in how many processes: a name compiled in several processes is a program compiled again
-that a shared cache or a shared fixture could have served).
+counted. Prints, per run: seconds, CPU seconds (user + sys of every process it started:
+less moved than the wall time by other load on a shared machine), the tests' outcome line,
+compiles and cache loads, and the 20 slowest tests (pytest's `--durations`), and where XLA's
+compile seconds went: the 20 tests and the 20 program names with the most (each with how
+many programs were compiled and in how many processes: a name compiled in several processes
+is a program compiled again that a shared cache or a shared fixture could have served).
 """
 
 from __future__ import annotations
@@ -31,6 +32,7 @@ import argparse
 import json
 import os
 import re
+import resource
 import subprocess
 import sys
 import tempfile
@@ -64,6 +66,9 @@ class Run:
     compiled: int
     loaded: int
     processes: int
+    #: user + sys seconds of every process the run started (`RUSAGE_CHILDREN`): less moved by
+    #: other load on a shared machine than the wall time, which waits for it.
+    cpu_seconds: float = 0.0
     layouts: list[tuple[str, float]] = field(default_factory=list)
     slowest: list[tuple[float, str]] = field(default_factory=list)
     by_test: list[Compiled] = field(default_factory=list)
@@ -91,22 +96,31 @@ def run_once(target: str, kind: str, clone: Path, cache_home: Path, logs: Path) 
             env.pop(name)
     env["PIP_CACHE_DIR"] = env.get("PIP_CACHE_DIR", str(Path.home() / ".cache" / "pip"))
     env |= {"XDG_CACHE_HOME": str(cache_home), LOG_VAR: str(log)}
-    t0 = time.perf_counter()
+    t0, cpu0 = time.perf_counter(), _children_cpu()
     done = subprocess.run(
         COMMANDS[target], cwd=clone, env=env, capture_output=True, text=True, check=False
     )
-    seconds = time.perf_counter() - t0
+    seconds, cpu = time.perf_counter() - t0, _children_cpu() - cpu0
     (logs / f"{target}-{kind}.out").write_text(done.stdout + done.stderr)
     counts = read_log(log)
     layouts, slowest = _parse(done.stdout)
     by_test, by_program = (read_compiles(log, by=by)[:TOP] for by in ("test", "program"))
     return Run(target, kind, round(seconds, 1), done.returncode, counts.compiled,
-               counts.loaded, counts.processes, layouts, slowest, by_test, by_program)  # fmt: skip
+               counts.loaded, counts.processes, round(cpu, 1), layouts, slowest, by_test,
+               by_program)  # fmt: skip
+
+
+def _children_cpu() -> float:
+    """User + sys seconds of this process's children so far: every process they started
+    too, once each was waited for (a run's processes all are by the time it returns)."""
+    usage = resource.getrusage(resource.RUSAGE_CHILDREN)
+    return usage.ru_utime + usage.ru_stime
 
 
 def _print(run: Run) -> None:
     status = "ok" if run.returncode == 0 else f"EXIT {run.returncode}"
-    print(f"\n== {run.target}, {run.kind}: {run.seconds:.0f} s ({status})")
+    cpu = f"{run.cpu_seconds:.0f} CPU-s"
+    print(f"\n== {run.target}, {run.kind}: {run.seconds:.0f} s ({status}), {cpu}")
     print(
         f"   XLA: {run.compiled} compiled, {run.loaded} loaded from the cache, "
         f"over {run.processes} counted processes"
