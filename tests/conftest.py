@@ -105,13 +105,6 @@ def start_parity() -> Callable[..., subprocess.Popen[str]]:
     return _start_parity
 
 
-#: Pinned projects built so far by this process, by what they were built from (`_built_key`),
-#: each kept as it was right after its pin: a test asking for the same project again gets a
-#: copy of it (the same commit, the same golden files), not another `parity repin` (a
-#: process that imports jax, a worktree, a producer process) per test.
-_PINNED: dict[str, Path] = {}
-
-
 def _built_key(
     producers: str | None,
     table: str | None,
@@ -120,6 +113,8 @@ def _built_key(
     message: str,
     branch: str | None,
 ) -> str:
+    """What a pinned project was built from, as a folder name under `git_project`'s kept
+    projects."""
     h = hashlib.sha256()
     for part in (producers, table, tuple(pin), message, branch, os.environ.get("XLA_FLAGS")):
         h.update(repr(part).encode() + b"\0")
@@ -147,9 +142,15 @@ def _git_project(
     branch: str | None = "main",
 ) -> Path:
     repo = root / "proj"
-    key = None if pin is None else _built_key(producers, table, files, pin, message, branch)
-    if key in _PINNED:
-        shutil.copytree(_PINNED[key], repo, symlinks=True)
+    # A pinned project is kept as it was right after its pin, under what it was built from:
+    # a test asking for the same project again gets a copy (the same commit, the same golden
+    # files), not another `parity repin` (a process that imports jax, a worktree, a
+    # producer process).
+    kept = None
+    if pin is not None:
+        kept = kept_root / _built_key(producers, table, files, pin, message, branch) / "proj"
+    if kept is not None and kept.is_dir():
+        shutil.copytree(kept, repo, symlinks=True)
         # The copy's files have new inodes and times: git refreshes its index now, as it
         # would have after a commit in place, so no later status rewrites it.
         _git(repo, "update-index", "-q", "--refresh")
@@ -171,10 +172,10 @@ def _git_project(
     if pin is not None:
         pinned = _run_parity(repo, "repin", "--base", "HEAD", *pin)
         assert pinned.returncode == 0, pinned.stdout + pinned.stderr
-    if key is not None:
-        kept = kept_root / key[:16] / "proj"
-        shutil.copytree(repo, kept, symlinks=True)
-        _PINNED[key] = kept
+    if kept is not None:  # copied aside, then renamed: a kept project is whole or absent
+        partial = kept.parent / "partial"
+        shutil.copytree(repo, partial, symlinks=True)
+        partial.rename(kept)
     return repo
 
 
@@ -188,7 +189,7 @@ def git_project(tmp_path_factory: pytest.TempPathFactory) -> Callable[..., Path]
     --base HEAD *pin` (None: nothing pinned). Session-scoped, so a module-scoped fixture can
     build its project under `tmp_path_factory`. A project pinned before in this process from
     the same producers, table, files, pin arguments and message is copied, not pinned again
-    (`_PINNED`)."""
+    (kept under this session's `pinned-projects`)."""
     return functools.partial(_git_project, tmp_path_factory.mktemp("pinned-projects"))
 
 
