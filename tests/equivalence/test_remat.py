@@ -11,8 +11,9 @@ same input shapes), so the remat ones are lowered here and loaded from jax's per
 compilation cache wherever a golden check of the trajectories compiled them first: this test
 runs after `train_remat_nothing`'s golden check and live differential on their xdist worker
 (`xdist_group`, collection order), and, as the slow tests go out first, after the other
-worker's `train_remat_dots` in the usual case. It compiles the step without remat, and each
-remat program the cache does not hold yet.
+worker's `train_remat_dots` in the usual case. The step without remat is the program of the
+1-device arm of tests/decomp/test_data_parallel.py, which the same `xdist_group` runs first
+(collection order): this test compiles only the remat programs the cache does not hold yet.
 
 Like the sweep, this runs in 1-device sessions only: the remat modes are one program
 transformation, judged where the goldens were pinned.
