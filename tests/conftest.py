@@ -4,10 +4,13 @@ the simulated device count before jax starts."""
 import contextlib
 import functools
 import hashlib
+import json
 import os
+import resource
 import shutil
 import subprocess
 import sys
+import time
 from collections.abc import Callable, Iterator, Mapping, Sequence
 from pathlib import Path
 from typing import Any
@@ -32,6 +35,30 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
     collected last keeps one worker busy while the other has nothing left to do, so the
     longest units go out first and the short ones fill in behind them."""
     items.sort(key=lambda item: item.get_closest_marker("slow") is None)
+
+
+def _cpu_seconds() -> float:
+    """User + sys seconds of this process and of every process it started and waited for."""
+    own, children = (
+        resource.getrusage(who) for who in (resource.RUSAGE_SELF, resource.RUSAGE_CHILDREN)
+    )
+    return own.ru_utime + own.ru_stime + children.ru_utime + children.ru_stime
+
+
+@pytest.hookimpl(hookwrapper=True)
+def pytest_runtest_protocol(item: pytest.Item, nextitem: pytest.Item | None) -> Iterator[None]:
+    """Where `PARITY_COMPILE_LOG` names a folder (tools/bench_suite.py), each test's wall and
+    CPU seconds (setup, call and teardown; the CPU of this process and of the processes it
+    reaped meanwhile: the producers and CLI runs a test starts) are appended to
+    `tests-<pid>.jsonl` there, one `[nodeid, wall, cpu]` per line. On a machine whose other
+    load moves wall times, the CPU seconds say which tests cost the suite its time."""
+    folder = os.environ.get("PARITY_COMPILE_LOG")
+    t0, cpu0 = time.perf_counter(), _cpu_seconds()
+    yield
+    if folder:
+        row = [item.nodeid, time.perf_counter() - t0, _cpu_seconds() - cpu0]
+        with open(Path(folder) / f"tests-{os.getpid()}.jsonl", "a") as f:
+            f.write(json.dumps(row) + "\n")
 
 
 def _git(repo: Path, *args: str) -> str:
