@@ -46,19 +46,21 @@ def _cpu_seconds() -> float:
 
 
 @pytest.hookimpl(hookwrapper=True)
-def pytest_runtest_protocol(item: pytest.Item, nextitem: pytest.Item | None) -> Iterator[None]:
+def pytest_runtest_protocol(item: pytest.Item) -> Iterator[None]:
     """Where `PARITY_COMPILE_LOG` names a folder (tools/bench_suite.py), each test's wall and
     CPU seconds (setup, call and teardown; the CPU of this process and of the processes it
     reaped meanwhile: the producers and CLI runs a test starts) are appended to
     `tests-<pid>.jsonl` there, one `[nodeid, wall, cpu]` per line. On a machine whose other
     load moves wall times, the CPU seconds say which tests cost the suite its time."""
     folder = os.environ.get("PARITY_COMPILE_LOG")
+    if not folder:
+        yield
+        return
     t0, cpu0 = time.perf_counter(), _cpu_seconds()
     yield
-    if folder:
-        row = [item.nodeid, time.perf_counter() - t0, _cpu_seconds() - cpu0]
-        with open(Path(folder) / f"tests-{os.getpid()}.jsonl", "a") as f:
-            f.write(json.dumps(row) + "\n")
+    row = [item.nodeid, time.perf_counter() - t0, _cpu_seconds() - cpu0]
+    with open(Path(folder) / f"tests-{os.getpid()}.jsonl", "a") as f:
+        f.write(json.dumps(row) + "\n")
 
 
 def _git(repo: Path, *args: str) -> str:
