@@ -217,8 +217,8 @@ def git_project(tmp_path_factory: pytest.TempPathFactory) -> Callable[..., Path]
     copied without its `__pycache__`), then goldens pinned at that commit by `parity repin
     --base HEAD *pin` (None: nothing pinned). Session-scoped, so a module-scoped fixture can
     build its project under `tmp_path_factory`. A project pinned before in this process from
-    the same producers, table, files, pin arguments and message is copied, not pinned again
-    (kept under this session's `pinned-projects`)."""
+    the same producers, table, files, pin arguments, message, branch and `XLA_FLAGS` is
+    copied, not pinned again (kept under this session's `pinned-projects`, `_built_key`)."""
     return functools.partial(_git_project, tmp_path_factory.mktemp("pinned-projects"))
 
 
