@@ -53,6 +53,7 @@ from parity.exactness import FirstVerdict, VerdictOptions, conclude, prepare_bas
 from parity.judge.chunks import DEFAULT_BUDGET
 from parity.judge.classes import REGISTRY, ToleranceClass
 from parity.judge.compare import Comparison, Order, compare_trees
+from parity.judge.dataflow import DATAFLOW
 from parity.judge.fixed_rules import Ulp
 from parity.judge.tolerance import (
     DEFAULT_CLASS,
@@ -279,6 +280,11 @@ def first_verdict(
         classes.bound(key)  # a calibrated key without a recorded spread is an error first
     load_s = time.perf_counter() - t0
     forward = [k for k in placed if k in golden_arrays] if order is None else order
+    if order is None and current.get("order") == DATAFLOW and isinstance(actual, Mapping):
+        # Produced in an order read from the programs that computed it: that order, finer
+        # than a declared one pinned in the golden.
+        mine = [k for k in actual if k in golden_arrays]
+        forward = mine + [k for k in forward if k not in set(mine)]
     try:
         comparison, flat_a, compare_s = _compare(
             actual, golden_arrays, classes.bound, registry=policy, order=forward,

@@ -37,7 +37,7 @@ from parity.calibrated.bounds import BY_CALIBRATION, CALIBRATED, KeyClasses, cal
 from parity.environment import EnvironmentDifference, PolicyMode
 from parity.judge.classes import ToleranceClass
 from parity.judge.compare import Comparison, Finding, Order
-from parity.judge.dataflow import order_hint
+from parity.judge.dataflow import DATAFLOW, order_hint
 from parity.judge.tolerance import (
     ClassMapLike,
     KeyClass,
@@ -261,7 +261,8 @@ def conclude(first: FirstVerdict, baseline: Baseline | BaselineUnavailable | Non
         header["base_sha"] = str(gf.provenance["base_sha"])
     drift = difference.policy(opts.drift_mode).header
     header |= {f"drift {i}": line for i, line in enumerate(drift)}
-    if hint := order_hint(gf.provenance.get("order"), placed):
+    made = first.current.get("order")
+    if hint := order_hint(made if made == DATAFLOW else gf.provenance.get("order"), placed):
         header["order"] = hint
     calibration = gf.provenance.get("calibration")
     if isinstance(calibration, dict) and calibration.get("summary"):

@@ -43,6 +43,7 @@ from parity.judge.trees import flatten
 __all__ = [
     "ALPHABETICAL_HINT",
     "DATAFLOW",
+    "Conversions",
     "DECLARED",
     "DECLARED_HINT",
     "Dataflow",
@@ -92,6 +93,19 @@ class DataflowError(TypeError):
     def __init__(self, reason: str):
         self.reason = reason
         super().__init__(reason)
+
+
+class Conversions(list[Any]):
+    """The numpy arrays `numpy_conversions` saw made of jax arrays (kept alive, so that `id`
+    of one names it), and `source`: `id` of each -> the jax array it was made of."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.source: dict[int, Any] = {}
+
+    def add(self, out: Any, source: Any) -> None:
+        self.append(out)
+        self.source[id(out)] = source
 
 
 class Dataflow(dict[str, Any]):
@@ -232,17 +246,18 @@ def _ranked(closed: Any, shapes: Any, declared: Sequence[str] = ()) -> tuple[lis
 
 
 @contextlib.contextmanager
-def numpy_conversions() -> Iterator[list[Any]]:
+def numpy_conversions() -> Iterator[Conversions]:
     """While open, numpy's conversions pass traced values through and record the numpy
     arrays they make of jax arrays (see the module docstring).
 
-    **Yields:** the list those arrays are appended to (kept alive, so that `id` of an
-    output names one of them for as long as the caller holds the list).
+    **Yields:** the `Conversions` those arrays are appended to, each with the jax array it
+    was made of (kept alive, so that `id` of an output names one of them for as long as
+    the caller holds it).
     """
     import jax
     from jax.core import Tracer
 
-    made: list[Any] = []
+    made = Conversions()
 
     def through(original: Callable[..., Any]) -> Callable[..., Any]:
         @functools.wraps(original)
@@ -252,14 +267,18 @@ def numpy_conversions() -> Iterator[list[Any]]:
                 return x if dtype is None else x.astype(dtype)
             out = original(x, *args, **kwargs)
             if isinstance(x, jax.Array):
-                made.append(out)
+                made.add(out, x)
             return out
 
         return convert
 
     def device_get(x: Any) -> Any:
         out = get(x)
-        made.extend(leaf for leaf in jax.tree_util.tree_leaves(out) if isinstance(leaf, np.ndarray))
+        for leaf, source in zip(
+            jax.tree_util.tree_leaves(out), jax.tree_util.tree_leaves(x), strict=False
+        ):
+            if isinstance(leaf, np.ndarray):
+                made.add(leaf, source)
         return out
 
     get = jax.device_get

@@ -16,9 +16,9 @@ jax is imported inside these functions only (the caller has it).
 from __future__ import annotations
 
 import functools
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
@@ -26,7 +26,10 @@ from parity.judge.dataflow import dataflow_order
 from parity.judge.trees import flatten
 from parity.origin.recording import Fingerprint, Recording, Value, fingerprint, row_fingerprints
 
-__all__ = ["BARE", "LocaliseError", "record"]
+if TYPE_CHECKING:
+    from parity.origin.programs import Capture
+
+__all__ = ["BARE", "LocaliseError", "record", "record_programs", "user_frame_of"]
 
 #: The key a bare array output gets (as `assert_equivalent` names a bare array).
 BARE = "array"
@@ -63,48 +66,110 @@ class LocaliseError(ValueError):
 Ref = tuple[Any, int]  # (array, value id; -1 for a literal)
 Frame = tuple[str, int, str]  # (file, line, function); ("", 0, "") where unknown
 _NOWHERE: Frame = ("", 0, "")
+Where = tuple[Frame, str]  # the user's own frame, and the library's frame as a line ("" if none)
+_UNPLACED: Where = (_NOWHERE, "")
+
+#: Moves that pass one operand's numbers on (cast, reshape, ...): the result *is* that
+#: operand as far as the dataflow order is concerned.
+_SAME = frozenset(
+    {"squeeze", "reshape", "expand_dims", "transpose", "copy", "copy_p", "device_put",
+     "convert_element_type", "broadcast_in_dim", "optimization_barrier"}
+)  # fmt: skip
+
+
+class _Aval:
+    """A value's shape and dtype where the program is walked without computing it."""
+
+    def __init__(self, shape: tuple[int, ...], dtype: Any) -> None:
+        self.shape, self.dtype = tuple(shape), dtype
+
+    def __getitem__(self, k: int) -> _Aval:
+        return _Aval(self.shape[1:], self.dtype)
 
 
 class _Interpreter:
-    def __init__(self, max_bytes: int | None = None) -> None:
+    """Runs jaxprs equation by equation (`evaluate`), or walks them for their shapes only,
+    keeping per value its metadata, its fingerprints, its depth (the longest chain of
+    operations from an input) and, for a value that is a row of a stacked one or passes
+    one operand on, the value it stands for (`source`)."""
+
+    def __init__(
+        self, max_bytes: int | None = None, *, evaluate: bool = True, keep_arrays: bool = True
+    ) -> None:
         self.max_bytes = max_bytes
+        self.evaluate = evaluate
+        self.keep_arrays = keep_arrays
         self.nbytes = 0
         self.values: list[Value] = []
         self.arrays: list[np.ndarray] = []
+        self.prints: list[Fingerprint] = []
+        self.rows: dict[int, tuple[Fingerprint, ...]] = {}
+        self.depth: list[int] = []
+        self.source: dict[int, int] = {}
+        self.stacked: dict[int, list[int]] = {}
         self.consts: dict[int, tuple[Any, Ref]] = {}
-        self.frames: dict[int, Frame] = {}
+        self.frames: dict[int, Where] = {}
 
-    def add(self, x: Any, primitive: str, kind: str, inputs: list[int], where: Frame) -> Ref:
-        host = _host(x)
-        self.nbytes += host.nbytes
-        if self.max_bytes is not None and self.nbytes > self.max_bytes:
-            raise LocaliseError(
-                f"the program is too large to record: its values pass {self.max_bytes >> 20} "
-                f"MiB after {len(self.values)} of them; localise a smaller case (fewer "
-                "layers, a shorter batch)"
-            )
-        file, line, function = where
+    def add(
+        self, x: Any, primitive: str, kind: str, inputs: list[int], where: Where,
+        source: int | None = None,
+    ) -> Ref:  # fmt: skip
         i = len(self.values)
         ins = tuple(j for j in inputs if j >= 0)
-        value = Value(i, primitive, kind, tuple(host.shape), str(host.dtype), ins, file, line,
-                      function)  # fmt: skip
-        self.values.append(value)
-        self.arrays.append(host)
+        if self.evaluate:
+            host = _host(x)
+            self.nbytes += host.nbytes
+            if self.max_bytes is not None and self.nbytes > self.max_bytes:
+                raise LocaliseError(
+                    f"the program is too large to record: its values pass "
+                    f"{self.max_bytes >> 20} MiB after {len(self.values)} of them; localise a "
+                    "smaller case (fewer layers, a shorter batch)"
+                )
+            shape, dtype = tuple(host.shape), str(host.dtype)
+            self.prints.append(fingerprint(host))
+            if host.ndim >= 2 and host.shape[0] > 0:
+                self.rows[i] = tuple(row_fingerprints(host))
+            if self.keep_arrays:
+                self.arrays.append(host)
+            else:
+                self.nbytes -= host.nbytes  # fingerprinted: its numbers need not be held
+        else:
+            shape, dtype = (
+                tuple(x.shape),
+                str(np.dtype(x.dtype)) if _plain(x.dtype) else str(x.dtype),
+            )
+        (file, line, function), library = where
+        self.values.append(
+            Value(i, primitive, kind, shape, dtype, ins, file, line, function, library)
+        )
+        if source is not None:
+            self.source[i] = self.source.get(source, source)
+            self.depth.append(self.depth[source])
+        elif kind in ("input", "const"):
+            self.depth.append(0)
+        else:
+            deepest = max((self.depth[j] for j in ins), default=0)
+            self.depth.append(deepest + (kind == "op"))
         return x, i
 
-    def frame(self, eqn: Any, outer: Frame) -> Frame:
+    def stands_for(self, i: int) -> int:
+        """The value `i` stands for in the dataflow order (itself, or its `source`)."""
+        return self.source.get(i, i)
+
+    def frame(self, eqn: Any, outer: Where) -> Where:
         """`eqn`'s own user frame; else (an equation of a body jax traced, such as
         `jnp.where`'s, whose traceback stops at the call) the frame of the call."""
         if id(eqn) not in self.frames:
             self.frames[id(eqn)] = _user_frame(eqn)
-        return self.frames[id(eqn)] if self.frames[id(eqn)][0] else outer
+        return self.frames[id(eqn)] if self.frames[id(eqn)][0][0] else outer
 
-    def const(self, c: Any, where: Frame) -> Ref:
+    def const(self, c: Any, where: Where) -> Ref:
         if id(c) not in self.consts:  # the object is kept alive by the entry
-            self.consts[id(c)] = (c, self.add(c, "const", "const", [], where))
+            value = c if self.evaluate else _Aval(np.shape(c), _dtype_of(c))
+            self.consts[id(c)] = (c, self.add(value, "const", "const", [], where))
         return self.consts[id(c)][1]
 
-    def run(self, jaxpr: Any, consts: list[Ref], args: list[Ref], outer: Frame) -> list[Ref]:
+    def run(self, jaxpr: Any, consts: list[Ref], args: list[Ref], outer: Where) -> list[Ref]:
         from jax.extend import core as jex
 
         env: dict[Any, Ref] = {}
@@ -120,12 +185,12 @@ class _Interpreter:
                 env[var] = out
         return [read(v) for v in jaxpr.outvars]
 
-    def closed(self, closed: Any, args: list[Ref], where: Frame) -> list[Ref]:
+    def closed(self, closed: Any, args: list[Ref], where: Where) -> list[Ref]:
         inner = getattr(closed, "jaxpr", closed)
         consts = [self.const(c, where) for c in getattr(closed, "consts", ())]
         return self.run(inner, consts, args, where)
 
-    def eqn(self, eqn: Any, ins: list[Ref], outer: Frame) -> list[Ref]:
+    def eqn(self, eqn: Any, ins: list[Ref], outer: Where) -> list[Ref]:
         where = self.frame(eqn, outer)
         name = eqn.primitive.name
         params = eqn.params
@@ -135,17 +200,47 @@ class _Interpreter:
                 return self.closed(body, ins, where)
         if name == "scan":
             return self.scan(eqn, ins, where)
-        if name == "while":
+        if self.evaluate and name == "while":
             return self.loop(eqn, ins, where)
-        if name == "cond":
+        if self.evaluate and name == "cond":
             index = int(np.asarray(ins[0][0]))
             return self.closed(params["branches"][index], ins[1:], where)
-        outs = eqn.primitive.bind(*(x for x, _ in ins), **params)
-        outs = outs if eqn.primitive.multiple_results else [outs]
+        if self.evaluate:
+            outs = eqn.primitive.bind(*(x for x, _ in ins), **params)
+            outs = outs if eqn.primitive.multiple_results else [outs]
+        else:  # walked, not computed: a while or cond is one operation here
+            outs = [_Aval(v.aval.shape, v.aval.dtype) for v in eqn.outvars]
         kind = "move" if name in MOVES else "op"
-        return [self.add(o, name, kind, [i for _, i in ins], where) for o in outs]
+        source = self.row_read(eqn, ins) if kind == "move" else None
+        refs = [self.add(o, name, kind, [i for _, i in ins], where, source) for o in outs]
+        if name == "stack" and params.get("axis") == 0:
+            self.stacked[refs[0][1]] = [self.stands_for(i) for _, i in ins]
+        return refs
 
-    def scan(self, eqn: Any, ins: list[Ref], where: Frame) -> list[Ref]:
+    def row_read(self, eqn: Any, ins: list[Ref]) -> int | None:
+        """The value a move's result stands for: the operand a cast or reshape passes on,
+        or the row of a stacked value (a scan's ys, a `stack`) a slice of one row reads."""
+        name, params = eqn.primitive.name, eqn.params
+        operands = [i for _, i in ins if i >= 0]
+        if not operands:
+            return None
+        first = ins[0][1]
+        if name in _SAME and len(operands) == 1:
+            return operands[0]
+        if first < 0 or first not in self.stacked:
+            return None
+        start: int | None = None
+        if name == "slice" and params["start_indices"]:
+            start, stop = int(params["start_indices"][0]), int(params["limit_indices"][0])
+            start = start if stop - start == 1 else None
+        elif name == "dynamic_slice" and len(ins) > 1 and params["slice_sizes"][0] == 1:
+            value = ins[1][0]
+            if not isinstance(value, _Aval):
+                start = int(np.asarray(value))
+        rows = self.stacked[first]
+        return rows[start] if start is not None and 0 <= start < len(rows) else None
+
+    def scan(self, eqn: Any, ins: list[Ref], where: Where) -> list[Ref]:
         import jax.numpy as jnp
 
         p = eqn.params
@@ -158,21 +253,32 @@ class _Interpreter:
         steps = range(length - 1, -1, -1) if p["reverse"] else range(length)
         ys: dict[int, list[Ref]] = {}
         for k in steps:
-            rows = [self.add(x[k], "scan", "move", [i], where) for x, i in xs]
+            rows = [self.add(x[k], "scan", "move", [i], where, self.row_of(i, k)) for x, i in xs]
             outs = self.closed(p["jaxpr"], [*consts, *carry, *rows], where)
             carry = outs[:n_carry]
             ys[k] = outs[n_carry:]
         stacked = []
         for j, var in enumerate(eqn.outvars[n_carry:]):
             if length == 0:
-                stacked.append((jnp.zeros(var.aval.shape, var.aval.dtype), -1))
+                empty = jnp.zeros(var.aval.shape, var.aval.dtype) if self.evaluate else None
+                stacked.append((empty, -1))
                 continue
             parts = [ys[k][j] for k in range(length)]
-            array = jnp.stack([jnp.asarray(x) for x, _ in parts])
-            stacked.append(self.add(array, "scan", "move", [i for _, i in parts], where))
+            if self.evaluate:
+                array: Any = jnp.stack([jnp.asarray(x) for x, _ in parts])
+            else:
+                array = _Aval(var.aval.shape, var.aval.dtype)
+            ref = self.add(array, "scan", "move", [i for _, i in parts], where)
+            self.stacked[ref[1]] = [self.stands_for(i) for _, i in parts]
+            stacked.append(ref)
         return [*carry, *stacked]
 
-    def loop(self, eqn: Any, ins: list[Ref], where: Frame) -> list[Ref]:
+    def row_of(self, i: int, k: int) -> int | None:
+        """Row `k` of value `i`, where `i` is a stacked value whose rows are known."""
+        rows = self.stacked.get(i)
+        return rows[k] if rows is not None and 0 <= k < len(rows) else None
+
+    def loop(self, eqn: Any, ins: list[Ref], where: Where) -> list[Ref]:
         p = eqn.params
         n_cond, n_body = int(p["cond_nconsts"]), int(p["body_nconsts"])
         cond_consts, body_consts = ins[:n_cond], ins[n_cond : n_cond + n_body]
@@ -187,6 +293,29 @@ class _Interpreter:
             "localise a smaller case"
         )
 
+    def recording(self, outputs: dict[str, int], output_arrays: dict[str, np.ndarray]) -> Recording:
+        """What was run, as a `Recording` (outputs in the order given)."""
+        return Recording(
+            values=tuple(self.values),
+            fingerprints=tuple(self.prints),
+            rows=dict(self.rows),
+            outputs=outputs,
+            output_arrays=output_arrays,
+            arrays=tuple(self.arrays) if self.keep_arrays else None,
+        )
+
+
+def _plain(dtype: Any) -> bool:
+    try:
+        np.dtype(dtype)
+    except TypeError:
+        return False
+    return True
+
+
+def _dtype_of(x: Any) -> Any:
+    return getattr(x, "dtype", np.asarray(x).dtype)
+
 
 def _host(x: Any) -> np.ndarray:
     """`x` as a numpy array; a PRNG key array as its key data."""
@@ -199,17 +328,36 @@ def _host(x: Any) -> np.ndarray:
     return np.asarray(x)
 
 
-def _user_frame(eqn: Any) -> Frame:
-    """The innermost frame of `eqn`'s traceback outside jax and parity, or ("", 0, "")."""
-    try:
-        from jax._src import source_info_util
+_LIBRARIES = ("site-packages", "dist-packages")
 
-        for frame in source_info_util.user_frames(eqn.source_info.traceback):
-            if not str(Path(frame.file_name).resolve()).startswith(_PARITY):
-                return frame.file_name, int(frame.start_line), frame.function_name
+
+def user_frame_of(traceback: Any) -> Where:
+    """The user's own frame of a jax traceback (the innermost outside jax, parity and
+    installed libraries) and, where the innermost frame outside jax and parity lies in an
+    installed library (optax, equinox), that frame as `file:line in function`."""
+    from jax._src import source_info_util
+
+    own: Frame | None = None
+    library = ""
+    for frame in source_info_util.user_frames(traceback):
+        file = str(Path(frame.file_name).resolve())
+        if file.startswith(_PARITY):
+            continue
+        if any(part in _LIBRARIES for part in Path(file).parts):
+            if own is None and not library:
+                library = f"{frame.file_name}:{frame.start_line} in {frame.function_name}"
+            continue
+        own = (frame.file_name, int(frame.start_line), frame.function_name)
+        break
+    return (own or _NOWHERE), library
+
+
+def _user_frame(eqn: Any) -> Where:
+    """`user_frame_of` of `eqn`'s traceback, or unplaced."""
+    try:
+        return user_frame_of(eqn.source_info.traceback)
     except Exception:  # a jax without this private API: the values stay unplaced
-        pass
-    return _NOWHERE
+        return _UNPLACED
 
 
 def record(
@@ -242,10 +390,10 @@ def record(
             f"{getattr(fn, '__name__', fn)!s} does not trace, so its values cannot be recorded "
             f"({type(e).__name__}: {' '.join(str(e).split())[:200]})"
         ) from None
-    interp = _Interpreter(max_bytes)
+    interp = _Interpreter(max_bytes, keep_arrays=keep_arrays)
     leaves = jax.tree_util.tree_leaves(args)
-    ins = [interp.add(x, "input", "input", [], _NOWHERE) for x in leaves]
-    outs = interp.closed(closed, [(jax.numpy.asarray(x), i) for (x, i) in ins], _NOWHERE)
+    ins = [interp.add(x, "input", "input", [], _UNPLACED) for x in leaves]
+    outs = interp.closed(closed, [(jax.numpy.asarray(x), i) for (x, i) in ins], _UNPLACED)
     leaves_out, treedef = jax.tree_util.tree_flatten(shapes)
     markers = jax.tree_util.tree_unflatten(treedef, [np.int64(j) for j in range(len(leaves_out))])
     keys = {int(v): k for k, v in flatten(markers, bare=BARE).items()}
@@ -253,16 +401,89 @@ def record(
     if len(keys) > 1:  # the order the program computes its outputs in, the one parity uses
         rank = {k: n for n, k in enumerate(dataflow_order(fn, *args, **kwargs))}
         order.sort(key=lambda j: rank.get(keys[j], len(rank)))
-    outputs = {keys[j]: outs[j][1] for j in order}
-    rows: dict[int, tuple[Fingerprint, ...]] = {
-        v.id: tuple(row_fingerprints(a)) for v, a in zip(interp.values, interp.arrays, strict=True)
-        if a.ndim >= 2 and a.shape[0] > 0
-    }  # fmt: skip
-    return Recording(
-        values=tuple(interp.values),
-        fingerprints=tuple(fingerprint(a) for a in interp.arrays),
-        rows=rows,
-        outputs=outputs,
-        output_arrays={keys[j]: _host(outs[j][0]) for j in order},
-        arrays=tuple(interp.arrays) if keep_arrays else None,
+    return interp.recording(
+        {keys[j]: outs[j][1] for j in order}, {keys[j]: _host(outs[j][0]) for j in order}
     )
+
+
+def record_programs(
+    capture: Capture,
+    outputs: Mapping[str, Any],
+    *,
+    sources: Mapping[int, Any] | None = None,
+    evaluate: bool = True,
+    keep_arrays: bool = False,
+    max_bytes: int | None = None,
+) -> tuple[Recording | None, list[str] | None]:
+    """Run the programs a producer dispatched (`parity.origin.programs.capture`) op by op,
+    in the order it ran them, in one value space: an argument one of them made is that
+    program's value, any other an input. Then link each output key to the value it was
+    converted from.
+
+    **Arguments:**
+
+    - `capture`: what `capture()` kept while the producer ran.
+    - `outputs`: the producer's flat `{key: array}`, in the order it declared them; a numpy
+      array is traced back to the jax array it was made of through `sources`.
+    - `sources`: `id` of a numpy output -> the jax array it was made of
+      (`parity.judge.dataflow.Conversions.source`).
+    - `evaluate`: compute every value (a recording); False walks the programs for their
+      shapes and dataflow only (the order, at the cost of a trace walk).
+    - `keep_arrays`, `max_bytes`: as `record`.
+
+    **Returns:** `(recording, order)`: the `Recording` (None where not `evaluate`), and the
+    keys in dataflow order: by the depth of the value each key reads (the longest chain of
+    operations from an input, so that a tap of layer 2 comes before any of layer 3 whichever
+    program computed it), a key no program computed right after the key declared before it.
+    The order is None where no key is computed by the programs. Raises `LocaliseError`
+    where the values pass `max_bytes`.
+    """
+    import jax
+
+    from parity.origin.programs import Link, quiet
+
+    interp = _Interpreter(max_bytes, evaluate=evaluate, keep_arrays=keep_arrays)
+    results: list[list[Ref]] = []
+    inputs: dict[int, Ref] = {}
+    with quiet():
+        for program in capture.programs:
+            args: list[Ref] = []
+            for a in program.args:
+                if isinstance(a, Link):
+                    args.append(results[a.program][a.output])
+                    continue
+                if id(a) not in inputs:
+                    value = jax.numpy.asarray(a) if evaluate else _Aval(np.shape(a), _dtype_of(a))
+                    inputs[id(a)] = interp.add(value, "input", "input", [], _UNPLACED)
+                args.append(inputs[id(a)])
+            results.append(interp.closed(program.jaxpr, args, program.frame))
+    linked: dict[str, Ref] = {}
+    for key, array in outputs.items():
+        origin = array if isinstance(array, jax.Array) else (sources or {}).get(id(array))
+        link = capture.link_of(origin) if origin is not None else None
+        if link is not None:
+            linked[key] = results[link.program][link.output]
+    order = _ordered(interp, list(outputs), {k: i for k, (_, i) in linked.items()})
+    if not evaluate:
+        return None, order
+    keys = order or list(outputs)
+    recording = interp.recording(
+        {k: linked[k][1] if k in linked else -1 for k in keys},
+        {k: _host(linked[k][0]) if k in linked else np.asarray(outputs[k]) for k in keys},
+    )
+    return recording, order
+
+
+def _ordered(interp: _Interpreter, declared: list[str], ids: Mapping[str, int]) -> list[str] | None:
+    computed = [k for k, i in ids.items() if i >= 0 and interp.values[i].kind in ("op", "move")]
+    if not computed:
+        return None
+    rank: dict[str, tuple[int, int, int]] = {}
+    last = (-1, -1)
+    for n, key in enumerate(declared):
+        i = ids.get(key, -1)
+        if i >= 0:
+            j = interp.stands_for(i)
+            last = (interp.depth[j], j)
+        rank[key] = (*last, n)
+    return sorted(declared, key=rank.__getitem__)

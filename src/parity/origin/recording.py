@@ -57,8 +57,10 @@ class Value:
     **Fields:** `id` (its position in dataflow order), `primitive` (the jax primitive that
     computed it, `input` or `const`), `kind` (see `KINDS`), `shape`, `dtype` (its name),
     `inputs` (the ids of the values it was computed from; literals have none), `file`,
-    `line`, `function` (the innermost frame of the user's source, outside jax and parity;
-    `""` and 0 where the program does not say).
+    `line`, `function` (the innermost frame of the user's own source: outside jax, parity
+    and installed libraries; `""` and 0 where the program does not say), `library` (where
+    the operation runs inside an installed library such as optax or equinox, that
+    library's innermost frame as `file:line in function`; else `""`).
     """
 
     id: int
@@ -70,6 +72,7 @@ class Value:
     file: str = ""
     line: int = 0
     function: str = ""
+    library: str = ""
 
 
 @dataclass(frozen=True)
@@ -190,6 +193,7 @@ class Recording:
             "meta.dtype": np.array([x.dtype for x in v], dtype=str),
             "meta.file": np.array([x.file for x in v], dtype=str),
             "meta.function": np.array([x.function for x in v], dtype=str),
+            "meta.library": np.array([x.library for x in v], dtype=str),
             "meta.line": np.array([x.line for x in v], dtype=np.int64),
             "meta.ndim": np.array([len(x.shape) for x in v], dtype=np.int64),
             "meta.shape": np.array([d for x in v for d in x.shape], dtype=np.int64),
@@ -213,11 +217,15 @@ class Recording:
         back when they were written."""
         shapes = _split(data["meta.shape"], data["meta.ndim"])
         inputs = _split(data["meta.inputs"], data["meta.n_inputs"])
+        n = len(data["meta.primitive"])
+        library = data["meta.library"] if "meta.library" in data else [""] * n
         values = tuple(
-            Value(i, str(p), str(k), shapes[i], str(d), inputs[i], str(f), int(n), str(fn))
-            for i, (p, k, d, f, n, fn) in enumerate(
+            Value(i, str(p), str(k), shapes[i], str(d), inputs[i], str(f), int(ln), str(fn),
+                  str(lib))
+            for i, (p, k, d, f, ln, fn, lib) in enumerate(
                 zip(data["meta.primitive"], data["meta.kind"], data["meta.dtype"],
-                    data["meta.file"], data["meta.line"], data["meta.function"], strict=True)
+                    data["meta.file"], data["meta.line"], data["meta.function"], library,
+                    strict=True)
             )
         )  # fmt: skip
         prints = _fingerprints_from_arrays("fp", data)

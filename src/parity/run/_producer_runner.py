@@ -8,10 +8,12 @@ manifest `OUT/<group>.json` (key order, dtype names; ml_dtypes are saved as same
 unsigned ints) and `provenance`: the environment of *this* process, collected right after the
 group ran (x64 mode and device count as jax saw them, the XLA flags it ran under), so a
 `JAX_ENABLE_X64` or `XLA_FLAGS` in the user's shell, which this process never sees, cannot
-be recorded for arrays made without it. With `--record-origin` it saves no arrays: it
-records each group's program op by op instead (`parity.origin.record`, the group traced as
-for its dataflow order) and saves the recording's summary as `OUT/<group>.origin.npz`, or
-`OUT/<group>.origin.json` (`{"reason": ...}`) where the group cannot be recorded. Exit
+be recorded for arrays made without it. In one process, the programs each group
+dispatches are kept while it runs (`parity.origin.programs`), and its keys put in the order
+those programs compute them (`parity.origin.record.record_programs`); with
+`--record-origin` they are also run op by op and the recording's summary saved as
+`OUT/<group>.origin.npz`, beside the arrays, or `OUT/<group>.origin.json`
+(`{"reason": ...}`) where the group cannot be recorded. Exit
 codes: 0 ok, 1 a producer raised, 3 the base lacks a needed symbol, 4 a group asked for
 is not defined (`OUT/unknown_groups.json` says which, and which are), 5 (with
 `--check-classes`) a `CLASS_MAP` rule names a class parity cannot use
@@ -145,95 +147,71 @@ def _disagreement(hosted: dict) -> str | None:
 
 
 def _forward_order(
-    group: Callable[[], Any],
+    name: str,
     result: Any,
     arrays: dict[str, Any],
-    place: tuple[int, int] | None,
-    converted: list[Any],
+    converted: Any,
+    programs: Any,
+    out: Path | None,
 ) -> tuple[str, dict[str, Any]]:
-    """How the group's forward order is made, and its arrays in that order.
+    """How the group's forward order is made, and its arrays in that order; with `out`
+    (`--record-origin`), the group's recording saved there too.
 
     A `Dataflow` (the group returned `parity.in_dataflow_order`'s outputs) is in dataflow
-    order already. A group whose every output is a jax array, or a numpy array it made of
-    one (`converted`: `parity.judge.dataflow.numpy_conversions` recorded them while the
-    group ran; `jax.tree.map(np.asarray, out)`, `jax.device_get(out)`), is traced once more
-    (`parity.judge.dataflow.traced_order`: nothing is computed, numpy's conversions pass
-    the traced values through, the global numpy and Python random states are put back)
-    and its keys placed as its program computed them. Anything else (numpy computed by
-    numpy, a group that does not trace, a multi-process run) keeps the order the group
-    declared: its containers' order, which every check's header then names."""
-    from parity.judge.dataflow import DATAFLOW, DECLARED, Dataflow, DataflowError, traced_order
+    order already. Otherwise the programs the group dispatched (`programs`: a
+    `parity.origin.programs.Capture`, None in a multi-process run) are walked, or with
+    `out` run op by op (`parity.origin.record.record_programs`), and each key placed where
+    the value it was converted from (`converted`: `numpy_conversions`' record) is computed.
+    A group whose keys no program computed (numpy computed by numpy), or a multi-process
+    run, keeps the order the group declared: its containers' order, which every check's
+    header then names."""
+    from parity.judge.dataflow import DATAFLOW, DECLARED, Dataflow
 
-    if isinstance(result, Dataflow):
+    dataflow = isinstance(result, Dataflow)
+    if programs is None:
+        return (DATAFLOW if dataflow else DECLARED), arrays
+    order = _recorded_order(name, arrays, converted, programs, out)
+    if dataflow:
         return DATAFLOW, arrays
-    if place is not None or not _from_jax(result, converted):
-        return DECLARED, arrays
-    import random
-
-    import numpy as np
-
-    states = random.getstate(), np.random.get_state()
-    try:
-        order = traced_order(group, declared=list(arrays))
-    except DataflowError as e:
-        _log(f"the forward order stays the declared one: {e.reason}")
-        return DECLARED, arrays
-    finally:
-        random.setstate(states[0])
-        np.random.set_state(states[1])
     if order is None or sorted(order) != sorted(arrays):
         return DECLARED, arrays
     return DATAFLOW, {k: arrays[k] for k in order}
 
 
-def _from_jax(result: Any, converted: list[Any]) -> bool:
-    """Whether every leaf of `result` is a jax array, or a numpy array made of one while
-    the group ran (what a traceable group returns)."""
-    import jax
-
-    from parity.judge.trees import flatten
-
-    made = {id(x) for x in converted}
-    try:
-        leaves = flatten(result, to_array=lambda x: x).values()
-    except (TypeError, ValueError):
-        return False
-    return bool(leaves) and all(isinstance(x, jax.Array) or id(x) in made for x in leaves)
-
-
-def _record_origin(group: Callable[[], Any], out: Path, name: str) -> None:
-    """Record `group`'s program op by op (as `_forward_order` traces it: numpy's
-    conversions pass traced values through, the random states are put back) and save its
-    summary, or one line saying why it cannot be recorded."""
-    import random
-
+def _recorded_order(
+    name: str, arrays: dict[str, Any], converted: Any, programs: Any, out: Path | None
+) -> list[str] | None:
+    """The keys' order read from the group's programs; with `out`, the recording (its
+    summary) saved as `OUT/<name>.origin.npz`, or why not as `OUT/<name>.origin.json`."""
     import numpy as np
 
-    from parity.judge.dataflow import numpy_conversions
-    from parity.origin import LocaliseError, record
+    from parity.origin import LocaliseError
+    from parity.origin.record import record_programs
 
-    states = random.getstate(), np.random.get_state()
-    reason, recording = None, None
+    reason, recording, order = None, None, None
     try:
-        with numpy_conversions():
-            recording = record(group, keep_arrays=False, max_bytes=ORIGIN_MAX_BYTES)
-        if not any(recording.values[i].kind in ("op", "move")
-                   for i in recording.outputs.values() if i >= 0):  # fmt: skip
-            reason = "the producer's outputs are not computed by its jax program"
+        recording, order = record_programs(
+            programs, arrays, sources=converted.source, evaluate=out is not None,
+            max_bytes=ORIGIN_MAX_BYTES,
+        )  # fmt: skip
     except LocaliseError as e:
         reason = e.reason
     except Exception as e:  # an operation that cannot run on its own: say so, do not fail
         reason = f"recording raised {type(e).__name__}: {' '.join(str(e).split())[:200]}"
-    finally:
-        random.setstate(states[0])
-        np.random.set_state(states[1])
+    if out is None:
+        if reason is not None:
+            _log(f"group {name!r}: the forward order stays the declared one: {reason}")
+        return order
+    if reason is None and order is None:
+        reason = "the producer's outputs are not computed by the jax programs it ran"
     if reason is not None or recording is None:
         reason = reason or "nothing was recorded"
         (out / f"{name}{ORIGIN_REASON}").write_text(json.dumps({"reason": reason}))
         _log(f"group {name!r}: not recorded: {reason}")
-        return
+        return order
     np.savez(out / f"{name}{ORIGIN_RECORDING}", **recording.summary().to_arrays())  # pyright: ignore[reportArgumentType]
     _log(f"group {name!r}: recorded {len(recording.values)} values")
+    return order
 
 
 def _arguments(argv: list[str] | None) -> argparse.Namespace:
@@ -266,7 +244,7 @@ def _arguments(argv: list[str] | None) -> argparse.Namespace:
     p.add_argument(
         "--record-origin",
         action="store_true",
-        help="record each group's program op by op (OUT/<group>.origin.npz), save no arrays",
+        help="also record the programs each group runs, op by op (OUT/<group>.origin.npz)",
     )
     return p.parse_args(argv)
 
@@ -398,9 +376,6 @@ def main(argv: list[str] | None = None) -> int:
     for i, name in enumerate(wanted, 1):
         t0 = time.perf_counter()
         _log(f"[{i}/{len(wanted)}] {name}: {'recording' if args.record_origin else 'running'}")
-        if args.record_origin:  # a group that cannot be recorded says why in OUT
-            _record_origin(groups[name], out, name)
-            continue
         split: list[bool] = []
         try:
             # Producers may return any pytree: flattened to `{"a.b": array}` keys.
@@ -412,12 +387,19 @@ def main(argv: list[str] | None = None) -> int:
                 return to_host(value)
 
             from parity.judge.dataflow import numpy_conversions
+            from parity.origin.programs import capture
 
-            with numpy_conversions() as converted:
+            # The programs the group dispatches are kept (one process only: a recording is
+            # made in one), for its dataflow order and, with --record-origin, its recording.
+            keep = capture() if place is None else contextlib.nullcontext()
+            with numpy_conversions() as converted, keep as programs:
                 result = groups[name]()
             arrays = flatten(result, to_array=host)
-            order_source, arrays = _forward_order(groups[name], result, arrays, place, converted)
-            del converted
+            recording_to = out if args.record_origin else None
+            order_source, arrays = _forward_order(
+                name, result, arrays, converted, programs, recording_to
+            )
+            del converted, programs
         except Exception as exc:
             traceback.print_exc()
             msg = _missing_symbol(exc, args.src, args.code)

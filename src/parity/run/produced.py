@@ -129,7 +129,8 @@ def produce(
         for manifest in sorted(Path(tmp).glob("*.json")):
             loaded = load_runner_output(Path(tmp), manifest.stem, command=command)
             out[manifest.stem] = loaded.arrays
-            provenance[manifest.stem] = loaded.provenance
+            # How the arrays' order was made belongs to them as it does to a golden's.
+            provenance[manifest.stem] = {**(loaded.provenance or {}), "order": loaded.order}
             orders[manifest.stem] = loaded.order
     layout = Layout(config.processes, config.devices)
     return Produced(out, time.perf_counter() - t0, flags, provenance, layout, orders)
