@@ -252,10 +252,13 @@ def first_verdict(
     require_baseline: bool = False,
     budget: int = DEFAULT_BUDGET,
     golden_source: Callable[[str], Any] | None = None,
+    dataflow_order: Sequence[str] | None = None,
 ) -> FirstVerdict:
     """`actual` compared with the golden file `gf`, before any baseline: the classes
     resolved, the environment difference decided, the drift policy applied, the one
-    comparison made (the arguments are `check_file`'s). Whether a baseline is wanted is
+    comparison made (the arguments are `check_file`'s; `dataflow_order`, where `actual`'s
+    order was read from the programs that computed it, is its forward order, before the
+    golden's pinned one). Whether a baseline is wanted is
     `FirstVerdict.wants_baseline`. Raises `CheckError` for unusable input."""
     started = time.time()
     t0 = time.perf_counter()
@@ -280,10 +283,10 @@ def first_verdict(
         classes.bound(key)  # a calibrated key without a recorded spread is an error first
     load_s = time.perf_counter() - t0
     forward = [k for k in placed if k in golden_arrays] if order is None else order
-    if order is None and current.get("order") == DATAFLOW and isinstance(actual, Mapping):
+    if order is None and dataflow_order is not None:
         # Produced in an order read from the programs that computed it: that order, finer
         # than a declared one pinned in the golden.
-        mine = [k for k in actual if k in golden_arrays]
+        mine = [k for k in dataflow_order if k in golden_arrays]
         forward = mine + [k for k in forward if k not in set(mine)]
     try:
         comparison, flat_a, compare_s = _compare(
@@ -296,7 +299,7 @@ def first_verdict(
                      drift_mode, require_baseline, budget)  # fmt: skip
     return FirstVerdict(gf, current, difference, classes, tuple(golden_arrays), flat_a,
                         forward, comparison, (registry, policy), report, started, load_s,
-                        compare_s)  # fmt: skip
+                        compare_s, DATAFLOW if dataflow_order is not None else None)  # fmt: skip
 
 
 def _concluded(
@@ -397,6 +400,7 @@ def check_groups(
     goldens: GoldenDir | str | os.PathLike[str],
     provenance: Mapping[str, Mapping[str, Any] | None] | None = None,
     baseline: BaselineSource | None = None,
+    dataflow_orders: Mapping[str, Sequence[str]] | None = None,
     **options: Unpack[_GroupOptions],
 ) -> list[CheckResult]:
     """Compare each group of `produced` against its golden group, in one pass: every
@@ -412,6 +416,9 @@ def check_groups(
     - `provenance`: group -> the environment its arrays were produced in (`parity check`:
       the producer process's); for a group without one, this process's.
     - `baseline`: what re-produces the baselines, as `check_file` takes it.
+    - `dataflow_orders`: group -> its keys in the order its producer's programs computed
+      them (`parity check`: read from the programs the producer ran), the forward order of
+      that group's check in place of the golden's pinned one.
     - `options`: as `check_file` takes them (but `baseline`).
 
     **Returns:** one `CheckResult` per group, in `produced`'s order. Raises `CheckError`
@@ -425,7 +432,8 @@ def check_groups(
         gf = folder.open(group)
         current = (provenance or {}).get(group)
         current = current if current is not None else collect_provenance()
-        firsts.append(first_verdict(actual, gf, current=current, **options))
+        made = (dataflow_orders or {}).get(group)
+        firsts.append(first_verdict(actual, gf, current=current, dataflow_order=made, **options))
     return _concluded(firsts, baseline)
 
 

@@ -98,7 +98,8 @@ class FirstVerdict:
     once: every later judgement reads it), `forward` (the forward order), `comparison`
     (against the goldens, under the drift policy's classes), `registries` (the exact
     classes and the drift policy's), `report` (the options the result needs), `started`,
-    `load_s`, `compare_s` (timing).
+    `load_s`, `compare_s` (timing), `order_source` (`dataflow` where `forward` was read
+    from the programs that produced `flat_a`, else None: the golden's pinned order).
     """
 
     gf: GoldenFile
@@ -114,6 +115,7 @@ class FirstVerdict:
     started: float
     load_s: float
     compare_s: float
+    order_source: str | None = None
 
     @property
     def group(self) -> str:
@@ -261,7 +263,7 @@ def conclude(first: FirstVerdict, baseline: Baseline | BaselineUnavailable | Non
         header["base_sha"] = str(gf.provenance["base_sha"])
     drift = difference.policy(opts.drift_mode).header
     header |= {f"drift {i}": line for i, line in enumerate(drift)}
-    made = first.current.get("order")
+    made = first.order_source
     if hint := order_hint(made if made == DATAFLOW else gf.provenance.get("order"), placed):
         header["order"] = hint
     calibration = gf.provenance.get("calibration")

@@ -5,8 +5,10 @@ bad commit and its parent; a group that cannot be recorded says why in one line 
 its verdict.
 
 One tmp project serves the module: a 2-layer model whose producers return only its
-`logits`, pinned at one commit, then a bug in `mix` (the function between the blocks'
-norm and their residual sum) at a second.
+`logits` (or, in `placed`, each block's output from a jitted block called in a Python loop
+on weights placed from host data: a producer that does not trace as a whole), pinned at one
+commit, then a bug in `mix` (the function between the blocks' norm and their residual sum)
+at a second.
 """
 
 from __future__ import annotations
@@ -83,7 +85,24 @@ def kl():
     return {"kl_logits": _logits()}
 
 
-GROUPS = {"forward": forward, "host": host, "kl": kl}
+_block = jax.jit(tinynet.block)
+
+
+def placed():
+    # Does not trace as a whole: weights placed from host data, a jitted block per layer in
+    # a Python loop, each output brought to numpy. Its programs are recorded instead.
+    params = jax.tree.map(np.asarray, tinynet.init(jax.random.key(0)))
+    sharding = jax.sharding.SingleDeviceSharding(jax.devices()[0])
+    w = jax.make_array_from_callback(params["w"].shape, sharding, lambda i: params["w"][i])
+    x = jax.numpy.asarray(params["embed"][np.arange(6) % 16])
+    out = {}
+    for i in range(2):
+        x = _block(x, w[i])
+        out[f"resid.{i + 1}"] = np.asarray(x)
+    return out
+
+
+GROUPS = {"forward": forward, "host": host, "kl": kl, "placed": placed}
 CLASS_MAP = [("kl_logits", "bf16_logits")]
 """
 
@@ -134,9 +153,20 @@ def test_a_failing_check_names_the_line_and_function_of_the_bug(checked: Any) ->
     assert {k: origin[k] for k in ("file", "line", "function", "key")} == {
         "file": MODEL_FILE, "line": _bug_line(), "function": "mix", "key": "logits",
     }  # fmt: skip
-    assert origin["primitive"] == "mul"
+    # The scale itself: the constant made for it on that line, or the product
+    assert origin["primitive"] in ("mul", "convert_element_type")
     assert 0.0 < origin["matched_fraction"] < 1.0
     assert entry["origin_line"] == line
+
+
+def test_a_producer_that_does_not_trace_is_recorded_program_by_program(checked: Any) -> None:
+    done, doc, _ = checked
+    line = _origin_line(done.stdout, "placed")
+    assert f"{MODEL_FILE}:{_bug_line()} in mix" in line, line
+    entry = next(c for c in doc["checks"] if c["name"] == "placed")
+    assert entry["origin"]["key"] == "resid.1"  # the first block's output: where it starts
+    orders = [v for k, v in doc["header"].items() if k.startswith("order (placed")]
+    assert not orders, orders  # read from its programs: no "declared" hint
 
 
 def test_a_group_that_cannot_be_recorded_says_why_and_keeps_its_verdict(
@@ -144,7 +174,7 @@ def test_a_group_that_cannot_be_recorded_says_why_and_keeps_its_verdict(
 ) -> None:
     done, doc, _ = checked
     host = _origin_line(done.stdout, "host")
-    assert host.startswith("origin: not named: the producer does not trace"), host
+    assert host.startswith("origin: not named: the producer's outputs are not computed"), host
     kl = _origin_line(done.stdout, "kl")
     assert "kl_logits" in kl and "no matching tolerance" in kl, kl
     entries = {c["name"]: c for c in doc["checks"]}
@@ -162,7 +192,8 @@ def test_the_html_report_plots_the_matched_share_of_a_check_with_an_origin(check
     page = (folder / "index.html").read_text()
     assert "where it diverged" in page
     plots = sorted(p.name for p in folder.glob("origin_*.png"))
-    assert plots == ["origin_00_forward.png"], plots  # host and kl have no origin to plot
+    # host and kl have no origin to plot
+    assert plots == ["origin_00_forward.png", "origin_03_placed.png"], plots
     assert f'src="{plots[0]}"' in page
 
 
@@ -177,7 +208,7 @@ def test_bisect_names_the_origin_between_the_first_bad_commit_and_its_parent(
     assert doc["first_bad_commit"] == bad
     assert doc["origin"]["function"] == "mix" and doc["origin"]["file"] == MODEL_FILE
     assert doc["origin"]["line"] == _bug_line()
-    assert f"origin: mul at {MODEL_FILE}:{_bug_line()} in mix" in done.stdout
+    assert f" at {MODEL_FILE}:{_bug_line()} in mix" in done.stdout
 
 
 def test_a_program_past_the_byte_limit_is_said_too_large_not_recorded() -> None:

@@ -43,9 +43,9 @@ from parity.judge.trees import flatten
 __all__ = [
     "ALPHABETICAL_HINT",
     "DATAFLOW",
-    "Conversions",
     "DECLARED",
     "DECLARED_HINT",
+    "Conversions",
     "Dataflow",
     "DataflowError",
     "alphabetical",

@@ -165,7 +165,7 @@ class _Interpreter:
 
     def const(self, c: Any, where: Where) -> Ref:
         if id(c) not in self.consts:  # the object is kept alive by the entry
-            value = c if self.evaluate else _Aval(np.shape(c), _dtype_of(c))
+            value = c if self.evaluate else _Aval(_shape_of(c), _dtype_of(c))
             self.consts[id(c)] = (c, self.add(value, "const", "const", [], where))
         return self.consts[id(c)][1]
 
@@ -313,8 +313,20 @@ def _plain(dtype: Any) -> bool:
     return True
 
 
+def _shape_of(x: Any) -> tuple[int, ...]:
+    shape = getattr(x, "shape", None)
+    return tuple(shape) if shape is not None else np.shape(x)
+
+
+def _as_jax(x: Any) -> Any:
+    import jax
+
+    return x if isinstance(x, jax.Array) else jax.numpy.asarray(x)
+
+
 def _dtype_of(x: Any) -> Any:
-    return getattr(x, "dtype", np.asarray(x).dtype)
+    dtype = getattr(x, "dtype", None)
+    return dtype if dtype is not None else np.asarray(x).dtype
 
 
 def _host(x: Any) -> np.ndarray:
@@ -453,7 +465,7 @@ def record_programs(
                     args.append(results[a.program][a.output])
                     continue
                 if id(a) not in inputs:
-                    value = jax.numpy.asarray(a) if evaluate else _Aval(np.shape(a), _dtype_of(a))
+                    value = _as_jax(a) if evaluate else _Aval(_shape_of(a), _dtype_of(a))
                     inputs[id(a)] = interp.add(value, "input", "input", [], _UNPLACED)
                 args.append(inputs[id(a)])
             results.append(interp.closed(program.jaxpr, args, program.frame))

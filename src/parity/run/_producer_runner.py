@@ -170,7 +170,12 @@ def _forward_order(
     dataflow = isinstance(result, Dataflow)
     if programs is None:
         return (DATAFLOW if dataflow else DECLARED), arrays
-    order = _recorded_order(name, arrays, converted, programs, out)
+    from parity.judge.trees import flatten
+
+    # Keyed as `arrays`, but each leaf as the group returned it (a jax array, or a numpy
+    # array made of one while it ran), not the host copy made since.
+    returned = flatten(result, to_array=lambda x: x)
+    order = _recorded_order(name, returned, converted, programs, out)
     if dataflow:
         return DATAFLOW, arrays
     if order is None or sorted(order) != sorted(arrays):

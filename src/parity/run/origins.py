@@ -11,8 +11,8 @@ re-produced), cached beside the baseline's entry
 pays only for the current tree's recording. `locate`'s rule then runs here, on the two
 summaries. `parity bisect` does the same for the first bad commit against its parent.
 
-Where a group is not recorded, one line says why, and the verdict stands: the producer does
-not trace (its forward order was not read from a jax program), the run spans processes,
+Where a group is not recorded, one line says why, and the verdict stands: its outputs are
+not computed by the jax programs the producer runs (numpy made them), the run spans processes,
 the failing key's class gives no matching tolerance (`logit_kl`), the base cannot be
 re-produced, or the program is too large (`_producer_runner.ORIGIN_MAX_BYTES`).
 
@@ -237,8 +237,8 @@ def _why_not(r: CheckResult, produced: Produced) -> str | None:
         return "the check ran in several processes; the origin is recorded in one (check with 1)"
     if produced.orders.get(group) != "dataflow":
         return (
-            "the producer does not trace (its outputs were not read from one jax program), "
-            "so its operations cannot be recorded"
+            "the producer's outputs are not computed by the jax programs it runs (numpy "
+            "computed them on the host), so the operations that made them cannot be recorded"
         )
     actual = produced.groups.get(group, {}).get(first.key)
     if actual is None:

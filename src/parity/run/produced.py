@@ -25,6 +25,7 @@ import numpy as np
 from parity.baseline import BaselineSource
 from parity.check import GoldenDir, check_groups
 from parity.environment import PolicyMode
+from parity.judge.dataflow import DATAFLOW
 from parity.results import CheckResult
 from parity.run.config import ParityConfig
 from parity.run.launcher import Command, load_runner_output, run_producers
@@ -129,8 +130,7 @@ def produce(
         for manifest in sorted(Path(tmp).glob("*.json")):
             loaded = load_runner_output(Path(tmp), manifest.stem, command=command)
             out[manifest.stem] = loaded.arrays
-            # How the arrays' order was made belongs to them as it does to a golden's.
-            provenance[manifest.stem] = {**(loaded.provenance or {}), "order": loaded.order}
+            provenance[manifest.stem] = loaded.provenance
             orders[manifest.stem] = loaded.order
     layout = Layout(config.processes, config.devices)
     return Produced(out, time.perf_counter() - t0, flags, provenance, layout, orders)
@@ -172,8 +172,12 @@ def check_produced(
     be re-produced.
     """
     # The drift policy judges the producer process's environment, not this jax-free one.
+    # A group produced in the order its programs compute it is compared in that order.
+    orders = produced.orders
+    dataflow = {g: list(a) for g, a in produced.groups.items() if orders.get(g) == DATAFLOW}
     return check_groups(
         produced.groups,
+        dataflow_orders=dataflow,
         goldens=goldens,
         provenance=produced.provenance,
         baseline=baseline,
