@@ -28,7 +28,10 @@ if TYPE_CHECKING:
     from parity.judge.measured_rules import Budget, Calibrated, LogitKL, Reduction
     from parity.judge.rule_base import Rule
     from parity.judge.tolerance import ClassMap, get_class
+    from parity.origin.align import Origin
     from parity.origin.api import localise
+    from parity.origin.localisation import Localisation
+    from parity.origin.record import LocaliseError
     from parity.report import format_table
     from parity.results import CheckError, CheckResult
     from parity.store import GoldenFile, GoldenStoreError, open_goldens
@@ -54,6 +57,9 @@ _PUBLIC: dict[str, str] = {
     "in_dataflow_order": "parity.judge.dataflow",
     # the first operation of a new program that computes what the old one never did
     "localise": "parity.origin.api",
+    "Localisation": "parity.origin.localisation",
+    "Origin": "parity.origin.align",
+    "LocaliseError": "parity.origin.record",
     # tolerance classes and their rules
     "ToleranceClass": "parity.judge.classes",
     "REGISTRY": "parity.judge.classes",
@@ -89,7 +95,10 @@ __all__ = [
     "GoldenDir",
     "GoldenFile",
     "GoldenStoreError",
+    "Localisation",
+    "LocaliseError",
     "LogitKL",
+    "Origin",
     "Reduction",
     "RelativeToMax",
     "Rule",

@@ -18,6 +18,7 @@ from typing import Any
 
 from parity.judge.compare import Comparison, Finding
 from parity.judge.tolerance import ClassMap, ClassMapLike, Overrides
+from parity.origin.localisation import Localisation
 
 __all__ = [
     "BaselineUnavailable",
@@ -66,13 +67,10 @@ class CheckResult:
       loading goldens, comparing.
     - `saved`: where the obtained arrays were written (on failure with `save_actual`).
     - `command`: a `parity diff` command that reproduces the table from `saved`.
-    - `origin`: for a failing check whose origin was named (`parity.run.origins`), where
-      it diverged as a JSON-safe dict: `file` (relative to the repository root), `line`,
-      `function`, `primitive`, `key`, `matched_fraction`, the rest of
-      `parity.origin.Origin`'s fields, and `profile` (the matched share of the new
-      program's values in `values` equal bins along it, in dataflow order); else None.
-    - `origin_line`: the `origin:` line shown under the first divergence: the origin, why
-      there is none, or why it was not looked for (one line); None where nobody asked.
+    - `origin`: for a failing check whose origin was looked for (`parity.run.origins`),
+      what was found (`parity.origin.Localisation`: the `Origin` with its file relative to
+      the repository root, line, function, primitive, key and matched share, or why there
+      is none); None where nobody asked. `origin_line` is its one line.
     """
 
     name: str
@@ -87,13 +85,18 @@ class CheckResult:
     compare_s: float = 0.0
     saved: str | None = None
     command: str | None = None
-    origin: dict[str, Any] | None = None
-    origin_line: str | None = None
+    origin: Localisation | None = None
 
     @property
     def passed(self) -> bool:
         """Whether every key holds its class."""
         return self.comparison.passed
+
+    @property
+    def origin_line(self) -> str | None:
+        """The `origin:` line shown under the first divergence: the origin, why there is
+        none, or why it was not named (one line); None where nobody asked."""
+        return None if self.origin is None else self.origin.line
 
     def to_dict(self) -> dict[str, Any]:
         """The result as a JSON-safe dict; `CheckResult.from_dict` reads it back."""
@@ -101,6 +104,11 @@ class CheckResult:
         out["comparison"] = [f.to_dict() for f in self.comparison.findings]
         out["inexact"] = self.comparison.inexact
         out["checked_keys"] = list(self.checked_keys)
+        # For readers of the JSON: the origin's fields flat (None where none was named)
+        # and its line; for `from_dict`, the whole typed value.
+        out["origin"] = None if self.origin is None else self.origin.json_origin()
+        out["origin_line"] = self.origin_line
+        out["localisation"] = None if self.origin is None else self.origin.to_dict()
         return out
 
     @classmethod
@@ -110,6 +118,9 @@ class CheckResult:
         findings = tuple(Finding.from_dict(f) for f in data["comparison"])
         kwargs["comparison"] = Comparison(findings, inexact=kwargs.pop("inexact", ""))
         kwargs["checked_keys"] = tuple(data.get("checked_keys", ()))
+        found = kwargs.pop("localisation", None)
+        kwargs.pop("origin_line", None)
+        kwargs["origin"] = None if found is None else Localisation.from_dict(found)
         return cls(**kwargs)
 
 

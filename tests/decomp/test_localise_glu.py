@@ -59,7 +59,7 @@ def test_the_scanned_forward_matches_the_unrolled_one_at_every_value(model, toke
     assert alignment.unmatched() == []
     assert alignment.matched_fraction == 1.0
     assert any(v.primitive == "scan" for v in new.values)  # the scan was unrolled
-    assert locate(new, old, class_map=CLASS) is None
+    assert locate(new, old, class_map=CLASS).origin is None
     # Against a program that is not the same, the alignment does not hold (it is not vacuous).
     other = record(
         lambda m, x: legacy.clean_output_and_activations(m, x, wanted), model, tokens + 1
@@ -116,7 +116,7 @@ def test_an_injected_bug_is_localised_to_the_function_holding_the_changed_line(
     # only the logits are compared, and they fail their class
     assert not np.allclose(buggy.output_arrays["array"], legacy_logits.output_arrays["array"],
                            rtol=0, atol=REGISTRY[CLASS].rule.atol)  # type: ignore[attr-defined]  # fmt: skip
-    origin = locate(buggy, legacy_logits, class_map=CLASS)
+    origin = locate(buggy, legacy_logits, class_map=CLASS).origin
     assert origin is not None
     n_lines = len(inspect.getsourcelines(fn)[0])
     assert (origin.file, origin.function) == (path, name), origin.describe()

@@ -32,7 +32,7 @@ def test_the_stacked_eval_step_has_no_origin_against_the_per_site_step():
     new = record(lambda s, x, k: new_step(s, x, k), new_state, x, key)
     old = record(lambda s, x, k: old_step(s, x, k), old_state, x, key)
     assert set(new.outputs) == set(old.outputs)
-    assert locate(new, old, class_map="eval_metric") is None
+    assert locate(new, old, class_map="eval_metric").origin is None
     # Matching is monotone in the tolerance, so under the strictest tolerance any metric's
     # class implies, every metric's value matched: none is reached from an unmatched value.
     rho = min(

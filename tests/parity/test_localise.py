@@ -5,6 +5,7 @@ whose origin line is read from their source."""
 from __future__ import annotations
 
 import inspect
+import json
 import math
 
 import jax
@@ -51,7 +52,7 @@ def new_mlp(x, w):
 
 
 def test_the_origin_is_the_changed_line_of_a_hand_written_pair(tmp_path):
-    origin = localise(new_mlp, old_mlp, X, W, class_map="fp32_reassoc", root=tmp_path)
+    origin = localise(new_mlp, old_mlp, X, W, class_map="fp32_reassoc", root=tmp_path).origin
     assert origin is not None
     assert origin.key == "hidden"  # the first output (in dataflow order) that fails
     assert (origin.function, origin.line) == ("new_mlp", _line_of(new_mlp, "# the bug"))
@@ -61,15 +62,18 @@ def test_the_origin_is_the_changed_line_of_a_hand_written_pair(tmp_path):
     assert 0 < origin.matched_fraction < 1
     assert "new_mlp" in origin.describe() and origin.to_dict()["line"] == origin.line
     # the same output asked for by key; and a program against itself has no origin
-    by_key = localise(new_mlp, old_mlp, X, W, class_map="fp32_reassoc", key="out")
+    by_key = localise(new_mlp, old_mlp, X, W, class_map="fp32_reassoc", key="out").origin
     assert by_key is not None and (by_key.key, by_key.position) == ("out", origin.position)
-    assert localise(old_mlp, old_mlp, X, W, class_map="fp32_reassoc") is None
+    same = localise(old_mlp, old_mlp, X, W, class_map="fp32_reassoc")
+    assert (same.status, same.origin) == ("no_failure", None)
 
 
 def test_the_file_is_relative_to_the_root_when_under_it():
     from pathlib import Path
 
-    origin = localise(new_mlp, old_mlp, X, W, class_map="fp32_reassoc", root=Path(__file__).parent)
+    origin = localise(
+        new_mlp, old_mlp, X, W, class_map="fp32_reassoc", root=Path(__file__).parent
+    ).origin
     assert origin is not None and origin.file == Path(__file__).name
 
 
@@ -114,7 +118,7 @@ def test_a_loop_and_its_scan_or_vmap_match_at_every_value(new, old):
     rho = matching_tolerance(REGISTRY["fp32_reassoc"], next(iter(old_rec.output_arrays.values())))
     alignment = align(new_rec, old_rec, rho)
     assert alignment.unmatched() == [], alignment.unmatched()
-    assert localise(new, old, X, W, class_map="fp32_reassoc") is None
+    assert localise(new, old, X, W, class_map="fp32_reassoc").origin is None
 
 
 def test_a_layer_axis_that_is_not_leading_is_unmatched_but_no_origin():
@@ -148,7 +152,7 @@ def bugged_scan(x, w):
 
 
 def test_a_bug_in_a_scan_body_is_named_in_its_first_iteration():
-    origin = localise(bugged_scan, unrolled, X, W, class_map="fp32_reassoc")
+    origin = localise(bugged_scan, unrolled, X, W, class_map="fp32_reassoc").origin
     assert origin is not None and origin.function == "bugged_scan.<locals>.layer"
     assert origin.line == _line_of(bugged_scan, "# the bug")
     rec = record(bugged_scan, X, W)
@@ -184,9 +188,9 @@ def test_a_fused_projection_split_back_into_q_k_v_is_not_an_origin():
     assert alignment.unmatched()[0].shape == (3, 24)
     # ...but q, k, v split from it match again, so it is no origin
     assert alignment.origin("y") is None
-    assert localise(attention_fused, attention_split, X, W, class_map="fp32_reassoc") is None
+    assert localise(attention_fused, attention_split, X, W, class_map="fp32_reassoc").origin is None
     # a bug after the split is named, not the (earlier, unmatched) fused matmul
-    origin = localise(attention_fused_bug, attention_split, X, W, class_map="fp32_reassoc")
+    origin = localise(attention_fused_bug, attention_split, X, W, class_map="fp32_reassoc").origin
     assert origin is not None and origin.primitive == "div"
     assert origin.line == _line_of(attention_fused_bug, "# the bug")
 
@@ -212,8 +216,8 @@ def test_bitwise_matching_is_exact_and_a_tolerance_lets_reassociation_through():
     x = RNG.standard_normal((4, 1000)).astype(np.float32)
     new, old = record(sum_backward, x), record(sum_forward, x)
     assert not np.array_equal(new.output_arrays["s"], old.output_arrays["s"])
-    assert locate(new, old, class_map="fp32_reassoc") is None
-    origin = locate(new, old, class_map="bitwise")
+    assert locate(new, old, class_map="fp32_reassoc").status == "no_failure"
+    origin = locate(new, old, class_map="bitwise").origin
     assert origin is not None and origin.primitive == "reduce_sum"
 
 
@@ -225,13 +229,13 @@ def test_fill_values_do_not_set_the_scale_of_a_tolerance():
     x = RNG.standard_normal((8, 8)).astype(np.float32)
     origin = localise(
         lambda x: masked(x, 0.5), lambda x: masked(x, 1.0), x, class_map="fp32_reassoc"
-    )
+    ).origin
     assert origin is not None and origin.primitive == "mul"  # not a later op of the softmax
 
 
 def test_a_summary_round_trips_through_numpy_arrays_and_names_the_same_origin(tmp_path):
     new, old = record(new_mlp, X, W), record(old_mlp, X, W)
-    full = locate(new, old, class_map="fp32_reassoc")
+    full = locate(new, old, class_map="fp32_reassoc").origin
     path = tmp_path / "old.npz"
     np.savez(path, allow_pickle=False, **old.summary().to_arrays())
     with np.load(path) as data:
@@ -239,7 +243,7 @@ def test_a_summary_round_trips_through_numpy_arrays_and_names_the_same_origin(tm
     assert summary.arrays is None and summary.values == old.values
     assert list(summary.outputs) == list(old.outputs)
     assert summary.rows.keys() == old.rows.keys()
-    from_summary = locate(new, summary, class_map="fp32_reassoc")
+    from_summary = locate(new, summary, class_map="fp32_reassoc").origin
     assert full is not None and from_summary is not None
     assert (from_summary.line, from_summary.primitive) == (full.line, full.primitive)
     assert from_summary.max_diff is not None and from_summary.max_diff <= full.max_diff  # type: ignore[operator]
@@ -266,3 +270,24 @@ def test_localise_is_public_and_assert_equivalent_names_the_origin():
     with pytest.raises(AssertionError) as info:  # without the functions: no origin line
         parity.assert_equivalent(new_mlp(X, W), old_mlp(X, W), class_map="fp32_reassoc")
     assert "origin:" not in str(info.value)
+
+
+def test_localise_tells_no_failure_from_every_value_matched_and_its_types_are_public():
+    """No output failing (nothing to explain) and a failing output whose every upstream
+    value matched (a difference of compilation: a check names the key) are two answers,
+    and the typed answer crosses JSON and back whole."""
+    new, old = record(new_mlp, X, W), record(old_mlp, X, W)
+    same = locate(old, old, class_map="bitwise")
+    assert (same.status, same.origin, same.key) == ("no_failure", None, "")
+    asked = locate(old, old, class_map="bitwise", key="out")
+    assert (asked.status, asked.origin, asked.key) == ("matched", None, "out")
+    assert "equal bit for bit when run op by op" in asked.line
+    loose = locate(old, old, class_map="fp32_reassoc", key="out")
+    assert "equality op by op was not checked" in loose.line  # never claims more than seen
+    named = locate(new, old, class_map="fp32_reassoc")
+    assert named.status == "named" and named.origin is not None and named.profile
+    assert parity.Localisation.from_dict(json.loads(json.dumps(named.to_dict()))) == named
+    assert named.json_origin() is not None and named.json_origin()["function"] == "new_mlp"
+    assert parity.Origin is type(named.origin)
+    with pytest.raises(parity.LocaliseError):
+        locate(new, old, class_map="fp32_reassoc", key="no such key")

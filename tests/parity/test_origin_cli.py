@@ -169,6 +169,41 @@ def test_a_producer_that_does_not_trace_is_recorded_program_by_program(checked: 
     assert not orders, orders  # read from its programs: no "declared" hint
 
 
+def test_the_pytest_plugin_names_the_origin_in_the_failure_and_the_report(
+    project: tuple[Path, str, str],
+) -> None:
+    """A test that checks a group against its goldens gets the origin line, as `parity
+    check` names it; the second check of the group in the session reuses it."""
+    import os
+    import sys
+
+    repo = project[0]
+    (repo / "test_forward.py").write_text(
+        "import producers\n\n\n"
+        "def test_forward(parity_check):\n"
+        "    parity_check(producers.forward(), 'forward')\n\n\n"
+        "def test_again(parity_check):\n"
+        "    parity_check(producers.forward(), 'forward', name='again')\n"
+    )
+    env = {k: v for k, v in os.environ.items() if not k.startswith(("PYTEST_", "PARITY_"))}
+    paths = [str(repo / "src"), str(repo), *filter(None, [os.environ.get("PYTHONPATH")])]
+    env |= {"PYTHONPATH": os.pathsep.join(paths),
+            "PARITY_BASELINE_CACHE": str(repo.parent / "baselines")}  # fmt: skip
+    report = repo.parent / "plugin-report"
+    done = subprocess.run(
+        [sys.executable, "-m", "pytest", "-p", "no:cacheprovider", "-q", "test_forward.py",
+         "--parity-report", str(report)],
+        cwd=repo, env=env, capture_output=True, text=True, timeout=600,
+    )  # fmt: skip
+    assert done.returncode == 1, done.stdout + done.stderr
+    lines = [ln.strip() for ln in done.stdout.splitlines() if ln.strip().startswith("origin:")]
+    assert len(lines) >= 2 and len(set(lines)) == 1, lines
+    assert f"{MODEL_FILE}:{_bug_line()} in mix" in lines[0], lines
+    checks = {c["name"]: c for c in json.loads((report / "report.json").read_text())["checks"]}
+    assert checks["forward"]["origin"]["function"] == "mix"
+    assert checks["again"]["origin_line"] == checks["forward"]["origin_line"]
+
+
 def test_a_group_that_cannot_be_recorded_says_why_and_keeps_its_verdict(
     checked: Any, project: tuple[Path, str, str], run_parity: Callable[..., Any]
 ) -> None:

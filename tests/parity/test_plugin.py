@@ -152,8 +152,8 @@ def test_parity_check_passes_fails_names_keys_and_writes_the_report(
     assert "parity check 'perturbed' failed" in out
     assert "logits [bitwise, fail]" in out and "layers.1.h1 [fp32_reassoc, fail]" in out
     assert "first breaking its class: layers.1.h1" in out
-    # The origin costs two producer runs: the message names the command that pays for it.
-    assert "origin: not named by the plugin" in out and "parity check --groups g" in out
+    # No producers file here: the origin cannot be recorded, and the failure says why.
+    assert "origin: not named: no producers file is configured" in out
     assert "no golden file for group 'nope'" in out and "parity repin --base" in out
     assert "During handling of the above exception" not in out
     # The end-of-session section.

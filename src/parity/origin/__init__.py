@@ -2,22 +2,27 @@
 never did, at the user's source line (docs/design.md, "Where it diverged").
 
 `record` (a function's program run equation by equation, every value kept, scans
-unrolled: `Recording`, `Value`), `recording` (the recording as plain data, with per-value
-fingerprints, serialisable to numpy arrays), `align` (matching the new program's values to
-the old program's by value, the matching tolerance derived from a class, the origin rule:
-`Alignment`, `Origin`) and `api` (`localise` for two live functions, `locate` for two
-recordings, `origin_line` for a failure message). It sits over the judge: it imports numpy
-and `parity.judge`; jax only inside functions, once the caller has imported it; never h5py,
-decomp or another part of parity (`tests/parity/test_import_boundaries.py`).
+unrolled: `Recording`, `Value`; `record_programs` for the programs a producer dispatched),
+`programs` (those programs, kept while the producer runs: `capture`), `recording` (the
+recording as plain data, with per-value fingerprints, serialisable to numpy arrays),
+`align` (matching the new program's values to the old program's by value, the matching
+tolerance derived from a class, the origin rule: `Alignment`, `Origin`), `localisation`
+(what a search for the origin found: `Localisation`) and `api` (`localise` for two live
+functions, `locate` for two recordings, `origin_line` for a failure message). It sits over
+the judge: it imports numpy and `parity.judge`; jax only inside functions, once the caller
+has imported it; never h5py, decomp or another part of parity
+(`tests/parity/test_import_boundaries.py`).
 """
 
 from parity.origin.align import Alignment, Origin, align, matching_tolerance
 from parity.origin.api import localise, locate, origin_line
+from parity.origin.localisation import Localisation
 from parity.origin.record import LocaliseError, record
 from parity.origin.recording import Recording, Value
 
 __all__ = [
     "Alignment",
+    "Localisation",
     "LocaliseError",
     "Origin",
     "Recording",

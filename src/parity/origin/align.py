@@ -90,7 +90,10 @@ class Origin:
     `max_diff` (the largest `|new - old|` against the nearest old value of its shape and
     dtype, None when the old program has none; a lower bound when the old side was a
     summary), `matched_fraction` (the share of the new program's values, inputs aside, that
-    matched), `position` (its place in dataflow order) and `rho` (the matching tolerance).
+    matched), `position` (its place in dataflow order), `rho` (the matching tolerance) and
+    `library` (where the operation runs inside an installed library such as optax, that
+    library's frame, `file:line in function`; `file`, `line` and `function` are then the
+    user's own line that called into it).
     """
 
     key: str
@@ -105,6 +108,7 @@ class Origin:
     matched_fraction: float
     position: int
     rho: float
+    library: str = ""
 
     def describe(self) -> str:
         """One line: the primitive, the source line, the shapes, the difference."""
@@ -113,6 +117,8 @@ class Origin:
         diff = "no old value of its shape" if self.max_diff is None else (
             f"{self.max_diff:.3g} from the nearest old value of its shape"
         )  # fmt: skip
+        if self.library:  # the operation runs inside an installed library, called from there
+            where += f" (inside {self.library})"
         return (
             f"{self.primitive} at {where}: {self.dtype}{list(self.shape)} from ({ins}), {diff}; "
             f"{self.matched_fraction:.1%} of the new program's values matched (key {self.key})"
@@ -279,6 +285,7 @@ class Alignment:
             input_shapes=tuple(values[i].shape for i in v.inputs),
             max_diff=_Matcher(self.new, self.old, self.rho).nearest(v),
             matched_fraction=self.matched_fraction, position=v.id, rho=self.rho,
+            library=v.library,
         )  # fmt: skip
 
 

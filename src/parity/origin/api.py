@@ -11,14 +11,17 @@ from collections.abc import Callable, Mapping
 from pathlib import Path
 from typing import Any
 
+import numpy as np
+
 from parity.judge.classes import REGISTRY, ToleranceClass
 from parity.judge.compare import compare_trees
 from parity.judge.tolerance import ClassMapLike, Overrides, class_resolver, to_class
-from parity.origin.align import Origin, align, matching_tolerance
+from parity.origin.align import align, matching_tolerance
+from parity.origin.localisation import Localisation
 from parity.origin.record import LocaliseError, record
 from parity.origin.recording import Recording
 
-__all__ = ["localise", "locate", "origin_line"]
+__all__ = ["PROFILE_BINS", "localise", "locate", "origin_line"]
 
 
 def _first_failing_key(
@@ -35,6 +38,10 @@ def _first_failing_key(
     return None if first is None else first.key
 
 
+#: The most bins of the matched-share profile a localisation carries (for the HTML plot).
+PROFILE_BINS = 120
+
+
 def locate(
     new: Recording,
     old: Recording,
@@ -44,32 +51,47 @@ def locate(
     registry: Mapping[str, ToleranceClass] = REGISTRY,
     key: str | None = None,
     root: str | Path | None = None,
-) -> Origin | None:
+    against: str = "the old program",
+) -> Localisation:
     """The origin of the first output of `new` that breaks its class against `old`.
 
     **Arguments:**
 
-    - `new`, `old`: recordings of the two programs on the same inputs (`record`); `old` may
-      be a summary (`Recording.summary()`, or read back with `Recording.from_arrays`).
+    - `new`, `old`: recordings of the two programs on the same inputs (`record`,
+      `record_programs`); `old` may be a summary (`Recording.summary()`, or read back with
+      `Recording.from_arrays`).
     - `class_map`, `overrides`, `registry`: each output key's class, by the precedence
       every check uses (`parity.judge.tolerance.class_resolver`).
     - `key`: the output to explain; default: the first in dataflow order that fails its
       class (keys present on both sides only).
     - `root`: paths in the origin are given relative to it when they lie under it.
+    - `against`: what `old` is, for the lines (`"the base commit"`).
 
-    **Returns:** the `Origin`, or None when no output fails, or when every value upstream
-    of the failing output matched. Raises `LocaliseError` when the key is absent or its
-    class gives no matching tolerance.
+    **Returns:** a `Localisation`: `named` with the `Origin` and the matched share along
+    the new program; `matched` where every value upstream of the failing output matched;
+    `no_failure` where no output fails its class. Raises `LocaliseError` when the key is
+    absent or its class gives no matching tolerance.
     """
     resolve = class_resolver(overrides=overrides, class_map=class_map)
     if key is None:
         key = _first_failing_key(new, old, resolve, registry)
         if key is None:
-            return None
+            return Localisation("no_failure", against=against)
     if key not in old.output_arrays:
         raise LocaliseError(f"the old program has no output {key!r}; it has {list(old.outputs)}")
     rho = matching_tolerance(to_class(resolve(key), registry), old.output_arrays[key])
-    return align(new, old, rho).origin(key, root=root)
+    alignment = align(new, old, rho)
+    origin = alignment.origin(key, root=root)
+    if origin is None:
+        return Localisation("matched", key=key, against=against, rho=rho)
+    counted = np.array([v.kind != "input" for v in new.values])
+    matched = alignment.matched[counted].astype(np.float64)
+    bins = np.array_split(matched, min(PROFILE_BINS, max(1, len(matched))))
+    return Localisation(
+        "named", origin=origin, key=key, against=against, rho=rho, values=len(matched),
+        profile=tuple(round(float(b.mean()), 4) if len(b) else 1.0 for b in bins),
+        origin_at=round(int(counted[: origin.position].sum()) / max(1, len(matched)), 4),
+    )  # fmt: skip
 
 
 def localise(
@@ -82,7 +104,7 @@ def localise(
     key: str | None = None,
     root: str | Path | None = None,
     **kwargs: Any,
-) -> Origin | None:
+) -> Localisation:
     """Name the first operation of `new_fn`'s program that computes a value `old_fn`'s
     program never computed, and its source line.
 
@@ -100,10 +122,18 @@ def localise(
     - `args`, `kwargs`: what both are called with.
     - `class_map`, `overrides`, `registry`, `key`, `root`: as `locate`.
 
-    **Returns:** the `Origin` (`primitive`, `file`, `line`, `function`, `shape`,
-    `max_diff`, `key`, `matched_fraction`, ...; `.describe()` for one line), or None when
-    every output holds its class or every value upstream of the failing one matched. Raises
-    `LocaliseError` when a function does not trace.
+    **Returns:** a `Localisation` (`parity.Localisation`): `status` is `named` (its
+    `origin`: `primitive`, `file`, `line`, `function`, `shape`, `max_diff`, `key`,
+    `matched_fraction`, ...), `matched` (every value upstream of the failing output
+    matched) or `no_failure` (every output holds its class when run op by op); `.line` is
+    the one-line answer. Raises `LocaliseError` when a function does not trace.
+
+    **Example:**
+
+    ```python
+    found = parity.localise(scanned_forward, unrolled_forward, params, tokens)
+    assert found.status != "named", found.line
+    ```
     """
     new = record(new_fn, *args, **kwargs)
     old = record(old_fn, *args, **kwargs)
@@ -118,14 +148,10 @@ def origin_line(
     """The `origin:` line a failure message ends with: the origin, why there is none, or
     why it could not be found (one line each)."""
     try:
-        origin = localise(new_fn, old_fn, *args, key=key, **options, **kwargs)
+        found = localise(new_fn, old_fn, *args, key=key, **options, **kwargs)
     except LocaliseError as e:
-        return f"origin: not named: {e.reason}\n"
+        found = Localisation("not_named", key=key or "", reason=e.reason)
     except Exception as e:  # the line explains a failure; it must not replace it
-        return f"origin: not named: localise raised {type(e).__name__}: {e}\n"
-    if origin is None:
-        return (
-            "origin: none: every value of the new program upstream of the failing output "
-            "matched one of the old program's (or no output failed when run op by op)\n"
-        )
-    return f"origin: {origin.describe()}\n"
+        reason = f"localise raised {type(e).__name__}: {e}"
+        found = Localisation("not_named", key=key or "", reason=reason)
+    return found.line + "\n"

@@ -17,6 +17,7 @@ from parity.pytest_plugin.stash import (
     CONFIG,
     GOLDENS,
     NARROWED,
+    ORIGINS,
     OVERRIDES,
     RESULTS,
 )
@@ -195,6 +196,7 @@ def pytest_configure(config: pytest.Config) -> None:
 
         initialize(place[2], place[1], place[0])
     config.stash[RESULTS] = []
+    config.stash[ORIGINS] = {}
     config.stash[NARROWED] = any("::" in str(a) for a in config.args)
     from parity.check import GoldenDir
 

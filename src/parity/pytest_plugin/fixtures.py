@@ -3,6 +3,7 @@ the session report and fails with the table."""
 
 from __future__ import annotations
 
+import dataclasses
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
@@ -10,11 +11,12 @@ from typing import TYPE_CHECKING, Any
 
 import pytest
 
-from parity.pytest_plugin.stash import BASELINE, CONFIG, GOLDENS, OVERRIDES, RESULTS
+from parity.pytest_plugin.stash import BASELINE, CONFIG, GOLDENS, ORIGINS, OVERRIDES, RESULTS
 from parity.run.processes import worker_place
 
 if TYPE_CHECKING:  # parity.check loads h5py: imported only when a check runs
     from parity.check import GoldenDir
+    from parity.origin import Localisation
     from parity.results import CheckResult
 
 
@@ -54,8 +56,8 @@ def _failure_text(result: CheckResult, differing: Sequence[str]) -> str:
     if result.saved:
         text += f"obtained arrays written to {result.saved}; reproduce with:\n"
         text += f"  {result.command}\n"
-    if result.group is not None and not result.passed:
-        text += _origin_hint(result.group)
+    if result.origin_line:
+        text += result.origin_line + "\n"
     return text
 
 
@@ -158,6 +160,8 @@ class _Check:
             result = self._agree(result, problem, place[0])
         if problem is not None or result is None:
             pytest.fail(problem or "parity check produced no result", pytrace=False)
+        if isinstance(golden, str) and not result.passed and fail:
+            result = dataclasses.replace(result, origin=_origin_of(config, result, provenance))
         if place is None or place[0] == 0:  # one report: process 0's
             config.stash[RESULTS].append(result)
         differing = non_array_differences(*statics)
@@ -184,16 +188,62 @@ class _Check:
         )
 
 
-def _origin_hint(group: str) -> str:
-    """The `origin:` line of a failed golden check. A test hands over arrays, not the
-    program that made them: naming the origin takes two producer runs that record the
-    group's program op by op (here and at the base commit), more than a failing test should
-    pay, even where the baseline was re-produced (it records no program), so the line
-    says which command names it (docs/design.md, "Where it diverged")."""
-    return (
-        f"origin: not named by the plugin (it would record the group's program twice, here "
-        f"and at its base); `parity check --groups {group}` names it\n"
-    )
+def _origin_of(
+    config: pytest.Config, result: CheckResult, provenance: Mapping[str, Any] | None
+) -> Localisation | None:
+    """The origin of a failed golden check: the group's programs recorded op by op with
+    the session's producers, here and at its golden's base commit in this environment
+    (`parity.run.origins.name_origins`, as `parity check` names it), once per group per
+    session; None where `--parity-origin off`. A test hands over arrays, not the programs
+    that made them, so the producers run again to record them."""
+    from parity.origin import Localisation
+
+    group = result.group or ""
+    found = config.stash[ORIGINS]
+    if config.getoption("--parity-origin") == "off":
+        return None
+    if group in found:
+        return found[group]
+    project = config.stash[CONFIG]
+    place = worker_place()
+    if place is not None:
+        why = (
+            f"the session runs as {place[1]} processes and a recording is made in one: "
+            f"`parity check --groups {group}` names it"
+        )
+        found[group] = Localisation("not_named", reason=why)
+    elif project.producers is None:
+        why = (
+            "no producers file is configured ([tool.parity] producers), so the programs that "
+            "made the group cannot be recorded"
+        )
+        found[group] = Localisation("not_named", reason=why)
+    else:
+        found[group] = _recorded_origin(config, result, provenance)
+    return found[group]
+
+
+def _recorded_origin(
+    config: pytest.Config, result: CheckResult, provenance: Mapping[str, Any] | None
+) -> Localisation | None:
+    from parity.run.origins import name_origins
+    from parity.run.processes import Layout
+    from parity.run.produced import Produced
+    from parity.run.worktree import GitError, repo_root
+    from parity.store.provenance import collect_provenance
+
+    project, group = config.stash[CONFIG], result.group or ""
+    current = dict(provenance) if provenance is not None else collect_provenance()
+    # Nothing of the producers' run is known here but the environment: the recording
+    # runs find out whether jax computes the group's outputs.
+    produced = Produced(groups={}, seconds=0.0, xla_flags="", provenance={group: current},
+                        layout=Layout(1, project.devices))  # fmt: skip
+    try:
+        root = repo_root(project.root)
+    except GitError:
+        root = project.root
+    named = name_origins([result], produced, project, config.stash[GOLDENS], root=root)
+    return named[0].origin
 
 
 @pytest.fixture

@@ -62,6 +62,15 @@ def pytest_addoption(parser: pytest.Parser) -> None:
         "goldens under their calibrated bounds (default: [tool.parity] baseline, else auto)",
     )
     group.addoption(
+        "--parity-origin",
+        default="auto",
+        choices=("auto", "off"),
+        help="where a golden check fails, name the first operation that computes what the "
+        "golden's base never did, at its source line: the group's programs recorded op by "
+        "op here and at its base, once per group per session (auto, the default); off skips "
+        "it",
+    )
+    group.addoption(
         "--parity-save-actual",
         default=None,
         metavar="DIR",

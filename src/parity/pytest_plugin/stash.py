@@ -8,6 +8,7 @@ import pytest
 
 if TYPE_CHECKING:  # parity.check loads h5py: imported only when a check runs
     from parity.check import GoldenDir
+    from parity.origin import Localisation
     from parity.results import CheckResult
     from parity.run.baseline import BaselineBuilder
     from parity.run.config import ParityConfig
@@ -27,3 +28,6 @@ CONFIG: pytest.StashKey[ParityConfig] = pytest.StashKey()
 #: The `(pattern, class)` rules every check tries first: `--parity-override`, then
 #: `--parity-class` as `*=NAME`.
 OVERRIDES: pytest.StashKey[tuple[tuple[str, str], ...]] = pytest.StashKey()
+#: What looking for the origin of each failing golden group found, so that a group is
+#: recorded at most once per session (`fixtures._origin_of`).
+ORIGINS: pytest.StashKey[dict[str, Localisation]] = pytest.StashKey()

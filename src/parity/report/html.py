@@ -8,7 +8,7 @@ import os
 import re
 from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from parity.judge.compare import Comparison, Finding
 from parity.report.summary import (
@@ -20,6 +20,10 @@ from parity.report.summary import (
     num,
     summarize,
 )
+
+if TYPE_CHECKING:  # the origin is the same height as the reports: read, never imported
+    from parity.origin.align import Origin
+    from parity.origin.localisation import Localisation
 
 __all__ = ["write_html"]
 
@@ -137,33 +141,33 @@ def _plot_class(path: Path, name: str, findings: Sequence[Finding]) -> None:
     fig.savefig(str(path), format="png")
 
 
-#: check name -> (its `origin:` line, its origin as `CheckResult.origin` holds it or None).
-Origins = Mapping[str, tuple[str, Mapping[str, Any] | None]]
+#: check name -> what its origin search found (`CheckResult.origin`).
+Origins = Mapping[str, "Localisation"]
 
 
-def _plot_origin(path: Path, name: str, origin: Mapping[str, Any]) -> None:
+def _plot_origin(path: Path, name: str, found: Localisation, origin: Origin) -> None:
     """One PNG: the share of the new program's values that matched the old program's, in
     equal bins along the program in dataflow order, and where the origin sits."""
     import numpy as np
     from matplotlib.figure import Figure
 
-    profile = np.asarray(origin["profile"], dtype=np.float64)
+    profile = np.asarray(found.profile, dtype=np.float64)
     edges = np.linspace(0.0, 1.0, len(profile) + 1)
     fig = Figure(figsize=(8.0, 3.2), dpi=80)
     fig.subplots_adjust(left=0.09, right=0.98, top=0.88, bottom=0.16)
     ax = fig.add_subplot()
     ax.stairs(profile, edges, fill=True, alpha=0.35, color="tab:green", label="matched")
     ax.stairs(profile, edges, color="tab:green", linewidth=1)
-    at = float(origin.get("origin_at", 0.0))
-    where = f"{origin.get('file') or '<no source>'}:{origin.get('line')}"
+    where = f"{origin.file or '<no source>'}:{origin.line}"
     ax.axvline(
-        at, color="tab:red", linewidth=1.5, label=f"origin: {origin['primitive']} at {where}"
-    )
+        found.origin_at, color="tab:red", linewidth=1.5,
+        label=f"origin: {origin.primitive} at {where}",
+    )  # fmt: skip
     ax.set_xlim(0.0, 1.0)
     ax.set_ylim(0.0, 1.05)
-    ax.set_xlabel(f"position in the new program (dataflow order, {origin['values']} values)")
+    ax.set_xlabel(f"position in the new program (dataflow order, {found.values} values)")
     ax.set_ylabel("matched share")
-    share = float(origin["matched_fraction"])
+    share = origin.matched_fraction
     ax.set_title(f"{name}: values matched along the program ({share:.1%} in all)", y=1.01)
     ax.legend(fontsize=7, loc="lower left")
     fig.savefig(str(path), format="png")
@@ -174,12 +178,12 @@ def _origin_section(out_dir: Path, origins: Origins, w: Callable[[str], Any]) ->
     import html
 
     w("<h2>where it diverged</h2>\n")
-    for i, (name, (line, origin)) in enumerate(origins.items()):
-        w(f"<p><b>{html.escape(name)}</b>: <code>{html.escape(line)}</code></p>\n")
-        if origin is None or not origin.get("profile"):
+    for i, (name, found) in enumerate(origins.items()):
+        w(f"<p><b>{html.escape(name)}</b>: <code>{html.escape(found.line)}</code></p>\n")
+        if found.origin is None or not found.profile:
             continue
         png = f"origin_{i:02d}_{_safe_name(name)}.png"
-        _plot_origin(out_dir / png, name, origin)
+        _plot_origin(out_dir / png, name, found, found.origin)
         alt = f"{name}: matched share of the new program's values along the program"
         w(f'<p><img src="{html.escape(png)}" alt="{html.escape(alt)}"></p>\n')
 
@@ -248,7 +252,7 @@ def _divergence_section(
         if not comp.passed:
             pointers.append(divergence("first breaking its class", comp.first_failure))
             if origins and name in origins:
-                pointers.append(origins[name][0])
+                pointers.append(origins[name].line)
         w(
             f'<tr><td>{esc(name)}</td><td class="{verdict}">{verdict}</td>'
             f'<td class="num">{len(comp.failures)} of {len(comp.findings)} fail</td>'
@@ -356,8 +360,8 @@ def write_html(
     - `header`: provenance and the like, shown in a table at the top.
     - `title`: the page title.
     - `checks`: as in `format_table`: the first divergence is then shown per check.
-    - `origins`: check name -> (its `origin:` line, its origin dict or None): the line under
-      its first divergence, and a plot of the matched share along the program.
+    - `origins`: check name -> what its origin search found: its `line` under its first
+      divergence, and a plot of the matched share along the program where one was named.
 
     **Returns:** the path of `index.html`.
     """

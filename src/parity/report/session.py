@@ -27,6 +27,13 @@ CHECK_FIELDS = (
 )  # fmt: skip
 
 
+def _jsonable(r: CheckResult, name: str) -> Any:
+    """A result's field as its JSON entry carries it (the origin: its fields flat)."""
+    if name == "origin":
+        return None if r.origin is None else r.origin.json_origin()
+    return getattr(r, name)
+
+
 def merged_findings(results: Sequence[CheckResult]) -> Comparison:
     """Every finding of the session, keyed `<check>/<key>`: groups can share keys (two
     train groups pin the same leaves), and a key means nothing without its check; not
@@ -104,7 +111,7 @@ class ReportSession:
         doc = to_json(self.merged, header=self.header, checks=self._by_check)
         if self.per_check:
             for entry, r in zip(doc["checks"], self.results, strict=True):
-                entry |= {name: getattr(r, name) for name in fields}
+                entry |= {name: _jsonable(r, name) for name in fields}
         return doc
 
     def write_json(self, path: Path, doc: dict[str, Any]) -> None:
@@ -141,7 +148,7 @@ class ReportSession:
         folder.mkdir(parents=True, exist_ok=True)
         (folder / "report.txt").write_text(self.table() + "\n")
         html_title = {} if title is None else {"title": title}
-        origins = {r.name: (r.origin_line or "", r.origin) for r in self.results if r.origin_line}
+        origins = {r.name: r.origin for r in self.results if r.origin is not None}
         write_html(folder, self.merged, header=self.header, checks=self._by_check,
                    origins=origins, **html_title)  # fmt: skip
         doc = self.to_json(fields)

@@ -19,8 +19,10 @@ one's file.
 
 The cache folder is, first found: `PARITY_BASELINE_CACHE`, `[tool.parity] baseline_cache`,
 `$XDG_CACHE_HOME/parity/baselines`, `~/.cache/parity/baselines`. `parity baseline
-build/list/clear` manages it. Beside an entry, `<group>.origin.npz` holds the group's
-program recorded op by op at the base commit, for a failing check's origin (`parity.run.origins`).
+build/list/clear` manages it. Beside an entry, where a failing check asked for its origin
+(`parity.run.origins`), `<group>.origin.npz` holds the programs the group ran at the base
+commit, recorded op by op in the same run that made its arrays (`prepare(..., record=True)`),
+or `<group>.origin.json` says why they could not be recorded.
 
 Nothing here imports jax.
 """
@@ -29,6 +31,7 @@ from __future__ import annotations
 
 import contextlib
 import fcntl
+import json
 import os
 import shutil
 import time
@@ -54,6 +57,7 @@ __all__ = [
     "CachedBaseline",
     "base_commit",
     "cache_dir",
+    "recorded",
 ]
 
 #: The environment variable that moves the cache folder.
@@ -117,9 +121,10 @@ class BaselineCache:
         return self.folder / sha / f"{fingerprint}-{digest[:12]}" / f"{group}.h5"
 
     @staticmethod
-    def usable(path: Path) -> bool:
-        """Whether `path` holds a readable golden-format file (a damaged one is rebuilt)."""
-        if not path.is_file():
+    def usable(path: Path, *, record: bool = False) -> bool:
+        """Whether `path` holds a readable golden-format file (a damaged one is rebuilt),
+        and with `record`, its recording (or why it has none: `recorded`) beside it."""
+        if not path.is_file() or (record and recorded(path) is None):
             return False
         try:
             with open_goldens(path):
@@ -244,7 +249,10 @@ class BaselineBuilder:
         return got
 
     def prepare(
-        self, wanted: Sequence[tuple[str, Mapping[str, Any], Mapping[str, Any]]]
+        self,
+        wanted: Sequence[tuple[str, Mapping[str, Any], Mapping[str, Any]]],
+        *,
+        record: bool = False,
     ) -> dict[str, Baseline | BaselineUnavailable]:
         """`reproduce` for several groups at once: the missing ones of each base commit
         and environment are built in one producer run.
@@ -252,6 +260,8 @@ class BaselineBuilder:
         **Arguments:**
 
         - `wanted`: `(group, pinned provenance, current provenance)` triples.
+        - `record`: the groups' programs recorded op by op too (`recorded`): an entry
+          without its recording is built again, arrays and recording in one run.
 
         **Returns:** group -> its baseline, or the `BaselineUnavailable` saying why it
         cannot be re-produced (every group tried).
@@ -271,7 +281,7 @@ class BaselineBuilder:
                 continue
             fp = environment_fingerprint(current)
             path = self.cache.path_for(sha, fp, digest, group)
-            if self.cache.usable(path):
+            if self.cache.usable(path, record=record):
                 out[group] = self._built.get(path) or Baseline(path, sha, cached=True)
                 continue
             batches.setdefault((sha, fp), []).append(group)
@@ -284,11 +294,14 @@ class BaselineBuilder:
             paths = [self.cache.path_for(sha, fp, digest, g) for g in groups]
             failed: BaselineUnavailable | None = None
             with self.cache.locked(paths):
-                todo = [g for g, p in zip(groups, paths, strict=True) if not self.cache.usable(p)]
+                todo = [
+                    g for g, p in zip(groups, paths, strict=True)
+                    if not self.cache.usable(p, record=record)
+                ]  # fmt: skip
                 built: dict[str, Baseline] = {}
                 if todo:
                     try:
-                        built = self.build(todo, sha, envs[(sha, fp)], digest=digest)
+                        built = self.build(todo, sha, envs[(sha, fp)], digest=digest, record=record)
                     except BaselineUnavailable as e:
                         self._failed[(sha, fp)] = failed = e
             for g, p in zip(groups, paths, strict=True):
@@ -307,9 +320,11 @@ class BaselineBuilder:
         current: Mapping[str, Any] | None = None,
         *,
         digest: str | None = None,
+        record: bool = False,
     ) -> dict[str, Baseline]:
         """Produce `groups` at `sha` now and write them into the cache (no lock: `prepare`
-        holds it; `parity baseline build` takes it too).
+        holds it; `parity baseline build` takes it too); with `record`, each group's
+        programs recorded op by op in the same run, saved beside it (`recorded`).
 
         **Arguments:**
 
@@ -353,6 +368,7 @@ class BaselineBuilder:
                     processes=processes,
                     timeout=self.timeout,
                     code=f"the base commit {full[:12]}",
+                    record_origin=record,
                 )
             except ProducerRunError as e:
                 raise BaselineUnavailable(
@@ -381,6 +397,8 @@ class BaselineBuilder:
                     )
                 path = self.cache.path_for(full, fp, digest, group)
                 path.parent.mkdir(parents=True, exist_ok=True)
+                if record:  # first, so that a usable entry always has it
+                    _keep_recording(tmp, group, path)
                 write_run(path, loaded, sha=full, digest=digest)
                 out[group] = self._built[path] = Baseline(path, full, False, seconds)
         self.progress(
@@ -388,6 +406,38 @@ class BaselineBuilder:
             f"cached in {self.cache.folder}"
         )
         return out
+
+
+#: Beside a cached baseline `<group>.h5`: its programs recorded op by op at the base, or
+#: why they could not be (`{"reason": ...}`), as the producer runner writes them.
+RECORDING, NOT_RECORDED = ".origin.npz", ".origin.json"
+
+
+def recorded(path: Path) -> Path | str | None:
+    """The recording beside the cached baseline at `path`: its file, the one line saying
+    why there is none, or None where it was not asked for."""
+    npz, why = path.with_suffix(RECORDING), path.with_suffix(NOT_RECORDED)
+    if npz.is_file():
+        return npz
+    if why.is_file():
+        return str(json.loads(why.read_text())["reason"])
+    return None
+
+
+def _keep_recording(out: Path, group: str, path: Path) -> None:
+    """Move what the run wrote of `group`'s recording (`out/<group>.origin.*`) beside the
+    baseline at `path`, atomically (the entry's lock is held)."""
+    for suffix in (RECORDING, NOT_RECORDED):
+        made = out / f"{group}{suffix}"
+        target = path.with_suffix(suffix)
+        if made.is_file():
+            staged = target.with_suffix(".part")
+            shutil.copyfile(made, staged)
+            os.replace(staged, target)
+            return
+    why = {"reason": "the producers recorded nothing for it"}
+    target = path.with_suffix(NOT_RECORDED)
+    target.write_text(json.dumps(why))
 
 
 def base_commit(root: Path, sha: str) -> tuple[Path, str]:

@@ -34,6 +34,7 @@ from pathlib import Path
 from typing import Any, Literal
 
 from parity.check import GoldenDir
+from parity.origin.localisation import Localisation
 from parity.results import CheckError
 from parity.run.config import ParityConfig
 from parity.run.launcher import ProducerRunError, UnknownGroupsError
@@ -93,9 +94,9 @@ class BisectResult:
     - `candidates`: for `ambiguous`, the skipped commits and the first known bad one.
     - `steps`: every commit checked, in the order checked (GOOD and BAD first).
     - `commits`: how many first-parent commits lie between GOOD (excluded) and BAD.
-    - `origin`: for `found`, where the first bad commit diverges from its parent (as
-      `parity.results.CheckResult.origin`), or None; `origin_line`: the `origin:` line (the
-      origin, or why it is not named), None where it was not asked for.
+    - `origin`: for `found`, where the first bad commit diverges from its parent (a
+      `parity.origin.Localisation`, as `parity.results.CheckResult.origin`), or None where
+      it was not asked for; `origin_line` is its one line.
     """
 
     good: str
@@ -105,8 +106,12 @@ class BisectResult:
     commits: int
     first_bad: Step | None = None
     candidates: tuple[str, ...] = ()
-    origin: dict[str, Any] | None = None
-    origin_line: str | None = None
+    origin: Localisation | None = None
+
+    @property
+    def origin_line(self) -> str | None:
+        """The `origin:` line (the origin, or why it is not named); None where not asked."""
+        return None if self.origin is None else self.origin.line
 
     @property
     def skipped(self) -> tuple[Step, ...]:
@@ -127,7 +132,7 @@ class BisectResult:
             "class": fb.class_name if fb else None,
             "candidates": list(self.candidates),
             "skipped": [s.sha for s in self.skipped],
-            "origin": self.origin,
+            "origin": None if self.origin is None else self.origin.json_origin(),
             "origin_line": self.origin_line,
             "steps": [asdict(s) for s in self.steps],
         }
@@ -328,7 +333,7 @@ def bisect(
     from parity.run.origins import origin_between
 
     parent = commits[hi - 1] if hi > 0 else good_sha
-    doc, line = origin_between(
+    found = origin_between(
         config, root, (fb.group, fb.key, fb.class_name), fb.sha, parent, progress=progress
     )
-    return result("found", first_bad=fb, origin=doc, origin_line=line)
+    return result("found", first_bad=fb, origin=found)

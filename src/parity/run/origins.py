@@ -1,15 +1,17 @@
-"""The origin of a failing golden check: the first operation of the tree's program that
-computes what the base's program never did, at its source line (issue 35; docs/design.md,
-"Where it diverged"; the matching itself is `parity.origin`'s).
+"""The origin of a failing golden check: the first operation of the tree's programs that
+computes what the base's programs never did, at its source line (issue 35; docs/design.md,
+"Where it diverged" and "The unit is the programs a producer runs"; the matching itself is
+`parity.origin`'s).
 
 `parity check` asks for it after the verdict, for the failing groups only, so a passing
-check costs what it did before: one more producer run of those groups on the current tree
-with `--record-origin` (each group's program recorded op by op, its summary saved), and one
-at the golden's base commit in this environment (a temporary worktree, as a baseline is
-re-produced), cached beside the baseline's entry
-(`<cache>/<sha>/<fingerprint>-<digest>/<group>.origin.npz`), so a failing check run again
-pays only for the current tree's recording. `locate`'s rule then runs here, on the two
-summaries. `parity bisect` does the same for the first bad commit against its parent.
+check costs what it did before. A failing one costs at most one more producer run on each
+side: of those groups on the current tree with `--record-origin` (the programs each group
+runs recorded op by op, their summary saved), and at the golden's base commit in this
+environment the base re-produced with its recording (`parity.run.baseline.BaselineBuilder`,
+`prepare(..., record=True)`: one run makes the base's arrays and its recording, one cache
+entry keeps both), so a failing check run again pays only for the current tree's recording.
+`locate`'s rule then runs here, on the two summaries. `parity bisect` does the same for the
+first bad commit against its parent.
 
 Where a group is not recorded, one line says why, and the verdict stands: its outputs are
 not computed by the jax programs the producer runs (numpy made them), the run spans processes,
@@ -23,9 +25,6 @@ from __future__ import annotations
 
 import dataclasses
 import json
-import math
-import os
-import shutil
 from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
 from typing import Any
@@ -34,21 +33,19 @@ import numpy as np
 
 from parity.baseline import BaselineUnavailable
 from parity.check import GoldenDir
-from parity.environment import environment_fingerprint, layout_of
+from parity.environment import layout_of
 from parity.judge.classes import REGISTRY, ToleranceClass
 from parity.judge.tolerance import UnknownClassError, to_class
-from parity.origin import LocaliseError, Recording, align, matching_tolerance
+from parity.origin import Localisation, LocaliseError, Recording, locate, matching_tolerance
 from parity.results import CheckError, CheckResult
-from parity.run.baseline import BaselineCache, base_commit, cache_dir
+from parity.run.baseline import NOT_RECORDED, RECORDING, BaselineBuilder, recorded
 from parity.run.config import ParityConfig
 from parity.run.launcher import ProducerRunError, run_producers
 from parity.run.produced import Produced
 from parity.run.worktree import GitError, temporary_worktree
-from parity.store.provenance import digest_sources
 from parity.store.staging import owned_tempdir
 
 __all__ = [
-    "PROFILE_BINS",
     "base_recordings",
     "explain",
     "name_origins",
@@ -56,10 +53,6 @@ __all__ = [
     "record_groups",
 ]
 
-#: What `--record-origin` writes per group (`_producer_runner.ORIGIN_RECORDING`, `_REASON`).
-_RECORDING, _REASON = ".origin.npz", ".origin.json"
-#: The most bins of the matched-share profile a result carries (for the HTML plot).
-PROFILE_BINS = 120
 _PREFIX = "parity-origin-"
 
 Progress = Callable[[str], None]
@@ -96,7 +89,7 @@ def record_groups(
         return dict.fromkeys(groups, f"the producers cannot run at {code}: {e.reason}")
     found: dict[str, Path | str] = {}
     for g in groups:
-        path, why = out / f"{g}{_RECORDING}", out / f"{g}{_REASON}"
+        path, why = out / f"{g}{RECORDING}", out / f"{g}{NOT_RECORDED}"
         if path.is_file():
             found[g] = path
         elif why.is_file():
@@ -110,84 +103,35 @@ def base_recordings(
     config: ParityConfig,
     wanted: Sequence[tuple[str, Mapping[str, Any], Mapping[str, Any]]],
     *,
-    cache: BaselineCache | None = None,
+    builder: BaselineBuilder | None = None,
     progress: Progress = lambda _: None,
     timeout: float | None = None,
 ) -> dict[str, Path | str]:
-    """Each group's program recorded at its golden's base commit in the environment its
-    check ran in: from the cache, else recorded now (one producer run per base commit and
-    environment, under the cache entries' locks).
+    """Each group's programs recorded at its golden's base commit in the environment its
+    check ran in: the base re-produced here (`parity.run.baseline.BaselineBuilder`) with its
+    recording, from the cache, else in one producer run per base commit and environment
+    that makes both the arrays and the recording (one code path, one cache entry).
 
-    **Arguments:** `wanted`, `(group, pinned provenance, current provenance)` triples.
+    **Arguments:** `wanted`, `(group, pinned provenance, current provenance)` triples;
+    `builder`, the check's (default one on `config`'s cache).
 
     **Returns:** group -> the recording's file in the cache, or one line saying why not.
     """
-    cache = cache or BaselineCache(cache_dir(config))
-    digest = digest_sources([config.need_producers()])
+    builder = builder or BaselineBuilder(config, progress=progress, timeout=timeout)
     out: dict[str, Path | str] = {}
-    batches: dict[tuple[str, str], list[tuple[str, Path]]] = {}
-    envs: dict[tuple[str, str], Mapping[str, Any]] = {}
-    for group, pinned, current in wanted:
-        sha = str(pinned.get("base_sha") or "")
-        if not sha:
-            out[group] = "its golden records no base commit to re-produce (repin it with --base)"
+    for group, got in builder.prepare(wanted, record=True).items():
+        if isinstance(got, BaselineUnavailable):
+            out[group] = f"the base cannot be re-produced here: {got.reason}"
             continue
-        fp = environment_fingerprint(current)
-        path = cache.path_for(sha, fp, digest, group).with_suffix(_RECORDING)
-        batches.setdefault((sha, fp), []).append((group, path))
-        envs[(sha, fp)] = current
-    for (sha, fp), todo in batches.items():
-        with cache.locked([p for _, p in todo]):
-            missing = [(g, p) for g, p in todo if not p.is_file()]
-            out |= {g: p for g, p in todo if p.is_file()}
-            if missing:
-                out |= _record_base(config, sha, missing, envs[(sha, fp)], progress, timeout)
+        made = recorded(got.path)
+        sha = got.sha[:12]
+        out[group] = made if isinstance(made, Path) else f"at the base {sha}: {made}"
     return out
-
-
-def _record_base(
-    config: ParityConfig, sha: str, missing: Sequence[tuple[str, Path]],
-    current: Mapping[str, Any], progress: Progress, timeout: float | None,
-) -> dict[str, Path | str]:  # fmt: skip
-    groups = [g for g, _ in missing]
-    try:
-        root, full = base_commit(config.root, sha)
-    except BaselineUnavailable as e:
-        return dict.fromkeys(groups, f"the base cannot be re-produced here: {e.reason}")
-    progress(f"recording {', '.join(groups)} at the base {full[:12]} to name the origin")
-    found: dict[str, Path | str] = {}
-    try:
-        with owned_tempdir(_PREFIX) as tmp, temporary_worktree(root, full) as wt:
-            got = record_groups(
-                wt, config, groups, Path(tmp), code=f"the base {full[:12]}",
-                drop_paths=[root / r for r in config.src_relative()], current=current,
-                progress=progress, timeout=timeout,
-            )  # fmt: skip
-            for group, path in missing:
-                made = got[group]
-                if isinstance(made, str):
-                    found[group] = f"at the base {full[:12]}: {made}"
-                    continue
-                staged = path.with_suffix(".part")
-                shutil.copyfile(made, staged)
-                os.replace(staged, path)
-                found[group] = path
-    except GitError as e:
-        return dict.fromkeys(groups, f"the base cannot be checked out: {' '.join(str(e).split())}")
-    return found
 
 
 def _load(path: Path) -> Recording:
     with np.load(path) as data:
         return Recording.from_arrays(dict(data))
-
-
-def _jsonable(value: Any) -> Any:
-    if isinstance(value, float) and not math.isfinite(value):
-        return str(value)
-    if isinstance(value, tuple | list):
-        return [_jsonable(v) for v in value]
-    return value
 
 
 def explain(
@@ -199,33 +143,16 @@ def explain(
     root: Path | None,
     registry: Mapping[str, ToleranceClass] = REGISTRY,
     old_name: str = "the base",
-) -> tuple[dict[str, Any] | None, str]:
-    """The origin of `key` in the new recording against the old one (`parity.origin`'s
-    rule, the matching tolerance from `class_name`), as the JSON dict a result carries
-    (`CheckResult.origin`) and the `origin:` line; `(None, line)` where every value
-    upstream of `key` matched. Raises `LocaliseError` where the key is absent or its class
-    gives no matching tolerance."""
+) -> Localisation:
+    """The origin of `key` in the new recording against the old one: `parity.origin.locate`
+    of the two files, the matching tolerance from `class_name`, paths relative to `root`.
+    Raises `LocaliseError` where the key is absent or its class gives no matching
+    tolerance."""
     new, old = _load(new_file), _load(old_file)
     if key not in old.output_arrays or key not in new.outputs:
         raise LocaliseError(f"the recorded programs do not both output {key!r}")
-    rho = matching_tolerance(to_class(class_name, registry), old.output_arrays[key])
-    alignment = align(new, old, rho)
-    origin = alignment.origin(key, root=root)
-    if origin is None:
-        return None, (
-            f"origin: none: run op by op, {key} and every value upstream of it match "
-            f"{old_name}'s (the difference is in how XLA compiled them, not in the operations)"
-        )
-    counted = np.array([v.kind != "input" for v in new.values])
-    matched = alignment.matched[counted].astype(np.float64)
-    bins = np.array_split(matched, min(PROFILE_BINS, max(1, len(matched))))
-    doc = {k: _jsonable(v) for k, v in dataclasses.asdict(origin).items()}
-    doc |= {
-        "values": len(matched),
-        "profile": [round(float(b.mean()), 4) if len(b) else 1.0 for b in bins],
-        "origin_at": round(int(counted[: origin.position].sum()) / max(1, len(matched)), 4),
-    }
-    return doc, f"origin: {origin.describe()}"
+    return locate(new, old, class_map=class_name, key=key, root=root, registry=registry,
+                  against=old_name)  # fmt: skip
 
 
 def _why_not(r: CheckResult, produced: Produced) -> str | None:
@@ -235,7 +162,7 @@ def _why_not(r: CheckResult, produced: Produced) -> str | None:
         return "no key breaks its class"
     if produced.layout.processes > 1:
         return "the check ran in several processes; the origin is recorded in one (check with 1)"
-    if produced.orders.get(group) != "dataflow":
+    if produced.orders.get(group, "dataflow") != "dataflow":  # unknown: the recording says
         return (
             "the producer's outputs are not computed by the jax programs it runs (numpy "
             "computed them on the host), so the operations that made them cannot be recorded"
@@ -270,10 +197,10 @@ def name_origins(
     progress: Progress = lambda _: None,
     timeout: float | None = None,
 ) -> list[CheckResult]:
-    """`results` with each failing group's origin named (`CheckResult.origin`,
-    `origin_line`), against its golden's base commit recorded here (module docstring); passing
-    checks untouched. `root`: paths in the origins are relative to it."""
-    lines: dict[str, str] = {}
+    """`results` with each failing group's origin looked for (`CheckResult.origin`: what
+    was found, or why nothing was), against its golden's base commit recorded here (module
+    docstring); passing checks untouched. `root`: paths in the origins are relative to it."""
+    found: dict[str, Localisation] = {}
     todo: list[CheckResult] = []
     for r in results:
         if r.passed or r.group is None:
@@ -282,8 +209,7 @@ def name_origins(
         if why is None:
             todo.append(r)
         else:
-            lines[r.name] = f"origin: not named: {why}"
-    docs: dict[str, dict[str, Any]] = {}
+            found[r.name] = _not_named(why)
     if todo:
         progress(f"recording {', '.join(r.name for r in todo)} op by op to name the origin")
         with owned_tempdir(_PREFIX) as tmp:
@@ -298,33 +224,36 @@ def name_origins(
                                    produced.provenance.get(r.name) or {}))  # fmt: skip
                 except CheckError as e:
                     new[r.name] = str(e)
-            recorded = [w for w in wanted if isinstance(new[w[0]], Path)]
-            old = base_recordings(config, recorded, progress=progress, timeout=timeout)
+            ready = [w for w in wanted if isinstance(new[w[0]], Path)]
+            old = base_recordings(config, ready, progress=progress, timeout=timeout)
             for r in todo:
-                doc, lines[r.name] = _one(r, new.get(r.name), old.get(r.name), root)
-                if doc is not None:
-                    docs[r.name] = doc
-    return [
-        dataclasses.replace(r, origin=docs.get(r.name), origin_line=lines[r.name])
-        if r.name in lines else r
-        for r in results
-    ]  # fmt: skip
+                first = r.comparison.first_failure
+                assert first is not None  # `_why_not` let only failing checks through
+                step = (r.name, first.key, first.class_name)
+                found[r.name] = _explained(step, new.get(r.name), old.get(r.name), root,
+                                           "the base commit")  # fmt: skip
+    return [dataclasses.replace(r, origin=found[r.name]) if r.name in found else r
+            for r in results]  # fmt: skip
 
 
-def _one(
-    r: CheckResult, new: Path | str | None, old: Path | str | None, root: Path
-) -> tuple[dict[str, Any] | None, str]:
-    first = r.comparison.first_failure
-    assert first is not None  # `_why_not` let only failing checks through
+def _not_named(reason: str) -> Localisation:
+    return Localisation("not_named", reason=reason)
+
+
+def _explained(
+    step: tuple[str, str, str], new: Path | str | None, old: Path | str | None, root: Path,
+    old_name: str,
+) -> Localisation:  # fmt: skip
+    """`explain` of `step`'s `(group, key, class)` between two recordings, or why not."""
+    _, key, class_name = step
     for side in (new, old):
         if not isinstance(side, Path):
-            return None, f"origin: not named: {side or 'nothing was recorded'}"
+            return _not_named(side or "nothing was recorded")
     assert isinstance(new, Path) and isinstance(old, Path)
     try:
-        return explain(new, old, first.key, first.class_name, root=root,
-                       old_name="the base commit")  # fmt: skip
+        return explain(new, old, key, class_name, root=root, old_name=old_name)
     except (LocaliseError, UnknownClassError, ValueError) as e:
-        return None, f"origin: not named: {e.reason if isinstance(e, LocaliseError) else e}"
+        return _not_named(e.reason if isinstance(e, LocaliseError) else str(e))
 
 
 def origin_between(
@@ -336,12 +265,12 @@ def origin_between(
     *,
     progress: Progress = lambda _: None,
     timeout: float | None = None,
-) -> tuple[dict[str, Any] | None, str]:
+) -> Localisation:
     """The origin of a bisection's answer: `step`'s `(group, key, class)` recorded at the
     first bad commit `new_sha` and at its parent `old_sha` (each in a temporary worktree of
     `repo`, in this environment), as `explain` gives it; file paths relative to the
-    repository. Never raises for a program it cannot record: the line says why."""
-    group, key, class_name = step
+    repository. Never raises for a program it cannot record: it says why."""
+    group = step[0]
     files: dict[str, Path | str] = {}
     with owned_tempdir(_PREFIX) as tmp:
         try:
@@ -355,13 +284,10 @@ def origin_between(
                     )[group]  # fmt: skip
                     files[f"{side}_root"] = wt.resolve()
                 if isinstance(files[side], str):
-                    return None, f"origin: not named: {files[side]}"
+                    return _not_named(str(files[side]))
         except GitError as e:
-            return None, f"origin: not named: cannot check out: {' '.join(str(e).split())}"
-        new, old, root = files["new"], files["old"], files["new_root"]
-        assert isinstance(new, Path) and isinstance(old, Path) and isinstance(root, Path)
-        try:
-            return explain(new, old, key, class_name, root=root,
-                           old_name=f"the parent {old_sha[:12]}")  # fmt: skip
-        except (LocaliseError, UnknownClassError, ValueError) as e:
-            return None, f"origin: not named: {e.reason if isinstance(e, LocaliseError) else e}"
+            return _not_named(f"cannot check out: {' '.join(str(e).split())}")
+        root = files["new_root"]
+        assert isinstance(root, Path)
+        return _explained(step, files["new"], files["old"], root,
+                          f"the parent {old_sha[:12]}")  # fmt: skip

@@ -1,0 +1,159 @@
+"""Where `parity check` localises deliberate bugs on this repository's own goldens, and what
+naming the origin costs (issue 47): the producers here do not trace as a whole, so each
+origin rests on the programs they run being recorded (docs/design.md, "The unit is the
+programs a producer runs").
+
+For each bug (five in the forward, three in the training code), the working tree's tracked
+files are copied over a temporary worktree of HEAD (the goldens' base commit is in the
+history; the user's checkout is never touched), the bug is applied, and
+
+    parity check --groups GROUP --json REPORT
+
+runs three times with a private cache of baselines: `--origin off` (the verdict alone),
+then with the origin with an empty cache (the base re-produced and recorded), then again
+with the base's recording cached. Printed per bug: the exit code, the origin's
+`file:line in function` (and the library frame where the operation runs inside one) and
+whether that function is the one holding the changed line, the seconds of each run, and the
+largest resident memory of any process the runs started (`RUSAGE_CHILDREN`).
+
+    XLA_FLAGS=--xla_cpu_max_isa=AVX2 .venv/bin/python tools/bench_origin.py [--only NAME]
+
+Issue 47 asks, on these 2-core machines, for a failing `forward_llama` check's origin in at
+most 60 s more than its verdict with the base's recording cached, a train group's in at most
+5 minutes, and at most 2 GiB.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import resource
+import shutil
+import subprocess
+import sys
+import tempfile
+import time
+from dataclasses import dataclass
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT / "src"))
+
+from parity.run.worktree import git, temporary_worktree  # noqa: E402
+
+
+@dataclass(frozen=True)
+class Bug:
+    """A deliberate change: `old` -> `new` in `file`, expected to be named in `function`."""
+
+    name: str
+    group: str
+    file: str
+    old: str
+    new: str
+    function: str
+
+
+NN, GLU = "src/decomp/nn.py", "src/decomp/targets/glu_transformer.py"
+BUGS = (
+    Bug("epsilon", "forward_llama", NN, "keepdims=True) + eps)", "keepdims=True) + 1.1 * eps)",
+        "rms_norm"),
+    Bug("rotary base", "forward_llama", NN, "inv_freq = 1.0 / (theta**exponents)",
+        "inv_freq = 1.0 / ((1.1 * theta) ** exponents)", "rope_inv_freq"),
+    Bug("activation", "forward_llama", GLU, "inner = jax.nn.silu(site(",
+        "inner = jax.nn.gelu(site(", "_block"),
+    Bug("attention scale", "forward_llama", NN, "/ math.sqrt(head_dim)",
+        "/ math.sqrt(head_dim + 1)", "attention"),
+    Bug("rotate-half sign", "forward_llama", NN, "jnp.concatenate([-x2, x1], axis=-1)",
+        "jnp.concatenate([x2, x1], axis=-1)", "_rotate_half"),
+    Bug("mask key", "train_remat_nothing", "src/decomp/masks.py",
+        "jax.random.fold_in(key, i))(jnp.asarray(positions))",
+        "jax.random.fold_in(key, i + 1))(jnp.asarray(positions))", "stochastic_masks"),
+    Bug("faithfulness term", "train_remat_nothing", "src/decomp/losses.py",
+        "return sum_in_order(layout.canonical(per_site)) / count",
+        "return sum_in_order(layout.canonical(per_site)) / (count - 1)", "faithfulness_loss"),
+    Bug("adam b1", "train_remat_nothing", "src/decomp/train.py",
+        "optax.adamw(config.lr_components, weight_decay=config.weight_decay)",
+        "optax.adamw(config.lr_components, b1=0.8, weight_decay=config.weight_decay)",
+        "_train_step"),
+)  # fmt: skip
+
+
+def _copy_tree(tree: Path) -> None:
+    for rel in git(ROOT, "ls-files", "-z").split("\0"):
+        if rel and (ROOT / rel).is_file():
+            (tree / rel).parent.mkdir(parents=True, exist_ok=True)
+            shutil.copy2(ROOT / rel, tree / rel)
+
+
+def _check(tree: Path, bug: Bug, cache: Path, *args: str) -> tuple[int, float, dict]:
+    report = cache.parent / "report.json"
+    report.unlink(missing_ok=True)
+    env = {k: v for k, v in os.environ.items() if not k.startswith(("PARITY_", "PYTEST_"))}
+    env["PARITY_BASELINE_CACHE"] = str(cache)
+    t0 = time.perf_counter()
+    proc = subprocess.run(
+        [sys.executable, "-m", "parity", "check", "--groups", bug.group, "--json", str(report),
+         *args],
+        cwd=tree, env=env, capture_output=True, text=True,
+    )  # fmt: skip
+    seconds = time.perf_counter() - t0
+    doc = json.loads(report.read_text()) if report.is_file() else {}
+    return proc.returncode, seconds, doc
+
+
+def run(bug: Bug) -> None:
+    with temporary_worktree(ROOT, "HEAD") as tree, tempfile.TemporaryDirectory() as tmp:
+        _copy_tree(tree)
+        path = tree / bug.file
+        text = path.read_text()
+        if text.count(bug.old) != 1:
+            print(f"{bug.name}: {bug.file} no longer holds {bug.old!r} once; skipped")
+            return
+        path.write_text(text.replace(bug.old, bug.new))
+        cache = Path(tmp) / "baselines"
+        code, verdict_s, _ = _check(tree, bug, cache, "--origin", "off")
+        _, cold_s, _ = _check(tree, bug, cache)
+        _, cached_s, doc = _check(tree, bug, cache)
+    checks = doc.get("checks") or [{}]
+    origin, line = checks[0].get("origin"), checks[0].get("origin_line") or ""
+    where = "not named"
+    if origin:
+        where = f"{origin['file']}:{origin['line']} in {origin['function']}"
+        where += f" [{origin['primitive']}]" + (
+            f" (in {origin['library']})" if origin.get("library") else ""
+        )
+    hit = bool(origin) and origin["function"] == bug.function and origin["file"] == bug.file
+    peak = resource.getrusage(resource.RUSAGE_CHILDREN).ru_maxrss / 1024
+    print(f"{bug.name:18s} {bug.group:20s} exit {code}  {where}  "
+          f"{'OK' if hit else 'MISS (expected ' + bug.function + ')'}")  # fmt: skip
+    print(f"{'':18s} verdict {verdict_s:6.1f} s; with origin, cold {cold_s:6.1f} s "
+          f"(+{cold_s - verdict_s:.1f}), base cached {cached_s:6.1f} s "
+          f"(+{cached_s - verdict_s:.1f}); peak RSS of a child so far {peak:.0f} MiB")  # fmt: skip
+    if not origin:
+        print(f"{'':18s} {line}")
+
+
+def main() -> None:
+    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    p.add_argument("--only", default=None, help="run only the bug of this name")
+    args = p.parse_args()
+    print(f"processor: {_processor()}")
+    for bug in BUGS:
+        if args.only in (None, bug.name):
+            run(bug)
+
+
+def _processor() -> str:
+    try:
+        for line in Path("/proc/cpuinfo").read_text().splitlines():
+            if line.startswith("model name"):
+                return line.split(":", 1)[1].strip()
+    except OSError:
+        pass
+    return "unknown"
+
+
+if __name__ == "__main__":
+    main()
