@@ -189,10 +189,15 @@ def test_a_fused_projection_split_back_into_q_k_v_is_not_an_origin():
     # ...but q, k, v split from it match again, so it is no origin
     assert alignment.origin("y") is None
     assert localise(attention_fused, attention_split, X, W, class_map="fp32_reassoc").origin is None
-    # a bug after the split is named, not the (earlier, unmatched) fused matmul
-    origin = localise(attention_fused_bug, attention_split, X, W, class_map="fp32_reassoc").origin
-    assert origin is not None and origin.primitive == "div"
-    assert origin.line == _line_of(attention_fused_bug, "# the bug")
+    # With a bug after the split, the fused matmul is the first value that differs at all
+    # (its arithmetic is not the old one's), and the bug the first beyond the class's
+    # tolerance: both are named, the bug at its line.
+    found = localise(attention_fused_bug, attention_split, X, W, class_map="fp32_reassoc")
+    assert found.origin is not None and found.origin.primitive == "dot_general"
+    assert found.origin.shape == (3, 24)
+    assert found.beyond is not None and found.beyond.primitive == "div"
+    assert found.beyond.line == _line_of(attention_fused_bug, "# the bug")
+    assert f"div at {__file__}:{found.beyond.line}" in found.line
 
 
 def test_the_matching_tolerance_follows_the_class():
@@ -282,8 +287,19 @@ def test_localise_tells_no_failure_from_every_value_matched_and_its_types_are_pu
     asked = locate(old, old, class_map="bitwise", key="out")
     assert (asked.status, asked.origin, asked.key) == ("matched", None, "out")
     assert "equal bit for bit when run op by op" in asked.line
-    loose = locate(old, old, class_map="fp32_reassoc", key="out")
-    assert "equality op by op was not checked" in loose.line  # never claims more than seen
+
+    # A sum in another order: equal within the class, not bit for bit; the origin is
+    # looked for at equality first, so the line says where the arithmetic differs.
+    def forward(x):
+        return {"s": jnp.sum(x, axis=-1)}
+
+    def backward(x):
+        return {"s": jnp.sum(x[:, ::-1], axis=-1)}
+
+    x = RNG.standard_normal((4, 1000)).astype(np.float32)
+    reordered = locate(record(backward, x), record(forward, x), class_map="fp32_reassoc", key="s")
+    assert reordered.origin is not None and reordered.origin.primitive == "reduce_sum"
+    assert reordered.within and "no value upstream of it breaks" in reordered.line
     named = locate(new, old, class_map="fp32_reassoc")
     assert named.status == "named" and named.origin is not None and named.profile
     assert parity.Localisation.from_dict(json.loads(json.dumps(named.to_dict()))) == named

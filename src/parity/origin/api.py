@@ -67,10 +67,13 @@ def locate(
     - `root`: paths in the origin are given relative to it when they lie under it.
     - `against`: what `old` is, for the lines (`"the base commit"`).
 
-    **Returns:** a `Localisation`: `named` with the `Origin` and the matched share along
-    the new program; `matched` where every value upstream of the failing output matched;
-    `no_failure` where no output fails its class. Raises `LocaliseError` when the key is
-    absent or its class gives no matching tolerance.
+    **Returns:** a `Localisation`: `named` with the `Origin` (the first value upstream of
+    the failing output that equals no value of `old` at all), the first that breaks the
+    class's matching tolerance where that is another one (`beyond`), and the matched share
+    along the new program; `matched` where every value upstream of the failing output
+    equals one of `old`'s bit for bit; `no_failure` where no output fails its class.
+    Raises `LocaliseError` when the key is absent or its class gives no matching
+    tolerance.
     """
     resolve = class_resolver(overrides=overrides, class_map=class_map)
     if key is None:
@@ -80,17 +83,23 @@ def locate(
     if key not in old.output_arrays:
         raise LocaliseError(f"the old program has no output {key!r}; it has {list(old.outputs)}")
     rho = matching_tolerance(to_class(resolve(key), registry), old.output_arrays[key])
-    alignment = align(new, old, rho)
-    origin = alignment.origin(key, root=root)
+    # At equality first: the first operation whose value differs from every old value at
+    # all is where the code changed, however small the change; a tolerance would let a
+    # change below it through to a later operation that amplifies it.
+    exact = align(new, old, 0.0)
+    origin = exact.origin(key, root=root)
     if origin is None:
-        return Localisation("matched", key=key, against=against, rho=rho)
+        return Localisation("matched", key=key, against=against, rho=0.0)
+    beyond = origin if rho == 0 else align(new, old, rho).origin(key, root=root)
     counted = np.array([v.kind != "input" for v in new.values])
-    matched = alignment.matched[counted].astype(np.float64)
+    matched = exact.matched[counted].astype(np.float64)
     bins = np.array_split(matched, min(PROFILE_BINS, max(1, len(matched))))
     return Localisation(
         "named", origin=origin, key=key, against=against, rho=rho, values=len(matched),
         profile=tuple(round(float(b.mean()), 4) if len(b) else 1.0 for b in bins),
         origin_at=round(int(counted[: origin.position].sum()) / max(1, len(matched)), 4),
+        beyond=None if beyond is None or beyond.position == origin.position else beyond,
+        within=beyond is None,
     )  # fmt: skip
 
 

@@ -42,8 +42,11 @@ class Localisation:
       commit"`), for the lines.
     - `rho`: the matching tolerance (0: values had to be equal bit for bit).
     - `values`, `profile`, `origin_at`: for `named`, the new program's values counted (its
-      inputs aside), their matched share in up to `PROFILE_BINS` equal bins along it in
-      dataflow order, and where the origin sits along it (0 to 1).
+      inputs aside), their share equal to an old value in up to `PROFILE_BINS` equal bins
+      along it in dataflow order, and where the origin sits along it (0 to 1).
+    - `beyond`: for `named`, where the origin (the first value that differs at all) is not
+      the first value to break the class's matching tolerance (`rho`), that one; `within`:
+      no value upstream of `key` breaks that tolerance (the change stays under it).
 
     **Example:**
 
@@ -64,6 +67,8 @@ class Localisation:
     values: int = 0
     profile: tuple[float, ...] = ()
     origin_at: float = 0.0
+    beyond: Origin | None = None
+    within: bool = False
 
     @property
     def named(self) -> bool:
@@ -74,7 +79,16 @@ class Localisation:
     def line(self) -> str:
         """The `origin:` line a failure message and a report show (one line)."""
         if self.origin is not None:
-            return f"origin: {self.origin.describe()}"
+            line = f"origin: {self.origin.describe()}"
+            if self.beyond is not None:
+                b = self.beyond
+                line += (
+                    f"; first beyond the class's tolerance: {b.primitive} at "
+                    f"{b.file or '<no source>'}:{b.line} in {b.function}"
+                )
+            elif self.within:
+                line += "; no value upstream of it breaks the class's tolerance"
+            return line
         if self.status == "matched":
             if self.rho == 0:
                 how = (
@@ -97,24 +111,28 @@ class Localisation:
         reports and `CheckResult.to_dict` carry it; `from_dict` reads it back."""
         out: dict[str, Any] = {"status": self.status, "line": self.line}
         out |= {
-            f.name: _jsonable(getattr(self, f.name)) for f in fields(self) if f.name != "origin"
+            f.name: _jsonable(getattr(self, f.name))
+            for f in fields(self)
+            if f.name not in ("origin", "beyond")
         }
         out["origin"] = None if self.origin is None else _jsonable(asdict(self.origin))
+        out["beyond"] = None if self.beyond is None else _jsonable(asdict(self.beyond))
         return out
 
     @classmethod
     def from_dict(cls, data: Mapping[str, Any]) -> Localisation:
         """Read back what `to_dict` wrote (after a JSON round trip)."""
         known = {f.name for f in fields(cls)}
-        kwargs = {k: v for k, v in data.items() if k in known and k != "origin"}
+        kwargs = {k: v for k, v in data.items() if k in known and k not in ("origin", "beyond")}
         kwargs["profile"] = tuple(float(x) for x in data.get("profile", ()))
-        raw = data.get("origin")
-        if raw is not None:
-            o = dict(raw)
-            o["shape"] = tuple(o["shape"])
-            o["input_shapes"] = tuple(tuple(s) for s in o["input_shapes"])
-            o["max_diff"] = None if o["max_diff"] is None else float(o["max_diff"])
-            kwargs["origin"] = Origin(**o)
+        for name in ("origin", "beyond"):
+            raw = data.get(name)
+            if raw is not None:
+                o = dict(raw)
+                o["shape"] = tuple(o["shape"])
+                o["input_shapes"] = tuple(tuple(s) for s in o["input_shapes"])
+                o["max_diff"] = None if o["max_diff"] is None else float(o["max_diff"])
+                kwargs[name] = Origin(**o)
         return cls(**kwargs)
 
     def json_origin(self) -> dict[str, Any] | None:
@@ -123,8 +141,9 @@ class Localisation:
         if self.origin is None:
             return None
         doc = _jsonable(asdict(self.origin))
+        beyond = None if self.beyond is None else _jsonable(asdict(self.beyond))
         return doc | {"values": self.values, "profile": list(self.profile),
-                      "origin_at": self.origin_at}  # fmt: skip
+                      "origin_at": self.origin_at, "beyond": beyond}  # fmt: skip
 
 
 def _jsonable(value: Any) -> Any:
