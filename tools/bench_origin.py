@@ -136,7 +136,7 @@ def run(bug: Bug) -> None:
 
 
 def main() -> None:
-    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    p = argparse.ArgumentParser(description=(__doc__ or "").split("\n\n")[0])
     p.add_argument("--only", default=None, help="run only the bug of this name")
     args = p.parse_args()
     print(f"processor: {_processor()}")

@@ -282,12 +282,12 @@ def first_verdict(
     for key in golden_arrays:
         classes.bound(key)  # a calibrated key without a recorded spread is an error first
     load_s = time.perf_counter() - t0
-    forward = [k for k in placed if k in golden_arrays] if order is None else order
+    forward: Order = [k for k in placed if k in golden_arrays] if order is None else order
     if order is None and dataflow_order is not None:
         # Produced in an order read from the programs that computed it: that order, finer
         # than a declared one pinned in the golden.
         mine = [k for k in dataflow_order if k in golden_arrays]
-        forward = mine + [k for k in forward if k not in set(mine)]
+        forward = mine + [k for k in placed if k in golden_arrays and k not in set(mine)]
     try:
         comparison, flat_a, compare_s = _compare(
             actual, golden_arrays, classes.bound, registry=policy, order=forward,

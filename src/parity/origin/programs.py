@@ -190,7 +190,7 @@ def _host_copy(a: Any) -> Any:
     import jax
     import numpy as np
 
-    if isinstance(a, jax.Array) and not jax.dtypes.issubdtype(a.dtype, jax.dtypes.extended):
+    if isinstance(a, jax.Array) and not jax.numpy.issubdtype(a.dtype, jax.dtypes.extended):
         return np.asarray(a)
     return a
 

@@ -491,11 +491,11 @@ def _ordered(interp: _Interpreter, declared: list[str], ids: Mapping[str, int]) 
     if not computed:
         return None
     rank: dict[str, tuple[int, int, int]] = {}
-    last = (-1, -1)
+    depth, position = -1, -1
     for n, key in enumerate(declared):
         i = ids.get(key, -1)
         if i >= 0:
-            j = interp.stands_for(i)
-            last = (interp.depth[j], j)
-        rank[key] = (*last, n)
+            position = interp.stands_for(i)
+            depth = interp.depth[position]
+        rank[key] = (depth, position, n)
     return sorted(declared, key=rank.__getitem__)

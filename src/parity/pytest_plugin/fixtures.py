@@ -219,7 +219,10 @@ def _origin_of(
         )
         found[group] = Localisation("not_named", reason=why)
     else:
-        found[group] = _recorded_origin(config, result, provenance)
+        named = _recorded_origin(config, result, provenance)
+        if named is None:
+            return None
+        found[group] = named
     return found[group]
 
 
