@@ -6,10 +6,11 @@ elementwise, with NaN, infinities and fill values (`finfo.min` as a mask's minus
 `parity.origin.recording.ordinary`) equal and in the same places; integers and bools must be equal.
 A new value with two or more axes also matches when each of its rows matches some old value
 or row (a stacked computation against one computation per row). A data movement
-(`parity.origin.record.MOVES`: a reshape, slice, cast, concatenation, a scan's rows) of
-matched values is matched whatever its own numbers. `rho`, the *matching tolerance*, comes
-from the class of the output key being explained (`matching_tolerance`; docs/design.md,
-"Where it diverged").
+(`parity.origin.record.MOVES`: a reshape, slice, cast, a scan's rows) of matched values is
+matched whatever its own numbers, but for one that arranges its operands into something
+new (`ARRANGING`: a concatenation, pad, gather, reversal), which must match by value.
+`rho`, the *matching tolerance*, comes from the class of the output key being explained
+(`matching_tolerance`; docs/design.md, "Where it diverged").
 
 Candidates are found by fingerprint (`parity.origin.recording`): the old values and rows
 are indexed by shape and dtype; equal bytes are found by digest, and otherwise only old
@@ -40,7 +41,12 @@ from parity.judge.ulp import is_float_dtype, spacing_at, to_float64
 from parity.origin.record import LocaliseError
 from parity.origin.recording import BLOCKS, Fingerprint, Recording, Value, ordinary
 
-__all__ = ["Alignment", "Origin", "align", "matching_tolerance"]
+__all__ = ["ARRANGING", "Alignment", "Origin", "align", "matching_tolerance"]
+
+#: Moves that arrange their operands into something new (which operand goes where, in
+#: which order): matched values arranged otherwise (`concatenate([x2, x1])` for
+#: `[-x2, x1]`, a shifted gather) are another value, so these match by value only.
+ARRANGING = frozenset({"concatenate", "pad", "gather", "rev", "dynamic_update_slice"})
 
 Key = tuple[tuple[int, ...], str]
 Ref = tuple[int, int]  # (old value id, row; -1 for the whole value)
@@ -311,7 +317,10 @@ def align(new: Recording, old: Recording, rho: float) -> Alignment:
     matcher = _Matcher(new, old, rho)
     matched = np.zeros(len(new.values), dtype=bool)
     for v in new.values:
-        inherited = v.kind == "move" and v.inputs and bool(matched[list(v.inputs)].all())
+        inherited = (
+            v.kind == "move" and v.primitive not in ARRANGING and v.inputs
+            and bool(matched[list(v.inputs)].all())
+        )  # fmt: skip
         matched[v.id] = inherited or matcher.matches(v)
     counted: Sequence[int] = [v.id for v in new.values if v.kind != "input"]
     fraction = float(matched[counted].mean()) if counted else 1.0

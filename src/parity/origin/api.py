@@ -15,7 +15,13 @@ import numpy as np
 
 from parity.judge.classes import REGISTRY, ToleranceClass
 from parity.judge.compare import compare_trees
-from parity.judge.tolerance import ClassMapLike, Overrides, class_resolver, to_class
+from parity.judge.tolerance import (
+    ClassMapLike,
+    Overrides,
+    UnknownClassError,
+    class_resolver,
+    to_class,
+)
 from parity.origin.align import align, matching_tolerance
 from parity.origin.localisation import Localisation
 from parity.origin.record import LocaliseError, record
@@ -72,8 +78,9 @@ def locate(
     class's matching tolerance where that is another one (`beyond`), and the matched share
     along the new program; `matched` where every value upstream of the failing output
     equals one of `old`'s bit for bit; `no_failure` where no output fails its class.
-    Raises `LocaliseError` when the key is absent or its class gives no matching
-    tolerance.
+    A class that gives no matching tolerance (`logit_kl`, a calibrated class read without
+    its golden) leaves the search at equality only (`reason` says why). Raises
+    `LocaliseError` when the key is absent.
     """
     resolve = class_resolver(overrides=overrides, class_map=class_map)
     if key is None:
@@ -82,7 +89,7 @@ def locate(
             return Localisation("no_failure", against=against)
     if key not in old.output_arrays:
         raise LocaliseError(f"the old program has no output {key!r}; it has {list(old.outputs)}")
-    rho = matching_tolerance(to_class(resolve(key), registry), old.output_arrays[key])
+    rho, note = _tolerance(resolve(key), registry, old.output_arrays[key])
     # At equality first: the first operation whose value differs from every old value at
     # all is where the code changed, however small the change; a tolerance would let a
     # change below it through to a later operation that amplifies it.
@@ -90,7 +97,7 @@ def locate(
     origin = exact.origin(key, root=root)
     if origin is None:
         return Localisation("matched", key=key, against=against, rho=0.0)
-    beyond = origin if rho == 0 else align(new, old, rho).origin(key, root=root)
+    beyond = origin if not rho else align(new, old, rho).origin(key, root=root)
     counted = np.array([v.kind != "input" for v in new.values])
     matched = exact.matched[counted].astype(np.float64)
     bins = np.array_split(matched, min(PROFILE_BINS, max(1, len(matched))))
@@ -99,8 +106,22 @@ def locate(
         profile=tuple(round(float(b.mean()), 4) if len(b) else 1.0 for b in bins),
         origin_at=round(int(counted[: origin.position].sum()) / max(1, len(matched)), 4),
         beyond=None if beyond is None or beyond.position == origin.position else beyond,
-        within=beyond is None,
+        within=beyond is None, reason=note,
     )  # fmt: skip
+
+
+def _tolerance(
+    class_name: str, registry: Mapping[str, ToleranceClass], old_output: Any
+) -> tuple[float | None, str]:
+    """The matching tolerance of a key's class, or None and why it gives none (a class that
+    judges in another unit, `logit_kl`; one whose bound needs the golden's calibration):
+    the origin is then looked for at equality only."""
+    try:
+        return matching_tolerance(to_class(class_name, registry), old_output), ""
+    except LocaliseError as e:
+        return None, e.reason
+    except (UnknownClassError, ValueError) as e:
+        return None, f"class {class_name!r} cannot be read here ({' '.join(str(e).split())})"
 
 
 def localise(

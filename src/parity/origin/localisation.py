@@ -37,7 +37,8 @@ class Localisation:
     - `origin`: the `Origin` (primitive, `file` relative to the repository root, `line`,
       `function`, `key`, `matched_fraction`, ...), for `named`.
     - `key`: the output explained (`""` where none failed).
-    - `reason`: for `not_named`, one line.
+    - `reason`: for `not_named`, why, in one line; for `named`, why the key's class gave no
+      matching tolerance (the origin was then looked for at equality only), else `""`.
     - `against`: whose values the new program's were matched against (`"the base
       commit"`), for the lines.
     - `rho`: the matching tolerance (0: values had to be equal bit for bit).
@@ -86,6 +87,8 @@ class Localisation:
                     f"; first beyond the class's tolerance: {b.primitive} at "
                     f"{b.file or '<no source>'}:{b.line} in {b.function}"
                 )
+            elif self.reason:
+                line += f"; at equality only: {self.reason}"
             elif self.within:
                 line += "; no value upstream of it breaks the class's tolerance"
             return line

@@ -125,7 +125,7 @@ def quiet() -> contextlib.AbstractContextManager[None]:
 def _user_frame_now() -> Where:
     from jax._src import source_info_util
 
-    from parity.origin.record import user_frame_of
+    from parity.origin.interpreter import user_frame_of
 
     try:
         return user_frame_of(source_info_util.current().traceback)
@@ -206,6 +206,18 @@ def _one_equation(primitive: Any, args: Any, params: Any) -> Any:
         return jax.make_jaxpr(one)(*args)
 
 
+def _forget_fast_paths() -> None:
+    """Drop jax's C++ dispatch caches: a function called before the capture opened would
+    otherwise be called from there, never reaching Python (its compiled program stays in
+    jax's Python caches: the next call only looks it up)."""
+    from jax._src import pjit
+
+    for name in ("_cpp_pjit_cache_fun_only", "_cpp_pjit_cache_explicit_attributes"):
+        cache = getattr(pjit, name, None)
+        if cache is not None:
+            cache.clear()
+
+
 @contextlib.contextmanager
 def capture() -> Iterator[Capture]:
     """Keep every program dispatched at the top level while open (module docstring).
@@ -213,6 +225,7 @@ def capture() -> Iterator[Capture]:
     **Yields:** the `Capture` the programs are appended to.
     """
     _install()
+    _forget_fast_paths()
     previous = getattr(_state, "capture", None)
     cap = Capture()
     _state.capture = cap

@@ -1,14 +1,10 @@
 """`record(fn, *args)`: run a function's program equation by equation, keeping every value.
 
-`fn` is traced (`jax.make_jaxpr`) and its jaxpr evaluated here, one equation at a time,
-with each primitive's own `bind`: the numbers are what that operation computes when run on
-its own. The interpreter descends into calls (`jit`, `closed_call`, `custom_jvp_call`,
-`custom_vjp_call`, `checkpoint`), unrolls `scan` (each iteration's values are values of
-their own, and a row of `xs` or the stacked `ys` is a data movement of them), runs `while`
-until its condition fails, and takes a `cond`'s taken branch. Other higher-order primitives
-are bound whole (their insides are not seen). Every value is tagged with its primitive and
-the innermost frame of the traceback jax recorded for its equation that lies outside jax
-and parity.
+`fn` is traced (`jax.make_jaxpr`) and its jaxpr evaluated one equation at a time, with
+each primitive's own `bind` (`parity.origin.interpreter`): the numbers are what that
+operation computes when run on its own. `record_programs` does the same for the programs a
+producer dispatched (`parity.origin.programs.capture`), in one value space, and orders the
+producer's keys by the values they were converted from.
 
 jax is imported inside these functions only (the caller has it).
 """
@@ -17,359 +13,34 @@ from __future__ import annotations
 
 import functools
 from collections.abc import Callable, Mapping
-from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
 from parity.judge.dataflow import dataflow_order
 from parity.judge.trees import flatten
-from parity.origin.recording import Fingerprint, Recording, Value, fingerprint, row_fingerprints
+from parity.origin.interpreter import (
+    MOVES,
+    UNPLACED,
+    Aval,
+    Interpreter,
+    LocaliseError,
+    Ref,
+    as_jax,
+    dtype_of,
+    shape_of,
+    to_host,
+    user_frame_of,
+)
+from parity.origin.recording import Recording
 
 if TYPE_CHECKING:
     from parity.origin.programs import Capture
 
-__all__ = ["BARE", "LocaliseError", "record", "record_programs", "user_frame_of"]
+__all__ = ["BARE", "MOVES", "LocaliseError", "record", "record_programs", "user_frame_of"]
 
 #: The key a bare array output gets (as `assert_equivalent` names a bare array).
 BARE = "array"
-
-#: Primitives whose body is a jaxpr taking the equation's operands and giving its results.
-_CALLS = frozenset(
-    {"jit", "pjit", "closed_call", "core_call", "custom_jvp_call", "custom_vjp_call",
-     "custom_vjp_call_jaxpr", "checkpoint", "remat", "remat2"}
-)  # fmt: skip
-
-#: Primitives that move, reshape or cast values without computing new numbers.
-MOVES = frozenset(
-    {"slice", "squeeze", "reshape", "expand_dims", "transpose", "copy", "copy_p",
-     "dynamic_slice", "dynamic_update_slice", "device_put", "broadcast_in_dim",
-     "convert_element_type", "concatenate", "stack", "split", "pad", "gather", "rev",
-     "tile", "unstack", "optimization_barrier", "scan", "while", "cond"}
-)  # fmt: skip
-
-_MAX_WHILE = 100_000
-_PARITY = str(Path(__file__).resolve().parents[1])
-
-
-class LocaliseError(ValueError):
-    """A program cannot be recorded or two recordings cannot be aligned.
-
-    **Fields:** `reason`, one line saying what was found and what to do.
-    """
-
-    def __init__(self, reason: str):
-        self.reason = reason
-        super().__init__(reason)
-
-
-Ref = tuple[Any, int]  # (array, value id; -1 for a literal)
-Frame = tuple[str, int, str]  # (file, line, function); ("", 0, "") where unknown
-_NOWHERE: Frame = ("", 0, "")
-Where = tuple[Frame, str]  # the user's own frame, and the library's frame as a line ("" if none)
-_UNPLACED: Where = (_NOWHERE, "")
-
-#: Moves that pass one operand's numbers on (cast, reshape, ...): the result *is* that
-#: operand as far as the dataflow order is concerned.
-_SAME = frozenset(
-    {"squeeze", "reshape", "expand_dims", "transpose", "copy", "copy_p", "device_put",
-     "convert_element_type", "broadcast_in_dim", "optimization_barrier"}
-)  # fmt: skip
-
-
-class _Aval:
-    """A value's shape and dtype where the program is walked without computing it."""
-
-    def __init__(self, shape: tuple[int, ...], dtype: Any) -> None:
-        self.shape, self.dtype = tuple(shape), dtype
-
-    def __getitem__(self, k: int) -> _Aval:
-        return _Aval(self.shape[1:], self.dtype)
-
-
-class _Interpreter:
-    """Runs jaxprs equation by equation (`evaluate`), or walks them for their shapes only,
-    keeping per value its metadata, its fingerprints, its depth (the longest chain of
-    operations from an input) and, for a value that is a row of a stacked one or passes
-    one operand on, the value it stands for (`source`)."""
-
-    def __init__(
-        self, max_bytes: int | None = None, *, evaluate: bool = True, keep_arrays: bool = True
-    ) -> None:
-        self.max_bytes = max_bytes
-        self.evaluate = evaluate
-        self.keep_arrays = keep_arrays
-        self.nbytes = 0
-        self.values: list[Value] = []
-        self.arrays: list[np.ndarray] = []
-        self.prints: list[Fingerprint] = []
-        self.rows: dict[int, tuple[Fingerprint, ...]] = {}
-        self.depth: list[int] = []
-        self.source: dict[int, int] = {}
-        self.stacked: dict[int, list[int]] = {}
-        self.consts: dict[int, tuple[Any, Ref]] = {}
-        self.frames: dict[int, Where] = {}
-
-    def add(
-        self, x: Any, primitive: str, kind: str, inputs: list[int], where: Where,
-        source: int | None = None,
-    ) -> Ref:  # fmt: skip
-        i = len(self.values)
-        ins = tuple(j for j in inputs if j >= 0)
-        if self.evaluate:
-            host = _host(x)
-            self.nbytes += host.nbytes
-            if self.max_bytes is not None and self.nbytes > self.max_bytes:
-                raise LocaliseError(
-                    f"the program is too large to record: its values pass "
-                    f"{self.max_bytes >> 20} MiB after {len(self.values)} of them; localise a "
-                    "smaller case (fewer layers, a shorter batch)"
-                )
-            shape, dtype = tuple(host.shape), str(host.dtype)
-            self.prints.append(fingerprint(host))
-            if host.ndim >= 2 and host.shape[0] > 0:
-                self.rows[i] = tuple(row_fingerprints(host))
-            if self.keep_arrays:
-                self.arrays.append(host)
-            else:
-                self.nbytes -= host.nbytes  # fingerprinted: its numbers need not be held
-        else:
-            shape, dtype = (
-                tuple(x.shape),
-                str(np.dtype(x.dtype)) if _plain(x.dtype) else str(x.dtype),
-            )
-        (file, line, function), library = where
-        self.values.append(
-            Value(i, primitive, kind, shape, dtype, ins, file, line, function, library)
-        )
-        if source is not None:
-            self.source[i] = self.source.get(source, source)
-            self.depth.append(self.depth[source])
-        elif kind in ("input", "const"):
-            self.depth.append(0)
-        else:
-            deepest = max((self.depth[j] for j in ins), default=0)
-            self.depth.append(deepest + (kind == "op"))
-        return x, i
-
-    def stands_for(self, i: int) -> int:
-        """The value `i` stands for in the dataflow order (itself, or its `source`)."""
-        return self.source.get(i, i)
-
-    def frame(self, eqn: Any, outer: Where) -> Where:
-        """`eqn`'s own user frame; else (an equation of a body jax traced, such as
-        `jnp.where`'s, whose traceback stops at the call) the frame of the call."""
-        if id(eqn) not in self.frames:
-            self.frames[id(eqn)] = _user_frame(eqn)
-        return self.frames[id(eqn)] if self.frames[id(eqn)][0][0] else outer
-
-    def const(self, c: Any, where: Where) -> Ref:
-        if id(c) not in self.consts:  # the object is kept alive by the entry
-            value = c if self.evaluate else _Aval(_shape_of(c), _dtype_of(c))
-            self.consts[id(c)] = (c, self.add(value, "const", "const", [], where))
-        return self.consts[id(c)][1]
-
-    def run(self, jaxpr: Any, consts: list[Ref], args: list[Ref], outer: Where) -> list[Ref]:
-        from jax.extend import core as jex
-
-        env: dict[Any, Ref] = {}
-        env.update(zip(jaxpr.constvars, consts, strict=True))
-        env.update(zip(jaxpr.invars, args, strict=True))
-
-        def read(v: Any) -> Ref:
-            return (v.val, -1) if isinstance(v, jex.Literal) else env[v]
-
-        for eqn in jaxpr.eqns:
-            outs = self.eqn(eqn, [read(v) for v in eqn.invars], outer)
-            for var, out in zip(eqn.outvars, outs, strict=True):
-                env[var] = out
-        return [read(v) for v in jaxpr.outvars]
-
-    def closed(self, closed: Any, args: list[Ref], where: Where) -> list[Ref]:
-        inner = getattr(closed, "jaxpr", closed)
-        consts = [self.const(c, where) for c in getattr(closed, "consts", ())]
-        return self.run(inner, consts, args, where)
-
-    def eqn(self, eqn: Any, ins: list[Ref], outer: Where) -> list[Ref]:
-        where = self.frame(eqn, outer)
-        name = eqn.primitive.name
-        params = eqn.params
-        if name in _CALLS:
-            body = params.get("jaxpr", params.get("call_jaxpr"))
-            if body is not None:
-                return self.closed(body, ins, where)
-        if name == "scan":
-            return self.scan(eqn, ins, where)
-        if self.evaluate and name == "while":
-            return self.loop(eqn, ins, where)
-        if self.evaluate and name == "cond":
-            index = int(np.asarray(ins[0][0]))
-            return self.closed(params["branches"][index], ins[1:], where)
-        if self.evaluate:
-            outs = eqn.primitive.bind(*(x for x, _ in ins), **params)
-            outs = outs if eqn.primitive.multiple_results else [outs]
-        else:  # walked, not computed: a while or cond is one operation here
-            outs = [_Aval(v.aval.shape, v.aval.dtype) for v in eqn.outvars]
-        kind = "move" if name in MOVES else "op"
-        source = self.row_read(eqn, ins) if kind == "move" else None
-        refs = [self.add(o, name, kind, [i for _, i in ins], where, source) for o in outs]
-        if name == "stack" and params.get("axis") == 0:
-            self.stacked[refs[0][1]] = [self.stands_for(i) for _, i in ins]
-        return refs
-
-    def row_read(self, eqn: Any, ins: list[Ref]) -> int | None:
-        """The value a move's result stands for: the operand a cast or reshape passes on,
-        or the row of a stacked value (a scan's ys, a `stack`) a slice of one row reads."""
-        name, params = eqn.primitive.name, eqn.params
-        operands = [i for _, i in ins if i >= 0]
-        if not operands:
-            return None
-        first = ins[0][1]
-        if name in _SAME and len(operands) == 1:
-            return operands[0]
-        if first < 0 or first not in self.stacked:
-            return None
-        start: int | None = None
-        if name == "slice" and params["start_indices"]:
-            start, stop = int(params["start_indices"][0]), int(params["limit_indices"][0])
-            start = start if stop - start == 1 else None
-        elif name == "dynamic_slice" and len(ins) > 1 and params["slice_sizes"][0] == 1:
-            value = ins[1][0]
-            if not isinstance(value, _Aval):
-                start = int(np.asarray(value))
-        rows = self.stacked[first]
-        return rows[start] if start is not None and 0 <= start < len(rows) else None
-
-    def scan(self, eqn: Any, ins: list[Ref], where: Where) -> list[Ref]:
-        import jax.numpy as jnp
-
-        p = eqn.params
-        n_consts, n_carry, length = int(p["num_consts"]), int(p["num_carry"]), int(p["length"])
-        consts, carry, xs = (
-            ins[:n_consts],
-            ins[n_consts : n_consts + n_carry],
-            ins[n_consts + n_carry :],
-        )
-        steps = range(length - 1, -1, -1) if p["reverse"] else range(length)
-        ys: dict[int, list[Ref]] = {}
-        for k in steps:
-            rows = [self.add(x[k], "scan", "move", [i], where, self.row_of(i, k)) for x, i in xs]
-            outs = self.closed(p["jaxpr"], [*consts, *carry, *rows], where)
-            carry = outs[:n_carry]
-            ys[k] = outs[n_carry:]
-        stacked = []
-        for j, var in enumerate(eqn.outvars[n_carry:]):
-            if length == 0:
-                empty = jnp.zeros(var.aval.shape, var.aval.dtype) if self.evaluate else None
-                stacked.append((empty, -1))
-                continue
-            parts = [ys[k][j] for k in range(length)]
-            if self.evaluate:
-                array: Any = jnp.stack([jnp.asarray(x) for x, _ in parts])
-            else:
-                array = _Aval(var.aval.shape, var.aval.dtype)
-            ref = self.add(array, "scan", "move", [i for _, i in parts], where)
-            self.stacked[ref[1]] = [self.stands_for(i) for _, i in parts]
-            stacked.append(ref)
-        return [*carry, *stacked]
-
-    def row_of(self, i: int, k: int) -> int | None:
-        """Row `k` of value `i`, where `i` is a stacked value whose rows are known."""
-        rows = self.stacked.get(i)
-        return rows[k] if rows is not None and 0 <= k < len(rows) else None
-
-    def loop(self, eqn: Any, ins: list[Ref], where: Where) -> list[Ref]:
-        p = eqn.params
-        n_cond, n_body = int(p["cond_nconsts"]), int(p["body_nconsts"])
-        cond_consts, body_consts = ins[:n_cond], ins[n_cond : n_cond + n_body]
-        carry = ins[n_cond + n_body :]
-        for _ in range(_MAX_WHILE):
-            (go, _), *_ = self.closed(p["cond_jaxpr"], [*cond_consts, *carry], where)
-            if not bool(np.asarray(go)):
-                return carry
-            carry = self.closed(p["body_jaxpr"], [*body_consts, *carry], where)
-        raise LocaliseError(
-            f"a while loop ran {_MAX_WHILE} iterations without its condition failing; "
-            "localise a smaller case"
-        )
-
-    def recording(self, outputs: dict[str, int], output_arrays: dict[str, np.ndarray]) -> Recording:
-        """What was run, as a `Recording` (outputs in the order given)."""
-        return Recording(
-            values=tuple(self.values),
-            fingerprints=tuple(self.prints),
-            rows=dict(self.rows),
-            outputs=outputs,
-            output_arrays=output_arrays,
-            arrays=tuple(self.arrays) if self.keep_arrays else None,
-        )
-
-
-def _plain(dtype: Any) -> bool:
-    try:
-        np.dtype(dtype)
-    except TypeError:
-        return False
-    return True
-
-
-def _shape_of(x: Any) -> tuple[int, ...]:
-    shape = getattr(x, "shape", None)
-    return tuple(shape) if shape is not None else np.shape(x)
-
-
-def _as_jax(x: Any) -> Any:
-    import jax
-
-    return x if isinstance(x, jax.Array) else jax.numpy.asarray(x)
-
-
-def _dtype_of(x: Any) -> Any:
-    dtype = getattr(x, "dtype", None)
-    return dtype if dtype is not None else np.asarray(x).dtype
-
-
-def _host(x: Any) -> np.ndarray:
-    """`x` as a numpy array; a PRNG key array as its key data."""
-    import jax
-    import jax.numpy as jnp
-
-    dtype = getattr(x, "dtype", None)
-    if dtype is not None and jnp.issubdtype(dtype, jax.dtypes.extended):
-        return np.asarray(jax.random.key_data(x))
-    return np.asarray(x)
-
-
-_LIBRARIES = ("site-packages", "dist-packages")
-
-
-def user_frame_of(traceback: Any) -> Where:
-    """The user's own frame of a jax traceback (the innermost outside jax, parity and
-    installed libraries) and, where the innermost frame outside jax and parity lies in an
-    installed library (optax, equinox), that frame as `file:line in function`."""
-    from jax._src import source_info_util
-
-    own: Frame | None = None
-    library = ""
-    for frame in source_info_util.user_frames(traceback):
-        file = str(Path(frame.file_name).resolve())
-        if file.startswith(_PARITY):
-            continue
-        if any(part in _LIBRARIES for part in Path(file).parts):
-            if own is None and not library:
-                library = f"{frame.file_name}:{frame.start_line} in {frame.function_name}"
-            continue
-        own = (frame.file_name, int(frame.start_line), frame.function_name)
-        break
-    return (own or _NOWHERE), library
-
-
-def _user_frame(eqn: Any) -> Where:
-    """`user_frame_of` of `eqn`'s traceback, or unplaced."""
-    try:
-        return user_frame_of(eqn.source_info.traceback)
-    except Exception:  # a jax without this private API: the values stay unplaced
-        return _UNPLACED
 
 
 def record(
@@ -402,10 +73,10 @@ def record(
             f"{getattr(fn, '__name__', fn)!s} does not trace, so its values cannot be recorded "
             f"({type(e).__name__}: {' '.join(str(e).split())[:200]})"
         ) from None
-    interp = _Interpreter(max_bytes, keep_arrays=keep_arrays)
+    interp = Interpreter(max_bytes, keep_arrays=keep_arrays)
     leaves = jax.tree_util.tree_leaves(args)
-    ins = [interp.add(x, "input", "input", [], _UNPLACED) for x in leaves]
-    outs = interp.closed(closed, [(jax.numpy.asarray(x), i) for (x, i) in ins], _UNPLACED)
+    ins = [interp.add(x, "input", "input", [], UNPLACED) for x in leaves]
+    outs = interp.closed(closed, [(jax.numpy.asarray(x), i) for (x, i) in ins], UNPLACED)
     leaves_out, treedef = jax.tree_util.tree_flatten(shapes)
     markers = jax.tree_util.tree_unflatten(treedef, [np.int64(j) for j in range(len(leaves_out))])
     keys = {int(v): k for k, v in flatten(markers, bare=BARE).items()}
@@ -414,7 +85,7 @@ def record(
         rank = {k: n for n, k in enumerate(dataflow_order(fn, *args, **kwargs))}
         order.sort(key=lambda j: rank.get(keys[j], len(rank)))
     return interp.recording(
-        {keys[j]: outs[j][1] for j in order}, {keys[j]: _host(outs[j][0]) for j in order}
+        {keys[j]: outs[j][1] for j in order}, {keys[j]: to_host(outs[j][0]) for j in order}
     )
 
 
@@ -454,7 +125,7 @@ def record_programs(
 
     from parity.origin.programs import Link, quiet
 
-    interp = _Interpreter(max_bytes, evaluate=evaluate, keep_arrays=keep_arrays)
+    interp = Interpreter(max_bytes, evaluate=evaluate, keep_arrays=keep_arrays)
     results: list[list[Ref]] = []
     inputs: dict[int, Ref] = {}
     with quiet():
@@ -465,8 +136,8 @@ def record_programs(
                     args.append(results[a.program][a.output])
                     continue
                 if id(a) not in inputs:
-                    value = _as_jax(a) if evaluate else _Aval(_shape_of(a), _dtype_of(a))
-                    inputs[id(a)] = interp.add(value, "input", "input", [], _UNPLACED)
+                    value = as_jax(a) if evaluate else Aval(shape_of(a), dtype_of(a))
+                    inputs[id(a)] = interp.add(value, "input", "input", [], UNPLACED)
                 args.append(inputs[id(a)])
             results.append(interp.closed(program.jaxpr, args, program.frame))
     linked: dict[str, Ref] = {}
@@ -481,12 +152,12 @@ def record_programs(
     keys = order or list(outputs)
     recording = interp.recording(
         {k: linked[k][1] if k in linked else -1 for k in keys},
-        {k: _host(linked[k][0]) if k in linked else np.asarray(outputs[k]) for k in keys},
+        {k: to_host(linked[k][0]) if k in linked else np.asarray(outputs[k]) for k in keys},
     )
     return recording, order
 
 
-def _ordered(interp: _Interpreter, declared: list[str], ids: Mapping[str, int]) -> list[str] | None:
+def _ordered(interp: Interpreter, declared: list[str], ids: Mapping[str, int]) -> list[str] | None:
     computed = [k for k, i in ids.items() if i >= 0 and interp.values[i].kind in ("op", "move")]
     if not computed:
         return None

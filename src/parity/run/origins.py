@@ -35,8 +35,8 @@ from parity.baseline import BaselineUnavailable
 from parity.check import GoldenDir
 from parity.environment import layout_of
 from parity.judge.classes import REGISTRY, ToleranceClass
-from parity.judge.tolerance import UnknownClassError, to_class
-from parity.origin import Localisation, LocaliseError, Recording, locate, matching_tolerance
+from parity.judge.tolerance import UnknownClassError
+from parity.origin import Localisation, LocaliseError, Recording, locate
 from parity.results import CheckError, CheckResult
 from parity.run.baseline import NOT_RECORDED, RECORDING, BaselineBuilder, recorded
 from parity.run.config import ParityConfig
@@ -160,29 +160,10 @@ def _why_not(r: CheckResult, produced: Produced) -> str | None:
     group, first = r.group or "", r.comparison.first_failure
     if first is None:
         return "no key breaks its class"
-    if produced.layout.processes > 1:
-        return "the check ran in several processes; the origin is recorded in one (check with 1)"
     if produced.orders.get(group, "dataflow") != "dataflow":  # unknown: the recording says
         return (
             "the producer's outputs are not computed by the jax programs it runs (numpy "
             "computed them on the host), so the operations that made them cannot be recorded"
-        )
-    actual = produced.groups.get(group, {}).get(first.key)
-    if actual is None:
-        return None
-    try:
-        tol = to_class(first.class_name, REGISTRY)
-    except (UnknownClassError, ValueError) as e:
-        return f"the failing key {first.key}'s class cannot be read here ({e})"
-    try:
-        matching_tolerance(tol, actual)
-    except LocaliseError as e:
-        if tol.rule.unit in ("abs", "ulp"):
-            return f"the failing key {first.key}'s class gives no matching tolerance: {e.reason}"
-        return (
-            f"the failing key {first.key}'s class {tol.name} judges in {tol.rule.unit!r}, not "
-            "|a-b| or ulps, so it gives no matching tolerance for the values upstream of it "
-            "(a close, relative_to_max or ulp class does)"
         )
     return None
 
@@ -211,7 +192,8 @@ def name_origins(
         else:
             found[r.name] = _not_named(why)
     if todo:
-        progress(f"recording {', '.join(r.name for r in todo)} op by op to name the origin")
+        one = " (in one process)" if produced.layout.processes > 1 else ""
+        progress(f"recording {', '.join(r.name for r in todo)} op by op{one} to name the origin")
         with owned_tempdir(_PREFIX) as tmp:
             new = record_groups(
                 config.root, config, [r.group or "" for r in todo], Path(tmp),
@@ -219,9 +201,9 @@ def name_origins(
             )  # fmt: skip
             wanted = []
             for r in todo:
+                current = _one_process(produced.provenance.get(r.name) or {})
                 try:
-                    wanted.append((r.name, goldens.open(r.name).provenance,
-                                   produced.provenance.get(r.name) or {}))  # fmt: skip
+                    wanted.append((r.name, goldens.open(r.name).provenance, current))
                 except CheckError as e:
                     new[r.name] = str(e)
             ready = [w for w in wanted if isinstance(new[w[0]], Path)]
@@ -234,6 +216,16 @@ def name_origins(
                                            "the base commit")  # fmt: skip
     return [dataclasses.replace(r, origin=found[r.name]) if r.name in found else r
             for r in results]  # fmt: skip
+
+
+def _one_process(current: Mapping[str, Any]) -> Mapping[str, Any]:
+    """The environment both sides are recorded in: the check's, in one process with its
+    devices per process (a recording is made in one process; the tree's is made with the
+    configured devices per process too)."""
+    processes, devices = layout_of(current)
+    if processes == 1:
+        return current
+    return {**current, "processes": 1, "device_count": devices}
 
 
 def _not_named(reason: str) -> Localisation:
