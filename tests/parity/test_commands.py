@@ -277,6 +277,16 @@ def test_bisect_and_calibrate_of_a_group_that_does_not_exist_name_it_and_list_th
         assert "define g; pass one of them to --groups" in proc.stderr
 
 
+def test_repin_of_a_group_that_does_not_exist_says_so_once(project: Path, run_parity) -> None:
+    """`repin --groups nope`: the one line naming the group and those defined, once (not
+    followed by the runner's own log line run into it), and no producer log to look at."""
+    proc = run_parity(project, "repin", "--base", "HEAD", "--groups", "nope")
+    _one_line_error(proc, "no group named 'nope': the producers")
+    error = next(ln for ln in proc.stderr.splitlines() if ln.startswith("parity: error: "))
+    assert error.count("'nope'") == 1 and "unknown group(s)" not in error, error
+    assert "producer output" not in error
+
+
 PRODUCERS_BAC = (
     "import numpy as np\n\n"
     "GROUPS = {{'g': lambda: {{'b': {b}, 'a': np.zeros(3), 'c': np.arange(4.0)}}}}\n"

@@ -111,7 +111,7 @@ def run(args: argparse.Namespace, out: IO[str]) -> int:
 
 
 def _run(config: Any, args: argparse.Namespace, out: IO[str]) -> int:
-    from parity.run.launcher import ProducerRunError, UnusableClassError
+    from parity.run.launcher import ProducerRunError, UnknownGroupsError, UnusableClassError
     from parity.run.repin import RepinError, repin
     from parity.run.worktree import GitError
 
@@ -143,6 +143,8 @@ def _run(config: Any, args: argparse.Namespace, out: IO[str]) -> int:
         )
     except (GitError, UnusableClassError) as e:
         raise CLIError(str(e)) from None
+    except UnknownGroupsError as e:  # a typo in --groups: its one line, no producer log
+        raise CLIError(e.message) from None
     except (ProducerRunError, RepinError) as e:
         head, log = _failed(e)
         raise CLIError(f"repin failed: {head} (producer output: {keep_log(log)})") from None
@@ -175,7 +177,7 @@ def _recover(config: Any, target: Path, out: IO[str]) -> int:
 
 
 def _reclass(config: Any, target: Path, args: argparse.Namespace, out: IO[str]) -> int:
-    from parity.run.launcher import ProducerRunError, UnusableClassError
+    from parity.run.launcher import ProducerRunError, UnknownGroupsError, UnusableClassError
     from parity.run.repin import RepinError, reclass
 
     try:
@@ -184,6 +186,8 @@ def _reclass(config: Any, target: Path, args: argparse.Namespace, out: IO[str]) 
                        src=config.src_relative(), reorder=args.order)  # fmt: skip
     except UnusableClassError as e:
         raise CLIError(str(e)) from None
+    except UnknownGroupsError as e:
+        raise CLIError(e.message) from None
     except (ProducerRunError, RepinError) as e:
         raise CLIError(f"repin --classes-only failed: {_failed(e)[0]}") from None
     out.write(f"class map of the current producers written into {target}\n")
