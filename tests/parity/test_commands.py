@@ -165,6 +165,43 @@ def test_repin_refuses_a_class_map_naming_an_unknown_class_and_writes_nothing(
         assert {p.name: p.read_bytes() for p in (project / "goldens").iterdir()} == before
 
 
+INNER_TEST = """\
+import numpy as np
+
+
+def test_g(parity_check):
+    parity_check({"layers": [np.full(3, 1.0 * i, np.float32) for i in range(3)]}, "g")
+"""
+
+
+def test_check_and_the_plugin_refuse_a_class_map_naming_an_unknown_class(
+    project: Path, run_parity
+) -> None:
+    """The CLASS_MAP typo a repin refuses is refused by `parity check` too (exit 2, one
+    line, before any group runs) and by the pytest plugin (a usage error at session start,
+    no test run), though both judge by the goldens' pinned map, which it leaves stale."""
+    import os
+
+    assert run_parity(project, "repin", "--base", "HEAD").returncode == 0
+    (project / "test_g.py").write_text(INNER_TEST)
+    env = {k: v for k, v in os.environ.items() if not k.startswith(("PYTEST_", "PARITY_"))}
+    inner = [sys.executable, "-m", "pytest", "-p", "no:cacheprovider", "--parity-jax-cache",
+             "none", "-q", "test_g.py"]  # fmt: skip
+    clean = subprocess.run(inner, cwd=project, env=env, capture_output=True, text=True)
+    assert clean.returncode == 0, clean.stdout + clean.stderr  # the test itself passes
+    (project / "producers.py").write_text(PRODUCERS + 'CLASS_MAP = [("layers.*", "fp32_reasoc")]\n')
+    proc = run_parity(project, "check")
+    _one_line_error(proc, "the rule ('layers.*', 'fp32_reasoc') names the unknown tolerance")
+    assert "did you mean 'fp32_reassoc'?" in proc.stderr
+    assert "[1/1] g: running" not in proc.stderr  # refused before any group ran
+    plugin = subprocess.run(inner, cwd=project, env=env, capture_output=True, text=True)
+    assert plugin.returncode == pytest.ExitCode.USAGE_ERROR, plugin.stdout + plugin.stderr
+    errors = [ln for ln in plugin.stderr.splitlines() if ln.startswith("ERROR: ")]
+    assert len(errors) == 1 and "'fp32_reasoc'" in errors[0], plugin.stderr
+    assert "Traceback" not in plugin.stdout + plugin.stderr
+    assert "passed" not in plugin.stdout
+
+
 def test_ctrl_c_during_a_repin_is_one_line_exit_130_and_the_goldens_untouched(
     project: Path, run_parity
 ) -> None:

@@ -155,7 +155,7 @@ def run(args: argparse.Namespace, out: IO[str]) -> int:
     from parity.report import ReportSession
     from parity.results import CheckError, merged_header_lines
     from parity.run.baseline import BaselineBuilder
-    from parity.run.launcher import ProducerRunError, UnknownGroupsError
+    from parity.run.launcher import ProducerRunError, UnknownGroupsError, UnusableClassError
     from parity.run.produced import check_produced, produce
 
     config = config_of(args)
@@ -175,9 +175,12 @@ def run(args: argparse.Namespace, out: IO[str]) -> int:
             timeout=args.timeout,
             coordinator=args.coordinator,
             process_id=args.process_id,
+            check_classes=True,  # a typo in CLASS_MAP is refused as a repin refuses it
         )
     except UnknownGroupsError as e:
         raise CLIError(e.message) from None
+    except UnusableClassError as e:
+        raise CLIError(str(e)) from None
     except ProducerRunError as e:
         log = keep_log(e.output or e.head)
         if e.tail:  # a worker's last lines, before the one-line verdict

@@ -159,8 +159,8 @@ class UnknownGroupsError(ProducerRunError):
 
 class UnusableClassError(ProducerRunError):
     """The producers' `CLASS_MAP` names a class parity cannot pin (a typo such as
-    `fp32_reasoc`, a parameter missing): an input error, found before any group ran (only
-    a repin asks, `run_producers(check_classes=True)`).
+    `fp32_reasoc`, a parameter missing): an input error, found before any group ran (a
+    repin, a check and the pytest plugin ask, `run_producers(check_classes=True)`).
 
     **Fields:** `problems`, one sentence per such rule (the pattern, the name, the nearest
     known class and every known one: `parity.judge.tolerance.class_problem`), and those of
@@ -173,7 +173,9 @@ class UnusableClassError(ProducerRunError):
 
     @property
     def head(self) -> str:
-        return f"{self.failure}: nothing was produced or written, the goldens are untouched"
+        if self.command == "repin":
+            return f"{self.failure}: nothing was produced or written, the goldens are untouched"
+        return f"{self.failure}: {LEAVES[self.command]}"
 
 
 def _restore_dtype(raw: np.ndarray, name: str) -> np.ndarray:
@@ -281,8 +283,8 @@ def run_producers(
 
     With `record_origin`, each group's program is recorded op by op instead of run, and
     `out/<group>.origin.npz` (or `.origin.json`, why not) saved in place of its arrays
-    (`parity.run.origins`). With `check_classes` (a repin), a `CLASS_MAP` naming a class
-    parity cannot use stops the run before any group runs.
+    (`parity.run.origins`). With `check_classes` (a repin, a check), a `CLASS_MAP` naming a
+    class parity cannot use stops the run before any group runs.
 
     **Returns:** the XLA flags the subprocess ran under. Raises `ProducerRunError` (its
     message fits `command`) with the producer's output (traceback included) if it fails,
