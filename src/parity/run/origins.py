@@ -284,6 +284,10 @@ def name_origins(
         else:
             lines[r.name] = f"origin: not named: {why}"
     docs: dict[str, dict[str, Any]] = {}
+    if todo:  # before any recording run: a base that is not here is said at once
+        missing = _bases_out_of_reach(config, goldens, todo, produced)
+        lines |= {name: f"origin: not named: {why}" for name, why in missing.items()}
+        todo = [r for r in todo if r.name not in missing]
     if todo:
         progress(f"recording {', '.join(r.name for r in todo)} op by op to name the origin")
         with owned_tempdir(_PREFIX) as tmp:
@@ -309,6 +313,33 @@ def name_origins(
         if r.name in lines else r
         for r in results
     ]  # fmt: skip
+
+
+def _bases_out_of_reach(
+    config: ParityConfig, goldens: GoldenDir, todo: Sequence[CheckResult], produced: Produced
+) -> dict[str, str]:
+    """The failing checks of `todo` whose golden's base commit is not in this clone (a
+    shallow one, say) and whose base recording is not cached, each with one line: what is
+    missing and what to do (`base_commit`'s). Asked before any recording run, so a check
+    that cannot reach its base pays for none. Groups this cannot judge (no golden, no base
+    commit recorded) are left to the recording path, which says why."""
+    cache = BaselineCache(cache_dir(config))
+    digest = digest_sources([config.need_producers()])
+    out: dict[str, str] = {}
+    for r in todo:
+        try:
+            sha = str(goldens.open(r.name).provenance.get("base_sha") or "")
+        except CheckError:
+            continue
+        current = produced.provenance.get(r.name) or {}
+        path = cache.path_for(sha, environment_fingerprint(current), digest, r.name)
+        if not sha or path.with_suffix(_RECORDING).is_file():
+            continue
+        try:
+            base_commit(config.root, sha)
+        except BaselineUnavailable as e:
+            out[r.name] = f"the base cannot be re-produced here: {e}"
+    return out
 
 
 def _one(
