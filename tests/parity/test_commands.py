@@ -165,6 +165,70 @@ def test_repin_refuses_a_class_map_naming_an_unknown_class_and_writes_nothing(
         assert {p.name: p.read_bytes() for p in (project / "goldens").iterdir()} == before
 
 
+CRASHING = """\
+import numpy as np
+
+
+def _inner(x):
+    raise ValueError(f"kaboom-48 on {x.shape}")
+
+
+def _outer():
+    return {"a": _inner(np.zeros(2))}
+
+
+GROUPS = {"g": _outer}
+"""
+
+
+def test_a_producer_that_raises_shows_its_last_frames_and_where_its_log_is_kept(
+    project: Path, run_parity
+) -> None:
+    """The producer's traceback, which was only in a log in the temp folder: its last
+    frames and exception are printed above the one line, and the log is kept in the report
+    folder where one is given, else in the one log folder (`PARITY_LOGS` here)."""
+    import re
+
+    assert run_parity(project, "repin", "--base", "HEAD").returncode == 0
+    (project / "producers.py").write_text(CRASHING)
+    logs, tmp = project.parent / "logs", project.parent / "tmp"
+    for args, folder in (((), logs), (("--report", "rep"), project / "rep")):
+        proc = run_parity(project, "check", *args)
+        assert proc.returncode == 2, proc.stdout + proc.stderr
+        *above, error = proc.stderr.rstrip("\n").splitlines()
+        assert error.startswith("parity: error: the producers cannot run: group 'g' raised "
+                                "ValueError: kaboom-48 on (2,)"), error  # fmt: skip
+        frames = "\n".join(above)
+        assert 'File "' in frames and "in _inner" in frames and "in _outer" in frames, frames
+        assert 'raise ValueError(f"kaboom-48' in frames, frames
+        named = re.search(r"\(output: (\S+)\)$", error)
+        assert named, error
+        log = Path(named.group(1))
+        assert log.parent == folder and "Traceback (most recent call last)" in log.read_text()
+        assert not [p.name for p in tmp.iterdir() if p.suffix == ".log"]
+    assert (project / "rep" / "producers.log").is_file()
+    # A repin says the same, and keeps its log in the log folder.
+    proc = run_parity(project, "repin", "--base", "HEAD")
+    assert proc.returncode == 2 and "in _inner" in proc.stderr, proc.stderr
+    assert f"(output: {logs}/producers-" in proc.stderr
+
+
+def test_the_log_folder_keeps_the_newest_logs(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    from parity.commands.common import KEPT_LOGS, keep_log
+
+    monkeypatch.setenv("PARITY_LOGS", str(tmp_path / "logs"))
+    made = []
+    for i in range(KEPT_LOGS + 3):
+        made.append(keep_log(f"run {i}"))
+        time.sleep(0.002)  # distinct modification times
+        monkeypatch.setattr("os.getpid", lambda i=i: 10_000 + i)  # distinct names
+    kept = sorted(p.read_text() for p in (tmp_path / "logs").iterdir())
+    assert len(set(made)) == KEPT_LOGS + 3
+    assert kept == sorted(f"run {i}" for i in range(3, KEPT_LOGS + 3))
+
+
 INNER_TEST = """\
 import numpy as np
 

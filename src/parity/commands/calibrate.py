@@ -18,9 +18,9 @@ from parity.commands.common import (
     config_of,
     groups_flag,
     json_flag,
-    keep_log,
     override_flag,
     overrides_of,
+    producer_failure,
     report_progress,
     require_defined_groups,
     require_goldens,
@@ -139,8 +139,7 @@ def run(args: argparse.Namespace, out: IO[str]) -> int:
         raise CLIError(str(e)) from None
     except ProducerRunError as e:
         folder.close()
-        log = keep_log(e.output or e.head)
-        raise CLIError(f"the producers cannot run: {e.reason} (output: {log})") from None
+        raise producer_failure(e, "the producers cannot run") from None
     except KeyError as e:  # an unknown or incomplete class in an override or the pinned map
         folder.close()
         raise CLIError(str(e)) from None

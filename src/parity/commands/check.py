@@ -4,7 +4,6 @@ goldens; the report table, and the report files on request."""
 from __future__ import annotations
 
 import argparse
-import sys
 from pathlib import Path
 from typing import IO, TYPE_CHECKING, Any
 
@@ -19,10 +18,10 @@ from parity.commands.common import (
     drift_flag,
     groups_flag,
     json_flag,
-    keep_log,
     override_flag,
     overrides_of,
     process_flags,
+    producer_failure,
     report_flag,
     report_progress,
     require_goldens,
@@ -182,10 +181,7 @@ def run(args: argparse.Namespace, out: IO[str]) -> int:
     except UnusableClassError as e:
         raise CLIError(str(e)) from None
     except ProducerRunError as e:
-        log = keep_log(e.output or e.head)
-        if e.tail:  # a worker's last lines, before the one-line verdict
-            print(f"parity: last output lines:\n{e.tail}", file=sys.stderr, flush=True)
-        raise CLIError(f"the producers cannot run: {e.reason} (output: {log})") from None
+        raise producer_failure(e, "the producers cannot run", args.report) from None
     if args.process_id:  # a host other than process 0's: its part is done
         out.write(
             f"process {args.process_id} of {config.processes} ran its part; process 0's host "

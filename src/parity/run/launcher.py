@@ -27,6 +27,7 @@ from parity.run.processes import DEFAULT_TIMEOUT_S, WorkerFailed, run_workers, s
 __all__ = [
     "EXIT_MISSING_SYMBOL",
     "LEAVES",
+    "TRACEBACK_LINES",
     "Command",
     "ProducerRunError",
     "RunnerOutput",
@@ -74,8 +75,10 @@ class ProducerRunError(RuntimeError):
       exception of a traceback); in a multi-process run or a timeout, `failure`.
     - `output`: the output of the process (of every worker), traceback included, for a
       log file; may be empty.
-    - `tail`: in a multi-process run or a timeout, the last output lines of the worker (or
-      workers) that failed, to print below `reason`; else empty.
+    - `tail`: the lines to print above `reason`: in a multi-process run or a timeout, the
+      last output lines of the worker (or workers) that failed; else the end of the
+      producer's traceback, its last frames and the exception (`TRACEBACK_LINES`), which
+      is otherwise only in the log; empty where the output holds no traceback.
     - `worker`: the process id that failed first in a multi-process run or a timeout (None:
       a single process that failed, or a timeout with several still running).
 
@@ -89,14 +92,14 @@ class ProducerRunError(RuntimeError):
         output: str = "",
         *,
         reason: str | None = None,
-        tail: str = "",
+        tail: str | None = None,
         worker: int | None = None,
     ):
         self.command: Command = command
         self.failure = failure
         self.output = output
         self.reason = reason if reason is not None else _failure_reason(output, failure)
-        self.tail = tail
+        self.tail = tail if tail is not None else _traceback_tail(output)
         self.worker = worker
         super().__init__(f"{self.head} Producer output:\n{output}" if output else self.head)
 
@@ -109,6 +112,23 @@ class ProducerRunError(RuntimeError):
     def of_workers(cls, command: Command, e: WorkerFailed) -> ProducerRunError:
         """A multi-process run (or a timed-out one) that the supervisor stopped."""
         return cls(command, e.reason, e.output, reason=e.reason, tail=e.tail, worker=e.worker)
+
+
+#: How many lines of a failed producer's traceback its error prints (the last frames and
+#: the exception); the whole output goes to the log.
+TRACEBACK_LINES = 12
+
+
+def _traceback_tail(output: str) -> str:
+    """The end of the last traceback in `output`: its last `TRACEBACK_LINES` lines (the
+    innermost frames, the exception), without the runner's own `[producers]` lines and
+    without the `Traceback (most recent call last):` header; empty if there is none."""
+    lines = output.splitlines()
+    starts = [i for i, ln in enumerate(lines) if ln.startswith("Traceback (most recent call")]
+    if not starts:
+        return ""
+    body = [ln for ln in lines[starts[-1] + 1 :] if ln.strip() and not ln.startswith("[producers]")]
+    return "\n".join(f"  {ln}" for ln in body[-TRACEBACK_LINES:])
 
 
 def _failure_reason(output: str, failure: str) -> str:
