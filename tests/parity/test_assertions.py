@@ -257,3 +257,43 @@ def test_two_named_tuples_are_walked_in_container_order_not_called_forward() -> 
         assert_equivalent(actual, expected, order=["norm", "logits"])
     assert "first divergence (in forward order)" in str(e.value)
     assert "first breaking its class: norm" in str(e.value)
+
+
+def _forward(x: jax.Array, scale: float) -> dict[str, Any]:
+    norm = x / jnp.sqrt(jnp.mean(x * x) + 1e-6) * scale  # computed first
+    return {"taps": {"norm": norm}, "logits": jnp.tanh(norm) @ jnp.ones((4, 2))}
+
+
+def test_with_the_functions_in_hand_the_first_divergence_is_named_in_forward_order() -> None:
+    """Issue 48: a jitted dict comes out in alphabetical order (`logits` before
+    `taps.norm`); with `new_fn=` the first divergence is the one the program computes
+    first, as `order=dataflow_order(...)` names it, and a function that does not trace
+    leaves the containers' order, with no error."""
+    x = jnp.arange(1.0, 5.0)
+
+    def new(x):
+        return _forward(x, 1.5)  # the bug: a scale, upstream of both outputs
+
+    def old(x):
+        return _forward(x, 1.0)
+
+    actual, expected = jax.jit(new)(x), jax.jit(old)(x)
+    assert list(parity.judge.trees.flatten(actual)) == ["logits", "taps.norm"]  # alphabetical
+    with pytest.raises(AssertionError) as plain:
+        parity.assert_equivalent(actual, expected)
+    assert "first breaking its class: logits" in str(plain.value)
+    with pytest.raises(AssertionError) as given:
+        parity.assert_equivalent(actual, expected, order=["taps.norm", "logits"])
+    with pytest.raises(AssertionError) as derived:
+        parity.assert_equivalent(actual, expected, new_fn=new, old_fn=old, args=(x,))
+    for e in (given, derived):
+        assert "first divergence (in forward order)" in str(e.value)
+        assert "first breaking its class: taps.norm" in str(e.value), str(e.value)
+
+    def host(x):  # numpy on the host: the program does not trace
+        return jax.tree.map(np.asarray, new(x))
+
+    with pytest.raises(AssertionError) as fallback:
+        parity.assert_equivalent(actual, expected, new_fn=host, old_fn=old, args=(x,))
+    assert "first divergence (in container order)" in str(fallback.value)
+    assert "first breaking its class: logits" in str(fallback.value)
