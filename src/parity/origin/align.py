@@ -111,7 +111,8 @@ class Origin:
         where = f"{self.file}:{self.line} in {self.function}" if self.file else "<no source>"
         ins = ", ".join(str(list(s)) for s in self.input_shapes)
         diff = "no old value of its shape" if self.max_diff is None else (
-            f"{self.max_diff:.3g} from the nearest old value of its shape"
+            f"{self.max_diff:.3g} from the nearest old value of its shape" if self.max_diff
+            else "no measured difference from the nearest old value of its shape, yet not its bits"
         )  # fmt: skip
         return (
             f"{self.primitive} at {where}: {self.dtype}{list(self.shape)} from ({ins}), {diff}; "
