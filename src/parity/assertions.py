@@ -112,10 +112,12 @@ def _forward_order(
     fn: Callable[..., Any], args: tuple[Any, ...], kwargs: Mapping[str, Any]
 ) -> list[str] | None:
     """The keys of `fn(*args, **kwargs)` in the order its program computes them
-    (`parity.judge.dataflow.dataflow_order`), or None where it does not trace."""
-    from parity.judge.dataflow import DataflowError, dataflow_order
+    (`parity.judge.dataflow.dataflow_order`), or None where it does not trace (its
+    `DataflowError`) or returns no container of keys to order (a bare array: the
+    `TypeError` of `flatten`, which `DataflowError` is too)."""
+    from parity.judge.dataflow import dataflow_order
 
     try:
         return dataflow_order(fn, *args, **kwargs)
-    except DataflowError:
+    except TypeError:
         return None

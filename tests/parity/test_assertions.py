@@ -297,3 +297,7 @@ def test_with_the_functions_in_hand_the_first_divergence_is_named_in_forward_ord
         parity.assert_equivalent(actual, expected, new_fn=host, old_fn=old, args=(x,))
     assert "first divergence (in container order)" in str(fallback.value)
     assert "first breaking its class: logits" in str(fallback.value)
+    with pytest.raises(AssertionError) as bare:  # a bare array: no keys to order, no error
+        parity.assert_equivalent(jnp.tanh(x), x, new_fn=jnp.tanh, old_fn=lambda x: x, args=(x,))
+    assert "first breaking its class: array" in str(bare.value)
+
