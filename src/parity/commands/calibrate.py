@@ -27,6 +27,7 @@ from parity.commands.common import (
     split_groups,
     subparser,
 )
+from parity.judge.floats import count
 
 __all__ = ["add_parser", "run"]
 
@@ -88,8 +89,9 @@ def _saved_calibration(path: Path, groups: Sequence[str], goldens: Mapping[str, 
         missing = sorted(set(goldens[group]) - measured)
         if missing:
             raise CLIError(
-                f"--from-json {path} does not measure group {group!r} in full ({len(missing)} "
-                f"key(s) missing, e.g. {missing[0]!r}); calibrate that group again"
+                f"--from-json {path} does not measure group {group!r} in full "
+                f"({count(len(missing), 'key')} missing, e.g. {missing[0]!r}); calibrate that "
+                "group again"
             )
     keys = tuple(k for k in cal.keys if k.group in groups)
     return dataclasses.replace(cal, keys=keys)
