@@ -478,5 +478,6 @@ def test_the_default_compile_cache_is_the_machine_s_outside_the_checkout(
     # one folder for both xdist workers, under the user's cache folder
     (folder,) = (home / "parity" / "jax").iterdir()
     assert any(folder.glob("jit_sin-*-cache")), "the cache stayed empty"
-    assert "XLA compiled" in done.stdout
+    assert "XLA compiled" in done.stdout and "(2 processes)" in done.stdout, done.stdout
+    assert "program(s)" not in done.stdout and "process(es)" not in done.stdout
     assert git(proj, "status", "--porcelain", "--untracked-files=all") == ""
