@@ -27,7 +27,7 @@ from parity.check import GoldenDir, check_groups
 from parity.environment import PolicyMode
 from parity.judge.dataflow import DATAFLOW
 from parity.results import CheckResult
-from parity.run.config import ParityConfig
+from parity.run.config import ConfigError, ParityConfig
 from parity.run.launcher import (
     Command,
     ProducerRunError,
@@ -153,14 +153,19 @@ def refuse_unusable_classes(config: ParityConfig, *, command: Command = "check")
     parity cannot use: the producers file is imported in a fresh process, as `repin
     --classes-only` does (the runner's `--check-classes`, the one check), and no group
     runs. For the pytest plugin, which runs no producers of its own: a `parity check`
-    asks in its producer run (`produce(check_classes=True)`). A producers file that cannot
-    be imported is left to the run that needs it to report.
+    asks in its producer run (`produce(check_classes=True)`). A producers file that is
+    missing or cannot be imported, or src roots that cannot be found, are left to the run
+    that needs them to report.
     """
+    try:
+        producers, src = config.need_producers(), config.src_relative()
+    except ConfigError:
+        return
     with tempfile.TemporaryDirectory(prefix="parity-classes-") as tmp:
         try:
-            run_producers(config.root, config.need_producers(), Path(tmp), command=command,
-                          src=config.src_relative(), progress=lambda _: None,
-                          class_map_only=True, check_classes=True)  # fmt: skip
+            run_producers(config.root, producers, Path(tmp), command=command, src=src,
+                          progress=lambda _: None, class_map_only=True,
+                          check_classes=True)  # fmt: skip
         except UnusableClassError:
             raise
         except ProducerRunError:
