@@ -27,6 +27,7 @@ __all__ = [
     "EXIT_INTERRUPTED",
     "EXIT_OK",
     "EXIT_UNUSABLE",
+    "KEPT_LOGS",
     "CLIError",
     "check_class_name",
     "class_flag",
@@ -271,7 +272,8 @@ def log_folder() -> Path:
 def keep_log(output: str, report: Path | str | None = None) -> Path:
     """Write a failed producer run's output where the user will find it: the report folder
     `report` (`producers.log`) where one is given, else a new file in `log_folder()`,
-    which keeps the newest `KEPT_LOGS`. **Returns:** the file's path."""
+    which keeps the newest `KEPT_LOGS`. **Returns:** the file's path; raises `OSError`
+    where it cannot be written."""
     import os
     import time
 
@@ -281,11 +283,8 @@ def keep_log(output: str, report: Path | str | None = None) -> Path:
         folder = log_folder()
         stamp = time.strftime("%Y%m%d-%H%M%S")
         path = folder / f"producers-{stamp}-{os.getpid()}.log"
-    try:
-        path.parent.mkdir(parents=True, exist_ok=True)
-        path.write_text(output)
-    except OSError as e:
-        raise CLIError(f"cannot write the producers' log {path}: {e}") from None
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_text(output)
     if report is None:
         logs = sorted(path.parent.glob("producers-*.log"), key=lambda p: p.stat().st_mtime_ns)
         for old in logs[:-KEPT_LOGS]:
@@ -297,11 +296,14 @@ def producer_failure(e: ProducerRunError, what: str, report: Path | str | None =
     """The `CLIError` of a producer run that failed, `what` its opening words (`"the
     producers cannot run"`): the run's output is kept in a log (`keep_log`), the end of
     its traceback (or a worker's last lines) printed on stderr above the one line, which
-    gives the reason and says where the log is."""
-    log = keep_log(e.output or e.head, report)
+    gives the reason and says where the log is (or why there is none)."""
+    try:
+        kept = f"output: {keep_log(e.output or e.head, report)}"
+    except OSError as error:  # the failure still says what it is
+        kept = f"its output could not be kept: {error}"
     if e.tail:
         print(f"parity: last output lines:\n{e.tail}", file=sys.stderr, flush=True)
-    return CLIError(f"{what}: {e.reason} (output: {log})")
+    return CLIError(f"{what}: {e.reason} ({kept})")
 
 
 def require_goldens(config: ParityConfig) -> None:
