@@ -4,8 +4,8 @@ For any test framework or none: it raises `AssertionError` whose message is the 
 table (per class, the first divergence, every failing key with its reason). The first
 divergence is named "in forward order" where the order was given (`order=`) or derived
 (a `Dataflow` from `parity.in_dataflow_order`, or `new_fn`'s program traced), "in
-container order" otherwise: a
-`NamedTuple`'s fields, a dict's keys as jax sorts them, are not the program's order.
+container order" otherwise: a `NamedTuple`'s fields, a dict's keys as jax sorts them, are
+not the program's order.
 A live check (`parity.check.check_live`, through the one comparison every check
 makes) plus the tree's non-array leaves, compared with `==`
 (`parity.judge.trees.non_array_differences`, as the pytest fixture `parity_check` does).
