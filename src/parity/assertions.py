@@ -3,8 +3,9 @@
 For any test framework or none: it raises `AssertionError` whose message is the failure
 table (per class, the first divergence, every failing key with its reason). The first
 divergence is named "in forward order" where the order was given (`order=`) or derived
-(a `Dataflow` from `parity.in_dataflow_order`), "in container order" otherwise: a
-`NamedTuple`'s fields, a dict's keys as jax sorts them, are not the program's order.
+(a `Dataflow` from `parity.in_dataflow_order`, or `new_fn`'s program traced), "in
+container order" otherwise: a `NamedTuple`'s fields, a dict's keys as jax sorts them, are
+not the program's order.
 A live check (`parity.check.check_live`, through the one comparison every check
 makes) plus the tree's non-array leaves, compared with `==`
 (`parity.judge.trees.non_array_differences`, as the pytest fixture `parity_check` does).
@@ -52,10 +53,13 @@ def assert_equivalent(
     - `class_map`: a class name for every leaf (default `"bitwise"`), or a `ClassMap` by
         key pattern.
     - `order`: the forward order (keys, or a callable key -> sort key) in which the first
-        divergence is named; default: `expected`'s own order (as `flatten` walks it), then
-        keys only in `actual`. A dict that came out of `jax.jit` is in alphabetical order
-        (jax sorts dict keys): pass the outputs of `parity.in_dataflow_order(fn)(...)`, or
-        `order=parity.dataflow_order(fn, ...)`, to walk them as the program computed them.
+        divergence is named; default: where `new_fn` is given, the order its program
+        computes its outputs in (`parity.dataflow_order(new_fn, *args, **kwargs)`, traced
+        on a failure only), else (or where it does not trace) `expected`'s own order (as
+        `flatten` walks it), then keys only in `actual`. A dict that came out of `jax.jit`
+        is in alphabetical order (jax sorts dict keys): pass the outputs of
+        `parity.in_dataflow_order(fn)(...)`, or `order=parity.dataflow_order(fn, ...)`, to
+        walk them as the program computed them.
     - `overrides`: `(pattern, class)` rules tried before `class_map`.
     - `registry`: the classes by name.
     - `new_fn`, `old_fn`, `args`, `kwargs`: the functions whose outputs `actual` and
@@ -70,15 +74,28 @@ def assert_equivalent(
     """
     statics_a: dict[str, Any] = {}
     statics_e: dict[str, Any] = {}
-    comparison = check_live(
-        actual, expected, class_map=class_map, overrides=overrides, order=order,
-        registry=registry, name="assert_equivalent", non_arrays=(statics_a, statics_e),
-    ).comparison  # fmt: skip
+
+    def compare(order: Order | None) -> Comparison:
+        return check_live(
+            actual, expected, class_map=class_map, overrides=overrides, order=order,
+            registry=registry, name="assert_equivalent", non_arrays=(statics_a, statics_e),
+        ).comparison  # fmt: skip
+
+    comparison = compare(order)
     static_problems = non_array_differences(statics_a, statics_e)
     if comparison.passed and not static_problems:
         return comparison
+    dataflow = isinstance(expected, Dataflow) or isinstance(actual, Dataflow)
+    if order is None and not dataflow and new_fn is not None and not comparison.passed:
+        # With the function in hand, the forward order is read from its program (traced
+        # only now, on a failure); where it does not trace, the containers' order stands.
+        order = _forward_order(new_fn, args, kwargs or {})
+        if order is not None:
+            statics_a.clear()
+            statics_e.clear()
+            comparison = compare(order)
     # Without an order or a `Dataflow`, the walk is the containers' own: not the forward one.
-    derived = order is not None or isinstance(expected, Dataflow) or isinstance(actual, Dataflow)
+    derived = order is not None or dataflow
     walk = "forward order" if derived else "container order"
     message = "trees are not equivalent\n" + format_table(comparison, order=walk)
     if static_problems:
@@ -89,3 +106,18 @@ def assert_equivalent(
         options = {"class_map": class_map, "overrides": overrides, "registry": registry}
         message += origin_line(new_fn, old_fn, args, kwargs or {}, key=first.key, **options)
     raise AssertionError(message)
+
+
+def _forward_order(
+    fn: Callable[..., Any], args: tuple[Any, ...], kwargs: Mapping[str, Any]
+) -> list[str] | None:
+    """The keys of `fn(*args, **kwargs)` in the order its program computes them
+    (`parity.judge.dataflow.dataflow_order`), or None where it does not trace (its
+    `DataflowError`) or returns no container of keys to order (a bare array: the
+    `TypeError` of `flatten`, which `DataflowError` is too)."""
+    from parity.judge.dataflow import dataflow_order
+
+    try:
+        return dataflow_order(fn, *args, **kwargs)
+    except TypeError:
+        return None

@@ -37,7 +37,7 @@ from parity.calibrated.bounds import BY_CALIBRATION, calibrate_command, calibrat
 from parity.calibrated.spreads import Spreads
 from parity.judge.classes import ToleranceClass
 from parity.judge.compare import Comparison, Finding, Order, compare_trees
-from parity.judge.floats import sig
+from parity.judge.floats import count, sig
 from parity.judge.tolerance import KeyClass, to_class
 from parity.results import BaselineUnavailable, CheckError
 from parity.store import GoldenStoreError, open_goldens
@@ -114,7 +114,8 @@ def _worst(findings: Sequence[Finding]) -> str:
     if not moved:
         return "bit for bit equal to the goldens"
     ratios = [((f.max_abs or 0.0) / f.bound, f) for f in moved if f.bound and f.unit == "abs"]
-    text = f"{len(moved)} of {len(findings)} key(s) differ from the goldens"
+    verb = "differs" if len(moved) == 1 else "differ"
+    text = f"{len(moved)} of {count(len(findings), 'key')} {verb} from the goldens"
     if ratios:
         ratio, f = max(ratios, key=lambda rf: rf[0])
         text += f", the worst ({f.key}) at {sig(ratio)} of its bound ({sig(f.max_abs)} abs)"
@@ -204,7 +205,7 @@ def compare_with_baseline(
             if missing:
                 raise CheckError(
                     f"group {group!r}: the baseline re-produced at {baseline.sha[:12]} "
-                    f"({baseline.path}) lacks {len(missing)} golden key(s), first "
+                    f"({baseline.path}) lacks {count(len(missing), 'golden key')}, first "
                     f"{missing[0]!r}: the producers make other keys at the base commit than "
                     "the goldens hold; repin the group, or pass --baseline off"
                 )
@@ -223,7 +224,7 @@ def compare_with_baseline(
                     f"this environment ({where}) is outside the recorded noise of group "
                     f"{group!r}: the baseline re-produced here at {baseline.sha[:12]} breaks the "
                     f"goldens' calibrated bound at {f.key} ({f.class_name}: max abs "
-                    f"{sig(f.max_abs)}; {len(beyond)} key(s) "
+                    f"{sig(f.max_abs)}; {count(len(beyond), 'key')} "
                     f"beyond); record this environment's noise on main with "
                     f"`{calibrate_command(group)}`, or run where the goldens were pinned"
                 )

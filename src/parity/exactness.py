@@ -38,6 +38,7 @@ from parity.environment import EnvironmentDifference, PolicyMode
 from parity.judge.classes import ToleranceClass
 from parity.judge.compare import Comparison, Finding, Order
 from parity.judge.dataflow import DATAFLOW, order_hint
+from parity.judge.floats import count
 from parity.judge.tolerance import (
     ClassMapLike,
     KeyClass,
@@ -334,8 +335,9 @@ def inexact(comparison: Comparison, why: BaselineUnavailable | None, against: st
     ]
     if by_calibration and why is not None:
         parts.append(
-            f"{len(by_calibration)} key(s) ({_keys(by_calibration)}) failed their pinned class "
-            f"and passed by calibration alone, not bit for bit: {why.reason}; {why.hint}"
+            f"{count(len(by_calibration), 'key')} ({_keys(by_calibration)}) failed their "
+            "pinned class and passed by calibration alone, not bit for bit: "
+            f"{why.reason}; {why.hint}"
         )
     loose = [
         f for f in comparison.findings
@@ -343,8 +345,8 @@ def inexact(comparison: Comparison, why: BaselineUnavailable | None, against: st
     ]  # fmt: skip
     if loose:
         parts.append(
-            f"{len(loose)} key(s) ({_keys(loose)}) passed their calibrated bound, not bit for "
-            f"bit against {against}; a key that reproduces here is judged bit for bit under "
-            "`bitwise` (docs/adopting.md, section 9)"
+            f"{count(len(loose), 'key')} ({_keys(loose)}) passed their calibrated bound, not "
+            f"bit for bit against {against}; a key that reproduces here is judged bit for bit "
+            "under `bitwise` (docs/adopting.md, section 9)"
         )
     return "; ".join(parts)

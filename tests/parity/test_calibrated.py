@@ -107,7 +107,7 @@ def test_checks_pass_where_pinned_and_on_calibrated_layouts_and_catch_a_bug_beyo
     four = run_parity(project, "check", "--devices", "4", "--baseline", "off")
     assert four.returncode == 0, four.stdout + four.stderr
     env = [ln for ln in four.stdout.splitlines() if ln.strip().startswith("environment")]
-    assert env and "devices 1 -> 4" in env[0] and "1 key(s) passed by calibration alone" in env[0]
+    assert env and "devices 1 -> 4" in env[0] and "1 key passed by calibration alone" in env[0]
     # A change of 10x the recorded spread on the calibrated key fails in the pin's
     # environment (its bound is k = 4 times its spread).
     spread = moved(DEVICE_NOISE)
@@ -237,7 +237,7 @@ def test_repin_classes_only_gives_the_goldens_the_new_map_and_moves_no_array(pro
     proc = run_parity(project, "repin", "--classes-only")
     assert proc.returncode == 0, proc.stdout + proc.stderr
     assert "g: 3 arrays, unchanged; 1 changed class" in proc.stdout
-    assert "1 key(s) bitwise -> calibrated" in proc.stdout
+    assert "1 key bitwise -> calibrated" in proc.stdout
     with open_goldens(path) as gf:
         assert {k: gf.info(k).sha256 for k in gf} == sha
         assert gf.info("exact.v").class_name == "calibrated"

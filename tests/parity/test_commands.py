@@ -165,6 +165,113 @@ def test_repin_refuses_a_class_map_naming_an_unknown_class_and_writes_nothing(
         assert {p.name: p.read_bytes() for p in (project / "goldens").iterdir()} == before
 
 
+CRASHING = """\
+import numpy as np
+
+
+def _inner(x):
+    raise ValueError(f"kaboom-48 on {x.shape}")
+
+
+def _outer():
+    return {"a": _inner(np.zeros(2))}
+
+
+GROUPS = {"g": _outer}
+"""
+
+
+def test_a_producer_that_raises_shows_its_last_frames_and_where_its_log_is_kept(
+    project: Path, run_parity
+) -> None:
+    """The producer's traceback, which was only in a log in the temp folder: its last
+    frames and exception are printed above the one line, and the log is kept in the report
+    folder where one is given, else in the one log folder (`PARITY_LOGS` here)."""
+    import re
+
+    assert run_parity(project, "repin", "--base", "HEAD").returncode == 0
+    (project / "producers.py").write_text(CRASHING)
+    logs, tmp = project.parent / "logs", project.parent / "tmp"
+    for args, folder in (((), logs), (("--report", "rep"), project / "rep")):
+        proc = run_parity(project, "check", *args)
+        assert proc.returncode == 2, proc.stdout + proc.stderr
+        *above, error = proc.stderr.rstrip("\n").splitlines()
+        assert error.startswith("parity: error: the producers cannot run: group 'g' raised "
+                                "ValueError: kaboom-48 on (2,)"), error  # fmt: skip
+        frames = "\n".join(above)
+        assert 'File "' in frames and "in _inner" in frames and "in _outer" in frames, frames
+        assert 'raise ValueError(f"kaboom-48' in frames, frames
+        named = re.search(r"\(output: (\S+)\)$", error)
+        assert named, error
+        log = Path(named.group(1))
+        assert log.parent == folder and "Traceback (most recent call last)" in log.read_text()
+        assert not [p.name for p in tmp.iterdir() if p.suffix == ".log"]
+    assert (project / "rep" / "producers.log").is_file()
+    # A repin says the same, and keeps its log in the log folder.
+    proc = run_parity(project, "repin", "--base", "HEAD")
+    assert proc.returncode == 2 and "in _inner" in proc.stderr, proc.stderr
+    assert f"(output: {logs}/producers-" in proc.stderr
+
+
+def test_the_log_folder_keeps_the_newest_logs(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    from parity.commands.common import KEPT_LOGS, keep_log
+
+    monkeypatch.setenv("PARITY_LOGS", str(tmp_path / "logs"))
+    made = []
+    for i in range(KEPT_LOGS + 3):
+        made.append(keep_log(f"run {i}"))
+        time.sleep(0.002)  # distinct modification times
+        monkeypatch.setattr("os.getpid", lambda i=i: 10_000 + i)  # distinct names
+    kept = sorted(p.read_text() for p in (tmp_path / "logs").iterdir())
+    assert len(set(made)) == KEPT_LOGS + 3
+    assert kept == sorted(f"run {i}" for i in range(3, KEPT_LOGS + 3))
+
+
+INNER_TEST = """\
+import numpy as np
+
+
+def test_g(parity_check):
+    parity_check({"layers": [np.full(3, 1.0 * i, np.float32) for i in range(3)]}, "g")
+"""
+
+
+def test_check_and_the_plugin_refuse_a_class_map_naming_an_unknown_class(
+    project: Path, run_parity
+) -> None:
+    """The CLASS_MAP typo a repin refuses is refused by `parity check` too (exit 2, one
+    line, before any group runs) and by the pytest plugin (a usage error at session start,
+    no test run), though both judge by the goldens' pinned map, which it leaves stale."""
+    import os
+
+    assert run_parity(project, "repin", "--base", "HEAD").returncode == 0
+    (project / "test_g.py").write_text(INNER_TEST)
+    env = {k: v for k, v in os.environ.items() if not k.startswith(("PYTEST_", "PARITY_"))}
+    inner = [sys.executable, "-m", "pytest", "-p", "no:cacheprovider", "--parity-jax-cache",
+             "none", "-q", "test_g.py"]  # fmt: skip
+    clean = subprocess.run(inner, cwd=project, env=env, capture_output=True, text=True)
+    assert clean.returncode == 0, clean.stdout + clean.stderr  # the test itself passes
+    (project / "producers.py").write_text(PRODUCERS + 'CLASS_MAP = [("layers.*", "fp32_reasoc")]\n')
+    proc = run_parity(project, "check")
+    _one_line_error(proc, "the rule ('layers.*', 'fp32_reasoc') names the unknown tolerance")
+    assert "did you mean 'fp32_reassoc'?" in proc.stderr
+    assert "[1/1] g: running" not in proc.stderr  # refused before any group ran
+    plugin = subprocess.run(inner, cwd=project, env=env, capture_output=True, text=True)
+    assert plugin.returncode == pytest.ExitCode.USAGE_ERROR, plugin.stdout + plugin.stderr
+    errors = [ln for ln in plugin.stderr.splitlines() if ln.startswith("ERROR: ")]
+    assert len(errors) == 1 and "'fp32_reasoc'" in errors[0], plugin.stderr
+    assert "Traceback" not in plugin.stdout + plugin.stderr
+    assert "passed" not in plugin.stdout
+    # A producers file the table names but that is missing is not the session's concern
+    # until something needs the producers: the golden check runs, as before.
+    table = (project / "pyproject.toml").read_text()
+    (project / "pyproject.toml").write_text(table.replace("producers.py", "missing.py"))
+    missing = subprocess.run(inner, cwd=project, env=env, capture_output=True, text=True)
+    assert missing.returncode == 0, missing.stdout + missing.stderr
+
+
 def test_ctrl_c_during_a_repin_is_one_line_exit_130_and_the_goldens_untouched(
     project: Path, run_parity
 ) -> None:
@@ -275,6 +382,16 @@ def test_bisect_and_calibrate_of_a_group_that_does_not_exist_name_it_and_list_th
         proc = run_parity(project, *args, "--groups", "forwrd")
         _one_line_error(proc, wanted)
         assert "define g; pass one of them to --groups" in proc.stderr
+
+
+def test_repin_of_a_group_that_does_not_exist_says_so_once(project: Path, run_parity) -> None:
+    """`repin --groups nope`: the one line naming the group and those defined, once (not
+    followed by the runner's own log line run into it), and no producer log to look at."""
+    proc = run_parity(project, "repin", "--base", "HEAD", "--groups", "nope")
+    _one_line_error(proc, "no group named 'nope': the producers")
+    error = next(ln for ln in proc.stderr.splitlines() if ln.startswith("parity: error: "))
+    assert error.count("'nope'") == 1 and "unknown group(s)" not in error, error
+    assert "producer output" not in error
 
 
 PRODUCERS_BAC = (

@@ -310,3 +310,27 @@ def test_localise_tells_no_failure_from_every_value_matched_and_its_types_are_pu
     assert parity.Origin is type(named.origin)
     with pytest.raises(parity.LocaliseError):
         locate(new, old, class_map="fp32_reassoc", key="no such key")
+
+
+def test_an_origin_equal_in_value_but_not_in_bits_says_so_not_0_from() -> None:
+    """A negated zero: the new value equals the old program's in every element (`-0.0 ==
+    0.0`) but not bit for bit, so under `bitwise` it is the origin; its line says there is
+    no measured difference and the bits differ, not "0 from" an old value."""
+    x = jnp.arange(1.0, 4.0)
+
+    def old(x):
+        return {"y": jnp.tanh(x) * 0.0}
+
+    def new(x):
+        return {"y": -(jnp.tanh(x) * 0.0)}
+
+    a, b = np.asarray(new(x)["y"]), np.asarray(old(x)["y"])
+    assert np.array_equal(a, b) and a.tobytes() != b.tobytes()  # equal values, other bits
+    with pytest.raises(AssertionError) as e:
+        parity.assert_equivalent(new(x), old(x), new_fn=new, old_fn=old, args=(x,))
+    line = next(ln for ln in str(e.value).splitlines() if ln.startswith("origin:"))
+    assert line.startswith("origin: neg at "), line
+    assert (
+        "no measured difference from the nearest old value of its shape, yet not its bits" in line
+    )
+    assert "0 from the nearest" not in line, line

@@ -249,6 +249,29 @@ def test_bisect_names_the_origin_between_the_first_bad_commit_and_its_parent(
     assert f" at {MODEL_FILE}:{_bug_line()} in mix" in done.stdout
 
 
+def test_a_shallow_clone_says_its_base_is_missing_before_any_recording_run(
+    project: tuple[Path, str, str], run_parity: Callable[..., Any], git: Any, tmp_path: Path
+) -> None:
+    """Issue 48: in a clone without the goldens' base commit the origin is not named, in
+    one line saying the base is missing and how to fetch it, and no recording run was
+    spent first (neither here nor at the base)."""
+    import shutil
+
+    repo, good, _ = project
+    clone = tmp_path / "ci" / "proj"
+    clone.parent.mkdir()
+    git(tmp_path, "clone", "-q", "--depth", "1", f"file://{repo}", str(clone))
+    shutil.copytree(repo / "goldens", clone / "goldens")  # pinned, not committed
+    assert git(clone, "rev-parse", "--is-shallow-repository") == "true"
+    done = run_parity(clone, "check", "--groups", "forward")
+    assert done.returncode == 1, done.stdout + done.stderr  # the verdict stands
+    line = _origin_line(done.stdout, "forward")
+    assert line.startswith("origin: not named: the base cannot be re-produced here"), line
+    assert good[:12] in line and "which is shallow" in line, line
+    assert "git fetch --unshallow" in line, line
+    assert "op by op" not in done.stderr and "recording" not in done.stderr, done.stderr
+
+
 def test_a_program_past_the_byte_limit_is_said_too_large_not_recorded() -> None:
     import jax.numpy as jnp
 

@@ -36,7 +36,7 @@ def stand_in(subject: str) -> str:
 _HEX = re.compile(r"\b[0-9a-f]{7,40}\b")
 _TIMING = re.compile(r"\b\d+(?:\.\d+)? ?(?:ms|s)\b")
 _PORT = re.compile(r"\b(localhost|127\.0\.0\.1):\d+\b")
-_COMPILES = re.compile(r"XLA compiled \d+ program\(s\) and loaded \d+")
+_COMPILES = re.compile(r"XLA compiled \d+ programs? and loaded \d+")
 _HOST_CAPS = re.compile(r"host ISA caps [A-Z0-9_]+(?:, [A-Z0-9_]+)*")
 # provenance's processor (`cpu_signature`): vendor, family and model
 _PROCESSOR = re.compile(r"\b[A-Za-z]+ family \d+ model \d+\b")
@@ -77,7 +77,7 @@ def normalise(text: str, *, root: str | Path, shas: Mapping[str, str]) -> str:
     text = _DATE.sub("<date>", text)
     text = _TIMING.sub("<t>", text)
     text = _PORT.sub(r"\1:<port>", text)
-    text = _COMPILES.sub("XLA compiled <n> program(s) and loaded <n>", text)
+    text = _COMPILES.sub("XLA compiled <n> programs and loaded <n>", text)
     text = _HOST_CAPS.sub("host ISA caps <this host's>", text)
     text = _PROCESSOR.sub("<processor>", text)
     return "\n".join(line.rstrip() for line in text.split("\n"))

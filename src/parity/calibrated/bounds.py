@@ -31,6 +31,7 @@ from parity.calibrated.spreads import Spreads
 from parity.judge.chunks import DEFAULT_BUDGET
 from parity.judge.classes import REGISTRY, ToleranceClass
 from parity.judge.compare import Comparison, Finding, compare_arrays
+from parity.judge.floats import count
 from parity.judge.tolerance import (
     ClassMap,
     ClassMapLike,
@@ -243,6 +244,6 @@ def calibrated_comparison(
     line = (
         f"differs from the pin's ({change}); each key is judged by the looser of its pinned "
         f"class and its calibrated bound there ({base.describe_allowed()}, spread over "
-        f"{', '.join(columns)}): {judged} key(s) passed by calibration alone"
+        f"{', '.join(columns)}): {count(judged, 'key')} passed by calibration alone"
     )
     return Comparison(tuple(findings)), {"environment": line}

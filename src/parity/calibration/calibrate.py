@@ -27,7 +27,7 @@ from typing import Any
 from parity.calibration.measure import BLUNT_FACTOR, ClassSpread, KeySpread, class_spreads, measure
 from parity.calibration.perturbations import Perturbation, host_isa_caps
 from parity.judge.classes import REGISTRY, ToleranceClass
-from parity.judge.floats import sig
+from parity.judge.floats import count, sig
 from parity.judge.tolerance import Overrides
 from parity.report import text_table
 from parity.run.config import ParityConfig
@@ -160,7 +160,8 @@ def format_calibration(cal: Calibration) -> str:
     next to its bound, the flags, and the keys that broke their class."""
     pinned = cal.pinned
     lines = [
-        f"parity calibrate: pinned at isa {pinned['isa']}, {pinned['devices']} device(s); "
+        f"parity calibrate: pinned at isa {pinned['isa']}, "
+        f"{count(int(pinned['devices']), 'device')}; "
         f"host ISA caps {', '.join(cal.host) or 'unknown'}",
         "perturbations (each a fresh producer process): "
         + ", ".join(f"{p.label} ({cal.seconds.get(p.label, 0):.0f}s)" for p in cal.perturbations),
@@ -207,7 +208,8 @@ def format_calibration(cal: Calibration) -> str:
         for c in flagged:
             if c.verdict == "below noise":
                 lines.append(
-                    f"  {c.class_name}: below the measured noise ({c.failing} key(s) break it "
+                    f"  {c.class_name}: below the measured noise ({count(c.failing, 'key')} "
+                    f"{'breaks' if c.failing == 1 else 'break'} it "
                     "under a benign perturbation): false alarms waiting to happen"
                 )
             elif c.ratio == 0:
@@ -222,6 +224,6 @@ def format_calibration(cal: Calibration) -> str:
                 )
     unmeasured = [k for k in cal.keys if k.unmeasured]
     if unmeasured:
-        lines += ["", f"not measurable ({len(unmeasured)} key(s)):"]
+        lines += ["", f"not measurable ({count(len(unmeasured), 'key')}):"]
         lines += [f"  {k.group}/{k.key}: {'; '.join(k.unmeasured)}" for k in unmeasured[:20]]
     return "\n".join(lines) + "\n"

@@ -7,6 +7,7 @@ from __future__ import annotations
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 
+from parity.judge.floats import count
 from parity.run.config import ParityConfig
 
 __all__ = [
@@ -150,6 +151,6 @@ def perturbations(
     if not out:
         raise CalibrationError(
             f"--perturb {','.join(spec)} leaves nothing to run besides the pinned environment "
-            f"(isa {pinned.isa}, {pinned.devices} device(s)); add devices or repeat"
+            f"(isa {pinned.isa}, {count(pinned.devices, 'device')}); add devices or repeat"
         )
     return out

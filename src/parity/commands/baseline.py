@@ -19,6 +19,7 @@ from parity.commands.common import (
     split_groups,
     subparser,
 )
+from parity.judge.floats import count
 
 if TYPE_CHECKING:
     from parity.run.baseline import BaselineBuilder
@@ -63,14 +64,14 @@ def run(args: argparse.Namespace, out: IO[str]) -> int:
     if args.action == "list":
         cache = BaselineCache(cache_dir(load_config()))
         entries = cache.entries()
-        out.write(f"{len(entries)} cached baseline(s) in {cache.folder}\n")
+        out.write(f"{count(len(entries), 'cached baseline')} in {cache.folder}\n")
         for e in entries:
             out.write(f"  {e.line()}\n")
         return EXIT_OK
     if args.action == "clear":
         cache = BaselineCache(cache_dir(load_config()))
         n = cache.clear(sha=args.base)
-        out.write(f"removed {n} cached baseline(s) from {cache.folder}\n")
+        out.write(f"removed {count(n, 'cached baseline')} from {cache.folder}\n")
         return EXIT_OK
     return _build(args, out, BaselineBuilder(config_of(args), progress=report_progress))
 

@@ -18,15 +18,16 @@ from parity.commands.common import (
     config_of,
     groups_flag,
     json_flag,
-    keep_log,
     override_flag,
     overrides_of,
+    producer_failure,
     report_progress,
     require_defined_groups,
     require_goldens,
     split_groups,
     subparser,
 )
+from parity.judge.floats import count
 
 __all__ = ["add_parser", "run"]
 
@@ -88,8 +89,9 @@ def _saved_calibration(path: Path, groups: Sequence[str], goldens: Mapping[str, 
         missing = sorted(set(goldens[group]) - measured)
         if missing:
             raise CLIError(
-                f"--from-json {path} does not measure group {group!r} in full ({len(missing)} "
-                f"key(s) missing, e.g. {missing[0]!r}); calibrate that group again"
+                f"--from-json {path} does not measure group {group!r} in full "
+                f"({count(len(missing), 'key')} missing, e.g. {missing[0]!r}); calibrate that "
+                "group again"
             )
     keys = tuple(k for k in cal.keys if k.group in groups)
     return dataclasses.replace(cal, keys=keys)
@@ -139,8 +141,7 @@ def run(args: argparse.Namespace, out: IO[str]) -> int:
         raise CLIError(str(e)) from None
     except ProducerRunError as e:
         folder.close()
-        log = keep_log(e.output or e.head)
-        raise CLIError(f"the producers cannot run: {e.reason} (output: {log})") from None
+        raise producer_failure(e, "the producers cannot run") from None
     except KeyError as e:  # an unknown or incomplete class in an override or the pinned map
         folder.close()
         raise CLIError(str(e)) from None

@@ -4,7 +4,6 @@ goldens; the report table, and the report files on request."""
 from __future__ import annotations
 
 import argparse
-import sys
 from pathlib import Path
 from typing import IO, TYPE_CHECKING, Any
 
@@ -19,10 +18,10 @@ from parity.commands.common import (
     drift_flag,
     groups_flag,
     json_flag,
-    keep_log,
     override_flag,
     overrides_of,
     process_flags,
+    producer_failure,
     report_flag,
     report_progress,
     require_goldens,
@@ -155,7 +154,7 @@ def run(args: argparse.Namespace, out: IO[str]) -> int:
     from parity.report import ReportSession
     from parity.results import CheckError, merged_header_lines
     from parity.run.baseline import BaselineBuilder
-    from parity.run.launcher import ProducerRunError, UnknownGroupsError
+    from parity.run.launcher import ProducerRunError, UnknownGroupsError, UnusableClassError
     from parity.run.produced import check_produced, produce
 
     config = config_of(args)
@@ -175,14 +174,14 @@ def run(args: argparse.Namespace, out: IO[str]) -> int:
             timeout=args.timeout,
             coordinator=args.coordinator,
             process_id=args.process_id,
+            check_classes=True,  # a typo in CLASS_MAP is refused as a repin refuses it
         )
     except UnknownGroupsError as e:
         raise CLIError(e.message) from None
+    except UnusableClassError as e:
+        raise CLIError(str(e)) from None
     except ProducerRunError as e:
-        log = keep_log(e.output or e.head)
-        if e.tail:  # a worker's last lines, before the one-line verdict
-            print(f"parity: last output lines:\n{e.tail}", file=sys.stderr, flush=True)
-        raise CLIError(f"the producers cannot run: {e.reason} (output: {log})") from None
+        raise producer_failure(e, "the producers cannot run", args.report) from None
     if args.process_id:  # a host other than process 0's: its part is done
         out.write(
             f"process {args.process_id} of {config.processes} ran its part; process 0's host "

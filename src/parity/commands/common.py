@@ -10,6 +10,7 @@ from __future__ import annotations
 import argparse
 import sys
 import textwrap
+from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from parity.commands.formatter import Formatter
@@ -18,6 +19,7 @@ from parity.judge.tolerance import OVERRIDE_HELP, RuleError, class_help, class_p
 
 if TYPE_CHECKING:
     from parity.run.config import ParityConfig
+    from parity.run.launcher import ProducerRunError
 
 __all__ = [
     "DRIFT_MODES",
@@ -25,6 +27,7 @@ __all__ = [
     "EXIT_INTERRUPTED",
     "EXIT_OK",
     "EXIT_UNUSABLE",
+    "KEPT_LOGS",
     "CLIError",
     "check_class_name",
     "class_flag",
@@ -35,11 +38,13 @@ __all__ = [
     "groups_flag",
     "json_flag",
     "keep_log",
+    "log_folder",
     "one_line",
     "override_flag",
     "overrides_of",
     "process_flags",
     "processes_flag",
+    "producer_failure",
     "report_flag",
     "report_progress",
     "require_goldens",
@@ -248,15 +253,57 @@ def report_progress(line: str) -> None:
     print(line, file=sys.stderr, flush=True)
 
 
-def keep_log(output: str) -> str:
-    """Write a failed producer run's output to a file that outlives the command."""
-    import tempfile
+#: How many producer logs the log folder keeps (the newest); older ones are removed.
+KEPT_LOGS = 20
 
-    with tempfile.NamedTemporaryFile(
-        "w", prefix="parity-producers-", suffix=".log", delete=False
-    ) as f:
-        f.write(output)
-    return f.name
+
+def log_folder() -> Path:
+    """Where failed producer runs' logs go when no report folder is named:
+    `PARITY_LOGS`, else `$XDG_CACHE_HOME/parity/logs`, else `~/.cache/parity/logs` (beside
+    the baselines and jax's cache), pruned to the newest `KEPT_LOGS`."""
+    import os
+
+    if os.environ.get("PARITY_LOGS"):
+        return Path(os.environ["PARITY_LOGS"])
+    cache = os.environ.get("XDG_CACHE_HOME") or str(Path.home() / ".cache")
+    return Path(cache) / "parity" / "logs"
+
+
+def keep_log(output: str, report: Path | str | None = None) -> Path:
+    """Write a failed producer run's output where the user will find it: the report folder
+    `report` (`producers.log`) where one is given, else a new file in `log_folder()`,
+    which keeps the newest `KEPT_LOGS`. **Returns:** the file's path; raises `OSError`
+    where it cannot be written."""
+    import os
+    import time
+
+    if report is not None:
+        path = Path(report).resolve() / "producers.log"
+    else:
+        folder = log_folder()
+        stamp = time.strftime("%Y%m%d-%H%M%S")
+        path = folder / f"producers-{stamp}-{os.getpid()}.log"
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_text(output)
+    if report is None:
+        logs = sorted(path.parent.glob("producers-*.log"), key=lambda p: p.stat().st_mtime_ns)
+        for old in logs[:-KEPT_LOGS]:
+            old.unlink(missing_ok=True)
+    return path
+
+
+def producer_failure(e: ProducerRunError, what: str, report: Path | str | None = None) -> CLIError:
+    """The `CLIError` of a producer run that failed, `what` its opening words (`"the
+    producers cannot run"`): the run's output is kept in a log (`keep_log`), the end of
+    its traceback (or a worker's last lines) printed on stderr above the one line, which
+    gives the reason and says where the log is (or why there is none)."""
+    try:
+        kept = f"output: {keep_log(e.output or e.head, report)}"
+    except OSError as error:  # the failure still says what it is
+        kept = f"its output could not be kept: {error}"
+    if e.tail:
+        print(f"parity: last output lines:\n{e.tail}", file=sys.stderr, flush=True)
+    return CLIError(f"{what}: {e.reason} ({kept})")
 
 
 def require_goldens(config: ParityConfig) -> None:
@@ -274,7 +321,6 @@ def require_defined_groups(config: ParityConfig, groups: list[str]) -> None:
     code, as `repin --classes-only` does); no group runs. A producers file that cannot be
     imported is left to the command's own run to report."""
     import tempfile
-    from pathlib import Path
 
     from parity.run.launcher import ProducerRunError, UnknownGroupsError, run_producers
 

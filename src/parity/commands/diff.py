@@ -48,6 +48,7 @@ from parity.commands.files import opened, read_errors
 from parity.environment import PolicyMode, environment_difference
 from parity.judge.chunks import DEFAULT_BUDGET, Block
 from parity.judge.compare import Comparison
+from parity.judge.floats import count
 from parity.report.session import ReportSession
 from parity.results import CheckError
 from parity.store import GoldenFile
@@ -122,7 +123,7 @@ class _RoleSource:
 
 def _describe(gf: GoldenFile) -> str:
     kind = f"parity schema {gf.schema_version}" if gf.is_parity_file else "plain HDF5"
-    return f"{gf.path} ({kind}, {len(gf)} arrays)"
+    return f"{gf.path} ({kind}, {count(len(gf), 'array')})"
 
 
 def _classes_source(

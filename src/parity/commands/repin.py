@@ -17,7 +17,7 @@ from parity.commands.common import (
     config_flags,
     config_of,
     groups_flag,
-    keep_log,
+    producer_failure,
     report_progress,
     split_groups,
     subparser,
@@ -111,7 +111,7 @@ def run(args: argparse.Namespace, out: IO[str]) -> int:
 
 
 def _run(config: Any, args: argparse.Namespace, out: IO[str]) -> int:
-    from parity.run.launcher import ProducerRunError, UnusableClassError
+    from parity.run.launcher import ProducerRunError, UnknownGroupsError, UnusableClassError
     from parity.run.repin import RepinError, repin
     from parity.run.worktree import GitError
 
@@ -143,9 +143,14 @@ def _run(config: Any, args: argparse.Namespace, out: IO[str]) -> int:
         )
     except (GitError, UnusableClassError) as e:
         raise CLIError(str(e)) from None
-    except (ProducerRunError, RepinError) as e:
-        head, log = _failed(e)
-        raise CLIError(f"repin failed: {head} (producer output: {keep_log(log)})") from None
+    except UnknownGroupsError as e:  # a typo in --groups: its one line, no producer log
+        raise CLIError(e.message) from None
+    except ProducerRunError as e:
+        if not e.output:  # nothing ran to log: its sentence says it all
+            raise CLIError(f"repin failed: {e.head}") from None
+        raise producer_failure(e, f"repin failed: {e.head.rstrip('.')}") from None
+    except RepinError as e:
+        raise CLIError(f"repin failed: {e}") from None
     out.write(f"pinned at {result.sha} into {result.out_dir}\n")
     for change in result.changes:
         out.write(change.describe() + "\n")
@@ -153,8 +158,8 @@ def _run(config: Any, args: argparse.Namespace, out: IO[str]) -> int:
 
 
 def _failed(e: Exception) -> tuple[str, str]:
-    """What a repin that failed says (a `ProducerRunError`'s head and the reason its output
-    gives, else the `RepinError`'s text), and what its log holds."""
+    """What a `repin --classes-only` that failed says (a `ProducerRunError`'s head and the
+    reason its output gives, else the `RepinError`'s text), and what its log holds."""
     from parity.run.launcher import ProducerRunError
 
     if not isinstance(e, ProducerRunError):
@@ -175,7 +180,7 @@ def _recover(config: Any, target: Path, out: IO[str]) -> int:
 
 
 def _reclass(config: Any, target: Path, args: argparse.Namespace, out: IO[str]) -> int:
-    from parity.run.launcher import ProducerRunError, UnusableClassError
+    from parity.run.launcher import ProducerRunError, UnknownGroupsError, UnusableClassError
     from parity.run.repin import RepinError, reclass
 
     try:
@@ -184,6 +189,8 @@ def _reclass(config: Any, target: Path, args: argparse.Namespace, out: IO[str]) 
                        src=config.src_relative(), reorder=args.order)  # fmt: skip
     except UnusableClassError as e:
         raise CLIError(str(e)) from None
+    except UnknownGroupsError as e:
+        raise CLIError(e.message) from None
     except (ProducerRunError, RepinError) as e:
         raise CLIError(f"repin --classes-only failed: {_failed(e)[0]}") from None
     out.write(f"class map of the current producers written into {target}\n")

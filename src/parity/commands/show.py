@@ -11,6 +11,7 @@ from typing import IO, Any, cast
 from parity.commands.common import EXIT_OK, CLIError, subparser
 from parity.commands.files import key_classes, opened, read_errors
 from parity.judge.dataflow import DATAFLOW, DECLARED, describe_order, order_hint
+from parity.judge.floats import count
 from parity.report import text_table
 from parity.store import GoldenFile, GoldenStoreError
 
@@ -115,10 +116,10 @@ def format_inventory(doc: dict[str, Any]) -> str:
         kind = f"parity schema {doc['schema_version']}"
     else:
         kind = "plain HDF5 (no parity attributes: no checksums, every key compares bitwise)"
-    lines = [f"golden: {doc['path']}", f"format: {kind}, {len(arrays)} arrays"]
+    lines = [f"golden: {doc['path']}", f"format: {kind}, {count(len(arrays), 'array')}"]
     if doc["verified"] is not None:
         verified = "none to verify (plain HDF5)" if doc["format"] != "parity" else "all verified"
-        lines.append(f"checksums: {verified} ({doc['verified']} arrays read)")
+        lines.append(f"checksums: {verified} ({count(int(doc['verified']), 'array')} read)")
     prov = doc["provenance"]
     lines.append("provenance:" + ("" if prov else " none recorded"))
     if prov:

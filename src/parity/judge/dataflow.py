@@ -38,6 +38,7 @@ from typing import Any
 
 import numpy as np
 
+from parity.judge.floats import count
 from parity.judge.trees import flatten
 
 __all__ = [
@@ -383,13 +384,14 @@ def order_change(
     old_source: object, old_keys: Sequence[str], new_source: object, new_keys: Sequence[str]
 ) -> str:
     """One line naming how a repin changes a group's forward order (`"order: declared ->
-    dataflow, 3 key(s) moved"`), or "" where neither how it was made nor the keys' order
+    dataflow, 3 keys moved"`), or "" where neither how it was made nor the keys' order
     changed."""
     moved = sum(a != b for a, b in zip(old_keys, new_keys, strict=False))
     if old_source == new_source and not moved:
         return ""
     how = f"{old_source or 'not recorded'} -> {new_source}" if old_source != new_source else ""
-    return "order: " + ", ".join(x for x in (how, f"{moved} key(s) moved" if moved else "") if x)
+    keys = f"{count(moved, 'key')} moved" if moved else ""
+    return "order: " + ", ".join(x for x in (how, keys) if x)
 
 
 def describe_order(source: object) -> str:

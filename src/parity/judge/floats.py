@@ -1,6 +1,7 @@
-"""Float figures that several layers need alike: the largest finite magnitude of a golden
-(its scale), non-finite floats in JSON, which has neither NaN nor infinity, and `sig`, the
-one way a message prints a measured float."""
+"""Figures that several layers need alike: the largest finite magnitude of a golden (its
+scale), non-finite floats in JSON, which has neither NaN nor infinity, `sig`, the one way a
+message prints a measured float, and `count`, the one way it counts things ("1 array",
+"3 arrays")."""
 
 from __future__ import annotations
 
@@ -9,7 +10,7 @@ from typing import Any
 
 import numpy as np
 
-__all__ = ["NONFINITE", "from_json_float", "json_float", "largest_finite_abs", "sig"]
+__all__ = ["NONFINITE", "count", "from_json_float", "json_float", "largest_finite_abs", "sig"]
 
 #: How a non-finite float is written in JSON: strings keep it readable and unambiguous
 #: (null means absent).
@@ -47,3 +48,10 @@ def sig(x: float | int | None) -> str:
     if isinstance(x, int):
         return str(x)
     return f"{x:.3g}"
+
+
+def count(n: int, noun: str, plural: str | None = None) -> str:
+    """`n` and `noun` as a message writes them, the noun plural unless `n` is 1:
+    `count(1, "array")` is `"1 array"`, `count(0, "key")` `"0 keys"`; `plural` where an
+    added "s" is not the plural (`count(2, "process", "processes")`)."""
+    return f"{n} {noun if n == 1 else (plural or noun + 's')}"

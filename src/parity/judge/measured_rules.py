@@ -16,7 +16,7 @@ from typing import Any, ClassVar
 
 import numpy as np
 
-from parity.judge.floats import sig
+from parity.judge.floats import count, sig
 from parity.judge.rule_base import (
     Elements,
     Judgement,
@@ -196,8 +196,9 @@ class Budget(Rule):
         if below.any():
             i = int(np.argmax(np.where(below, (g - a) / np.maximum(e.abs_golden, 1e-300), 0)))
             note = (
-                f"below budget: repin to ratchet it down ({int(np.count_nonzero(below))} "
-                f"element(s) shrank, most {g[i]:.6g} -> {a[i]:.6g}, "
+                f"below budget: repin to ratchet it down "
+                f"({count(int(np.count_nonzero(below)), 'element')} shrank, "
+                f"most {g[i]:.6g} -> {a[i]:.6g}, "
                 f"{sig(100 * (g[i] - a[i]) / abs(g[i]))}% smaller)"
             )
         return Judgement(violating, score, allowed, note=note)

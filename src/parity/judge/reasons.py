@@ -8,7 +8,7 @@ from __future__ import annotations
 from typing import Any, cast
 
 from parity.judge.findings import ArrayVerdict, Verdict
-from parity.judge.floats import sig
+from parity.judge.floats import count, sig
 
 __all__ = ["GOLDEN", "absent_reason", "array_reason"]
 
@@ -72,7 +72,8 @@ def array_reason(v: ArrayVerdict) -> str:
     notes: list[str] = []
     if v.n_nan_inf_mismatch:
         notes.append(
-            f"{v.n_nan_inf_mismatch} NaN/inf position(s) differ (NaN and ±inf must sit at the "
+            f"{count(v.n_nan_inf_mismatch, 'NaN/inf position')} "
+            f"{'differs' if v.n_nan_inf_mismatch == 1 else 'differ'} (NaN and ±inf must sit at the "
             "same positions under every class)"
         )
     if v.kind == "int" and tol.rule.tolerant:
@@ -90,7 +91,7 @@ def array_reason(v: ArrayVerdict) -> str:
         figures.append(f"max ulp {v.max_ulp}")
     reason = (
         f"key {key!r} breaks class {tol.name!r} ({tol.describe_allowed()}): "
-        f"{n_violating} of {n} elements ({sig(100 * share)}%) {what}; {v.worst_is} "
+        f"{n_violating} of {count(n, 'element')} ({sig(100 * share)}%) {what}; {v.worst_is} "
         f"at index {v.worst_index}: {values}"
     )
     reason += f"{v.worst_detail}; {', '.join(figures)}; shape {v.shape_golden}, {dtype}"

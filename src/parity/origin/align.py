@@ -121,7 +121,8 @@ class Origin:
         where = f"{self.file}:{self.line} in {self.function}" if self.file else "<no source>"
         ins = ", ".join(str(list(s)) for s in self.input_shapes)
         diff = "no old value of its shape" if self.max_diff is None else (
-            f"{self.max_diff:.3g} from the nearest old value of its shape"
+            f"{self.max_diff:.3g} from the nearest old value of its shape" if self.max_diff
+            else "no measured difference from the nearest old value of its shape, yet not its bits"
         )  # fmt: skip
         if self.library:  # the operation runs inside an installed library, called from there
             where += f" (inside {self.library})"

@@ -102,7 +102,7 @@ def locate(
     matched = exact.matched[counted].astype(np.float64)
     bins = np.array_split(matched, min(PROFILE_BINS, max(1, len(matched))))
     return Localisation(
-        "named", origin=origin, key=key, against=against, rho=rho, values=len(matched),
+        "named", origin=origin, key=key, against=against, rho=rho or 0.0, values=len(matched),
         profile=tuple(round(float(b.mean()), 4) if len(b) else 1.0 for b in bins),
         origin_at=round(int(counted[: origin.position].sum()) / max(1, len(matched)), 4),
         beyond=None if beyond is None or beyond.position == origin.position else beyond,

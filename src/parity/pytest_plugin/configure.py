@@ -202,6 +202,28 @@ def pytest_configure(config: pytest.Config) -> None:
 
     config.stash[GOLDENS] = GoldenDir(project.goldens)
     config.stash[BASELINE] = _baseline_builder(project)
+    _refuse_unusable_classes(config, project, place)
+
+
+def _refuse_unusable_classes(
+    config: pytest.Config, project: ParityConfig, place: tuple[int, int, str] | None
+) -> None:
+    """A `CLASS_MAP` naming a class parity cannot use (a typo) is a usage error at session
+    start, as `parity check` and `parity repin` refuse it (`parity.run.produced.
+    refuse_unusable_classes`): asked once per session, by the process that starts it (not
+    by xdist workers nor by the other processes of a distributed session), and only where
+    golden checks can run (a producers file and a golden folder)."""
+    if hasattr(config, "workerinput") or (place is not None and place[0] != 0):
+        return
+    if project.producers is None or not project.goldens.is_dir():
+        return
+    from parity.run.launcher import UnusableClassError
+    from parity.run.produced import refuse_unusable_classes
+
+    try:
+        refuse_unusable_classes(project)
+    except UnusableClassError as e:
+        raise pytest.UsageError(str(e)) from None
 
 
 def _baseline_builder(project: ParityConfig) -> BaselineBuilder | None:

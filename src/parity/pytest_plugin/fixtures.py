@@ -97,11 +97,11 @@ class _Check:
           on 4 devices; the keyword of `parity.check` and `assert_equivalent`.
         - `order`: forward order (default: the golden file's pinned order).
         - `produce_s`: seconds the caller spent producing `actual`, for the timing summary.
-        - `fail`: fail the test (with the report table) when the comparison fails, or a
-          live reference's non-array leaf differs.
+        - `fail`: fail the test (with the report table and, for a golden group, the origin)
+          when the comparison fails, or a live reference's non-array leaf differs.
         - `provenance`: the environment `actual` was produced in, when that was another
-          process (`Produced.provenance[group]` of `parity.run.produced.produce`; default
-          this one's): a golden check judges drift and calibrated layouts by it.
+          process (`Produced.provenance[group]`; default this one's): a golden check judges
+          drift and calibrated layouts by it.
 
         **Returns:** the `parity.judge.compare.Comparison`.
         """
@@ -114,8 +114,7 @@ class _Check:
         save = config.getoption("--parity-save-actual")
         save = None if save is None else Path(config.invocation_params.dir, save).resolve()
         place, live = worker_place(), not isinstance(golden, str)
-        # A live reference's non-array leaves (an equinox module's activation function),
-        # compared with `==` as assert_equivalent does.
+        # A live reference's non-array leaves (equinox's activations), compared with `==`.
         statics: tuple[dict[str, Any], dict[str, Any]] = ({}, {})
         if place is not None:
             actual, golden = _on_every_host(actual, golden, live, statics)
@@ -160,8 +159,7 @@ class _Check:
             result = self._agree(result, problem, place[0])
         if problem is not None or result is None:
             pytest.fail(problem or "parity check produced no result", pytrace=False)
-        if isinstance(golden, str) and not result.passed and fail:
-            result = dataclasses.replace(result, origin=_origin_of(config, result, provenance))
+        result = _with_origin(config, result, provenance) if fail and not live else result
         if place is None or place[0] == 0:  # one report: process 0's
             config.stash[RESULTS].append(result)
         differing = non_array_differences(*statics)
@@ -186,6 +184,15 @@ class _Check:
             "for it (a value made per process); compare with --parity-processes 1",
             pytrace=False,
         )
+
+
+def _with_origin(
+    config: pytest.Config, result: CheckResult, provenance: Mapping[str, Any] | None
+) -> CheckResult:
+    """`result` of a golden check, with its origin where it failed (`_origin_of`)."""
+    if result.passed:
+        return result
+    return dataclasses.replace(result, origin=_origin_of(config, result, provenance))
 
 
 def _origin_of(

@@ -19,6 +19,14 @@ from parity.run.devices import DEFAULT_ISA_CAP
 SESSION_TIMEOUT_S = 3600.0
 
 
+#: `--parity-origin`'s help.
+ORIGIN_HELP = (
+    "where a golden check fails, name the first operation that computes what the golden's "
+    "base never did, at its source line: the group's programs recorded op by op here and at "
+    "its base, once per group per session (auto, the default); off skips it"
+)
+
+
 def pytest_addoption(parser: pytest.Parser) -> None:
     group = parser.getgroup("parity", "differential equivalence testing")
     group.addoption(
@@ -61,15 +69,7 @@ def pytest_addoption(parser: pytest.Parser) -> None:
         "input error) where the baseline cannot be re-produced; off compares with the "
         "goldens under their calibrated bounds (default: [tool.parity] baseline, else auto)",
     )
-    group.addoption(
-        "--parity-origin",
-        default="auto",
-        choices=("auto", "off"),
-        help="where a golden check fails, name the first operation that computes what the "
-        "golden's base never did, at its source line: the group's programs recorded op by "
-        "op here and at its base, once per group per session (auto, the default); off skips "
-        "it",
-    )
+    group.addoption("--parity-origin", default="auto", choices=("auto", "off"), help=ORIGIN_HELP)
     group.addoption(
         "--parity-save-actual",
         default=None,

@@ -12,6 +12,7 @@ from typing import TYPE_CHECKING, Any
 
 import pytest
 
+from parity.judge.floats import count
 from parity.pytest_plugin.stash import GOLDENS, NARROWED, RESULTS
 from parity.run import compile_count
 from parity.run.processes import worker_place
@@ -180,14 +181,15 @@ def pytest_terminal_summary(terminalreporter: Any, exitstatus: int, config: pyte
         tr.write_line(line)
     t = _timing(results)
     tr.write_line(
-        f"{len(results)} checks, {len(merged.findings)} arrays; produce {t['produce_s']:.1f}s, "
+        f"{count(len(results), 'check')}, {count(len(merged.findings), 'array')}; "
+        f"produce {t['produce_s']:.1f}s, "
         f"load {t['load_s']:.1f}s, compare {t['compare_s']:.1f}s"
     )
     unchecked = summary.unchecked
     mode = config.getoption("--parity-unchecked")
     if unchecked and mode != "ignore":
         n = sum(len(v) for v in unchecked.values())
-        tr.write_line(f"{n} golden key(s) no test checked ({mode}):")
+        tr.write_line(f"{count(n, 'golden key')} no test checked ({mode}):")
         for group, keys in unchecked.items():
             shown = ", ".join(keys[:5]) + (" ..." if len(keys) > 5 else "")
             tr.write_line(f"  {group}: {len(keys)}: {shown}")

@@ -15,6 +15,7 @@ from parity.report.summary import (
     CLASS_COLUMNS,
     CLASS_RIGHT,
     Checks,
+    arrays_failing,
     class_row,
     divergence,
     num,
@@ -207,7 +208,7 @@ def _summary_section(
     w(f"<h1>{esc(title)}</h1>\n")
     w(
         f'<p>verdict: <span class="{verdict}">{verdict.upper()}</span> '
-        f"({len(comparison.failures)} of {len(comparison.findings)} arrays fail)"
+        f"({arrays_failing(comparison)})"
         + (f", not exact: {esc(comparison.inexact)}" if comparison.inexact else "")
         + "</p>\n"
     )
@@ -283,7 +284,7 @@ def _plots_section(
         if all(f.passed and f.bitwise_equal for f in findings):
             # A flat line on the floor says nothing a sentence cannot, at a fraction
             # of the cost (plots are most of a report's time).
-            w(f"<p>{esc(name)}: all {len(findings)} arrays bitwise equal; no plot.</p>\n")
+            w(f"<p>{esc(name)}: {_all(len(findings))} bitwise equal; no plot.</p>\n")
             continue
         png = f"plot_{i:02d}_{_safe_name(name)}.png"
         _plot_class(out_dir / png, name, findings)
@@ -385,3 +386,8 @@ def write_html(
     index = out_dir / "index.html"
     index.write_text(page, encoding="utf-8")
     return index
+
+
+def _all(n: int) -> str:
+    """ "all 3 arrays", "the one array"."""
+    return "the one array" if n == 1 else f"all {n} arrays"

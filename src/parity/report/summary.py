@@ -9,13 +9,14 @@ from dataclasses import dataclass
 from typing import Any
 
 from parity.judge.compare import Comparison, Finding
-from parity.judge.floats import json_float, sig
+from parity.judge.floats import count, json_float, sig
 
 __all__ = [
     "CLASS_COLUMNS",
     "CLASS_RIGHT",
     "Checks",
     "ClassSummary",
+    "arrays_failing",
     "check_lines",
     "class_row",
     "divergence",
@@ -193,9 +194,7 @@ def check_lines(
     for name, comp in shown:
         verdict = "PASS" if comp.passed else "FAIL"
         exact = ", not exact (the verdict line says why)" if comp.inexact else ""
-        lines.append(
-            f"  {verdict} {name} ({len(comp.failures)} of {len(comp.findings)} arrays fail){exact}"
-        )
+        lines.append(f"  {verdict} {name} ({arrays_failing(comp)}){exact}")
         if comp.first_not_bitwise is not None:
             lines.append("      " + divergence("first not bitwise equal", comp.first_not_bitwise))
         if not comp.passed:
@@ -203,3 +202,11 @@ def check_lines(
             if origins and origins.get(name):
                 lines.append("      " + origins[name])
     return lines
+
+
+def arrays_failing(comparison: Comparison) -> str:
+    """How many of a comparison's arrays fail, as every verdict says it: "0 of 4 arrays
+    fail", "1 of 1 array fails"."""
+    failing = len(comparison.failures)
+    verb = "fails" if failing == 1 else "fail"
+    return f"{failing} of {count(len(comparison.findings), 'array')} {verb}"

@@ -11,6 +11,7 @@ from parity.report.summary import (
     CLASS_COLUMNS,
     CLASS_RIGHT,
     Checks,
+    arrays_failing,
     check_lines,
     class_row,
     divergence,
@@ -25,8 +26,7 @@ def verdict_line(comparison: Comparison) -> str:
     judged more loosely than the check could have judged it (`Comparison.inexact`), "not
     exact" with which keys, why and what to do."""
     verdict = "PASS" if comparison.passed else "FAIL"
-    n, failing = len(comparison.findings), len(comparison.failures)
-    line = f"parity: {verdict} ({failing} of {n} arrays fail)"
+    line = f"parity: {verdict} ({arrays_failing(comparison)})"
     return f"{line}, not exact: {comparison.inexact}" if comparison.inexact else line
 
 

@@ -42,6 +42,7 @@ from typing import Any
 
 from parity.baseline import Baseline, BaselineUnavailable
 from parity.environment import environment_difference, environment_fingerprint, layout_of
+from parity.judge.floats import count
 from parity.run.config import ParityConfig, user_cache_folder
 from parity.run.goldens import write_run
 from parity.run.launcher import ProducerRunError, load_runner_output, run_producers
@@ -402,7 +403,8 @@ class BaselineBuilder:
                 write_run(path, loaded, sha=full, digest=digest)
                 out[group] = self._built[path] = Baseline(path, full, False, seconds)
         self.progress(
-            f"re-produced {len(out)} group(s) at {full[:12]} in {time.perf_counter() - t0:.1f}s, "
+            f"re-produced {count(len(out), 'group')} at {full[:12]} in "
+            f"{time.perf_counter() - t0:.1f}s, "
             f"cached in {self.cache.folder}"
         )
         return out

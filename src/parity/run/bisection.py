@@ -34,7 +34,9 @@ from pathlib import Path
 from typing import Any, Literal
 
 from parity.check import GoldenDir
+from parity.judge.floats import count
 from parity.origin.localisation import Localisation
+from parity.report.summary import arrays_failing
 from parity.results import CheckError
 from parity.run.config import ParityConfig
 from parity.run.launcher import ProducerRunError, UnknownGroupsError
@@ -195,14 +197,12 @@ def _evaluate(
     for r in results:
         f = r.comparison.first_failure
         if f is not None:
-            n = len(r.comparison.failures)
-            detail = (
-                f"{r.name}: {f.key!r} breaks {f.class_name} ({n} of "
-                f"{len(r.comparison.findings)} arrays fail)"
-            )
+            detail = f"{r.name}: {f.key!r} breaks {f.class_name} ({arrays_failing(r.comparison)})"
             return step("bad", detail, group=r.name, key=f.key, class_name=f.class_name)
     n = sum(len(r.comparison.findings) for r in results)
-    return step("good", f"all {n} arrays of {len(results)} group(s) hold their class")
+    return step(
+        "good", f"all {count(n, 'array')} of {count(len(results), 'group')} hold their class"
+    )
 
 
 def _resolve(start: Path, good: str, bad: str) -> tuple[Path, str, str]:
@@ -322,7 +322,8 @@ def bisect(
             last = check(bad_sha, "BAD")
             if last.outcome != "bad":
                 return result("bad_passes" if last.outcome == "good" else "cannot_run")
-            progress(f"bisecting {len(commits) - 1} commit(s) between GOOD and BAD (first parents)")
+            between = count(len(commits) - 1, "commit")
+            progress(f"bisecting {between} between GOOD and BAD (first parents)")
             lo, hi, known = _search(commits, last, lambda sha: check(sha, "search"))
     between = [commits[i] for i in range(lo + 1, hi)]
     if between:

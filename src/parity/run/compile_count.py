@@ -24,6 +24,8 @@ import sys
 from dataclasses import dataclass
 from pathlib import Path
 
+from parity.judge.floats import count
+
 __all__ = [
     "LOG_VAR",
     "Compiled",
@@ -60,8 +62,8 @@ class Counts:
 
     def line(self) -> str:
         return (
-            f"XLA compiled {self.compiled} program(s) and loaded {self.loaded} from the "
-            f"compilation cache ({self.processes} process(es))"
+            f"XLA compiled {count(self.compiled, 'program')} and loaded {self.loaded} from the "
+            f"compilation cache ({count(self.processes, 'process', 'processes')})"
         )
 
 

@@ -9,6 +9,7 @@ from __future__ import annotations
 import os
 import sys
 
+from parity.judge.floats import count
 from parity.xla_env import DEVICE_FLAG, ISA_FLAG, jax_backend_started
 
 #: The ISA cap every pinning or checking run uses, so that bitwise goldens reproduce on any
@@ -94,9 +95,10 @@ def set_cpu_device_count(n_devices: int, *, isa_cap: str | None = DEFAULT_ISA_CA
         have = jax.device_count()
         if have != n_devices:
             raise DeviceCountError(
-                f"jax already started with {have} device(s) in this process, but {n_devices} "
-                "were asked for. The count is fixed when jax first creates an array: set it "
-                "before that (the pytest option --parity-devices, or PARITY_DEVICES, or "
+                f"jax already started with {count(have, 'device')} in this process, but "
+                f"{n_devices} {'was' if n_devices == 1 else 'were'} asked for. The count is "
+                "fixed when jax first creates an array: set it before that (the pytest option "
+                "--parity-devices, or PARITY_DEVICES, or "
                 f"XLA_FLAGS={DEVICE_FLAG}={n_devices}) and run one count per process."
             )
         return

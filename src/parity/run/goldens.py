@@ -19,7 +19,7 @@ from typing import Any
 import numpy as np
 
 from parity.judge.dataflow import order_change
-from parity.judge.floats import sig
+from parity.judge.floats import count, sig
 from parity.judge.tolerance import ClassMap
 from parity.run.launcher import RunnerOutput
 from parity.store import GoldenStoreError, open_goldens, write_goldens
@@ -56,11 +56,11 @@ class GroupChange:
     def describe(self, limit: int = 10) -> str:
         tail = "".join(f"\n  {x}" for x in (self.order, self.calibration) if x)
         if self.new_file:
-            return f"{self.group}: new file, {self.n_arrays} arrays"
+            return f"{self.group}: new file, {count(self.n_arrays, 'array')}"
         if self.unchanged:
-            return f"{self.group}: {self.n_arrays} arrays, unchanged{tail}"
+            return f"{self.group}: {count(self.n_arrays, 'array')}, unchanged{tail}"
         lines = [
-            f"{self.group}: {self.n_arrays} arrays; {len(self.added)} added, "
+            f"{self.group}: {count(self.n_arrays, 'array')}; {len(self.added)} added, "
             f"{len(self.removed)} removed, {len(self.changed)} changed"
         ]
         lines += [f"  + {k}" for k in self.added[:limit]]
@@ -156,9 +156,10 @@ def carry_calibration(path: Path, change: GroupChange) -> tuple[dict[str, Any] |
         return None, f"calibration dropped: every calibrated key changed; {redo}"
     carried = {**calibration, "spread": {**spread, "keys": kept}}  # pyright: ignore[reportGeneralTypeIssues]
     if not lost and not change.added:
-        return carried, f"calibration kept: {len(kept)} keys' spreads, their arrays unchanged"
+        spreads = "1 key's spread" if len(kept) == 1 else f"{len(kept)} keys' spreads"
+        return carried, f"calibration kept: {spreads}, their arrays unchanged"
     return carried, (
-        f"calibration kept for {len(kept)} unchanged keys, dropped for "
+        f"calibration kept for {count(len(kept), 'unchanged key')}, dropped for "
         f"{len(lost) + len(change.added)} changed or new ones; {redo}"
     )
 

@@ -27,6 +27,7 @@ from parity.run.processes import DEFAULT_TIMEOUT_S, WorkerFailed, run_workers, s
 __all__ = [
     "EXIT_MISSING_SYMBOL",
     "LEAVES",
+    "TRACEBACK_LINES",
     "Command",
     "ProducerRunError",
     "RunnerOutput",
@@ -74,8 +75,10 @@ class ProducerRunError(RuntimeError):
       exception of a traceback); in a multi-process run or a timeout, `failure`.
     - `output`: the output of the process (of every worker), traceback included, for a
       log file; may be empty.
-    - `tail`: in a multi-process run or a timeout, the last output lines of the worker (or
-      workers) that failed, to print below `reason`; else empty.
+    - `tail`: the lines to print above `reason`: in a multi-process run or a timeout, the
+      last output lines of the worker (or workers) that failed; else the end of the
+      producer's traceback, its last frames and the exception (`TRACEBACK_LINES`), which
+      is otherwise only in the log; empty where the output holds no traceback.
     - `worker`: the process id that failed first in a multi-process run or a timeout (None:
       a single process that failed, or a timeout with several still running).
 
@@ -89,14 +92,14 @@ class ProducerRunError(RuntimeError):
         output: str = "",
         *,
         reason: str | None = None,
-        tail: str = "",
+        tail: str | None = None,
         worker: int | None = None,
     ):
         self.command: Command = command
         self.failure = failure
         self.output = output
         self.reason = reason if reason is not None else _failure_reason(output, failure)
-        self.tail = tail
+        self.tail = tail if tail is not None else _traceback_tail(output)
         self.worker = worker
         super().__init__(f"{self.head} Producer output:\n{output}" if output else self.head)
 
@@ -109,6 +112,23 @@ class ProducerRunError(RuntimeError):
     def of_workers(cls, command: Command, e: WorkerFailed) -> ProducerRunError:
         """A multi-process run (or a timed-out one) that the supervisor stopped."""
         return cls(command, e.reason, e.output, reason=e.reason, tail=e.tail, worker=e.worker)
+
+
+#: How many lines of a failed producer's traceback its error prints (the last frames and
+#: the exception); the whole output goes to the log.
+TRACEBACK_LINES = 12
+
+
+def _traceback_tail(output: str) -> str:
+    """The end of the last traceback in `output`: its last `TRACEBACK_LINES` lines (the
+    innermost frames, the exception), without the runner's own `[producers]` lines and
+    without the `Traceback (most recent call last):` header; empty if there is none."""
+    lines = output.splitlines()
+    starts = [i for i, ln in enumerate(lines) if ln.startswith("Traceback (most recent call")]
+    if not starts:
+        return ""
+    body = [ln for ln in lines[starts[-1] + 1 :] if ln.strip() and not ln.startswith("[producers]")]
+    return "\n".join(f"  {ln}" for ln in body[-TRACEBACK_LINES:])
 
 
 def _failure_reason(output: str, failure: str) -> str:
@@ -159,8 +179,8 @@ class UnknownGroupsError(ProducerRunError):
 
 class UnusableClassError(ProducerRunError):
     """The producers' `CLASS_MAP` names a class parity cannot pin (a typo such as
-    `fp32_reasoc`, a parameter missing): an input error, found before any group ran (only
-    a repin asks, `run_producers(check_classes=True)`).
+    `fp32_reasoc`, a parameter missing): an input error, found before any group ran (a
+    repin, a check and the pytest plugin ask, `run_producers(check_classes=True)`).
 
     **Fields:** `problems`, one sentence per such rule (the pattern, the name, the nearest
     known class and every known one: `parity.judge.tolerance.class_problem`), and those of
@@ -173,7 +193,9 @@ class UnusableClassError(ProducerRunError):
 
     @property
     def head(self) -> str:
-        return f"{self.failure}: nothing was produced or written, the goldens are untouched"
+        if self.command == "repin":
+            return f"{self.failure}: nothing was produced or written, the goldens are untouched"
+        return f"{self.failure}: {LEAVES[self.command]}"
 
 
 def _restore_dtype(raw: np.ndarray, name: str) -> np.ndarray:
@@ -281,8 +303,8 @@ def run_producers(
 
     With `record_origin`, each group's program is recorded op by op instead of run, and
     `out/<group>.origin.npz` (or `.origin.json`, why not) saved in place of its arrays
-    (`parity.run.origins`). With `check_classes` (a repin), a `CLASS_MAP` naming a class
-    parity cannot use stops the run before any group runs.
+    (`parity.run.origins`). With `check_classes` (a repin, a check), a `CLASS_MAP` naming a
+    class parity cannot use stops the run before any group runs.
 
     **Returns:** the XLA flags the subprocess ran under. Raises `ProducerRunError` (its
     message fits `command`) with the producer's output (traceback included) if it fails,

@@ -33,16 +33,25 @@ import numpy as np
 
 from parity.baseline import BaselineUnavailable
 from parity.check import GoldenDir
-from parity.environment import layout_of
+from parity.environment import environment_fingerprint, layout_of
 from parity.judge.classes import REGISTRY, ToleranceClass
 from parity.judge.tolerance import UnknownClassError
 from parity.origin import Localisation, LocaliseError, Recording, locate
 from parity.results import CheckError, CheckResult
-from parity.run.baseline import NOT_RECORDED, RECORDING, BaselineBuilder, recorded
+from parity.run.baseline import (
+    NOT_RECORDED,
+    RECORDING,
+    BaselineBuilder,
+    BaselineCache,
+    base_commit,
+    cache_dir,
+    recorded,
+)
 from parity.run.config import ParityConfig
 from parity.run.launcher import ProducerRunError, run_producers
 from parity.run.produced import Produced
 from parity.run.worktree import GitError, temporary_worktree
+from parity.store.provenance import digest_sources
 from parity.store.staging import owned_tempdir
 
 __all__ = [
@@ -191,6 +200,10 @@ def name_origins(
             todo.append(r)
         else:
             found[r.name] = _not_named(why)
+    if todo:  # before any recording run: a base that is not here is said at once
+        missing = _bases_out_of_reach(config, goldens, todo, produced)
+        found |= {name: _not_named(why) for name, why in missing.items()}
+        todo = [r for r in todo if r.name not in missing]
     if todo:
         one = " (in one process)" if produced.layout.processes > 1 else ""
         progress(f"recording {', '.join(r.name for r in todo)} op by op{one} to name the origin")
@@ -216,6 +229,33 @@ def name_origins(
                                            "the base commit")  # fmt: skip
     return [dataclasses.replace(r, origin=found[r.name]) if r.name in found else r
             for r in results]  # fmt: skip
+
+
+def _bases_out_of_reach(
+    config: ParityConfig, goldens: GoldenDir, todo: Sequence[CheckResult], produced: Produced
+) -> dict[str, str]:
+    """The failing checks of `todo` whose golden's base commit is not in this clone (a
+    shallow one, say) and whose base recording is not cached, each with one line: what is
+    missing and what to do (`base_commit`'s). Asked before any recording run, so a check
+    that cannot reach its base pays for none. Groups this cannot judge (no golden, no base
+    commit recorded) are left to the recording path, which says why."""
+    cache = BaselineCache(cache_dir(config))
+    digest = digest_sources([config.need_producers()])
+    out: dict[str, str] = {}
+    for r in todo:
+        try:
+            sha = str(goldens.open(r.name).provenance.get("base_sha") or "")
+        except CheckError:
+            continue
+        current = _one_process(produced.provenance.get(r.name) or {})
+        path = cache.path_for(sha, environment_fingerprint(current), digest, r.name)
+        if not sha or path.with_suffix(RECORDING).is_file():
+            continue
+        try:
+            base_commit(config.root, sha)
+        except BaselineUnavailable as e:
+            out[r.name] = f"the base cannot be re-produced here: {e}"
+    return out
 
 
 def _one_process(current: Mapping[str, Any]) -> Mapping[str, Any]:

@@ -27,14 +27,21 @@ from parity.check import GoldenDir, check_groups
 from parity.environment import PolicyMode
 from parity.judge.dataflow import DATAFLOW
 from parity.results import CheckResult
-from parity.run.config import ParityConfig
-from parity.run.launcher import Command, load_runner_output, run_producers
+from parity.run.config import ConfigError, ParityConfig
+from parity.run.launcher import (
+    Command,
+    ProducerRunError,
+    UnusableClassError,
+    load_runner_output,
+    run_producers,
+)
 from parity.run.processes import Layout
 
 __all__ = [
     "Produced",
     "check_produced",
     "produce",
+    "refuse_unusable_classes",
 ]
 
 
@@ -74,6 +81,7 @@ def produce(
     process_id: int | None = None,
     code: str = "the code under test",
     command: Command = "check",
+    check_classes: bool = False,
 ) -> Produced:
     """Run the configured producers against `code_root` in a fresh process.
 
@@ -94,13 +102,16 @@ def produce(
     - `code`: what `code_root` holds, for messages (`"commit 1a2b3c4d5e6f"`).
     - `command`: the command that runs them, which a failure's message fits
       (`parity.run.launcher.ProducerRunError`).
+    - `check_classes`: refuse a `CLASS_MAP` naming a class parity cannot use, before any
+      group runs (`parity.run.launcher.UnusableClassError`), as a repin does.
 
     With `config.processes` above 1 the producers run SPMD as the workers of one JAX
     distributed run, `config.devices` devices each, and process 0's outputs are loaded.
 
     **Returns:** a `Produced`. Raises `parity.run.launcher.ProducerRunError` if the
     producers cannot run there (a crash, a worker of a multi-process run failed or was
-    killed, the run timed out; its `UnknownGroupsError` for a group they do not define),
+    killed, the run timed out; its `UnknownGroupsError` for a group they do not define, its
+    `UnusableClassError` with `check_classes`),
     and `parity.run.config.ConfigError` if nothing says which producers to run.
     """
     producers = config.need_producers()
@@ -123,6 +134,7 @@ def produce(
             coordinator=coordinator,
             process_id=process_id,
             code=code,
+            check_classes=check_classes,
         )
         out: dict[str, dict[str, np.ndarray]] = {}
         provenance: dict[str, dict[str, Any]] = {}
@@ -134,6 +146,30 @@ def produce(
             orders[manifest.stem] = loaded.order
     layout = Layout(config.processes, config.devices)
     return Produced(out, time.perf_counter() - t0, flags, provenance, layout, orders)
+
+
+def refuse_unusable_classes(config: ParityConfig, *, command: Command = "check") -> None:
+    """Raise `UnusableClassError` where the configured producers' `CLASS_MAP` names a class
+    parity cannot use: the producers file is imported in a fresh process, as `repin
+    --classes-only` does (the runner's `--check-classes`, the one check), and no group
+    runs. For the pytest plugin, which runs no producers of its own: a `parity check`
+    asks in its producer run (`produce(check_classes=True)`). A producers file that is
+    missing or cannot be imported, or src roots that cannot be found, are left to the run
+    that needs them to report.
+    """
+    try:
+        producers, src = config.need_producers(), config.src_relative()
+    except ConfigError:
+        return
+    with tempfile.TemporaryDirectory(prefix="parity-classes-") as tmp:
+        try:
+            run_producers(config.root, producers, Path(tmp), command=command, src=src,
+                          progress=lambda _: None, class_map_only=True,
+                          check_classes=True)  # fmt: skip
+        except UnusableClassError:
+            raise
+        except ProducerRunError:
+            return
 
 
 def check_produced(

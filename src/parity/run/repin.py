@@ -29,6 +29,7 @@ from collections.abc import Callable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from parity.judge.floats import count
 from parity.judge.tolerance import ClassMap
 from parity.run.devices import DEFAULT_ISA_CAP
 from parity.run.goldens import (
@@ -239,13 +240,16 @@ class Reclassed:
     def describe(self) -> str:
         """One line, then one per class change (counted by old -> new)."""
         moved = "unchanged" if not self.moved else f"{len(self.moved)} MOVED"
-        lines = [f"{self.group}: {self.arrays} arrays, {moved}; {len(self.changed)} changed class"]
+        lines = [
+            f"{self.group}: {count(self.arrays, 'array')}, {moved}; "
+            f"{len(self.changed)} changed class"
+        ]
         if self.reordered is not None:
             lines[0] += f"; {self.reordered} changed place in the forward order"
         counts: dict[tuple[str, str], int] = {}
         for _, old, new in self.changed:
             counts[(old, new)] = counts.get((old, new), 0) + 1
-        lines += [f"  {n} key(s) {old} -> {new}" for (old, new), n in sorted(counts.items())]
+        lines += [f"  {count(n, 'key')} {old} -> {new}" for (old, new), n in sorted(counts.items())]
         return "\n".join(lines)
 
 

@@ -12,6 +12,7 @@ from typing import Any
 import h5py
 import numpy as np
 
+from parity.judge.floats import count
 from parity.store.dtypes import logical_dtype
 from parity.store.errors import GoldenCorruptError, GoldenFormatError, GoldenSchemaError, printable
 from parity.store.format import (
@@ -249,7 +250,7 @@ def read_index(
     n_arrays = f.attrs.get("n_arrays")
     if n_arrays is not None and int(n_arrays) != len(index):  # pyright: ignore[reportArgumentType]
         raise GoldenCorruptError(
-            f"{file_path}: n_arrays says {int(n_arrays)} arrays, the {INDEX_ATTR} lists "  # pyright: ignore[reportArgumentType]
+            f"{file_path}: n_arrays says {count(int(n_arrays), 'array')}, the {INDEX_ATTR} lists "  # pyright: ignore[reportArgumentType]
             f"{len(index)}. {RESTORE_HINT}"
         )
     return index

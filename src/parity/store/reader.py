@@ -31,6 +31,7 @@ import numpy as np
 
 from parity.judge import mldtypes
 from parity.judge.chunks import ArraySource, Block, Source, elements_per_chunk, plan
+from parity.judge.floats import count
 from parity.store.dtypes import c_order, digest, logical_dtype, storage_type
 from parity.store.errors import (
     GoldenBusyError,
@@ -389,7 +390,7 @@ class GoldenFile(_MappingABC[str, np.ndarray]):
 
     def __repr__(self) -> str:
         kind = f"schema {self.schema_version}" if self.is_parity_file else "plain HDF5"
-        return f"GoldenFile({str(self.path)!r}, {len(self)} arrays, {kind})"
+        return f"GoldenFile({str(self.path)!r}, {count(len(self), 'array')}, {kind})"
 
 
 class _Dataset:

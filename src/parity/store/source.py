@@ -18,6 +18,7 @@ import numpy as np
 
 from parity.judge import mldtypes
 from parity.judge.chunks import Block
+from parity.judge.floats import count
 from parity.store.dtypes import storage_type
 from parity.store.errors import GoldenCorruptError
 from parity.store.format import RESTORE_HINT
@@ -97,7 +98,7 @@ class GoldenSource(PlainSource):
         if self._next != self._size and self._size:
             raise RuntimeError(
                 f"golden {self._info.key!r}: finish() after a pass that did not read every "
-                f"block in order (read up to {self._next} of {self._size} elements)"
+                f"block in order (read up to {self._next} of {count(self._size, 'element')})"
             )
         digest = (self._hash or hashlib.sha256()).hexdigest()
         self._hash, self._next = None, 0

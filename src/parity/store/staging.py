@@ -37,6 +37,7 @@ import tempfile
 from collections.abc import Iterator, Sequence
 from pathlib import Path
 
+from parity.judge.floats import count
 from parity.store.format import JOURNAL_NAME
 from parity.store.writer import fsync_dir, write_atomic
 
@@ -240,7 +241,7 @@ def recover(folder: Path) -> list[str]:
         n = _roll_forward(folder, renames)
         journal.unlink()
         fsync_dir(folder, strict=True)
-        done.append(f"finished an interrupted replace: {n} of {len(renames)} files moved")
+        done.append(f"finished an interrupted replace: {n} of {count(len(renames), 'file')} moved")
     for p in sorted(folder.iterdir()):
         if _is_debris(p.name) and p.is_file():
             p.unlink()
