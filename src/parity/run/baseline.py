@@ -38,7 +38,12 @@ from pathlib import Path
 from typing import Any
 
 from parity.baseline import Baseline, BaselineUnavailable
-from parity.environment import environment_difference, environment_fingerprint, layout_of
+from parity.environment import (
+    describe_backend,
+    environment_difference,
+    environment_fingerprint,
+    layout_of,
+)
 from parity.run.config import ParityConfig, user_cache_folder
 from parity.run.goldens import write_run
 from parity.run.launcher import ProducerRunError, load_runner_output, run_producers
@@ -332,9 +337,14 @@ class BaselineBuilder:
             processes, devices, isa = config.processes, config.devices, config.isa
         root, full = base_commit(config.root, sha)
         src = config.src_relative()
+        where = (
+            describe_backend(current)
+            if current is not None
+            else f"{processes}x{devices} devices, isa {isa}"
+        )
         self.progress(
             f"re-producing {', '.join(groups)} at the base {full[:12]} in this environment "
-            f"({processes}x{devices} devices, isa {isa}); the first check here pays for it"
+            f"({where}); the first check here pays for it"
         )
         t0 = time.perf_counter()
         with owned_tempdir(BUILD_PREFIX) as tmp, temporary_worktree(root, full) as wt:
