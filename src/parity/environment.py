@@ -67,6 +67,7 @@ __all__ = [
     "EnvironmentDifference",
     "PolicyDecision",
     "PolicyMode",
+    "backend_note",
     "backend_of",
     "describe_backend",
     "environment_difference",
@@ -312,6 +313,27 @@ def describe_backend(provenance: Mapping[str, Any] | None) -> str:
     if provenance.get("matmul_precision"):
         parts.append(f"matmul precision {provenance['matmul_precision']}")
     return f"{backend} ({', '.join(parts)})"
+
+
+def backend_note(provenance: Mapping[str, Any]) -> str:
+    """What a check on an accelerator can see, for its header; "" on a CPU. At a TPU's
+    default matmul precision a float32 product runs in bfloat16 passes, so a change below
+    that rounding can leave the outputs bit-identical (docs/adopting.md, "On a GPU or
+    TPU", has the figures measured on a TPU v5e)."""
+    backend = backend_of(provenance)
+    if backend == "cpu":
+        return ""
+    precision = provenance.get("matmul_precision")
+    ran = f"at matmul precision {precision}" if precision else "at the backend's default matmul"
+    if not precision:
+        ran += " precision (bfloat16 passes on a TPU)"
+    return (
+        f"the producers ran on {backend} {ran}: a change below that rounding can leave the "
+        "outputs bit-identical here (on a TPU v5e at the default precision a 10% RMS epsilon "
+        "change passed forward_llama and was caught by the eval and train groups only); "
+        "check with JAX_DEFAULT_MATMUL_PRECISION=highest, on a CPU (JAX_PLATFORMS=cpu), or op "
+        'by op (docs/adopting.md, "On a GPU or TPU")'
+    )
 
 
 def _same(field: str, a: Any, b: Any) -> bool:

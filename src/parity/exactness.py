@@ -42,7 +42,12 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any, cast
 
 from parity.calibrated.bounds import BY_CALIBRATION, CALIBRATED, KeyClasses, calibrated_comparison
-from parity.environment import EnvironmentDifference, PolicyMode, describe_backend
+from parity.environment import (
+    EnvironmentDifference,
+    PolicyMode,
+    backend_note,
+    describe_backend,
+)
 from parity.judge.classes import ToleranceClass
 from parity.judge.compare import Comparison, Finding, Order
 from parity.judge.dataflow import order_hint
@@ -216,7 +221,7 @@ def against_baseline(
     group = gf.path.stem
     if isinstance(baseline, BaselineUnavailable):
         if required:
-            raise required_error(group, baseline)
+            raise required_error(group, baseline, across=difference.across_backends)
         if baseline is BASELINE_OFF:
             return None, reference_line(difference, passed=False), "", baseline
         if difference.across_backends:
@@ -288,6 +293,8 @@ def conclude(first: FirstVerdict, baseline: Baseline | BaselineUnavailable | Non
         "pinned on": describe_backend(gf.provenance),
         "checked on": describe_backend(first.current),
     }
+    if note := backend_note(first.current):
+        header["sees"] = note
     if gf.provenance.get("base_sha"):
         header["base_sha"] = str(gf.provenance["base_sha"])
     drift = difference.policy(opts.drift_mode).header
@@ -332,12 +339,18 @@ def _across_backends(gf: GoldenFile, current: Mapping[str, Any], why: BaselineUn
     )
 
 
-def required_error(group: str, why: BaselineUnavailable) -> CheckError:
-    """The error of a check that requires the baseline where it cannot be re-produced."""
+def required_error(group: str, why: BaselineUnavailable, *, across: bool = False) -> CheckError:
+    """The error of a check that requires the baseline where it cannot be re-produced
+    (`across`: on another backend than the pin's)."""
+    instead = (
+        "the tree would be judged against goldens pinned on another backend"
+        if across
+        else "a bitwise key would pass by its calibrated bound alone"
+    )
     return CheckError(
         f"group {group!r}: the baseline is required (baseline require) but cannot be "
-        f"re-produced here ({why.reason}), so a bitwise key would pass by its calibrated "
-        f"bound alone; {why.hint}; or accept that judgement (baseline auto)"
+        f"re-produced here ({why.reason}), so {instead}; {why.hint}; or accept that "
+        "judgement (baseline auto)"
     )
 
 

@@ -117,7 +117,7 @@ class CheckResult:
 _PER_CHECK = ("calibration", "environment", "order", "reference")
 #: The header lines naming the two sides of a check (`parity.exactness`): shown once, as
 #: drift lines are, where every check has the same.
-_SIDES = ("pinned on", "checked on")
+_SIDES = ("pinned on", "checked on", "sees")
 
 
 def diff_command(
