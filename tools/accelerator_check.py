@@ -113,7 +113,7 @@ def _run(argv: list[str], cwd: Path, setting: str, label: str, log: Path | None)
 
 
 def main(argv: list[str] | None = None) -> int:
-    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap = argparse.ArgumentParser(description=(__doc__ or "").split("\n\n")[0])
     ap.add_argument("--groups", default=DEFAULT_GROUPS, help=f"default {DEFAULT_GROUPS}")
     ap.add_argument("--changes", default="eps10", help=f"of {', '.join(CHANGES)}; '' for none")
     ap.add_argument("--env", action="append", default=None,

@@ -287,9 +287,9 @@ def _count(n: int, word: str) -> str:
 
 
 def describe_backend(provenance: Mapping[str, Any] | None) -> str:
-    """A side of a check in words, for every header: `cpu (AMD EPYC 7B13, family 25 model
-    1, isa AVX2, 1 device)`, `tpu (TPU v5 lite, 1 device)`; an ISA cap is named only on a
-    CPU, the only backend that reads one."""
+    """A side of a check in words, for every header: `cpu (AuthenticAMD family 25 model 1,
+    isa AVX2, 1 device)`, `tpu (TPU v5 lite, 1 device)`; an ISA cap is named only on a CPU,
+    the only backend that reads one."""
     if provenance is None:
         return "unknown (no provenance recorded)"
     backend = backend_of(provenance)
@@ -299,13 +299,12 @@ def describe_backend(provenance: Mapping[str, Any] | None) -> str:
         layout = f"{_count(processes, 'process')} x {layout}".replace("processs", "processes")
     parts: list[str] = []
     if backend == "cpu":
-        name = str(provenance.get("processor") or "").strip()
-        sig = str(provenance.get("cpu") or "")
-        m = re.match(r"\S+ family ([^;\s]+) model ([^;\s]+)", sig)
+        # Vendor, family and model (`cpu_signature`): what decides XLA's CPU code; the model
+        # name where the signature is unknown.
+        sig = str(provenance.get("cpu") or "").split(";")[0].strip()
+        name = sig or str(provenance.get("processor") or "").strip()
         if name:
             parts.append(name)
-        if m:
-            parts.append(f"family {m.group(1)} model {m.group(2)}")
         parts.append(f"isa {provenance.get('isa_cap') or 'uncapped'}")
     elif provenance.get("device_kind"):
         parts.append(str(provenance["device_kind"]))
