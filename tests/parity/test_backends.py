@@ -10,9 +10,12 @@ The other direction ran on a TPU v5e (tools/accelerator_check.py; docs/adopting.
 
 from __future__ import annotations
 
+import json
 import os
 import shutil
 import socket
+import subprocess
+import sys
 import textwrap
 from pathlib import Path
 
@@ -250,3 +253,43 @@ def test_without_sockets_calibrate_skips_processes_and_a_2_process_check_is_one_
     check = run_parity(repo, "check", "--processes", "2", "--devices", "1")
     assert check.returncode == 2 and "Traceback" not in check.stderr, check.stderr
     assert "this machine allows no TCP socket" in check.stderr
+
+
+NO_CACHE_LOAD = """\
+import json
+import jax
+import jax.numpy as jnp
+from jax import monitoring
+from parity.compile_stats import compile_stats
+
+def f(x):
+    return jnp.tanh(x @ x.T).sum()
+
+x = jnp.ones((64, 64))
+jax.jit(f)(x).block_until_ready()  # compiled once: the persistent cache holds it now
+hits = []
+monitoring.register_event_listener(
+    lambda name, **kw: hits.append(name) if name.endswith("cache_hits") else None
+)
+stats = compile_stats(jax.jit(f), x)
+print(json.dumps({"hits": len(hits), "backend": stats.backend}))
+"""
+
+
+def test_a_fresh_compile_is_timed_as_a_compile_never_a_cache_load(tmp_path) -> None:
+    # jax decides once per process whether it uses its persistent cache, and here the first
+    # compile decided "yes": a fresh measurement must still compile, and name its backend.
+    env = {
+        **os.environ,
+        "JAX_PLATFORMS": "cpu",
+        "JAX_ENABLE_COMPILATION_CACHE": "true",
+        "JAX_COMPILATION_CACHE_DIR": str(tmp_path / "cache"),
+        "JAX_PERSISTENT_CACHE_MIN_COMPILE_TIME_SECS": "0",
+        "JAX_PERSISTENT_CACHE_MIN_ENTRY_SIZE_BYTES": "0",
+    }
+    done = subprocess.run(
+        [sys.executable, "-c", NO_CACHE_LOAD], env=env, capture_output=True, text=True
+    )
+    assert done.returncode == 0, done.stderr
+    assert json.loads(done.stdout.strip().splitlines()[-1]) == {"hits": 0, "backend": "cpu"}
+    assert any((tmp_path / "cache").iterdir())  # the cache was on, and held the program
