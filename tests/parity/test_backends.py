@@ -293,3 +293,17 @@ def test_a_fresh_compile_is_timed_as_a_compile_never_a_cache_load(tmp_path) -> N
     assert done.returncode == 0, done.stderr
     assert json.loads(done.stdout.strip().splitlines()[-1]) == {"hits": 0, "backend": "cpu"}
     assert any((tmp_path / "cache").iterdir())  # the cache was on, and held the program
+
+
+def test_a_cached_baseline_of_a_tpu_is_listed_by_its_backend_not_an_isa_cap(tmp_path) -> None:
+    from parity.run.baseline import BaselineCache
+
+    cache = BaselineCache(tmp_path)
+    for name, prov in (("cpu", AMD), ("tpu", TPU)):
+        path = cache.path_for("a" * 40, environment_fingerprint(prov), "d" * 64, name)
+        path.parent.mkdir(parents=True, exist_ok=True)
+        write_goldens(path, {"x": np.zeros(2, np.float32)}, classes={"x": "bitwise"},
+                      provenance=prov)  # fmt: skip
+    listed = {e.group: e for e in cache.entries()}
+    assert (listed["cpu"].isa, listed["cpu"].cpu) == ("AVX2", "AuthenticAMD family 25 model 1")
+    assert (listed["tpu"].isa, listed["tpu"].cpu) == ("-", "tpu (TPU v5 lite, 1 device)")

@@ -39,6 +39,7 @@ from typing import Any
 
 from parity.baseline import Baseline, BaselineUnavailable
 from parity.environment import (
+    backend_of,
     describe_backend,
     environment_difference,
     environment_fingerprint,
@@ -84,7 +85,8 @@ class CachedBaseline:
 
     **Fields:** `path`, `group`, `sha` (the base commit), `fingerprint` (of the
     environment), `digest` (of the producers, 12 hex), `layout` (`processes x devices`),
-    `isa` (the ISA cap), `cpu` (the processor) and `bytes` (the file's size).
+    `isa` (the ISA cap; `-` off a CPU), `cpu` (the processor, or off a CPU the backend in
+    words) and `bytes` (the file's size).
     """
 
     path: Path
@@ -174,6 +176,7 @@ class BaselineCache:
             except GoldenStoreError:
                 continue
             processes, devices = layout_of(prov)
+            on_cpu = backend_of(prov) == "cpu"  # an accelerator reads no ISA cap
             out.append(
                 CachedBaseline(
                     path,
@@ -182,8 +185,10 @@ class BaselineCache:
                     fingerprint,
                     digest,
                     f"{processes}x{devices}",
-                    str(prov.get("isa_cap")),
-                    str(prov.get("cpu") or prov.get("processor") or "?").split(";")[0],
+                    str(prov.get("isa_cap")) if on_cpu else "-",
+                    str(prov.get("cpu") or prov.get("processor") or "?").split(";")[0]
+                    if on_cpu
+                    else describe_backend(prov),
                     path.stat().st_size,
                 )
             )
