@@ -62,7 +62,7 @@ CHANGES: dict[str, Change] = {
 
 #: Lines of a check's output worth quoting: the verdicts, and what was judged against what.
 _KEEP = re.compile(
-    r"^(parity[:\s]|\s*(pinned on|checked on|reference|environment|drift \d|first|origin)\b|"
+    r"^(parity[:\s]|\s*(pinned on|checked on|sees|reference|environment|drift \d|first|origin)\b|"
     r".*\b(PASS|FAIL|not exact|error|skipped|measured against|perturbations)\b)",
     re.IGNORECASE,
 )
