@@ -63,7 +63,9 @@ def _measure_child(args: argparse.Namespace) -> int:
 def _run_one(name: str, src: Path, layers: int) -> dict[str, Any]:
     from parity.run.devices import isolated_env
 
-    env = isolated_env(1)
+    # No persistent cache in the child at all: a compile is timed, never a cache load.
+    env = {k: v for k, v in isolated_env(1).items() if not k.startswith("JAX_COMPILATION_CACHE")}
+    env["JAX_ENABLE_COMPILATION_CACHE"] = "false"
     cmd = [sys.executable, __file__, "--measure", name, "--src", str(src), "--layers", str(layers)]
     proc = subprocess.run(cmd, env=env, capture_output=True, text=True, check=False)
     if proc.returncode != 0:
@@ -117,13 +119,22 @@ def _table(header: Sequence[str], rows: Sequence[Sequence[str]]) -> str:
     return "\n".join(lines)
 
 
+def _where(rows: Sequence[dict[str, Any]]) -> str:
+    """The line that says where the rows were compiled: the backend names the figures."""
+    backends = sorted({str(r["backend"]) for r in rows if r.get("backend")})
+    return (
+        f"compiled on {', '.join(backends) or 'an unknown backend'}, each in a fresh "
+        "process with jax's persistent compilation cache off (a compile, never a cache load)\n"
+    )
+
+
 def format_single(rows: list[dict[str, Any]]) -> str:
     cols = ("compile_s", "lower_s", "hlo_bytes", "instructions", "while_loops", "temp_bytes")
     body = [
         [r["function"], *(_fmt(r.get(c)) if "error" not in r else "n/a" for c in cols)]
         for r in rows
     ]
-    text = _table(("function", *cols), body)
+    text = _where(rows) + _table(("function", *cols), body)
     errors = [f"{r['function']}: {r['error']}" for r in rows if "error" in r]
     by = {r["function"]: r for r in rows if "error" not in r}
     pairs = []
@@ -161,7 +172,8 @@ def format_ab(base: list[dict[str, Any]], cur: list[dict[str, Any]], sha: str) -
         body.append(row)
     header = ["function"] + [f"{c} {arm}" for c in cols for arm in ("base", "cur", "ratio")]
     header = [h.replace(" ratio", " cur/base") for h in header]
-    text = f"base {sha[:12]} against the current tree\n" + _table(header, body)
+    text = _where([*base, *cur]) + f"base {sha[:12]} against the current tree\n"
+    text += _table(header, body)
     errors = [
         f"{arm} {r['function']}: {r['error']}"
         for arm, rows in (("base", base), ("cur", cur))

@@ -8,7 +8,9 @@ a small real change. So where such a check has keys that fail their pinned class
 `compare_with_baseline`:
 
 1. holds the baseline (a golden-format file a `BaselineSource` provides) to the committed
-   goldens under the calibrated bound of the dimensions that differ
+   goldens under the calibrated bound of the dimensions that differ (on another backend
+   than the pin's no calibration bounds it: how far it lies is reported, never refused,
+   docs/design.md "On any backend")
    (`parity.calibrated.bounds.calibrated_comparison`); a key beyond it means this
    environment is outside the recorded noise, a `CheckError` naming the calibrate command;
 2. compares the tree with the baseline under the pinned classes, as the goldens would in
@@ -213,11 +215,13 @@ def compare_with_baseline(
             golden = {k: gf.source(k) for k in keys}
             held = compare_trees(baseline_arrays, golden, classes, registry=held_registry,
                                  order=order)  # fmt: skip
-            held, _ = calibrated_comparison(
-                held, baseline_arrays, gf, Spreads.of(gf.provenance), difference, held_registry
-            )
+            if not difference.across_backends:  # no calibration bounds another backend
+                held, _ = calibrated_comparison(
+                    held, baseline_arrays, gf, Spreads.of(gf.provenance), difference,
+                    held_registry,
+                )  # fmt: skip
             beyond = [f for f in held.findings if not f.passed]
-            if beyond:
+            if beyond and not difference.across_backends:
                 f = beyond[0]
                 where = ", ".join(difference.changes)
                 raise CheckError(
@@ -242,6 +246,16 @@ def compare_with_baseline(
     # the baseline "within the calibrated noise"; otherwise it holds the pinned classes.
     calibrated = any(f.note.startswith(BY_CALIBRATION) for f in held.findings)
     within = "the goldens' calibrated noise" if calibrated else "the goldens' pinned classes"
+    if difference.across_backends:
+        beyond = sum(not f.passed for f in held.findings)
+        line = (
+            f"the baseline re-produced here at {baseline.sha[:12]} ({how}{took} at "
+            f"{baseline.path}), on this backend ({', '.join(difference.changes)}); it judges "
+            "every key under its class. How far it lies from the goldens, for information "
+            f"(another backend's bits, not a refusal): {_worst(held.findings)}; {beyond} "
+            "key(s) beyond their pinned class"
+        )
+        return comparison, line
     line = (
         f"the baseline re-produced here at {baseline.sha[:12]} ({how}{took} at "
         f"{baseline.path}), in this environment ({', '.join(difference.changes)}), itself "

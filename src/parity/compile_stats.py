@@ -17,10 +17,11 @@ unrolled at trace time gives none.
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import re
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from typing import Any
 
 import jax
@@ -46,6 +47,8 @@ class CompileStats:
     - `while_loops`: `while` instructions in the optimized text, or None.
     - `argument_bytes`, `output_bytes`, `temp_bytes`, `alias_bytes`, `generated_code_bytes`:
       from `compiled.memory_analysis()`; None where the backend reports none.
+    - `backend`: where it was compiled, in words (`cpu`, `tpu (TPU v5 lite)`): a compile
+      time means nothing without it.
     """
 
     name: str
@@ -60,6 +63,7 @@ class CompileStats:
     temp_bytes: int | None
     alias_bytes: int | None
     generated_code_bytes: int | None
+    backend: str = ""
 
     def to_dict(self) -> dict[str, Any]:
         """The fields as a JSON-serialisable dict."""
@@ -129,6 +133,31 @@ def _text(obj: Any) -> str | None:
     return text if isinstance(text, str) else None
 
 
+def _backend() -> str:
+    platform = jax.default_backend()
+    devices = jax.devices()
+    kind = str(devices[0].device_kind) if devices else ""
+    return platform if platform == "cpu" or not kind else f"{platform} ({kind})"
+
+
+@contextlib.contextmanager
+def _no_persistent_cache() -> Iterator[None]:
+    """The persistent compilation cache off, for certain: jax decides once per process
+    whether it uses the cache (`compilation_cache.is_cache_used`, memoised at the first
+    compile), so turning `jax_enable_compilation_cache` off after a compile changed nothing
+    and a cache load was timed as a compile; resetting that decision makes the flag count."""
+    from jax._src import compilation_cache
+
+    old = jax.config.jax_enable_compilation_cache  # pyright: ignore[reportAttributeAccessIssue]
+    jax.config.update("jax_enable_compilation_cache", False)
+    compilation_cache.reset_cache()
+    try:
+        yield
+    finally:
+        jax.config.update("jax_enable_compilation_cache", old)
+        compilation_cache.reset_cache()
+
+
 def compile_stats(
     fn: Callable[..., Any],
     *args: Any,
@@ -146,25 +175,22 @@ def compile_stats(
     - `fresh`: measure a cold compile: jax's in-memory caches are cleared first
       (`jax.clear_caches()`, which makes later calls in this process retrace once) and the
       persistent compilation cache is off while compiling (`jax_enable_compilation_cache`,
-      restored afterwards). With `fresh=False` a cache hit may be what is timed.
+      and jax's once-per-process decision to use it reset; restored afterwards), so a
+      compile is timed, never a cache load. With `fresh=False` a cache hit may be what is
+      timed.
 
     **Returns:** a `CompileStats`.
     """
     jitted: Any = fn if hasattr(fn, "lower") else jax.jit(fn)
     label = name or getattr(fn, "__name__", None) or type(fn).__name__
-    old_cache = jax.config.jax_enable_compilation_cache  # pyright: ignore[reportAttributeAccessIssue]
     if fresh:
         jax.clear_caches()
-        jax.config.update("jax_enable_compilation_cache", False)
-    try:
+    with _no_persistent_cache() if fresh else contextlib.nullcontext():
         t0 = time.perf_counter()
         lowered = jitted.lower(*args, **kwargs)
         t1 = time.perf_counter()
         compiled = lowered.compile()
         t2 = time.perf_counter()
-    finally:
-        if fresh:
-            jax.config.update("jax_enable_compilation_cache", old_cache)
     hlo = lowered.as_text()
     compiled_text = _text(compiled)
     return CompileStats(
@@ -176,4 +202,5 @@ def compile_stats(
         instructions=count_instructions(compiled_text) if compiled_text else None,
         while_loops=count_while_loops(compiled_text) if compiled_text else None,
         **_memory(compiled),
+        backend=_backend(),
     )

@@ -8,18 +8,26 @@ the baseline, the baseline cache) asks it, and none compares provenances on its 
 Each field that differs is a `Drift` with a severity:
 
 - **"bits"**: the field can change the last bits of XLA's output: `jax`, `jaxlib`,
-  `isa_cap`, `xla_flags`, `machine`, `cpu`, `x64`, `device_count`, `processes`, and
-  `processor` when no equal ISA cap is set on both sides. `cpu` is the processor's vendor,
-  family, model and vector instruction sets: an equal ISA cap is not enough for equal bits,
-  because XLA compiles for the host's microarchitecture within the cap (see docs/design.md,
-  "Reproducing bits across hosts"), and the model name alone ("AMD EPYC") often hides it.
+  `isa_cap`, `xla_flags`, `machine`, `cpu`, `x64`, `device_count`, `processes`, the
+  backend (`backend`: cpu, gpu, tpu; `device_kind`), `matmul_precision`, and `processor`
+  when no equal ISA cap is set on both sides. A file that records no backend is a CPU run
+  (`backend_of`). Across backends the host processor's fields (`cpu`, `processor`,
+  `isa_cap`, `machine`) are "info": the accelerator computes, and never reads an ISA cap.
+  `cpu` is the processor's vendor, family, model and vector instruction sets: an equal ISA
+  cap is not enough for equal bits, because XLA compiles for the host's microarchitecture
+  within the cap (see docs/design.md, "Reproducing bits across hosts"), and the model name
+  alone ("AMD EPYC") often hides it.
 - **"info"**: worth showing, cannot move XLA's bits by itself: `python`, `numpy`, `h5py`,
   `ml_dtypes`, `platform`, `processor` under an equal ISA cap, `base_sha`, and
   `producer_digest` (the producers changed since pinning; a repin may be due).
 
 Of the "bits" drifts, those that `parity calibrate` measures are also **calibrated
 dimensions** (`Dimension`): the process layout (`processes`, else `devices`), the ISA cap
-(`isa`), and the processor under the same cap (`cpu`, judged by the ISA spreads).
+(`isa`), and the processor under the same cap (`cpu`, judged by the ISA spreads). Another
+backend is a dimension too (`backend`), but no calibration bounds it: across backends the
+goldens' measured noise is the wrong ruler, and the baseline re-produced on this backend
+judges every key (docs/design.md, "On any backend"; `EnvironmentDifference.across_backends`).
+`describe_backend` says a side's backend in words for every header.
 
 **Bitwise policy** (`EnvironmentDifference.policy`), applied only when some drift can move
 bits; without one every mode keeps bitwise classes bitwise and says nothing:
@@ -59,6 +67,9 @@ __all__ = [
     "EnvironmentDifference",
     "PolicyDecision",
     "PolicyMode",
+    "backend_note",
+    "backend_of",
+    "describe_backend",
     "environment_difference",
     "environment_fingerprint",
     "layout_of",
@@ -74,7 +85,10 @@ DRIFT_MODES: tuple[PolicyMode, ...] = ("warn", "relax", "strict")
 #: Fields whose drift can change the last bits of XLA's output.
 BITS_FIELDS = (
     "jax", "jaxlib", "isa_cap", "xla_flags", "machine", "cpu", "x64", "device_count", "processes",
+    "backend", "device_kind", "matmul_precision",
 )  # fmt: skip
+#: Fields of the host processor: "info" across backends (an accelerator computes there).
+HOST_FIELDS = frozenset({"cpu", "processor", "isa_cap", "machine"})
 #: Fields whose drift is shown but cannot move XLA's bits by itself.
 INFO_FIELDS = ("python", "numpy", "h5py", "ml_dtypes", "platform", "base_sha", "producer_digest")
 #: Provenance fields that record a measurement or how the file was made (`order`: how its
@@ -85,7 +99,9 @@ DEFAULT_RELAX_ULPS = 2
 
 _DEVICE_FLAG_RE = re.compile(re.escape(DEVICE_FLAG) + r"=(\d+)")
 #: Fields a calibrated dimension says in words; their drifts are not repeated by `changes`.
-_CALIBRATED_FIELDS = frozenset({"device_count", "processes", "isa_cap", "cpu", "processor"})
+_CALIBRATED_FIELDS = frozenset(
+    {"device_count", "processes", "isa_cap", "cpu", "processor", "backend", "device_kind"}
+)
 
 
 @dataclass(frozen=True)
@@ -110,9 +126,10 @@ class Drift:
 class Dimension:
     """One calibrated dimension in which a check's environment differs from the pin's.
 
-    **Fields:** `kind` (`processes`, `devices`, `isa` or `cpu`), `label` (the perturbation
-    label of the check's environment, e.g. `devices=4`; for `cpu`, `isa`) and `change`
-    (in words, for the report's header: `devices 1 -> 4`).
+    **Fields:** `kind` (`processes`, `devices`, `isa`, `cpu` or `backend`), `label` (the
+    perturbation label of the check's environment, e.g. `devices=4`; for `cpu`, `isa`; for
+    `backend`, `backend=tpu`, which no calibration measures) and `change` (in words, for
+    the report's header: `devices 1 -> 4`).
     """
 
     kind: str
@@ -164,6 +181,13 @@ class EnvironmentDifference:
     def drifts(self) -> tuple[Drift, ...]:
         """Every drift: "bits" first, then "info", each by field name."""
         return self.bits + self.info
+
+    @property
+    def across_backends(self) -> bool:
+        """Whether the check runs on another backend than the pin's (a TPU against goldens
+        pinned on a CPU, or the reverse): then the baseline re-produced here judges every
+        key, and the goldens' noise is information (docs/design.md, "On any backend")."""
+        return any(d.kind == "backend" for d in self.dimensions)
 
     @property
     def moves_bits(self) -> bool:
@@ -252,7 +276,70 @@ def _other_flags(value: Any) -> list[str]:
     return sorted(f for f in str(value or "").split() if not f.startswith(skip))
 
 
+def backend_of(provenance: Mapping[str, Any]) -> str:
+    """The backend a provenance records (`cpu`, `gpu`, `tpu`); `cpu` where it records
+    none (files pinned before the field, or a process whose jax had not started)."""
+    return str(provenance.get("backend") or "cpu")
+
+
+def _count(n: int, word: str) -> str:
+    return f"{n} {word}" + ("" if n == 1 else "s")
+
+
+def describe_backend(provenance: Mapping[str, Any] | None) -> str:
+    """A side of a check in words, for every header: `cpu (AuthenticAMD family 25 model 1,
+    isa AVX2, 1 device)`, `tpu (TPU v5 lite, 1 device)`; an ISA cap is named only on a CPU,
+    the only backend that reads one."""
+    if provenance is None:
+        return "unknown (no provenance recorded)"
+    backend = backend_of(provenance)
+    processes, devices = layout_of(provenance)
+    layout = _count(devices, "device")
+    if processes > 1:
+        layout = f"{_count(processes, 'process')} x {layout}".replace("processs", "processes")
+    parts: list[str] = []
+    if backend == "cpu":
+        # Vendor, family and model (`cpu_signature`): what decides XLA's CPU code; the model
+        # name where the signature is unknown.
+        sig = str(provenance.get("cpu") or "").split(";")[0].strip()
+        name = sig or str(provenance.get("processor") or "").strip()
+        if name:
+            parts.append(name)
+        parts.append(f"isa {provenance.get('isa_cap') or 'uncapped'}")
+    elif provenance.get("device_kind"):
+        parts.append(str(provenance["device_kind"]))
+    parts.append(layout)
+    if provenance.get("matmul_precision"):
+        parts.append(f"matmul precision {provenance['matmul_precision']}")
+    return f"{backend} ({', '.join(parts)})"
+
+
+def backend_note(provenance: Mapping[str, Any]) -> str:
+    """What a check on an accelerator can see, for its header; "" on a CPU. At a TPU's
+    default matmul precision a float32 product runs in bfloat16 passes, so a change below
+    that rounding can leave the outputs bit-identical (docs/adopting.md, "On a GPU or
+    TPU", has the figures measured on a TPU v5e)."""
+    backend = backend_of(provenance)
+    if backend == "cpu":
+        return ""
+    precision = provenance.get("matmul_precision")
+    ran = f"at matmul precision {precision}" if precision else "at the backend's default matmul"
+    if not precision:
+        ran += " precision (bfloat16 passes on a TPU)"
+    return (
+        f"the producers ran on {backend} {ran}: a change below that rounding can leave the "
+        "outputs bit-identical here (on a TPU v5e at the default precision a 10% RMS epsilon "
+        "change passed forward_llama and was caught by the eval and train groups only); "
+        "check with JAX_DEFAULT_MATMUL_PRECISION=highest, on a CPU (JAX_PLATFORMS=cpu), or op "
+        'by op (docs/adopting.md, "On a GPU or TPU")'
+    )
+
+
 def _same(field: str, a: Any, b: Any) -> bool:
+    if field == "backend":  # files that record none are CPU runs
+        return (a or "cpu") == (b or "cpu")
+    if field == "device_kind" and (a is None or b is None):
+        return True  # the backend decides; files before the field record no kind
     if field == "processes":  # files pinned before the field was recorded: one process
         return int(a or 1) == int(b or 1)
     if field == "xla_flags":
@@ -264,6 +351,7 @@ def _drifts(pinned: Mapping[str, Any], current: Mapping[str, Any]) -> list[Drift
     out: list[Drift] = []
     cap = pinned.get("isa_cap")
     same_cap = cap is not None and cap == current.get("isa_cap")
+    across = backend_of(pinned) != backend_of(current)
     for field in sorted(set(pinned) | set(current)):
         g, c = pinned.get(field), current.get(field)
         if field in ("base_sha", "producer_digest") and (g is None or c is None):
@@ -271,6 +359,8 @@ def _drifts(pinned: Mapping[str, Any], current: Mapping[str, Any]) -> list[Drift
         if field in NOT_ENVIRONMENT or _same(field, g, c):
             continue
         bits = field in BITS_FIELDS or (field == "processor" and not same_cap)
+        if across and field in HOST_FIELDS:
+            bits = False  # the accelerator computes; the host's processor is information
         out.append(Drift(field, g, c, "bits" if bits else "info"))
     return out
 
@@ -282,6 +372,14 @@ def _dimensions(pinned: Mapping[str, Any], current: Mapping[str, Any]) -> list[D
         out.append(Dimension("processes", f"processes={p1}x{d1}", f"layout {p0}x{d0} -> {p1}x{d1}"))
     elif d1 != d0:
         out.append(Dimension("devices", f"devices={d1}", f"devices {d0} -> {d1}"))
+    b0, b1 = backend_of(pinned), backend_of(current)
+    if b0 != b1:
+        w0, w1 = (
+            f"{b} ({p['device_kind']})" if b != "cpu" and p.get("device_kind") else b
+            for p, b in ((pinned, b0), (current, b1))
+        )
+        out.append(Dimension("backend", f"backend={b1}", f"backend {w0} -> {w1}"))
+        return out  # an ISA cap or a host processor means nothing across backends
     isa0, isa1 = pinned.get("isa_cap"), current.get("isa_cap")
     if isa0 != isa1:
         out.append(Dimension("isa", f"isa={isa1}", f"isa cap {isa0} -> {isa1}"))
@@ -329,6 +427,12 @@ def environment_fingerprint(prov: Mapping[str, Any]) -> str:
     produce the same bits from the same code. Names a baseline in its cache
     (`parity.run.baseline`)."""
     fields = {f: prov.get(f) for f in (*BITS_FIELDS, "processor")}
+    # The fields recorded since backends were: left out at their CPU defaults, so that a
+    # CPU baseline cached before them keeps its name.
+    if backend_of(prov) == "cpu":
+        del fields["backend"], fields["device_kind"]
+    if fields["matmul_precision"] is None:
+        del fields["matmul_precision"]
     fields["processes"] = int(fields["processes"] or 1)
     fields["xla_flags"] = _flags(prov.get("xla_flags"))
     text = json.dumps(fields, sort_keys=True, default=str)

@@ -17,6 +17,14 @@ is *not exact* where:
   is a `CheckError` instead;
 - a key under the `calibrated` class passed without being bitwise equal to its
   reference: its bound, not its bits, let it through.
+- on another backend than the pin's (a TPU against goldens pinned on a CPU, or the
+  reverse: `EnvironmentDifference.across_backends`) the baseline is the reference of every
+  key, whatever the goldens say, and how far it lies from the goldens is information in the
+  header, never a refusal; where it cannot be re-produced (or is off) the tree is judged
+  against the goldens under their pinned classes, and the verdict line says that this is
+  not exact and why (docs/design.md, "On any backend").
+
+Every header names both sides (`pinned on`, `checked on`: `parity.environment.describe_backend`).
 
 `parity.check` makes the first verdicts and calls these; nothing here runs producers or
 imports jax. `parity.baseline` itself is imported where a baseline is prepared or compared
@@ -34,7 +42,12 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any, cast
 
 from parity.calibrated.bounds import BY_CALIBRATION, CALIBRATED, KeyClasses, calibrated_comparison
-from parity.environment import EnvironmentDifference, PolicyMode
+from parity.environment import (
+    EnvironmentDifference,
+    PolicyMode,
+    backend_note,
+    describe_backend,
+)
 from parity.judge.classes import ToleranceClass
 from parity.judge.compare import Comparison, Finding, Order
 from parity.judge.dataflow import DATAFLOW, order_hint
@@ -125,8 +138,11 @@ class FirstVerdict:
 
     @property
     def wants_baseline(self) -> bool:
-        """Whether the baseline should be the reference: the environment differs from the
-        pin's in a way that can move bits, and some key fails its pinned class."""
+        """Whether the baseline should be the reference: on another backend than the pin's,
+        always (the goldens' noise is no ruler there); else where the environment differs
+        from the pin's in a way that can move bits and some key fails its pinned class."""
+        if self.difference.across_backends:
+            return True
         return self.difference.moves_bits and not self.comparison.passed
 
     def baseline_request(self) -> BaselineRequest:
@@ -139,6 +155,11 @@ def reference_line(difference: EnvironmentDifference, passed: bool) -> str:
     is)."""
     if difference.unknown:
         return f"the goldens (the environments are not compared: {difference.unknown})"
+    if difference.across_backends:
+        return (
+            "the goldens, pinned on another backend, under their pinned classes (the baseline "
+            "is off): not exact, their bits and noise are another backend's"
+        )
     if not difference.moves_bits:
         return "the goldens (this is the environment they were pinned in)"
     if passed:
@@ -203,9 +224,15 @@ def against_baseline(
     group = gf.path.stem
     if isinstance(baseline, BaselineUnavailable):
         if required:
-            raise required_error(group, baseline)
+            raise required_error(group, baseline, across=difference.across_backends)
         if baseline is BASELINE_OFF:
             return None, reference_line(difference, passed=False), "", baseline
+        if difference.across_backends:
+            line = (
+                "the goldens, pinned on another backend, under their pinned classes: the "
+                f"baseline cannot be re-produced here ({baseline.reason}); {baseline.hint}"
+            )
+            return None, line, "", baseline
         line = (
             "the goldens, by calibration: the baseline cannot be re-produced here "
             f"({baseline.reason}); {baseline.hint}"
@@ -249,17 +276,28 @@ def conclude(first: FirstVerdict, baseline: Baseline | BaselineUnavailable | Non
             # The drift cannot explain a failure here: the baseline shares this environment,
             # so the header keeps only what cannot move bits.
             difference = dataclasses.replace(difference, bits=(), dimensions=())
+        elif difference.across_backends:
+            comparison = first.comparison  # no calibration bounds another backend
         else:
             comparison, env_header = calibrated_comparison(
                 first.comparison, first.flat_a, gf, first.classes.spreads, difference,
                 first.registries[1], budget=opts.budget,
             )  # fmt: skip
         against = "the goldens" if by_baseline is None else "the baseline"
-        comparison = dataclasses.replace(comparison, inexact=inexact(comparison, why, against))
+        loose = inexact(comparison, why, against)
+        if by_baseline is None and why is not None and difference.across_backends:
+            loose = "; ".join(filter(None, [_across_backends(gf, first.current, why), loose]))
+        comparison = dataclasses.replace(comparison, inexact=loose)
     except GoldenStoreError as e:
         raise CheckError(f"golden group {group!r} is unusable: {e}") from None
     placed = gf.ordered_keys()
-    header = {"golden": str(gf.path)}
+    header = {
+        "golden": str(gf.path),
+        "pinned on": describe_backend(gf.provenance),
+        "checked on": describe_backend(first.current),
+    }
+    if note := backend_note(first.current):
+        header["sees"] = note
     if gf.provenance.get("base_sha"):
         header["base_sha"] = str(gf.provenance["base_sha"])
     drift = difference.policy(opts.drift_mode).header
@@ -296,12 +334,27 @@ def conclude(first: FirstVerdict, baseline: Baseline | BaselineUnavailable | Non
     )
 
 
-def required_error(group: str, why: BaselineUnavailable) -> CheckError:
-    """The error of a check that requires the baseline where it cannot be re-produced."""
+def _across_backends(gf: GoldenFile, current: Mapping[str, Any], why: BaselineUnavailable) -> str:
+    """The verdict line's phrase for a check on another backend that has no baseline."""
+    return (
+        f"judged against goldens pinned on {describe_backend(gf.provenance)} from "
+        f"{describe_backend(current)} under their pinned classes, not by the baseline: "
+        f"{why.reason}; {why.hint}"
+    )
+
+
+def required_error(group: str, why: BaselineUnavailable, *, across: bool = False) -> CheckError:
+    """The error of a check that requires the baseline where it cannot be re-produced
+    (`across`: on another backend than the pin's)."""
+    instead = (
+        "the tree would be judged against goldens pinned on another backend"
+        if across
+        else "a bitwise key would pass by its calibrated bound alone"
+    )
     return CheckError(
         f"group {group!r}: the baseline is required (baseline require) but cannot be "
-        f"re-produced here ({why.reason}), so a bitwise key would pass by its calibrated "
-        f"bound alone; {why.hint}; or accept that judgement (baseline auto)"
+        f"re-produced here ({why.reason}), so {instead}; {why.hint}; or accept that "
+        "judgement (baseline auto)"
     )
 
 

@@ -126,6 +126,9 @@ class CheckResult:
 
 #: The header lines a report shows once per check, named after it.
 _PER_CHECK = ("calibration", "environment", "order", "reference")
+#: The header lines naming the two sides of a check (`parity.exactness`): shown once, as
+#: drift lines are, where every check has the same.
+_SIDES = ("pinned on", "checked on", "sees")
 
 
 def diff_command(
@@ -148,13 +151,14 @@ def merged_header_lines(
     results: Sequence[CheckResult], header: Mapping[str, str]
 ) -> dict[str, str]:
     """The per-check header lines a report of several checks shows beside its own
-    `header`: each drift line once (named after the first check that has it), and each
+    `header`: each drift line and each side's (`pinned on`, `checked on`) once (named
+    after the first check that has it), and each
     check's calibration, environment, order and reference lines, named after the check."""
     out: dict[str, str] = {}
     for r in results:
         for k, v in r.header.items():
             new_drift = v not in header.values() and v not in out.values()
-            if (k.startswith("drift") and new_drift) or k in _PER_CHECK:
+            if ((k.startswith("drift") or k in _SIDES) and new_drift) or k in _PER_CHECK:
                 out[f"{k} ({r.name})"] = v
     return out
 

@@ -30,6 +30,9 @@ _FIELDS = {
     "xla_flags",
     "isa_cap",
     "x64",
+    "backend",
+    "device_kind",
+    "matmul_precision",
     "base_sha",
     "producer_digest",
 }

@@ -10,6 +10,14 @@ its golden under the class it is checked with (`parity.calibration.measure`: per
 spread, per class the verdict `ok`, `below noise` or `blunt`). `Calibration` holds the
 measurement, `format_calibration` prints it.
 
+On another backend than the goldens' (a TPU, goldens pinned on a CPU) the goldens are no
+reference for noise: `calibrate(..., reference_here=True)` first produces the pinned
+environment here once, and measures every perturbation against that run (`repeat`: the
+backend's run-to-run determinism); such a measurement is printed, never written into the
+goldens (`parity.commands.calibrate`). The perturbations this backend cannot run were
+skipped before (`parity.calibration.perturbations.available`); `Calibration.skipped`
+says which and why.
+
 A perturbation is benign by assumption: calibration measures the environment, not the
 code. `parity.calibration.record.record` writes the measurement into a golden file's
 provenance (`calibration`), so that `parity check` shows it in the report's header.
@@ -19,19 +27,23 @@ Nothing here imports jax.
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
+import tempfile
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
+from pathlib import Path
 from typing import Any
 
 from parity.calibration.measure import BLUNT_FACTOR, ClassSpread, KeySpread, class_spreads, measure
 from parity.calibration.perturbations import Perturbation, host_isa_caps
+from parity.environment import describe_backend
 from parity.judge.classes import REGISTRY, ToleranceClass
 from parity.judge.floats import count, sig
 from parity.judge.tolerance import Overrides
 from parity.report import text_table
 from parity.run.config import ParityConfig
-from parity.store import GoldenFile
+from parity.store import GoldenFile, open_goldens
 
 __all__ = ["Calibration", "calibrate", "format_calibration"]
 
@@ -42,7 +54,9 @@ class Calibration:
 
     **Fields:** `pinned` (the environment the goldens were pinned in: `isa`, `devices`),
     `perturbations`, `seconds` (per perturbation label, the producer run's wall time), `keys`
-    (every `KeySpread`, by group in order) and `host` (the host's supported ISA caps).
+    (every `KeySpread`, by group in order), `host` (the host's supported ISA caps),
+    `skipped` (one line per perturbation this backend cannot run) and `reference` (what
+    the runs were measured against, in words).
     """
 
     pinned: dict[str, Any]
@@ -50,6 +64,8 @@ class Calibration:
     seconds: dict[str, float]
     keys: tuple[KeySpread, ...]
     host: tuple[str, ...] = ()
+    skipped: tuple[str, ...] = ()
+    reference: str = "the goldens"
 
     @property
     def groups(self) -> list[str]:
@@ -68,6 +84,8 @@ class Calibration:
             "host_isa_caps": list(self.host),
             "perturbations": [dataclasses.asdict(p) for p in self.perturbations],
             "seconds": self.seconds,
+            "skipped": list(self.skipped),
+            "reference": self.reference,
             "classes": [c.to_dict() for c in self.classes()],
             "groups": {g: [c.to_dict() for c in self.classes(g)] for g in self.groups},
             "keys": [k.to_dict() for k in self.keys],
@@ -82,6 +100,8 @@ class Calibration:
             seconds=dict(data.get("seconds", {})),
             keys=tuple(KeySpread.from_dict(k) for k in data["keys"]),
             host=tuple(data.get("host_isa_caps", ())),
+            skipped=tuple(data.get("skipped", ())),
+            reference=str(data.get("reference", "the goldens")),
         )
 
     def spreads(self, group: str) -> dict[str, dict[str, float | None]]:
@@ -114,6 +134,8 @@ def calibrate(
     overrides: Overrides = (),
     progress: Callable[[str], None] = lambda _: None,
     registry: Mapping[str, ToleranceClass] = REGISTRY,
+    skipped: Sequence[str] = (),
+    reference_here: bool = False,
 ) -> Calibration:
     """Run the producers under every perturbation and measure the spread per key.
 
@@ -126,6 +148,9 @@ def calibrate(
     - `overrides`: classes to measure instead of the pinned ones (`measure`).
     - `progress`: receives progress lines.
     - `registry`: the classes by name.
+    - `skipped`: the lines of the perturbations this backend cannot run, to carry along.
+    - `reference_here`: measure against a run of the pinned environment here, produced
+      first, instead of the goldens (the goldens were pinned on another backend).
 
     **Returns:** a `Calibration`. Raises `parity.run.launcher.ProducerRunError` if the
     producers cannot run in some environment.
@@ -134,6 +159,56 @@ def calibrate(
 
     runs: dict[str, dict[str, dict[str, Any]]] = {g: {} for g in goldens}
     seconds: dict[str, float] = {}
+    reference = "the goldens"
+    with contextlib.ExitStack() as stack:
+        if reference_here:
+            names = ", ".join(goldens)
+            progress(f"[calibrate 0/{len(perturbs)}] reference: producing {names} here")
+            ref = produce(config.root, config, groups=list(goldens), progress=progress,
+                          command="calibrate")  # fmt: skip
+            seconds["reference"] = round(ref.seconds, 2)
+            folder = Path(stack.enter_context(tempfile.TemporaryDirectory(prefix="parity-cal-")))
+            goldens = {
+                g: stack.enter_context(open_goldens(_as_reference(folder, g, gf, ref)))
+                for g, gf in goldens.items()
+            }
+            prov = next(iter(ref.provenance.values()), {})
+            reference = (
+                f"a run of the pinned environment here, on {describe_backend(prov)} (the "
+                "goldens were pinned on another backend: their bits are no reference here)"
+            )
+        return _calibrate(
+            config, goldens, perturbs, runs, seconds, overrides=overrides, progress=progress,
+            registry=registry, skipped=skipped, reference=reference,
+        )  # fmt: skip
+
+
+def _as_reference(folder: Path, group: str, gf: GoldenFile, ref: Any) -> Path:
+    """The reference run of `group` (`ref`: a `Produced`) written in golden format, with the
+    golden's classes and forward order."""
+    from parity.calibrated.bounds import golden_classes
+    from parity.store.writer import save_arrays
+
+    names = golden_classes(gf).names
+    return save_arrays(folder, group, ref.groups.get(group, {}), classes=names,
+                       order=gf.ordered_keys(), provenance=ref.provenance.get(group))  # fmt: skip
+
+
+def _calibrate(
+    config: ParityConfig,
+    goldens: Mapping[str, GoldenFile],
+    perturbs: Sequence[Perturbation],
+    runs: dict[str, dict[str, dict[str, Any]]],
+    seconds: dict[str, float],
+    *,
+    overrides: Overrides,
+    progress: Callable[[str], None],
+    registry: Mapping[str, ToleranceClass],
+    skipped: Sequence[str],
+    reference: str,
+) -> Calibration:
+    from parity.run.produced import produce
+
     for i, p in enumerate(perturbs, 1):
         progress(f"[calibrate {i}/{len(perturbs)}] {p.label}: producing {', '.join(goldens)}")
         env = dataclasses.replace(config, isa=p.isa, devices=p.devices, processes=p.processes)
@@ -152,6 +227,8 @@ def calibrate(
         seconds=seconds,
         keys=tuple(keys),
         host=tuple(host_isa_caps()),
+        skipped=tuple(skipped),
+        reference=reference,
     )
 
 
@@ -165,6 +242,8 @@ def format_calibration(cal: Calibration) -> str:
         f"host ISA caps {', '.join(cal.host) or 'unknown'}",
         "perturbations (each a fresh producer process): "
         + ", ".join(f"{p.label} ({cal.seconds.get(p.label, 0):.0f}s)" for p in cal.perturbations),
+        *cal.skipped,
+        *([] if cal.reference == "the goldens" else [f"measured against {cal.reference}"]),
         "",
     ]
     cols = ["class", "allowed", "keys", "max abs", "max ulp", "abs/max|b|", "worst", "bound"]

@@ -1,9 +1,21 @@
 """The benign perturbations `parity calibrate` runs the producers under: each XLA CPU ISA cap
 the host supports, other simulated device counts, process layouts, the same environment
-again. Each is a change of environment, never of code."""
+again. Each is a change of environment, never of code.
+
+Not every perturbation exists on every backend (docs/design.md, "On any backend"):
+`available` keeps those this machine can run and says in one line why it skips each other
+one: an ISA cap off a CPU (only XLA's CPU compiler reads it), a device count an accelerator
+does not have (only a CPU's devices are simulated), processes where `jax.distributed` cannot
+start (no TCP socket). `Here` is what it decides by: the backend jax picks on this machine,
+asked of a fresh process (`backend_here`), so that this one never holds an accelerator its
+producer processes need."""
 
 from __future__ import annotations
 
+import json
+import os
+import subprocess
+import sys
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 
@@ -15,7 +27,10 @@ __all__ = [
     "ISA_CAPS",
     "PROCESS_LAYOUT",
     "CalibrationError",
+    "Here",
     "Perturbation",
+    "available",
+    "backend_here",
     "host_isa_caps",
     "perturbations",
 ]
@@ -154,3 +169,95 @@ def perturbations(
             f"(isa {pinned.isa}, {count(pinned.devices, 'device')}); add devices or repeat"
         )
     return out
+
+
+@dataclass(frozen=True)
+class Here:
+    """The backend jax picks on this machine, and whether processes can meet.
+
+    **Fields:** `backend` (`cpu`, `gpu`, `tpu`), `devices` (its device count; for a CPU the
+    simulated count is whatever a run asks for), `device_kind` (e.g. `TPU v5 lite`) and
+    `sockets` (whether a TCP socket can be opened: `jax.distributed` needs one).
+    """
+
+    backend: str = "cpu"
+    devices: int = 1
+    device_kind: str = "cpu"
+    sockets: bool = True
+
+    def __str__(self) -> str:
+        if self.backend == "cpu":
+            return "cpu"
+        return f"{self.backend} ({self.device_kind}, {self.devices} device(s))"
+
+
+_PROBE = (
+    "import json, jax; d = jax.devices(); "
+    "print(json.dumps([jax.default_backend(), len(d), str(d[0].device_kind)]))"
+)
+
+
+def _sockets() -> bool:
+    from parity.run.processes import NoSockets, free_port
+
+    try:
+        free_port()
+    except NoSockets:
+        return False
+    return True
+
+
+def backend_here(*, timeout: float = 300.0) -> Here:
+    """The backend jax picks on this machine: `cpu` without asking where `JAX_PLATFORMS`
+    names the CPU first; else asked of a fresh process (a second or two on a CPU, some 15 s
+    on a TPU), so that this process never holds the accelerator. Where that process fails,
+    a CPU (nothing is skipped that a CPU could run)."""
+    sockets = _sockets()
+    platforms = os.environ.get("JAX_PLATFORMS", "").strip().lower()
+    if platforms.split(",")[0] == "cpu":
+        return Here(sockets=sockets)
+    try:
+        done = subprocess.run(
+            [sys.executable, "-c", _PROBE], capture_output=True, text=True, timeout=timeout
+        )
+        backend, devices, kind = json.loads(done.stdout.strip().splitlines()[-1])
+    except (OSError, subprocess.TimeoutExpired, ValueError, IndexError):
+        return Here(sockets=sockets)
+    return Here(str(backend), int(devices), str(kind), sockets)
+
+
+def available(perturbs: Sequence[Perturbation], here: Here) -> tuple[list[Perturbation], list[str]]:
+    """The perturbations this machine can run, and one line for each it skips.
+
+    **Arguments:**
+
+    - `perturbs`: the perturbations asked for (`perturbations`).
+    - `here`: this machine's backend (`backend_here`).
+
+    **Returns:** `(kept, skipped)`, `kept` in the order given.
+    """
+    kept: list[Perturbation] = []
+    skipped: list[str] = []
+    for p in perturbs:
+        why = ""
+        if p.kind == "isa" and here.backend != "cpu":
+            why = f"an ISA cap is read by XLA's CPU compiler only, and this backend is {here}"
+        elif (
+            p.kind in ("devices", "processes")
+            and here.backend != "cpu"
+            and (p.devices * p.processes != here.devices)
+        ):
+            why = (
+                f"it needs {p.devices * p.processes} device(s), and this backend is {here}; "
+                "only a CPU's devices are simulated"
+            )
+        elif p.kind == "processes" and not here.sockets:
+            why = (
+                "this machine allows no TCP socket, so jax.distributed cannot start (a run "
+                "of several processes is not possible here)"
+            )
+        if why:
+            skipped.append(f"{p.label}: skipped: {why}")
+        else:
+            kept.append(p)
+    return kept, skipped

@@ -99,9 +99,15 @@ def _saved_calibration(path: Path, groups: Sequence[str], goldens: Mapping[str, 
 
 def run(args: argparse.Namespace, out: IO[str]) -> int:
     from parity.calibration.calibrate import calibrate, format_calibration
-    from parity.calibration.perturbations import CalibrationError, perturbations
+    from parity.calibration.perturbations import (
+        CalibrationError,
+        available,
+        backend_here,
+        perturbations,
+    )
     from parity.calibration.record import record as record_calibration
     from parity.check import GoldenDir
+    from parity.environment import backend_of
     from parity.results import CheckError
     from parity.run.launcher import ProducerRunError
     from parity.store import GoldenStoreError
@@ -119,6 +125,12 @@ def run(args: argparse.Namespace, out: IO[str]) -> int:
         perturbs = [] if args.from_json else perturbations(split_groups(args.perturb), config)
     except CalibrationError as e:
         raise CLIError(str(e)) from None
+    here, skipped = None, []
+    if perturbs:  # what this backend cannot run is skipped, one line each
+        here = backend_here()
+        perturbs, skipped = available(perturbs, here)
+        if not perturbs:
+            raise CLIError(f"nothing to calibrate on this backend: {'; '.join(skipped)}")
     folder = GoldenDir(config.goldens)
     groups = split_groups(args.groups) or folder.groups()
     unknown = [g for g in groups if g not in folder.groups()]
@@ -130,12 +142,23 @@ def run(args: argparse.Namespace, out: IO[str]) -> int:
         )
     try:
         goldens = {g: folder.open(g) for g in groups}
+        across = here is not None and any(
+            backend_of(gf.provenance) != here.backend for gf in goldens.values()
+        )
+        if across and args.write:
+            folder.close()
+            raise CLIError(
+                f"the goldens were pinned on another backend than this one ({here}): their "
+                "calibration records that backend's noise, so this one's is measured and "
+                "printed here, never written; drop --write"
+            )
         if args.from_json:
             cal = _saved_calibration(Path(args.from_json), groups, goldens)
         else:
             cal = calibrate(
-                config, goldens, perturbs, overrides=overrides, progress=report_progress
-            )
+                config, goldens, perturbs, overrides=overrides, progress=report_progress,
+                skipped=skipped, reference_here=across,
+            )  # fmt: skip
     except (GoldenStoreError, CheckError) as e:
         folder.close()
         raise CLIError(str(e)) from None

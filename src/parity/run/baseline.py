@@ -41,7 +41,13 @@ from pathlib import Path
 from typing import Any
 
 from parity.baseline import Baseline, BaselineUnavailable
-from parity.environment import environment_difference, environment_fingerprint, layout_of
+from parity.environment import (
+    backend_of,
+    describe_backend,
+    environment_difference,
+    environment_fingerprint,
+    layout_of,
+)
 from parity.judge.floats import count
 from parity.run.config import ParityConfig, user_cache_folder
 from parity.run.goldens import write_run
@@ -84,7 +90,8 @@ class CachedBaseline:
 
     **Fields:** `path`, `group`, `sha` (the base commit), `fingerprint` (of the
     environment), `digest` (of the producers, 12 hex), `layout` (`processes x devices`),
-    `isa` (the ISA cap), `cpu` (the processor) and `bytes` (the file's size).
+    `isa` (the ISA cap; `-` off a CPU), `cpu` (the processor, or off a CPU the backend in
+    words) and `bytes` (the file's size).
     """
 
     path: Path
@@ -175,6 +182,7 @@ class BaselineCache:
             except GoldenStoreError:
                 continue
             processes, devices = layout_of(prov)
+            on_cpu = backend_of(prov) == "cpu"  # an accelerator reads no ISA cap
             out.append(
                 CachedBaseline(
                     path,
@@ -183,8 +191,10 @@ class BaselineCache:
                     fingerprint,
                     digest,
                     f"{processes}x{devices}",
-                    str(prov.get("isa_cap")),
-                    str(prov.get("cpu") or prov.get("processor") or "?").split(";")[0],
+                    str(prov.get("isa_cap")) if on_cpu else "-",
+                    str(prov.get("cpu") or prov.get("processor") or "?").split(";")[0]
+                    if on_cpu
+                    else describe_backend(prov),
                     path.stat().st_size,
                 )
             )
@@ -348,9 +358,14 @@ class BaselineBuilder:
             processes, devices, isa = config.processes, config.devices, config.isa
         root, full = base_commit(config.root, sha)
         src = config.src_relative()
+        where = (
+            describe_backend(current)
+            if current is not None
+            else f"{processes}x{devices} devices, isa {isa}"
+        )
         self.progress(
             f"re-producing {', '.join(groups)} at the base {full[:12]} in this environment "
-            f"({processes}x{devices} devices, isa {isa}); the first check here pays for it"
+            f"({where}); the first check here pays for it"
         )
         t0 = time.perf_counter()
         with owned_tempdir(BUILD_PREFIX) as tmp, temporary_worktree(root, full) as wt:

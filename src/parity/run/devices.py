@@ -46,13 +46,18 @@ def xla_flags_for(n_devices: int, *, isa_cap: str | None = DEFAULT_ISA_CAP, base
     return flags.strip()
 
 
+#: The jax settings a subprocess inherits: the backend chosen and the matmul precision.
+_PASSED_JAX = ("JAX_PLATFORMS", "JAX_DEFAULT_MATMUL_PRECISION")
+
+
 def isolated_env(
     n_devices: int, *, isa_cap: str | None = DEFAULT_ISA_CAP, base: dict[str, str] | None = None
 ) -> dict[str, str]:
     """Environment for a subprocess that must not share this one's jax settings.
 
-    Drops every `JAX_*` and `PARITY_*` variable and fixes the device count and ISA cap in
-    `XLA_FLAGS`. The one jax setting it passes on is the machine's compilation cache
+    Drops every `JAX_*` and `PARITY_*` variable but the backend chosen (`JAX_PLATFORMS`)
+    and the matmul precision (`JAX_DEFAULT_MATMUL_PRECISION`), and fixes the device count
+    and ISA cap in `XLA_FLAGS`. The one jax setting it passes on is the machine's compilation cache
     (`parity.run.jax_cache`: the root this process resolved, off where it was turned off),
     so that a program the child compiles is compiled once per machine; what a child measures
     of a compile (`parity.compile_stats`) it measures with the cache off.
@@ -62,6 +67,9 @@ def isolated_env(
 
     src = dict(os.environ) if base is None else base
     env = {k: v for k, v in src.items() if not k.startswith(("JAX_", "PARITY_"))}
+    # The backend and the matmul precision the check runs at are its environment (recorded
+    # in provenance): a producer, a baseline and an origin run where the check runs.
+    env |= {k: src[k] for k in _PASSED_JAX if k in src}
     env["XLA_FLAGS"] = xla_flags_for(n_devices, isa_cap=isa_cap)
     root = jax_cache.for_children(src)
     env.update(jax_cache.child_env(root))

@@ -40,6 +40,7 @@ __all__ = [
     "ENV_PROCESS_ID",
     "KILL_GRACE_S",
     "Layout",
+    "NoSockets",
     "WorkerFailed",
     "agree",
     "free_port",
@@ -98,11 +99,30 @@ class WorkerFailed(RuntimeError):
         self.worker, self.reason, self.tail, self.output = worker, reason, tail, output
 
 
+class NoSockets(WorkerFailed):
+    """This machine lets no process open a TCP socket (a sandbox; some TPU VMs), so JAX's
+    distributed runtime cannot start and no multi-process run is possible here. A
+    `WorkerFailed` with no worker: every caller that reports a failed run says it in one
+    line."""
+
+    def __init__(self, error: OSError):
+        reason = (
+            f"this machine allows no TCP socket ({error.strerror or error}), so "
+            "jax.distributed cannot start: a run of several processes is not possible here "
+            "(run one process, or where sockets are allowed)"
+        )
+        super().__init__(None, reason, "", "")
+
+
 def free_port() -> int:
-    """A TCP port on localhost that nothing listens on now (the coordinator's)."""
-    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
-        s.bind(("localhost", 0))
-        return int(s.getsockname()[1])
+    """A TCP port on localhost that nothing listens on now (the coordinator's). Raises
+    `NoSockets` where the machine allows no socket."""
+    try:
+        with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
+            s.bind(("localhost", 0))
+            return int(s.getsockname()[1])
+    except OSError as e:
+        raise NoSockets(e) from None
 
 
 def _describe_exit(code: int) -> str:

@@ -1,9 +1,11 @@
 """Where goldens came from: the environment of a run, recorded.
 
-`collect_provenance` records the environment of a run (versions, platform, device count,
-XLA flags, ISA cap, x64 mode) plus the git base SHA and a digest of the producer code
-(`digest_sources`). It reads versions with `importlib.metadata` and never starts jax's
-backends: it imports nothing heavy, and asks jax only if jax is already imported.
+`collect_provenance` records the environment of a run (versions, platform, the backend jax
+computed on: `backend` (cpu, gpu, tpu), `device_kind`, device count and processes; XLA
+flags, ISA cap, x64 mode, the default matmul precision) plus the git base SHA and a digest
+of the producer code (`digest_sources`). It reads versions with `importlib.metadata` and
+never starts jax's backends: it imports nothing heavy, and asks jax only if jax is already
+imported.
 
 This module only collects. Whether two environments differ, and what that does to bitwise
 classes, is decided once, in `parity.environment`.
@@ -95,6 +97,30 @@ def _device_count(xla_flags: str) -> int:
     return int(found[-1]) if found else 1  # the last flag wins, as in XLA
 
 
+def _backend() -> tuple[str | None, str | None]:
+    """`(platform, device kind)` of jax's default backend where it is started in this
+    process (a producer process, after its producers ran), else `(None, None)`: a file that
+    records no backend reads as a CPU run (`parity.environment.backend_of`)."""
+    if not jax_backend_started():
+        return None, None
+    import jax
+
+    devices = jax.devices()
+    kind = str(devices[0].device_kind) if devices else None
+    return str(jax.default_backend()), kind
+
+
+def _matmul_precision() -> str | None:
+    """jax's default matmul precision (None: the backend's default). On a TPU it decides
+    how many bits of a float32 product survive, so it is part of the environment."""
+    if "jax" in sys.modules:
+        import jax
+
+        value = getattr(jax.config, "jax_default_matmul_precision", None)
+        return None if value is None else str(value)
+    return os.environ.get("JAX_DEFAULT_MATMUL_PRECISION") or None
+
+
 def _x64() -> bool:
     if "jax" in sys.modules:
         import jax
@@ -124,14 +150,16 @@ def collect_provenance(
 
     **Returns:** a JSON-serialisable dict with keys `python`, `jax`, `jaxlib`, `numpy`,
     `h5py`, `ml_dtypes` (versions, None if not installed), `platform`, `machine`,
-    `processor`, `cpu` (vendor, family, model and vector ISA flags), `device_count` (jax's
-    global count: every process's devices), `processes` (of a multi-process run, from
-    `parity.run.processes`' worker environment; 1 otherwise),
-    `xla_flags`, `isa_cap` (None if no cap), `x64`,
-    `base_sha`, `producer_digest`.
+    `processor`, `cpu` (vendor, family, model and vector ISA flags), `backend` (jax's
+    platform: `cpu`, `gpu`, `tpu`; None where jax's backends are not started here) and
+    `device_kind` (e.g. `TPU v5 lite`), `device_count` (jax's global count: every process's
+    devices), `processes` (of a multi-process run, from `parity.run.processes`' worker
+    environment; 1 otherwise), `xla_flags`, `isa_cap` (None if no cap), `x64`,
+    `matmul_precision` (jax's default, None if unset), `base_sha`, `producer_digest`.
     """
     xla_flags = os.environ.get("XLA_FLAGS", "")
     isa = _ISA_FLAG_RE.findall(xla_flags)
+    backend, device_kind = _backend()
     return {
         "python": platform.python_version(),
         "jax": _version("jax"),
@@ -143,11 +171,14 @@ def collect_provenance(
         "machine": platform.machine(),
         "processor": _processor(),
         "cpu": cpu_signature(),
+        "backend": backend,
+        "device_kind": device_kind,
         "device_count": int(device_count) if device_count is not None else _device_count(xla_flags),
         "processes": int(os.environ.get("PARITY_PROCESSES") or 1),
         "xla_flags": xla_flags,
         "isa_cap": isa[-1] if isa else None,
         "x64": _x64(),
+        "matmul_precision": _matmul_precision(),
         "base_sha": base_sha,
         "producer_digest": producer_digest,
     }
