@@ -161,6 +161,21 @@ def _against_baseline(
     )  # fmt: skip
 
 
+def _across_backends(
+    baseline: Baseline, how: str, difference: EnvironmentDifference, held: Comparison
+) -> str:
+    """The `reference` line of a baseline on another backend than the pin's: it judges,
+    and how far it lies from the goldens is information."""
+    beyond = sum(not f.passed for f in held.findings)
+    return (
+        f"the baseline re-produced here at {baseline.sha[:12]} ({how} at {baseline.path}), "
+        f"on this backend ({', '.join(difference.changes)}); it judges every key under its "
+        "class. How far it lies from the goldens, for information (another backend's bits, "
+        f"not a refusal): {_worst(held.findings)}; {count(beyond, 'key')} beyond their "
+        "pinned class"
+    )
+
+
 def compare_with_baseline(
     flat_a: Mapping[str, Any],
     gf: GoldenFile,
@@ -247,15 +262,7 @@ def compare_with_baseline(
     calibrated = any(f.note.startswith(BY_CALIBRATION) for f in held.findings)
     within = "the goldens' calibrated noise" if calibrated else "the goldens' pinned classes"
     if difference.across_backends:
-        beyond = sum(not f.passed for f in held.findings)
-        line = (
-            f"the baseline re-produced here at {baseline.sha[:12]} ({how}{took} at "
-            f"{baseline.path}), on this backend ({', '.join(difference.changes)}); it judges "
-            "every key under its class. How far it lies from the goldens, for information "
-            f"(another backend's bits, not a refusal): {_worst(held.findings)}; {beyond} "
-            "key(s) beyond their pinned class"
-        )
-        return comparison, line
+        return comparison, _across_backends(baseline, f"{how}{took}", difference, held)
     line = (
         f"the baseline re-produced here at {baseline.sha[:12]} ({how}{took} at "
         f"{baseline.path}), in this environment ({', '.join(difference.changes)}), itself "

@@ -136,7 +136,7 @@ def test_goldens_pinned_on_a_tpu_are_judged_here_by_the_baseline(project, run_pa
     reference = _line(proc.stdout, "reference")
     assert "the baseline re-produced here" in reference
     assert "on this backend (backend tpu (TPU v5 lite) -> cpu)" in reference
-    assert "for information" in reference and "2 key(s) beyond their pinned class" in reference
+    assert "for information" in reference and "2 keys beyond their pinned class" in reference
     assert "outside the recorded noise" not in proc.stdout + proc.stderr
     # A change far below the goldens' distance from this backend: the baseline catches it,
     # bit for bit on the bitwise key.
