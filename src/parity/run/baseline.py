@@ -363,9 +363,14 @@ class BaselineBuilder:
             if current is not None
             else f"{processes}x{devices} devices, isa {isa}"
         )
+        cost = (
+            "with its programs recorded op by op, to name the origin (cached with it)"
+            if record
+            else "the first check here pays for it"
+        )
         self.progress(
             f"re-producing {', '.join(groups)} at the base {full[:12]} in this environment "
-            f"({where}); the first check here pays for it"
+            f"({where}); {cost}"
         )
         t0 = time.perf_counter()
         with owned_tempdir(BUILD_PREFIX) as tmp, temporary_worktree(root, full) as wt:
