@@ -69,7 +69,7 @@ BUGS = (
         "jnp.concatenate([x2, x1], axis=-1)", "_rotate_half"),
     Bug("mask key", "train_remat_nothing", "src/decomp/masks.py",
         "jax.random.fold_in(key, i))(jnp.asarray(positions))",
-        "jax.random.fold_in(key, i + 1))(jnp.asarray(positions))", "stochastic_masks"),
+        "jax.random.fold_in(key, i + 1))(jnp.asarray(positions))", "stochastic_masks_by_kind"),
     Bug("faithfulness term", "train_remat_nothing", "src/decomp/losses.py",
         "return sum_in_order(layout.canonical(per_site)) / count",
         "return sum_in_order(layout.canonical(per_site)) / (count - 1)", "faithfulness_loss"),
@@ -124,7 +124,9 @@ def run(bug: Bug) -> None:
         where += f" [{origin['primitive']}]" + (
             f" (in {origin['library']})" if origin.get("library") else ""
         )
-    hit = bool(origin) and origin["function"] == bug.function and origin["file"] == bug.file
+    # The function holding the changed line, or a lambda or comprehension inside it.
+    function = origin["function"].split(".<locals>")[0] if origin else ""
+    hit = bool(origin) and function == bug.function and origin["file"] == bug.file
     peak = resource.getrusage(resource.RUSAGE_CHILDREN).ru_maxrss / 1024
     print(f"{bug.name:18s} {bug.group:20s} exit {code}  {where}  "
           f"{'OK' if hit else 'MISS (expected ' + bug.function + ')'}")  # fmt: skip

@@ -26,6 +26,7 @@ This module imports numpy and the judge only.
 
 from __future__ import annotations
 
+import functools
 from collections.abc import Callable, Sequence
 from dataclasses import asdict, dataclass
 from pathlib import Path
@@ -267,16 +268,16 @@ class Alignment:
         """The new program's values that matched none of the old program's."""
         return [v for v in self.new.values if not self.matched[v.id]]
 
-    def origin(self, key: str, *, root: str | Path | None = None) -> Origin | None:
-        """The origin of output `key` of the new program (see the module docstring), or
-        None when that output matched."""
+    def cone(self, key: str) -> set[int]:
+        """The unmatched values from which output `key` is reached through unmatched values
+        only (`key`'s own value among them); empty when that output matched."""
         if key not in self.new.outputs:
             raise LocaliseError(
                 f"the new program has no output {key!r}; it has {list(self.new.outputs)}"
             )
         target = self.new.outputs[key]
         if target < 0 or self.matched[target]:
-            return None
+            return set()
         values = self.new.values
         reached, todo = {target}, [target]
         while todo:
@@ -284,16 +285,39 @@ class Alignment:
                 if not self.matched[i] and i not in reached:
                     reached.add(i)
                     todo.append(i)
+        return reached
+
+    def origin(self, key: str, *, root: str | Path | None = None) -> Origin | None:
+        """The origin of output `key` of the new program (see the module docstring), or
+        None when that output matched."""
+        reached = self.cone(key)
+        if not reached:
+            return None
+        values = self.new.values
         computed = [i for i in reached if values[i].kind in ("op", "move")]
-        v = values[min(computed or reached)]
+        return self.describe(min(computed or reached), key, root=root)
+
+    def has_old_peer(self, i: int) -> bool:
+        """Whether the old program computed some value of value `i`'s shape and dtype (or
+        a row of one): `i` is then a changed value, not one of a new kind."""
+        return self._matcher.nearest(self.new.values[i]) is not None
+
+    def describe(self, i: int, key: str, *, root: str | Path | None = None) -> Origin:
+        """Value `i` of the new program as the `Origin` of output `key`."""
+        values = self.new.values
+        v = values[i]
         return Origin(
             key=key, primitive=v.primitive, file=_relative(v.file, root), line=v.line,
             function=v.function, shape=v.shape, dtype=v.dtype,
-            input_shapes=tuple(values[i].shape for i in v.inputs),
-            max_diff=_Matcher(self.new, self.old, self.rho).nearest(v),
+            input_shapes=tuple(values[j].shape for j in v.inputs),
+            max_diff=self._matcher.nearest(v),
             matched_fraction=self.matched_fraction, position=v.id, rho=self.rho,
             library=v.library,
         )  # fmt: skip
+
+    @functools.cached_property
+    def _matcher(self) -> _Matcher:
+        return _Matcher(self.new, self.old, self.rho)
 
 
 def _relative(file: str, root: str | Path | None) -> str:

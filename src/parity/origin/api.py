@@ -73,11 +73,12 @@ def locate(
     - `root`: paths in the origin are given relative to it when they lie under it.
     - `against`: what `old` is, for the lines (`"the base commit"`).
 
-    **Returns:** a `Localisation`: `named` with the `Origin` (the first value upstream of
-    the failing output that equals no value of `old` at all), the first that breaks the
-    class's matching tolerance where that is another one (`beyond`), and the matched share
-    along the new program; `matched` where every value upstream of the failing output
-    equals one of `old`'s bit for bit; `no_failure` where no output fails its class.
+    **Returns:** a `Localisation`: `named` with the `Origin` (among the values from which
+    the failing output is reached through values that equal no value of `old` at all, the
+    earliest that also breaks the class's matching tolerance and has an old value of its
+    shape), the value the tolerance alone would name where that is another (`beyond`), and
+    the matched share along the new program; `matched` where every value upstream of the
+    failing output equals one of `old`'s bit for bit; `no_failure` where no output fails its class.
     A class that gives no matching tolerance (`logit_kl`, a calibrated class read without
     its golden) leaves the search at equality only (`reason` says why). Raises
     `LocaliseError` when the key is absent.
@@ -90,14 +91,24 @@ def locate(
     if key not in old.output_arrays:
         raise LocaliseError(f"the old program has no output {key!r}; it has {list(old.outputs)}")
     rho, note = _tolerance(resolve(key), registry, old.output_arrays[key])
-    # At equality first: the first operation whose value differs from every old value at
-    # all is where the code changed, however small the change; a tolerance would let a
-    # change below it through to a later operation that amplifies it.
+    # At equality first: the values that equal no old value at all, from which the key is
+    # reached through such values, hold where the code changed, however small the change;
+    # a tolerance alone would let a change that a softmax squashes below it through, to be
+    # named at a later operation that amplifies it. Among them the origin is the earliest
+    # that also breaks the class's tolerance and has an old value of its shape (a changed
+    # value, not one of a new kind such as a refactor's fused weight); a difference within
+    # the tolerance (a refactor's reordered sum) is not it.
     exact = align(new, old, 0.0)
-    origin = exact.origin(key, root=root)
-    if origin is None:
+    reached = exact.cone(key)
+    if not reached:
         return Localisation("matched", key=key, against=against, rho=0.0)
-    beyond = origin if not rho else align(new, old, rho).origin(key, root=root)
+    loose = None if not rho else align(new, old, rho)
+    computed = sorted(i for i in reached if new.values[i].kind in ("op", "move"))
+    moved = [i for i in computed if loose is None or not loose.matched[i]]
+    changed = next((i for i in moved if exact.has_old_peer(i)), None)
+    first = changed if changed is not None else (moved or computed or sorted(reached))[0]
+    origin = exact.describe(first, key, root=root)
+    beyond = origin if loose is None else loose.origin(key, root=root)
     counted = np.array([v.kind != "input" for v in new.values])
     matched = exact.matched[counted].astype(np.float64)
     bins = np.array_split(matched, min(PROFILE_BINS, max(1, len(matched))))

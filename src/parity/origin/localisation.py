@@ -45,9 +45,11 @@ class Localisation:
     - `values`, `profile`, `origin_at`: for `named`, the new program's values counted (its
       inputs aside), their share equal to an old value in up to `PROFILE_BINS` equal bins
       along it in dataflow order, and where the origin sits along it (0 to 1).
-    - `beyond`: for `named`, where the origin (the first value that differs at all) is not
-      the first value to break the class's matching tolerance (`rho`), that one; `within`:
-      no value upstream of `key` breaks that tolerance (the change stays under it).
+    - `beyond`: for `named`, where the search by the class's matching tolerance (`rho`)
+      alone names another value (the earliest from which `key` is reached through values
+      beyond the tolerance only: a change squashed below it, by a softmax say, is named
+      where it re-emerges), that one; `within`: run op by op, `key` itself is within the
+      tolerance (its compiled values broke the class).
 
     **Example:**
 
@@ -84,13 +86,13 @@ class Localisation:
             if self.beyond is not None:
                 b = self.beyond
                 line += (
-                    f"; first beyond the class's tolerance: {b.primitive} at "
+                    f"; by the class's tolerance alone: {b.primitive} at "
                     f"{b.file or '<no source>'}:{b.line} in {b.function}"
                 )
             elif self.reason:
                 line += f"; at equality only: {self.reason}"
             elif self.within:
-                line += "; no value upstream of it breaks the class's tolerance"
+                line += f"; run op by op, {self.key} is within the class's tolerance"
             return line
         if self.status == "matched":
             if self.rho == 0:
