@@ -106,6 +106,11 @@ def locate(
     computed = sorted(i for i in reached if new.values[i].kind in ("op", "move"))
     moved = [i for i in computed if loose is None or not loose.matched[i]]
     changed = next((i for i in moved if exact.has_old_peer(i)), None)
+    if changed is not None:  # back through new kinds of values feeding it (a new scale)
+        while fed := [
+            j for j in new.values[changed].inputs if j in moved and not exact.has_old_peer(j)
+        ]:
+            changed = min(fed)
     first = changed if changed is not None else (moved or computed or sorted(reached))[0]
     origin = exact.describe(first, key, root=root)
     beyond = origin if loose is None else loose.origin(key, root=root)

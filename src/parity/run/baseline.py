@@ -363,15 +363,7 @@ class BaselineBuilder:
             if current is not None
             else f"{processes}x{devices} devices, isa {isa}"
         )
-        cost = (
-            "with its programs recorded op by op, to name the origin (cached with it)"
-            if record
-            else "the first check here pays for it"
-        )
-        self.progress(
-            f"re-producing {', '.join(groups)} at the base {full[:12]} in this environment "
-            f"({where}); {cost}"
-        )
+        self.progress(_building(groups, full, where, record))
         t0 = time.perf_counter()
         with owned_tempdir(BUILD_PREFIX) as tmp, temporary_worktree(root, full) as wt:
             try:
@@ -428,6 +420,19 @@ class BaselineBuilder:
             f"cached in {self.cache.folder}"
         )
         return out
+
+
+def _building(groups: Sequence[str], sha: str, where: str, record: bool) -> str:
+    """The progress line of a build."""
+    cost = (
+        "with its programs recorded op by op, to name the origin (cached with it)"
+        if record
+        else "the first check here pays for it"
+    )
+    return (
+        f"re-producing {', '.join(groups)} at the base {sha[:12]} in this environment "
+        f"({where}); {cost}"
+    )
 
 
 #: Beside a cached baseline `<group>.h5`: its programs recorded op by op at the base, or
