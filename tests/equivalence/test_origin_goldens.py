@@ -5,7 +5,8 @@ because the programs the producer runs are recorded, not the producer.
 
 - End to end: `parity check --groups forward_llama --json` on a copy of the working tree
   with a 10% change of the RMS norm's epsilon (`src/decomp/nn.py`) names `rms_norm` in that
-  file, and the header no longer calls the order "declared".
+  file, and the header no longer calls the order "declared"; `--groups train_remat_nothing`
+  with the mask draw's key moved by one site (`src/decomp/masks.py`) names that line.
 - In process: the order read from `forward_llama`'s recorded programs puts a bug in layer 2
   (its attention output weight scaled) first at a layer-2 key, never at a key of layer 3,
   which `last_layer_sites` computes in an earlier program.
@@ -13,6 +14,7 @@ because the programs the producer runs are recorded, not the producer.
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import shutil
@@ -38,42 +40,66 @@ BEFORE = "jnp.mean(x32 * x32, axis=-1, keepdims=True) + eps)"
 AFTER = "jnp.mean(x32 * x32, axis=-1, keepdims=True) + 1.1 * eps)"
 
 
-@pytest.fixture(scope="module")
-def changed_tree() -> Iterator[Path]:
+#: The training code's mask draw: each site's key folded in at its canonical position.
+MASKS = "src/decomp/masks.py"
+MASK_BEFORE = "jax.random.fold_in(key, i))(jnp.asarray(positions))"
+MASK_AFTER = "jax.random.fold_in(key, i + 1))(jnp.asarray(positions))"
+
+
+@contextlib.contextmanager
+def _changed(file: str, before: str, after: str) -> Iterator[Path]:
     """The working tree's tracked files over a temporary worktree of HEAD (the goldens'
-    base commit is in the history), with the epsilon changed."""
+    base commit is in the history), with `before` changed to `after` in `file`."""
     with temporary_worktree(ROOT, "HEAD") as tree:
         for rel in git(ROOT, "ls-files", "-z").split("\0"):
             if rel and (ROOT / rel).is_file():
                 (tree / rel).parent.mkdir(parents=True, exist_ok=True)
                 shutil.copy2(ROOT / rel, tree / rel)
-        nn = tree / NN
-        text = nn.read_text()
-        assert text.count(BEFORE) == 1, f"{NN} no longer computes the mean square as {BEFORE!r}"
-        nn.write_text(text.replace(BEFORE, AFTER))
+        path = tree / file
+        text = path.read_text()
+        assert text.count(before) == 1, f"{file} no longer holds {before!r} once"
+        path.write_text(text.replace(before, after))
         yield tree
 
 
-@pytest.mark.slow
-def test_an_epsilon_change_on_the_real_goldens_is_named_in_rms_norm(
-    changed_tree: Path, tmp_path: Path
-) -> None:
+def _origin(tree: Path, group: str, cache: Path) -> tuple[dict, str]:
     env = {k: v for k, v in os.environ.items() if not k.startswith(("PARITY_", "PYTEST_"))}
-    env["PARITY_BASELINE_CACHE"] = str(tmp_path / "baselines")
-    report = tmp_path / "report.json"
+    env["PARITY_BASELINE_CACHE"] = str(cache / "baselines")
+    report = cache / "report.json"
     proc = subprocess.run(
-        [sys.executable, "-m", "parity", "check", "--groups", "forward_llama",
-         "--json", str(report)],
-        cwd=changed_tree, env=env, capture_output=True, text=True, timeout=600,
+        [sys.executable, "-m", "parity", "check", "--groups", group, "--json", str(report)],
+        cwd=tree, env=env, capture_output=True, text=True, timeout=900,
     )  # fmt: skip
     assert proc.returncode == 1, proc.stdout + proc.stderr
     (check,) = json.loads(report.read_text())["checks"]
-    origin = check["origin"]
-    assert origin is not None, check["origin_line"]
-    line = next(n for n, t in enumerate((changed_tree / NN).read_text().splitlines(), 1)
-                if AFTER in t)  # fmt: skip
+    assert check["origin"] is not None, check["origin_line"]
+    return check["origin"], proc.stdout
+
+
+def _line_of(tree: Path, file: str, text: str) -> int:
+    return next(n for n, t in enumerate((tree / file).read_text().splitlines(), 1) if text in t)
+
+
+@pytest.mark.slow
+def test_an_epsilon_change_on_the_real_goldens_is_named_in_rms_norm(tmp_path: Path) -> None:
+    with _changed(NN, BEFORE, AFTER) as tree:
+        origin, stdout = _origin(tree, "forward_llama", tmp_path)
+        line = _line_of(tree, NN, AFTER)
     assert (origin["file"], origin["function"], origin["line"]) == (NN, "rms_norm", line)
-    assert "declared" not in proc.stdout, proc.stdout
+    assert "declared" not in stdout, stdout
+
+
+@pytest.mark.slow
+def test_a_mask_key_change_in_training_is_named_at_its_line_through_a_train_group(
+    tmp_path: Path,
+) -> None:
+    """The train group loops over three jitted SPD steps, each fed the state the one before
+    returned: the programs are recorded step by step, and the origin is the changed draw."""
+    with _changed(MASKS, MASK_BEFORE, MASK_AFTER) as tree:
+        origin, _ = _origin(tree, "train_remat_nothing", tmp_path)
+        line = _line_of(tree, MASKS, MASK_AFTER)
+    assert (origin["file"], origin["line"]) == (MASKS, line), origin
+    assert origin["function"].split(".<locals>")[0] == "stochastic_masks_by_kind", origin
 
 
 def _recorded_order(edit: object) -> tuple[dict[str, np.ndarray], list[str]]:

@@ -40,7 +40,7 @@ from parity.judge.floats import largest_finite_abs
 from parity.judge.rule_base import Scale
 from parity.judge.ulp import is_float_dtype, spacing_at, to_float64
 from parity.origin.record import LocaliseError
-from parity.origin.recording import BLOCKS, Fingerprint, Recording, Value, ordinary
+from parity.origin.recording import STATS, Fingerprint, Recording, Value, ordinary
 
 __all__ = ["ARRANGING", "Alignment", "Origin", "align", "matching_tolerance"]
 
@@ -145,7 +145,7 @@ class _Bucket:
         self.digest = np.array([f.digest for f in prints], dtype=np.uint64)
         self.special = np.array([f.special for f in prints], dtype=np.uint64)
         self.max_abs = np.array([f.max_abs for f in prints])
-        self.stats = np.array([f.stats for f in prints]).reshape(len(prints), 2 * BLOCKS)
+        self.stats = np.array([f.stats for f in prints]).reshape(len(prints), STATS)
 
 
 def _index(old: Recording) -> dict[Key, _Bucket]:

@@ -5,8 +5,9 @@ A `Value` describes one value (primitive, shape, dtype, the values it was comput
 source file, line and function). A `Recording` holds them in dataflow order (a value's
 `id` is its position: every value comes after the values it reads), the program's outputs by
 key, and per value a `Fingerprint`: a digest of its bytes and, for a float value, its
-largest finite magnitude and `2 * BLOCKS` block statistics (the mean and the mean magnitude
-of each of `BLOCKS` contiguous blocks of its flattened elements). Each statistic is an
+largest finite magnitude and `STATS` block statistics (the mean, the mean magnitude and the
+mean under fixed pseudo-random signs of each of `BLOCKS` contiguous blocks of its flattened
+elements). Each statistic is an
 average, so two arrays within `tau` of each other elementwise have every statistic within
 `tau` too: the fingerprints rule out candidates before any array is read. A value with two
 or more axes also has a fingerprint per row (its leading index), so that a value of the
@@ -22,6 +23,7 @@ This module imports numpy only.
 
 from __future__ import annotations
 
+import functools
 import hashlib
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field, replace
@@ -34,16 +36,26 @@ from parity.judge.ulp import is_float_dtype, to_float64
 
 __all__ = [
     "BLOCKS",
+    "FORMAT",
+    "STATS",
     "Fingerprint",
     "Recording",
     "Value",
     "fingerprint",
+    "format_of",
     "ordinary",
     "row_fingerprints",
 ]
 
 #: Contiguous blocks whose mean and mean magnitude a float value's fingerprint keeps.
 BLOCKS = 8
+#: Statistics per fingerprint: per block its mean, its mean magnitude, and its mean under
+#: fixed pseudo-random signs (a projection: a sign flipped on some elements, invisible to
+#: the first two where they average out, moves it).
+STATS = 3 * BLOCKS
+#: The recording format: a file of another one is read as none (`Recording.from_arrays`
+#: callers check `format_of`); 2 added the signed statistic.
+FORMAT = 2
 
 #: Value kinds: an equation's result, a data movement of other values (a reshape, a scan's
 #: iteration slice or stacked outputs, ...), a program input, a constant of the program.
@@ -83,7 +95,8 @@ class Fingerprint:
     of where its NaN and infinities sit, 0 when every element is finite or it is not a
     float; fill values near the dtype's largest count too: `ordinary`), `max_abs` (its largest
     ordinary magnitude; 0 for non-floats) and `stats`
-    (`[2 * BLOCKS]` float64: block means, then block mean magnitudes; zeros for non-floats).
+    (`[STATS]` float64: block means, block mean magnitudes, block means under fixed signs;
+    zeros for non-floats).
     """
 
     digest: int
@@ -97,11 +110,12 @@ def _digest(data: bytes) -> int:
 
 
 def _block_stats(x64: np.ndarray) -> np.ndarray:
-    """`[rows, 2 * BLOCKS]`: per row of `x64` (`[rows, n]`, finite), the mean and the mean
-    magnitude of each of `BLOCKS` contiguous blocks (fewer blocks than `BLOCKS` when `n` is
-    small: the rest stay 0 on both sides of a comparison, as both have the same `n`)."""
+    """`[rows, STATS]`: per row of `x64` (`[rows, n]`, finite), the mean, the mean magnitude
+    and the mean under fixed signs of each of `BLOCKS` contiguous blocks (fewer blocks than
+    `BLOCKS` when `n` is small: the rest stay 0 on both sides of a comparison, as both have
+    the same `n`)."""
     rows, n = x64.shape
-    out = np.zeros((rows, 2 * BLOCKS))
+    out = np.zeros((rows, STATS))
     if n == 0:
         return out
     starts = np.unique(np.linspace(0, n, BLOCKS + 1).astype(np.int64)[:-1])
@@ -109,7 +123,16 @@ def _block_stats(x64: np.ndarray) -> np.ndarray:
     k = len(starts)
     out[:, :k] = np.add.reduceat(x64, starts, axis=1) / sizes
     out[:, BLOCKS : BLOCKS + k] = np.add.reduceat(np.abs(x64), starts, axis=1) / sizes
+    out[:, 2 * BLOCKS : 2 * BLOCKS + k] = np.add.reduceat(x64 * _signs(n), starts, axis=1) / sizes
     return out
+
+
+@functools.lru_cache(maxsize=256)
+def _signs(n: int) -> np.ndarray:
+    """`n` fixed pseudo-random signs (the same for every array of `n` elements)."""
+    signs = np.where(np.random.default_rng(n).integers(0, 2, n) == 1, 1.0, -1.0)
+    signs.flags.writeable = False
+    return signs
 
 
 def row_fingerprints(array: np.ndarray) -> list[Fingerprint]:
@@ -119,7 +142,7 @@ def row_fingerprints(array: np.ndarray) -> list[Fingerprint]:
     flat = np.ascontiguousarray(array).reshape(rows, -1)
     digests = [_digest(flat[r].tobytes()) for r in range(rows)]
     if not is_float_dtype(array.dtype):
-        zeros = np.zeros(2 * BLOCKS)
+        zeros = np.zeros(STATS)
         return [Fingerprint(d, 0, 0.0, zeros) for d in digests]
     x64 = to_float64(flat)
     plain = ordinary(x64, array.dtype)
@@ -202,6 +225,7 @@ class Recording:
             "meta.output_keys": np.array(list(self.outputs), dtype=str),
             "meta.output_ids": np.array(list(self.outputs.values()), dtype=np.int64),
             "meta.row_of": np.array([i for i, fs in self.rows.items() for _ in fs], dtype=np.int64),
+            "meta.format": np.array(FORMAT, dtype=np.int64),
         }
         out |= _fingerprints_to_arrays("fp", self.fingerprints)
         out |= _fingerprints_to_arrays("row", [f for fs in self.rows.values() for f in fs])
@@ -214,7 +238,13 @@ class Recording:
     @classmethod
     def from_arrays(cls, data: Mapping[str, np.ndarray]) -> Recording:
         """Read back what `to_arrays` wrote (an `np.load` of its file); values' arrays come
-        back when they were written."""
+        back when they were written. Raises `ValueError` for another format than `FORMAT`
+        (a file an older parity wrote: record it again)."""
+        if format_of(data) != FORMAT:
+            raise ValueError(
+                f"a recording of format {format_of(data)}, where this parity reads {FORMAT}: "
+                "record it again"
+            )
         shapes = _split(data["meta.shape"], data["meta.ndim"])
         inputs = _split(data["meta.inputs"], data["meta.n_inputs"])
         n = len(data["meta.primitive"])
@@ -258,7 +288,7 @@ def _fingerprints_to_arrays(prefix: str, prints: Sequence[Fingerprint]) -> dict[
         f"{prefix}.special": np.array([f.special for f in prints], dtype=np.uint64),
         f"{prefix}.max_abs": np.array([f.max_abs for f in prints], dtype=np.float64),
         f"{prefix}.stats": np.array([f.stats for f in prints], dtype=np.float64).reshape(
-            len(prints), 2 * BLOCKS
+            len(prints), STATS
         ),
     }
 
@@ -271,3 +301,8 @@ def _fingerprints_from_arrays(prefix: str, data: Mapping[str, Any]) -> list[Fing
             data[f"{prefix}.stats"], strict=True,
         )
     ]  # fmt: skip
+
+
+def format_of(data: Mapping[str, Any]) -> int:
+    """The format of a recording written by `Recording.to_arrays` (1 where it says none)."""
+    return int(data["meta.format"]) if "meta.format" in data else 1

@@ -31,7 +31,6 @@ from __future__ import annotations
 
 import contextlib
 import fcntl
-import json
 import os
 import shutil
 import time
@@ -52,6 +51,7 @@ from parity.judge.floats import count
 from parity.run.config import ParityConfig, user_cache_folder
 from parity.run.goldens import write_run
 from parity.run.launcher import ProducerRunError, load_runner_output, run_producers
+from parity.run.recordings import keep_recording, recorded
 from parity.run.worktree import GitError, git, repo_root, resolve_sha, temporary_worktree
 from parity.store import GoldenStoreError, open_goldens
 from parity.store.provenance import digest_sources
@@ -64,7 +64,6 @@ __all__ = [
     "CachedBaseline",
     "base_commit",
     "cache_dir",
-    "recorded",
 ]
 
 #: The environment variable that moves the cache folder.
@@ -411,7 +410,7 @@ class BaselineBuilder:
                 path = self.cache.path_for(full, fp, digest, group)
                 path.parent.mkdir(parents=True, exist_ok=True)
                 if record:  # first, so that a usable entry always has it
-                    _keep_recording(tmp, group, path)
+                    keep_recording(tmp, group, path)
                 write_run(path, loaded, sha=full, digest=digest)
                 out[group] = self._built[path] = Baseline(path, full, False, seconds)
         self.progress(
@@ -433,38 +432,6 @@ def _building(groups: Sequence[str], sha: str, where: str, record: bool) -> str:
         f"re-producing {', '.join(groups)} at the base {sha[:12]} in this environment "
         f"({where}); {cost}"
     )
-
-
-#: Beside a cached baseline `<group>.h5`: its programs recorded op by op at the base, or
-#: why they could not be (`{"reason": ...}`), as the producer runner writes them.
-RECORDING, NOT_RECORDED = ".origin.npz", ".origin.json"
-
-
-def recorded(path: Path) -> Path | str | None:
-    """The recording beside the cached baseline at `path`: its file, the one line saying
-    why there is none, or None where it was not asked for."""
-    npz, why = path.with_suffix(RECORDING), path.with_suffix(NOT_RECORDED)
-    if npz.is_file():
-        return npz
-    if why.is_file():
-        return str(json.loads(why.read_text())["reason"])
-    return None
-
-
-def _keep_recording(out: Path, group: str, path: Path) -> None:
-    """Move what the run wrote of `group`'s recording (`out/<group>.origin.*`) beside the
-    baseline at `path`, atomically (the entry's lock is held)."""
-    for suffix in (RECORDING, NOT_RECORDED):
-        made = out / f"{group}{suffix}"
-        target = path.with_suffix(suffix)
-        if made.is_file():
-            staged = target.with_suffix(".part")
-            shutil.copyfile(made, staged)
-            os.replace(staged, target)
-            return
-    why = {"reason": "the producers recorded nothing for it"}
-    target = path.with_suffix(NOT_RECORDED)
-    target.write_text(json.dumps(why))
 
 
 def base_commit(root: Path, sha: str) -> tuple[Path, str]:

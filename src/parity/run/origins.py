@@ -38,18 +38,11 @@ from parity.judge.classes import REGISTRY, ToleranceClass
 from parity.judge.tolerance import UnknownClassError
 from parity.origin import Localisation, LocaliseError, Recording, locate
 from parity.results import CheckError, CheckResult
-from parity.run.baseline import (
-    NOT_RECORDED,
-    RECORDING,
-    BaselineBuilder,
-    BaselineCache,
-    base_commit,
-    cache_dir,
-    recorded,
-)
+from parity.run.baseline import BaselineBuilder, BaselineCache, base_commit, cache_dir
 from parity.run.config import ParityConfig
 from parity.run.launcher import ProducerRunError, run_producers
 from parity.run.produced import Produced
+from parity.run.recordings import NOT_RECORDED, RECORDING, recorded
 from parity.run.worktree import GitError, temporary_worktree
 from parity.store.provenance import digest_sources
 from parity.store.staging import owned_tempdir
