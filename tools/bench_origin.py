@@ -135,6 +135,10 @@ def run(bug: Bug) -> None:
           f"(+{cached_s - verdict_s:.1f}); peak RSS of a child so far {peak:.0f} MiB")  # fmt: skip
     if not origin:
         print(f"{'':18s} {line}")
+    elif origin.get("beyond"):
+        b = origin["beyond"]
+        print(f"{'':18s} by the class's tolerance alone: {b['file']}:{b['line']} in "
+              f"{b['function']} [{b['primitive']}]")  # fmt: skip
 
 
 def main() -> None:
