@@ -19,7 +19,6 @@ from __future__ import annotations
 
 import json
 import os
-import shutil
 import subprocess
 import sys
 from collections.abc import Iterator
@@ -27,7 +26,7 @@ from pathlib import Path
 
 import pytest
 
-from parity.run.worktree import git, temporary_worktree
+from _changed_tree import changed_tree as changed_tree_of
 
 ROOT = Path(__file__).resolve().parents[2]
 MODEL = "src/decomp/targets/glu_transformer.py"
@@ -38,16 +37,8 @@ pytestmark = pytest.mark.slow
 
 
 @pytest.fixture(scope="module")
-def changed_tree(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Path]:
-    with temporary_worktree(ROOT, "HEAD") as tree:
-        for rel in git(ROOT, "ls-files", "-z").split("\0"):
-            if rel and (ROOT / rel).is_file():
-                (tree / rel).parent.mkdir(parents=True, exist_ok=True)
-                shutil.copy2(ROOT / rel, tree / rel)
-        model = tree / MODEL
-        text = model.read_text()
-        assert text.count(BEFORE) == 1, f"{MODEL} no longer computes the logits as {BEFORE!r}"
-        model.write_text(text.replace(BEFORE, AFTER))
+def changed_tree() -> Iterator[Path]:
+    with changed_tree_of(MODEL, BEFORE, AFTER) as tree:
         yield tree
 
 

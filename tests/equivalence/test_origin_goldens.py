@@ -14,13 +14,10 @@ because the programs the producer runs are recorded, not the producer.
 
 from __future__ import annotations
 
-import contextlib
 import json
 import os
-import shutil
 import subprocess
 import sys
-from collections.abc import Iterator
 from pathlib import Path
 
 import equinox as eqx
@@ -28,11 +25,11 @@ import numpy as np
 import pytest
 from producers import forward_group
 
+from _changed_tree import changed_tree
 from parity.judge.dataflow import numpy_conversions
 from parity.judge.trees import flatten
 from parity.origin.programs import capture
 from parity.origin.record import record_programs
-from parity.run.worktree import git, temporary_worktree
 
 ROOT = Path(__file__).resolve().parents[2]
 NN = "src/decomp/nn.py"
@@ -44,22 +41,6 @@ AFTER = "jnp.mean(x32 * x32, axis=-1, keepdims=True) + 1.1 * eps)"
 MASKS = "src/decomp/masks.py"
 MASK_BEFORE = "jax.random.fold_in(key, i))(jnp.asarray(positions))"
 MASK_AFTER = "jax.random.fold_in(key, i + 1))(jnp.asarray(positions))"
-
-
-@contextlib.contextmanager
-def _changed(file: str, before: str, after: str) -> Iterator[Path]:
-    """The working tree's tracked files over a temporary worktree of HEAD (the goldens'
-    base commit is in the history), with `before` changed to `after` in `file`."""
-    with temporary_worktree(ROOT, "HEAD") as tree:
-        for rel in git(ROOT, "ls-files", "-z").split("\0"):
-            if rel and (ROOT / rel).is_file():
-                (tree / rel).parent.mkdir(parents=True, exist_ok=True)
-                shutil.copy2(ROOT / rel, tree / rel)
-        path = tree / file
-        text = path.read_text()
-        assert text.count(before) == 1, f"{file} no longer holds {before!r} once"
-        path.write_text(text.replace(before, after))
-        yield tree
 
 
 def _origin(tree: Path, group: str, cache: Path) -> tuple[dict, str]:
@@ -82,7 +63,7 @@ def _line_of(tree: Path, file: str, text: str) -> int:
 
 @pytest.mark.slow
 def test_an_epsilon_change_on_the_real_goldens_is_named_in_rms_norm(tmp_path: Path) -> None:
-    with _changed(NN, BEFORE, AFTER) as tree:
+    with changed_tree(NN, BEFORE, AFTER) as tree:
         origin, stdout = _origin(tree, "forward_llama", tmp_path)
         line = _line_of(tree, NN, AFTER)
     assert (origin["file"], origin["function"], origin["line"]) == (NN, "rms_norm", line)
@@ -95,7 +76,7 @@ def test_a_mask_key_change_in_training_is_named_at_its_line_through_a_train_grou
 ) -> None:
     """The train group loops over three jitted SPD steps, each fed the state the one before
     returned: the programs are recorded step by step, and the origin is the changed draw."""
-    with _changed(MASKS, MASK_BEFORE, MASK_AFTER) as tree:
+    with changed_tree(MASKS, MASK_BEFORE, MASK_AFTER) as tree:
         origin, _ = _origin(tree, "train_remat_nothing", tmp_path)
         line = _line_of(tree, MASKS, MASK_AFTER)
     assert (origin["file"], origin["line"]) == (MASKS, line), origin
