@@ -38,7 +38,7 @@ from __future__ import annotations
 
 import os
 import time
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable, Collection, Mapping, Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, TypedDict, Unpack
 
@@ -53,7 +53,7 @@ from parity.exactness import FirstVerdict, VerdictOptions, conclude, prepare_bas
 from parity.judge.chunks import DEFAULT_BUDGET
 from parity.judge.classes import REGISTRY, ToleranceClass
 from parity.judge.compare import Comparison, Order, compare_trees
-from parity.judge.dataflow import DATAFLOW
+from parity.judge.dataflow import DATAFLOW, HOST
 from parity.judge.fixed_rules import Ulp
 from parity.judge.tolerance import (
     DEFAULT_CLASS,
@@ -253,6 +253,7 @@ def first_verdict(
     budget: int = DEFAULT_BUDGET,
     golden_source: Callable[[str], Any] | None = None,
     dataflow_order: Sequence[str] | None = None,
+    host_computed: bool = False,
 ) -> FirstVerdict:
     """`actual` compared with the golden file `gf`, before any baseline: the classes
     resolved, the environment difference decided, the drift policy applied, the one
@@ -299,7 +300,8 @@ def first_verdict(
                      drift_mode, require_baseline, budget)  # fmt: skip
     return FirstVerdict(gf, current, difference, classes, tuple(golden_arrays), flat_a,
                         forward, comparison, (registry, policy), report, started, load_s,
-                        compare_s, DATAFLOW if dataflow_order is not None else None)  # fmt: skip
+                        compare_s, DATAFLOW if dataflow_order is not None
+                        else HOST if host_computed else None)  # fmt: skip
 
 
 def _concluded(
@@ -401,6 +403,7 @@ def check_groups(
     provenance: Mapping[str, Mapping[str, Any] | None] | None = None,
     baseline: BaselineSource | None = None,
     dataflow_orders: Mapping[str, Sequence[str]] | None = None,
+    host_computed: Collection[str] = (),
     **options: Unpack[_GroupOptions],
 ) -> list[CheckResult]:
     """Compare each group of `produced` against its golden group, in one pass: every
@@ -418,7 +421,8 @@ def check_groups(
     - `baseline`: what re-produces the baselines, as `check_file` takes it.
     - `dataflow_orders`: group -> its keys in the order its producer's programs computed
       them (`parity check`: read from the programs the producer ran), the forward order of
-      that group's check in place of the golden's pinned one.
+      that group's check in place of the golden's pinned one; `host_computed`: groups
+      whose values no jax program computed (their header says so, not "declared").
     - `options`: as `check_file` takes them (but `baseline`).
 
     **Returns:** one `CheckResult` per group, in `produced`'s order. Raises `CheckError`
@@ -433,7 +437,8 @@ def check_groups(
         current = (provenance or {}).get(group)
         current = current if current is not None else collect_provenance()
         made = (dataflow_orders or {}).get(group)
-        firsts.append(first_verdict(actual, gf, current=current, dataflow_order=made, **options))
+        firsts.append(first_verdict(actual, gf, current=current, dataflow_order=made,
+                                    host_computed=group in host_computed, **options))  # fmt: skip
     return _concluded(firsts, baseline)
 
 

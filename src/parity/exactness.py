@@ -50,7 +50,7 @@ from parity.environment import (
 )
 from parity.judge.classes import ToleranceClass
 from parity.judge.compare import Comparison, Finding, Order
-from parity.judge.dataflow import DATAFLOW, order_hint
+from parity.judge.dataflow import DATAFLOW, HOST, order_hint
 from parity.judge.floats import count
 from parity.judge.tolerance import (
     ClassMapLike,
@@ -113,7 +113,8 @@ class FirstVerdict:
     (against the goldens, under the drift policy's classes), `registries` (the exact
     classes and the drift policy's), `report` (the options the result needs), `started`,
     `load_s`, `compare_s` (timing), `order_source` (`dataflow` where `forward` was read
-    from the programs that produced `flat_a`, else None: the golden's pinned order).
+    from the programs that produced `flat_a`, `host` where no jax program computed them,
+    else None: the golden's pinned order).
     """
 
     gf: GoldenFile
@@ -303,7 +304,8 @@ def conclude(first: FirstVerdict, baseline: Baseline | BaselineUnavailable | Non
     drift = difference.policy(opts.drift_mode).header
     header |= {f"drift {i}": line for i, line in enumerate(drift)}
     made = first.order_source
-    if hint := order_hint(made if made == DATAFLOW else gf.provenance.get("order"), placed):
+    if hint := order_hint(made if made in (DATAFLOW, HOST) else gf.provenance.get("order"),
+                          placed):  # fmt: skip
         header["order"] = hint
     calibration = gf.provenance.get("calibration")
     if isinstance(calibration, dict) and calibration.get("summary"):

@@ -22,6 +22,7 @@ import pytest
 from parity.judge.dataflow import (
     ALPHABETICAL_HINT,
     DECLARED_HINT,
+    HOST_HINT,
     Dataflow,
     DataflowError,
     alphabetical,
@@ -219,6 +220,7 @@ def test_the_hint_is_given_only_for_an_alphabetical_order_not_read_from_the_prog
     assert alphabetical(["a", "b", "c"]) and not alphabetical(["b", "a", "c"])
     assert not alphabetical(["a", "b"])  # two keys are too few to tell
     assert order_hint("declared", ["a", "b", "c"]) == ALPHABETICAL_HINT
+    assert order_hint("host", ["b", "a"]) == HOST_HINT and "declared" not in HOST_HINT
     assert order_hint(None, ["a", "b", "c"]) == ALPHABETICAL_HINT
     assert order_hint("dataflow", ["a", "b", "c"]) is None
     # Not read from the program, and not alphabetical: said too, every time.
@@ -323,7 +325,7 @@ def test_a_declared_alphabetical_order_is_said_by_show_and_check(
     repo = git_project(tmp_path, producers)
     shown = run_parity(repo, "show", "goldens/g.h5")
     assert shown.returncode == 0, shown.stderr
-    assert "forward order: declared" in shown.stdout
+    assert "forward order: host" in shown.stdout  # numpy made them: no program to read
     assert f"hint: {ALPHABETICAL_HINT}" in shown.stdout
     checked = run_parity(repo, "check")
     assert checked.returncode == 0, checked.stdout + checked.stderr
@@ -357,7 +359,7 @@ def test_the_producer_runner_keeps_the_random_state_when_it_traces(tmp_path: Pat
     first = load_runner_output(out, "first", command="check")
     second = load_runner_output(out, "second", command="check")
     assert first.order == "dataflow" and list(first.arrays) == ["b", "a"]
-    assert second.order == "declared"
+    assert second.order == "host"  # numpy drew it: no jax program computed it
     draws = np.random.RandomState(0)
     draws.random_sample()  # the first group's
     assert second.arrays["r"] == draws.random_sample()
@@ -487,21 +489,22 @@ def test_a_producer_that_does_not_trace_is_ordered_by_the_programs_it_ran(
 
 
 @pytest.mark.slow
-def test_an_order_not_read_from_the_program_is_said_every_check_and_a_repin_names_its_change(
+def test_values_made_on_the_host_are_said_every_check_and_a_repin_names_the_change(
     tmp_path: Path, run_parity: Any, git_project: Any
 ) -> None:
     table = 'producers = "producers.py"\nsrc = "src"\n'
     repo = git_project(tmp_path, ON_THE_HOST, table, files=GOOD_MODEL)
     shown = run_parity(repo, "show", "goldens/forward.h5")
-    assert "forward order: declared" in shown.stdout, shown.stdout
+    assert "forward order: host" in shown.stdout, shown.stdout
     for _ in range(2):  # every check, not only the pin
         checked = run_parity(repo, "check")
         assert checked.returncode == 0, checked.stdout + checked.stderr
         assert ALPHABETICAL_HINT in " ".join(checked.stdout.split()), checked.stdout
+        assert "declared" not in checked.stdout, checked.stdout
     (repo / "producers.py").write_text(PRODUCERS)  # the fix: its programs compute them now
     fixed = run_parity(repo, "repin", "--base", "HEAD")
     assert fixed.returncode == 0, fixed.stdout + fixed.stderr
-    assert "order: declared -> dataflow" in fixed.stdout, fixed.stdout
+    assert "order: host -> dataflow" in fixed.stdout, fixed.stdout
     assert "unchanged" not in fixed.stdout
 
 

@@ -46,6 +46,8 @@ __all__ = [
     "DATAFLOW",
     "DECLARED",
     "DECLARED_HINT",
+    "HOST",
+    "HOST_HINT",
     "Conversions",
     "Dataflow",
     "DataflowError",
@@ -59,9 +61,12 @@ __all__ = [
     "traced_order",
 ]
 
-#: How a golden's order was made, as recorded in its provenance under `order`.
+#: How a golden's order was made, as recorded in its provenance under `order`: read from
+#: the programs that computed the keys; as the producer returned them; as the producer
+#: returned them, no jax program having computed any (values made on the host).
 DATAFLOW = "dataflow"
 DECLARED = "declared"
+HOST = "host"
 
 #: Primitives that move or reshape data without computing it: an output made by one is
 #: placed where its operand was computed.
@@ -362,6 +367,13 @@ DECLARED_HINT = (
 )
 
 
+#: Said where no jax program computed a group's values: there is no program order to read.
+HOST_HINT = (
+    "host: no jax program the producer ran computed these values (they were made on the "
+    "host), so they are compared in the order it returned them"
+)
+
+
 def order_hint(source: object, keys: Sequence[str]) -> str | None:
     """The one-line hint for a golden group's order, or None: every check of a group whose
     order was not read from its program says so in its header.
@@ -373,11 +385,14 @@ def order_hint(source: object, keys: Sequence[str]) -> str | None:
     - `keys`: the group's keys in its pinned order.
 
     **Returns:** None for a dataflow order; else `ALPHABETICAL_HINT` where the order is
-    exactly alphabetical, `DECLARED_HINT` otherwise.
+    exactly alphabetical, `HOST_HINT` where no jax program computed the values,
+    `DECLARED_HINT` otherwise.
     """
     if source == DATAFLOW:
         return None
-    return ALPHABETICAL_HINT if alphabetical(keys) else DECLARED_HINT
+    if alphabetical(keys):
+        return ALPHABETICAL_HINT
+    return HOST_HINT if source == HOST else DECLARED_HINT
 
 
 def order_change(
@@ -398,6 +413,8 @@ def describe_order(source: object) -> str:
     """How a golden's forward order was made, in words, from its provenance's `order`."""
     if source == DATAFLOW:
         return "dataflow: as the producer's program computed the keys"
+    if source == HOST:
+        return "host: as the producer returned them (no jax program computed them)"
     return (
         "declared: the order the producer returned its keys in (parity did not read it from "
         "the program)" + ("" if source == DECLARED else "; not recorded, pinned before it was")

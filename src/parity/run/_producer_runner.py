@@ -165,7 +165,7 @@ def _forward_order(
     A group whose keys no program computed (numpy computed by numpy), or a multi-process
     run, keeps the order the group declared: its containers' order, which every check's
     header then names."""
-    from parity.judge.dataflow import DATAFLOW, DECLARED, Dataflow
+    from parity.judge.dataflow import DATAFLOW, DECLARED, HOST, Dataflow
 
     dataflow = isinstance(result, Dataflow)
     if programs is None:
@@ -175,19 +175,22 @@ def _forward_order(
     # Keyed as `arrays`, but each leaf as the group returned it (a jax array, or a numpy
     # array made of one while it ran), not the host copy made since.
     returned = flatten(result, to_array=lambda x: x)
-    order = _recorded_order(name, returned, converted, programs, out)
+    order, recorded = _recorded_order(name, returned, converted, programs, out)
     if dataflow:
         return DATAFLOW, arrays
-    if order is None or sorted(order) != sorted(arrays):
+    if order is None:  # no program computed a key: an order of the host's, or not read
+        return (HOST if recorded else DECLARED), arrays
+    if sorted(order) != sorted(arrays):
         return DECLARED, arrays
     return DATAFLOW, {k: arrays[k] for k in order}
 
 
 def _recorded_order(
     name: str, arrays: dict[str, Any], converted: Any, programs: Any, out: Path | None
-) -> list[str] | None:
-    """The keys' order read from the group's programs; with `out`, the recording (its
-    summary) saved as `OUT/<name>.origin.npz`, or why not as `OUT/<name>.origin.json`."""
+) -> tuple[list[str] | None, bool]:
+    """The keys' order read from the group's programs (None where no program computed a
+    key) and whether they could be walked; with `out`, the recording (its summary) saved
+    as `OUT/<name>.origin.npz`, or why not as `OUT/<name>.origin.json`."""
     import numpy as np
 
     from parity.origin import LocaliseError
@@ -206,17 +209,17 @@ def _recorded_order(
     if out is None:
         if reason is not None:
             _log(f"group {name!r}: the forward order stays the declared one: {reason}")
-        return order
+        return order, reason is None
     if reason is None and order is None:
         reason = "the producer's outputs are not computed by the jax programs it ran"
     if reason is not None or recording is None:
         reason = reason or "nothing was recorded"
         (out / f"{name}{ORIGIN_REASON}").write_text(json.dumps({"reason": reason}))
         _log(f"group {name!r}: not recorded: {reason}")
-        return order
+        return order, recording is not None or order is not None
     np.savez(out / f"{name}{ORIGIN_RECORDING}", **recording.summary().to_arrays())  # pyright: ignore[reportArgumentType]
     _log(f"group {name!r}: recorded {len(recording.values)} values")
-    return order
+    return order, True
 
 
 def _arguments(argv: list[str] | None) -> argparse.Namespace:

@@ -25,7 +25,7 @@ import numpy as np
 from parity.baseline import BaselineSource
 from parity.check import GoldenDir, check_groups
 from parity.environment import PolicyMode
-from parity.judge.dataflow import DATAFLOW
+from parity.judge.dataflow import DATAFLOW, HOST
 from parity.results import CheckResult
 from parity.run.config import ConfigError, ParityConfig
 from parity.run.launcher import (
@@ -214,6 +214,7 @@ def check_produced(
     return check_groups(
         produced.groups,
         dataflow_orders=dataflow,
+        host_computed={g for g in produced.groups if orders.get(g) == HOST},
         goldens=goldens,
         provenance=produced.provenance,
         baseline=baseline,
