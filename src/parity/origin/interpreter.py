@@ -39,10 +39,12 @@ MOVES = frozenset(
 )  # fmt: skip
 
 _MAX_WHILE = 100_000
-#: Every so many values, jax's caches are cleared (each operation run on its own compiles a
-#: program of its own, and XLA keeps them all: a train step's 41,000 values took the
-#: recording process from 1.1 to 3.0 GiB) and the freed memory handed back to the system:
-#: 2.0 GiB at the peak, for 40% more time (tools/bench_origin.py; docs/design.md, "Cost").
+#: Every so many values, a recording process clears jax's caches (each operation run on its
+#: own compiles a program of its own, and XLA keeps them all: a train step's 41,000 values
+#: took the recording process from 1.1 to 3.0 GiB) and hands the freed memory back to the
+#: system: 2.0 GiB at the peak, for 40% more time (docs/design.md, "Cost"). Asked for by the
+#: producer runner (`Interpreter(flush_every=...)`), never in a user's own process, whose
+#: compiled functions it would drop.
 FLUSH_EVERY = 4000
 _PARITY = str(Path(__file__).resolve().parents[1])
 
@@ -89,9 +91,11 @@ class Interpreter:
     one operand on, the value it stands for (`source`)."""
 
     def __init__(
-        self, max_bytes: int | None = None, *, evaluate: bool = True, keep_arrays: bool = True
-    ) -> None:
+        self, max_bytes: int | None = None, *, evaluate: bool = True, keep_arrays: bool = True,
+        flush_every: int | None = None,
+    ) -> None:  # fmt: skip
         self.max_bytes = max_bytes
+        self.flush_every = flush_every
         self.evaluate = evaluate
         self.keep_arrays = keep_arrays
         self.nbytes = 0
@@ -111,7 +115,7 @@ class Interpreter:
     ) -> Ref:  # fmt: skip
         i = len(self.values)
         ins = tuple(j for j in inputs if j >= 0)
-        if self.evaluate and i and i % FLUSH_EVERY == 0:
+        if self.evaluate and self.flush_every and i and i % self.flush_every == 0:
             _flush()
         if self.evaluate:
             host = to_host(x)

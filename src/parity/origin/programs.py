@@ -33,11 +33,9 @@ from collections.abc import Iterator
 from dataclasses import dataclass, field
 from typing import Any
 
-__all__ = ["Capture", "Link", "Program", "capture"]
+from parity.origin.interpreter import UNPLACED, Where
 
-Frame = tuple[str, int, str]
-Where = tuple[Frame, str]  # the user's own frame, and an installed library's as a line
-_UNPLACED: Where = (("", 0, ""), "")
+__all__ = ["Capture", "Link", "Program", "capture"]
 
 
 @dataclass(frozen=True)
@@ -53,18 +51,16 @@ class Link:
 class Program:
     """One program the producer dispatched.
 
-    **Fields:** `jaxpr` (a closed jaxpr), `args` (per flat argument a `Link` or the concrete
-    array), `n_out` (its flat outputs), `eager` (an operation run outside any jit), `frame`
-    (the user's own frame that called it and the library's frame beside it:
-    `parity.origin.record.user_frame_of`; an equation of the program that names no frame
-    of its own, as in a library's jitted function, is placed there).
+    **Fields:** `jaxpr` (a closed jaxpr; an operation run outside any jit is a program of
+    one equation), `args` (per flat argument a `Link` or the concrete array), `frame` (the
+    user's own frame that called it and the library's frame beside it:
+    `parity.origin.interpreter.user_frame_of`; an equation of the program that names no
+    frame of its own, as in a library's jitted function, is placed there).
     """
 
     jaxpr: Any
     args: tuple[Any, ...]
-    n_out: int
-    eager: bool = False
-    frame: Where = _UNPLACED
+    frame: Where = UNPLACED
 
 
 @dataclass
@@ -86,10 +82,10 @@ class Capture:
         link, ref = entry
         return link if ref() is array else None
 
-    def _keep(self, jaxpr: Any, args: Any, outs: Any, eager: bool, frame: Where) -> None:
+    def _keep(self, jaxpr: Any, args: Any, outs: Any, frame: Where) -> None:
         flat = [self.link_of(a) or a for a in args]
         index = len(self.programs)
-        self.programs.append(Program(jaxpr, tuple(flat), len(outs), eager, frame))
+        self.programs.append(Program(jaxpr, tuple(flat), frame))
         for k, out in enumerate(outs):
             try:
                 ref = weakref.ref(out)
@@ -130,15 +126,15 @@ def _user_frame_now() -> Where:
     try:
         return user_frame_of(source_info_util.current().traceback)
     except Exception:  # a jax without this private API: the value stays unplaced
-        return _UNPLACED
+        return UNPLACED
 
 
-_installed: list[Any] = []
+_installed = threading.Event()
 
 
 def _install() -> None:
     """Put the hooks in jax, once per process (they do nothing while no capture is open)."""
-    if _installed:
+    if _installed.is_set():
         return
     from jax._src import core, pjit
 
@@ -157,7 +153,7 @@ def _install() -> None:
         kept_args += list(args_flat[len(kept_args) :])
         with _nested():
             result = run_python_pjit(p, args_flat, fun, args, kwargs)
-        cap._keep(jaxpr, kept_args, result[1], False, frame)
+        cap._keep(jaxpr, kept_args, result[1], frame)
         return result
 
     def no_fastpath(*a: Any, **k: Any) -> Any:
@@ -177,13 +173,13 @@ def _install() -> None:
             jaxpr = _one_equation(primitive, args, params)
         except Exception:  # an operation jax cannot stage on its own: its outputs are inputs
             return outs
-        cap._keep(jaxpr, list(args), list(flat), True, frame)
+        cap._keep(jaxpr, list(args), list(flat), frame)
         return outs
 
     pjit._run_python_pjit = run_and_keep
     pjit._get_fastpath_data = no_fastpath
     core.EvalTrace.process_primitive = eager
-    _installed.append((run_python_pjit, get_fastpath_data, process_primitive))
+    _installed.set()
 
 
 def _host_copy(a: Any) -> Any:

@@ -30,14 +30,13 @@ from parity.origin.interpreter import (
     dtype_of,
     shape_of,
     to_host,
-    user_frame_of,
 )
 from parity.origin.recording import Recording
 
 if TYPE_CHECKING:
     from parity.origin.programs import Capture
 
-__all__ = ["BARE", "MOVES", "LocaliseError", "record", "record_programs", "user_frame_of"]
+__all__ = ["BARE", "MOVES", "LocaliseError", "record", "record_programs"]
 
 #: The key a bare array output gets (as `assert_equivalent` names a bare array).
 BARE = "array"
@@ -97,6 +96,7 @@ def record_programs(
     evaluate: bool = True,
     keep_arrays: bool = False,
     max_bytes: int | None = None,
+    flush_every: int | None = None,
 ) -> tuple[Recording | None, list[str] | None]:
     """Run the programs a producer dispatched (`parity.origin.programs.capture`) op by op,
     in the order it ran them, in one value space: an argument one of them made is that
@@ -113,6 +113,8 @@ def record_programs(
     - `evaluate`: compute every value (a recording); False walks the programs for their
       shapes and dataflow only (the order, at the cost of a trace walk).
     - `keep_arrays`, `max_bytes`: as `record`.
+    - `flush_every`: clear jax's caches every so many values, to bound the memory of a
+      process that records (`parity.origin.interpreter.FLUSH_EVERY`); None: never.
 
     **Returns:** `(recording, order)`: the `Recording` (None where not `evaluate`), and the
     keys in dataflow order: by the depth of the value each key reads (the longest chain of
@@ -125,7 +127,8 @@ def record_programs(
 
     from parity.origin.programs import Link, quiet
 
-    interp = Interpreter(max_bytes, evaluate=evaluate, keep_arrays=keep_arrays)
+    interp = Interpreter(max_bytes, evaluate=evaluate, keep_arrays=keep_arrays,
+                         flush_every=flush_every)  # fmt: skip
     results: list[list[Ref]] = []
     inputs: dict[int, Ref] = {}
     with quiet():

@@ -194,13 +194,14 @@ def _recorded_order(
     import numpy as np
 
     from parity.origin import LocaliseError
+    from parity.origin.interpreter import FLUSH_EVERY
     from parity.origin.record import record_programs
 
     reason, recording, order = None, None, None
     try:
         recording, order = record_programs(
             programs, arrays, sources=converted.source, evaluate=out is not None,
-            max_bytes=ORIGIN_MAX_BYTES,
+            max_bytes=ORIGIN_MAX_BYTES, flush_every=FLUSH_EVERY,
         )  # fmt: skip
     except LocaliseError as e:
         reason = e.reason
