@@ -22,7 +22,7 @@ from parity.judge.compare import Comparison, Order
 from parity.judge.dataflow import Dataflow
 from parity.judge.tolerance import ClassMap
 from parity.judge.trees import non_array_differences
-from parity.origin.api import origin_line
+from parity.origin.api import settle_live
 from parity.report import format_table
 
 __all__ = ["assert_equivalent"]
@@ -63,9 +63,12 @@ def assert_equivalent(
     - `overrides`: `(pattern, class)` rules tried before `class_map`.
     - `registry`: the classes by name.
     - `new_fn`, `old_fn`, `args`, `kwargs`: the functions whose outputs `actual` and
-        `expected` are, and what they were called with: a failure then ends with an
-        `origin:` line naming the first operation of `new_fn` that computes what `old_fn`
-        never did, at its source line (`parity.localise`), or why there is none.
+        `expected` are, and what they were called with: on a failure both programs are
+        recorded op by op, once; a key of class `op_by_op` whose bits differ then passes
+        where it is proved op by op (every value it is computed from equal bit for bit,
+        `parity.origin.proof`), and a failure ends with an `origin:` line naming the first
+        operation of `new_fn` that computes what `old_fn` never did, at its source line
+        (`parity.localise`), or why there is none.
 
     **Returns:** the `Comparison`, when it passes. Raises `AssertionError` with the failure
     table otherwise (missing and unexpected leaves included), and `parity.CheckError` for
@@ -94,6 +97,15 @@ def assert_equivalent(
             statics_a.clear()
             statics_e.clear()
             comparison = compare(order)
+    found = None
+    if new_fn is not None and old_fn is not None and not comparison.passed:
+        # Both programs recorded op by op, once: a key of a class that proves (`op_by_op`)
+        # is proved or told why not, and the first key still failing gets its origin.
+        comparison, found = settle_live(
+            comparison, new_fn, old_fn, args, kwargs or {}, registry=registry
+        )
+        if comparison.passed and not static_problems:
+            return comparison
     # Without an order or a `Dataflow`, the walk is the containers' own: not the forward one.
     derived = order is not None or dataflow
     walk = "forward order" if derived else "container order"
@@ -101,10 +113,8 @@ def assert_equivalent(
     if static_problems:
         message += f"non-array leaves that differ ({len(static_problems)}):\n"
         message += "\n".join(static_problems) + "\n"
-    first = comparison.first_failure
-    if new_fn is not None and old_fn is not None and first is not None:
-        options = {"class_map": class_map, "overrides": overrides, "registry": registry}
-        message += origin_line(new_fn, old_fn, args, kwargs or {}, key=first.key, **options)
+    if found is not None and not comparison.passed:
+        message += found.line + "\n"
     raise AssertionError(message)
 
 

@@ -1,7 +1,7 @@
 """Tolerance classes as data: what a refactor may change in an array.
 
 A class is a name, a rule (an object of `parity.judge.fixed_rules` or
-`parity.judge.measured_rules`: `Bitwise`, `Ulp`, `Close`, `RelativeToMax`, `Reduction`,
+`parity.judge.measured_rules`: `Bitwise`, `OpByOp`, `Ulp`, `Close`, `RelativeToMax`, `Reduction`,
 `Calibrated`, `Budget`, `LogitKL`),
 one line saying what it tolerates and the measurement that set its threshold
 (`ToleranceClass`, JSON-safe both ways). `REGISTRY` holds the named classes, each with the
@@ -22,7 +22,7 @@ from collections.abc import Mapping
 from dataclasses import KW_ONLY, dataclass
 from typing import Any
 
-from parity.judge.fixed_rules import Bitwise, Close, RelativeToMax
+from parity.judge.fixed_rules import Bitwise, Close, OpByOp, RelativeToMax
 from parity.judge.measured_rules import Budget, Calibrated, LogitKL, Reduction
 from parity.judge.registry import rule_from_dict
 from parity.judge.rule_base import Rule
@@ -163,6 +163,16 @@ REGISTRY: Mapping[str, ToleranceClass] = _frozen_registry(
         Bitwise(),
         meaning="nothing: same dtype, shape and bytes (NaN payloads and the sign of zero count)",
         measured="by definition",
+    ),
+    ToleranceClass(
+        "op_by_op",
+        OpByOp(),
+        meaning=(
+            "how XLA compiled the same operations (fusion, GEMM blocking, a scan for an "
+            "unrolled loop): bits may differ only where both programs, run op by op on the "
+            "same inputs, compute this key from values equal bit for bit; no tolerance"
+        ),
+        measured="by proof: every operation recomputed on its own, on this machine",
     ),
     ToleranceClass(
         "fp32_reassoc",

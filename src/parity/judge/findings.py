@@ -16,7 +16,11 @@ if TYPE_CHECKING:
 
     from parity.judge.classes import ToleranceClass
 
-__all__ = ["ArrayVerdict", "Comparison", "Finding", "Scalar", "Verdict"]
+__all__ = ["PROVED", "ArrayVerdict", "Comparison", "Finding", "Scalar", "Verdict"]
+
+#: How the note of a key proved op by op begins (`parity.origin.proof`): its bits differ
+#: from the other side's, and both programs run op by op compute it the same way.
+PROVED = "equivalent op by op"
 
 Verdict = Literal["pass", "fail", "missing", "unexpected"]
 Scalar = bool | int | float | complex
@@ -230,6 +234,11 @@ class Comparison:
     def failures(self) -> tuple[Finding, ...]:
         """The findings that are not `"pass"`, in order."""
         return tuple(f for f in self.findings if not f.passed)
+
+    @property
+    def proved(self) -> tuple[Finding, ...]:
+        """The keys that passed proved op by op (`PROVED`), their bits not equal, in order."""
+        return tuple(f for f in self.findings if f.passed and f.note.startswith(PROVED))
 
     @property
     def first_not_bitwise(self) -> Finding | None:

@@ -1,7 +1,7 @@
-"""The rules with a fixed tolerance, each elementwise: `Bitwise`, `Ulp`, `Close` and
-`RelativeToMax` (what every rule shares: `parity.judge.rule_base`; the rules whose bound is
-measured or propagated: `parity.judge.measured_rules`; every rule by its kind:
-`parity.judge.registry`).
+"""The rules with a fixed tolerance, each elementwise: `Bitwise` (and `OpByOp`, bitwise
+unless proved op by op), `Ulp`, `Close` and `RelativeToMax` (what every rule shares:
+`parity.judge.rule_base`; the rules whose bound is measured or propagated:
+`parity.judge.measured_rules`; every rule by its kind: `parity.judge.registry`).
 
 This module imports numpy, and ml_dtypes for a dtype numpy does not know.
 """
@@ -24,7 +24,7 @@ from parity.judge.rule_base import (
 )
 from parity.judge.ulp import spacing_at
 
-__all__ = ["Bitwise", "Close", "RelativeToMax", "Ulp"]
+__all__ = ["Bitwise", "Close", "OpByOp", "RelativeToMax", "Ulp"]
 
 
 @dataclass(frozen=True)
@@ -46,6 +46,21 @@ class Bitwise(Rule):
 
     def judge(self, e: Elements, scale: Scale) -> Judgement:
         return Judgement(e.differ, None, None)
+
+
+@dataclass(frozen=True)
+class OpByOp(Bitwise):
+    """Bitwise, unless proved op by op: an array whose bits differ passes where both
+    programs, run operation by operation on the same inputs, compute it from values equal
+    bit for bit to the old program's, and compute it equal to the old program's same key
+    (docs/design.md, "Proved op by op"). Compared alone, it fails as `Bitwise` does; the
+    proof is made by whoever holds the programs (`parity.origin.proof`)."""
+
+    kind: ClassVar[str] = "op_by_op"
+    proves: ClassVar[bool] = True
+
+    def describe(self) -> str:
+        return "bitwise, or proved op by op"
 
 
 @dataclass(frozen=True)

@@ -10,10 +10,18 @@ from typing import Any, cast
 from parity.judge.findings import ArrayVerdict, Verdict
 from parity.judge.floats import count, sig
 
-__all__ = ["GOLDEN", "absent_reason", "array_reason"]
+__all__ = ["GOLDEN", "UNPROVED", "absent_reason", "array_reason"]
 
 #: What a comparison's other side is called by default: a pinned file.
 GOLDEN = "golden"
+
+
+#: How a failure under a class that proves op by op (`op_by_op`) ends before anyone proved it:
+#: the comparator has the arrays, not the programs (`parity.origin.proof` replaces it).
+UNPROVED = (
+    "; not proved op by op: only a check that records both programs can prove it "
+    "(parity check, the pytest plugin, assert_equivalent with new_fn and old_fn)"
+)
 
 
 def _fmt(x: Any) -> str:
@@ -97,4 +105,4 @@ def array_reason(v: ArrayVerdict) -> str:
     reason += f"{v.worst_detail}; {', '.join(figures)}; shape {v.shape_golden}, {dtype}"
     if notes:
         reason += "; " + "; ".join(notes)
-    return reason
+    return reason + (UNPROVED if tol.rule.proves else "")

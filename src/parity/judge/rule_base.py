@@ -167,6 +167,11 @@ class Rule:
     #: element of the whole array in one call, so the array is read whole. False unless a
     #: rule says otherwise, so that a rule written elsewhere keeps whole-array semantics.
     elementwise: ClassVar[bool] = False
+    #: Whether an array this rule fails may still pass, proved op by op (`OpByOp`): both
+    #: programs recorded operation by operation compute it from equal values (docs/design.md,
+    #: "Proved op by op"). The comparator judges such a rule's arrays as it judges any;
+    #: whoever holds the programs (`parity.origin.proof`) settles its failures.
+    proves: ClassVar[bool] = False
 
     def describe(self) -> str:
         raise NotImplementedError

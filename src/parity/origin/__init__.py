@@ -8,15 +8,17 @@ recording as plain data, with per-value fingerprints, serialisable to numpy arra
 `align` (matching the new program's values to the old program's by value, the matching
 tolerance derived from a class, the origin rule: `Alignment`, `Origin`), `localisation`
 (what a search for the origin found: `Localisation`) and `api` (`localise` for two live
-functions, `locate` for two recordings, `origin_line` for a failure message). It sits over
+functions, `locate` for two recordings, `prove_and_locate` and `settle_live` for a failing
+check), `proof` (a key proved op by op: `Proof`, `prove`, `settle`). It sits over
 the judge: it imports numpy and `parity.judge`; jax only inside functions, once the caller
 has imported it; never h5py, decomp or another part of parity
 (`tests/parity/test_import_boundaries.py`).
 """
 
 from parity.origin.align import Alignment, Origin, align, matching_tolerance
-from parity.origin.api import localise, locate, origin_line
+from parity.origin.api import localise, locate, prove_and_locate, settle_live
 from parity.origin.localisation import Localisation
+from parity.origin.proof import Proof, prove, settle
 from parity.origin.record import LocaliseError, record
 from parity.origin.recording import Recording, Value
 
@@ -25,12 +27,16 @@ __all__ = [
     "Localisation",
     "LocaliseError",
     "Origin",
+    "Proof",
     "Recording",
     "Value",
     "align",
     "localise",
     "locate",
     "matching_tolerance",
-    "origin_line",
+    "prove",
+    "prove_and_locate",
     "record",
+    "settle",
+    "settle_live",
 ]

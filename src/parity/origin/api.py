@@ -14,7 +14,7 @@ from typing import Any
 import numpy as np
 
 from parity.judge.classes import REGISTRY, ToleranceClass
-from parity.judge.compare import compare_trees
+from parity.judge.compare import Comparison, compare_trees
 from parity.judge.tolerance import (
     ClassMapLike,
     Overrides,
@@ -22,12 +22,13 @@ from parity.judge.tolerance import (
     class_resolver,
     to_class,
 )
-from parity.origin.align import align, matching_tolerance
+from parity.origin.align import Alignment, align, matching_tolerance
 from parity.origin.localisation import Localisation
+from parity.origin.proof import provable, prove, settle, unproved, upstream
 from parity.origin.record import LocaliseError, record
 from parity.origin.recording import Recording
 
-__all__ = ["PROFILE_BINS", "localise", "locate", "origin_line"]
+__all__ = ["PROFILE_BINS", "localise", "locate", "prove_and_locate", "settle_live"]
 
 
 def _first_failing_key(
@@ -58,6 +59,7 @@ def locate(
     key: str | None = None,
     root: str | Path | None = None,
     against: str = "the old program",
+    exact: Alignment | None = None,
 ) -> Localisation:
     """The origin of the first output of `new` that breaks its class against `old`.
 
@@ -72,6 +74,7 @@ def locate(
       class (keys present on both sides only).
     - `root`: paths in the origin are given relative to it when they lie under it.
     - `against`: what `old` is, for the lines (`"the base commit"`).
+    - `exact`: `align(new, old, 0.0)`, where the caller has it.
 
     **Returns:** a `Localisation`: `named` with the `Origin` (among the values from which
     the failing output is reached through values that equal no value of `old` at all, the
@@ -98,10 +101,25 @@ def locate(
     # that also breaks the class's tolerance and has an old value of its shape (a changed
     # value, not one of a new kind such as a refactor's fused weight); a difference within
     # the tolerance (a refactor's reordered sum) is not it.
-    exact = align(new, old, 0.0)
+    exact = exact if exact is not None else align(new, old, 0.0)
     reached = exact.cone(key)
-    if not reached:
-        return Localisation("matched", key=key, against=against, rho=0.0)
+    if not reached:  # the key's value equals one of old's: proved, or why not
+        proof = prove(new, old, [key], against=against, exact=exact)[key]
+        target = new.outputs[key]
+        wired = (
+            not proof.proved
+            and target >= 0
+            and bool(exact.matched[sorted(upstream(new, target))].all())
+        )
+        if not wired:
+            return Localisation("matched", key=key, against=against, proof=proof.reason)
+        return Localisation(  # every value it reads equals old's: it reads another one
+            "named", origin=exact.describe(target, key, root=root), key=key, against=against,
+            proof=(
+                f"run op by op it equals a value {against} computed, not {against}'s {key}: "
+                "the output reads another value"
+            ),
+        )  # fmt: skip
     loose = None if not rho else align(new, old, rho)
     computed = sorted(i for i in reached if new.values[i].kind in ("op", "move"))
     moved = [i for i in computed if loose is None or not loose.matched[i]]
@@ -124,6 +142,40 @@ def locate(
         beyond=None if beyond is None or beyond.position == origin.position else beyond,
         within=beyond is None, reason=note,
     )  # fmt: skip
+
+
+def prove_and_locate(
+    comparison: Comparison,
+    new: Recording,
+    old: Recording,
+    *,
+    registry: Mapping[str, ToleranceClass] = REGISTRY,
+    root: str | Path | None = None,
+    against: str = "the old program",
+    origin: bool = True,
+) -> tuple[Comparison, Localisation | None]:
+    """A failing comparison of two programs' compiled outputs, settled by their recordings:
+    each failure under a class that proves (`op_by_op`) proved op by op or told why not
+    (`parity.origin.proof`), then, where `origin` and a key still fails, the origin of the
+    first (`locate`, under the class the comparison judged it by, from `registry`). One
+    alignment serves both.
+
+    **Returns:** the settled comparison and the `Localisation` (None where nothing fails
+    or `origin` is False).
+    """
+    exact = align(new, old, 0.0)
+    keys = [f.key for f in comparison.findings if provable(f)]
+    if keys:
+        comparison = settle(comparison, prove(new, old, keys, against=against, exact=exact))
+    first = comparison.first_failure
+    if first is None or not origin:
+        return comparison, None
+    if first.key not in new.outputs or first.key not in old.output_arrays:
+        why = f"the recorded programs do not both output {first.key!r}"
+        return comparison, Localisation("not_named", key=first.key, reason=why)
+    found = locate(new, old, class_map=first.class_name, registry=registry, key=first.key,
+                   root=root, against=against, exact=exact)  # fmt: skip
+    return comparison, found
 
 
 def _tolerance(
@@ -187,17 +239,30 @@ def localise(
                   key=key, root=root)  # fmt: skip
 
 
-def origin_line(
-    new_fn: Callable[..., Any], old_fn: Callable[..., Any], args: tuple[Any, ...],
-    kwargs: Mapping[str, Any], *, key: str | None, **options: Any,
-) -> str:  # fmt: skip
-    """The `origin:` line a failure message ends with: the origin, why there is none, or
-    why it could not be found (one line each)."""
+def settle_live(
+    comparison: Comparison,
+    new_fn: Callable[..., Any],
+    old_fn: Callable[..., Any],
+    args: tuple[Any, ...],
+    kwargs: Mapping[str, Any],
+    *,
+    registry: Mapping[str, ToleranceClass] = REGISTRY,
+) -> tuple[Comparison, Localisation]:
+    """A failing comparison of `new_fn`'s outputs with `old_fn`'s, settled by recording both
+    (`prove_and_locate`): its provable failures proved or not, and the origin of the first
+    key still failing, or why there is none. Never raises for a function it cannot record:
+    the failures stay unproved and the `Localisation` says why (the line explains a
+    failure; it must not replace it)."""
     try:
-        found = localise(new_fn, old_fn, *args, key=key, **options, **kwargs)
+        new = record(new_fn, *args, **kwargs)
+        old = record(old_fn, *args, **kwargs)
     except LocaliseError as e:
-        found = Localisation("not_named", key=key or "", reason=e.reason)
-    except Exception as e:  # the line explains a failure; it must not replace it
-        reason = f"localise raised {type(e).__name__}: {e}"
-        found = Localisation("not_named", key=key or "", reason=reason)
-    return found.line + "\n"
+        reason = e.reason
+    except Exception as e:
+        reason = f"recording raised {type(e).__name__}: {e}"
+    else:
+        settled, found = prove_and_locate(comparison, new, old, registry=registry)
+        return settled, found or Localisation("no_failure")
+    first = comparison.first_failure
+    not_named = Localisation("not_named", key="" if first is None else first.key, reason=reason)
+    return settle(comparison, unproved(comparison, reason)), not_named

@@ -50,6 +50,11 @@ class Localisation:
       beyond the tolerance only: a change squashed below it, by a softmax say, is named
       where it re-emerges), that one; `within`: run op by op, `key` itself is within the
       tolerance (its compiled values broke the class).
+    - `proof`: for `matched`, why `key` is not proved op by op (`parity.origin.proof`: a
+      value it is computed from equals none of `against`'s although its own does), `""`
+      where it is proved: every value it is computed from and its own equal `against`'s
+      bit for bit, so the class `op_by_op` passes it; for `named` at the key's own value,
+      why (it equals a value of `against`'s, not `against`'s same key).
 
     **Example:**
 
@@ -72,6 +77,7 @@ class Localisation:
     origin_at: float = 0.0
     beyond: Origin | None = None
     within: bool = False
+    proof: str = ""
 
     @property
     def named(self) -> bool:
@@ -89,16 +95,24 @@ class Localisation:
                     f"; by the class's tolerance alone: {b.primitive} at "
                     f"{b.file or '<no source>'}:{b.line} in {b.function}"
                 )
+            elif self.proof:
+                line += f"; {self.proof}"
             elif self.reason:
                 line += f"; at equality only: {self.reason}"
             elif self.within:
                 line += f"; run op by op, {self.key} is within the class's tolerance"
             return line
         if self.status == "matched":
+            if self.rho == 0 and self.proof:
+                return (
+                    f"origin: none: {self.key} equals {self.against}'s when run op by op, "
+                    f"but is not proved: {self.proof}"
+                )
             if self.rho == 0:
                 how = (
                     "equal bit for bit when run op by op (the difference is in how XLA "
-                    "compiled them, not in the operations)"
+                    "compiled them, not in the operations): the class op_by_op passes such "
+                    "a key, proved op by op"
                 )
             else:
                 how = (

@@ -19,6 +19,7 @@ from parity.report.summary import (
     class_row,
     divergence,
     num,
+    proved_words,
     summarize,
 )
 
@@ -209,6 +210,7 @@ def _summary_section(
     w(
         f'<p>verdict: <span class="{verdict}">{verdict.upper()}</span> '
         f"({arrays_failing(comparison)})"
+        + (f", {esc(proved_words(comparison.proved))}" if comparison.proved else "")
         + (f", not exact: {esc(comparison.inexact)}" if comparison.inexact else "")
         + "</p>\n"
     )

@@ -46,6 +46,7 @@ def to_json(
         "schema": JSON_SCHEMA,
         "verdict": "pass" if comparison.passed else "fail",
         "inexact": comparison.inexact,
+        "proved": [f.key for f in comparison.proved],
         "header": {str(k): str(v) for k, v in (header or {}).items()},
         "summary": {s.class_name: s.to_dict() for s in summarize(comparison)},
         "totals": {
@@ -63,6 +64,7 @@ def to_json(
                 "name": name,
                 "verdict": "pass" if comp.passed else "fail",
                 "inexact": comp.inexact,
+                "proved": [f.key for f in comp.proved],
                 "n_arrays": len(comp.findings),
                 "n_failures": len(comp.failures),
                 "first_not_bitwise": _finding_json(comp.first_not_bitwise),

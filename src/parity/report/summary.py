@@ -9,6 +9,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from parity.judge.compare import Comparison, Finding
+from parity.judge.findings import PROVED
 from parity.judge.floats import count, json_float, sig
 
 __all__ = [
@@ -21,6 +22,7 @@ __all__ = [
     "class_row",
     "divergence",
     "num",
+    "proved_words",
     "severity",
     "summarize",
     "value_text",
@@ -194,7 +196,8 @@ def check_lines(
     for name, comp in shown:
         verdict = "PASS" if comp.passed else "FAIL"
         exact = ", not exact (the verdict line says why)" if comp.inexact else ""
-        lines.append(f"  {verdict} {name} ({arrays_failing(comp)}){exact}")
+        proved = f", {proved_words(comp.proved)}" if comp.proved else ""
+        lines.append(f"  {verdict} {name} ({arrays_failing(comp)}){proved}{exact}")
         if comp.first_not_bitwise is not None:
             lines.append("      " + divergence("first not bitwise equal", comp.first_not_bitwise))
         if not comp.passed:
@@ -202,6 +205,18 @@ def check_lines(
             if origins and origins.get(name):
                 lines.append("      " + origins[name])
     return lines
+
+
+def proved_words(proved: Sequence[Finding]) -> str:
+    """The keys proved op by op, for a verdict line: "equivalent op by op: logits
+    (compiled outputs differ by at most 9.83e-07, 380 of 512 elements)", or for several
+    keys their count and the largest difference."""
+    if len(proved) == 1:
+        f = proved[0]
+        return f"{f.key} {f.note.replace('; ', ' (', 1)})"
+    worst = max(f.max_abs or 0.0 for f in proved)
+    keys = count(len(proved), "key")
+    return f"{PROVED}: {keys} (compiled outputs differ by at most {sig(worst)})"
 
 
 def arrays_failing(comparison: Comparison) -> str:

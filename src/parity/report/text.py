@@ -15,6 +15,7 @@ from parity.report.summary import (
     check_lines,
     class_row,
     divergence,
+    proved_words,
     summarize,
 )
 
@@ -27,6 +28,8 @@ def verdict_line(comparison: Comparison) -> str:
     exact" with which keys, why and what to do."""
     verdict = "PASS" if comparison.passed else "FAIL"
     line = f"parity: {verdict} ({arrays_failing(comparison)})"
+    if proved := comparison.proved:
+        line += f", {proved_words(proved)}"
     return f"{line}, not exact: {comparison.inexact}" if comparison.inexact else line
 
 

@@ -1,0 +1,156 @@
+"""Proved op by op: a key whose compiled bits differ from the old program's passes where
+both programs, recorded operation by operation on the same inputs, compute it the same way
+(docs/design.md, "Proved op by op").
+
+Run op by op, each operation is computed on its own, from the values the program gives
+it: what XLA's compilation reassociated (a fusion, a GEMM's blocking, a scan for an
+unrolled loop) is gone, and what remains is the arithmetic the code asks for. A key is
+*proved* when every value from which the new program computes it (its inputs included)
+equals, bit for bit, a value of the old program's (`align` at `rho` 0), and the key's own
+value equals the old program's value of the same key: a key wired to another value (a tap
+that reads the wrong site) equals some old value but not its own, and is never proved.
+
+`prove` judges keys between two recordings; `settle` turns a comparison's failures under a
+class that proves (`parity.judge.fixed_rules.OpByOp`) into passes or into failures that
+say why they were not proved.
+
+This module imports numpy, the judge and `parity.origin.align` only.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from collections.abc import Iterable, Mapping
+from dataclasses import dataclass
+
+import numpy as np
+
+from parity.judge.findings import PROVED, Comparison, Finding
+from parity.judge.floats import count, sig
+from parity.judge.reasons import UNPROVED
+from parity.judge.registry import RULES
+from parity.origin.align import Alignment, align
+from parity.origin.recording import Recording
+
+__all__ = ["Proof", "provable", "prove", "proved_note", "settle", "unproved", "upstream"]
+
+
+@dataclass(frozen=True)
+class Proof:
+    """Whether one key was proved op by op.
+
+    **Fields:** `key`; `proved`; `reason`, why not, in one line (`""` when proved);
+    `values`, how many values upstream of the key (its own included) were found equal.
+    """
+
+    key: str
+    proved: bool
+    reason: str = ""
+    values: int = 0
+
+
+def provable(finding: Finding) -> bool:
+    """Whether `finding` is a failure a proof op by op may turn into a pass: an array
+    compared element by element (not absent, not another shape or dtype) under a class
+    whose rule proves (`Rule.proves`)."""
+    rule = RULES.get(finding.rule or "")
+    return (
+        finding.verdict == "fail" and rule is not None and rule.proves
+        and finding.n_differ is not None
+    )  # fmt: skip
+
+
+def upstream(new: Recording, target: int) -> set[int]:
+    """`target` and every value it is computed from."""
+    seen, todo = {target}, [target]
+    while todo:
+        for i in new.values[todo.pop()].inputs:
+            if i not in seen:
+                seen.add(i)
+                todo.append(i)
+    return seen
+
+
+def _same(a: np.ndarray, b: np.ndarray) -> bool:
+    return a.dtype == b.dtype and a.shape == b.shape and a.tobytes() == b.tobytes()
+
+
+def prove(
+    new: Recording,
+    old: Recording,
+    keys: Iterable[str],
+    *,
+    against: str = "the old program",
+    exact: Alignment | None = None,
+) -> dict[str, Proof]:
+    """Prove `keys` of `new` against `old`, op by op (module docstring).
+
+    **Arguments:**
+
+    - `new`, `old`: recordings of both programs on the same inputs (`record`,
+      `record_programs`); `old` may be a summary (equality is then read from each value's
+      digest of its bytes).
+    - `keys`: output keys of `new`.
+    - `against`: what `old` is, for the reasons (`"the base commit"`).
+    - `exact`: `align(new, old, 0.0)` where the caller has it.
+
+    **Returns:** key -> its `Proof`.
+    """
+    exact = exact if exact is not None else align(new, old, 0.0)
+    out: dict[str, Proof] = {}
+    for key in keys:
+        if key not in new.outputs or key not in old.output_arrays:
+            why = f"the recorded programs do not both output {key!r}"
+            out[key] = Proof(key, False, why)
+            continue
+        target = new.outputs[key]
+        reads = upstream(new, target) if target >= 0 else set()
+        unequal = sorted(i for i in reads if not exact.matched[i])
+        if unequal:
+            v = new.values[unequal[0]]
+            where = f"{v.file}:{v.line} in {v.function}" if v.file else "<no source>"
+            out[key] = Proof(key, False, (
+                f"run op by op, {count(len(unequal), 'value')} it is computed from equal no "
+                f"value of {against}'s; the first is {v.primitive} at {where}"
+            ), len(reads) - len(unequal))  # fmt: skip
+        elif not _same(np.asarray(new.output_arrays[key]), np.asarray(old.output_arrays[key])):
+            out[key] = Proof(key, False, (
+                f"run op by op, every value it is computed from equals one of {against}'s, "
+                f"yet it is not {against}'s {key} (it reads another value)"
+            ), len(reads))  # fmt: skip
+        else:
+            out[key] = Proof(key, True, "", len(reads))
+    return out
+
+
+def proved_note(finding: Finding) -> str:
+    """The note a proved key carries: how far its compiled values moved."""
+    differ = finding.n_differ or 0
+    return (
+        f"{PROVED}; compiled outputs differ by at most {sig(finding.max_abs)}, "
+        f"{differ} of {count(finding.n_elements, 'element')}"
+    )
+
+
+def settle(comparison: Comparison, proofs: Mapping[str, Proof]) -> Comparison:
+    """`comparison` with each `provable` failure whose key `proofs` holds settled: a pass
+    with `proved_note`, or a failure whose reason ends with why it was not proved."""
+    findings = []
+    for f in comparison.findings:
+        proof = proofs.get(f.key)
+        if proof is not None and provable(f):
+            if proof.proved:
+                f = dataclasses.replace(
+                    f, verdict="pass", reason="", n_violating=0, note=proved_note(f)
+                )
+            else:
+                reason = f.reason.removesuffix(UNPROVED)
+                f = dataclasses.replace(f, reason=f"{reason}; not proved op by op: {proof.reason}")
+        findings.append(f)
+    return dataclasses.replace(comparison, findings=tuple(findings))
+
+
+def unproved(comparison: Comparison, reason: str) -> dict[str, Proof]:
+    """A failed `Proof` for each `provable` failure of `comparison`, all for one `reason`
+    (the programs could not be recorded, the base cannot be re-produced)."""
+    return {f.key: Proof(f.key, False, reason) for f in comparison.findings if provable(f)}
