@@ -82,7 +82,8 @@ def origin_flag(parser: argparse.ArgumentParser) -> None:
         help="auto (default): for a group that fails, record its program op by op on both "
         "sides (one more producer run here, one at the base, cached) and print the first "
         "operation that computes what the other never did, at its source line; off: do not "
-        "(a failure then costs no more than a pass)",
+        "(a failure then costs no more than a pass, but for a key of class op_by_op, whose "
+        "proof needs the recordings either way)",
     )
 
 
@@ -212,13 +213,15 @@ def run(args: argparse.Namespace, out: IO[str]) -> int:
                 baseline=baseline,
                 require_baseline=mode == "require",
             )
-            if args.origin == "auto" and not all(r.passed for r in results):
-                from parity.run.origins import name_origins
+            if not all(r.passed for r in results):
+                from parity.run.origins import settle_failures
 
-                results = name_origins(
+                settled = settle_failures(
                     results, produced, config, goldens, root=repository_root(config.root),
-                    progress=report_progress, timeout=args.timeout,
+                    origin=args.origin == "auto", progress=report_progress,
+                    timeout=args.timeout,
                 )  # fmt: skip
+                results = [s.result for s in settled]
     except CheckError as e:
         raise CLIError(str(e)) from None
     header = {

@@ -20,7 +20,8 @@ GOLDEN = "golden"
 #: the comparator has the arrays, not the programs (`parity.origin.proof` replaces it).
 UNPROVED = (
     "; not proved op by op: only a check that records both programs can prove it "
-    "(parity check, the pytest plugin, assert_equivalent with new_fn and old_fn)"
+    "(parity check, the pytest plugin against goldens, assert_equivalent with new_fn and "
+    "old_fn)"
 )
 
 

@@ -28,7 +28,14 @@ from parity.origin.proof import provable, prove, settle, unproved, upstream
 from parity.origin.record import LocaliseError, record
 from parity.origin.recording import Recording
 
-__all__ = ["PROFILE_BINS", "localise", "locate", "prove_and_locate", "settle_live"]
+__all__ = [
+    "PROFILE_BINS",
+    "localise",
+    "locate",
+    "locate_first",
+    "prove_and_locate",
+    "settle_live",
+]
 
 
 def _first_failing_key(
@@ -167,15 +174,34 @@ def prove_and_locate(
     keys = [f.key for f in comparison.findings if provable(f)]
     if keys:
         comparison = settle(comparison, prove(new, old, keys, against=against, exact=exact))
-    first = comparison.first_failure
-    if first is None or not origin:
+    if not origin:
         return comparison, None
+    found = locate_first(comparison, new, old, registry=registry, root=root, against=against,
+                         exact=exact)  # fmt: skip
+    return comparison, found
+
+
+def locate_first(
+    comparison: Comparison,
+    new: Recording,
+    old: Recording,
+    *,
+    registry: Mapping[str, ToleranceClass] = REGISTRY,
+    root: str | Path | None = None,
+    against: str = "the old program",
+    exact: Alignment | None = None,
+) -> Localisation | None:
+    """`locate` of the first failure of `comparison` (of the two programs' compiled
+    outputs), under the class it was judged by; None where nothing fails, `not_named`
+    where the recordings do not both output that key."""
+    first = comparison.first_failure
+    if first is None:
+        return None
     if first.key not in new.outputs or first.key not in old.output_arrays:
         why = f"the recorded programs do not both output {first.key!r}"
-        return comparison, Localisation("not_named", key=first.key, reason=why)
-    found = locate(new, old, class_map=first.class_name, registry=registry, key=first.key,
-                   root=root, against=against, exact=exact)  # fmt: skip
-    return comparison, found
+        return Localisation("not_named", key=first.key, reason=why)
+    return locate(new, old, class_map=first.class_name, registry=registry, key=first.key,
+                  root=root, against=against, exact=exact)  # fmt: skip
 
 
 def _tolerance(

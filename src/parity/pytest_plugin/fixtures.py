@@ -11,6 +11,7 @@ from typing import TYPE_CHECKING, Any
 
 import pytest
 
+from parity.origin.proof import Proof, provable, settle, unproved
 from parity.pytest_plugin.stash import BASELINE, CONFIG, GOLDENS, ORIGINS, OVERRIDES, RESULTS
 from parity.run.processes import worker_place
 
@@ -18,6 +19,7 @@ if TYPE_CHECKING:  # parity.check loads h5py: imported only when a check runs
     from parity.check import GoldenDir
     from parity.origin import Localisation
     from parity.results import CheckResult
+    from parity.run.origins import Settled
 
 
 @pytest.fixture(scope="session")
@@ -159,7 +161,7 @@ class _Check:
             result = self._agree(result, problem, place[0])
         if problem is not None or result is None:
             pytest.fail(problem or "parity check produced no result", pytrace=False)
-        result = _with_origin(config, result, provenance) if fail and not live else result
+        result = result if live else _with_origin(config, result, provenance, fail)
         if place is None or place[0] == 0:  # one report: process 0's
             config.stash[RESULTS].append(result)
         differing = non_array_differences(*statics)
@@ -187,56 +189,65 @@ class _Check:
 
 
 def _with_origin(
-    config: pytest.Config, result: CheckResult, provenance: Mapping[str, Any] | None
+    config: pytest.Config, result: CheckResult, provenance: Mapping[str, Any] | None, fail: bool
 ) -> CheckResult:
-    """`result` of a golden check, with its origin where it failed (`_origin_of`)."""
+    """`result` of a golden check where it failed, settled op by op (`_settled`): its keys
+    of class `op_by_op` proved or told why not, and, for a check that fails its test, its
+    origin named unless `--parity-origin off`."""
     if result.passed:
         return result
-    return dataclasses.replace(result, origin=_origin_of(config, result, provenance))
+    origin = fail and config.getoption("--parity-origin") != "off"
+    if not origin and not any(provable(f) for f in result.comparison.findings):
+        return result
+    proofs, found = _settled(config, result, provenance, origin)
+    comparison = settle(result.comparison, proofs)
+    named = found if origin and not comparison.passed else None
+    return dataclasses.replace(result, comparison=comparison, origin=named)
 
 
-def _origin_of(
-    config: pytest.Config, result: CheckResult, provenance: Mapping[str, Any] | None
-) -> Localisation | None:
-    """The origin of a failed golden check: the group's programs recorded op by op with
-    the session's producers, here and at its golden's base commit in this environment
-    (`parity.run.origins.name_origins`, as `parity check` names it), once per group per
-    session; None where `--parity-origin off`. A test hands over arrays, not the programs
-    that made them, so the producers run again to record them."""
+def _settled(
+    config: pytest.Config, result: CheckResult, provenance: Mapping[str, Any] | None,
+    origin: bool,
+) -> tuple[Mapping[str, Proof], Localisation | None]:  # fmt: skip
+    """The proofs of a failed golden check's keys and its origin: the group's programs
+    recorded op by op with the session's producers, here and at its golden's base commit in
+    this environment (`parity.run.origins.settle_failures`, as `parity check` does), once
+    per group per session (again only for a key no earlier check of it proved). A test
+    hands over arrays, not the programs that made them, so the producers run again to
+    record them."""
     from parity.origin import Localisation
 
     group = result.group or ""
     found = config.stash[ORIGINS]
-    if config.getoption("--parity-origin") == "off":
-        return None
-    if group in found:
+    keys = {f.key for f in result.comparison.findings if provable(f)}
+    if group in found and keys <= set(found[group][0]) and (found[group][1] or not origin):
         return found[group]
     project = config.stash[CONFIG]
     place = worker_place()
+    why = None
     if place is not None:
         why = (
             f"the session runs as {place[1]} processes and a recording is made in one: "
             f"`parity check --groups {group}` names it"
         )
-        found[group] = Localisation("not_named", reason=why)
     elif project.producers is None:
         why = (
             "no producers file is configured ([tool.parity] producers), so the programs that "
             "made the group cannot be recorded"
         )
-        found[group] = Localisation("not_named", reason=why)
+    if why is not None:
+        found[group] = (unproved(result.comparison, why), Localisation("not_named", reason=why))
     else:
-        named = _recorded_origin(config, result, provenance)
-        if named is None:
-            return None
-        found[group] = named
+        settled = _recorded(config, result, provenance, origin)
+        found[group] = (settled.proofs, settled.result.origin)
     return found[group]
 
 
-def _recorded_origin(
-    config: pytest.Config, result: CheckResult, provenance: Mapping[str, Any] | None
-) -> Localisation | None:
-    from parity.run.origins import name_origins
+def _recorded(
+    config: pytest.Config, result: CheckResult, provenance: Mapping[str, Any] | None,
+    origin: bool,
+) -> Settled:  # fmt: skip
+    from parity.run.origins import settle_failures
     from parity.run.processes import Layout
     from parity.run.produced import Produced
     from parity.run.worktree import GitError, repo_root
@@ -252,8 +263,8 @@ def _recorded_origin(
         root = repo_root(project.root)
     except GitError:
         root = project.root
-    named = name_origins([result], produced, project, config.stash[GOLDENS], root=root)
-    return named[0].origin
+    goldens = config.stash[GOLDENS]
+    return settle_failures([result], produced, project, goldens, root=root, origin=origin)[0]
 
 
 @pytest.fixture

@@ -7,8 +7,10 @@ from typing import TYPE_CHECKING
 import pytest
 
 if TYPE_CHECKING:  # parity.check loads h5py: imported only when a check runs
+    from collections.abc import Mapping
+
     from parity.check import GoldenDir
-    from parity.origin import Localisation
+    from parity.origin import Localisation, Proof
     from parity.results import CheckResult
     from parity.run.baseline import BaselineBuilder
     from parity.run.config import ParityConfig
@@ -28,6 +30,9 @@ CONFIG: pytest.StashKey[ParityConfig] = pytest.StashKey()
 #: The `(pattern, class)` rules every check tries first: `--parity-override`, then
 #: `--parity-class` as `*=NAME`.
 OVERRIDES: pytest.StashKey[tuple[tuple[str, str], ...]] = pytest.StashKey()
-#: What looking for the origin of each failing golden group found, so that a group is
-#: recorded at most once per session (`fixtures._origin_of`).
-ORIGINS: pytest.StashKey[dict[str, Localisation]] = pytest.StashKey()
+#: What settling each failing golden group op by op found: the proofs of its keys of
+#: class `op_by_op` and its origin, so that a group is recorded at most once per session
+#: (`fixtures._settled`).
+ORIGINS: pytest.StashKey[dict[str, tuple[Mapping[str, Proof], Localisation | None]]] = (
+    pytest.StashKey()
+)

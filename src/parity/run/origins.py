@@ -36,7 +36,9 @@ from parity.check import GoldenDir
 from parity.environment import environment_fingerprint, layout_of
 from parity.judge.classes import REGISTRY, ToleranceClass
 from parity.judge.tolerance import UnknownClassError
-from parity.origin import Localisation, LocaliseError, Recording, locate
+from parity.origin import Localisation, LocaliseError, Recording, align, locate
+from parity.origin.api import locate_first
+from parity.origin.proof import Proof, provable, prove, settle, unproved
 from parity.results import CheckError, CheckResult
 from parity.run.baseline import BaselineBuilder, BaselineCache, base_commit, cache_dir
 from parity.run.config import ParityConfig
@@ -48,14 +50,17 @@ from parity.store.provenance import digest_sources
 from parity.store.staging import owned_tempdir
 
 __all__ = [
+    "Settled",
     "base_recordings",
     "explain",
-    "name_origins",
     "origin_between",
     "record_groups",
+    "settle_failures",
 ]
 
 _PREFIX = "parity-origin-"
+#: What the tree's programs are recorded against, in the lines.
+_BASE = "the base commit"
 
 Progress = Callable[[str], None]
 
@@ -170,58 +175,116 @@ def _why_not(r: CheckResult, produced: Produced) -> str | None:
     return None
 
 
-def name_origins(
+@dataclasses.dataclass(frozen=True)
+class Settled:
+    """A failing check settled op by op: `result` (its comparison with each key of a class
+    that proves proved or told why not, its `origin` where asked) and the `proofs` made,
+    by key (for a caller that settles the same group again: the pytest plugin)."""
+
+    result: CheckResult
+    proofs: Mapping[str, Proof]
+
+
+def _unsettled(r: CheckResult, why: str, origin: bool) -> Settled:
+    """`r` where its programs cannot be recorded: its provable keys unproved for `why`, its
+    origin not named for it."""
+    proofs = unproved(r.comparison, why)
+    comparison = settle(r.comparison, proofs)
+    named = _not_named(why) if origin and not comparison.passed else None
+    return Settled(dataclasses.replace(r, comparison=comparison, origin=named), proofs)
+
+
+def _recorded(r: CheckResult, new: Path, old: Path, root: Path, origin: bool) -> Settled:
+    """`r` settled by the recordings of its programs on both sides (`prove_and_locate`)."""
+    try:
+        new_rec, old_rec = _load(new), _load(old)
+    except (OSError, ValueError, KeyError) as e:
+        return _unsettled(r, f"the recordings cannot be read: {e}", origin)
+    exact = align(new_rec, old_rec, 0.0)
+    keys = [f.key for f in r.comparison.findings if provable(f)]
+    proofs = prove(new_rec, old_rec, keys, against=_BASE, exact=exact)
+    comparison = settle(r.comparison, proofs)
+    found = None
+    if origin:
+        found = locate_first(comparison, new_rec, old_rec, root=root, against=_BASE, exact=exact)
+    return Settled(dataclasses.replace(r, comparison=comparison, origin=found), proofs)
+
+
+def settle_failures(
     results: Sequence[CheckResult],
     produced: Produced,
     config: ParityConfig,
     goldens: GoldenDir,
     *,
     root: Path,
+    origin: bool = True,
     progress: Progress = lambda _: None,
     timeout: float | None = None,
-) -> list[CheckResult]:
-    """`results` with each failing group's origin looked for (`CheckResult.origin`: what
-    was found, or why nothing was), against its golden's base commit recorded here (module
-    docstring); passing checks untouched. `root`: paths in the origins are relative to it."""
-    found: dict[str, Localisation] = {}
+) -> list[Settled]:
+    """Each failing check of `results` settled op by op (module docstring): its programs
+    recorded on the current tree and at its golden's base commit here, once, then each key
+    of a class that proves (`op_by_op`) whose bits differ proved or told why not
+    (`parity.origin.proof`), and, where `origin`, the origin of the first key still failing
+    looked for (`CheckResult.origin`). A check that passes, or that fails with nothing to
+    prove while `origin` is False, is left as it is. `root`: paths in the origins are
+    relative to it.
+
+    **Returns:** one `Settled` per result, in order.
+    """
+    out: dict[str, Settled] = {}
     todo: list[CheckResult] = []
     for r in results:
         if r.passed or r.group is None:
+            continue
+        if not origin and not any(provable(f) for f in r.comparison.findings):
             continue
         why = _why_not(r, produced)
         if why is None:
             todo.append(r)
         else:
-            found[r.name] = _not_named(why)
+            out[r.name] = _unsettled(r, why, origin)
     if todo:  # before any recording run: a base that is not here is said at once
         missing = _bases_out_of_reach(config, goldens, todo, produced)
-        found |= {name: _not_named(why) for name, why in missing.items()}
+        out |= {r.name: _unsettled(r, missing[r.name], origin) for r in todo if r.name in missing}
         todo = [r for r in todo if r.name not in missing]
     if todo:
-        one = " (in one process)" if produced.layout.processes > 1 else ""
-        progress(f"recording {', '.join(r.name for r in todo)} op by op{one} to name the origin")
-        with owned_tempdir(_PREFIX) as tmp:
-            new = record_groups(
-                config.root, config, [r.group or "" for r in todo], Path(tmp),
-                code="the current tree", progress=progress, timeout=timeout,
-            )  # fmt: skip
-            wanted = []
-            for r in todo:
-                current = _one_process(produced.provenance.get(r.name) or {})
-                try:
-                    wanted.append((r.name, goldens.open(r.name).provenance, current))
-                except CheckError as e:
-                    new[r.name] = str(e)
-            ready = [w for w in wanted if isinstance(new[w[0]], Path)]
-            old = base_recordings(config, ready, progress=progress, timeout=timeout)
-            for r in todo:
-                first = r.comparison.first_failure
-                assert first is not None  # `_why_not` let only failing checks through
-                step = (r.name, first.key, first.class_name)
-                found[r.name] = _explained(step, new.get(r.name), old.get(r.name), root,
-                                           "the base commit")  # fmt: skip
-    return [dataclasses.replace(r, origin=found[r.name]) if r.name in found else r
-            for r in results]  # fmt: skip
+        out |= _record_and_settle(todo, produced, config, goldens, root=root, origin=origin,
+                                  progress=progress, timeout=timeout)  # fmt: skip
+    return [out.get(r.name) or Settled(r, {}) for r in results]
+
+
+def _record_and_settle(
+    todo: Sequence[CheckResult], produced: Produced, config: ParityConfig, goldens: GoldenDir,
+    *, root: Path, origin: bool, progress: Progress, timeout: float | None,
+) -> dict[str, Settled]:  # fmt: skip
+    """`todo`'s groups recorded on the tree (one producer run) and at their bases, each
+    check settled by its two recordings."""
+    one = " (in one process)" if produced.layout.processes > 1 else ""
+    why = "to prove and name the origin" if origin else "to prove its op_by_op keys"
+    progress(f"recording {', '.join(r.name for r in todo)} op by op{one} {why}")
+    out: dict[str, Settled] = {}
+    with owned_tempdir(_PREFIX) as tmp:
+        new = record_groups(
+            config.root, config, [r.group or "" for r in todo], Path(tmp),
+            code="the current tree", progress=progress, timeout=timeout,
+        )  # fmt: skip
+        wanted = []
+        for r in todo:
+            current = _one_process(produced.provenance.get(r.name) or {})
+            try:
+                wanted.append((r.name, goldens.open(r.name).provenance, current))
+            except CheckError as e:
+                new[r.name] = str(e)
+        ready = [w for w in wanted if isinstance(new[w[0]], Path)]
+        old = base_recordings(config, ready, progress=progress, timeout=timeout)
+        for r in todo:
+            sides = (new.get(r.name), old.get(r.name))
+            bad = next((s for s in sides if not isinstance(s, Path)), "")
+            if bad != "" or not all(isinstance(s, Path) for s in sides):
+                out[r.name] = _unsettled(r, str(bad or "nothing was recorded"), origin)
+            else:
+                out[r.name] = _recorded(r, *sides, root, origin)  # type: ignore[arg-type]
+    return out
 
 
 def _bases_out_of_reach(
