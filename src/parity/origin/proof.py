@@ -110,8 +110,9 @@ def prove(
             v = new.values[unequal[0]]
             where = f"{v.file}:{v.line} in {v.function}" if v.file else "<no source>"
             out[key] = Proof(key, False, (
-                f"run op by op, {count(len(unequal), 'value')} it is computed from equal no "
-                f"value of {against}'s; the first is {v.primitive} at {where}"
+                f"run op by op, {count(len(unequal), 'value')} it is computed from "
+                f"{'equals' if len(unequal) == 1 else 'equal'} no value of {against}'s; the "
+                f"first is {v.primitive} at {where}"
             ), len(reads) - len(unequal))  # fmt: skip
         elif not _same(np.asarray(new.output_arrays[key]), np.asarray(old.output_arrays[key])):
             out[key] = Proof(key, False, (

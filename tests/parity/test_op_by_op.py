@@ -1,0 +1,231 @@
+"""Proved op by op (issue 48): a key of class `op_by_op` whose compiled bits moved passes
+where both programs, recorded operation by operation, compute it from values equal bit
+for bit, and fails, with its origin at the changed line, where they do not.
+
+The subject is a newcomer's project (`_tinyformer`): a 4-layer pure-JAX transformer that
+returns only its logits, its refactor to stacked weights, a `lax.scan` and an einsum, and
+three one-line bugs of the refactored code. In process through `assert_equivalent`, and as
+a fresh git project through `parity check` and the pytest plugin.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from collections.abc import Callable
+from pathlib import Path
+from types import ModuleType
+from typing import Any
+
+import _tinyformer as tf
+import numpy as np
+import pytest
+
+jax = pytest.importorskip("jax")
+jnp = jax.numpy
+
+import parity  # noqa: E402
+from parity.judge.compare import compare_trees  # noqa: E402
+from parity.judge.reasons import UNPROVED  # noqa: E402
+from parity.origin import locate, record  # noqa: E402
+from parity.origin.proof import prove, settle  # noqa: E402
+
+
+@pytest.fixture(scope="module")
+def models(tmp_path_factory: pytest.TempPathFactory) -> dict[str, ModuleType]:
+    """The model as it was, its refactor and each bug, imported from files of their text."""
+    folder = tmp_path_factory.mktemp("tinyformer")
+    texts = {"model": tf.MODEL, "refactor": tf.REFACTOR}
+    texts |= {name: tf.buggy(name) for name in tf.BUGS}
+    return {name: tf.load(text, folder / f"tf_{name}.py") for name, text in texts.items()}
+
+
+@pytest.fixture(scope="module")
+def inputs(models: dict[str, ModuleType]) -> tuple[Any, Any]:
+    old = models["model"]
+    return old.init(jax.random.key(0)), jnp.arange(old.T) % old.VOCAB
+
+
+def _logits(module: ModuleType) -> Callable[..., dict[str, Any]]:
+    return lambda params, tokens: {"logits": module.forward(params, tokens)}
+
+
+def _check(
+    models: dict[str, ModuleType], inputs: tuple[Any, Any], name: str, class_map: str
+) -> parity.Comparison:
+    new, old = _logits(models[name]), _logits(models["model"])
+    return parity.assert_equivalent(
+        jax.jit(new)(*inputs), jax.jit(old)(*inputs), class_map=class_map,
+        new_fn=new, old_fn=old, args=inputs,
+    )  # fmt: skip
+
+
+def test_the_refactor_passes_proved_op_by_op(
+    models: dict[str, ModuleType], inputs: tuple[Any, Any]
+) -> None:
+    new = np.asarray(jax.jit(_logits(models["refactor"]))(*inputs)["logits"])
+    old = np.asarray(jax.jit(_logits(models["model"]))(*inputs)["logits"])
+    differ = int((new != old).sum())
+    # The premise: XLA compiles the refactor to other bits, so bitwise fails it.
+    assert differ > 0, "the refactor compiled to the same bits: nothing left to prove"
+    with pytest.raises(AssertionError, match="breaks class 'bitwise'"):
+        _check(models, inputs, "refactor", "bitwise")
+    comparison = _check(models, inputs, "refactor", "op_by_op")
+    (finding,) = comparison.proved
+    assert finding.key == "logits" and not finding.bitwise_equal
+    worst = float(np.abs(new.astype(np.float64) - old).max())
+    assert finding.note == (
+        f"equivalent op by op; compiled outputs differ by at most {worst:.3g}, "
+        f"{differ} of {new.size} elements"
+    )
+    line = parity.format_table(comparison).splitlines()[0]
+    assert line.startswith("parity: PASS (0 of 1 array fail), logits equivalent op by op"), line
+
+
+@pytest.mark.parametrize("bug", sorted(tf.BUGS))
+def test_each_bug_fails_op_by_op_with_its_origin_at_the_changed_line(
+    models: dict[str, ModuleType], inputs: tuple[Any, Any], bug: str
+) -> None:
+    with pytest.raises(AssertionError) as failed:
+        _check(models, inputs, bug, "op_by_op")
+    text = str(failed.value)
+    assert "not proved op by op: run op by op," in text, text
+    (origin,) = [ln for ln in text.splitlines() if ln.startswith("origin: ")]
+    assert f"tf_{bug}.py:{tf.bug_line(bug)} in " in origin, origin
+
+
+def _two(fn_new: Callable[..., Any], fn_old: Callable[..., Any], *args: Any) -> Any:
+    """Both functions' compiled outputs compared bitwise-then-op-by-op, with their
+    recordings: `(comparison, new recording, old recording)`."""
+    new, old = jax.jit(fn_new)(*args), jax.jit(fn_old)(*args)
+    comparison = compare_trees(
+        {k: np.asarray(v) for k, v in new.items()}, {k: np.asarray(v) for k, v in old.items()},
+        lambda key: "op_by_op",
+    )  # fmt: skip
+    return comparison, record(fn_new, *args), record(fn_old, *args)
+
+
+def test_a_key_wired_to_another_value_is_never_proved() -> None:
+    """A tap that reads another site: every value it is computed from equals the old
+    program's, and so does its own value, but it is another key's."""
+    x = jnp.linspace(-1.0, 1.0, 12).reshape(3, 4)
+
+    def old(x: Any) -> dict[str, Any]:
+        h = jnp.tanh(x)
+        return {"a": h, "b": h * 2.0}
+
+    def new(x: Any) -> dict[str, Any]:
+        h = jnp.tanh(x)
+        return {"a": h * 2.0, "b": h * 2.0}  # "a" reads b's site
+
+    new_rec, old_rec = record(new, x), record(old, x)
+    proofs = prove(new_rec, old_rec, ["a", "b"], against="the base")
+    assert proofs["b"].proved and not proofs["a"].proved
+    assert proofs["a"].reason == (
+        "run op by op, every value it is computed from equals one of the base's, yet it is "
+        "not the base's a (it reads another value)"
+    )
+    found = locate(new_rec, old_rec, key="a", against="the base")
+    assert found.status == "named" and "the output reads another value" in found.line
+
+
+def test_settle_passes_only_what_was_proved_and_says_why_the_rest_was_not() -> None:
+    x = jnp.linspace(-1.0, 1.0, 12).reshape(3, 4)
+
+    def old(x: Any) -> dict[str, Any]:
+        return {"y": jnp.tanh(x) + 1.0}
+
+    def new(x: Any) -> dict[str, Any]:
+        return {"y": jnp.tanh(x) + 1.0 + 1e-3}
+
+    comparison, new_rec, old_rec = _two(new, old, x)
+    (failing,) = comparison.failures
+    assert failing.reason.endswith(UNPROVED)
+    settled = settle(comparison, prove(new_rec, old_rec, ["y"], against="the base"))
+    (still,) = settled.failures
+    why = still.reason.split("; not proved op by op: ")[1]
+    assert "1 value it is computed from equals no value of the base's; the first is add at " in (
+        why
+    )
+    assert f"{Path(__file__).name}:" in why and why.endswith("<locals>.new"), why
+    assert not settled.proved and not still.reason.endswith(UNPROVED)
+
+
+PRODUCERS = """\
+import jax
+
+import tinyformer
+
+
+def forward():
+    params = tinyformer.init(jax.random.key(0))
+    tokens = jax.numpy.arange(tinyformer.T) % tinyformer.VOCAB
+    return {"logits": jax.jit(tinyformer.forward)(params, tokens)}
+
+
+GROUPS = {"forward": forward}
+CLASS_MAP = [("logits", "op_by_op")]
+"""
+
+MODEL_FILE = "src/tinyformer/__init__.py"
+
+
+@pytest.fixture(scope="module")
+def project(
+    tmp_path_factory: pytest.TempPathFactory, git_project: Any, git: Any
+) -> tuple[Path, dict[str, str]]:
+    """The newcomer's project pinned at its model, then the refactor and the epsilon bug
+    committed on top: `(repo, {"refactor": sha, "epsilon": sha})`."""
+    repo = git_project(
+        tmp_path_factory.mktemp("newcomer"), PRODUCERS,
+        'producers = "producers.py"\nsrc = ["src"]\n', files={MODEL_FILE: tf.MODEL},
+    )  # fmt: skip
+    shas = {}
+    for name, text in (("refactor", tf.REFACTOR), ("epsilon", tf.buggy("epsilon"))):
+        (repo / MODEL_FILE).write_text(text)
+        git(repo, "commit", "-qam", name)
+        shas[name] = git(repo, "rev-parse", "HEAD")
+    return repo, shas
+
+
+def test_parity_check_passes_the_refactor_proved_and_fails_the_bug_at_its_line(
+    project: tuple[Path, dict[str, str]], run_parity: Callable[..., Any], git: Any
+) -> None:
+    repo, shas = project
+    git(repo, "checkout", "-q", shas["refactor"])
+    report = repo.parent / "refactor.json"
+    done = run_parity(repo, "check", "--json", str(report))
+    assert done.returncode == 0, done.stdout + done.stderr
+    assert "logits equivalent op by op (compiled outputs differ by at most" in done.stdout
+    assert json.loads(report.read_text())["proved"] == ["forward/logits"]
+    git(repo, "checkout", "-q", shas["epsilon"])
+    done = run_parity(repo, "check")
+    assert done.returncode == 1, done.stdout + done.stderr
+    assert "not proved op by op: run op by op," in done.stdout
+    (origin,) = [ln.strip() for ln in done.stdout.splitlines() if ln.strip().startswith("origin:")]
+    assert f"{MODEL_FILE}:{tf.bug_line('epsilon')} in layer_norm" in origin, origin
+
+
+def test_the_pytest_plugin_proves_a_golden_check(
+    project: tuple[Path, dict[str, str]], git: Any
+) -> None:
+    repo, shas = project
+    git(repo, "checkout", "-q", shas["refactor"])
+    (repo / "test_forward.py").write_text(
+        "import producers\n\n\n"
+        "def test_forward(parity_check):\n"
+        "    comparison = parity_check(producers.forward(), 'forward')\n"
+        "    assert [f.key for f in comparison.proved] == ['logits']\n"
+    )
+    env = {k: v for k, v in os.environ.items() if not k.startswith(("PYTEST_", "PARITY_"))}
+    paths = [str(repo / "src"), str(repo), *filter(None, [os.environ.get("PYTHONPATH")])]
+    env |= {"PYTHONPATH": os.pathsep.join(paths),
+            "PARITY_BASELINE_CACHE": str(repo.parent / "baselines")}  # fmt: skip
+    done = subprocess.run(
+        [sys.executable, "-m", "pytest", "-p", "no:cacheprovider", "-q", "test_forward.py"],
+        cwd=repo, env=env, capture_output=True, text=True, timeout=600,
+    )  # fmt: skip
+    (repo / "test_forward.py").unlink()
+    assert done.returncode == 0, done.stdout + done.stderr
