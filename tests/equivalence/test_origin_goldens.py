@@ -5,8 +5,10 @@ because the programs the producer runs are recorded, not the producer.
 
 - End to end: `parity check --groups forward_llama --json` on a copy of the working tree
   with a 10% change of the RMS norm's epsilon (`src/decomp/nn.py`) names `rms_norm` in that
-  file, and the header no longer calls the order "declared"; `--groups train_remat_nothing`
-  with the mask draw's key moved by one site (`src/decomp/masks.py`) names that line.
+  file, and the header no longer calls the order "declared"; with the logits under
+  `op_by_op` (issue 48) they fail, not proved, and the clean tree passes; `--groups
+  train_remat_nothing` with the mask draw's key moved by one site (`src/decomp/masks.py`)
+  names that line.
 - In process: the order read from `forward_llama`'s recorded programs puts a bug in layer 2
   (its attention output weight scaled) first at a layer-2 key, never at a key of layer 3,
   which `last_layer_sites` computes in an earlier program.
@@ -42,19 +44,32 @@ MASKS = "src/decomp/masks.py"
 MASK_BEFORE = "jax.random.fold_in(key, i))(jnp.asarray(positions))"
 MASK_AFTER = "jax.random.fold_in(key, i + 1))(jnp.asarray(positions))"
 
+#: The logits under the class a refactor's user would give them (issue 48).
+OP_BY_OP = ("--override", "logits.*=op_by_op")
 
-def _origin(tree: Path, group: str, cache: Path) -> tuple[dict, str]:
+
+def _check(
+    tree: Path, group: str, cache: Path, *args: str
+) -> tuple[subprocess.CompletedProcess[str], dict]:
+    """`parity check --groups group *args` at `tree`, its baselines cached under `cache`:
+    the process and its JSON report."""
     env = {k: v for k, v in os.environ.items() if not k.startswith(("PARITY_", "PYTEST_"))}
     env["PARITY_BASELINE_CACHE"] = str(cache / "baselines")
     report = cache / "report.json"
     proc = subprocess.run(
-        [sys.executable, "-m", "parity", "check", "--groups", group, "--json", str(report)],
+        [sys.executable, "-m", "parity", "check", "--groups", group, "--json", str(report),
+         *args],
         cwd=tree, env=env, capture_output=True, text=True, timeout=900,
     )  # fmt: skip
+    return proc, json.loads(report.read_text()) if report.is_file() else {}
+
+
+def _origin(tree: Path, group: str, cache: Path, *args: str) -> tuple[dict, str, dict]:
+    proc, doc = _check(tree, group, cache, *args)
     assert proc.returncode == 1, proc.stdout + proc.stderr
-    (check,) = json.loads(report.read_text())["checks"]
+    (check,) = doc["checks"]
     assert check["origin"] is not None, check["origin_line"]
-    return check["origin"], proc.stdout
+    return check["origin"], proc.stdout, doc
 
 
 def _line_of(tree: Path, file: str, text: str) -> int:
@@ -63,11 +78,24 @@ def _line_of(tree: Path, file: str, text: str) -> int:
 
 @pytest.mark.slow
 def test_an_epsilon_change_on_the_real_goldens_is_named_in_rms_norm(tmp_path: Path) -> None:
+    """With the logits under `op_by_op` (issue 48), as a user who refactors would put them:
+    they fail, not proved op by op, and the origin is still `rms_norm`'s line."""
     with changed_tree(NN, BEFORE, AFTER) as tree:
-        origin, stdout = _origin(tree, "forward_llama", tmp_path)
+        origin, stdout, doc = _origin(tree, "forward_llama", tmp_path, *OP_BY_OP)
         line = _line_of(tree, NN, AFTER)
     assert (origin["file"], origin["function"], origin["line"]) == (NN, "rms_norm", line)
     assert "declared" not in stdout, stdout
+    logits = [f for f in doc["findings"] if f["key"].split("/")[-1].startswith("logits.")]
+    assert logits and all(f["class"] == "op_by_op" for f in logits), logits
+    assert all("not proved op by op: run op by op, " in f["reason"] for f in logits), logits
+
+
+@pytest.mark.slow
+def test_the_clean_tree_passes_with_the_logits_under_op_by_op(tmp_path: Path) -> None:
+    proc, doc = _check(ROOT, "forward_llama", tmp_path, *OP_BY_OP)
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    logits = [f for f in doc["findings"] if f["key"].split("/")[-1].startswith("logits.")]
+    assert logits and all(f["class"] == "op_by_op" and f["verdict"] == "pass" for f in logits)
 
 
 @pytest.mark.slow
@@ -77,7 +105,7 @@ def test_a_mask_key_change_in_training_is_named_at_its_line_through_a_train_grou
     """The train group loops over three jitted SPD steps, each fed the state the one before
     returned: the programs are recorded step by step, and the origin is the changed draw."""
     with changed_tree(MASKS, MASK_BEFORE, MASK_AFTER) as tree:
-        origin, _ = _origin(tree, "train_remat_nothing", tmp_path)
+        origin, _, _ = _origin(tree, "train_remat_nothing", tmp_path)
         line = _line_of(tree, MASKS, MASK_AFTER)
     assert (origin["file"], origin["line"]) == (MASKS, line), origin
     assert origin["function"].split(".<locals>")[0] == "stochastic_masks_by_kind", origin
