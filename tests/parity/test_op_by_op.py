@@ -70,8 +70,14 @@ def test_the_refactor_passes_proved_op_by_op(
     differ = int((new != old).sum())
     # The premise: XLA compiles the refactor to other bits, so bitwise fails it.
     assert differ > 0, "the refactor compiled to the same bits: nothing left to prove"
-    with pytest.raises(AssertionError, match="breaks class 'bitwise'"):
+    with pytest.raises(AssertionError, match="breaks class 'bitwise'") as failed:
         _check(models, inputs, "refactor", "bitwise")
+    # ... and its message says which class passes it, having checked equality op by op
+    (origin,) = [ln for ln in str(failed.value).splitlines() if ln.startswith("origin: ")]
+    assert origin.endswith(
+        "equal bit for bit when run op by op (the difference is in how XLA compiled them, not "
+        "in the operations): the class op_by_op passes such a key, proved op by op"
+    ), origin
     comparison = _check(models, inputs, "refactor", "op_by_op")
     (finding,) = comparison.proved
     assert finding.key == "logits" and not finding.bitwise_equal
