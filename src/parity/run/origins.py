@@ -1,7 +1,8 @@
-"""The origin of a failing golden check: the first operation of the tree's programs that
-computes what the base's programs never did, at its source line (issue 35; docs/design.md,
-"Where it diverged" and "The unit is the programs a producer runs"; the matching itself is
-`parity.origin`'s).
+"""A failing golden check settled op by op: its keys of class `op_by_op` proved or told why
+not (docs/design.md, "Proved op by op"), and the origin of what still fails, the first
+operation of the tree's programs that computes what the base's programs never did, at its
+source line (issue 35; docs/design.md, "Where it diverged" and "The unit is the programs a
+producer runs"; the matching and the proof themselves are `parity.origin`'s).
 
 `parity check` asks for it after the verdict, for the failing groups only, so a passing
 check costs what it did before. A failing one costs at most one more producer run on each
@@ -10,10 +11,12 @@ runs recorded op by op, their summary saved), and at the golden's base commit in
 environment the base re-produced with its recording (`parity.run.baseline.BaselineBuilder`,
 `prepare(..., record=True)`: one run makes the base's arrays and its recording, one cache
 entry keeps both), so a failing check run again pays only for the current tree's recording.
-`locate`'s rule then runs here, on the two summaries. `parity bisect` does the same for the
-first bad commit against its parent.
+`prove` and `locate`'s rule then run here, on the two summaries (`settle_failures`; one
+alignment serves both). `parity bisect` names the origin between the first bad commit and
+its parent the same way.
 
-Where a group is not recorded, one line says why, and the verdict stands: its outputs are
+Where a group is not recorded, one line says why, and the verdict stands (an `op_by_op`
+key stays unproved, for that reason): its outputs are
 not computed by the jax programs the producer runs (numpy made them), the run spans processes,
 the failing key's class gives no matching tolerance (`logit_kl`), the base cannot be
 re-produced, or the program is too large (`_producer_runner.ORIGIN_MAX_BYTES`).
