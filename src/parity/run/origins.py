@@ -263,7 +263,11 @@ def _record_and_settle(
     """`todo`'s groups recorded on the tree (one producer run) and at their bases, each
     check settled by its two recordings."""
     one = " (in one process)" if produced.layout.processes > 1 else ""
-    why = "to prove and name the origin" if origin else "to prove its op_by_op keys"
+    proving = any(provable(f) for r in todo for f in r.comparison.findings)
+    keys = "its op_by_op keys" if len(todo) == 1 else "their op_by_op keys"
+    why = "to name the origin"
+    if proving:
+        why = f"to prove {keys} and name the origin" if origin else f"to prove {keys}"
     progress(f"recording {', '.join(r.name for r in todo)} op by op{one} {why}")
     out: dict[str, Settled] = {}
     with owned_tempdir(_PREFIX) as tmp:
