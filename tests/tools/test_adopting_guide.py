@@ -1,8 +1,9 @@
 """docs/adopting.md is what its commands print. tools/adopting_guide.py walks the guide on a
 throwaway project (tinymlp, a fresh git repository built from the guide's own file blocks):
-`[tool.parity]`, repin at the first commit, a live `assert_equivalent`, a green check after
-a `lax.scan` refactor, the pytest fixture passing, a commit that breaks layer 1 (the red
-check naming its key, `--save-actual` and `parity diff`, the failing pytest test), a
+`[tool.parity]`, repin at the first commit, a live `assert_equivalent`, an attention stack's
+scan proved op by op and its epsilon bug caught by `op_by_op` (and passed by
+`fp32_reassoc`), a green check after a `lax.scan` refactor, the pytest fixture passing, a
+commit that breaks layer 1 (the red check naming its key, `--save-actual` and `parity diff`, the failing pytest test), a
 bisect naming that commit without touching the checkout, a revert, a 2x2 check, calibrate,
 `repin --classes-only` (the logits `bitwise`) and the calibrated 2x2 check, a 1e-6 logits
 bug on another ISA that `bitwise` and the baseline catch and `calibrated` passes "not exact",
@@ -259,6 +260,22 @@ def test_the_walk_tells_the_story_the_guide_tells(walked) -> None:
     assert pinned.returncode == 0 and f"pinned at {first} " in pinned.output
     assert "forward: new file, 4 arrays" in pinned.output
     assert done.step("live").returncode == 0
+    # The attention stack's scan moves bits: bitwise fails it and says op_by_op passes it;
+    # op_by_op passes it proved. Its epsilon bug passes fp32_reassoc and fails op_by_op at
+    # the changed line.
+    told = done.step("proved", "PYTHONPATH=src python tests/normed_vs_loop.py bitwise").output
+    assert "parity: FAIL" in told and "the class op_by_op passes such a key" in told, told
+    proved = done.step("proved", "PYTHONPATH=src python tests/normed_vs_loop.py op_by_op")
+    assert "parity: PASS (0 of 1 array fail), logits equivalent op by op (" in proved.output
+    loose = done.step("epsilon", "PYTHONPATH=src python tests/normed_vs_loop.py fp32_reassoc")
+    assert loose.output.startswith("parity: PASS"), loose.output
+    caught = done.step("epsilon", "PYTHONPATH=src python tests/normed_vs_loop.py op_by_op")
+    normed = (done.project / "src" / "tinymlp" / "normed.py").read_text().splitlines()
+    eps = [i + 1 for i, line in enumerate(normed) if "jnp.sqrt(var + 1e-5)" in line]
+    assert len(eps) == 1, normed
+    assert f"origin: add at {done.project}/src/tinymlp/normed.py:{eps[0]} in layer_norm" in (
+        caught.output
+    )
     assert "parity: PASS (0 of 4 arrays fail)" in done.step("check", "parity check").output
     assert "1 passed" in done.step("pytest", "pytest").output
 
