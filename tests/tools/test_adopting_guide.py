@@ -3,15 +3,15 @@ throwaway project (tinymlp, a fresh git repository built from the guide's own fi
 `[tool.parity]`, repin at the first commit, a live `assert_equivalent`, an attention stack's
 scan proved op by op and its epsilon bug caught by `op_by_op` (and passed by
 `fp32_reassoc`), a green check after a `lax.scan` refactor, the pytest fixture passing, a
-commit that breaks layer 1 (the red check naming its key, `--save-actual` and `parity diff`, the failing pytest test), a
-bisect naming that commit without touching the checkout, a revert, a 2x2 check, calibrate,
-`repin --classes-only` (the logits `bitwise`) and the calibrated 2x2 check, a 1e-6 logits
-bug on another ISA that `bitwise` and the baseline catch and `calibrated` passes "not exact",
-and the origin of a bug named from the logits alone (`parity.localise`,
-`assert_equivalent(new_fn=, old_fn=)`). One walk serves two kinds of test: the
-committed guide must equal the fresh rendering beyond the normalisation, and the walk must
-tell the story the guide tells (exit codes, the key and the commit named, nothing left
-behind), so that rewriting the guide cannot bless a regression."""
+commit that breaks layer 1 (the red check naming its key, `--save-actual` and `parity diff`,
+the failing pytest test), a bisect naming that commit without touching the checkout, a
+revert, a 2x2 check, calibrate, `repin --classes-only` (the logits `bitwise`) and the
+calibrated 2x2 check, a 1e-6 logits bug on another ISA that `bitwise` and the baseline catch
+and `calibrated` passes "not exact", and the origin of a bug named from the logits alone
+(`parity.localise`, `assert_equivalent(new_fn=, old_fn=)`). One walk serves two kinds of
+test: the committed guide must equal the fresh rendering beyond the normalisation, and the
+walk must tell the story the guide tells (exit codes, the key and the commit named, nothing
+left behind), so that rewriting the guide cannot bless a regression."""
 
 from __future__ import annotations
 
