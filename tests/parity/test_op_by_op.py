@@ -212,6 +212,10 @@ def test_parity_check_passes_the_refactor_proved_and_fails_the_bug_at_its_line(
     assert "not proved op by op: run op by op," in done.stdout
     (origin,) = [ln.strip() for ln in done.stdout.splitlines() if ln.strip().startswith("origin:")]
     assert f"{MODEL_FILE}:{tf.bug_line('epsilon')} in layer_norm" in origin, origin
+    # Without the origin the proof is still tried: a key of op_by_op is never passed unproved
+    quiet = run_parity(repo, "check", "--origin", "off")
+    assert quiet.returncode == 1 and "not proved op by op: run op by op," in quiet.stdout
+    assert "origin:" not in quiet.stdout and "to prove its op_by_op keys" in quiet.stderr
 
 
 def test_the_pytest_plugin_proves_a_golden_check(
