@@ -8,6 +8,7 @@ jax is imported only inside the recording (the caller has it).
 from __future__ import annotations
 
 from collections.abc import Callable, Mapping
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -24,15 +25,15 @@ from parity.judge.tolerance import (
 )
 from parity.origin.align import Alignment, align, matching_tolerance
 from parity.origin.localisation import Localisation
-from parity.origin.proof import provable, prove, settle, unproved, upstream
+from parity.origin.proof import Proof, provable, prove, settle, unproved, upstream
 from parity.origin.record import LocaliseError, record
 from parity.origin.recording import Recording
 
 __all__ = [
     "PROFILE_BINS",
+    "Settlement",
     "localise",
     "locate",
-    "locate_first",
     "prove_and_locate",
     "settle_live",
 ]
@@ -151,6 +152,20 @@ def locate(
     )  # fmt: skip
 
 
+@dataclass(frozen=True)
+class Settlement:
+    """A failing comparison settled by the recordings of both programs (`prove_and_locate`).
+
+    **Fields:** `comparison` (each `op_by_op` failure proved into a pass or told why not),
+    `origin` (the origin of the first key still failing; None where none fails or nobody
+    asked), `proofs` (by key, each proof made).
+    """
+
+    comparison: Comparison
+    origin: Localisation | None
+    proofs: Mapping[str, Proof]
+
+
 def prove_and_locate(
     comparison: Comparison,
     new: Recording,
@@ -160,28 +175,27 @@ def prove_and_locate(
     root: str | Path | None = None,
     against: str = "the old program",
     origin: bool = True,
-) -> tuple[Comparison, Localisation | None]:
+) -> Settlement:
     """A failing comparison of two programs' compiled outputs, settled by their recordings:
     each failure under a class that proves (`op_by_op`) proved op by op or told why not
     (`parity.origin.proof`), then, where `origin` and a key still fails, the origin of the
     first (`locate`, under the class the comparison judged it by, from `registry`). One
     alignment serves both.
 
-    **Returns:** the settled comparison and the `Localisation` (None where nothing fails
-    or `origin` is False).
+    **Returns:** the `Settlement`.
     """
     exact = align(new, old, 0.0)
     keys = [f.key for f in comparison.findings if provable(f)]
-    if keys:
-        comparison = settle(comparison, prove(new, old, keys, against=against, exact=exact))
-    if not origin:
-        return comparison, None
-    found = locate_first(comparison, new, old, registry=registry, root=root, against=against,
-                         exact=exact)  # fmt: skip
-    return comparison, found
+    proofs = prove(new, old, keys, against=against, exact=exact)
+    comparison = settle(comparison, proofs)
+    found = None
+    if origin:
+        found = _locate_first(comparison, new, old, registry=registry, root=root,
+                             against=against, exact=exact)  # fmt: skip
+    return Settlement(comparison, found, proofs)
 
 
-def locate_first(
+def _locate_first(
     comparison: Comparison,
     new: Recording,
     old: Recording,
@@ -287,8 +301,8 @@ def settle_live(
     except Exception as e:
         reason = f"recording raised {type(e).__name__}: {e}"
     else:
-        settled, found = prove_and_locate(comparison, new, old, registry=registry)
-        return settled, found or Localisation("no_failure")
+        done = prove_and_locate(comparison, new, old, registry=registry)
+        return done.comparison, done.origin or Localisation("no_failure")
     first = comparison.first_failure
     not_named = Localisation("not_named", key="" if first is None else first.key, reason=reason)
     return settle(comparison, unproved(comparison, reason)), not_named

@@ -39,9 +39,8 @@ from parity.check import GoldenDir
 from parity.environment import environment_fingerprint, layout_of
 from parity.judge.classes import REGISTRY, ToleranceClass
 from parity.judge.tolerance import UnknownClassError
-from parity.origin import Localisation, LocaliseError, Recording, align, locate
-from parity.origin.api import locate_first
-from parity.origin.proof import Proof, provable, prove, settle, unproved
+from parity.origin import Localisation, LocaliseError, Recording, locate, prove_and_locate
+from parity.origin.proof import Proof, provable, settle, unproved
 from parity.results import CheckError, CheckResult
 from parity.run.baseline import BaselineBuilder, BaselineCache, base_commit, cache_dir
 from parity.run.config import ParityConfig
@@ -203,14 +202,10 @@ def _recorded(r: CheckResult, new: Path, old: Path, root: Path, origin: bool) ->
         new_rec, old_rec = _load(new), _load(old)
     except (OSError, ValueError, KeyError) as e:
         return _unsettled(r, f"the recordings cannot be read: {e}", origin)
-    exact = align(new_rec, old_rec, 0.0)
-    keys = [f.key for f in r.comparison.findings if provable(f)]
-    proofs = prove(new_rec, old_rec, keys, against=_BASE, exact=exact)
-    comparison = settle(r.comparison, proofs)
-    found = None
-    if origin:
-        found = locate_first(comparison, new_rec, old_rec, root=root, against=_BASE, exact=exact)
-    return Settled(dataclasses.replace(r, comparison=comparison, origin=found), proofs)
+    done = prove_and_locate(r.comparison, new_rec, old_rec, root=root, against=_BASE,
+                            origin=origin)  # fmt: skip
+    result = dataclasses.replace(r, comparison=done.comparison, origin=done.origin)
+    return Settled(result, done.proofs)
 
 
 def settle_failures(
