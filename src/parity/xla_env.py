@@ -1,6 +1,6 @@
 """The XLA settings of this process that every layer reads: the names of the XLA flags that
-fix the simulated CPU device count and the CPU ISA cap, and whether jax has started its
-backends (after which neither can change). `parity.run.devices` sets them,
+fix the simulated CPU device count and the CPU ISA cap, the cap every run uses, and whether
+jax has started its backends (after which neither can change). `parity.run.devices` sets them,
 `parity.store.provenance` records them and `parity.environment` compares them; all take the
 names from here. This module imports nothing of parity and no jax: it asks jax only if jax
 is already imported.
@@ -10,12 +10,15 @@ from __future__ import annotations
 
 import sys
 
-__all__ = ["DEVICE_FLAG", "ISA_FLAG", "jax_backend_started"]
+__all__ = ["DEFAULT_ISA_CAP", "DEVICE_FLAG", "ISA_FLAG", "jax_backend_started"]
 
 #: The XLA flag of the simulated CPU device count.
 DEVICE_FLAG = "--xla_force_host_platform_device_count"
 #: The XLA flag of the CPU ISA cap.
 ISA_FLAG = "--xla_cpu_max_isa"
+#: The ISA cap every pinning or checking run uses, so that bitwise goldens reproduce on any
+#: x86 host with at least AVX2 (see docs/design.md, "Reproducing bits across hosts").
+DEFAULT_ISA_CAP = "AVX2"
 
 
 def jax_backend_started() -> bool:

@@ -151,7 +151,7 @@ def drift_flag(p: argparse.ArgumentParser) -> None:
 
 def config_flags(p: argparse.ArgumentParser, *, goldens: bool = True) -> None:
     """The flags of `[tool.parity]`'s keys (`goldens=False`: a command that pins its own)."""
-    from parity.run.devices import DEFAULT_ISA_CAP
+    from parity.xla_env import DEFAULT_ISA_CAP
 
     g = p.add_argument_group("settings (override [tool.parity] in pyproject.toml)")
     if goldens:

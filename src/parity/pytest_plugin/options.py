@@ -13,7 +13,7 @@ import pytest
 
 from parity.judge.tolerance import OVERRIDE_HELP, class_help
 from parity.run.config import BASELINE_MODES, DRIFT_MODES
-from parity.run.devices import DEFAULT_ISA_CAP
+from parity.xla_env import DEFAULT_ISA_CAP
 
 #: The default of `--parity-timeout`: a whole session, not one producer run.
 SESSION_TIMEOUT_S = 3600.0

@@ -47,7 +47,7 @@ from pathlib import Path
 from typing import Any, Literal
 
 from parity.environment import DRIFT_MODES
-from parity.run.devices import DEFAULT_ISA_CAP
+from parity.xla_env import DEFAULT_ISA_CAP
 
 __all__ = [
     "DRIFT_MODES",

@@ -10,11 +10,7 @@ import os
 import sys
 
 from parity.judge.floats import count
-from parity.xla_env import DEVICE_FLAG, ISA_FLAG, jax_backend_started
-
-#: The ISA cap every pinning or checking run uses, so that bitwise goldens reproduce on any
-#: x86 host with at least AVX2 (see docs/design.md, "Reproducing bits across hosts").
-DEFAULT_ISA_CAP = "AVX2"
+from parity.xla_env import DEFAULT_ISA_CAP, DEVICE_FLAG, ISA_FLAG, jax_backend_started
 
 
 class DeviceCountError(RuntimeError):

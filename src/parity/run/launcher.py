@@ -21,8 +21,9 @@ from typing import Any, Literal
 
 import numpy as np
 
-from parity.run.devices import DEFAULT_ISA_CAP, isolated_env
+from parity.run.devices import isolated_env
 from parity.run.processes import DEFAULT_TIMEOUT_S, WorkerFailed, run_workers, supervise
+from parity.xla_env import DEFAULT_ISA_CAP
 
 __all__ = [
     "EXIT_MISSING_SYMBOL",

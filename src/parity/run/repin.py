@@ -31,7 +31,6 @@ from pathlib import Path
 
 from parity.judge.floats import count
 from parity.judge.tolerance import ClassMap
-from parity.run.devices import DEFAULT_ISA_CAP
 from parity.run.goldens import (
     GroupChange,
     carry_calibration,
@@ -59,6 +58,7 @@ from parity.store.staging import (
     recover,
     staged_name,
 )
+from parity.xla_env import DEFAULT_ISA_CAP
 
 
 class RepinError(RuntimeError):
