@@ -75,6 +75,7 @@ def assert_equivalent(
     input it cannot compare (a class name the registry lacks, an object array), as every
     check does.
     """
+    __tracebackhide__ = True  # a failure points at the caller's line, not at parity's
     statics_a: dict[str, Any] = {}
     statics_e: dict[str, Any] = {}
 

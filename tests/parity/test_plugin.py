@@ -481,3 +481,24 @@ def test_the_default_compile_cache_is_the_machine_s_outside_the_checkout(
     assert "XLA compiled" in done.stdout and "(2 processes)" in done.stdout, done.stdout
     assert "program(s)" not in done.stdout and "process(es)" not in done.stdout
     assert git(proj, "status", "--porcelain", "--untracked-files=all") == ""
+
+
+def test_a_failing_assert_equivalent_points_at_the_test_not_at_parity(
+    inner: pytest.Pytester,
+) -> None:
+    """`assert_equivalent` hides its own frame (`__tracebackhide__`): the traceback pytest
+    prints ends at the test's line, as a failing `assert` would."""
+    inner.makepyfile(
+        test_hidden="""
+        import numpy as np
+        import parity
+
+        def test_moved():
+            parity.assert_equivalent({"y": np.ones(3)}, {"y": np.zeros(3)})
+        """
+    )
+    result = _run(inner)
+    result.assert_outcomes(failed=1)
+    out = result.stdout.str()
+    assert "test_hidden.py:5: AssertionError" in out, out
+    assert "parity/assertions.py" not in out and "def assert_equivalent" not in out, out
