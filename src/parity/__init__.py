@@ -21,10 +21,11 @@ __version__ = "0.1.0"
 if TYPE_CHECKING:
     from parity.assertions import assert_equivalent
     from parity.check import GoldenDir, check_group, check_live
+    from parity.errors import ParityError
     from parity.judge.classes import REGISTRY, ToleranceClass
     from parity.judge.compare import Comparison, Finding
     from parity.judge.dataflow import dataflow_order, in_dataflow_order
-    from parity.judge.fixed_rules import Bitwise, Close, RelativeToMax, Ulp
+    from parity.judge.fixed_rules import Bitwise, Close, OpByOp, RelativeToMax, Ulp
     from parity.judge.measured_rules import Budget, Calibrated, LogitKL, Reduction
     from parity.judge.rule_base import Rule
     from parity.judge.tolerance import ClassMap, get_class
@@ -49,6 +50,8 @@ _PUBLIC: dict[str, str] = {
     "GoldenDir": "parity.check",
     "CheckResult": "parity.results",
     "CheckError": "parity.results",
+    # the root of every error a user can meet
+    "ParityError": "parity.errors",
     "Comparison": "parity.judge.compare",
     "Finding": "parity.judge.compare",
     "format_table": "parity.report",
@@ -67,6 +70,7 @@ _PUBLIC: dict[str, str] = {
     "get_class": "parity.judge.tolerance",
     "Rule": "parity.judge.rule_base",
     "Bitwise": "parity.judge.fixed_rules",
+    "OpByOp": "parity.judge.fixed_rules",
     "Ulp": "parity.judge.fixed_rules",
     "Close": "parity.judge.fixed_rules",
     "RelativeToMax": "parity.judge.fixed_rules",
@@ -98,7 +102,9 @@ __all__ = [
     "Localisation",
     "LocaliseError",
     "LogitKL",
+    "OpByOp",
     "Origin",
+    "ParityError",
     "Reduction",
     "RelativeToMax",
     "Rule",

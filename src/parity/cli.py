@@ -222,15 +222,6 @@ def _named_command(argv: Sequence[str]) -> str | None:
     return next((a for a in argv if not a.startswith("-")), None)
 
 
-def _config_error() -> type[Exception]:
-    """`parity.run.config.ConfigError`, imported only once a command has raised something:
-    `main` catches it without loading `[tool.parity]`'s reader for a command that never reads
-    it (a `diff` of files pinned in this environment)."""
-    from parity.run.config import ConfigError
-
-    return ConfigError
-
-
 def main(argv: Sequence[str] | None = None) -> int:
     """Run the command line: build the parser of the subcommand it names only
     (`build_parser(built=...)`), so that a command imports its own module and nothing of the
@@ -253,7 +244,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         return e.code if isinstance(e.code, int) else EXIT_UNUSABLE
     command = _BY_NAME[args.command]
     run = importlib.import_module(command.module).run
-    from parity.commands.common import EXIT_UNUSABLE, CLIError, one_line
+    from parity.errors import ParityError
 
     try:
         if not command.runs_producers:
@@ -262,10 +253,10 @@ def main(argv: Sequence[str] | None = None) -> int:
 
         with signals_reach_main_thread():
             return run(args, sys.stdout)
-    except (CLIError, _config_error()) as e:
+    except ParityError as e:  # every error a user can meet: its one line, its exit code
         sys.stdout.flush()
-        print(f"parity: error: {one_line(str(e))}", file=sys.stderr)
-        return EXIT_UNUSABLE
+        print(f"parity: error: {e.line}", file=sys.stderr)
+        return e.exit_code
     except KeyboardInterrupt:  # `repin` says what it left itself; the others wrote nothing
         from parity.commands.common import EXIT_INTERRUPTED
 

@@ -16,6 +16,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from parity.errors import ParityError
 from parity.judge.compare import Comparison, Finding
 from parity.judge.tolerance import ClassMap, ClassMapLike, Overrides
 from parity.origin.localisation import Localisation
@@ -31,12 +32,12 @@ __all__ = [
 ]
 
 
-class CheckError(Exception):
+class CheckError(ParityError):
     """Input a check cannot use: a missing or unusable golden group, a drift the policy
     refuses, a class the registry lacks. Its message is one line saying what to do."""
 
 
-class BaselineUnavailable(Exception):
+class BaselineUnavailable(ParityError):
     """The golden's baseline cannot be re-produced here (at its base commit, in this
     environment).
 

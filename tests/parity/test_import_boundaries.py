@@ -77,8 +77,8 @@ def _imports(path: Path, known: set[str], *, anywhere: bool = False) -> set[str]
 #: (issue 23), with the calibrated class in a check and the measuring of the noise in two
 #: rooms since (issue 38); each subpackage's docstring says it in prose.
 LAYERS: tuple[tuple[str, ...], ...] = (
-    # leaves: the XLA flag names; compile statistics (jax only)
-    ("parity.xla_env", "parity.compile_stats"),
+    # leaves: the XLA flag names; compile statistics (jax only); the root of every error
+    ("parity.xla_env", "parity.compile_stats", "parity.errors"),
     ("parity.environment",),  # whether two environments differ, and how: decided once
     ("parity.judge",),  # numpy only
     # each over the judge (the store: h5py, xla_env too; localise: jax inside functions only)

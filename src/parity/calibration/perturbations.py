@@ -19,6 +19,7 @@ import sys
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 
+from parity.errors import ParityError
 from parity.judge.floats import count
 from parity.run.config import ParityConfig
 
@@ -52,7 +53,7 @@ DEVICE_COUNTS = (1, 2, 4)
 PROCESS_LAYOUT = "2x2"
 
 
-class CalibrationError(Exception):
+class CalibrationError(ParityError):
     """Calibration cannot run as asked (an unknown perturbation, an ISA cap the host lacks,
     a group without a golden file); the message is one line saying what to do."""
 

@@ -15,6 +15,7 @@ from typing import TYPE_CHECKING, Any
 
 from parity.commands.formatter import Formatter
 from parity.environment import DRIFT_MODES
+from parity.errors import ParityError
 from parity.judge.tolerance import OVERRIDE_HELP, RuleError, class_help, class_problem, flag_rules
 
 if TYPE_CHECKING:
@@ -62,7 +63,7 @@ EXIT_UNUSABLE = 2
 EXIT_INTERRUPTED = 130
 
 
-class CLIError(Exception):
+class CLIError(ParityError):
     """Input a command cannot use (a usage or input error): `parity.cli.main` prints it as
     one line and exits 2."""
 

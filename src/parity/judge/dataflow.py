@@ -38,6 +38,7 @@ from typing import Any
 
 import numpy as np
 
+from parity.errors import ParityError
 from parity.judge.floats import count
 from parity.judge.trees import flatten
 
@@ -89,7 +90,7 @@ _MOVES = frozenset(
 Position = tuple[int, ...]
 
 
-class DataflowError(TypeError):
+class DataflowError(ParityError, TypeError):
     """The dataflow order of a function cannot be derived (it does not trace: it turns a
     traced value into numpy, or branches on one in Python).
 

@@ -14,7 +14,8 @@ a parameter the registry leaves open (`Reduction.K`) can only be used that way.
 `ToleranceClass` and `REGISTRY` are defined in `parity.judge.classes` (public as
 `parity.ToleranceClass` and `parity.REGISTRY`).
 
-This module imports numpy and ml_dtypes only: jax arrays reach it through `np.asarray`.
+This module imports numpy, ml_dtypes and `parity.errors` only: jax arrays reach it through
+`np.asarray`.
 """
 
 from __future__ import annotations
@@ -27,6 +28,7 @@ from typing import Any, cast
 
 import numpy as np
 
+from parity.errors import ParityError
 from parity.judge.classes import REGISTRY, ToleranceClass
 from parity.judge.fixed_rules import Close
 from parity.judge.registry import rule_from_dict
@@ -68,7 +70,7 @@ def to_class(given: KeyClass, registry: Mapping[str, ToleranceClass] = REGISTRY)
     return given if isinstance(given, ToleranceClass) else get_class(given, registry)
 
 
-class UnknownClassError(KeyError):
+class UnknownClassError(ParityError, KeyError):
     """A tolerance class name that the registry does not hold."""
 
     def __str__(self) -> str:
@@ -76,7 +78,7 @@ class UnknownClassError(KeyError):
         return str(self.args[0]) if self.args else ""
 
 
-class UnmatchedKeyError(KeyError):
+class UnmatchedKeyError(ParityError, KeyError):
     """An array key that no rule of a `ClassMap` matches, with no default to fall back on."""
 
     def __str__(self) -> str:
@@ -227,7 +229,7 @@ def class_problem(
     return None
 
 
-class RuleError(ValueError):
+class RuleError(ParityError, ValueError):
     """A class rule given as a flag (`--override PATTERN=CLASS`, `--class NAME`, or the
     plugin's `--parity-override` and `--parity-class`) that cannot stand; its text is one
     sentence naming the flag that gave it."""

@@ -20,6 +20,7 @@ from typing import Any
 
 import numpy as np
 
+from parity.errors import ParityError
 from parity.origin.recording import Fingerprint, Recording, Value, fingerprint, row_fingerprints
 
 __all__ = ["MOVES", "Interpreter", "LocaliseError", "user_frame_of"]
@@ -49,7 +50,7 @@ FLUSH_EVERY = 4000
 _PARITY = str(Path(__file__).resolve().parents[1])
 
 
-class LocaliseError(ValueError):
+class LocaliseError(ParityError, ValueError):
     """A program cannot be recorded or two recordings cannot be aligned.
 
     **Fields:** `reason`, one line saying what was found and what to do.

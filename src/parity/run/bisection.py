@@ -34,6 +34,7 @@ from pathlib import Path
 from typing import Any, Literal
 
 from parity.check import GoldenDir
+from parity.errors import ParityError
 from parity.judge.floats import count
 from parity.origin.localisation import Localisation
 from parity.report.summary import arrays_failing
@@ -50,7 +51,7 @@ Outcome = Literal["good", "bad", "skip"]
 Status = Literal["found", "ambiguous", "good_fails", "bad_passes", "cannot_run"]
 
 
-class BisectError(RuntimeError):
+class BisectError(ParityError, RuntimeError):
     """GOOD and BAD cannot be bisected (not commits, not in order); one line."""
 
 

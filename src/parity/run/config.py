@@ -47,6 +47,7 @@ from pathlib import Path
 from typing import Any, Literal
 
 from parity.environment import DRIFT_MODES
+from parity.errors import ParityError
 from parity.xla_env import DEFAULT_ISA_CAP
 
 __all__ = [
@@ -76,7 +77,7 @@ BASELINE_MODES = ("auto", "require", "off")
 DriftMode = Literal["warn", "relax", "strict"]
 
 
-class ConfigError(Exception):
+class ConfigError(ParityError):
     """`[tool.parity]` (or a flag overriding it) cannot be used; the message is one line
     naming the file and the key."""
 

@@ -9,11 +9,12 @@ from __future__ import annotations
 import os
 import sys
 
+from parity.errors import ParityError
 from parity.judge.floats import count
 from parity.xla_env import DEFAULT_ISA_CAP, DEVICE_FLAG, ISA_FLAG, jax_backend_started
 
 
-class DeviceCountError(RuntimeError):
+class DeviceCountError(ParityError, RuntimeError):
     """jax already started with a different device count than the one asked for."""
 
 

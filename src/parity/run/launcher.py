@@ -21,6 +21,7 @@ from typing import Any, Literal
 
 import numpy as np
 
+from parity.errors import ParityError
 from parity.run.devices import isolated_env
 from parity.run.processes import DEFAULT_TIMEOUT_S, WorkerFailed, run_workers, supervise
 from parity.xla_env import DEFAULT_ISA_CAP
@@ -60,7 +61,7 @@ LEAVES: dict[Command, str] = {
 }
 
 
-class ProducerRunError(RuntimeError):
+class ProducerRunError(ParityError, RuntimeError):
     """The producers did not run to the end, or what they saved cannot be used: a crash, a
     symbol the code lacks, a worker of a multi-process run that failed, a timeout, no
     provenance recorded. The one error of a producer run, whichever command ran it.

@@ -30,6 +30,7 @@ from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import IO, Any
 
+from parity.errors import ParityError
 from parity.run.signals import signals_reach_main_thread
 
 __all__ = [
@@ -85,7 +86,7 @@ class Layout:
         return f"{self.processes} {p} x {self.devices} {d} ({total} in all)"
 
 
-class WorkerFailed(RuntimeError):
+class WorkerFailed(ParityError, RuntimeError):
     """A multi-process run ended badly.
 
     **Fields:** `worker` (the process id that failed first, or None when the run timed out

@@ -29,6 +29,7 @@ from collections.abc import Callable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from parity.errors import ParityError
 from parity.judge.floats import count
 from parity.judge.tolerance import ClassMap
 from parity.run.goldens import (
@@ -61,7 +62,7 @@ from parity.store.staging import (
 from parity.xla_env import DEFAULT_ISA_CAP
 
 
-class RepinError(RuntimeError):
+class RepinError(ParityError, RuntimeError):
     """Repinning failed before or after the producers ran (no producers file, an unusable
     or locked golden folder, a golden that cannot be written or read); the old goldens are
     untouched. Producers that fail are a `parity.run.launcher.ProducerRunError`."""

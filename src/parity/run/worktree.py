@@ -19,11 +19,12 @@ from collections.abc import Iterator
 from pathlib import Path
 from types import FrameType
 
+from parity.errors import ParityError
 from parity.run.signals import deferred_signals, signals_reach_main_thread
 from parity.store.staging import OWNER_NAME, owner_dead
 
 
-class GitError(RuntimeError):
+class GitError(ParityError, RuntimeError):
     """A git command failed, or a revision does not name a commit of the repository."""
 
 

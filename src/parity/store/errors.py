@@ -12,6 +12,8 @@ checks all this against random damage to the committed goldens.
 
 from __future__ import annotations
 
+from parity.errors import ParityError
+
 #: The refusals, every one re-exported by `parity.store`; `printable`, the helper that keeps
 #: their text on one line, is the store's own and is imported by name.
 __all__ = [
@@ -28,7 +30,7 @@ __all__ = [
 ]
 
 
-class GoldenStoreError(Exception):
+class GoldenStoreError(ParityError):
     """Base class of every refusal of the golden store.
 
     Its text is one printable line: names read from a damaged file may hold bytes that are

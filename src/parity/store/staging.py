@@ -37,6 +37,7 @@ import tempfile
 from collections.abc import Iterator, Sequence
 from pathlib import Path
 
+from parity.errors import ParityError
 from parity.judge.floats import count
 from parity.store.format import JOURNAL_NAME
 from parity.store.writer import fsync_dir, write_atomic
@@ -80,7 +81,7 @@ def owner_dead(owner_file: Path) -> bool:
     return False
 
 
-class StagingError(RuntimeError):
+class StagingError(ParityError, RuntimeError):
     """The golden folder cannot be written or recovered; the message says what to do."""
 
 
