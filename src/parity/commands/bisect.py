@@ -51,7 +51,7 @@ def add_parser(sub: Any, help: str) -> None:
 
 
 def run(args: argparse.Namespace, out: IO[str]) -> int:
-    from parity.run.bisection import BisectError, bisect
+    from parity.run.bisection import bisect
 
     config = config_of(args)
     overrides = overrides_of(args, with_class=True)
@@ -61,18 +61,15 @@ def run(args: argparse.Namespace, out: IO[str]) -> int:
         out.flush()
 
     t0 = time.perf_counter()
-    try:
-        result = bisect(
-            args.good,
-            args.bad,
-            config=config,
-            groups=split_groups(args.groups),
-            overrides=overrides,
-            progress=progress,
-            origin=args.origin == "auto",
-        )
-    except BisectError as e:
-        raise CLIError(str(e)) from None
+    result = bisect(  # a BisectError is a ParityError: cli.main prints its line, exit 2
+        args.good,
+        args.bad,
+        config=config,
+        groups=split_groups(args.groups),
+        overrides=overrides,
+        progress=progress,
+        origin=args.origin == "auto",
+    )
     if args.json_path:
         doc = result.to_dict() | {"seconds": round(time.perf_counter() - t0, 2)}
         try:

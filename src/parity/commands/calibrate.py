@@ -100,7 +100,6 @@ def _saved_calibration(path: Path, groups: Sequence[str], goldens: Mapping[str, 
 def run(args: argparse.Namespace, out: IO[str]) -> int:
     from parity.calibration.calibrate import calibrate, format_calibration
     from parity.calibration.perturbations import (
-        CalibrationError,
         available,
         backend_here,
         perturbations,
@@ -121,10 +120,7 @@ def run(args: argparse.Namespace, out: IO[str]) -> int:
             "drop --override and --class to record, or drop --write to measure a candidate "
             "class"
         )
-    try:
-        perturbs = [] if args.from_json else perturbations(split_groups(args.perturb), config)
-    except CalibrationError as e:
-        raise CLIError(str(e)) from None
+    perturbs = [] if args.from_json else perturbations(split_groups(args.perturb), config)
     here, skipped = None, []
     if perturbs:  # what this backend cannot run is skipped, one line each
         here = backend_here()

@@ -16,7 +16,7 @@ from typing import TYPE_CHECKING, Any
 from parity.commands.formatter import Formatter
 from parity.environment import DRIFT_MODES
 from parity.errors import ParityError
-from parity.judge.tolerance import OVERRIDE_HELP, RuleError, class_help, class_problem, flag_rules
+from parity.judge.tolerance import OVERRIDE_HELP, class_help, class_problem, flag_rules
 
 if TYPE_CHECKING:
     from parity.run.config import ParityConfig
@@ -244,10 +244,7 @@ def overrides_of(args: argparse.Namespace, *, with_class: bool = False) -> list[
     the precedence, for the commands whose core takes rules only
     (`parity.judge.tolerance.flag_rules`; a `CLIError` for a rule that cannot stand)."""
     name = getattr(args, "class_name", None) if with_class else None
-    try:
-        return flag_rules(args.override, name)
-    except RuleError as e:
-        raise CLIError(str(e)) from None
+    return flag_rules(args.override, name)  # a RuleError is a ParityError: cli.main says it
 
 
 def report_progress(line: str) -> None:
