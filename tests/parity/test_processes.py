@@ -171,16 +171,16 @@ def test_a_hanging_single_process_producer_is_stopped_at_the_timeout(tmp_path: P
     """One producer process runs under the same supervisor as the workers of a
     multi-process run: given a timeout, a hang ends with the supervisor's verdict (as a
     `ProducerRunError`, the one error of a producer run) saying so, and no process is left."""
-    from parity.run.launcher import ProducerRunError, run_producers
+    from parity.run.launcher import ProducerRun, ProducerRunError, run_producers
 
     (tmp_path / "src").mkdir()
     (tmp_path / "out").mkdir()
     producers = tmp_path / "producers.py"
     producers.write_text(SLEEPING_PRODUCERS)
     with pytest.raises(ProducerRunError) as failed:
-        run_producers(
-            tmp_path, producers, tmp_path / "out", command="check", timeout=2.0, progress=print
-        )
+        run = ProducerRun(code_root=tmp_path, producers=producers, out=tmp_path / "out",
+                          command="check", timeout=2.0)  # fmt: skip
+        run_producers(run, progress=print)
     assert failed.value.worker == 0
     assert failed.value.reason.startswith("the run timed out after 2 s"), failed.value.reason
     assert "they were stopped" in failed.value.reason

@@ -320,13 +320,25 @@ def require_defined_groups(config: ParityConfig, groups: list[str]) -> None:
     imported is left to the command's own run to report."""
     import tempfile
 
-    from parity.run.launcher import ProducerRunError, UnknownGroupsError, run_producers
+    from parity.run.launcher import (
+        ProducerRun,
+        ProducerRunError,
+        UnknownGroupsError,
+        run_producers,
+    )
 
     with tempfile.TemporaryDirectory(prefix="parity-groups-") as tmp:
         try:
-            run_producers(config.root, config.need_producers(), Path(tmp), command="calibrate",
-                          groups=groups, src=config.src_relative(), progress=lambda _: None,
-                          class_map_only=True)  # fmt: skip
+            run = ProducerRun(
+                code_root=config.root,
+                producers=config.need_producers(),
+                out=Path(tmp),
+                command="calibrate",
+                groups=groups,
+                src=config.src_relative(),
+                mode="class_map",
+            )
+            run_producers(run, progress=lambda _: None)
         except UnknownGroupsError as e:
             raise CLIError(e.message) from None
         except ProducerRunError:

@@ -50,7 +50,7 @@ from parity.environment import (
 from parity.judge.floats import count
 from parity.run.config import ParityConfig, user_cache_folder
 from parity.run.goldens import write_run
-from parity.run.launcher import ProducerRunError, load_runner_output, run_producers
+from parity.run.launcher import ProducerRun, ProducerRunError, load_runner_output, run_producers
 from parity.run.recordings import keep_recording, recorded
 from parity.run.worktree import GitError, git, repo_root, resolve_sha, temporary_worktree
 from parity.store import GoldenStoreError, open_goldens
@@ -366,22 +366,14 @@ class BaselineBuilder:
         t0 = time.perf_counter()
         with owned_tempdir(BUILD_PREFIX) as tmp, temporary_worktree(root, full) as wt:
             try:
-                run_producers(
-                    wt,
-                    config.need_producers(),
-                    tmp,
-                    command="baseline",
-                    device_count=devices,
-                    isa_cap=isa,
-                    groups=groups,
-                    drop_paths=[root / r for r in src],
-                    progress=self.progress,
-                    src=src,
-                    processes=processes,
-                    timeout=self.timeout,
+                run = ProducerRun(
+                    code_root=wt, producers=config.need_producers(), out=tmp,
+                    command="baseline", mode="record" if record else "produce",
+                    devices=devices, isa=isa, processes=processes, groups=groups,
+                    drop_paths=[root / r for r in src], src=src, timeout=self.timeout,
                     code=f"the base commit {full[:12]}",
-                    record_origin=record,
-                )
+                )  # fmt: skip
+                run_producers(run, progress=self.progress)
             except ProducerRunError as e:
                 raise BaselineUnavailable(
                     f"the producers cannot run at the base {full[:12]}: {e.reason}",

@@ -17,7 +17,7 @@ import sys
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Literal
+from typing import TYPE_CHECKING, Any, Literal
 
 import numpy as np
 
@@ -26,11 +26,16 @@ from parity.run.devices import isolated_env
 from parity.run.processes import DEFAULT_TIMEOUT_S, WorkerFailed, run_workers, supervise
 from parity.xla_env import DEFAULT_ISA_CAP
 
+if TYPE_CHECKING:
+    from parity.run.config import ParityConfig
+
 __all__ = [
     "EXIT_MISSING_SYMBOL",
     "LEAVES",
     "TRACEBACK_LINES",
     "Command",
+    "Mode",
+    "ProducerRun",
     "ProducerRunError",
     "RunnerOutput",
     "UnknownGroupsError",
@@ -182,7 +187,7 @@ class UnknownGroupsError(ProducerRunError):
 class UnusableClassError(ProducerRunError):
     """The producers' `CLASS_MAP` names a class parity cannot pin (a typo such as
     `fp32_reasoc`, a parameter missing): an input error, found before any group ran (a
-    repin, a check and the pytest plugin ask, `run_producers(check_classes=True)`).
+    repin, a check and the pytest plugin ask, a `ProducerRun` with `check_classes`).
 
     **Fields:** `problems`, one sentence per such rule (the pattern, the name, the nearest
     known class and every known one: `parity.judge.tolerance.class_problem`), and those of
@@ -269,60 +274,90 @@ def _runner_argv(
     return cmd
 
 
-def run_producers(
-    code_root: Path,
-    producers: Path,
-    out: Path,
-    *,
-    command: Command,
-    device_count: int = 1,
-    isa_cap: str | None = DEFAULT_ISA_CAP,
-    groups: Sequence[str] = (),
-    drop_paths: Sequence[Path] = (),
-    progress: Callable[[str], None] = print,
-    src: Sequence[str] | None = None,
-    processes: int = 1,
-    timeout: float | None = None,
-    coordinator: str | None = None,
-    process_id: int | None = None,
-    class_map_only: bool = False,
-    check_classes: bool = False,
-    code: str = "the code under test",
-    record_origin: bool = False,
-) -> str:
-    """Run `producers` for `command` in a subprocess importing code from `code_root/src`
-    (or, with `src`, from each of these folders relative to `code_root`, first one first).
-    `code` names that code in messages (`"commit 1a2b3c4d5e6f"`): a symbol the producers
-    need and it lacks is reported as lacking there.
+#: What a producer run makes: each group's arrays (`produce`), the producers' `CLASS_MAP`
+#: alone, no group run (`class_map`: `out/class_map.json`), or each group's programs
+#: recorded op by op instead of its arrays (`record`: `out/<group>.origin.npz`, or
+#: `.origin.json` saying why not; `parity.run.origins`).
+Mode = Literal["produce", "class_map", "record"]
+
+
+@dataclass(frozen=True, kw_only=True)
+class ProducerRun:
+    """One run of the producers, described whole (`run_producers` runs it).
+
+    **Fields:**
+
+    - `code_root`, `producers`, `out`: the code imported (from `code_root/src`, or from
+      each of `src`, relative to it, first one first), the producers file, where the run
+      saves; `drop_paths`, folders taken off the run's `sys.path` (the user's own tree's,
+      in a run at another commit); `code`, that code's name in messages (`"commit
+      1a2b3c4d5e6f"`: a symbol the producers need and it lacks is reported as lacking
+      there).
+    - `command`: the command the run serves, for its messages (`LEAVES`).
+    - `mode`: `Mode`; `check_classes`: a `CLASS_MAP` naming a class parity cannot use stops
+      the run before any group runs (a repin, a check); `groups`: the groups to run (all
+      where empty).
+    - `devices`, `processes`, `isa`: the layout (`processes` workers of one JAX distributed
+      run, `devices` each, process 0 saving) and the ISA cap; `coordinator` (`HOST0:PORT`)
+      and `process_id` start only this host's worker of a cluster's run.
+    - `timeout`: seconds before the supervisor stops the run (a single process has none
+      unless given; several default to `parity.run.processes.DEFAULT_TIMEOUT_S`).
+    """
+
+    code_root: Path
+    producers: Path
+    out: Path
+    command: Command
+    mode: Mode = "produce"
+    check_classes: bool = False
+    groups: Sequence[str] = ()
+    src: Sequence[str] | None = None
+    drop_paths: Sequence[Path] = ()
+    code: str = "the code under test"
+    devices: int = 1
+    processes: int = 1
+    isa: str | None = DEFAULT_ISA_CAP
+    timeout: float | None = None
+    coordinator: str | None = None
+    process_id: int | None = None
+
+    @classmethod
+    def of(cls, config: ParityConfig, out: Path, *, command: Command, **fields: Any) -> ProducerRun:
+        """A run of `config`'s producers against its root, src roots, layout and ISA cap,
+        `fields` given over them."""
+        base: dict[str, Any] = {
+            "code_root": config.root, "producers": config.need_producers(),
+            "src": config.src_relative(), "devices": config.devices,
+            "processes": config.processes, "isa": config.isa,
+        }  # fmt: skip
+        return cls(out=out, command=command, **(base | fields))
+
+
+def run_producers(run: ProducerRun, *, progress: Callable[[str], None] = print) -> str:
+    """Run the producers as `run` describes, in a subprocess (a fresh interpreter, the ISA
+    cap and device count set before jax starts), `progress` given its `[producers]` lines.
 
     One process or several, the run goes through one supervisor
-    (`parity.run.processes.supervise`), which stops it after `timeout` seconds. With
-    `processes` above 1, the producers run as that many workers of one JAX distributed run,
-    `device_count` devices each (`parity.run.processes.run_workers`, which stops them all at
-    the first failure; the timeout defaults to `parity.run.processes.DEFAULT_TIMEOUT_S`);
-    process 0 saves. On a cluster, `process_id` and `coordinator` (`HOST0:PORT`) start only
-    this host's worker. A single process has no timeout unless one is given.
-
-    With `record_origin`, each group's program is recorded op by op instead of run, and
-    `out/<group>.origin.npz` (or `.origin.json`, why not) saved in place of its arrays
-    (`parity.run.origins`). With `check_classes` (a repin, a check), a `CLASS_MAP` naming a
-    class parity cannot use stops the run before any group runs.
+    (`parity.run.processes.supervise`), which stops it after `run.timeout` seconds; with
+    several (`parity.run.processes.run_workers`), the first failure stops them all.
 
     **Returns:** the XLA flags the subprocess ran under. Raises `ProducerRunError` (its
-    message fits `command`) with the producer's output (traceback included) if it fails,
-    when a worker of a multi-process run fails, and when the run, of one process or
-    several, outlives `timeout`; its `UnknownGroupsError` when `groups` names a group the
-    producers do not define, its `UnusableClassError` (with `check_classes`) for such a
+    message fits `run.command`) with the producer's output (traceback included) if it
+    fails, when a worker of a multi-process run fails, and when the run, of one process or
+    several, outlives its timeout; its `UnknownGroupsError` when `run.groups` names a group
+    the producers do not define, its `UnusableClassError` (with `check_classes`) for such a
     `CLASS_MAP`.
     """
-    env = isolated_env(device_count, isa_cap=isa_cap)
+    code_root, producers, out, command = run.code_root, run.producers, run.out, run.command
+    processes, timeout, code = run.processes, run.timeout, run.code
+    env = isolated_env(run.devices, isa_cap=run.isa)
     env["PYTHONHASHSEED"] = "0"
     flags = env["XLA_FLAGS"]
-    roots = [code_root / r for r in src] if src else [code_root / "src"]
-    cmd = _runner_argv(roots, producers, out, code=code, drop_paths=drop_paths, groups=groups)
-    # class_map_only: `out/class_map.json`, the producers' CLASS_MAP; no group runs
-    switches = {"--class-map-only": class_map_only, "--check-classes": check_classes,
-                "--record-origin": record_origin}  # fmt: skip
+    roots = [code_root / r for r in run.src] if run.src else [code_root / "src"]
+    cmd = _runner_argv(roots, producers, out, code=code, drop_paths=run.drop_paths,
+                       groups=run.groups)  # fmt: skip
+    switches = {"--class-map-only": run.mode == "class_map", "--check-classes": run.check_classes,
+                "--record-origin": run.mode == "record"}  # fmt: skip
     cmd += [flag for flag, on in switches.items() if on]
     if processes > 1:
 
@@ -337,8 +372,8 @@ def run_producers(
                 env=env,
                 timeout=DEFAULT_TIMEOUT_S if timeout is None else timeout,
                 progress=forward,
-                coordinator=coordinator,
-                process_id=process_id,
+                coordinator=run.coordinator,
+                process_id=run.process_id,
             )
         except WorkerFailed as e:
             raise ProducerRunError.of_workers(command, e) from None

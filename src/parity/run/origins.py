@@ -44,7 +44,7 @@ from parity.origin.proof import Proof, provable, settle, unproved
 from parity.results import CheckError, CheckResult
 from parity.run.baseline import BaselineBuilder, BaselineCache, base_commit, cache_dir
 from parity.run.config import ParityConfig
-from parity.run.launcher import ProducerRunError, run_producers
+from parity.run.launcher import ProducerRun, ProducerRunError, run_producers
 from parity.run.produced import Produced
 from parity.run.recordings import NOT_RECORDED, RECORDING, recorded
 from parity.run.worktree import GitError, temporary_worktree
@@ -89,11 +89,12 @@ def record_groups(
     if current is not None:
         (_, devices), isa = layout_of(current), current.get("isa_cap")
     try:
-        run_producers(
-            code_root, config.need_producers(), out, command="origin", device_count=devices,
-            isa_cap=isa, groups=groups, drop_paths=drop_paths, progress=progress,
-            src=config.src_relative(), timeout=timeout, code=code, record_origin=True,
+        run = ProducerRun.of(
+            config, out, command="origin", mode="record", code_root=code_root,
+            devices=devices, isa=isa, processes=1, groups=groups, drop_paths=drop_paths,
+            timeout=timeout, code=code,
         )  # fmt: skip
+        run_producers(run, progress=progress)
     except ProducerRunError as e:
         return dict.fromkeys(groups, f"the producers cannot run at {code}: {e.reason}")
     found: dict[str, Path | str] = {}

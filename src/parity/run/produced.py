@@ -30,6 +30,7 @@ from parity.results import CheckResult
 from parity.run.config import ConfigError, ParityConfig
 from parity.run.launcher import (
     Command,
+    ProducerRun,
     ProducerRunError,
     UnusableClassError,
     load_runner_output,
@@ -114,28 +115,14 @@ def produce(
     `UnusableClassError` with `check_classes`),
     and `parity.run.config.ConfigError` if nothing says which producers to run.
     """
-    producers = config.need_producers()
-    src = config.src_relative()
     t0 = time.perf_counter()
     with tempfile.TemporaryDirectory(prefix="parity-produce-") as tmp:
-        flags = run_producers(
-            code_root,
-            producers,
-            Path(tmp),
-            command=command,
-            device_count=config.devices,
-            isa_cap=config.isa,
-            groups=groups,
-            drop_paths=drop_paths,
-            progress=progress,
-            src=src,
-            processes=config.processes,
-            timeout=timeout,
-            coordinator=coordinator,
-            process_id=process_id,
-            code=code,
-            check_classes=check_classes,
-        )
+        run = ProducerRun.of(
+            config, Path(tmp), command=command, code_root=code_root, groups=groups,
+            drop_paths=drop_paths, timeout=timeout, coordinator=coordinator,
+            process_id=process_id, code=code, check_classes=check_classes,
+        )  # fmt: skip
+        flags = run_producers(run, progress=progress)
         out: dict[str, dict[str, np.ndarray]] = {}
         provenance: dict[str, dict[str, Any]] = {}
         orders: dict[str, str] = {}
@@ -163,9 +150,16 @@ def refuse_unusable_classes(config: ParityConfig, *, command: Command = "check")
         return
     with tempfile.TemporaryDirectory(prefix="parity-classes-") as tmp:
         try:
-            run_producers(config.root, producers, Path(tmp), command=command, src=src,
-                          progress=lambda _: None, class_map_only=True,
-                          check_classes=True)  # fmt: skip
+            run = ProducerRun(
+                code_root=config.root,
+                producers=producers,
+                out=Path(tmp),
+                command=command,
+                src=src,
+                mode="class_map",
+                check_classes=True,
+            )
+            run_producers(run, progress=lambda _: None)
         except UnusableClassError:
             raise
         except ProducerRunError:

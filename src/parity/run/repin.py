@@ -39,7 +39,7 @@ from parity.run.goldens import (
     write_golden,
     write_run,
 )
-from parity.run.launcher import load_runner_output, run_producers
+from parity.run.launcher import ProducerRun, load_runner_output, run_producers
 from parity.run.signals import signals_reach_main_thread
 from parity.run.worktree import (
     remove_stale_worktrees,
@@ -174,20 +174,13 @@ def _repin_locked(
     ):
         if keep_worktree:
             progress(f"worktree kept at {wt}")
-        run_producers(
-            wt,
-            producers,
-            Path(tmp),
-            command="repin",
-            device_count=device_count,
-            isa_cap=isa_cap,
-            groups=groups,
-            drop_paths=[root / r for r in src] if src else [root / "src"],
-            progress=progress,
-            src=src,
-            check_classes=True,
-            code=f"the base commit {sha[:12]}",
-        )
+        run = ProducerRun(
+            code_root=wt, producers=producers, out=Path(tmp), command="repin",
+            devices=device_count, isa=isa_cap, groups=groups,
+            drop_paths=[root / r for r in src] if src else [root / "src"], src=src,
+            check_classes=True, code=f"the base commit {sha[:12]}",
+        )  # fmt: skip
+        run_producers(run, progress=progress)
         digest = digest_sources([producers])
         names = sorted(p.stem for p in Path(tmp).glob("*.json"))
         staged: list[tuple[Path, Path]] = []
@@ -291,8 +284,16 @@ def reclass(
     with signals_reach_main_thread(), _locked(out), owned_tempdir(RUNNER_PREFIX) as tmp:
         for line in _recover(out, root):
             progress(line)
-        run_producers(root, producers, Path(tmp), command="repin", progress=progress, src=src,
-                      class_map_only=True, check_classes=True)  # fmt: skip
+        classes = ProducerRun(
+            code_root=root,
+            producers=producers,
+            out=Path(tmp),
+            command="repin",
+            src=src,
+            mode="class_map",
+            check_classes=True,
+        )
+        run_producers(classes, progress=progress)
         doc = json.loads((Path(tmp) / "class_map.json").read_text())
         class_map = ClassMap(rules=tuple((p, c) for p, c in doc["class_map"]))
         names = list(groups) or sorted(p.stem for p in out.glob("*.h5"))
@@ -303,8 +304,15 @@ def reclass(
         if reorder:
             produced = Path(tmp) / "produced"
             produced.mkdir()
-            run_producers(root, producers, produced, command="repin", progress=progress,
-                          src=src, groups=names)  # fmt: skip
+            run = ProducerRun(
+                code_root=root,
+                producers=producers,
+                out=produced,
+                command="repin",
+                src=src,
+                groups=names,
+            )
+            run_producers(run, progress=progress)
             for name in names:
                 run = load_runner_output(produced, name, command="repin")
                 orders[name] = (list(run.arrays), run.order)
