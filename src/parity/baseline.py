@@ -30,23 +30,22 @@ Nothing here runs producers or imports jax.
 from __future__ import annotations
 
 import dataclasses
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Protocol, runtime_checkable
 
 from parity.calibrated.bounds import BY_CALIBRATION, calibrate_command, calibrated_comparison
 from parity.calibrated.spreads import Spreads
-from parity.judge.classes import ToleranceClass
-from parity.judge.compare import Comparison, Finding, Order, compare_trees
+from parity.judge.compare import Comparison, Finding, compare_trees
 from parity.judge.floats import count, sig
-from parity.judge.tolerance import KeyClass, to_class
+from parity.judge.tolerance import to_class
 from parity.results import BaselineUnavailable, CheckError
 from parity.store import GoldenStoreError, open_goldens
+from parity.verdict import BaselineRequest, FirstVerdict
 
 if TYPE_CHECKING:
     from parity.environment import EnvironmentDifference
-    from parity.store import GoldenFile
 
 __all__ = [
     "BASELINE",
@@ -77,11 +76,6 @@ class Baseline:
     sha: str
     cached: bool
     seconds: float = 0.0
-
-
-#: What a check's first verdict asks of a `BaselineSource`: `(group, pinned provenance,
-#: current provenance)` (`parity.exactness.FirstVerdict.baseline_request`).
-BaselineRequest = tuple[str, Mapping[str, Any], Mapping[str, Any]]
 
 
 class BaselineSource(Protocol):
@@ -125,39 +119,34 @@ def _worst(findings: Sequence[Finding]) -> str:
 
 
 def _against_baseline(
-    flat_a: Mapping[str, Any],
-    baseline_arrays: Mapping[str, Any],
-    classes: Callable[[str], KeyClass],
-    registries: tuple[Mapping[str, ToleranceClass], Mapping[str, ToleranceClass]],
-    order: Order | None,
-    first: Comparison | None,
-    held: Comparison,
+    first: FirstVerdict, baseline_arrays: Mapping[str, Any], held: Comparison
 ) -> Comparison:
-    """The tree against the baseline under the exact classes (`registries[0]`). A key
-    whose bytes equal the goldens' both in the first verdict (`first`, under
-    `registries[1]`) and in the baseline (`held`), under the same class in both registries,
-    equals the baseline bit for bit: its first finding, named against the baseline, is what
-    comparing it again would find, so it is not compared again."""
-    exact, policy = registries
+    """The tree against the baseline under the exact classes. A key whose bytes equal the
+    goldens' both in the first verdict (under the drift policy's classes) and in the
+    baseline (`held`), under the same class in both registries, equals the baseline bit for
+    bit: its first finding, named against the baseline, is what comparing it again would
+    find, so it is not compared again."""
+    classes, registries = first.classes.bound, first.registries
     same = {f.key for f in held.findings if f.bitwise_equal}
     reused = {
         f.key: dataclasses.replace(f, reference=BASELINE)
-        for f in (first.findings if first is not None else ())
+        for f in first.comparison.findings
         if f.bitwise_equal and f.key in same
-        and to_class(classes(f.key), exact) == to_class(classes(f.key), policy)
+        and to_class(classes(f.key), registries.exact)
+        == to_class(classes(f.key), registries.policy)
     }  # fmt: skip
     rest = compare_trees(
-        {k: a for k, a in flat_a.items() if k not in reused},
+        {k: a for k, a in first.flat_a.items() if k not in reused},
         {k: b for k, b in baseline_arrays.items() if k not in reused},
-        classes, registry=exact, order=order, reference=BASELINE,
+        classes, registry=registries.exact, order=first.forward, reference=BASELINE,
     )  # fmt: skip
-    if first is None or not reused:
+    if not reused:
         return rest
     # The places in the forward order are the first verdict's: the same keys, the same order.
     found = {f.key: f for f in rest.findings}
     return Comparison(
         tuple(reused.get(f.key) or dataclasses.replace(found[f.key], order=f.order)
-              for f in first.findings)
+              for f in first.comparison.findings)
     )  # fmt: skip
 
 
@@ -176,46 +165,27 @@ def _across_backends(
     )
 
 
-def compare_with_baseline(
-    flat_a: Mapping[str, Any],
-    gf: GoldenFile,
-    baseline: Baseline,
-    classes: Callable[[str], KeyClass],
-    *,
-    registry: Mapping[str, ToleranceClass],
-    held_registry: Mapping[str, ToleranceClass],
-    difference: EnvironmentDifference,
-    order: Order | None,
-    keys: Sequence[str],
-    group: str,
-    first: Comparison | None = None,
-) -> tuple[Comparison, str]:
-    """Compare `flat_a` with the baseline (see the module docstring).
+def compare_with_baseline(first: FirstVerdict, baseline: Baseline) -> tuple[Comparison, str]:
+    """Compare the tree of a first verdict with its baseline (see the module docstring).
 
     **Arguments:**
 
-    - `flat_a`: the tree's arrays, flat.
-    - `gf`: the committed golden file of the group.
-    - `baseline`: the group re-produced at `gf`'s base commit in this environment.
-    - `classes`: key -> class name, or class (the check's precedence, each calibrated
-      key's spread bound: `parity.calibrated.bounds.bind_calibrated`).
-    - `registry`: the classes the tree is judged by (no drift relaxation: the tree and the
-      baseline share their environment).
-    - `held_registry`: the classes the baseline is held to the goldens by (the drift
-      policy's).
-    - `difference`: how this environment differs from the pin's (the check's, decided
-      once: `parity.environment.environment_difference`).
-    - `order`: the forward order of the comparison.
-    - `keys`: the golden keys the check covers.
-    - `group`: the group's name, for messages.
-    - `first`: the tree against the goldens under `held_registry` (the check's first
-      verdict), whose findings are reused where they are what this comparison would find
-      (`_against_baseline`); None: every key is compared.
+    - `first`: the check's first verdict (`parity.check.first_verdict`): the tree's arrays
+      (`flat_a`), the golden file, each key's class (the check's precedence, each
+      calibrated key's spread bound), the two registries (the tree is judged by the exact
+      classes, with no drift relaxation, since the tree and the baseline share their
+      environment; the baseline is held to the goldens by the drift policy's), how this
+      environment differs from the pin's (decided once), the forward order, the keys the
+      check covers; and its comparison with the goldens, whose findings are reused where
+      they are what this comparison would find (`_against_baseline`).
+    - `baseline`: the group re-produced at the golden's base commit in this environment.
 
     **Returns:** the comparison of the tree with the baseline, and the header's `reference`
     line naming it. Raises `CheckError` when the baseline is outside the goldens' recorded
     noise here, or its file is unusable.
     """
+    gf, group, difference, keys = first.gf, first.group, first.difference, first.keys
+    classes, held_registry, order = first.classes.bound, first.registries.policy, first.forward
     try:
         with open_goldens(baseline.path) as bf:
             missing = [k for k in keys if k not in bf]
@@ -247,9 +217,7 @@ def compare_with_baseline(
                     f"beyond); record this environment's noise on main with "
                     f"`{calibrate_command(group)}`, or run where the goldens were pinned"
                 )
-            comparison = _against_baseline(
-                flat_a, baseline_arrays, classes, (registry, held_registry), order, first, held
-            )
+            comparison = _against_baseline(first, baseline_arrays, held)
     except GoldenStoreError as e:
         raise CheckError(
             f"group {group!r}: the baseline re-produced at {baseline.sha[:12]} is unusable "

@@ -45,16 +45,14 @@ from typing import TYPE_CHECKING, Any, TypedDict, Unpack
 from parity.calibrated.bounds import golden_classes
 from parity.environment import (
     EnvironmentDifference,
-    PolicyDecision,
     PolicyMode,
     environment_difference,
 )
-from parity.exactness import FirstVerdict, VerdictOptions, conclude, prepare_baselines
+from parity.exactness import conclude, prepare_baselines
 from parity.judge.chunks import DEFAULT_BUDGET
 from parity.judge.classes import REGISTRY, ToleranceClass
 from parity.judge.compare import Comparison, Order, compare_trees
 from parity.judge.dataflow import DATAFLOW, HOST
-from parity.judge.fixed_rules import Ulp
 from parity.judge.tolerance import (
     DEFAULT_CLASS,
     ClassMapLike,
@@ -67,6 +65,7 @@ from parity.judge.tolerance import (
 from parity.judge.trees import flatten
 from parity.results import CheckError, CheckResult, diff_command
 from parity.store import GoldenFile, GoldenMissingError, GoldenStoreError, open_goldens
+from parity.verdict import FirstVerdict, Registries, ReportOptions
 
 if TYPE_CHECKING:
     from parity.baseline import BaselineSource
@@ -144,24 +143,6 @@ class GoldenDir:
 
 def _as_dir(goldens: GoldenDir | str | os.PathLike[str]) -> GoldenDir:
     return goldens if isinstance(goldens, GoldenDir) else GoldenDir(goldens)
-
-
-# --------------------------------------------------------------------------- classes
-
-
-def _policy_registry(
-    decision: PolicyDecision, registry: Mapping[str, ToleranceClass]
-) -> dict[str, ToleranceClass]:
-    """`registry` under the drift policy's decision: under `"relax"` with a drift that can
-    move bits, `bitwise` becomes an ulp rule."""
-    out = dict(registry)
-    if decision.bitwise_max_ulp is not None:
-        out["bitwise"] = ToleranceClass(
-            "bitwise",
-            Ulp(max_ulp=decision.bitwise_max_ulp),
-            meaning="bitwise, relaxed to ulp by the drift policy",
-        )
-    return out
 
 
 # --------------------------------------------------------------------------- checks
@@ -279,7 +260,7 @@ def first_verdict(
     decision = difference.policy(drift_mode)
     if decision.refused:
         raise CheckError(" ".join(decision.header))
-    policy = _policy_registry(decision, registry)
+    registries = Registries.under(decision, registry)
     for key in golden_arrays:
         classes.bound(key)  # a calibrated key without a recorded spread is an error first
     load_s = time.perf_counter() - t0
@@ -291,17 +272,23 @@ def first_verdict(
         forward = mine + [k for k in placed if k in golden_arrays and k not in set(mine)]
     try:
         comparison, flat_a, compare_s = _compare(
-            actual, golden_arrays, classes.bound, registry=policy, order=forward,
+            actual, golden_arrays, classes.bound, registry=registries.policy, order=forward,
             name=name or group, budget=budget,
         )  # fmt: skip
     except GoldenStoreError as e:
         raise CheckError(f"golden group {group!r} is unusable: {e}") from None
-    report = VerdictOptions(name or group, node, produce_s, save_actual, overrides, class_map,
-                     drift_mode, require_baseline, budget)  # fmt: skip
-    return FirstVerdict(gf, current, difference, classes, tuple(golden_arrays), flat_a,
-                        forward, comparison, (registry, policy), report, started, load_s,
-                        compare_s, DATAFLOW if dataflow_order is not None
-                        else HOST if host_computed else None)  # fmt: skip
+    report = ReportOptions(
+        name=name or group, node=node, produce_s=produce_s, save_actual=save_actual,
+        overrides=overrides, class_map=class_map, drift_mode=drift_mode,
+        require_baseline=require_baseline, budget=budget,
+    )  # fmt: skip
+    source = DATAFLOW if dataflow_order is not None else HOST if host_computed else None
+    return FirstVerdict(
+        gf=gf, current=current, difference=difference, classes=classes,
+        keys=tuple(golden_arrays), flat_a=flat_a, forward=forward, comparison=comparison,
+        registries=registries, report=report,
+        started=started, load_s=load_s, compare_s=compare_s, order_source=source,
+    )  # fmt: skip
 
 
 def _concluded(

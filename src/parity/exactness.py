@@ -1,7 +1,7 @@
 """A golden check after its first verdict, and how exact its verdict is (docs/design.md,
-"A verdict says how exact it was"): the first verdict as data (`FirstVerdict`: it records
-whether a baseline is wanted), the baselines the first verdicts want, prepared at once
-(`prepare_baselines`), the comparison with the baseline (`against_baseline`) and the
+"A verdict says how exact it was"): from the first verdict (`parity.verdict.FirstVerdict`:
+it records whether a baseline is wanted), the baselines the first verdicts want, prepared
+at once (`prepare_baselines`), the comparison with the baseline (`against_baseline`) and the
 result (`conclude`), the header's `reference` line (`reference_line`), and the phrase the
 verdict line carries where a key passed by a calibrated bound although the check could
 have compared it bit for bit (`parity.judge.findings.Comparison.inexact`).
@@ -35,40 +35,32 @@ compare with (every `parity diff`) or no key failing its class does not load it.
 from __future__ import annotations
 
 import dataclasses
-import os
-from collections.abc import Callable, Mapping, Sequence
-from dataclasses import dataclass
+from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, cast
 
-from parity.calibrated.bounds import BY_CALIBRATION, CALIBRATED, KeyClasses, calibrated_comparison
+from parity.calibrated.bounds import BY_CALIBRATION, CALIBRATED, calibrated_comparison
 from parity.environment import (
     EnvironmentDifference,
-    PolicyMode,
     backend_note,
     describe_backend,
 )
-from parity.judge.classes import ToleranceClass
-from parity.judge.compare import Comparison, Finding, Order
+from parity.judge.compare import Comparison, Finding
 from parity.judge.dataflow import DATAFLOW, HOST, order_hint
 from parity.judge.floats import count
 from parity.judge.tolerance import (
-    ClassMapLike,
-    KeyClass,
-    Overrides,
     UnknownClassError,
     parse_class_name,
 )
 from parity.results import BaselineUnavailable, CheckError, CheckResult, diff_command
 from parity.store import GoldenFile, GoldenStoreError
+from parity.verdict import BaseJudgement, BaselineRequest, FirstVerdict
 
 if TYPE_CHECKING:
-    from parity.baseline import Baseline, BaselineRequest, BaselineSource
+    from parity.baseline import Baseline, BaselineSource
 
 __all__ = [
     "BASELINE_OFF",
-    "FirstVerdict",
-    "VerdictOptions",
     "against_baseline",
     "conclude",
     "inexact",
@@ -83,72 +75,6 @@ BASELINE_OFF = BaselineUnavailable(
     "check with it on (baseline auto; require makes this case an error) to compare them bit "
     "for bit with the baseline re-produced here",
 )
-
-
-@dataclass(frozen=True)
-class VerdictOptions:
-    """What a check's result needs of its options, carried from its first verdict
-    (`parity.check.first_verdict`)."""
-
-    name: str
-    node: str | None
-    produce_s: float | None
-    save_actual: str | os.PathLike[str] | None
-    overrides: Overrides
-    class_map: ClassMapLike
-    drift_mode: PolicyMode
-    require_baseline: bool
-    budget: int
-
-
-@dataclass(frozen=True)
-class FirstVerdict:
-    """A golden check's first verdict: the tree compared with its goldens, once, before any
-    baseline (`parity.check.first_verdict`); `conclude` turns it into the `CheckResult`.
-
-    **Fields:** `gf` (the golden file), `current` (the provenance `actual` was produced
-    in), `difference` (how it differs from the pin's, decided once), `classes` (the classes
-    of the golden's keys), `keys` (the golden keys checked), `flat_a` (`actual`, flattened
-    once: every later judgement reads it), `forward` (the forward order), `comparison`
-    (against the goldens, under the drift policy's classes), `registries` (the exact
-    classes and the drift policy's), `report` (the options the result needs), `started`,
-    `load_s`, `compare_s` (timing), `order_source` (`dataflow` where `forward` was read
-    from the programs that produced `flat_a`, `host` where no jax program computed them,
-    else None: the golden's pinned order).
-    """
-
-    gf: GoldenFile
-    current: Mapping[str, Any]
-    difference: EnvironmentDifference
-    classes: KeyClasses
-    keys: tuple[str, ...]
-    flat_a: dict[str, Any]
-    forward: Order
-    comparison: Comparison
-    registries: tuple[Mapping[str, ToleranceClass], Mapping[str, ToleranceClass]]
-    report: VerdictOptions
-    started: float
-    load_s: float
-    compare_s: float
-    order_source: str | None = None
-
-    @property
-    def group(self) -> str:
-        """The golden group (the file's name)."""
-        return self.gf.path.stem
-
-    @property
-    def wants_baseline(self) -> bool:
-        """Whether the baseline should be the reference: on another backend than the pin's,
-        always (the goldens' noise is no ruler there); else where the environment differs
-        from the pin's in a way that can move bits and some key fails its pinned class."""
-        if self.difference.across_backends:
-            return True
-        return self.difference.moves_bits and not self.comparison.passed
-
-    def baseline_request(self) -> BaselineRequest:
-        """What re-produces this group's baseline: `(group, pinned provenance, current)`."""
-        return self.group, self.gf.provenance, self.current
 
 
 def reference_line(difference: EnvironmentDifference, passed: bool) -> str:
@@ -203,50 +129,34 @@ def prepare_baselines(
 
 
 def against_baseline(
-    baseline: Baseline | BaselineUnavailable,
-    gf: GoldenFile,
-    difference: EnvironmentDifference,
-    flat_a: Mapping[str, Any],
-    first: Comparison,
-    classes: Callable[[str], KeyClass],
-    registries: tuple[Mapping[str, ToleranceClass], Mapping[str, ToleranceClass]],
-    order: Order | None,
-    keys: Sequence[str],
-    *,
-    required: bool,
-) -> tuple[Comparison | None, str, str, BaselineUnavailable | None]:
-    """The comparison with the baseline, the header's `reference` line naming it, the
-    baseline's file and None; `(None, line, "", why)` where there is no baseline (the line
-    says why, and the calibrated comparison with the goldens stands), a `CheckError` there
-    instead when `required`. `first`: the first verdict's comparison, whose findings the
-    comparison with the baseline reuses where it can
-    (`parity.baseline.compare_with_baseline`). `registries`: the exact classes the tree is
-    judged by, and the drift policy's the baseline is held to the goldens by."""
-    group = gf.path.stem
+    first: FirstVerdict, baseline: Baseline | BaselineUnavailable
+) -> BaseJudgement:
+    """The first verdict's tree compared with its baseline, and the header's `reference`
+    line naming it (`parity.baseline.compare_with_baseline`, which reuses the first
+    verdict's findings where they are what it would find); where there is no baseline, the
+    line says why and the calibrated comparison with the goldens stands, or, where the
+    check requires the baseline, a `CheckError` says so."""
+    difference = first.difference
     if isinstance(baseline, BaselineUnavailable):
-        if required:
-            raise required_error(group, baseline, across=difference.across_backends)
+        if first.report.require_baseline:
+            raise required_error(first.group, baseline, across=difference.across_backends)
         if baseline is BASELINE_OFF:
-            return None, reference_line(difference, passed=False), "", baseline
-        if difference.across_backends:
+            line = reference_line(difference, passed=False)
+        elif difference.across_backends:
             line = (
                 "the goldens, pinned on another backend, under their pinned classes: the "
                 f"baseline cannot be re-produced here ({baseline.reason}); {baseline.hint}"
             )
-            return None, line, "", baseline
-        line = (
-            "the goldens, by calibration: the baseline cannot be re-produced here "
-            f"({baseline.reason}); {baseline.hint}"
-        )
-        return None, line, "", baseline
+        else:
+            line = (
+                "the goldens, by calibration: the baseline cannot be re-produced here "
+                f"({baseline.reason}); {baseline.hint}"
+            )
+        return BaseJudgement(comparison=None, reference=line, why=baseline)
     from parity.baseline import compare_with_baseline
 
-    exact, held = registries
-    comparison, line = compare_with_baseline(
-        flat_a, gf, baseline, classes, registry=exact, held_registry=held,
-        difference=difference, order=order, keys=keys, group=group, first=first,
-    )  # fmt: skip
-    return comparison, line, str(baseline.path), None
+    comparison, line = compare_with_baseline(first, baseline)
+    return BaseJudgement(comparison=comparison, reference=line, path=str(baseline.path))
 
 
 def conclude(first: FirstVerdict, baseline: Baseline | BaselineUnavailable | None) -> CheckResult:
@@ -265,13 +175,13 @@ def conclude(first: FirstVerdict, baseline: Baseline | BaselineUnavailable | Non
     """
     gf, group, difference, opts = first.gf, first.group, first.difference, first.report
     try:
-        by_baseline, baseline_path, env_header, why = None, "", {}, None
-        reference = reference_line(difference, first.comparison.passed)
+        env_header: dict[str, str] = {}
+        judged = BaseJudgement(
+            comparison=None, reference=reference_line(difference, first.comparison.passed)
+        )
         if baseline is not None:
-            by_baseline, reference, baseline_path, why = against_baseline(
-                baseline, gf, difference, first.flat_a, first.comparison, first.classes.bound,
-                first.registries, first.forward, first.keys, required=opts.require_baseline,
-            )  # fmt: skip
+            judged = against_baseline(first, baseline)
+        by_baseline, reference, why = judged.comparison, judged.reference, judged.why
         if by_baseline is not None:
             comparison = by_baseline
             # The drift cannot explain a failure here: the baseline shares this environment,
@@ -282,7 +192,7 @@ def conclude(first: FirstVerdict, baseline: Baseline | BaselineUnavailable | Non
         else:
             comparison, env_header = calibrated_comparison(
                 first.comparison, first.flat_a, gf, first.classes.spreads, difference,
-                first.registries[1], budget=opts.budget,
+                first.registries.policy, budget=opts.budget,
             )  # fmt: skip
         against = "the goldens" if by_baseline is None else "the baseline"
         loose = inexact(comparison, why, against)
@@ -318,7 +228,7 @@ def conclude(first: FirstVerdict, baseline: Baseline | BaselineUnavailable | Non
         path = save_arrays(opts.save_actual, opts.name, first.flat_a,
                            classes=first.classes.names, order=placed,
                            provenance=first.current)  # fmt: skip
-        compared = gf.path if by_baseline is None else Path(baseline_path)
+        compared = gf.path if by_baseline is None else Path(judged.path)
         saved, command = str(path), diff_command(path, compared, opts.overrides, opts.class_map)
     return CheckResult(
         name=opts.name,

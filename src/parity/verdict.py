@@ -1,0 +1,148 @@
+"""The typed values a golden check's stages hand each other (docs/design.md, "One pass"):
+the two class registries a check judges by (`Registries`), what its result needs of its
+options (`ReportOptions`), its first verdict (`FirstVerdict`, made by
+`parity.check.first_verdict`) and what comparing with the baseline found (`BaseJudgement`,
+made by `parity.exactness.against_baseline`). Each is built by keyword; a stage takes the
+one value the stage before it made, not its fields spread over ten parameters.
+
+This module imports the core's lower rooms only (`results`, `calibrated`, the judge, the
+store's types); nothing here runs anything.
+"""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Mapping
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any
+
+from parity.calibrated.bounds import KeyClasses
+from parity.judge.classes import ToleranceClass
+from parity.judge.compare import Comparison, Order
+from parity.judge.fixed_rules import Ulp
+from parity.judge.tolerance import ClassMapLike, Overrides
+from parity.results import BaselineUnavailable
+
+if TYPE_CHECKING:
+    from parity.environment import EnvironmentDifference, PolicyDecision, PolicyMode
+    from parity.store import GoldenFile
+
+__all__ = ["BaseJudgement", "BaselineRequest", "FirstVerdict", "Registries", "ReportOptions"]
+
+#: What a check's first verdict asks of a `parity.baseline.BaselineSource`: `(group, pinned
+#: provenance, current provenance)` (`FirstVerdict.baseline_request`).
+BaselineRequest = tuple[str, Mapping[str, Any], Mapping[str, Any]]
+
+
+@dataclass(frozen=True, kw_only=True)
+class Registries:
+    """The two class registries of a check.
+
+    **Fields:** `exact`, the classes the tree is judged by; `policy`, the same under the
+    drift policy's decision (`relax` makes `bitwise` an ulp rule), by which the tree is
+    first held to the goldens and the baseline to the goldens.
+    """
+
+    exact: Mapping[str, ToleranceClass]
+    policy: Mapping[str, ToleranceClass]
+
+    @classmethod
+    def under(cls, decision: PolicyDecision, exact: Mapping[str, ToleranceClass]) -> Registries:
+        """`exact`, and `exact` under the drift policy's `decision`: under `relax` with a
+        drift that can move bits, `bitwise` becomes an ulp rule."""
+        policy = dict(exact)
+        if decision.bitwise_max_ulp is not None:
+            policy["bitwise"] = ToleranceClass(
+                "bitwise",
+                Ulp(max_ulp=decision.bitwise_max_ulp),
+                meaning="bitwise, relaxed to ulp by the drift policy",
+            )
+        return cls(exact=exact, policy=policy)
+
+
+@dataclass(frozen=True, kw_only=True)
+class ReportOptions:
+    """What a check's result needs of its options, carried from its first verdict.
+
+    **Fields:** `name`, `node` (for reports), `produce_s` (seconds the caller spent
+    producing), `save_actual` (where a failing check's arrays go), `overrides` and
+    `class_map` (for the `parity diff` command that reproduces the table), `drift_mode`,
+    `require_baseline`, `budget` (bytes one array comparison may hold).
+    """
+
+    name: str
+    node: str | None
+    produce_s: float | None
+    save_actual: str | os.PathLike[str] | None
+    overrides: Overrides
+    class_map: ClassMapLike
+    drift_mode: PolicyMode
+    require_baseline: bool
+    budget: int
+
+
+@dataclass(frozen=True, kw_only=True)
+class FirstVerdict:
+    """A golden check's first verdict: the tree compared with its goldens, once, before any
+    baseline (`parity.check.first_verdict`); `parity.exactness.conclude` turns it into the
+    `CheckResult`.
+
+    **Fields:** `gf` (the golden file), `current` (the provenance `actual` was produced
+    in), `difference` (how it differs from the pin's, decided once), `classes` (the classes
+    of the golden's keys), `keys` (the golden keys checked), `flat_a` (`actual`, flattened
+    once: every later judgement reads it), `forward` (the forward order), `comparison`
+    (against the goldens, under the drift policy's classes), `registries`, `report` (the
+    options the result needs), `started`, `load_s`, `compare_s` (timing), `order_source`
+    (`dataflow` where `forward` was read from the programs that produced `flat_a`, `host`
+    where no jax program computed them, else None: the golden's pinned order).
+    """
+
+    gf: GoldenFile
+    current: Mapping[str, Any]
+    difference: EnvironmentDifference
+    classes: KeyClasses
+    keys: tuple[str, ...]
+    flat_a: dict[str, Any]
+    forward: Order
+    comparison: Comparison
+    registries: Registries
+    report: ReportOptions
+    started: float
+    load_s: float
+    compare_s: float
+    order_source: str | None = None
+
+    @property
+    def group(self) -> str:
+        """The golden group (the file's name)."""
+        return self.gf.path.stem
+
+    @property
+    def wants_baseline(self) -> bool:
+        """Whether the baseline should be the reference: on another backend than the pin's,
+        always (the goldens' noise is no ruler there); else where the environment differs
+        from the pin's in a way that can move bits and some key fails its pinned class."""
+        if self.difference.across_backends:
+            return True
+        return self.difference.moves_bits and not self.comparison.passed
+
+    def baseline_request(self) -> BaselineRequest:
+        """What re-produces this group's baseline: `(group, pinned provenance, current)`."""
+        return self.group, self.gf.provenance, self.current
+
+
+@dataclass(frozen=True, kw_only=True)
+class BaseJudgement:
+    """What comparing a first verdict with its baseline found
+    (`parity.exactness.against_baseline`).
+
+    **Fields:** `comparison`, the tree against the baseline (None where there is no
+    baseline: the calibrated comparison with the goldens then stands); `reference`, the
+    header's line naming the reference; `path`, the baseline's file (`""` where none);
+    `why`, why there is no baseline (None where there is one).
+    """
+
+    comparison: Comparison | None
+    reference: str
+    path: str = ""
+    why: BaselineUnavailable | None = None
