@@ -74,6 +74,16 @@ def assert_equivalent(
     table otherwise (missing and unexpected leaves included), and `parity.CheckError` for
     input it cannot compare (a class name the registry lacks, an object array), as every
     check does.
+
+    **Example:**
+
+    ```python
+    params, tokens = init(key), jnp.arange(16) % 64
+    parity.assert_equivalent(
+        scanned(params, tokens), unrolled(params, tokens), class_map="op_by_op",
+        new_fn=scanned, old_fn=unrolled, args=(params, tokens),
+    )  # bits may differ only where both programs, run op by op, prove it
+    ```
     """
     __tracebackhide__ = True  # a failure points at the caller's line, not at parity's
     statics_a: dict[str, Any] = {}

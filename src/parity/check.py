@@ -378,6 +378,13 @@ def check_group(
     **Returns:** a `CheckResult`; its header's `reference` line names the reference used.
     Raises `CheckError` for unusable input, and where the baseline is outside the goldens'
     recorded noise.
+
+    **Example:**
+
+    ```python
+    result = parity.check_group({"logits": logits}, "forward", goldens="goldens")
+    assert result.passed, parity.format_table(result.comparison)
+    ```
     """
     provenance = {group: current_provenance}
     return check_groups({group: actual}, goldens=goldens, provenance=provenance, **options)[0]
@@ -454,6 +461,13 @@ def check_live(
     (`assert_equivalent` compares them with `==`); without, such leaves are an error.
 
     **Returns:** a `CheckResult` (its `group` is None).
+
+    **Example:**
+
+    ```python
+    result = parity.check_live(new_tree, old_tree, class_map="fp32_reassoc")
+    print(result.comparison.first_failure)  # None where every key holds its class
+    ```
     """
     started = time.time()
     resolve = class_resolver(overrides=overrides, class_map=class_map)

@@ -211,6 +211,13 @@ def dataflow_order(fn: Callable[..., Any], *args: Any, **kwargs: Any) -> list[st
     (`taps.conv0`), earliest computed first; ties keep the outputs' own order. Raises
     `DataflowError` when `fn` does not trace (the reason in one line: return its outputs
     through `in_dataflow_order` from the traceable part, or declare the order yourself).
+
+    **Example:**
+
+    ```python
+    keys = parity.dataflow_order(forward, params, x)  # ["input", "hidden0", ..., "head"]
+    parity.assert_equivalent(forward(params, x), old_forward(params, x), order=keys)
+    ```
     """
     import jax
 
@@ -334,6 +341,13 @@ def in_dataflow_order(fn: Callable[..., Any]) -> Callable[..., Dataflow]:
     order `dataflow_order` finds. Return it from a producer, or pass it to
     `parity.assert_equivalent`: the first divergence is then the earliest computed key that
     differs. Raises `DataflowError` when `fn` does not trace.
+
+    **Example:**
+
+    ```python
+    taps = parity.in_dataflow_order(jax.jit(forward))(params, x)
+    list(taps)  # the keys as the program computed them, not jax's alphabetical dict order
+    ```
     """
 
     @functools.wraps(fn)

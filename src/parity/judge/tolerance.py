@@ -165,6 +165,13 @@ def get_class(
     **Returns:** the `ToleranceClass`; raises `UnknownClassError` (a `KeyError`) listing the
     known names when `name` is not there, or naming the parameter a class needs and was
     not given, and `ValueError` when the class found under `name` is named otherwise.
+
+    **Example:**
+
+    ```python
+    tol = parity.get_class("reduction[K=512]")
+    tol.describe_allowed()  # "|a-b| <= 4*sqrt(512)*u*max|b|", u the dtype's unit roundoff
+    ```
     """
     tol = _lookup(name, registry)
     if params:

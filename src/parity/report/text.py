@@ -81,6 +81,13 @@ def format_table(
     failed, bitwise equal, max abs, max ulp, worst key), the first divergence, the notes
     rules make of passing arrays (a budget that shrank) and every failing key with its
     reason. No colour codes.
+
+    **Example:**
+
+    ```python
+    comparison = parity.assert_equivalent(new, old, class_map="fp32_reassoc")
+    print(parity.format_table(comparison))  # verdict, per-class table, first divergence
+    ```
     """
     failing = comparison.failures
     lines = [verdict_line(comparison)]

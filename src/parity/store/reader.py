@@ -444,5 +444,12 @@ def open_goldens(path: str | os.PathLike[str]) -> GoldenFile:
     Raises `GoldenMissingError`, `GoldenFormatError` (not HDF5, truncated, malformed),
     `GoldenSchemaError` (written by a newer parity) or `GoldenUnsafeError` (external links,
     external storage, virtual datasets, dangling soft links).
+
+    **Example:**
+
+    ```python
+    with parity.open_goldens("goldens/forward.h5") as gf:
+        logits = gf["logits"]  # checksum verified as it is read
+    ```
     """
     return GoldenFile(path)

@@ -1,7 +1,7 @@
-"""Every error a user of parity can meet is a `ParityError` (issue 50, item 3): each
-exception class parity defines derives from it, keeping the built-in class it had (a
-`KeyError` for an unknown class name), and the command line prints any of them as one line
-with its exit code."""
+"""What every user of parity meets (issue 50): every error parity defines is a
+`ParityError`, keeping the built-in class it had (a `KeyError` for an unknown class name),
+which the command line prints as one line with its exit code; every public function shows
+a short example in its docstring."""
 
 from __future__ import annotations
 
@@ -64,3 +64,16 @@ def test_the_command_line_prints_any_parity_error_as_one_line_with_its_code(
         code = cli.main(["show", "goldens"])
     assert code == 2
     assert err.getvalue() == "parity: error: the golden file is busy: wait for the repin\n"
+
+
+def test_every_public_function_shows_a_short_example() -> None:
+    """Each public function of `parity` (its `__all__`, classes aside) carries an example in
+    its docstring, as equinox's do (issue 50, item 6)."""
+    functions = [n for n in parity.__all__ if inspect.isfunction(getattr(parity, n))]
+    assert "assert_equivalent" in functions and "open_goldens" in functions
+    bare = [n for n in functions if "**Example:**\n" not in (getattr(parity, n).__doc__ or "")]
+    assert bare == []
+    for name in functions:
+        doc = inspect.getdoc(getattr(parity, name)) or ""
+        example = doc.split("**Example:**", 1)[1]
+        assert "```python\n" in example and "parity." in example, name
