@@ -9,7 +9,7 @@ reads along the last axis never sees a row cut in two), otherwise pieces of one 
 
 Every figure of a comparison (counts, maxima, the first or worst element) is a reduction
 that combines across chunks exactly, so a chunked comparison gives the same finding as a
-whole one (`tests/parity/test_compare.py` checks it on arrays straddling chunk
+whole one (`tests/parity/judge/test_compare.py` checks it on arrays straddling chunk
 boundaries).
 
 A **source** is anything with `shape`, `dtype`, `read(block) -> np.ndarray` (the block's

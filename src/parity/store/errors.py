@@ -5,7 +5,7 @@ line naming the file, the key where there is one, and what is wrong: HDF5 and h5
 from a damaged file (a failed checksum of HDF5's metadata, a truncated file, a structure
 pointing nowhere, undecodable text) become `GoldenReadError`; names that are not UTF-8 are
 shown escaped. A folder with a pending repin journal (`JOURNAL_NAME`, see
-`parity.store.staging`) is refused with `GoldenBusyError`. `tests/parity/test_store_fuzz.py`
+`parity.store.staging`) is refused with `GoldenBusyError`. `tests/parity/store/test_store_fuzz.py`
 checks all this against random damage to the committed goldens.
 
 """

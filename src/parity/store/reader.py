@@ -448,8 +448,8 @@ def open_goldens(path: str | os.PathLike[str]) -> GoldenFile:
     **Example:**
 
     ```python
-    with parity.open_goldens("goldens/forward.h5") as gf:
-        logits = gf["logits"]  # checksum verified as it is read
+    with parity.open_goldens("goldens/forward_llama.h5") as gf:
+        logits = gf["logits.llama.clean"]  # checksum verified as it is read
     ```
     """
     return GoldenFile(path)

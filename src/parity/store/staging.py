@@ -91,7 +91,7 @@ class FolderLockedError(StagingError):
 
 def _checkpoint(step: str) -> None:
     """Called at each named step of a replace; does nothing. Tests replace it to kill the
-    process at that step (see tests/parity/test_repin.py,
+    process at that step (see tests/parity/run/test_repin.py,
     `test_sigkill_at_any_step_leaves_old_or_complete_new_goldens`)."""
 
 

@@ -78,7 +78,7 @@ def write_goldens(
     # Built in memory (HDF5's core driver, same bytes as a file on disk) and written with
     # plain file I/O: a full disk or a file size limit then fails one `write` with a clean
     # OSError, where HDF5 writing to disk itself leaves its library state broken and can
-    # crash the process at exit (found by tests/parity/test_repin.py's RLIMIT_FSIZE test).
+    # crash the process at exit (found by tests/parity/run/test_repin.py's RLIMIT_FSIZE test).
     with h5py.File(
         f"parity-{dest.name}",
         "w",
@@ -154,7 +154,7 @@ def set_text(attrs: h5py.AttributeManager, name: str, text: str) -> None:
     """Store `text` as a fixed-length UTF-8 string attribute (NUL-padded; an empty text
     takes one byte). Not h5py's default variable-length string: those live in HDF5's global
     heap, and a damaged global heap can make HDF5 loop forever on read (found by the
-    corruption fuzzer, `tests/parity/test_store_fuzz.py`); fixed-length text sits in the
+    corruption fuzzer, `tests/parity/store/test_store_fuzz.py`); fixed-length text sits in the
     attribute itself."""
     raw = text.encode("utf-8")
     attrs.create(name, np.bytes_(raw), dtype=h5py.string_dtype("utf-8", max(1, len(raw))))

@@ -101,7 +101,7 @@ def test_cli_reports_a_bad_table_in_one_line_and_exits_2(tmp_path):
 
 
 def test_this_repository_configures_itself_the_same_way():
-    root = Path(__file__).resolve().parents[2]
+    root = Path(__file__).resolve().parents[3]
     cfg = load_config(root / "tests")
     assert cfg.producers == root / "tests" / "equivalence" / "producers.py"
     assert cfg.goldens == root / "goldens"

@@ -38,7 +38,7 @@ from hypothesis import strategies as st
 
 from parity import cli
 
-ROOT = Path(__file__).resolve().parents[2]
+ROOT = Path(__file__).resolve().parents[3]
 GOLDENS = sorted((ROOT / "goldens").glob("*.h5"))
 EXAMPLES = int(os.environ.get("PARITY_FUZZ_EXAMPLES", "6"))
 

@@ -20,7 +20,7 @@ from parity.run.repin import RepinError, repin
 from parity.run.worktree import GitError
 from parity.store import open_goldens
 
-ROOT = Path(__file__).resolve().parents[2]
+ROOT = Path(__file__).resolve().parents[3]
 
 
 def _write_lib(repo: Path, body: str) -> None:
