@@ -152,15 +152,10 @@ def get_class(
     *,
     params: Mapping[str, float] | None = None,
 ) -> ToleranceClass:
-    """Look a class up by name.
-
-    **Arguments:**
-
-    - `name`: the class name, optionally with rule parameters (`"reduction[K=512]"`: the
-      class `reduction` with `K=512`).
-    - `registry`: where to look; defaults to `REGISTRY`.
-    - `params`: rule parameters bound for one key, as data (a `calibrated` key's recorded
-      `spread`, exact): set on the rule, never written into the name, which stays `name`.
+    """Look a class up by `name`, optionally with rule parameters (`"reduction[K=512]"`:
+    the class `reduction` with `K=512`), in `registry`; `params` are rule parameters bound
+    for one key, as data (a `calibrated` key's recorded `spread`, exact): set on the rule,
+    never written into the name, which stays `name`.
 
     **Returns:** the `ToleranceClass`; raises `UnknownClassError` (a `KeyError`) listing the
     known names when `name` is not there, or naming the parameter a class needs and was
@@ -182,8 +177,7 @@ def get_class(
         tol = ToleranceClass(name, rule, meaning=tol.meaning, measured=tol.measured)
     missing = tol.rule.missing()
     if missing:
-        base, _ = parse_class_name(name)
-        example = ",".join(f"{m}=<number>" for m in missing)
+        base, example = parse_class_name(name)[0], ",".join(f"{m}=<number>" for m in missing)
         raise UnknownClassError(
             f"tolerance class {name!r} needs {missing} set per key in the class map "
             f"(its rule is {tol.describe_allowed()}); write it as '{base}[{example}]', "
