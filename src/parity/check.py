@@ -65,7 +65,7 @@ from parity.judge.tolerance import (
 from parity.judge.trees import flatten
 from parity.results import CheckError, CheckResult, diff_command
 from parity.store import GoldenFile, GoldenMissingError, GoldenStoreError, open_goldens
-from parity.verdict import FirstVerdict, Registries, ReportOptions
+from parity.verdict import CheckRequest, FirstVerdict, Registries
 
 if TYPE_CHECKING:
     from parity.baseline import BaselineSource
@@ -214,80 +214,55 @@ class _FileOptions(_GroupOptions, total=False):
     golden_source: Callable[[str], Any] | None
 
 
-def first_verdict(
-    actual: Any,
-    gf: GoldenFile,
-    *,
-    current: Mapping[str, Any],
-    difference: EnvironmentDifference | None = None,
-    class_map: ClassMapLike = None,
-    overrides: Overrides = (),
-    order: Order | None = None,
-    drift_mode: PolicyMode = "warn",
-    registry: Mapping[str, ToleranceClass] = REGISTRY,
-    name: str | None = None,
-    node: str | None = None,
-    produce_s: float | None = None,
-    save_actual: str | os.PathLike[str] | None = None,
-    keys: Sequence[str] | None = None,
-    require_baseline: bool = False,
-    budget: int = DEFAULT_BUDGET,
-    golden_source: Callable[[str], Any] | None = None,
-    dataflow_order: Sequence[str] | None = None,
-    host_computed: bool = False,
-) -> FirstVerdict:
+def first_verdict(actual: Any, gf: GoldenFile, request: CheckRequest) -> FirstVerdict:
     """`actual` compared with the golden file `gf`, before any baseline: the classes
     resolved, the environment difference decided, the drift policy applied, the one
-    comparison made (the arguments are `check_file`'s; `dataflow_order`, where `actual`'s
-    order was read from the programs that computed it, is its forward order, before the
-    golden's pinned one). Whether a baseline is wanted is
+    comparison made, as `request` asks (`check_file`'s options; `request.dataflow_order`,
+    where `actual`'s order was read from the programs that computed it, is its forward
+    order, before the golden's pinned one). Whether a baseline is wanted is
     `FirstVerdict.wants_baseline`. Raises `CheckError` for unusable input."""
     started = time.time()
     t0 = time.perf_counter()
-    group = gf.path.stem
+    group, order = gf.path.stem, request.order
     try:
-        chosen = None if keys is None else set(keys)
+        chosen = None if request.keys is None else set(request.keys)
         wanted = [k for k in gf if chosen is None or k in chosen]
         # Sources, not arrays: each is read in chunks when compared, checksum verified.
-        golden_arrays = {k: (golden_source or gf.source)(k) for k in wanted}
-        classes = golden_classes(gf, overrides=overrides, class_map=class_map, keys=wanted,
-                                 registry=registry)  # fmt: skip
+        golden_arrays = {k: (request.golden_source or gf.source)(k) for k in wanted}
+        classes = golden_classes(gf, overrides=request.overrides, class_map=request.class_map,
+                                 keys=wanted, registry=request.registry)  # fmt: skip
         placed = gf.ordered_keys()
     except GoldenStoreError as e:
         raise CheckError(f"golden group {group!r} is unusable: {e}") from None
+    difference = request.difference
     if difference is None:
-        difference = environment_difference(gf.provenance, current)
-    decision = difference.policy(drift_mode)
+        difference = environment_difference(gf.provenance, request.current)
+    decision = difference.policy(request.drift_mode)
     if decision.refused:
         raise CheckError(" ".join(decision.header))
-    registries = Registries.under(decision, registry)
+    registries = Registries.under(decision, request.registry)
     for key in golden_arrays:
         classes.bound(key)  # a calibrated key without a recorded spread is an error first
     load_s = time.perf_counter() - t0
     forward: Order = [k for k in placed if k in golden_arrays] if order is None else order
-    if order is None and dataflow_order is not None:
+    if order is None and request.dataflow_order is not None:
         # Produced in an order read from the programs that computed it: that order, finer
         # than a declared one pinned in the golden.
-        mine = [k for k in dataflow_order if k in golden_arrays]
+        mine = [k for k in request.dataflow_order if k in golden_arrays]
         forward = mine + [k for k in placed if k in golden_arrays and k not in set(mine)]
     try:
         comparison, flat_a, compare_s = _compare(
             actual, golden_arrays, classes.bound, registry=registries.policy, order=forward,
-            name=name or group, budget=budget,
+            name=request.name or group, budget=request.budget,
         )  # fmt: skip
     except GoldenStoreError as e:
         raise CheckError(f"golden group {group!r} is unusable: {e}") from None
-    report = ReportOptions(
-        name=name or group, node=node, produce_s=produce_s, save_actual=save_actual,
-        overrides=overrides, class_map=class_map, drift_mode=drift_mode,
-        require_baseline=require_baseline, budget=budget,
-    )  # fmt: skip
-    source = DATAFLOW if dataflow_order is not None else HOST if host_computed else None
+    source = DATAFLOW if request.dataflow_order is not None else None
     return FirstVerdict(
-        gf=gf, current=current, difference=difference, classes=classes,
+        gf=gf, current=request.current, difference=difference, classes=classes,
         keys=tuple(golden_arrays), flat_a=flat_a, forward=forward, comparison=comparison,
-        registries=registries, report=report,
-        started=started, load_s=load_s, compare_s=compare_s, order_source=source,
+        registries=registries, request=request, started=started, load_s=load_s,
+        compare_s=compare_s, order_source=source or (HOST if request.host_computed else None),
     )  # fmt: skip
 
 
@@ -350,7 +325,8 @@ def check_file(
     order, the calibration and (`reference`) the reference used. Raises `CheckError` for
     unusable input, and where the baseline is outside the goldens' recorded noise.
     """
-    return _concluded([first_verdict(actual, gf, current=current, **options)], baseline)[0]
+    request = CheckRequest(current=current, **options)
+    return _concluded([first_verdict(actual, gf, request)], baseline)[0]
 
 
 def check_group(
@@ -430,9 +406,11 @@ def check_groups(
         gf = folder.open(group)
         current = (provenance or {}).get(group)
         current = current if current is not None else collect_provenance()
-        made = (dataflow_orders or {}).get(group)
-        firsts.append(first_verdict(actual, gf, current=current, dataflow_order=made,
-                                    host_computed=group in host_computed, **options))  # fmt: skip
+        request = CheckRequest(
+            current=current, dataflow_order=(dataflow_orders or {}).get(group),
+            host_computed=group in host_computed, **options,
+        )  # fmt: skip
+        firsts.append(first_verdict(actual, gf, request))
     return _concluded(firsts, baseline)
 
 

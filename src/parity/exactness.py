@@ -138,7 +138,7 @@ def against_baseline(
     check requires the baseline, a `CheckError` says so."""
     difference = first.difference
     if isinstance(baseline, BaselineUnavailable):
-        if first.report.require_baseline:
+        if first.request.require_baseline:
             raise required_error(first.group, baseline, across=difference.across_backends)
         if baseline is BASELINE_OFF:
             line = reference_line(difference, passed=False)
@@ -173,7 +173,7 @@ def conclude(first: FirstVerdict, baseline: Baseline | BaselineUnavailable | Non
     **Returns:** the `CheckResult`. Raises `CheckError` where the baseline is required but
     cannot be compared with, and where the baseline is outside the goldens' recorded noise.
     """
-    gf, group, difference, opts = first.gf, first.group, first.difference, first.report
+    gf, group, difference, opts = first.gf, first.group, first.difference, first.request
     try:
         env_header: dict[str, str] = {}
         judged = BaseJudgement(
@@ -225,13 +225,13 @@ def conclude(first: FirstVerdict, baseline: Baseline | BaselineUnavailable | Non
     if opts.save_actual is not None and not comparison.passed:
         from parity.store.writer import save_arrays
 
-        path = save_arrays(opts.save_actual, opts.name, first.flat_a,
+        path = save_arrays(opts.save_actual, first.name, first.flat_a,
                            classes=first.classes.names, order=placed,
                            provenance=first.current)  # fmt: skip
         compared = gf.path if by_baseline is None else Path(judged.path)
         saved, command = str(path), diff_command(path, compared, opts.overrides, opts.class_map)
     return CheckResult(
-        name=opts.name,
+        name=first.name,
         comparison=comparison,
         group=group,
         node=opts.node,

@@ -1,6 +1,6 @@
 """The typed values a golden check's stages hand each other (docs/design.md, "One pass"):
-the two class registries a check judges by (`Registries`), what its result needs of its
-options (`ReportOptions`), its first verdict (`FirstVerdict`, made by
+the two class registries a check judges by (`Registries`), what it is asked
+(`CheckRequest`), its first verdict (`FirstVerdict`, made by
 `parity.check.first_verdict`) and what comparing with the baseline found (`BaseJudgement`,
 made by `parity.exactness.against_baseline`). Each is built by keyword; a stage takes the
 one value the stage before it made, not its fields spread over ten parameters.
@@ -12,12 +12,13 @@ store's types); nothing here runs anything.
 from __future__ import annotations
 
 import os
-from collections.abc import Mapping
-from dataclasses import dataclass
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
 from parity.calibrated.bounds import KeyClasses
-from parity.judge.classes import ToleranceClass
+from parity.judge.chunks import DEFAULT_BUDGET
+from parity.judge.classes import REGISTRY, ToleranceClass
 from parity.judge.compare import Comparison, Order
 from parity.judge.fixed_rules import Ulp
 from parity.judge.tolerance import ClassMapLike, Overrides
@@ -27,7 +28,7 @@ if TYPE_CHECKING:
     from parity.environment import EnvironmentDifference, PolicyDecision, PolicyMode
     from parity.store import GoldenFile
 
-__all__ = ["BaseJudgement", "BaselineRequest", "FirstVerdict", "Registries", "ReportOptions"]
+__all__ = ["BaseJudgement", "BaselineRequest", "CheckRequest", "FirstVerdict", "Registries"]
 
 #: What a check's first verdict asks of a `parity.baseline.BaselineSource`: `(group, pinned
 #: provenance, current provenance)` (`FirstVerdict.baseline_request`).
@@ -61,24 +62,40 @@ class Registries:
 
 
 @dataclass(frozen=True, kw_only=True)
-class ReportOptions:
-    """What a check's result needs of its options, carried from its first verdict.
+class CheckRequest:
+    """What a golden check is asked, but the tree and the golden file: the first stage
+    (`parity.check.first_verdict`) takes it, the last (`parity.exactness.conclude`) reads
+    what the result needs of it.
 
-    **Fields:** `name`, `node` (for reports), `produce_s` (seconds the caller spent
-    producing), `save_actual` (where a failing check's arrays go), `overrides` and
-    `class_map` (for the `parity diff` command that reproduces the table), `drift_mode`,
-    `require_baseline`, `budget` (bytes one array comparison may hold).
+    **Fields:** `current` (the provenance of the environment the tree was produced in),
+    `difference` (how it differs from the pin's; None: decided from `current`),
+    `class_map`, `overrides`, `registry` (each key's class, by the one precedence),
+    `order` (the forward order; None: the golden's pinned one, or `dataflow_order`),
+    `drift_mode`, `name` and `node` (for reports; `name` None: the group), `produce_s`
+    (seconds the caller spent producing), `save_actual` (where a failing check's arrays
+    go), `keys` (the golden keys to check; None: all), `require_baseline`, `budget` (bytes
+    one array comparison may hold), `golden_source` (key -> the golden's array or
+    `Source`; None: the file's), `dataflow_order` (the keys in the order the programs that
+    produced them computed them), `host_computed` (no jax program computed them).
     """
 
-    name: str
-    node: str | None
-    produce_s: float | None
-    save_actual: str | os.PathLike[str] | None
-    overrides: Overrides
-    class_map: ClassMapLike
-    drift_mode: PolicyMode
-    require_baseline: bool
-    budget: int
+    current: Mapping[str, Any]
+    difference: EnvironmentDifference | None = None
+    class_map: ClassMapLike = None
+    overrides: Overrides = ()
+    registry: Mapping[str, ToleranceClass] = field(default_factory=lambda: REGISTRY)
+    order: Order | None = None
+    drift_mode: PolicyMode = "warn"
+    name: str | None = None
+    node: str | None = None
+    produce_s: float | None = None
+    save_actual: str | os.PathLike[str] | None = None
+    keys: Sequence[str] | None = None
+    require_baseline: bool = False
+    budget: int = DEFAULT_BUDGET
+    golden_source: Callable[[str], Any] | None = None
+    dataflow_order: Sequence[str] | None = None
+    host_computed: bool = False
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -91,8 +108,8 @@ class FirstVerdict:
     in), `difference` (how it differs from the pin's, decided once), `classes` (the classes
     of the golden's keys), `keys` (the golden keys checked), `flat_a` (`actual`, flattened
     once: every later judgement reads it), `forward` (the forward order), `comparison`
-    (against the goldens, under the drift policy's classes), `registries`, `report` (the
-    options the result needs), `started`, `load_s`, `compare_s` (timing), `order_source`
+    (against the goldens, under the drift policy's classes), `registries`, `request` (what
+    the check was asked), `started`, `load_s`, `compare_s` (timing), `order_source`
     (`dataflow` where `forward` was read from the programs that produced `flat_a`, `host`
     where no jax program computed them, else None: the golden's pinned order).
     """
@@ -106,7 +123,7 @@ class FirstVerdict:
     forward: Order
     comparison: Comparison
     registries: Registries
-    report: ReportOptions
+    request: CheckRequest
     started: float
     load_s: float
     compare_s: float
@@ -116,6 +133,11 @@ class FirstVerdict:
     def group(self) -> str:
         """The golden group (the file's name)."""
         return self.gf.path.stem
+
+    @property
+    def name(self) -> str:
+        """The check's name in reports: the one asked for, else the group."""
+        return self.request.name or self.group
 
     @property
     def wants_baseline(self) -> bool:
