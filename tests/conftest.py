@@ -129,6 +129,25 @@ def run_parity() -> Callable[..., subprocess.CompletedProcess[str]]:
     return _run_parity
 
 
+def _run_pytest(repo: Path, *args: str) -> subprocess.CompletedProcess[str]:
+    env = {k: v for k, v in os.environ.items() if not k.startswith(("PYTEST_", "PARITY_"))}
+    paths = [str(repo / "src"), str(repo), *filter(None, [os.environ.get("PYTHONPATH")])]
+    env |= {"PYTHONPATH": os.pathsep.join(paths),
+            "PARITY_BASELINE_CACHE": str(repo.parent / "baselines")}  # fmt: skip
+    return subprocess.run(
+        [sys.executable, "-m", "pytest", "-p", "no:cacheprovider", "-q", *args],
+        cwd=repo, env=env, capture_output=True, text=True, timeout=600,
+    )  # fmt: skip
+
+
+@pytest.fixture(scope="session")
+def run_pytest() -> Callable[..., subprocess.CompletedProcess[str]]:
+    """`run_pytest(repo, *args)`: `python -m pytest -q ARGS` in `repo` as its user runs it
+    (its `src` and itself on the path, no outer PYTEST_ or PARITY_ variable), the baselines
+    cached beside it."""
+    return _run_pytest
+
+
 @pytest.fixture(scope="session")
 def start_parity() -> Callable[..., subprocess.Popen[str]]:
     """`start_parity(repo, *args)`: what `run_parity` runs, started and not waited for (its

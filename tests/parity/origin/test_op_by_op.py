@@ -11,9 +11,6 @@ a fresh git project through `parity check` and the pytest plugin.
 from __future__ import annotations
 
 import json
-import os
-import subprocess
-import sys
 from collections.abc import Callable
 from pathlib import Path
 from types import ModuleType
@@ -219,7 +216,7 @@ def test_parity_check_passes_the_refactor_proved_and_fails_the_bug_at_its_line(
 
 
 def test_the_pytest_plugin_proves_a_golden_check(
-    project: tuple[Path, dict[str, str]], git: Any
+    project: tuple[Path, dict[str, str]], git: Any, run_pytest: Callable[..., Any]
 ) -> None:
     repo, shas = project
     git(repo, "checkout", "-q", shas["refactor"])
@@ -229,13 +226,6 @@ def test_the_pytest_plugin_proves_a_golden_check(
         "    comparison = parity_check(producers.forward(), 'forward')\n"
         "    assert [f.key for f in comparison.proved] == ['logits']\n"
     )
-    env = {k: v for k, v in os.environ.items() if not k.startswith(("PYTEST_", "PARITY_"))}
-    paths = [str(repo / "src"), str(repo), *filter(None, [os.environ.get("PYTHONPATH")])]
-    env |= {"PYTHONPATH": os.pathsep.join(paths),
-            "PARITY_BASELINE_CACHE": str(repo.parent / "baselines")}  # fmt: skip
-    done = subprocess.run(
-        [sys.executable, "-m", "pytest", "-p", "no:cacheprovider", "-q", "test_forward.py"],
-        cwd=repo, env=env, capture_output=True, text=True, timeout=600,
-    )  # fmt: skip
+    done = run_pytest(repo, "test_forward.py")
     (repo / "test_forward.py").unlink()
     assert done.returncode == 0, done.stdout + done.stderr

@@ -170,13 +170,10 @@ def test_a_producer_that_does_not_trace_is_recorded_program_by_program(checked: 
 
 
 def test_the_pytest_plugin_names_the_origin_in_the_failure_and_the_report(
-    project: tuple[Path, str, str],
+    project: tuple[Path, str, str], run_pytest: Callable[..., Any]
 ) -> None:
     """A test that checks a group against its goldens gets the origin line, as `parity
     check` names it; the second check of the group in the session reuses it."""
-    import os
-    import sys
-
     repo = project[0]
     (repo / "test_forward.py").write_text(
         "import producers\n\n\n"
@@ -185,16 +182,8 @@ def test_the_pytest_plugin_names_the_origin_in_the_failure_and_the_report(
         "def test_again(parity_check):\n"
         "    parity_check(producers.forward(), 'forward', name='again')\n"
     )
-    env = {k: v for k, v in os.environ.items() if not k.startswith(("PYTEST_", "PARITY_"))}
-    paths = [str(repo / "src"), str(repo), *filter(None, [os.environ.get("PYTHONPATH")])]
-    env |= {"PYTHONPATH": os.pathsep.join(paths),
-            "PARITY_BASELINE_CACHE": str(repo.parent / "baselines")}  # fmt: skip
     report = repo.parent / "plugin-report"
-    done = subprocess.run(
-        [sys.executable, "-m", "pytest", "-p", "no:cacheprovider", "-q", "test_forward.py",
-         "--parity-report", str(report)],
-        cwd=repo, env=env, capture_output=True, text=True, timeout=600,
-    )  # fmt: skip
+    done = run_pytest(repo, "test_forward.py", "--parity-report", str(report))
     assert done.returncode == 1, done.stdout + done.stderr
     lines = [ln.strip() for ln in done.stdout.splitlines() if ln.strip().startswith("origin:")]
     assert len(lines) >= 2 and len(set(lines)) == 1, lines
