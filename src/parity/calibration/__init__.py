@@ -7,7 +7,7 @@ environments is, measured by running the producers and recorded with the goldens
 - `calibrate`: runs them, each in a fresh process, and holds the result (`Calibration`);
 - `measure`: per key, the largest spread over the perturbations against its class's bound;
   per class, the verdict (ok, below noise, blunt);
-- `record`: writes a measurement into each golden file's provenance, merged with the
+- `write`: writes a measurement into each golden file's provenance, merged with the
   columns recorded before.
 
 How a check reads what is recorded (the `calibrated` class) is `parity.calibrated`'s, in the

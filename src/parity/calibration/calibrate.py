@@ -19,7 +19,7 @@ skipped before (`parity.calibration.perturbations.available`); `Calibration.skip
 says which and why.
 
 A perturbation is benign by assumption: calibration measures the environment, not the
-code. `parity.calibration.record.record` writes the measurement into a golden file's
+code. `parity.calibration.write.write_calibration` writes the measurement into a golden file's
 provenance (`calibration`), so that `parity check` shows it in the report's header.
 
 Nothing here imports jax.

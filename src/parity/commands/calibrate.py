@@ -104,7 +104,7 @@ def run(args: argparse.Namespace, out: IO[str]) -> int:
         backend_here,
         perturbations,
     )
-    from parity.calibration.record import record as record_calibration
+    from parity.calibration.write import write_calibration
     from parity.check import GoldenDir
     from parity.environment import backend_of
     from parity.results import CheckError
@@ -173,7 +173,7 @@ def run(args: argparse.Namespace, out: IO[str]) -> int:
         out.write(f"JSON written to {args.json_path}\n")
     if args.write:
         for group in groups:
-            path = record_calibration(cal, goldens[group], group)
+            path = write_calibration(cal, goldens[group], group)
             out.write(f"calibration recorded in {path} (provenance 'calibration')\n")
     folder.close()
     return EXIT_OK

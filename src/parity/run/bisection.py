@@ -15,7 +15,7 @@ per commit, as `git bisect run` has (exit 125 there):
   commit is reported and never counted as bad; the search continues around it.
 
 Where one first bad commit is found, its failing group is recorded op by op there and at
-its parent (`parity.run.origins.origin_between`), and the answer names the origin: the
+its parent (`parity.run.origins.locate_between`), and the answer names the origin: the
 first operation of the bad commit's program that computes what its parent's never did, at
 its source line.
 
@@ -332,10 +332,10 @@ def bisect(
     fb = known[hi]
     if not origin or fb.group is None or fb.key is None or fb.class_name is None:
         return result("found", first_bad=fb)
-    from parity.run.origins import origin_between
+    from parity.run.origins import locate_between
 
     parent = commits[hi - 1] if hi > 0 else good_sha
-    found = origin_between(
+    found = locate_between(
         config, root, (fb.group, fb.key, fb.class_name), fb.sha, parent, progress=progress
     )
     return result("found", first_bad=fb, origin=found)

@@ -54,8 +54,8 @@ from parity.store.staging import owned_tempdir
 __all__ = [
     "Settled",
     "base_recordings",
-    "explain",
-    "origin_between",
+    "locate_between",
+    "locate_files",
     "record_groups",
     "settle_failures",
 ]
@@ -144,7 +144,7 @@ def _load(path: Path) -> Recording:
         return Recording.from_arrays(dict(data))
 
 
-def explain(
+def locate_files(
     new_file: Path,
     old_file: Path,
     key: str,
@@ -331,23 +331,23 @@ def _not_named(reason: str) -> Localisation:
     return Localisation("not_named", reason=reason)
 
 
-def _explained(
+def _located(
     step: tuple[str, str, str], new: Path | str | None, old: Path | str | None, root: Path,
     old_name: str,
 ) -> Localisation:  # fmt: skip
-    """`explain` of `step`'s `(group, key, class)` between two recordings, or why not."""
+    """`locate_files` of `step`'s `(group, key, class)` between two recordings, or why not."""
     _, key, class_name = step
     for side in (new, old):
         if not isinstance(side, Path):
             return _not_named(side or "nothing was recorded")
     assert isinstance(new, Path) and isinstance(old, Path)
     try:
-        return explain(new, old, key, class_name, root=root, old_name=old_name)
+        return locate_files(new, old, key, class_name, root=root, old_name=old_name)
     except (LocaliseError, UnknownClassError, ValueError) as e:
         return _not_named(e.reason if isinstance(e, LocaliseError) else str(e))
 
 
-def origin_between(
+def locate_between(
     config: ParityConfig,
     repo: Path,
     step: tuple[str, str, str],
@@ -359,7 +359,7 @@ def origin_between(
 ) -> Localisation:
     """The origin of a bisection's answer: `step`'s `(group, key, class)` recorded at the
     first bad commit `new_sha` and at its parent `old_sha` (each in a temporary worktree of
-    `repo`, in this environment), as `explain` gives it; file paths relative to the
+    `repo`, in this environment), as `locate_files` gives it; file paths relative to the
     repository. Never raises for a program it cannot record: it says why."""
     group = step[0]
     files: dict[str, Path | str] = {}
@@ -380,5 +380,5 @@ def origin_between(
             return _not_named(f"cannot check out: {' '.join(str(e).split())}")
         root = files["new_root"]
         assert isinstance(root, Path)
-        return _explained(step, files["new"], files["old"], root,
+        return _located(step, files["new"], files["old"], root,
                           f"the parent {old_sha[:12]}")  # fmt: skip

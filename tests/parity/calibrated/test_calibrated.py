@@ -17,7 +17,7 @@ from _device_noise import DEVICE_NOISE, moved
 
 from parity.calibrated.bounds import bind_calibrated
 from parity.calibrated.spreads import Spreads
-from parity.calibration.record import merge_spreads
+from parity.calibration.write import merge_spreads
 from parity.commands.diff import run_diff
 from parity.commands.show import inventory
 from parity.environment import Dimension

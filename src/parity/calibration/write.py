@@ -17,7 +17,7 @@ from parity.store import GoldenFile, write_goldens
 if TYPE_CHECKING:
     from parity.calibration.calibrate import Calibration
 
-__all__ = ["merge_spreads", "record", "recorded_spreads"]
+__all__ = ["merge_spreads", "recorded_spreads", "write_calibration"]
 
 
 def recorded_spreads(provenance: Mapping[str, Any]) -> dict[str, Any]:
@@ -47,7 +47,9 @@ def merge_spreads(
     return {"labels": all_labels, "keys": keys}
 
 
-def record(cal: Calibration, golden: GoldenFile, group: str, path: Path | None = None) -> Path:
+def write_calibration(
+    cal: Calibration, golden: GoldenFile, group: str, path: Path | None = None
+) -> Path:
     """Write the group's measurement into its golden file's provenance (`calibration`):
     the per-class summary, and per key the spread under each perturbation (`spread`,
     merged with the spreads recorded before: see `merge_spreads`), which the
