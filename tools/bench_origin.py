@@ -40,7 +40,7 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT / "src"))
 
-from parity.run.worktree import git, temporary_worktree  # noqa: E402
+from parity.machinery.worktree import git, temporary_worktree  # noqa: E402
 
 
 @dataclass(frozen=True)

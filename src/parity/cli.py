@@ -73,7 +73,7 @@ class Command:
       the one the command line names (or when `build_parser` builds the whole tree).
     - `help`: its line in `parity --help` (and the subparser's `help`).
     - `runs_producers`: it starts producer processes, so SIGINT/SIGTERM must reach the main
-      thread while it runs (`parity.run.signals`).
+      thread while it runs (`parity.machinery.signals`).
     """
 
     name: str
@@ -249,7 +249,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     try:
         if not command.runs_producers:
             return run(args, sys.stdout)
-        from parity.run.signals import signals_reach_main_thread
+        from parity.machinery.signals import signals_reach_main_thread
 
         with signals_reach_main_thread():
             return run(args, sys.stdout)

@@ -79,7 +79,7 @@ Severity = Literal["info", "bits"]
 PolicyMode = Literal["strict", "relax", "warn"]
 #: The policy's modes in the order a command line offers them (`--drift`, `[tool.parity]
 #: drift`, `--parity-drift`); here, with the policy, so that a command that only reads files
-#: need not load `parity.run.config` to offer them.
+#: need not load `parity.machinery.config` to offer them.
 DRIFT_MODES: tuple[PolicyMode, ...] = ("warn", "relax", "strict")
 
 #: Fields whose drift can change the last bits of XLA's output.

@@ -1,6 +1,6 @@
 """The XLA settings of this process that every layer reads: the names of the XLA flags that
 fix the simulated CPU device count and the CPU ISA cap, the cap every run uses, and whether
-jax has started its backends (after which neither can change). `parity.run.devices` sets them,
+jax has started its backends (after which neither can change). `parity.machinery.devices` sets them,
 `parity.store.provenance` records them and `parity.environment` compares them; all take the
 names from here. This module imports nothing of parity and no jax: it asks jax only if jax
 is already imported.

@@ -34,9 +34,9 @@ import pytest
 
 from parity.calibrated.spreads import Spreads
 from parity.judge.tolerance import ClassMap
+from parity.machinery.config import load_config
+from parity.machinery.processes import worker_place
 from parity.report import format_table
-from parity.run.config import load_config
-from parity.run.processes import worker_place
 from parity.run.produced import Produced, produce
 
 ROOT = Path(__file__).resolve().parents[2]

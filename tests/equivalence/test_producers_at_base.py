@@ -31,11 +31,11 @@ import pytest
 from producers import per_site
 
 from parity.check import check_group
-from parity.run.config import load_config
+from parity.machinery.config import load_config
+from parity.machinery.launcher import ProducerRunError
+from parity.machinery.worktree import GitError, resolve_sha, temporary_worktree
 from parity.run.goldens import golden_provenance
-from parity.run.launcher import ProducerRunError
 from parity.run.produced import produce
-from parity.run.worktree import GitError, resolve_sha, temporary_worktree
 from parity.store import open_goldens
 
 ROOT = Path(__file__).resolve().parents[2]

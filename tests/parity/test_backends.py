@@ -29,7 +29,7 @@ from parity.environment import (
     environment_difference,
     environment_fingerprint,
 )
-from parity.run.processes import NoSockets, WorkerFailed, free_port
+from parity.machinery.processes import NoSockets, WorkerFailed, free_port
 from parity.store import open_goldens, write_goldens
 
 PRODUCERS = """\

@@ -309,7 +309,7 @@ def test_help_explains_commands_and_exit_codes() -> None:
 
 def test_help_lists_every_subcommand_and_every_tool_parity_key() -> None:
     from parity.cli import build_parser
-    from parity.run.config import KEYS
+    from parity.machinery.config import KEYS
 
     sub = next(a for a in build_parser()._actions if isinstance(a, argparse._SubParsersAction))
     text = _parity("--help").stdout
@@ -416,7 +416,7 @@ _NOT_FOR_READING = (
     "parity.baseline",
     "parity.run.baseline",
     "parity.run.produced",
-    "parity.run.launcher",
+    "parity.machinery.launcher",
     "parity.calibration.calibrate",
     "importlib.metadata",
 )

@@ -25,6 +25,7 @@ FORBIDDEN = {
     "parity.origin": ("jax", "h5py", "decomp"),
     "parity.store": ("jax", "decomp"),
     "parity.report": ("jax", "h5py", "decomp"),
+    "parity.machinery": ("jax", "decomp"),
     "parity.run": ("jax", "decomp"),
     "parity.calibrated": ("jax", "h5py", "decomp"),
     "parity.calibration": ("jax", "decomp"),
@@ -89,7 +90,8 @@ LAYERS: tuple[tuple[str, ...], ...] = (
     ("parity.baseline",),  # the core: the baseline, a golden group re-produced here
     ("parity.exactness",),  # the core: how exact a verdict is, the comparison with a baseline
     ("parity.check",),  # the core: golden folder, class precedence, drift policy, compare
-    ("parity.run",),  # running producers: config, git, processes, repin, bisect, baseline
+    ("parity.machinery",),  # the process machinery: config, devices, launcher, processes, git
+    ("parity.run",),  # the workflows over it: produce, repin, baseline, origins, bisect
     ("parity.calibration",),  # measuring the noise (`parity calibrate`), over parity.run
     ("parity.assertions", "parity.commands", "parity.pytest_plugin"),  # the faces
     ("parity.cli",),  # the one argparse tree over the commands

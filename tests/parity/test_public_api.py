@@ -20,7 +20,7 @@ from parity.errors import ParityError
 def _exception_classes() -> dict[str, type[BaseException]]:
     found: dict[str, type[BaseException]] = {}
     for info in pkgutil.walk_packages(parity.__path__, "parity."):
-        if info.name in ("parity.__main__", "parity.run._producer_runner"):
+        if info.name in ("parity.__main__", "parity.machinery._producer_runner"):
             continue  # the entry point, and a script run as a process of its own
         module = importlib.import_module(info.name)
         for name, value in vars(module).items():

@@ -1,6 +1,6 @@
 """One vocabulary (docs/design.md, "Vocabulary"): the same flag for the same idea on every
 subcommand, with the same help text; no old spelling kept beside it (none has shipped); the
-settings of the command line and the plugin read by one path (`parity.run.config`),
+settings of the command line and the plugin read by one path (`parity.machinery.config`),
 environment variables included."""
 
 from __future__ import annotations
@@ -15,7 +15,7 @@ import pytest
 
 from parity.cli import build_parser, main
 from parity.commands.common import overrides_of
-from parity.run.config import ConfigError, load_config
+from parity.machinery.config import ConfigError, load_config
 from parity.store import write_goldens
 
 # --------------------------------------------------------------------------- the words

@@ -2,7 +2,7 @@
 class's bound.
 
 The goldens are pinned in one environment (an ISA cap and a device count, see
-`parity.run.devices`). Calibration runs the same producers on the same code under benign
+`parity.machinery.devices`). Calibration runs the same producers on the same code under benign
 perturbations of that environment (`parity.calibration.perturbations`), each in a fresh process
 through `parity.run.produced.produce` (another XLA CPU ISA cap the host supports, another
 simulated device count, or the same environment again), and measures every array against
@@ -41,8 +41,8 @@ from parity.environment import describe_backend
 from parity.judge.classes import REGISTRY, ToleranceClass
 from parity.judge.floats import count, sig
 from parity.judge.tolerance import Overrides
+from parity.machinery.config import ParityConfig
 from parity.report import text_table
-from parity.run.config import ParityConfig
 from parity.store import GoldenFile, open_goldens
 
 __all__ = ["Calibration", "calibrate", "format_calibration"]
@@ -152,7 +152,7 @@ def calibrate(
     - `reference_here`: measure against a run of the pinned environment here, produced
       first, instead of the goldens (the goldens were pinned on another backend).
 
-    **Returns:** a `Calibration`. Raises `parity.run.launcher.ProducerRunError` if the
+    **Returns:** a `Calibration`. Raises `parity.machinery.launcher.ProducerRunError` if the
     producers cannot run in some environment.
     """
     from parity.run.produced import produce

@@ -21,7 +21,7 @@ from dataclasses import dataclass
 
 from parity.errors import ParityError
 from parity.judge.floats import count
-from parity.run.config import ParityConfig
+from parity.machinery.config import ParityConfig
 
 __all__ = [
     "DEVICE_COUNTS",
@@ -199,7 +199,7 @@ _PROBE = (
 
 
 def _sockets() -> bool:
-    from parity.run.processes import NoSockets, free_port
+    from parity.machinery.processes import NoSockets, free_port
 
     try:
         free_port()

@@ -4,7 +4,7 @@
 `diff` and `show` read HDF5 files (`parity.store`) and compare them (`parity.judge`);
 `repin`, `check`, `bisect` and `calibrate` run producers (`parity.run.repin`,
 `parity.run.produced`, `parity.run.bisection`, `parity.calibration.calibrate`), configured by
-`[tool.parity]` (`parity.run.config`); each key can be overridden by the flag of the same
+`[tool.parity]` (`parity.machinery.config`); each key can be overridden by the flag of the same
 name (`--goldens`, `--producers`, `--src`, `--isa`, `--devices`, `--processes`, `--drift`).
 A flag means one thing on every subcommand (docs/design.md, "Vocabulary"): `common`
 defines the shared ones once (`--goldens`, `--json`, `--report`, `--class`, `--override`,

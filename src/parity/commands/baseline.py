@@ -58,8 +58,8 @@ def add_parser(sub: Any, help: str) -> None:
 
 
 def run(args: argparse.Namespace, out: IO[str]) -> int:
+    from parity.machinery.config import load_config
     from parity.run.baseline import BaselineBuilder, BaselineCache, cache_dir
-    from parity.run.config import load_config
 
     if args.action == "list":
         cache = BaselineCache(cache_dir(load_config()))

@@ -107,8 +107,8 @@ def run(args: argparse.Namespace, out: IO[str]) -> int:
     from parity.calibration.write import write_calibration
     from parity.check import GoldenDir
     from parity.environment import backend_of
+    from parity.machinery.launcher import ProducerRunError
     from parity.results import CheckError
-    from parity.run.launcher import ProducerRunError
     from parity.store import GoldenStoreError
 
     config = config_of(args)

@@ -89,7 +89,7 @@ def origin_flag(parser: argparse.ArgumentParser) -> None:
 
 def repository_root(root: Path) -> Path:
     """The git repository holding `root` (origins name files relative to it), else `root`."""
-    from parity.run.worktree import GitError, repo_root
+    from parity.machinery.worktree import GitError, repo_root
 
     try:
         return repo_root(root)
@@ -148,10 +148,10 @@ def _check_run_flags(args: argparse.Namespace, processes: int) -> None:
 
 def run(args: argparse.Namespace, out: IO[str]) -> int:
     from parity.check import GoldenDir
+    from parity.machinery.launcher import ProducerRunError, UnknownGroupsError, UnusableClassError
     from parity.report import ReportSession
     from parity.results import merged_header_lines
     from parity.run.baseline import BaselineBuilder
-    from parity.run.launcher import ProducerRunError, UnknownGroupsError, UnusableClassError
     from parity.run.produced import check_produced, produce
 
     config = config_of(args)

@@ -1,8 +1,8 @@
 """What every subcommand shares: the one error class, the exit codes, the flags of
 `[tool.parity]`, and the class names given on the command line.
 
-`[tool.parity]`'s reader (`parity.run.config`) and the device defaults
-(`parity.run.devices`) are imported inside the functions that use them, so that a command
+`[tool.parity]`'s reader (`parity.machinery.config`) and the device defaults
+(`parity.machinery.devices`) are imported inside the functions that use them, so that a command
 that only reads files (`diff`, `show`) loads neither (`tests/parity/test_cli.py`)."""
 
 from __future__ import annotations
@@ -19,8 +19,8 @@ from parity.errors import ParityError
 from parity.judge.tolerance import OVERRIDE_HELP, class_help, class_problem, flag_rules
 
 if TYPE_CHECKING:
-    from parity.run.config import ParityConfig
-    from parity.run.launcher import ProducerRunError
+    from parity.machinery.config import ParityConfig
+    from parity.machinery.launcher import ProducerRunError
 
 __all__ = [
     "DRIFT_MODES",
@@ -227,7 +227,7 @@ def override_flag(p: argparse.ArgumentParser) -> None:
 
 
 def config_of(args: argparse.Namespace) -> ParityConfig:
-    from parity.run.config import load_config
+    from parity.machinery.config import load_config
 
     keys = ("goldens", "producers", "src", "isa", "devices", "processes", "drift")
     flags = {k: getattr(args, k, None) for k in keys}
@@ -320,7 +320,7 @@ def require_defined_groups(config: ParityConfig, groups: list[str]) -> None:
     imported is left to the command's own run to report."""
     import tempfile
 
-    from parity.run.launcher import (
+    from parity.machinery.launcher import (
         ProducerRun,
         ProducerRunError,
         UnknownGroupsError,

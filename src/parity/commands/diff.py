@@ -257,7 +257,7 @@ def add_parser(sub: Any, help: str) -> None:
 
 
 def _project_drift() -> PolicyMode:
-    from parity.run.config import load_config
+    from parity.machinery.config import load_config
 
     return load_config().drift
 

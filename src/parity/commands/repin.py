@@ -111,9 +111,9 @@ def run(args: argparse.Namespace, out: IO[str]) -> int:
 
 
 def _run(config: Any, args: argparse.Namespace, out: IO[str]) -> int:
-    from parity.run.launcher import ProducerRunError, UnknownGroupsError, UnusableClassError
+    from parity.machinery.launcher import ProducerRunError, UnknownGroupsError, UnusableClassError
+    from parity.machinery.worktree import GitError
     from parity.run.repin import RepinError, repin
-    from parity.run.worktree import GitError
 
     target = config.goldens
     if args.recover:
@@ -160,7 +160,7 @@ def _run(config: Any, args: argparse.Namespace, out: IO[str]) -> int:
 def _failed(e: Exception) -> tuple[str, str]:
     """What a `repin --classes-only` that failed says (a `ProducerRunError`'s head and the
     reason its output gives, else the `RepinError`'s text), and what its log holds."""
-    from parity.run.launcher import ProducerRunError
+    from parity.machinery.launcher import ProducerRunError
 
     if not isinstance(e, ProducerRunError):
         return str(e), str(e)
@@ -168,8 +168,8 @@ def _failed(e: Exception) -> tuple[str, str]:
 
 
 def _recover(config: Any, target: Path, out: IO[str]) -> int:
+    from parity.machinery.worktree import GitError
     from parity.run.repin import RepinError, recover_folder
-    from parity.run.worktree import GitError
 
     try:
         lines = recover_folder(target, repo=config.root)
@@ -180,7 +180,7 @@ def _recover(config: Any, target: Path, out: IO[str]) -> int:
 
 
 def _reclass(config: Any, target: Path, args: argparse.Namespace, out: IO[str]) -> int:
-    from parity.run.launcher import ProducerRunError, UnknownGroupsError, UnusableClassError
+    from parity.machinery.launcher import ProducerRunError, UnknownGroupsError, UnusableClassError
     from parity.run.repin import RepinError, reclass
 
     try:

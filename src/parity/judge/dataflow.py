@@ -18,7 +18,7 @@ A function that converts its outputs to numpy at the end (`jax.tree.map(np.asarr
 trace as it is: `numpy_conversions()` makes it. While open, `np.asarray`, `np.array`,
 `np.asanyarray` and `jax.device_get` hand a traced value back as it is (so the trace goes
 on to the outputs), and record each numpy array they make of a jax array (so a caller that
-ran the function knows its numpy outputs came from jax: `parity.run._producer_runner`).
+ran the function knows its numpy outputs came from jax: `parity.machinery._producer_runner`).
 `traced_order(fn)` is `dataflow_order` under it, None where no output is computed by the
 program (a numpy-only function: its order is its own).
 

@@ -4,7 +4,7 @@ Options:
 
 Each option is the `parity` command line's flag for the same idea with a `--parity-`
 prefix (docs/design.md, "Vocabulary"). Settings are resolved by the command line's one
-path, `parity.run.config` (`configure.session_config`): `[tool.parity]` in the nearest
+path, `parity.machinery.config` (`configure.session_config`): `[tool.parity]` in the nearest
 `pyproject.toml`, then the environment variables `PARITY_DEVICES`, `PARITY_JAX_CACHE`,
 `PARITY_BASELINE_CACHE`, then the options; so in an adopting project
 `parity_check(actual, "group")` works with no options. Where that table exists, its `src`
@@ -34,13 +34,13 @@ roots go to the front of `sys.path` before conftests and test modules are import
   starts (a clear error if it already started with another count); per process with
   `--parity-processes`.
 - `--parity-processes N`: run the session as N processes of one JAX distributed run
-  (`parity.run.processes`): this pytest starts N copies of itself (without xdist), each joins
+  (`parity.machinery.processes`): this pytest starts N copies of itself (without xdist), each joins
   the run before jax starts, the tests run SPMD over the global mesh, each check gathers
   its arrays to every process, compares and takes process 0's verdict; process 0's output
   is shown and it alone writes the report. A worker that crashes, is killed or outlives
   `--parity-timeout S` (default 3600) ends the session with exit 2 naming it.
 - `--parity-jax-cache DIR` (env `PARITY_JAX_CACHE`, `[tool.parity]` jax_cache): jax's
-  persistent compilation cache folder, one per machine (`parity.run.jax_cache`): shared by
+  persistent compilation cache folder, one per machine (`parity.machinery.jax_cache`): shared by
   the xdist workers, the processes of a distributed session and every process the tests
   start. `none` disables it. Default `~/.cache/parity/jax` (`$XDG_CACHE_HOME/parity/jax`),
   outside the checkout. The terminal summary counts the session's compiles and cache loads.

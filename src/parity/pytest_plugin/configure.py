@@ -12,6 +12,13 @@ from typing import TYPE_CHECKING
 import pytest
 
 from parity.judge.tolerance import RuleError, flag_rules
+from parity.machinery.config import ConfigError, ParityConfig, load_config
+from parity.machinery.devices import (
+    DeviceCountError,
+    cap_isa,
+    set_cpu_device_count,
+)
+from parity.machinery.processes import worker_place
 from parity.pytest_plugin.stash import (
     BASELINE,
     CONFIG,
@@ -21,22 +28,15 @@ from parity.pytest_plugin.stash import (
     OVERRIDES,
     RESULTS,
 )
-from parity.run.config import ConfigError, ParityConfig, load_config
-from parity.run.devices import (
-    DeviceCountError,
-    cap_isa,
-    set_cpu_device_count,
-)
-from parity.run.processes import worker_place
 
 if TYPE_CHECKING:  # parity.check loads h5py: imported only when a check runs
     from parity.run.baseline import BaselineBuilder
 
 
 def _enable_compile_cache(project: ParityConfig) -> None:
-    """The machine's one compilation cache (`parity.run.jax_cache`), for this process, its
+    """The machine's one compilation cache (`parity.machinery.jax_cache`), for this process, its
     xdist siblings and every process its tests start."""
-    from parity.run import compile_count, jax_cache
+    from parity.machinery import compile_count, jax_cache
 
     root = jax_cache.resolve(project)
     jax_cache.export(root)
@@ -46,7 +46,7 @@ def _enable_compile_cache(project: ParityConfig) -> None:
 
 
 def session_config(config: pytest.Config) -> ParityConfig:
-    """The session's settings, by the one path of the command line (`parity.run.config`):
+    """The session's settings, by the one path of the command line (`parity.machinery.config`):
     `[tool.parity]` of the nearest pyproject.toml above the invocation folder, then the
     `PARITY_*` environment variables, then the `--parity-*` options. The golden folder has
     a fourth source, the ini value `parity_goldens`, under `[tool.parity]`; the option and
@@ -136,7 +136,7 @@ def pytest_cmdline_main(config: pytest.Config) -> int | None:
         return None
     import sys
 
-    from parity.run.processes import WorkerFailed, run_workers
+    from parity.machinery.processes import WorkerFailed, run_workers
 
     timeout = config.getoption("--parity-timeout")
     if timeout is None or timeout <= 0:
@@ -192,7 +192,7 @@ def pytest_configure(config: pytest.Config) -> None:
     _enable_compile_cache(project)
     place = worker_place()
     if place is not None:
-        from parity.run.processes import initialize
+        from parity.machinery.processes import initialize
 
         initialize(place[2], place[1], place[0])
     config.stash[RESULTS] = []
@@ -217,7 +217,7 @@ def _refuse_unusable_classes(
         return
     if project.producers is None or not project.goldens.is_dir():
         return
-    from parity.run.launcher import UnusableClassError
+    from parity.machinery.launcher import UnusableClassError
     from parity.run.produced import refuse_unusable_classes
 
     try:

@@ -11,9 +11,9 @@ from typing import TYPE_CHECKING, Any
 
 import pytest
 
+from parity.machinery.processes import worker_place
 from parity.origin.proof import Proof, provable, settle, unproved
 from parity.pytest_plugin.stash import BASELINE, CONFIG, GOLDENS, ORIGINS, OVERRIDES, RESULTS
-from parity.run.processes import worker_place
 
 if TYPE_CHECKING:  # parity.check loads h5py: imported only when a check runs
     from parity.check import GoldenDir
@@ -36,7 +36,7 @@ def _on_every_host(
     non-array leaves go into `statics`."""
     from parity.check import BARE_KEY
     from parity.judge.trees import flatten
-    from parity.run.processes import to_host
+    from parity.machinery.processes import to_host
 
     bare = BARE_KEY if live else None
     actual = flatten(actual, to_array=to_host, bare=bare, non_arrays=statics[0] if live else None)
@@ -173,7 +173,7 @@ class _Check:
     def _agree(result: CheckResult | None, problem: str | None, process: int) -> CheckResult | None:
         """Every process takes process 0's verdict; a process whose own arrays judge
         otherwise fails, saying so (its values differ from process 0's)."""
-        from parity.run.processes import agree
+        from parity.machinery.processes import agree
 
         mine = result is not None and problem is None and result.passed
         verdict = agree(mine)
@@ -247,10 +247,10 @@ def _recorded(
     config: pytest.Config, result: CheckResult, provenance: Mapping[str, Any] | None,
     origin: bool,
 ) -> Settled:  # fmt: skip
+    from parity.machinery.processes import Layout
+    from parity.machinery.worktree import GitError, repo_root
     from parity.run.origins import settle_failures
-    from parity.run.processes import Layout
     from parity.run.produced import Produced
-    from parity.run.worktree import GitError, repo_root
     from parity.store.provenance import collect_provenance
 
     project, group = config.stash[CONFIG], result.group or ""

@@ -3,7 +3,7 @@
 Each option is the `parity` command line's flag of the same idea with a `--parity-` prefix
 (docs/design.md, "Vocabulary"): `--parity-goldens` is `--goldens`, `--parity-drift` is
 `--drift`, and so on. Their defaults come from `[tool.parity]` and the `PARITY_*`
-environment variables through `parity.run.config` (`configure.session_config`), as for
+environment variables through `parity.machinery.config` (`configure.session_config`), as for
 the command line.
 """
 
@@ -12,7 +12,7 @@ from __future__ import annotations
 import pytest
 
 from parity.judge.tolerance import OVERRIDE_HELP, class_help
-from parity.run.config import BASELINE_MODES, DRIFT_MODES
+from parity.machinery.config import BASELINE_MODES, DRIFT_MODES
 from parity.xla_env import DEFAULT_ISA_CAP
 
 #: The default of `--parity-timeout`: a whole session, not one producer run.

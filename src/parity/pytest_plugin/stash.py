@@ -10,10 +10,10 @@ if TYPE_CHECKING:  # parity.check loads h5py: imported only when a check runs
     from collections.abc import Mapping
 
     from parity.check import GoldenDir
+    from parity.machinery.config import ParityConfig
     from parity.origin import Localisation, Proof
     from parity.results import CheckResult
     from parity.run.baseline import BaselineBuilder
-    from parity.run.config import ParityConfig
 
 #: The checks recorded in this process (on the xdist controller: every worker's too).
 RESULTS: pytest.StashKey[list[CheckResult]] = pytest.StashKey()

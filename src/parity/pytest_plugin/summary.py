@@ -13,9 +13,9 @@ from typing import TYPE_CHECKING, Any
 import pytest
 
 from parity.judge.floats import count
+from parity.machinery import compile_count
+from parity.machinery.processes import worker_place
 from parity.pytest_plugin.stash import GOLDENS, NARROWED, RESULTS
-from parity.run import compile_count
-from parity.run.processes import worker_place
 
 if TYPE_CHECKING:  # parity.check loads h5py: imported only when a check runs
     from parity.report import ReportSession
@@ -133,7 +133,7 @@ def _layout() -> str:
     that made checks ends)."""
     import jax
 
-    from parity.run.processes import Layout
+    from parity.machinery.processes import Layout
 
     return str(Layout(jax.process_count(), jax.local_device_count()))
 

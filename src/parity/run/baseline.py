@@ -48,11 +48,16 @@ from parity.environment import (
     layout_of,
 )
 from parity.judge.floats import count
-from parity.run.config import ParityConfig, user_cache_folder
+from parity.machinery.config import ParityConfig, user_cache_folder
+from parity.machinery.launcher import (
+    ProducerRun,
+    ProducerRunError,
+    load_runner_output,
+    run_producers,
+)
+from parity.machinery.worktree import GitError, git, repo_root, resolve_sha, temporary_worktree
 from parity.run.goldens import write_run
-from parity.run.launcher import ProducerRun, ProducerRunError, load_runner_output, run_producers
 from parity.run.recordings import keep_recording, recorded
-from parity.run.worktree import GitError, git, repo_root, resolve_sha, temporary_worktree
 from parity.store import GoldenStoreError, open_goldens
 from parity.store.provenance import digest_sources
 from parity.store.staging import owned_tempdir

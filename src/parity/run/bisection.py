@@ -4,7 +4,7 @@ touching the user's repository state.
 `bisect(good, bad, config=...)` pins goldens at GOOD into a temporary folder (the user's
 goldens are never read or written), confirms that GOOD passes against them and that BAD
 fails, then binary-searches the first-parent commits between them. Each commit is checked
-out as a temporary detached worktree (`parity.run.worktree.temporary_worktree`), the current
+out as a temporary detached worktree (`parity.machinery.worktree.temporary_worktree`), the current
 tree's producers run against its code in a fresh process (`parity.run.produced.produce`), and
 the arrays are checked against GOOD's goldens (`parity.check.check_group`). Three outcomes
 per commit, as `git bisect run` has (exit 125 there):
@@ -36,14 +36,14 @@ from typing import Any, Literal
 from parity.check import GoldenDir
 from parity.errors import ParityError
 from parity.judge.floats import count
+from parity.machinery.config import ParityConfig
+from parity.machinery.launcher import ProducerRunError, UnknownGroupsError
+from parity.machinery.worktree import GitError, git, repo_root, resolve_sha, temporary_worktree
 from parity.origin.localisation import Localisation
 from parity.report.summary import arrays_failing
 from parity.results import CheckError
-from parity.run.config import ParityConfig
-from parity.run.launcher import ProducerRunError, UnknownGroupsError
 from parity.run.produced import check_produced, produce
 from parity.run.repin import RepinError, repin
-from parity.run.worktree import GitError, git, repo_root, resolve_sha, temporary_worktree
 
 __all__ = ["BisectError", "BisectResult", "Step", "bisect", "first_parent_commits"]
 
@@ -272,7 +272,7 @@ def bisect(
       record its group op by op, there and at its parent).
 
     **Returns:** a `BisectResult`. Raises `BisectError` for revisions that cannot be
-    bisected, `parity.run.config.ConfigError` for a missing producers file.
+    bisected, `parity.machinery.config.ConfigError` for a missing producers file.
     """
     config.need_producers()
     root, good_sha, bad_sha = _resolve(config.root, good, bad)

@@ -39,15 +39,15 @@ from parity.check import GoldenDir
 from parity.environment import environment_fingerprint, layout_of
 from parity.judge.classes import REGISTRY, ToleranceClass
 from parity.judge.tolerance import UnknownClassError
+from parity.machinery.config import ParityConfig
+from parity.machinery.launcher import ProducerRun, ProducerRunError, run_producers
+from parity.machinery.worktree import GitError, temporary_worktree
 from parity.origin import Localisation, LocaliseError, Recording, locate, prove_and_locate
 from parity.origin.proof import Proof, provable, settle, unproved
 from parity.results import CheckError, CheckResult
 from parity.run.baseline import BaselineBuilder, BaselineCache, base_commit, cache_dir
-from parity.run.config import ParityConfig
-from parity.run.launcher import ProducerRun, ProducerRunError, run_producers
 from parity.run.produced import Produced
 from parity.run.recordings import NOT_RECORDED, RECORDING, recorded
-from parity.run.worktree import GitError, temporary_worktree
 from parity.store.provenance import digest_sources
 from parity.store.staging import owned_tempdir
 

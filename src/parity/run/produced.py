@@ -1,9 +1,9 @@
 """Produce in a fresh process, then check: what `parity check` and `parity bisect` do with
 a code root (`Produced`, `produce`, `check_produced`). The producers themselves run in
-`parity.run._producer_runner`, which `parity.run.launcher.run_producers` starts, for repin
-too.
+`parity.machinery._producer_runner`, which `parity.machinery.launcher.run_producers`
+starts, for repin too.
 
-`produce` runs the producers file in a subprocess (`parity.run._producer_runner`) with the ISA
+`produce` runs the producers file in a subprocess (`parity.machinery._producer_runner`) with the ISA
 cap and device count set before jax starts, importing the code under test from the
 configured src roots of some code root (the current tree, or a worktree at a commit), and
 loads what it saved. `check_produced` compares every group with the goldens in one pass
@@ -26,9 +26,8 @@ from parity.baseline import BaselineSource
 from parity.check import GoldenDir, check_groups
 from parity.environment import PolicyMode
 from parity.judge.dataflow import DATAFLOW, HOST
-from parity.results import CheckResult
-from parity.run.config import ConfigError, ParityConfig
-from parity.run.launcher import (
+from parity.machinery.config import ConfigError, ParityConfig
+from parity.machinery.launcher import (
     Command,
     ProducerRun,
     ProducerRunError,
@@ -36,7 +35,8 @@ from parity.run.launcher import (
     load_runner_output,
     run_producers,
 )
-from parity.run.processes import Layout
+from parity.machinery.processes import Layout
+from parity.results import CheckResult
 
 __all__ = [
     "Produced",
@@ -96,24 +96,24 @@ def produce(
       src roots, when `code_root` is another commit).
     - `progress`: receives the producer's progress lines.
     - `timeout`: the seconds the run may take (with `config.processes` above 1 the default
-      is `parity.run.processes.DEFAULT_TIMEOUT_S`; one process has no limit by default).
+      is `parity.machinery.processes.DEFAULT_TIMEOUT_S`; one process has no limit by default).
     - `coordinator`, `process_id`: on a cluster, process 0's `HOST:PORT` and this host's
       process id: only this host's worker starts here (one process per host), and only
       process 0's host gets the outputs (the others get no groups).
     - `code`: what `code_root` holds, for messages (`"commit 1a2b3c4d5e6f"`).
     - `command`: the command that runs them, which a failure's message fits
-      (`parity.run.launcher.ProducerRunError`).
+      (`parity.machinery.launcher.ProducerRunError`).
     - `check_classes`: refuse a `CLASS_MAP` naming a class parity cannot use, before any
-      group runs (`parity.run.launcher.UnusableClassError`), as a repin does.
+      group runs (`parity.machinery.launcher.UnusableClassError`), as a repin does.
 
     With `config.processes` above 1 the producers run SPMD as the workers of one JAX
     distributed run, `config.devices` devices each, and process 0's outputs are loaded.
 
-    **Returns:** a `Produced`. Raises `parity.run.launcher.ProducerRunError` if the
+    **Returns:** a `Produced`. Raises `parity.machinery.launcher.ProducerRunError` if the
     producers cannot run there (a crash, a worker of a multi-process run failed or was
     killed, the run timed out; its `UnknownGroupsError` for a group they do not define, its
     `UnusableClassError` with `check_classes`),
-    and `parity.run.config.ConfigError` if nothing says which producers to run.
+    and `parity.machinery.config.ConfigError` if nothing says which producers to run.
     """
     t0 = time.perf_counter()
     with tempfile.TemporaryDirectory(prefix="parity-produce-") as tmp:

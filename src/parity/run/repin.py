@@ -11,7 +11,7 @@ Crash safety (`parity.store.staging`): a repin holds an exclusive lock on the go
 finishes or cleans up after a killed one (`recover`), stages every new file completely and
 replaces the old ones through a journal, so SIGKILL at any moment leaves the old goldens or
 the complete new ones. A full disk or an unwritable folder is a `RepinError` with the old
-goldens intact; producers that cannot run, a `parity.run.launcher.ProducerRunError` saying
+goldens intact; producers that cannot run, a `parity.machinery.launcher.ProducerRunError` saying
 so.
 
 A producers file defines `GROUPS`, a mapping of group name to a zero-argument callable
@@ -32,20 +32,20 @@ from pathlib import Path
 from parity.errors import ParityError
 from parity.judge.floats import count
 from parity.judge.tolerance import ClassMap
+from parity.machinery.launcher import ProducerRun, load_runner_output, run_producers
+from parity.machinery.signals import signals_reach_main_thread
+from parity.machinery.worktree import (
+    remove_stale_worktrees,
+    repo_root,
+    resolve_sha,
+    temporary_worktree,
+)
 from parity.run.goldens import (
     GroupChange,
     carry_calibration,
     summarize_change,
     write_golden,
     write_run,
-)
-from parity.run.launcher import ProducerRun, load_runner_output, run_producers
-from parity.run.signals import signals_reach_main_thread
-from parity.run.worktree import (
-    remove_stale_worktrees,
-    repo_root,
-    resolve_sha,
-    temporary_worktree,
 )
 from parity.store import GoldenStoreError, open_goldens
 from parity.store.provenance import digest_sources
@@ -65,7 +65,7 @@ from parity.xla_env import DEFAULT_ISA_CAP
 class RepinError(ParityError, RuntimeError):
     """Repinning failed before or after the producers ran (no producers file, an unusable
     or locked golden folder, a golden that cannot be written or read); the old goldens are
-    untouched. Producers that fail are a `parity.run.launcher.ProducerRunError`."""
+    untouched. Producers that fail are a `parity.machinery.launcher.ProducerRunError`."""
 
 
 @dataclass(frozen=True)
@@ -274,7 +274,7 @@ def reclass(
     decision made on main from a calibration, where a repin on another host would
     re-produce every array.
 
-    **Returns:** one `Reclassed` per file. Raises `parity.run.launcher.ProducerRunError`
+    **Returns:** one `Reclassed` per file. Raises `parity.machinery.launcher.ProducerRunError`
     if the producers cannot be imported (or, with `reorder`, run), `RepinError` if a group
     has no golden file.
     """

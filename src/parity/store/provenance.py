@@ -89,7 +89,8 @@ def _device_count(xla_flags: str) -> int:
 
         if jax_backend_started():
             return int(jax.device_count())
-        # Set by parity.run.devices.set_cpu_device_count when jax was imported but not started.
+        # Set by parity.machinery.devices.set_cpu_device_count when jax was imported, not
+        # started.
         configured = getattr(jax.config, "jax_num_cpu_devices", -1)
         if isinstance(configured, int) and configured > 0:
             return configured
@@ -153,7 +154,7 @@ def collect_provenance(
     `processor`, `cpu` (vendor, family, model and vector ISA flags), `backend` (jax's
     platform: `cpu`, `gpu`, `tpu`; None where jax's backends are not started here) and
     `device_kind` (e.g. `TPU v5 lite`), `device_count` (jax's global count: every process's
-    devices), `processes` (of a multi-process run, from `parity.run.processes`' worker
+    devices), `processes` (of a multi-process run, from `parity.machinery.processes`' worker
     environment; 1 otherwise), `xla_flags`, `isa_cap` (None if no cap), `x64`,
     `matmul_precision` (jax's default, None if unset), `base_sha`, `producer_digest`.
     """

@@ -19,9 +19,9 @@ While a journal is present the folder is mid-replace: `parity.store.open_goldens
 to read it. `recover` (run by every repin under the lock before it does anything else, and
 by `tools/repin_goldens.py --recover`) rolls a journal forward, then removes staged and
 temporary files a killed repin left and its temporary runner folders; the repin removes its
-stale worktrees itself (`parity.run.worktree.remove_stale_worktrees`: the store knows no git).
+stale worktrees itself (`parity.machinery.worktree.remove_stale_worktrees`: the store knows no git).
 A folder a process owns holds `OWNER_NAME` with that process's pid (`owned_tempdir` here,
-the worktrees in `parity.run.worktree`), so a later run can tell a killed owner's from a
+the worktrees in `parity.machinery.worktree`), so a later run can tell a killed owner's from a
 live one (`owner_dead`).
 """
 
@@ -222,7 +222,7 @@ def recover(folder: Path) -> list[str]:
 
     Rolls a journal forward (the new files are complete once it exists), removes staged and
     temporary files and temporary runner folders (`parity-repin-*`) whose owner is dead.
-    Stale worktrees are the caller's (`parity.run.worktree.remove_stale_worktrees`).
+    Stale worktrees are the caller's (`parity.machinery.worktree.remove_stale_worktrees`).
 
     **Returns:** one line per thing done, for the progress output.
     """

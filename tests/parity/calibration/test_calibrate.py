@@ -19,7 +19,7 @@ from parity.calibration.perturbations import (
     host_isa_caps,
     perturbations,
 )
-from parity.run.config import ParityConfig
+from parity.machinery.config import ParityConfig
 from parity.store import open_goldens
 
 #: Noise per environment; the producers below and the expectations share only these numbers.

@@ -12,7 +12,7 @@ from pathlib import Path
 
 import pytest
 
-from parity.run.config import find_pyproject
+from parity.machinery.config import find_pyproject
 
 PRODUCERS = """\
 import numpy as np
@@ -289,7 +289,7 @@ def test_ctrl_c_during_a_repin_is_one_line_exit_130_and_the_goldens_untouched(
         )
     )
     # SIGINT raising KeyboardInterrupt, as in the user's terminal (a background CI shell
-    # hands its children SIGINT ignored: parity.run.signals).
+    # hands its children SIGINT ignored: parity.machinery.signals).
     code = (
         "import signal, sys\nsignal.signal(signal.SIGINT, signal.default_int_handler)\n"
         "from parity.cli import main\nsys.exit(main(['repin', '--base', 'HEAD']))\n"

@@ -9,8 +9,8 @@ from pathlib import Path
 import pytest
 
 import parity.run.bisection as bisection
+from parity.machinery.config import ParityConfig
 from parity.run.bisection import BisectError, Step, bisect
-from parity.run.config import ParityConfig
 
 
 @pytest.fixture

@@ -15,9 +15,9 @@ from typing import Any
 import numpy as np
 import pytest
 
-from parity.run.launcher import ProducerRunError
+from parity.machinery.launcher import ProducerRunError
+from parity.machinery.worktree import GitError
 from parity.run.repin import RepinError, repin
-from parity.run.worktree import GitError
 from parity.store import open_goldens
 
 ROOT = Path(__file__).resolve().parents[3]
@@ -219,7 +219,7 @@ def test_crashing_producer_shows_its_traceback_and_leaves_old_goldens(repo, tmp_
 _PAUSES = {
     "before-worktree": """
         import os, pathlib, time
-        import parity.run.worktree as worktree
+        import parity.machinery.worktree as worktree
         _real_git = worktree.git
         def _git(repo, *args):
             if args[:2] == ("worktree", "add"):

@@ -31,7 +31,7 @@ from dataclasses import dataclass
 from typing import IO, Any
 
 from parity.errors import ParityError
-from parity.run.signals import signals_reach_main_thread
+from parity.machinery.signals import signals_reach_main_thread
 
 __all__ = [
     "DEFAULT_TIMEOUT_S",
@@ -226,7 +226,7 @@ def supervise(
     cwd: str | os.PathLike[str] | None = None,
 ) -> list[int]:
     """Run `argv` once per environment in `envs`, and own the processes: the one supervisor
-    of a single producer process (`parity.run.launcher.run_producers`) and of the workers of a
+    of a single producer process (`parity.machinery.launcher.run_producers`) and of the workers of a
     multi-process run (`run_workers`).
 
     Each process runs in a process group of its own, stdin closed, its stdout and stderr
@@ -397,7 +397,7 @@ def initialize(coordinator: str, processes: int, process_id: int) -> None:
     if jax_backend_started():
         raise RuntimeError(
             "jax started its backends before the distributed runtime was initialised; "
-            "nothing may create a jax array before parity.run.processes.initialize runs"
+            "nothing may create a jax array before parity.machinery.processes.initialize runs"
         )
     import jax
 

@@ -1,7 +1,7 @@
 """Run a producers file against another checkout's code and save what it returns.
 
-Started by `parity.run.launcher` in a subprocess, by path. The harness (`parity`) is the current
-tree's, imported first; the code under test comes from `--src` (the worktree of the
+Started by `parity.machinery.launcher` in a subprocess, by path. The harness (`parity`) is
+the current tree's, imported first; the code under test comes from `--src` (the worktree of the
 commit tried, named by `--code` in messages, or the current tree); the producers file is
 the current tree's. Arrays go to `OUT/<group>.npz` with a
 manifest `OUT/<group>.json` (key order, dtype names; ml_dtypes are saved as same-width
@@ -19,7 +19,7 @@ is not defined (`OUT/unknown_groups.json` says which, and which are), 5 (with
 `--check-classes`) a `CLASS_MAP` rule names a class parity cannot use
 (`OUT/unusable_classes.json` says why), before any group runs.
 
-As one worker of a multi-process run (`parity.run.processes.run_workers` sets
+As one worker of a multi-process run (`parity.machinery.processes.run_workers` sets
 `PARITY_PROCESS_ID`, `PARITY_PROCESSES` and `PARITY_COORDINATOR`), it joins JAX's
 distributed runtime before anything touches jax, runs every group on every process (SPMD),
 brings arrays sharded over processes to the host (a gather every process joins), checks
@@ -42,9 +42,9 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
-# Run as a script, this file's folder (parity/run/) comes first on sys.path, and its modules
-# (config, runner, repin, ...) would shadow a project's own modules of the same name: the
-# folder holding the parity package takes its place.
+# Run as a script, this file's folder (parity/machinery/) comes first on sys.path, and its
+# modules (config, launcher, processes, ...) would shadow a project's own modules of the same
+# name: the folder holding the parity package takes its place.
 _HERE = os.path.dirname(os.path.realpath(__file__))
 if sys.path and os.path.realpath(sys.path[0] or ".") == _HERE:
     sys.path[0] = os.path.dirname(os.path.dirname(_HERE))
@@ -102,7 +102,7 @@ def _die_with_parent(parent: int) -> None:
 def _join_run() -> tuple[int, int] | None:
     """Join the distributed run this process is a worker of, if any: `(process id,
     processes)`, else None."""
-    from parity.run.processes import initialize, worker_place
+    from parity.machinery.processes import initialize, worker_place
 
     place = worker_place()
     if place is None:
@@ -110,7 +110,7 @@ def _join_run() -> tuple[int, int] | None:
     process_id, processes, coordinator = place
     initialize(coordinator, processes, process_id)
     if os.environ.get("JAX_COMPILATION_CACHE_DIR"):  # the machine's cache: every process
-        from parity.run.jax_cache import write_from_every_process  # writes its programs
+        from parity.machinery.jax_cache import write_from_every_process  # writes its programs
 
         write_from_every_process()
     _log(f"process {process_id} of {processes} joined the run at {coordinator}")
@@ -260,19 +260,19 @@ def _arguments(argv: list[str] | None) -> argparse.Namespace:
 
 def _import_harness() -> Callable[[], Any] | None:
     """Import the harness (and install the compile counter where asked, and the size tally
-    of the machine's compilation cache where it has one: `parity.run.jax_cache`); its
+    of the machine's compilation cache where it has one: `parity.machinery.jax_cache`); its
     `collect_provenance`, or None where parity cannot be imported."""
     collect_provenance = None
     try:
         import parity
         import parity.compile_stats  # noqa: F401
-        from parity.run import compile_count
+        from parity.machinery import compile_count
         from parity.store.provenance import collect_provenance
 
         if os.environ.get(compile_count.LOG_VAR):
             compile_count.install()
         if os.environ.get("JAX_COMPILATION_CACHE_DIR"):  # the machine's cache
-            from parity.run.jax_cache import keep_a_size_tally
+            from parity.machinery.jax_cache import keep_a_size_tally
 
             keep_a_size_tally()
     except ImportError:
@@ -389,7 +389,7 @@ def main(argv: list[str] | None = None) -> int:
         try:
             # Producers may return any pytree: flattened to `{"a.b": array}` keys.
             from parity.judge.trees import flatten
-            from parity.run.processes import sharded_over_processes, to_host
+            from parity.machinery.processes import sharded_over_processes, to_host
 
             def host(value: object, split: list[bool] = split) -> np.ndarray:
                 split.append(sharded_over_processes(value))
@@ -449,7 +449,7 @@ def _exit(code: int) -> None:
     `distributed.shutdown`, which waits for every other process at a shutdown barrier, so
     the failing worker would outlive the ones it left stuck in a collective, and the
     launcher would name one of them (a gloo timeout) instead of the worker that failed."""
-    from parity.run.processes import worker_place
+    from parity.machinery.processes import worker_place
 
     if code and worker_place() is not None:
         sys.stdout.flush()

@@ -11,7 +11,7 @@ still marks the project root, and every key takes its default. Keys:
 - `isa`: the XLA CPU ISA cap set before jax starts, `"none"` leaves it alone (default
   `AVX2`);
 - `devices`: simulated CPU devices, per process (default 1);
-- `processes`: processes of one JAX distributed run (default 1; see `parity.run.processes`);
+- `processes`: processes of one JAX distributed run (default 1; see `parity.machinery.processes`);
 - `baseline`: the baseline, the reference off the pin's environment, `"auto"` (default:
   where the environment differs from the pin's and a key fails its pinned class, the tree
   is compared with the golden group re-produced at its base commit here:
@@ -25,7 +25,7 @@ still marks the project root, and every key takes its default. Keys:
   `"strict"` (`parity.environment`);
 - `jax_cache`: the machine's jax compilation cache folder, shared by the pytest plugin and
   every process the commands start, `"none"` turns it off (default `~/.cache/parity/jax`:
-  `parity.run.jax_cache`).
+  `parity.machinery.jax_cache`).
 
 Relative paths resolve against the folder holding the `pyproject.toml`. Three environment
 variables stand for keys, for the command line and the pytest plugin alike (`ENV`):
@@ -100,7 +100,7 @@ class ParityConfig:
     - `baseline_cache`: the folder of the baselines, or None for the default.
     - `drift`: the drift policy, `"warn"`, `"relax"` or `"strict"`.
     - `jax_cache`: the compilation cache folder; None for the default
-      (`parity.run.jax_cache.default_folder`), or, where `jax_cache` is in `explicit`
+      (`parity.machinery.jax_cache.default_folder`), or, where `jax_cache` is in `explicit`
       (`"none"`), off.
     - `explicit`: the keys the table (or a flag) set, as opposed to defaults.
     - `table`: whether `pyproject` has a `[tool.parity]` table (empty or not): the project

@@ -62,7 +62,7 @@ from typing import TYPE_CHECKING, Any
 from parity.store.provenance import cpu_signature
 
 if TYPE_CHECKING:
-    from parity.run.config import ParityConfig
+    from parity.machinery.config import ParityConfig
 
 __all__ = [
     "MAX_BYTES",
@@ -92,7 +92,7 @@ SIZE_TALLY = ".parity-size-tally"
 
 def default_folder() -> Path:
     """`$XDG_CACHE_HOME/parity/jax`, else `~/.cache/parity/jax`: beside the baselines."""
-    from parity.run.config import user_cache_folder
+    from parity.machinery.config import user_cache_folder
 
     return user_cache_folder("jax")
 
@@ -280,7 +280,7 @@ def for_children(env: Mapping[str, str] | None = None) -> Path | None:
     raw = (os.environ if env is None else env).get(RESOLVED_VAR)
     if raw:
         return None if raw == "none" else Path(raw)
-    from parity.run.config import ConfigError, load_config
+    from parity.machinery.config import ConfigError, load_config
 
     try:
         return resolve(load_config())

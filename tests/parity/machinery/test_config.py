@@ -8,7 +8,7 @@ from pathlib import Path
 
 import pytest
 
-from parity.run.config import ConfigError, find_pyproject, load_config
+from parity.machinery.config import ConfigError, find_pyproject, load_config
 
 
 def _project(tmp_path: Path, table: str, *, src: bool = True) -> Path:

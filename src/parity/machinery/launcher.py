@@ -1,6 +1,6 @@
 """The producer launcher: the producers file run against a code root in a fresh process
 (`_producer_runner`, started by path), under the one process supervisor
-(`parity.run.processes.supervise`), and what that process saved read back. `repin` pins
+(`parity.machinery.processes.supervise`), and what that process saved read back. `repin` pins
 what it returns, `parity.run.produced` checks it. Every run that fails, of one process or
 several, raises `ProducerRunError`: the one producer-run failure, with fields, whose
 message says what the failed run leaves in the command that ran it (`LEAVES`).
@@ -22,12 +22,12 @@ from typing import TYPE_CHECKING, Any, Literal
 import numpy as np
 
 from parity.errors import ParityError
-from parity.run.devices import isolated_env
-from parity.run.processes import DEFAULT_TIMEOUT_S, WorkerFailed, run_workers, supervise
+from parity.machinery.devices import isolated_env
+from parity.machinery.processes import DEFAULT_TIMEOUT_S, WorkerFailed, run_workers, supervise
 from parity.xla_env import DEFAULT_ISA_CAP
 
 if TYPE_CHECKING:
-    from parity.run.config import ParityConfig
+    from parity.machinery.config import ParityConfig
 
 __all__ = [
     "EXIT_MISSING_SYMBOL",
@@ -301,7 +301,7 @@ class ProducerRun:
       run, `devices` each, process 0 saving) and the ISA cap; `coordinator` (`HOST0:PORT`)
       and `process_id` start only this host's worker of a cluster's run.
     - `timeout`: seconds before the supervisor stops the run (a single process has none
-      unless given; several default to `parity.run.processes.DEFAULT_TIMEOUT_S`).
+      unless given; several default to `parity.machinery.processes.DEFAULT_TIMEOUT_S`).
     """
 
     code_root: Path
@@ -338,8 +338,8 @@ def run_producers(run: ProducerRun, *, progress: Callable[[str], None] = print) 
     cap and device count set before jax starts), `progress` given its `[producers]` lines.
 
     One process or several, the run goes through one supervisor
-    (`parity.run.processes.supervise`), which stops it after `run.timeout` seconds; with
-    several (`parity.run.processes.run_workers`), the first failure stops them all.
+    (`parity.machinery.processes.supervise`), which stops it after `run.timeout` seconds; with
+    several (`parity.machinery.processes.run_workers`), the first failure stops them all.
 
     **Returns:** the XLA flags the subprocess ran under. Raises `ProducerRunError` (its
     message fits `run.command`) with the producer's output (traceback included) if it

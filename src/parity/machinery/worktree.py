@@ -20,7 +20,7 @@ from pathlib import Path
 from types import FrameType
 
 from parity.errors import ParityError
-from parity.run.signals import deferred_signals, signals_reach_main_thread
+from parity.machinery.signals import deferred_signals, signals_reach_main_thread
 from parity.store.staging import OWNER_NAME, owner_dead
 
 

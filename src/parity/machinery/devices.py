@@ -55,12 +55,12 @@ def isolated_env(
     Drops every `JAX_*` and `PARITY_*` variable but the backend chosen (`JAX_PLATFORMS`)
     and the matmul precision (`JAX_DEFAULT_MATMUL_PRECISION`), and fixes the device count
     and ISA cap in `XLA_FLAGS`. The one jax setting it passes on is the machine's compilation cache
-    (`parity.run.jax_cache`: the root this process resolved, off where it was turned off),
+    (`parity.machinery.jax_cache`: the root this process resolved, off where it was turned off),
     so that a program the child compiles is compiled once per machine; what a child measures
     of a compile (`parity.compile_stats`) it measures with the cache off.
     """
-    from parity.run import jax_cache
-    from parity.run.compile_count import LOG_VAR
+    from parity.machinery import jax_cache
+    from parity.machinery.compile_count import LOG_VAR
 
     src = dict(os.environ) if base is None else base
     env = {k: v for k, v in src.items() if not k.startswith(("JAX_", "PARITY_"))}
