@@ -50,7 +50,7 @@ def test_the_wheel_carries_parity_and_no_decomp(wheel: Path) -> None:
         "__init__",
         "cli",
         "pytest_plugin/__init__",
-        "run/_producer_runner",
+        "machinery/_producer_runner",
         "compile_stats",
     ):
         assert f"parity/{module}.py" in names, (module, names)

@@ -347,7 +347,7 @@ def test_the_producer_runner_keeps_the_random_state_when_it_traces(tmp_path: Pat
         "def second():\n    return {'r': np.asarray(np.random.random(), np.float64)}\n\n"
         "GROUPS = {'first': first, 'second': second}\n"
     )
-    runner = Path(parity_file()).parent / "run" / "_producer_runner.py"
+    runner = Path(parity_file()).parent / "machinery" / "_producer_runner.py"
     out = tmp_path / "out"
     out.mkdir()
     proc = subprocess.run(
