@@ -23,6 +23,7 @@ from parity.judge.dataflow import Dataflow
 from parity.judge.tolerance import ClassMap
 from parity.judge.trees import non_array_differences
 from parity.origin.api import settle_live
+from parity.origin.localisation import Localisation
 from parity.report import format_table
 
 __all__ = ["assert_equivalent"]
@@ -91,9 +92,15 @@ def assert_equivalent(
 
     def compare(order: Order | None) -> Comparison:
         return check_live(
-            actual, expected, class_map=class_map, overrides=overrides, order=order,
-            registry=registry, name="assert_equivalent", non_arrays=(statics_a, statics_e),
-        ).comparison  # fmt: skip
+            actual,
+            expected,
+            class_map=class_map,
+            overrides=overrides,
+            order=order,
+            registry=registry,
+            name="assert_equivalent",
+            non_arrays=(statics_a, statics_e),
+        ).comparison
 
     comparison = compare(order)
     static_problems = non_array_differences(statics_a, statics_e)
@@ -118,15 +125,22 @@ def assert_equivalent(
         if comparison.passed and not static_problems:
             return comparison
     # Without an order or a `Dataflow`, the walk is the containers' own: not the forward one.
-    derived = order is not None or dataflow
-    walk = "forward order" if derived else "container order"
+    walk = "forward order" if order is not None or dataflow else "container order"
+    raise AssertionError(_message(comparison, walk, static_problems, found))
+
+
+def _message(
+    comparison: Comparison, walk: str, static_problems: Sequence[str], found: Localisation | None
+) -> str:
+    """The failure's text: the table (its first divergence named in `walk`), the non-array
+    leaves that differ, and the `origin:` line where the programs were recorded."""
     message = "trees are not equivalent\n" + format_table(comparison, order=walk)
     if static_problems:
         message += f"non-array leaves that differ ({len(static_problems)}):\n"
         message += "\n".join(static_problems) + "\n"
     if found is not None and not comparison.passed:
         message += found.line + "\n"
-    raise AssertionError(message)
+    return message
 
 
 def _forward_order(

@@ -131,23 +131,29 @@ def _against_baseline(
     reused = {
         f.key: dataclasses.replace(f, reference=BASELINE)
         for f in first.comparison.findings
-        if f.bitwise_equal and f.key in same
+        if f.bitwise_equal
+        and f.key in same
         and to_class(classes(f.key), registries.exact)
         == to_class(classes(f.key), registries.policy)
-    }  # fmt: skip
+    }
     rest = compare_trees(
         {k: a for k, a in first.flat_a.items() if k not in reused},
         {k: b for k, b in baseline_arrays.items() if k not in reused},
-        classes, registry=registries.exact, order=first.forward, reference=BASELINE,
-    )  # fmt: skip
+        classes,
+        registry=registries.exact,
+        order=first.forward,
+        reference=BASELINE,
+    )
     if not reused:
         return rest
     # The places in the forward order are the first verdict's: the same keys, the same order.
     found = {f.key: f for f in rest.findings}
     return Comparison(
-        tuple(reused.get(f.key) or dataclasses.replace(found[f.key], order=f.order)
-              for f in first.comparison.findings)
-    )  # fmt: skip
+        tuple(
+            reused.get(f.key) or dataclasses.replace(found[f.key], order=f.order)
+            for f in first.comparison.findings
+        )
+    )
 
 
 def _across_backends(
@@ -198,13 +204,18 @@ def compare_with_baseline(first: FirstVerdict, baseline: Baseline) -> tuple[Comp
                 )
             baseline_arrays = {k: bf.source(k) for k in keys}
             golden = {k: gf.source(k) for k in keys}
-            held = compare_trees(baseline_arrays, golden, classes, registry=held_registry,
-                                 order=order)  # fmt: skip
+            held = compare_trees(
+                baseline_arrays, golden, classes, registry=held_registry, order=order
+            )
             if not difference.across_backends:  # no calibration bounds another backend
                 held, _ = calibrated_comparison(
-                    held, baseline_arrays, gf, Spreads.of(gf.provenance), difference,
+                    held,
+                    baseline_arrays,
+                    gf,
+                    Spreads.of(gf.provenance),
+                    difference,
                     held_registry,
-                )  # fmt: skip
+                )
             beyond = [f for f in held.findings if not f.passed]
             if beyond and not difference.across_backends:
                 f = beyond[0]

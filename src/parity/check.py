@@ -40,12 +40,10 @@ import os
 import time
 from collections.abc import Callable, Collection, Mapping, Sequence
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, TypedDict, Unpack
+from typing import TYPE_CHECKING, Any, Unpack
 
 from parity.calibrated.bounds import golden_classes
 from parity.environment import (
-    EnvironmentDifference,
-    PolicyMode,
     environment_difference,
 )
 from parity.exactness import conclude, prepare_baselines
@@ -65,7 +63,7 @@ from parity.judge.tolerance import (
 from parity.judge.trees import flatten
 from parity.results import CheckError, CheckResult, diff_command
 from parity.store import GoldenFile, GoldenMissingError, GoldenStoreError, open_goldens
-from parity.verdict import CheckRequest, FirstVerdict, Registries
+from parity.verdict import CheckRequest, FileOptions, FirstVerdict, GroupOptions, Registries
 
 if TYPE_CHECKING:
     from parity.baseline import BaselineSource
@@ -175,43 +173,23 @@ def _compare(
         raise CheckError(f"check {name!r}: {e}") from None
     try:
         comparison = compare_trees(
-            flat_a, flat_e, classes, registry=registry, order=order, budget=budget,
+            flat_a,
+            flat_e,
+            classes,
+            registry=registry,
+            order=order,
+            budget=budget,
             reference=reference,
-        )  # fmt: skip
+        )
     except (TypeError, UnknownClassError, UnmatchedKeyError) as e:
         raise CheckError(f"check {name!r}: {e}") from None
     return comparison, flat_a, time.perf_counter() - t0
 
 
-class _GroupOptions(TypedDict, total=False):
-    """The options of a check of a golden group but its baseline (`first_verdict` takes
-    them)."""
-
-    class_map: ClassMapLike
-    overrides: Overrides
-    order: Order | None
-    drift_mode: PolicyMode
-    registry: Mapping[str, ToleranceClass]
-    name: str | None
-    node: str | None
-    produce_s: float | None
-    save_actual: str | os.PathLike[str] | None
-    keys: Sequence[str] | None
-    require_baseline: bool
-
-
-class CheckOptions(_GroupOptions, total=False):
+class CheckOptions(GroupOptions, total=False):
     """The options of a check of a golden group, as `check_file` takes them."""
 
     baseline: BaselineSource | None
-
-
-class _FileOptions(_GroupOptions, total=False):
-    """`check_file`'s options besides `current` and `baseline`."""
-
-    difference: EnvironmentDifference | None
-    budget: int
-    golden_source: Callable[[str], Any] | None
 
 
 def first_verdict(actual: Any, gf: GoldenFile, request: CheckRequest) -> FirstVerdict:
@@ -229,8 +207,13 @@ def first_verdict(actual: Any, gf: GoldenFile, request: CheckRequest) -> FirstVe
         wanted = [k for k in gf if chosen is None or k in chosen]
         # Sources, not arrays: each is read in chunks when compared, checksum verified.
         golden_arrays = {k: (request.golden_source or gf.source)(k) for k in wanted}
-        classes = golden_classes(gf, overrides=request.overrides, class_map=request.class_map,
-                                 keys=wanted, registry=request.registry)  # fmt: skip
+        classes = golden_classes(
+            gf,
+            overrides=request.overrides,
+            class_map=request.class_map,
+            keys=wanted,
+            registry=request.registry,
+        )
         placed = gf.ordered_keys()
     except GoldenStoreError as e:
         raise CheckError(f"golden group {group!r} is unusable: {e}") from None
@@ -252,18 +235,33 @@ def first_verdict(actual: Any, gf: GoldenFile, request: CheckRequest) -> FirstVe
         forward = mine + [k for k in placed if k in golden_arrays and k not in set(mine)]
     try:
         comparison, flat_a, compare_s = _compare(
-            actual, golden_arrays, classes.bound, registry=registries.policy, order=forward,
-            name=request.name or group, budget=request.budget,
-        )  # fmt: skip
+            actual,
+            golden_arrays,
+            classes.bound,
+            registry=registries.policy,
+            order=forward,
+            name=request.name or group,
+            budget=request.budget,
+        )
     except GoldenStoreError as e:
         raise CheckError(f"golden group {group!r} is unusable: {e}") from None
     source = DATAFLOW if request.dataflow_order is not None else None
     return FirstVerdict(
-        gf=gf, current=request.current, difference=difference, classes=classes,
-        keys=tuple(golden_arrays), flat_a=flat_a, forward=forward, comparison=comparison,
-        registries=registries, request=request, started=started, load_s=load_s,
-        compare_s=compare_s, order_source=source or (HOST if request.host_computed else None),
-    )  # fmt: skip
+        gf=gf,
+        current=request.current,
+        difference=difference,
+        classes=classes,
+        keys=tuple(golden_arrays),
+        flat_a=flat_a,
+        forward=forward,
+        comparison=comparison,
+        registries=registries,
+        request=request,
+        started=started,
+        load_s=load_s,
+        compare_s=compare_s,
+        order_source=source or (HOST if request.host_computed else None),
+    )
 
 
 def _concluded(
@@ -282,7 +280,7 @@ def check_file(
     *,
     current: Mapping[str, Any],
     baseline: BaselineSource | None = None,
-    **options: Unpack[_FileOptions],
+    **options: Unpack[FileOptions],
 ) -> CheckResult:
     """Compare `actual` against the golden file `gf`: the core of `check_group` and of
     `parity diff` (a check of one file against another). Its first verdict
@@ -374,7 +372,7 @@ def check_groups(
     baseline: BaselineSource | None = None,
     dataflow_orders: Mapping[str, Sequence[str]] | None = None,
     host_computed: Collection[str] = (),
-    **options: Unpack[_GroupOptions],
+    **options: Unpack[GroupOptions],
 ) -> list[CheckResult]:
     """Compare each group of `produced` against its golden group, in one pass: every
     group's first verdict (`first_verdict`), then the baselines of those that want one,
@@ -407,9 +405,11 @@ def check_groups(
         current = (provenance or {}).get(group)
         current = current if current is not None else collect_provenance()
         request = CheckRequest(
-            current=current, dataflow_order=(dataflow_orders or {}).get(group),
-            host_computed=group in host_computed, **options,
-        )  # fmt: skip
+            current=current,
+            dataflow_order=(dataflow_orders or {}).get(group),
+            host_computed=group in host_computed,
+            **options,
+        )
         firsts.append(first_verdict(actual, gf, request))
     return _concluded(firsts, baseline)
 
@@ -450,17 +450,29 @@ def check_live(
     started = time.time()
     resolve = class_resolver(overrides=overrides, class_map=class_map)
     comparison, flat_a, compare_s = _compare(
-        actual, expected, resolve, registry=registry, order=order, name=name, bare=BARE_KEY,
-        reference="expected", non_arrays=non_arrays,
-    )  # fmt: skip
+        actual,
+        expected,
+        resolve,
+        registry=registry,
+        order=order,
+        name=name,
+        bare=BARE_KEY,
+        reference="expected",
+        non_arrays=non_arrays,
+    )
     saved = command = None
     if save_actual is not None and not comparison.passed:
         from parity.store.writer import save_arrays
 
         keys = [f.key for f in comparison.findings]
         path = save_arrays(save_actual, name, flat_a, classes=resolve, order=keys)
-        ref = save_arrays(save_actual, f"{name}.expected", flatten(expected, bare=BARE_KEY),
-                          classes=resolve, order=keys)  # fmt: skip
+        ref = save_arrays(
+            save_actual,
+            f"{name}.expected",
+            flatten(expected, bare=BARE_KEY),
+            classes=resolve,
+            order=keys,
+        )
         saved, command = str(path), diff_command(path, ref, overrides, class_map)
     return CheckResult(
         name=name,

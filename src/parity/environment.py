@@ -84,9 +84,19 @@ DRIFT_MODES: tuple[PolicyMode, ...] = ("warn", "relax", "strict")
 
 #: Fields whose drift can change the last bits of XLA's output.
 BITS_FIELDS = (
-    "jax", "jaxlib", "isa_cap", "xla_flags", "machine", "cpu", "x64", "device_count", "processes",
-    "backend", "device_kind", "matmul_precision",
-)  # fmt: skip
+    "jax",
+    "jaxlib",
+    "isa_cap",
+    "xla_flags",
+    "machine",
+    "cpu",
+    "x64",
+    "device_count",
+    "processes",
+    "backend",
+    "device_kind",
+    "matmul_precision",
+)
 #: Fields of the host processor: "info" across backends (an accelerator computes there).
 HOST_FIELDS = frozenset({"cpu", "processor", "isa_cap", "machine"})
 #: Fields whose drift is shown but cannot move XLA's bits by itself.

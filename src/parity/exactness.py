@@ -191,9 +191,14 @@ def conclude(first: FirstVerdict, baseline: Baseline | BaselineUnavailable | Non
             comparison = first.comparison  # no calibration bounds another backend
         else:
             comparison, env_header = calibrated_comparison(
-                first.comparison, first.flat_a, gf, first.classes.spreads, difference,
-                first.registries.policy, budget=opts.budget,
-            )  # fmt: skip
+                first.comparison,
+                first.flat_a,
+                gf,
+                first.classes.spreads,
+                difference,
+                first.registries.policy,
+                budget=opts.budget,
+            )
         against = "the goldens" if by_baseline is None else "the baseline"
         loose = inexact(comparison, why, against)
         if by_baseline is None and why is not None and difference.across_backends:
@@ -214,8 +219,7 @@ def conclude(first: FirstVerdict, baseline: Baseline | BaselineUnavailable | Non
     drift = difference.policy(opts.drift_mode).header
     header |= {f"drift {i}": line for i, line in enumerate(drift)}
     made = first.order_source
-    if hint := order_hint(made if made in (DATAFLOW, HOST) else gf.provenance.get("order"),
-                          placed):  # fmt: skip
+    if hint := order_hint(made if made in (DATAFLOW, HOST) else gf.provenance.get("order"), placed):
         header["order"] = hint
     calibration = gf.provenance.get("calibration")
     if isinstance(calibration, dict) and calibration.get("summary"):
@@ -225,9 +229,14 @@ def conclude(first: FirstVerdict, baseline: Baseline | BaselineUnavailable | Non
     if opts.save_actual is not None and not comparison.passed:
         from parity.store.writer import save_arrays
 
-        path = save_arrays(opts.save_actual, first.name, first.flat_a,
-                           classes=first.classes.names, order=placed,
-                           provenance=first.current)  # fmt: skip
+        path = save_arrays(
+            opts.save_actual,
+            first.name,
+            first.flat_a,
+            classes=first.classes.names,
+            order=placed,
+            provenance=first.current,
+        )
         compared = gf.path if by_baseline is None else Path(judged.path)
         saved, command = str(path), diff_command(path, compared, opts.overrides, opts.class_map)
     return CheckResult(
@@ -305,9 +314,10 @@ def inexact(comparison: Comparison, why: BaselineUnavailable | None, against: st
             f"{why.reason}; {why.hint}"
         )
     loose = [
-        f for f in comparison.findings
+        f
+        for f in comparison.findings
         if f.passed and not f.bitwise_equal and _calibrated_class(f) and f not in by_calibration
-    ]  # fmt: skip
+    ]
     if loose:
         parts.append(
             f"{count(len(loose), 'key')} ({_keys(loose)}) passed their calibrated bound, not "

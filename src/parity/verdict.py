@@ -14,7 +14,7 @@ from __future__ import annotations
 import os
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, TypedDict
 
 from parity.calibrated.bounds import KeyClasses
 from parity.judge.chunks import DEFAULT_BUDGET
@@ -28,7 +28,15 @@ if TYPE_CHECKING:
     from parity.environment import EnvironmentDifference, PolicyDecision, PolicyMode
     from parity.store import GoldenFile
 
-__all__ = ["BaseJudgement", "BaselineRequest", "CheckRequest", "FirstVerdict", "Registries"]
+__all__ = [
+    "BaseJudgement",
+    "BaselineRequest",
+    "CheckRequest",
+    "FileOptions",
+    "FirstVerdict",
+    "GroupOptions",
+    "Registries",
+]
 
 #: What a check's first verdict asks of a `parity.baseline.BaselineSource`: `(group, pinned
 #: provenance, current provenance)` (`FirstVerdict.baseline_request`).
@@ -96,6 +104,31 @@ class CheckRequest:
     golden_source: Callable[[str], Any] | None = None
     dataflow_order: Sequence[str] | None = None
     host_computed: bool = False
+
+
+class GroupOptions(TypedDict, total=False):
+    """The options of a check of a golden group but its environment and its baseline, as
+    `parity.check.check_group` takes them (the fields of `CheckRequest` they set)."""
+
+    class_map: ClassMapLike
+    overrides: Overrides
+    order: Order | None
+    drift_mode: PolicyMode
+    registry: Mapping[str, ToleranceClass]
+    name: str | None
+    node: str | None
+    produce_s: float | None
+    save_actual: str | os.PathLike[str] | None
+    keys: Sequence[str] | None
+    require_baseline: bool
+
+
+class FileOptions(GroupOptions, total=False):
+    """`parity.check.check_file`'s options besides `current` and `baseline`."""
+
+    difference: EnvironmentDifference | None
+    budget: int
+    golden_source: Callable[[str], Any] | None
 
 
 @dataclass(frozen=True, kw_only=True)

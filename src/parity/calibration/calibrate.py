@@ -164,8 +164,9 @@ def calibrate(
         if reference_here:
             names = ", ".join(goldens)
             progress(f"[calibrate 0/{len(perturbs)}] reference: producing {names} here")
-            ref = produce(config.root, config, groups=list(goldens), progress=progress,
-                          command="calibrate")  # fmt: skip
+            ref = produce(
+                config.root, config, groups=list(goldens), progress=progress, command="calibrate"
+            )
             seconds["reference"] = round(ref.seconds, 2)
             folder = Path(stack.enter_context(tempfile.TemporaryDirectory(prefix="parity-cal-")))
             goldens = {
@@ -178,9 +179,17 @@ def calibrate(
                 "goldens were pinned on another backend: their bits are no reference here)"
             )
         return _calibrate(
-            config, goldens, perturbs, runs, seconds, overrides=overrides, progress=progress,
-            registry=registry, skipped=skipped, reference=reference,
-        )  # fmt: skip
+            config,
+            goldens,
+            perturbs,
+            runs,
+            seconds,
+            overrides=overrides,
+            progress=progress,
+            registry=registry,
+            skipped=skipped,
+            reference=reference,
+        )
 
 
 def _as_reference(folder: Path, group: str, gf: GoldenFile, ref: Any) -> Path:
@@ -190,8 +199,14 @@ def _as_reference(folder: Path, group: str, gf: GoldenFile, ref: Any) -> Path:
     from parity.store.writer import save_arrays
 
     names = golden_classes(gf).names
-    return save_arrays(folder, group, ref.groups.get(group, {}), classes=names,
-                       order=gf.ordered_keys(), provenance=ref.provenance.get(group))  # fmt: skip
+    return save_arrays(
+        folder,
+        group,
+        ref.groups.get(group, {}),
+        classes=names,
+        order=gf.ordered_keys(),
+        provenance=ref.provenance.get(group),
+    )
 
 
 def _calibrate(
@@ -274,8 +289,13 @@ def format_calibration(cal: Calibration) -> str:
     for p in cal.perturbations:
         row = [p.label]
         for name in names:
-            got = [(r, a) for k in cal.keys if k.class_name == name
-                   for lb, a, r in k.by_perturbation if lb == p.label]  # fmt: skip
+            got = [
+                (r, a)
+                for k in cal.keys
+                if k.class_name == name
+                for lb, a, r in k.by_perturbation
+                if lb == p.label
+            ]
             row.append(
                 f"{sig(max(r for r, _ in got))} ({sig(max(a for _, a in got))})" if got else "-"
             )

@@ -219,8 +219,9 @@ def measure(
             findings.append((label, f))
         if unbound and findings:
             tol = bind_spread(name, max(f.max_abs or 0.0 for _, f in findings), registry)
-            findings = [(label, compare_arrays(key, runs[label][key], g, tol))
-                        for label, _ in findings]  # fmt: skip
+            findings = [
+                (label, compare_arrays(key, runs[label][key], g, tol)) for label, _ in findings
+            ]
         bound = next((f.bound for _, f in findings if f.bound is not None), 0.0) or 0.0
         ratios = [(_ratio(_figure(f), f.bound or 0.0), label, f) for label, f in findings]
         # Ties (several perturbations break a bitwise class: inf) go to the larger |a-b|.

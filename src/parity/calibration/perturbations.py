@@ -155,8 +155,11 @@ def perturbations(
                     f"--perturb {item}: a process layout is PxD with P >= 2 processes of D >= 1 "
                     "devices each, for example processes=2x2"
                 )
-            add(Perturbation(f"processes={int(procs)}x{int(devs)}", pinned.isa, int(devs),
-                             int(procs)))  # fmt: skip
+            add(
+                Perturbation(
+                    f"processes={int(procs)}x{int(devs)}", pinned.isa, int(devs), int(procs)
+                )
+            )
         elif name == "repeat" and not eq:
             add(Perturbation("repeat", pinned.isa, pinned.devices))
         else:

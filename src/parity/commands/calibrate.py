@@ -152,9 +152,14 @@ def run(args: argparse.Namespace, out: IO[str]) -> int:
             cal = _saved_calibration(Path(args.from_json), groups, goldens)
         else:
             cal = calibrate(
-                config, goldens, perturbs, overrides=overrides, progress=report_progress,
-                skipped=skipped, reference_here=across,
-            )  # fmt: skip
+                config,
+                goldens,
+                perturbs,
+                overrides=overrides,
+                progress=report_progress,
+                skipped=skipped,
+                reference_here=across,
+            )
     except (GoldenStoreError, CheckError) as e:
         folder.close()
         raise CLIError(str(e)) from None

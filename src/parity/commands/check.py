@@ -212,9 +212,15 @@ def run(args: argparse.Namespace, out: IO[str]) -> int:
             from parity.run.origins import settle_failures
 
             settled = settle_failures(
-                results, produced, config, goldens, root=repository_root(config.root),
-                origin=args.origin == "auto", progress=report_progress, timeout=args.timeout,
-            )  # fmt: skip
+                results,
+                produced,
+                config,
+                goldens,
+                root=repository_root(config.root),
+                origin=args.origin == "auto",
+                progress=report_progress,
+                timeout=args.timeout,
+            )
             results = [s.result for s in settled]
     header = {
         "goldens": str(config.goldens),

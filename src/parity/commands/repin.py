@@ -184,9 +184,15 @@ def _reclass(config: Any, target: Path, args: argparse.Namespace, out: IO[str]) 
     from parity.run.repin import RepinError, reclass
 
     try:
-        done = reclass(producers=config.need_producers(), out_dir=target, repo=config.root,
-                       groups=split_groups(args.groups), progress=report_progress,
-                       src=config.src_relative(), reorder=args.order)  # fmt: skip
+        done = reclass(
+            producers=config.need_producers(),
+            out_dir=target,
+            repo=config.root,
+            groups=split_groups(args.groups),
+            progress=report_progress,
+            src=config.src_relative(),
+            reorder=args.order,
+        )
     except UnusableClassError as e:
         raise CLIError(str(e)) from None
     except UnknownGroupsError as e:

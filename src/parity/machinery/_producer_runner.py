@@ -200,9 +200,13 @@ def _recorded_order(
     reason, recording, order = None, None, None
     try:
         recording, order = record_programs(
-            programs, arrays, sources=converted.source, evaluate=out is not None,
-            max_bytes=ORIGIN_MAX_BYTES, flush_every=FLUSH_EVERY,
-        )  # fmt: skip
+            programs,
+            arrays,
+            sources=converted.source,
+            evaluate=out is not None,
+            max_bytes=ORIGIN_MAX_BYTES,
+            flush_every=FLUSH_EVERY,
+        )
     except LocaliseError as e:
         reason = e.reason
     except Exception as e:  # an operation that cannot run on its own: say so, do not fail

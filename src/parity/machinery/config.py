@@ -62,9 +62,17 @@ __all__ = [
 
 #: The keys `[tool.parity]` accepts.
 KEYS = (
-    "goldens", "producers", "src", "isa", "devices", "processes", "baseline", "baseline_cache",
-    "drift", "jax_cache",
-)  # fmt: skip
+    "goldens",
+    "producers",
+    "src",
+    "isa",
+    "devices",
+    "processes",
+    "baseline",
+    "baseline_cache",
+    "drift",
+    "jax_cache",
+)
 #: The environment variables that stand for keys, over the table, under a flag.
 ENV = {
     "PARITY_DEVICES": "devices",

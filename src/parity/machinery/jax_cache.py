@@ -143,8 +143,14 @@ def write_from_every_process() -> bool:
     original = getattr(compiler, "_cache_write", None)
     if original is None or getattr(original, "_parity_every_process", False):
         return original is not None
-    expected = ["cache_key", "compile_time_secs", "module_name", "backend", "executable",
-                "host_callbacks"]  # fmt: skip
+    expected = [
+        "cache_key",
+        "compile_time_secs",
+        "module_name",
+        "backend",
+        "executable",
+        "host_callbacks",
+    ]
     if list(inspect.signature(original).parameters) != expected:
         return False
 

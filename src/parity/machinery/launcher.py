@@ -326,10 +326,13 @@ class ProducerRun:
         """A run of `config`'s producers against its root, src roots, layout and ISA cap,
         `fields` given over them."""
         base: dict[str, Any] = {
-            "code_root": config.root, "producers": config.need_producers(),
-            "src": config.src_relative(), "devices": config.devices,
-            "processes": config.processes, "isa": config.isa,
-        }  # fmt: skip
+            "code_root": config.root,
+            "producers": config.need_producers(),
+            "src": config.src_relative(),
+            "devices": config.devices,
+            "processes": config.processes,
+            "isa": config.isa,
+        }
         return cls(out=out, command=command, **(base | fields))
 
 
@@ -354,10 +357,14 @@ def run_producers(run: ProducerRun, *, progress: Callable[[str], None] = print) 
     env["PYTHONHASHSEED"] = "0"
     flags = env["XLA_FLAGS"]
     roots = [code_root / r for r in run.src] if run.src else [code_root / "src"]
-    cmd = _runner_argv(roots, producers, out, code=code, drop_paths=run.drop_paths,
-                       groups=run.groups)  # fmt: skip
-    switches = {"--class-map-only": run.mode == "class_map", "--check-classes": run.check_classes,
-                "--record-origin": run.mode == "record"}  # fmt: skip
+    cmd = _runner_argv(
+        roots, producers, out, code=code, drop_paths=run.drop_paths, groups=run.groups
+    )
+    switches = {
+        "--class-map-only": run.mode == "class_map",
+        "--check-classes": run.check_classes,
+        "--record-origin": run.mode == "record",
+    }
     cmd += [flag for flag, on in switches.items() if on]
     if processes > 1:
 

@@ -121,10 +121,18 @@ class Origin:
         """One line: the primitive, the source line, the shapes, the difference."""
         where = f"{self.file}:{self.line} in {self.function}" if self.file else "<no source>"
         ins = ", ".join(str(list(s)) for s in self.input_shapes)
-        diff = "no old value of its shape" if self.max_diff is None else (
-            f"{self.max_diff:.3g} from the nearest old value of its shape" if self.max_diff
-            else "no measured difference from the nearest old value of its shape, yet not its bits"
-        )  # fmt: skip
+        diff = (
+            "no old value of its shape"
+            if self.max_diff is None
+            else (
+                f"{self.max_diff:.3g} from the nearest old value of its shape"
+                if self.max_diff
+                else (
+                    "no measured difference from the nearest old value of its shape, yet "
+                    "not its bits"
+                )
+            )
+        )
         if self.library:  # the operation runs inside an installed library, called from there
             where += f" (inside {self.library})"
         return (
@@ -183,9 +191,12 @@ class _Matcher:
         return whole if ref[1] < 0 else whole[ref[1]]
 
     def find(
-        self, key: Key, fp: Fingerprint, array: np.ndarray | None,
+        self,
+        key: Key,
+        fp: Fingerprint,
+        array: np.ndarray | None,
         accept: Callable[[Ref], bool] = lambda ref: True,
-    ) -> Ref | None:  # fmt: skip
+    ) -> Ref | None:
         """The first old value or row (in dataflow order) that `accept`s and that the new
         value (`fp`, `array`) matches, or None."""
         bucket = self.index.get(key)
@@ -228,9 +239,11 @@ class _Matcher:
         last = (-1, -1)
         for r, fp in enumerate(rows):
             found = self.find(
-                (v.shape[1:], v.dtype), fp, None if array is None else array[r],
+                (v.shape[1:], v.dtype),
+                fp,
+                None if array is None else array[r],
                 lambda ref, r=r, last=last: ref[1] in (-1, r) and ref > last,
-            )  # fmt: skip
+            )
             if found is None:
                 return False
             last = found
@@ -307,13 +320,20 @@ class Alignment:
         values = self.new.values
         v = values[i]
         return Origin(
-            key=key, primitive=v.primitive, file=_relative(v.file, root), line=v.line,
-            function=v.function, shape=v.shape, dtype=v.dtype,
+            key=key,
+            primitive=v.primitive,
+            file=_relative(v.file, root),
+            line=v.line,
+            function=v.function,
+            shape=v.shape,
+            dtype=v.dtype,
             input_shapes=tuple(values[j].shape for j in v.inputs),
             max_diff=self._matcher.nearest(v),
-            matched_fraction=self.matched_fraction, position=v.id, rho=self.rho,
+            matched_fraction=self.matched_fraction,
+            position=v.id,
+            rho=self.rho,
             library=v.library,
-        )  # fmt: skip
+        )
 
     @functools.cached_property
     def _matcher(self) -> _Matcher:
@@ -343,9 +363,11 @@ def align(new: Recording, old: Recording, rho: float) -> Alignment:
     matched = np.zeros(len(new.values), dtype=bool)
     for v in new.values:
         inherited = (
-            v.kind == "move" and v.primitive not in ARRANGING and v.inputs
+            v.kind == "move"
+            and v.primitive not in ARRANGING
+            and v.inputs
             and bool(matched[list(v.inputs)].all())
-        )  # fmt: skip
+        )
         matched[v.id] = inherited or matcher.matches(v)
     counted: Sequence[int] = [v.id for v in new.values if v.kind != "input"]
     fraction = float(matched[counted].mean()) if counted else 1.0

@@ -40,15 +40,19 @@ __all__ = [
 
 
 def _first_failing_key(
-    new: Recording, old: Recording, resolve: Callable[[str], str],
+    new: Recording,
+    old: Recording,
+    resolve: Callable[[str], str],
     registry: Mapping[str, ToleranceClass],
-) -> str | None:  # fmt: skip
+) -> str | None:
     both = [k for k in new.outputs if k in old.outputs]
     comparison = compare_trees(
         {k: new.output_arrays[k] for k in both},
         {k: old.output_arrays[k] for k in both},
-        resolve, registry=registry, order=both,
-    )  # fmt: skip
+        resolve,
+        registry=registry,
+        order=both,
+    )
     first = comparison.first_failure
     return None if first is None else first.key
 
@@ -112,22 +116,7 @@ def locate(
     exact = exact if exact is not None else align(new, old, 0.0)
     reached = exact.cone(key)
     if not reached:  # the key's value equals one of old's: proved, or why not
-        proof = prove(new, old, [key], against=against, exact=exact)[key]
-        target = new.outputs[key]
-        wired = (
-            not proof.proved
-            and target >= 0
-            and bool(exact.matched[sorted(upstream(new, target))].all())
-        )
-        if not wired:
-            return Localisation("matched", key=key, against=against, proof=proof.reason)
-        return Localisation(  # every value it reads equals old's: it reads another one
-            "named", origin=exact.describe(target, key, root=root), key=key, against=against,
-            proof=(
-                f"run op by op it equals a value {against} computed, not {against}'s {key}: "
-                "the output reads another value"
-            ),
-        )  # fmt: skip
+        return _matched(new, old, exact, key, root=root, against=against)
     loose = None if not rho else align(new, old, rho)
     computed = sorted(i for i in reached if new.values[i].kind in ("op", "move"))
     moved = [i for i in computed if loose is None or not loose.matched[i]]
@@ -144,12 +133,51 @@ def locate(
     matched = exact.matched[counted].astype(np.float64)
     bins = np.array_split(matched, min(PROFILE_BINS, max(1, len(matched))))
     return Localisation(
-        "named", origin=origin, key=key, against=against, rho=rho or 0.0, values=len(matched),
+        "named",
+        origin=origin,
+        key=key,
+        against=against,
+        rho=rho or 0.0,
+        values=len(matched),
         profile=tuple(round(float(b.mean()), 4) if len(b) else 1.0 for b in bins),
         origin_at=round(int(counted[: origin.position].sum()) / max(1, len(matched)), 4),
         beyond=None if beyond is None or beyond.position == origin.position else beyond,
-        within=beyond is None, reason=note,
-    )  # fmt: skip
+        within=beyond is None,
+        reason=note,
+    )
+
+
+def _matched(
+    new: Recording,
+    old: Recording,
+    exact: Alignment,
+    key: str,
+    *,
+    root: str | Path | None,
+    against: str,
+) -> Localisation:
+    """Output `key`'s own value equals one of `old`'s: `matched`, with why it is not proved
+    where it is not (`parity.origin.proof`), or `named` at the key's own value where every
+    value it reads equals `old`'s and it still is not `old`'s same key (it reads another)."""
+    proof = prove(new, old, [key], against=against, exact=exact)[key]
+    target = new.outputs[key]
+    wired = (
+        not proof.proved
+        and target >= 0
+        and bool(exact.matched[sorted(upstream(new, target))].all())
+    )
+    if not wired:
+        return Localisation("matched", key=key, against=against, proof=proof.reason)
+    return Localisation(
+        "named",
+        origin=exact.describe(target, key, root=root),
+        key=key,
+        against=against,
+        proof=(
+            f"run op by op it equals a value {against} computed, not {against}'s {key}: "
+            "the output reads another value"
+        ),
+    )
 
 
 @dataclass(frozen=True)
@@ -190,8 +218,9 @@ def prove_and_locate(
     comparison = settle(comparison, proofs)
     found = None
     if origin:
-        found = _locate_first(comparison, new, old, registry=registry, root=root,
-                             against=against, exact=exact)  # fmt: skip
+        found = _locate_first(
+            comparison, new, old, registry=registry, root=root, against=against, exact=exact
+        )
     return Settlement(comparison, found, proofs)
 
 
@@ -214,8 +243,16 @@ def _locate_first(
     if first.key not in new.outputs or first.key not in old.output_arrays:
         why = f"the recorded programs do not both output {first.key!r}"
         return Localisation("not_named", key=first.key, reason=why)
-    return locate(new, old, class_map=first.class_name, registry=registry, key=first.key,
-                  root=root, against=against, exact=exact)  # fmt: skip
+    return locate(
+        new,
+        old,
+        class_map=first.class_name,
+        registry=registry,
+        key=first.key,
+        root=root,
+        against=against,
+        exact=exact,
+    )
 
 
 def _tolerance(
@@ -275,8 +312,9 @@ def localise(
     """
     new = record(new_fn, *args, **kwargs)
     old = record(old_fn, *args, **kwargs)
-    return locate(new, old, class_map=class_map, overrides=overrides, registry=registry,
-                  key=key, root=root)  # fmt: skip
+    return locate(
+        new, old, class_map=class_map, overrides=overrides, registry=registry, key=key, root=root
+    )
 
 
 def settle_live(

@@ -27,17 +27,49 @@ __all__ = ["MOVES", "Interpreter", "LocaliseError", "user_frame_of"]
 
 #: Primitives whose body is a jaxpr taking the equation's operands and giving its results.
 _CALLS = frozenset(
-    {"jit", "pjit", "closed_call", "core_call", "custom_jvp_call", "custom_vjp_call",
-     "custom_vjp_call_jaxpr", "checkpoint", "remat", "remat2"}
-)  # fmt: skip
+    {
+        "jit",
+        "pjit",
+        "closed_call",
+        "core_call",
+        "custom_jvp_call",
+        "custom_vjp_call",
+        "custom_vjp_call_jaxpr",
+        "checkpoint",
+        "remat",
+        "remat2",
+    }
+)
 
 #: Primitives that move, reshape or cast values without computing new numbers.
 MOVES = frozenset(
-    {"slice", "squeeze", "reshape", "expand_dims", "transpose", "copy", "copy_p",
-     "dynamic_slice", "dynamic_update_slice", "device_put", "broadcast_in_dim",
-     "convert_element_type", "concatenate", "stack", "split", "pad", "gather", "rev",
-     "tile", "unstack", "optimization_barrier", "scan", "while", "cond"}
-)  # fmt: skip
+    {
+        "slice",
+        "squeeze",
+        "reshape",
+        "expand_dims",
+        "transpose",
+        "copy",
+        "copy_p",
+        "dynamic_slice",
+        "dynamic_update_slice",
+        "device_put",
+        "broadcast_in_dim",
+        "convert_element_type",
+        "concatenate",
+        "stack",
+        "split",
+        "pad",
+        "gather",
+        "rev",
+        "tile",
+        "unstack",
+        "optimization_barrier",
+        "scan",
+        "while",
+        "cond",
+    }
+)
 
 _MAX_WHILE = 100_000
 #: Every so many values, a recording process clears jax's caches (each operation run on its
@@ -70,9 +102,19 @@ UNPLACED: Where = (_NOWHERE, "")
 #: Moves that pass one operand's numbers on (cast, reshape, ...): the result *is* that
 #: operand as far as the dataflow order is concerned.
 _SAME = frozenset(
-    {"squeeze", "reshape", "expand_dims", "transpose", "copy", "copy_p", "device_put",
-     "convert_element_type", "broadcast_in_dim", "optimization_barrier"}
-)  # fmt: skip
+    {
+        "squeeze",
+        "reshape",
+        "expand_dims",
+        "transpose",
+        "copy",
+        "copy_p",
+        "device_put",
+        "convert_element_type",
+        "broadcast_in_dim",
+        "optimization_barrier",
+    }
+)
 
 
 class Aval:
@@ -92,9 +134,13 @@ class Interpreter:
     one operand on, the value it stands for (`source`)."""
 
     def __init__(
-        self, max_bytes: int | None = None, *, evaluate: bool = True, keep_arrays: bool = True,
+        self,
+        max_bytes: int | None = None,
+        *,
+        evaluate: bool = True,
+        keep_arrays: bool = True,
         flush_every: int | None = None,
-    ) -> None:  # fmt: skip
+    ) -> None:
         self.max_bytes = max_bytes
         self.flush_every = flush_every
         self.evaluate = evaluate
@@ -111,9 +157,14 @@ class Interpreter:
         self.frames: dict[int, Where] = {}
 
     def add(
-        self, x: Any, primitive: str, kind: str, inputs: list[int], where: Where,
+        self,
+        x: Any,
+        primitive: str,
+        kind: str,
+        inputs: list[int],
+        where: Where,
         source: int | None = None,
-    ) -> Ref:  # fmt: skip
+    ) -> Ref:
         i = len(self.values)
         ins = tuple(j for j in inputs if j >= 0)
         if self.evaluate and self.flush_every and i and i % self.flush_every == 0:

@@ -161,8 +161,12 @@ class Localisation:
             return None
         doc = _jsonable(asdict(self.origin))
         beyond = None if self.beyond is None else _jsonable(asdict(self.beyond))
-        return doc | {"values": self.values, "profile": list(self.profile),
-                      "origin_at": self.origin_at, "beyond": beyond}  # fmt: skip
+        return doc | {
+            "values": self.values,
+            "profile": list(self.profile),
+            "origin_at": self.origin_at,
+            "beyond": beyond,
+        }
 
 
 def _jsonable(value: Any) -> Any:

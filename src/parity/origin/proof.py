@@ -55,9 +55,11 @@ def provable(finding: Finding) -> bool:
     whose rule proves (`Rule.proves`)."""
     rule = RULES.get(finding.rule or "")
     return (
-        finding.verdict == "fail" and rule is not None and rule.proves
+        finding.verdict == "fail"
+        and rule is not None
+        and rule.proves
         and finding.n_differ is not None
-    )  # fmt: skip
+    )
 
 
 def upstream(new: Recording, target: int) -> set[int]:
@@ -109,16 +111,26 @@ def prove(
         if unequal:
             v = new.values[unequal[0]]
             where = f"{v.file}:{v.line} in {v.function}" if v.file else "<no source>"
-            out[key] = Proof(key, False, (
-                f"run op by op, {count(len(unequal), 'value')} it is computed from "
-                f"{'equals' if len(unequal) == 1 else 'equal'} no value of {against}'s; the "
-                f"first is {v.primitive} at {where}"
-            ), len(reads) - len(unequal))  # fmt: skip
+            out[key] = Proof(
+                key,
+                False,
+                (
+                    f"run op by op, {count(len(unequal), 'value')} it is computed from "
+                    f"{'equals' if len(unequal) == 1 else 'equal'} no value of {against}'s; the "
+                    f"first is {v.primitive} at {where}"
+                ),
+                len(reads) - len(unequal),
+            )
         elif not _same(np.asarray(new.output_arrays[key]), np.asarray(old.output_arrays[key])):
-            out[key] = Proof(key, False, (
-                f"run op by op, every value it is computed from equals one of {against}'s, "
-                f"yet it is not {against}'s {key} (it reads another value)"
-            ), len(reads))  # fmt: skip
+            out[key] = Proof(
+                key,
+                False,
+                (
+                    f"run op by op, every value it is computed from equals one of {against}'s, "
+                    f"yet it is not {against}'s {key} (it reads another value)"
+                ),
+                len(reads),
+            )
         else:
             out[key] = Proof(key, True, "", len(reads))
     return out

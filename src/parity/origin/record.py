@@ -127,8 +127,9 @@ def record_programs(
 
     from parity.origin.programs import Link, quiet
 
-    interp = Interpreter(max_bytes, evaluate=evaluate, keep_arrays=keep_arrays,
-                         flush_every=flush_every)  # fmt: skip
+    interp = Interpreter(
+        max_bytes, evaluate=evaluate, keep_arrays=keep_arrays, flush_every=flush_every
+    )
     results: list[list[Ref]] = []
     inputs: dict[int, Ref] = {}
     with quiet():

@@ -250,14 +250,22 @@ class Recording:
         n = len(data["meta.primitive"])
         library = data["meta.library"] if "meta.library" in data else [""] * n
         values = tuple(
-            Value(i, str(p), str(k), shapes[i], str(d), inputs[i], str(f), int(ln), str(fn),
-                  str(lib))
-            for i, (p, k, d, f, ln, fn, lib) in enumerate(
-                zip(data["meta.primitive"], data["meta.kind"], data["meta.dtype"],
-                    data["meta.file"], data["meta.line"], data["meta.function"], library,
-                    strict=True)
+            Value(
+                i, str(p), str(k), shapes[i], str(d), inputs[i], str(f), int(ln), str(fn), str(lib)
             )
-        )  # fmt: skip
+            for i, (p, k, d, f, ln, fn, lib) in enumerate(
+                zip(
+                    data["meta.primitive"],
+                    data["meta.kind"],
+                    data["meta.dtype"],
+                    data["meta.file"],
+                    data["meta.line"],
+                    data["meta.function"],
+                    library,
+                    strict=True,
+                )
+            )
+        )
         prints = _fingerprints_from_arrays("fp", data)
         row_prints = _fingerprints_from_arrays("row", data)
         rows: dict[int, list[Fingerprint]] = {}
@@ -297,10 +305,13 @@ def _fingerprints_from_arrays(prefix: str, data: Mapping[str, Any]) -> list[Fing
     return [
         Fingerprint(int(d), int(s), float(m), np.asarray(st))
         for d, s, m, st in zip(
-            data[f"{prefix}.digest"], data[f"{prefix}.special"], data[f"{prefix}.max_abs"],
-            data[f"{prefix}.stats"], strict=True,
+            data[f"{prefix}.digest"],
+            data[f"{prefix}.special"],
+            data[f"{prefix}.max_abs"],
+            data[f"{prefix}.stats"],
+            strict=True,
         )
-    ]  # fmt: skip
+    ]
 
 
 def format_of(data: Mapping[str, Any]) -> int:

@@ -206,9 +206,11 @@ def _with_origin(
 
 
 def _settled(
-    config: pytest.Config, result: CheckResult, provenance: Mapping[str, Any] | None,
+    config: pytest.Config,
+    result: CheckResult,
+    provenance: Mapping[str, Any] | None,
     origin: bool,
-) -> tuple[Mapping[str, Proof], Localisation | None]:  # fmt: skip
+) -> tuple[Mapping[str, Proof], Localisation | None]:
     """The proofs of a failed golden check's keys and its origin: the group's programs
     recorded op by op with the session's producers, here and at its golden's base commit in
     this environment (`parity.run.origins.settle_failures`, as `parity check` does), once
@@ -244,9 +246,11 @@ def _settled(
 
 
 def _recorded(
-    config: pytest.Config, result: CheckResult, provenance: Mapping[str, Any] | None,
+    config: pytest.Config,
+    result: CheckResult,
+    provenance: Mapping[str, Any] | None,
     origin: bool,
-) -> Settled:  # fmt: skip
+) -> Settled:
     from parity.machinery.processes import Layout
     from parity.machinery.worktree import GitError, repo_root
     from parity.run.origins import settle_failures
@@ -257,8 +261,13 @@ def _recorded(
     current = dict(provenance) if provenance is not None else collect_provenance()
     # Nothing of the producers' run is known here but the environment: the recording
     # runs find out whether jax computes the group's outputs.
-    produced = Produced(groups={}, seconds=0.0, xla_flags="", provenance={group: current},
-                        layout=Layout(1, project.devices))  # fmt: skip
+    produced = Produced(
+        groups={},
+        seconds=0.0,
+        xla_flags="",
+        provenance={group: current},
+        layout=Layout(1, project.devices),
+    )
     try:
         root = repo_root(project.root)
     except GitError:

@@ -162,9 +162,11 @@ def _plot_origin(path: Path, name: str, found: Localisation, origin: Origin) -> 
     ax.stairs(profile, edges, color="tab:green", linewidth=1)
     where = f"{origin.file or '<no source>'}:{origin.line}"
     ax.axvline(
-        found.origin_at, color="tab:red", linewidth=1.5,
+        found.origin_at,
+        color="tab:red",
+        linewidth=1.5,
         label=f"origin: {origin.primitive} at {where}",
-    )  # fmt: skip
+    )
     ax.set_xlim(0.0, 1.0)
     ax.set_ylim(0.0, 1.05)
     ax.set_xlabel(f"position in the new program (dataflow order, {found.values} values)")

@@ -23,8 +23,15 @@ __all__ = ["CHECK_FIELDS", "ReportSession", "merged_findings"]
 
 #: What the JSON document adds to each check's entry, from its `CheckResult`.
 CHECK_FIELDS = (
-    "group", "passed", "produce_s", "load_s", "compare_s", "saved", "origin", "origin_line",
-)  # fmt: skip
+    "group",
+    "passed",
+    "produce_s",
+    "load_s",
+    "compare_s",
+    "saved",
+    "origin",
+    "origin_line",
+)
 
 
 def _jsonable(r: CheckResult, name: str) -> Any:
@@ -149,8 +156,14 @@ class ReportSession:
         (folder / "report.txt").write_text(self.table() + "\n")
         html_title = {} if title is None else {"title": title}
         origins = {r.name: r.origin for r in self.results if r.origin is not None}
-        write_html(folder, self.merged, header=self.header, checks=self._by_check,
-                   origins=origins, **html_title)  # fmt: skip
+        write_html(
+            folder,
+            self.merged,
+            header=self.header,
+            checks=self._by_check,
+            origins=origins,
+            **html_title,
+        )
         doc = self.to_json(fields)
         if complete is not None:
             complete(doc)

@@ -310,9 +310,10 @@ class BaselineBuilder:
             failed: BaselineUnavailable | None = None
             with self.cache.locked(paths):
                 todo = [
-                    g for g, p in zip(groups, paths, strict=True)
+                    g
+                    for g, p in zip(groups, paths, strict=True)
                     if not self.cache.usable(p, record=record)
-                ]  # fmt: skip
+                ]
                 built: dict[str, Baseline] = {}
                 if todo:
                     try:
@@ -372,12 +373,20 @@ class BaselineBuilder:
         with owned_tempdir(BUILD_PREFIX) as tmp, temporary_worktree(root, full) as wt:
             try:
                 run = ProducerRun(
-                    code_root=wt, producers=config.need_producers(), out=tmp,
-                    command="baseline", mode="record" if record else "produce",
-                    devices=devices, isa=isa, processes=processes, groups=groups,
-                    drop_paths=[root / r for r in src], src=src, timeout=self.timeout,
+                    code_root=wt,
+                    producers=config.need_producers(),
+                    out=tmp,
+                    command="baseline",
+                    mode="record" if record else "produce",
+                    devices=devices,
+                    isa=isa,
+                    processes=processes,
+                    groups=groups,
+                    drop_paths=[root / r for r in src],
+                    src=src,
+                    timeout=self.timeout,
                     code=f"the base commit {full[:12]}",
-                )  # fmt: skip
+                )
                 run_producers(run, progress=self.progress)
             except ProducerRunError as e:
                 raise BaselineUnavailable(

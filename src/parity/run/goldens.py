@@ -115,10 +115,10 @@ def summarize_change(
             added=tuple(sorted(set(new) - old_keys)),
             removed=tuple(sorted(old_keys - set(new))),
             changed=tuple(changed),
-            order="" if order is None else order_change(
-                old.provenance.get("order"), old.ordered_keys(), order, list(new)
-            ),
-        )  # fmt: skip
+            order=""
+            if order is None
+            else order_change(old.provenance.get("order"), old.ordered_keys(), order, list(new)),
+        )
 
 
 def carry_calibration(path: Path, change: GroupChange) -> tuple[dict[str, Any] | None, str]:
@@ -189,8 +189,14 @@ def write_golden(
     **Returns:** key -> the class written for it.
     """
     classes = {k: class_of(class_map, k) for k in arrays}
-    write_goldens(path, arrays, classes=classes, class_map_json=class_map.to_json(),
-                  provenance=provenance, order=order)  # fmt: skip
+    write_goldens(
+        path,
+        arrays,
+        classes=classes,
+        class_map_json=class_map.to_json(),
+        provenance=provenance,
+        order=order,
+    )
     return classes
 
 
@@ -215,8 +221,7 @@ def write_run(
     - `calibration`: what to record as the file's calibration (a repin's carried one,
       `carry_calibration`); None records none.
     """
-    provenance = {**run.provenance, "base_sha": sha, "producer_digest": digest,
-                  "order": run.order}  # fmt: skip
+    provenance = {**run.provenance, "base_sha": sha, "producer_digest": digest, "order": run.order}
     if calibration is not None:
         provenance["calibration"] = calibration
     class_map = ClassMap(rules=tuple((p, c) for p, c in run.class_map))

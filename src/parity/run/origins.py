@@ -90,10 +90,19 @@ def record_groups(
         (_, devices), isa = layout_of(current), current.get("isa_cap")
     try:
         run = ProducerRun.of(
-            config, out, command="origin", mode="record", code_root=code_root,
-            devices=devices, isa=isa, processes=1, groups=groups, drop_paths=drop_paths,
-            timeout=timeout, code=code,
-        )  # fmt: skip
+            config,
+            out,
+            command="origin",
+            mode="record",
+            code_root=code_root,
+            devices=devices,
+            isa=isa,
+            processes=1,
+            groups=groups,
+            drop_paths=drop_paths,
+            timeout=timeout,
+            code=code,
+        )
         run_producers(run, progress=progress)
     except ProducerRunError as e:
         return dict.fromkeys(groups, f"the producers cannot run at {code}: {e.reason}")
@@ -161,8 +170,9 @@ def locate_files(
     new, old = _load(new_file), _load(old_file)
     if key not in old.output_arrays or key not in new.outputs:
         raise LocaliseError(f"the recorded programs do not both output {key!r}")
-    return locate(new, old, class_map=class_name, key=key, root=root, registry=registry,
-                  against=old_name)  # fmt: skip
+    return locate(
+        new, old, class_map=class_name, key=key, root=root, registry=registry, against=old_name
+    )
 
 
 def _why_not(r: CheckResult, produced: Produced) -> str | None:
@@ -203,8 +213,7 @@ def _recorded(r: CheckResult, new: Path, old: Path, root: Path, origin: bool) ->
         new_rec, old_rec = _load(new), _load(old)
     except (OSError, ValueError, KeyError) as e:
         return _unsettled(r, f"the recordings cannot be read: {e}", origin)
-    done = prove_and_locate(r.comparison, new_rec, old_rec, root=root, against=_BASE,
-                            origin=origin)  # fmt: skip
+    done = prove_and_locate(r.comparison, new_rec, old_rec, root=root, against=_BASE, origin=origin)
     result = dataclasses.replace(r, comparison=done.comparison, origin=done.origin)
     return Settled(result, done.proofs)
 
@@ -247,15 +256,30 @@ def settle_failures(
         out |= {r.name: _unsettled(r, missing[r.name], origin) for r in todo if r.name in missing}
         todo = [r for r in todo if r.name not in missing]
     if todo:
-        out |= _record_and_settle(todo, produced, config, goldens, root=root, origin=origin,
-                                  progress=progress, timeout=timeout)  # fmt: skip
+        out |= _record_and_settle(
+            todo,
+            produced,
+            config,
+            goldens,
+            root=root,
+            origin=origin,
+            progress=progress,
+            timeout=timeout,
+        )
     return [out.get(r.name) or Settled(r, {}) for r in results]
 
 
 def _record_and_settle(
-    todo: Sequence[CheckResult], produced: Produced, config: ParityConfig, goldens: GoldenDir,
-    *, root: Path, origin: bool, progress: Progress, timeout: float | None,
-) -> dict[str, Settled]:  # fmt: skip
+    todo: Sequence[CheckResult],
+    produced: Produced,
+    config: ParityConfig,
+    goldens: GoldenDir,
+    *,
+    root: Path,
+    origin: bool,
+    progress: Progress,
+    timeout: float | None,
+) -> dict[str, Settled]:
     """`todo`'s groups recorded on the tree (one producer run) and at their bases, each
     check settled by its two recordings."""
     one = " (in one process)" if produced.layout.processes > 1 else ""
@@ -268,9 +292,14 @@ def _record_and_settle(
     out: dict[str, Settled] = {}
     with owned_tempdir(_PREFIX) as tmp:
         new = record_groups(
-            config.root, config, [r.group or "" for r in todo], Path(tmp),
-            code="the current tree", progress=progress, timeout=timeout,
-        )  # fmt: skip
+            config.root,
+            config,
+            [r.group or "" for r in todo],
+            Path(tmp),
+            code="the current tree",
+            progress=progress,
+            timeout=timeout,
+        )
         wanted = []
         for r in todo:
             current = _one_process(produced.provenance.get(r.name) or {})
@@ -332,9 +361,12 @@ def _not_named(reason: str) -> Localisation:
 
 
 def _located(
-    step: tuple[str, str, str], new: Path | str | None, old: Path | str | None, root: Path,
+    step: tuple[str, str, str],
+    new: Path | str | None,
+    old: Path | str | None,
+    root: Path,
     old_name: str,
-) -> Localisation:  # fmt: skip
+) -> Localisation:
     """`locate_files` of `step`'s `(group, key, class)` between two recordings, or why not."""
     _, key, class_name = step
     for side in (new, old):
@@ -370,9 +402,15 @@ def locate_between(
                 progress(f"recording {group} at {sha[:12]} to name the origin")
                 with temporary_worktree(repo, sha) as wt:
                     files[side] = record_groups(
-                        wt, config, [group], tmp / side, code=f"commit {sha[:12]}",
-                        drop_paths=config.src, progress=progress, timeout=timeout,
-                    )[group]  # fmt: skip
+                        wt,
+                        config,
+                        [group],
+                        tmp / side,
+                        code=f"commit {sha[:12]}",
+                        drop_paths=config.src,
+                        progress=progress,
+                        timeout=timeout,
+                    )[group]
                     files[f"{side}_root"] = wt.resolve()
                 if isinstance(files[side], str):
                     return _not_named(str(files[side]))
@@ -380,5 +418,4 @@ def locate_between(
             return _not_named(f"cannot check out: {' '.join(str(e).split())}")
         root = files["new_root"]
         assert isinstance(root, Path)
-        return _located(step, files["new"], files["old"], root,
-                          f"the parent {old_sha[:12]}")  # fmt: skip
+        return _located(step, files["new"], files["old"], root, f"the parent {old_sha[:12]}")

@@ -118,10 +118,18 @@ def produce(
     t0 = time.perf_counter()
     with tempfile.TemporaryDirectory(prefix="parity-produce-") as tmp:
         run = ProducerRun.of(
-            config, Path(tmp), command=command, code_root=code_root, groups=groups,
-            drop_paths=drop_paths, timeout=timeout, coordinator=coordinator,
-            process_id=process_id, code=code, check_classes=check_classes,
-        )  # fmt: skip
+            config,
+            Path(tmp),
+            command=command,
+            code_root=code_root,
+            groups=groups,
+            drop_paths=drop_paths,
+            timeout=timeout,
+            coordinator=coordinator,
+            process_id=process_id,
+            code=code,
+            check_classes=check_classes,
+        )
         flags = run_producers(run, progress=progress)
         out: dict[str, dict[str, np.ndarray]] = {}
         provenance: dict[str, dict[str, Any]] = {}

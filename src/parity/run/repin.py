@@ -122,9 +122,17 @@ def repin(
         for line in _recover(out, root):
             progress(line)
         return _repin_locked(
-            root, sha, producers, out, device_count, isa_cap, groups, keep_worktree, progress,
+            root,
+            sha,
+            producers,
+            out,
+            device_count,
+            isa_cap,
+            groups,
+            keep_worktree,
+            progress,
             src,
-        )  # fmt: skip
+        )
 
 
 @contextlib.contextmanager
@@ -175,11 +183,18 @@ def _repin_locked(
         if keep_worktree:
             progress(f"worktree kept at {wt}")
         run = ProducerRun(
-            code_root=wt, producers=producers, out=Path(tmp), command="repin",
-            devices=device_count, isa=isa_cap, groups=groups,
-            drop_paths=[root / r for r in src] if src else [root / "src"], src=src,
-            check_classes=True, code=f"the base commit {sha[:12]}",
-        )  # fmt: skip
+            code_root=wt,
+            producers=producers,
+            out=Path(tmp),
+            command="repin",
+            devices=device_count,
+            isa=isa_cap,
+            groups=groups,
+            drop_paths=[root / r for r in src] if src else [root / "src"],
+            src=src,
+            check_classes=True,
+            code=f"the base commit {sha[:12]}",
+        )
         run_producers(run, progress=progress)
         digest = digest_sources([producers])
         names = sorted(p.stem for p in Path(tmp).glob("*.json"))
