@@ -49,6 +49,7 @@ __all__ = [
     "DECLARED_HINT",
     "HOST",
     "HOST_HINT",
+    "MOVES",
     "Conversions",
     "Dataflow",
     "DataflowError",
@@ -71,7 +72,7 @@ HOST = "host"
 
 #: Primitives that move or reshape data without computing it: an output made by one is
 #: placed where its operand was computed.
-_MOVES = frozenset(
+MOVES = frozenset(
     {
         "slice",
         "squeeze",
@@ -166,7 +167,7 @@ def _position(
     i, j = producers[var]
     eqn = jaxpr.eqns[i]
     name = eqn.primitive.name
-    if name in _MOVES and eqn.invars and not isinstance(eqn.invars[0], jex.Literal):
+    if name in MOVES and eqn.invars and not isinstance(eqn.invars[0], jex.Literal):
         # Only a slice says which row of its operand it reads; through the other moves the
         # leading axis is another one.
         return _position(eqn.invars[0], jaxpr, seen, _static_start(eqn))

@@ -21,6 +21,7 @@ from typing import Any
 import numpy as np
 
 from parity.errors import ParityError
+from parity.judge.dataflow import MOVES as PLACED_MOVES
 from parity.origin.recording import Fingerprint, Recording, Value, fingerprint, row_fingerprints
 
 __all__ = ["MOVES", "Interpreter", "LocaliseError", "user_frame_of"]
@@ -41,21 +42,12 @@ _CALLS = frozenset(
     }
 )
 
-#: Primitives that move, reshape or cast values without computing new numbers.
-MOVES = frozenset(
+#: Primitives that move, reshape or cast values without computing new numbers: those the
+#: dataflow order places where their operand was computed, and those that arrange or carry
+#: values (`parity.origin.align.ARRANGING` match by value all the same).
+MOVES = PLACED_MOVES | frozenset(
     {
-        "slice",
-        "squeeze",
-        "reshape",
-        "expand_dims",
-        "transpose",
-        "copy",
-        "copy_p",
-        "dynamic_slice",
         "dynamic_update_slice",
-        "device_put",
-        "broadcast_in_dim",
-        "convert_element_type",
         "concatenate",
         "stack",
         "split",
