@@ -87,16 +87,6 @@ def origin_flag(parser: argparse.ArgumentParser) -> None:
     )
 
 
-def repository_root(root: Path) -> Path:
-    """The git repository holding `root` (origins name files relative to it), else `root`."""
-    from parity.machinery.worktree import GitError, repo_root
-
-    try:
-        return repo_root(root)
-    except GitError:
-        return root
-
-
 def _write_reports(session: ReportSession, args: argparse.Namespace, out: IO[str]) -> None:
     try:
         if args.json_path:
@@ -216,7 +206,6 @@ def run(args: argparse.Namespace, out: IO[str]) -> int:
                 produced,
                 config,
                 goldens,
-                root=repository_root(config.root),
                 origin=args.origin == "auto",
                 progress=report_progress,
                 timeout=args.timeout,

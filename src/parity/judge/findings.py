@@ -9,18 +9,36 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, Literal, cast
 
-from parity.judge.floats import from_json_float, json_float
+from parity.judge.floats import count, from_json_float, json_float, sig
 
 if TYPE_CHECKING:
     import numpy as np
 
     from parity.judge.classes import ToleranceClass
 
-__all__ = ["PROVED", "ArrayVerdict", "Comparison", "Finding", "Scalar", "Verdict"]
+__all__ = [
+    "PROVED",
+    "ArrayVerdict",
+    "Comparison",
+    "Finding",
+    "Scalar",
+    "Verdict",
+    "compiled_difference",
+]
 
 #: How the note of a key proved op by op begins (`parity.origin.proof`): its bits differ
 #: from the other side's, and both programs run op by op compute it the same way.
 PROVED = "equivalent op by op"
+
+
+def compiled_difference(finding: Finding) -> str:
+    """How far a proved key's compiled values moved, as its note and the verdict line say
+    it: "compiled outputs differ by at most 9.83e-07, 380 of 512 elements"."""
+    return (
+        f"compiled outputs differ by at most {sig(finding.max_abs)}, "
+        f"{finding.n_differ or 0} of {count(finding.n_elements, 'element')}"
+    )
+
 
 Verdict = Literal["pass", "fail", "missing", "unexpected"]
 Scalar = bool | int | float | complex

@@ -216,43 +216,23 @@ def prove_and_locate(
     keys = [f.key for f in comparison.findings if provable(f)]
     proofs = prove(new, old, keys, against=against, exact=exact)
     comparison = settle(comparison, proofs)
-    found = None
-    if origin:
-        found = _locate_first(
-            comparison, new, old, registry=registry, root=root, against=against, exact=exact
-        )
+    first, found = comparison.first_failure, None
+    if origin and first is not None:  # under the class the comparison judged it by
+        if first.key not in new.outputs or first.key not in old.output_arrays:
+            why = f"the recorded programs do not both output {first.key!r}"
+            found = Localisation("not_named", key=first.key, reason=why)
+        else:
+            found = locate(
+                new,
+                old,
+                class_map=first.class_name,
+                registry=registry,
+                key=first.key,
+                root=root,
+                against=against,
+                exact=exact,
+            )
     return Settlement(comparison, found, proofs)
-
-
-def _locate_first(
-    comparison: Comparison,
-    new: Recording,
-    old: Recording,
-    *,
-    registry: Mapping[str, ToleranceClass] = REGISTRY,
-    root: str | Path | None = None,
-    against: str = "the old program",
-    exact: Alignment | None = None,
-) -> Localisation | None:
-    """`locate` of the first failure of `comparison` (of the two programs' compiled
-    outputs), under the class it was judged by; None where nothing fails, `not_named`
-    where the recordings do not both output that key."""
-    first = comparison.first_failure
-    if first is None:
-        return None
-    if first.key not in new.outputs or first.key not in old.output_arrays:
-        why = f"the recorded programs do not both output {first.key!r}"
-        return Localisation("not_named", key=first.key, reason=why)
-    return locate(
-        new,
-        old,
-        class_map=first.class_name,
-        registry=registry,
-        key=first.key,
-        root=root,
-        against=against,
-        exact=exact,
-    )
 
 
 def _tolerance(

@@ -25,8 +25,8 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from parity.judge.findings import PROVED, Comparison, Finding
-from parity.judge.floats import count, sig
+from parity.judge.findings import PROVED, Comparison, Finding, compiled_difference
+from parity.judge.floats import count
 from parity.judge.reasons import UNPROVED
 from parity.judge.registry import RULES
 from parity.origin.align import Alignment, align
@@ -138,11 +138,7 @@ def prove(
 
 def proved_note(finding: Finding) -> str:
     """The note a proved key carries: how far its compiled values moved."""
-    differ = finding.n_differ or 0
-    return (
-        f"{PROVED}; compiled outputs differ by at most {sig(finding.max_abs)}, "
-        f"{differ} of {count(finding.n_elements, 'element')}"
-    )
+    return f"{PROVED}; {compiled_difference(finding)}"
 
 
 def settle(comparison: Comparison, proofs: Mapping[str, Proof]) -> Comparison:

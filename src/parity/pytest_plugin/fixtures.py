@@ -252,7 +252,6 @@ def _recorded(
     origin: bool,
 ) -> Settled:
     from parity.machinery.processes import Layout
-    from parity.machinery.worktree import GitError, repo_root
     from parity.run.origins import settle_failures
     from parity.run.produced import Produced
     from parity.store.provenance import collect_provenance
@@ -268,12 +267,8 @@ def _recorded(
         provenance={group: current},
         layout=Layout(1, project.devices),
     )
-    try:
-        root = repo_root(project.root)
-    except GitError:
-        root = project.root
     goldens = config.stash[GOLDENS]
-    return settle_failures([result], produced, project, goldens, root=root, origin=origin)[0]
+    return settle_failures([result], produced, project, goldens, origin=origin)[0]
 
 
 @pytest.fixture

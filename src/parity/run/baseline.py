@@ -253,6 +253,17 @@ class BaselineBuilder:
     def _digest(self) -> str:
         return digest_sources([self.config.need_producers()])
 
+    def has_entry(
+        self, group: str, pinned: Mapping[str, Any], current: Mapping[str, Any], *, record: bool
+    ) -> bool:
+        """Whether `prepare` of `(group, pinned, current)` would find the entry in the cache
+        (with its recording, with `record`) and build nothing."""
+        sha = str(pinned.get("base_sha") or "")
+        if not sha:
+            return False
+        path = self.cache.path_for(sha, environment_fingerprint(current), self._digest(), group)
+        return self.cache.usable(path, record=record)
+
     def reproduce(
         self, group: str, pinned: Mapping[str, Any], current: Mapping[str, Any]
     ) -> Baseline:

@@ -36,19 +36,18 @@ import numpy as np
 
 from parity.baseline import BaselineUnavailable
 from parity.check import GoldenDir
-from parity.environment import environment_fingerprint, layout_of
+from parity.environment import layout_of
 from parity.judge.classes import REGISTRY, ToleranceClass
 from parity.judge.tolerance import UnknownClassError
 from parity.machinery.config import ParityConfig
 from parity.machinery.launcher import ProducerRun, ProducerRunError, run_producers
-from parity.machinery.worktree import GitError, temporary_worktree
+from parity.machinery.worktree import GitError, repo_root, temporary_worktree
 from parity.origin import Localisation, LocaliseError, Recording, locate, prove_and_locate
 from parity.origin.proof import Proof, provable, settle, unproved
 from parity.results import CheckError, CheckResult
-from parity.run.baseline import BaselineBuilder, BaselineCache, base_commit, cache_dir
+from parity.run.baseline import BaselineBuilder, base_commit
 from parity.run.produced import Produced
 from parity.run.recordings import NOT_RECORDED, RECORDING, recorded
-from parity.store.provenance import digest_sources
 from parity.store.staging import owned_tempdir
 
 __all__ = [
@@ -224,7 +223,6 @@ def settle_failures(
     config: ParityConfig,
     goldens: GoldenDir,
     *,
-    root: Path,
     origin: bool = True,
     progress: Progress = lambda _: None,
     timeout: float | None = None,
@@ -234,8 +232,8 @@ def settle_failures(
     of a class that proves (`op_by_op`) whose bits differ proved or told why not
     (`parity.origin.proof`), and, where `origin`, the origin of the first key still failing
     looked for (`CheckResult.origin`). A check that passes, or that fails with nothing to
-    prove while `origin` is False, is left as it is. `root`: paths in the origins are
-    relative to it.
+    prove while `origin` is False, is left as it is. Paths in the origins are relative to the
+    git repository holding the project (else to the project's root).
 
     **Returns:** one `Settled` per result, in order.
     """
@@ -251,20 +249,14 @@ def settle_failures(
             todo.append(r)
         else:
             out[r.name] = _unsettled(r, why, origin)
+    builder = BaselineBuilder(config, progress=progress, timeout=timeout)
     if todo:  # before any recording run: a base that is not here is said at once
-        missing = _bases_out_of_reach(config, goldens, todo, produced)
+        missing = _bases_out_of_reach(builder, goldens, todo, produced)
         out |= {r.name: _unsettled(r, missing[r.name], origin) for r in todo if r.name in missing}
         todo = [r for r in todo if r.name not in missing]
     if todo:
         out |= _record_and_settle(
-            todo,
-            produced,
-            config,
-            goldens,
-            root=root,
-            origin=origin,
-            progress=progress,
-            timeout=timeout,
+            todo, produced, builder, goldens, origin=origin, progress=progress, timeout=timeout
         )
     return [out.get(r.name) or Settled(r, {}) for r in results]
 
@@ -272,16 +264,20 @@ def settle_failures(
 def _record_and_settle(
     todo: Sequence[CheckResult],
     produced: Produced,
-    config: ParityConfig,
+    builder: BaselineBuilder,
     goldens: GoldenDir,
     *,
-    root: Path,
     origin: bool,
     progress: Progress,
     timeout: float | None,
 ) -> dict[str, Settled]:
-    """`todo`'s groups recorded on the tree (one producer run) and at their bases, each
-    check settled by its two recordings."""
+    """`todo`'s groups recorded on the tree (one producer run) and at their bases (through
+    `builder`), each check settled by its two recordings."""
+    config = builder.config
+    try:
+        root = repo_root(config.root)
+    except GitError:
+        root = config.root
     one = " (in one process)" if produced.layout.processes > 1 else ""
     proving = any(provable(f) for r in todo for f in r.comparison.findings)
     keys = "its op_by_op keys" if len(todo) == 1 else "their op_by_op keys"
@@ -308,39 +304,43 @@ def _record_and_settle(
             except CheckError as e:
                 new[r.name] = str(e)
         ready = [w for w in wanted if isinstance(new[w[0]], Path)]
-        old = base_recordings(config, ready, progress=progress, timeout=timeout)
+        old = base_recordings(config, ready, builder=builder)
         for r in todo:
-            sides = (new.get(r.name), old.get(r.name))
-            bad = next((s for s in sides if not isinstance(s, Path)), "")
-            if bad != "" or not all(isinstance(s, Path) for s in sides):
-                out[r.name] = _unsettled(r, str(bad or "nothing was recorded"), origin)
+            mine, base = new.get(r.name), old.get(r.name)
+            if isinstance(mine, Path) and isinstance(base, Path):
+                out[r.name] = _recorded(r, mine, base, root, origin)
             else:
-                out[r.name] = _recorded(r, *sides, root, origin)  # type: ignore[arg-type]
+                out[r.name] = _unsettled(r, _unrecorded(mine, base), origin)
     return out
 
 
+def _unrecorded(*sides: Path | str | None) -> str:
+    """Why one of two recordings is missing: the line of the first side that is not a file
+    (None where no run said why)."""
+    missing = next(s for s in sides if not isinstance(s, Path))
+    return missing or "nothing was recorded"
+
+
 def _bases_out_of_reach(
-    config: ParityConfig, goldens: GoldenDir, todo: Sequence[CheckResult], produced: Produced
+    builder: BaselineBuilder, goldens: GoldenDir, todo: Sequence[CheckResult], produced: Produced
 ) -> dict[str, str]:
     """The failing checks of `todo` whose golden's base commit is not in this clone (a
     shallow one, say) and whose base recording is not cached, each with one line: what is
     missing and what to do (`base_commit`'s). Asked before any recording run, so a check
     that cannot reach its base pays for none. Groups this cannot judge (no golden, no base
     commit recorded) are left to the recording path, which says why."""
-    cache = BaselineCache(cache_dir(config))
-    digest = digest_sources([config.need_producers()])
     out: dict[str, str] = {}
     for r in todo:
         try:
-            sha = str(goldens.open(r.name).provenance.get("base_sha") or "")
+            pinned = goldens.open(r.name).provenance
         except CheckError:
             continue
+        sha = str(pinned.get("base_sha") or "")
         current = _one_process(produced.provenance.get(r.name) or {})
-        path = cache.path_for(sha, environment_fingerprint(current), digest, r.name)
-        if not sha or path.with_suffix(RECORDING).is_file():
+        if not sha or builder.has_entry(r.name, pinned, current, record=True):
             continue
         try:
-            base_commit(config.root, sha)
+            base_commit(builder.config.root, sha)
         except BaselineUnavailable as e:
             out[r.name] = f"the base cannot be re-produced here: {e}"
     return out
@@ -369,10 +369,8 @@ def _located(
 ) -> Localisation:
     """`locate_files` of `step`'s `(group, key, class)` between two recordings, or why not."""
     _, key, class_name = step
-    for side in (new, old):
-        if not isinstance(side, Path):
-            return _not_named(side or "nothing was recorded")
-    assert isinstance(new, Path) and isinstance(old, Path)
+    if not isinstance(new, Path) or not isinstance(old, Path):
+        return _not_named(_unrecorded(new, old))
     try:
         return locate_files(new, old, key, class_name, root=root, old_name=old_name)
     except (LocaliseError, UnknownClassError, ValueError) as e:
