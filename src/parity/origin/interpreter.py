@@ -91,22 +91,9 @@ _NOWHERE: Frame = ("", 0, "")
 Where = tuple[Frame, str]  # the user's own frame, and the library's frame as a line ("" if none)
 UNPLACED: Where = (_NOWHERE, "")
 
-#: Moves that pass one operand's numbers on (cast, reshape, ...): the result *is* that
-#: operand as far as the dataflow order is concerned.
-_SAME = frozenset(
-    {
-        "squeeze",
-        "reshape",
-        "expand_dims",
-        "transpose",
-        "copy",
-        "copy_p",
-        "device_put",
-        "convert_element_type",
-        "broadcast_in_dim",
-        "optimization_barrier",
-    }
-)
+#: Moves that pass one operand's numbers on whole (cast, reshape, ...; not a slice of it):
+#: the result *is* that operand as far as the dataflow order is concerned.
+_SAME = (PLACED_MOVES - {"slice", "dynamic_slice"}) | {"optimization_barrier"}
 
 
 class Aval:
