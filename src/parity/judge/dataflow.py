@@ -14,13 +14,11 @@ squeezes, reshapes, broadcasts, casts and copies of an array are placed where th
 was computed. An output that is an input or a constant comes first.
 
 A function that converts its outputs to numpy at the end (`jax.tree.map(np.asarray, out)`,
-`jax.device_get(out)`, `{k: np.asarray(v) ...}` on what a jitted `apply` returned) does not
-trace as it is: `numpy_conversions()` makes it. While open, `np.asarray`, `np.array`,
-`np.asanyarray` and `jax.device_get` hand a traced value back as it is (so the trace goes
-on to the outputs), and record each numpy array they make of a jax array (so a caller that
-ran the function knows its numpy outputs came from jax: `parity.machinery._producer_runner`).
-`traced_order(fn)` is `dataflow_order` under it, None where no output is computed by the
-program (a numpy-only function: its order is its own).
+`jax.device_get(out)`, `{k: np.asarray(v) ...}` on what a jitted `apply` returned) gives
+numpy arrays; `numpy_conversions()` remembers, while open, the jax array each numpy array
+`np.asarray`, `np.array`, `np.asanyarray` or `jax.device_get` made was converted from, so
+that a caller that ran the function knows which value of its programs each output is
+(`parity.machinery._producer_runner`).
 
 `in_dataflow_order(fn)` wraps `fn` so that it returns `Dataflow`, a flat `{key: array}`
 dict (keys as `parity.judge.trees.flatten` names them) in that order; a producer returns
@@ -60,7 +58,6 @@ __all__ = [
     "numpy_conversions",
     "order_change",
     "order_hint",
-    "traced_order",
 ]
 
 #: How a golden's order was made, as recorded in its provenance under `order`: read from
@@ -229,7 +226,7 @@ def dataflow_order(fn: Callable[..., Any], *args: Any, **kwargs: Any) -> list[st
             f"{getattr(fn, '__name__', fn)!s} does not trace, so its dataflow order cannot be "
             f"read from its program ({type(e).__name__}: {_words(str(e), 200)})"
         ) from None
-    order, _ = _ranked(closed, shapes)
+    order = _ranked(closed, shapes)
     return order
 
 
@@ -241,12 +238,10 @@ def _words(text: str, limit: int) -> str:
     return flat[:limit].rsplit(" ", 1)[0] + " ..."
 
 
-def _ranked(closed: Any, shapes: Any, declared: Sequence[str] = ()) -> tuple[list[str], bool]:
-    """The output keys of a traced program, earliest computed first, and whether any
-    output is computed by it at all (not an input or a constant). Outputs computed at one
-    place (the outputs of one call, a dict's values fanned out of one stacked array) keep
-    the order of `declared` where given, else the flattened outputs' own (a dict's keys as
-    jax sorts them)."""
+def _ranked(closed: Any, shapes: Any) -> list[str]:
+    """The output keys of a traced program, earliest computed first. Outputs computed at
+    one place (the outputs of one call, a dict's values fanned out of one stacked array)
+    keep the flattened outputs' own order (a dict's keys as jax sorts them)."""
     import jax
 
     leaves, treedef = jax.tree_util.tree_flatten(shapes)
@@ -255,31 +250,26 @@ def _ranked(closed: Any, shapes: Any, declared: Sequence[str] = ()) -> tuple[lis
     jaxpr = closed.jaxpr
     seen: dict[int, dict[Any, tuple[int, int]]] = {}
     places = [_position(v, jaxpr, seen) for v in jaxpr.outvars]
-    rank = {k: i for i, k in enumerate(declared)}
-    ranked = sorted(range(len(leaves)), key=lambda j: (places[j], rank.get(keys.get(j, ""), j)))
-    return [keys[j] for j in ranked if j in keys], any(p != (-1,) for p in places)
+    ranked = sorted(range(len(leaves)), key=lambda j: (places[j], j))
+    return [keys[j] for j in ranked if j in keys]
 
 
 @contextlib.contextmanager
 def numpy_conversions() -> Iterator[Conversions]:
-    """While open, numpy's conversions pass traced values through and record the numpy
-    arrays they make of jax arrays (see the module docstring).
+    """While open, numpy's conversions record the numpy arrays they make of jax arrays (see
+    the module docstring).
 
     **Yields:** the `Conversions` those arrays are appended to, each with the jax array it
     was made of (kept alive, so that `id` of an output names one of them for as long as
     the caller holds it).
     """
     import jax
-    from jax.core import Tracer
 
     made = Conversions()
 
     def through(original: Callable[..., Any]) -> Callable[..., Any]:
         @functools.wraps(original)
         def convert(x: Any, *args: Any, **kwargs: Any) -> Any:
-            if isinstance(x, Tracer):
-                dtype = kwargs.get("dtype", args[0] if args else None)
-                return x if dtype is None else x.astype(dtype)
             out = original(x, *args, **kwargs)
             if isinstance(x, jax.Array):
                 made.add(out, x)
@@ -307,26 +297,6 @@ def numpy_conversions() -> Iterator[Conversions]:
         for name, original in saved.items():
             setattr(np, name, original)
         jax.device_get = get
-
-
-def traced_order(fn: Callable[[], Any], declared: Sequence[str] = ()) -> list[str] | None:
-    """The dataflow order of `fn()`'s outputs, traced under `numpy_conversions` (a function
-    that converts its outputs to numpy at the end traces to the program that computed
-    them); None where no output is computed by the program. Outputs computed at one place
-    keep their order in `declared` (the keys as the function returned them). Raises
-    `DataflowError` where `fn` does not trace even so."""
-    import jax
-
-    with numpy_conversions():
-        try:
-            closed, shapes = jax.make_jaxpr(fn, return_shape=True)()
-        except Exception as e:
-            raise DataflowError(
-                f"{getattr(fn, '__name__', fn)!s} does not trace, so its dataflow order cannot "
-                f"be read from its program ({type(e).__name__}: {_words(str(e), 200)})"
-            ) from None
-    order, computed = _ranked(closed, shapes, declared)
-    return order if computed else None
 
 
 def in_dataflow_order(fn: Callable[..., Any]) -> Callable[..., Dataflow]:

@@ -506,20 +506,3 @@ def test_values_made_on_the_host_are_said_every_check_and_a_repin_names_the_chan
     assert fixed.returncode == 0, fixed.stdout + fixed.stderr
     assert "order: host -> dataflow" in fixed.stdout, fixed.stdout
     assert "unchanged" not in fixed.stdout
-
-
-def test_outputs_computed_at_one_place_keep_the_order_they_were_returned_in() -> None:
-    """Several outputs of one operation (sources fanned out of one stacked array) have no
-    dataflow order among them: they keep the producer's, not the alphabetical one that
-    jax's flattening of a dict gives."""
-    import jax.numpy as jnp
-
-    from parity.judge.dataflow import traced_order
-
-    def fanned() -> dict[str, Any]:
-        zeta, alpha, mid = jnp.split(jnp.arange(6.0) * 2.0, 3)
-        return {"zeta": zeta, "alpha": alpha, "mid": mid}
-
-    declared = list(fanned())
-    assert traced_order(fanned, declared=declared) == declared
-    assert traced_order(fanned) == sorted(declared)
