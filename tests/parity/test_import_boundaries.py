@@ -14,6 +14,7 @@ from pathlib import Path
 import pytest
 
 import parity
+from _layers import LAYERS, unit_of
 from _source_imports import module_name, source_imports
 
 SRC = Path(parity.__file__).resolve().parent
@@ -68,56 +69,20 @@ def _imports(path: Path, known: set[str], *, anywhere: bool = False) -> set[str]
     return source_imports(path, SRC.parent, known, anywhere=anywhere)
 
 
-#: parity's layers, lowest first, by folder as a reader sees them: each subpackage of
-#: src/parity is one unit, each top-level module one of its own, and a unit sits at one tier.
-#: A module may import its own unit and the units of every tier before its own, never a
-#: sibling of its tier nor a unit of a later tier; imports inside functions count (they run
-#: as soon as the function does), those under `if TYPE_CHECKING:` (which never run) do not.
-#: `parity` itself (the package's `__init__`, which imports nothing until a public name is
-#: used) sits below every tier. The order is the one the code had when it was written down
-#: (issue 23), with the calibrated class in a check and the measuring of the noise in two
-#: rooms since (issue 38); each subpackage's docstring says it in prose.
-LAYERS: tuple[tuple[str, ...], ...] = (
-    # leaves: the XLA flag names; compile statistics (jax only); the root of every error
-    ("parity.xla_env", "parity.compile_stats", "parity.errors"),
-    ("parity.environment",),  # whether two environments differ, and how: decided once
-    ("parity.judge",),  # numpy only
-    # each over the judge (the store: h5py, xla_env too; localise: jax inside functions only)
-    ("parity.store", "parity.report", "parity.origin"),
-    ("parity.results",),  # the core: what a check hands back (CheckResult, CheckError)
-    ("parity.calibrated",),  # the core: the recorded spreads, the calibrated class in a check
-    ("parity.verdict",),  # the core: the typed values the check's stages hand each other
-    ("parity.baseline",),  # the core: the baseline, a golden group re-produced here
-    ("parity.exactness",),  # the core: how exact a verdict is, the comparison with a baseline
-    ("parity.check",),  # the core: golden folder, class precedence, drift policy, compare
-    ("parity.machinery",),  # the process machinery: config, devices, launcher, processes, git
-    ("parity.run",),  # the workflows over it: produce, repin, baseline, origins, bisect
-    ("parity.calibration",),  # measuring the noise (`parity calibrate`), over parity.run
-    ("parity.assertions", "parity.commands", "parity.pytest_plugin"),  # the faces
-    ("parity.cli",),  # the one argparse tree over the commands
-    ("parity.__main__",),
-)
-
-
-def _unit_of(module: str) -> str | None:
-    units = [u for tier in LAYERS for u in tier if module == u or module.startswith(u + ".")]
-    return max(units, key=len, default=None)
-
-
 def test_each_layer_imports_only_the_layers_below_it() -> None:
     paths = sorted(SRC.rglob("*.py"))
     known = {_module_name(p) for p in paths}
     tier = {u: i for i, units in enumerate(LAYERS) for u in units}
-    assert sorted(m for m in known if m != "parity" and _unit_of(m) is None) == []
+    assert sorted(m for m in known if m != "parity" and unit_of(m) is None) == []
     imports = {_module_name(p): _imports(p, known, anywhere=True) for p in paths}
     # The reader sees an import inside a function, and skips one under TYPE_CHECKING.
     assert "parity.run.produced" in imports["parity.calibration.calibrate"]
     assert "parity.results" not in imports["parity.report.session"]
     upward = []
     for module, imported in sorted(imports.items()):
-        unit = _unit_of(module)
+        unit = unit_of(module)
         for other in sorted(imported - {"parity"}):
-            under = _unit_of(other)
+            under = unit_of(other)
             if unit and under and under != unit and tier[under] >= tier[unit]:
                 upward.append(f"{module} imports {other}")
     assert upward == []
@@ -209,7 +174,7 @@ def test_each_folder_sits_at_one_tier() -> None:
     modules = {_module_name(p) for p in SRC.rglob("*.py")} - {"parity"}
     tiers: dict[str, set[int]] = {}
     for module in modules:
-        unit = _unit_of(module)
+        unit = unit_of(module)
         assert unit is not None, module
         tiers.setdefault(_folder_of(module), set()).add(_folder_tier(unit))
     assert {f: sorted(t) for f, t in sorted(tiers.items()) if len(t) > 1} == {}

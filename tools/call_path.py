@@ -1,0 +1,324 @@
+"""The way a reader follows a flow of parity from one function, call by call: each function
+of parity it reaches (a stop), in the order a reader meets them (depth first, in source
+order, each function once), with the module and the floor it stands on.
+
+A floor is a tier of the layers the import test holds (`tests/parity/_layers.py`), lowest
+first. Two figures say how hard the way is to follow:
+
+- a **climb**: the next stop stands on a higher floor than the last one (the reader went
+  down into a helper and must come back up to read on);
+- a **return**: the next stop is in a module the reader had already left.
+
+Calls are resolved from the source alone (`ast`, nothing imported): names a module defines
+or imports from parity, `module.name`, `Class.method`, `self.method`, and `x.method` where
+`x` is annotated with, built as, or returned as a parity class. A call through a value the
+reader cannot name from the source (a callback, a protocol) is not followed.
+
+    python tools/call_path.py parity.commands.check:run            # the figures
+    python tools/call_path.py parity.run.produced:check_produced -v  # and every stop
+"""
+
+from __future__ import annotations
+
+import argparse
+import ast
+import itertools
+import sys
+from dataclasses import dataclass, field
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(ROOT / "tests" / "parity"))
+
+from _layers import floor_of  # noqa: E402
+
+Target = tuple[str, str]  # (module, qualified name in it)
+
+
+@dataclass
+class _Module:
+    name: str
+    package: str
+    defs: dict[str, ast.FunctionDef | ast.AsyncFunctionDef | ast.ClassDef] = field(
+        default_factory=dict
+    )
+    imported: dict[str, str] = field(default_factory=dict)  # local name -> dotted target
+
+
+def _absolute(module: _Module, node: ast.ImportFrom) -> str:
+    base = node.module or ""
+    if node.level:
+        anchor = module.package.rsplit(".", node.level - 1)[0] if node.level > 1 else module.package
+        base = f"{anchor}.{base}" if base else anchor
+    return base
+
+
+class Index:
+    """Every module of one package, read once: what each defines and imports."""
+
+    def __init__(self, src: Path, package: str = "parity"):
+        self.modules: dict[str, _Module] = {}
+        for path in sorted((src / package).rglob("*.py")):
+            parts = path.relative_to(src).with_suffix("").parts
+            is_init = parts[-1] == "__init__"
+            name = ".".join(parts[:-1] if is_init else parts)
+            module = _Module(name, name if is_init else name.rpartition(".")[0])
+            tree = ast.parse(path.read_text(), str(path))
+            for node in tree.body:
+                if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef, ast.ClassDef)):
+                    module.defs[node.name] = node
+            for node in ast.walk(tree):  # imports inside functions are the module's too
+                if isinstance(node, ast.ImportFrom):
+                    base = _absolute(module, node)
+                    for alias in node.names:
+                        module.imported[alias.asname or alias.name] = f"{base}.{alias.name}"
+                elif isinstance(node, ast.Import):
+                    for alias in node.names:
+                        if alias.asname:
+                            module.imported[alias.asname] = alias.name
+            self.modules[name] = module
+
+    def resolve(self, dotted: str) -> Target | str | None:
+        """A dotted name as a definition (module, qualname), a module's name, or None."""
+        if dotted in self.modules:
+            return dotted
+        parent, _, last = dotted.rpartition(".")
+        if parent in self.modules:
+            module = self.modules[parent]
+            if last in module.defs:
+                return (parent, last)
+            if last in module.imported:  # a re-export
+                return self.resolve(module.imported[last])
+            return None
+        owner = self.resolve(parent) if parent else None
+        if isinstance(owner, tuple) and isinstance(self.node(owner), ast.ClassDef):
+            return self.member(owner, last)
+        return None
+
+    def node(self, target: Target) -> ast.AST | None:
+        module, qualname = target
+        head, _, rest = qualname.partition(".")
+        found: ast.AST | None = self.modules[module].defs.get(head)
+        if rest and isinstance(found, ast.ClassDef):
+            found = next(
+                (n for n in found.body if isinstance(n, ast.FunctionDef) and n.name == rest), None
+            )
+        return found
+
+    def member(self, cls: Target, name: str) -> Target | None:
+        target = (cls[0], f"{cls[1]}.{name}")
+        return target if self.node(target) is not None else None
+
+
+def _class_named(index: Index, module: _Module, annotation: ast.expr | None) -> Target | None:
+    """The parity class an annotation names (`C`, `C | None`, `"C"`), if one."""
+    if annotation is None:
+        return None
+    if isinstance(annotation, ast.Constant) and isinstance(annotation.value, str):
+        try:
+            annotation = ast.parse(annotation.value, mode="eval").body
+        except SyntaxError:
+            return None
+    if isinstance(annotation, ast.BinOp):
+        return _class_named(index, module, annotation.left) or _class_named(
+            index, module, annotation.right
+        )
+    found = _lookup(index, module, annotation, {})
+    is_class = isinstance(found, tuple) and isinstance(index.node(found), ast.ClassDef)
+    return found if is_class and isinstance(found, tuple) else None
+
+
+def _lookup(
+    index: Index, module: _Module, expr: ast.expr, types: dict[str, Target]
+) -> Target | str | None:
+    """What an expression names: a definition, a module, or (for a typed local) a class."""
+    if isinstance(expr, ast.Name):
+        if expr.id in types:
+            return types[expr.id]
+        if expr.id in module.defs:
+            return (module.name, expr.id)
+        if expr.id in module.imported:
+            return index.resolve(module.imported[expr.id])
+        return None
+    if isinstance(expr, ast.Attribute):
+        owner = _lookup(index, module, expr.value, types)
+        if isinstance(owner, str):
+            return index.resolve(f"{owner}.{expr.attr}")
+        if isinstance(owner, tuple) and isinstance(index.node(owner), ast.ClassDef):
+            return index.member(owner, expr.attr)
+    return None
+
+
+def _returned_class(index: Index, target: Target) -> Target | None:
+    node = index.node(target)
+    module = index.modules[target[0]]
+    if isinstance(node, ast.ClassDef):
+        return target
+    if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef)):
+        if (
+            target[1].count(".")
+            and node.returns is not None
+            and ast.unparse(node.returns)
+            in (
+                "Self",
+                f'"{target[1].split(".")[0]}"',
+                target[1].split(".")[0],
+            )
+        ):
+            return (target[0], target[1].split(".")[0])
+        return _class_named(index, module, node.returns)
+    return None
+
+
+def _local_types(
+    index: Index, module: _Module, fn: ast.FunctionDef | ast.AsyncFunctionDef, owner: str | None
+) -> dict[str, Target]:
+    """The parity class of each local the function's source names one for."""
+    types: dict[str, Target] = {}
+    if owner is not None:
+        types["self"] = types["cls"] = (module.name, owner)
+    args = fn.args
+    for arg in [*args.posonlyargs, *args.args, *args.kwonlyargs]:
+        cls = _class_named(index, module, arg.annotation)
+        if cls is not None:
+            types[arg.arg] = cls
+    for node in ast.walk(fn):
+        value, names = None, []
+        if isinstance(node, ast.Assign):
+            value, names = node.value, [t.id for t in node.targets if isinstance(t, ast.Name)]
+        elif isinstance(node, ast.AnnAssign) and isinstance(node.target, ast.Name):
+            cls = _class_named(index, module, node.annotation)
+            if cls is not None:
+                types[node.target.id] = cls
+                continue
+            value, names = node.value, [node.target.id]
+        elif isinstance(node, ast.withitem) and isinstance(node.optional_vars, ast.Name):
+            value, names = node.context_expr, [node.optional_vars.id]
+        if isinstance(value, ast.Call) and names:
+            called = _lookup(index, module, value.func, types)
+            cls = _returned_class(index, called) if isinstance(called, tuple) else None
+            if cls is not None:
+                for name in names:
+                    types[name] = cls
+    return types
+
+
+@dataclass(frozen=True)
+class Stop:
+    """One function of the way: where it is defined and the floor its module stands on."""
+
+    module: str
+    name: str
+    depth: int
+
+    @property
+    def floor(self) -> int:
+        return floor_of(self.module)
+
+
+def _called(index: Index, target: Target) -> list[Target]:
+    """The parity functions `target`'s body calls, in source order (a class called: its
+    `__init__` or `__post_init__`, where it defines one)."""
+    node = index.node(target)
+    if not isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef)):
+        return []
+    module = index.modules[target[0]]
+    owner = target[1].rpartition(".")[0] or None
+    types = _local_types(index, module, node, owner)
+    calls = sorted(
+        (n for n in ast.walk(node) if isinstance(n, ast.Call)),
+        key=lambda n: (n.lineno, n.col_offset),
+    )
+    out: list[Target] = []
+    for call in calls:
+        found = _lookup(index, module, call.func, types)
+        if not isinstance(found, tuple):
+            continue
+        if isinstance(index.node(found), ast.ClassDef):
+            found = index.member(found, "__init__") or index.member(found, "__post_init__")
+        if found is not None and found != target:
+            out.append(found)
+    return out
+
+
+def walk(index: Index, entry: Target, *, lowest: int = 0) -> list[Stop]:
+    """The stops from `entry`, depth first in source order, each function once; a function
+    on a floor below `lowest` is a stop whose own calls are not followed."""
+    seen: set[Target] = set()
+    stops: list[Stop] = []
+
+    def visit(target: Target, depth: int) -> None:
+        seen.add(target)
+        stops.append(Stop(target[0], target[1], depth))
+        if floor_of(target[0]) < lowest:
+            return
+        for callee in _called(index, target):
+            if callee not in seen:
+                visit(callee, depth + 1)
+
+    visit(entry, 0)
+    return stops
+
+
+@dataclass(frozen=True)
+class Figures:
+    """How hard a way is to follow: its stops, the modules they are in, its climbs back up
+    a floor and its returns to a module already left."""
+
+    stops: int
+    modules: int
+    climbs: int
+    returns: int
+
+    @classmethod
+    def of(cls, stops: list[Stop]) -> Figures:
+        climbs = sum(b.floor > a.floor for a, b in itertools.pairwise(stops))
+        returns, left = 0, set()
+        for a, b in itertools.pairwise(stops):
+            if b.module != a.module:
+                left.add(a.module)
+                returns += b.module in left
+        return cls(len(stops), len({s.module for s in stops}), climbs, returns)
+
+
+def figures(
+    entry: str, src: Path = ROOT / "src", *, lowest: str = "parity.results"
+) -> tuple[Figures, list[Stop]]:
+    """The figures of the way from `entry` (`module:function` or `module:Class.method`),
+    not following the calls of functions on the floors below `lowest`'s."""
+    module, _, name = entry.partition(":")
+    index = Index(src)
+    if index.node((module, name)) is None:
+        raise SystemExit(f"{entry}: no such function in {src}; pass module:function")
+    stops = walk(index, (module, name), lowest=floor_of(lowest))
+    return Figures.of(stops), stops
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("entry", nargs="+", help="module:function, e.g. parity.commands.check:run")
+    parser.add_argument("--src", type=Path, default=ROOT / "src", help="the folder parity is in")
+    parser.add_argument(
+        "--lowest",
+        default="parity.results",
+        help="the lowest unit whose functions' calls are followed (default: parity.results, "
+        "the core's lowest floor: the rooms below it, the judge, the store, the report, the "
+        "origin, are stops whose insides a reader of the check does not follow)",
+    )
+    parser.add_argument("-v", "--verbose", action="store_true", help="print every stop")
+    args = parser.parse_args(argv)
+    for entry in args.entry:
+        found, stops = figures(entry, args.src, lowest=args.lowest)
+        if args.verbose:
+            for s in stops:
+                print(f"{'  ' * s.depth}{s.module}:{s.name}  (floor {s.floor})")
+        print(
+            f"{entry}: {found.stops} stops in {found.modules} modules, "
+            f"{found.climbs} climbs back up a floor, {found.returns} returns to a module "
+            "already left"
+        )
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
