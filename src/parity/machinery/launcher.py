@@ -23,7 +23,13 @@ import numpy as np
 
 from parity.errors import ParityError
 from parity.machinery.devices import isolated_env
-from parity.machinery.processes import DEFAULT_TIMEOUT_S, WorkerFailed, run_workers, supervise
+from parity.machinery.processes import (
+    DEFAULT_TIMEOUT_S,
+    Supervision,
+    WorkerFailed,
+    run_workers,
+    supervise,
+)
 from parity.xla_env import DEFAULT_ISA_CAP
 
 if TYPE_CHECKING:
@@ -377,8 +383,9 @@ def run_producers(run: ProducerRun, *, progress: Callable[[str], None] = print) 
                 cmd,
                 processes,
                 env=env,
-                timeout=DEFAULT_TIMEOUT_S if timeout is None else timeout,
-                progress=forward,
+                how=Supervision(
+                    timeout=DEFAULT_TIMEOUT_S if timeout is None else timeout, progress=forward
+                ),
                 coordinator=run.coordinator,
                 process_id=run.process_id,
             )
@@ -394,7 +401,8 @@ def run_producers(run: ProducerRun, *, progress: Callable[[str], None] = print) 
             progress(line)
 
     try:  # one process: a `WorkerFailed` is a timeout
-        (rc,) = supervise(cmd, [env], timeout=timeout, ok=lambda _: True, progress=collect)
+        how = Supervision(timeout=timeout, ok=lambda _: True, progress=collect)
+        (rc,) = supervise(cmd, [env], how)
     except WorkerFailed as e:
         raise ProducerRunError.of_workers(command, e) from None
     if rc == EXIT_UNKNOWN_GROUP and (out / _UNKNOWN_GROUPS).is_file():

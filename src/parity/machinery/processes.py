@@ -42,6 +42,7 @@ __all__ = [
     "KILL_GRACE_S",
     "Layout",
     "NoSockets",
+    "Supervision",
     "WorkerFailed",
     "agree",
     "free_port",
@@ -155,16 +156,35 @@ def _stop(procs: Sequence[subprocess.Popen[bytes]], grace: float) -> None:
             p.wait(timeout=grace)
 
 
+def _exit_zero(code: int) -> bool:
+    return code == 0
+
+
+@dataclass(frozen=True, kw_only=True)
+class Supervision:
+    """How `supervise` (and `run_workers`, over it) owns the processes it starts.
+
+    **Fields:** `timeout` (seconds the whole run may take; None: no limit), `ok` (which exit
+    statuses are not failures; default only 0: pytest also ends with 1 when a test fails,
+    a verdict, not a fault), `echo` (where the first process's output is copied as it
+    comes: the report is its), `progress` (receives the first process's output lines as
+    they come, the last one too if it ends without a newline), `cwd` (the processes'
+    working folder).
+    """
+
+    timeout: float | None = DEFAULT_TIMEOUT_S
+    ok: Callable[[int], bool] = _exit_zero
+    echo: IO[str] | None = None
+    progress: Callable[[str], None] | None = None
+    cwd: str | os.PathLike[str] | None = None
+
+
 def run_workers(
     argv: Sequence[str],
     n: int,
     *,
     env: Mapping[str, str],
-    timeout: float = DEFAULT_TIMEOUT_S,
-    ok: Callable[[int], bool] = lambda code: code == 0,
-    echo: IO[str] | None = None,
-    progress: Callable[[str], None] | None = None,
-    cwd: str | os.PathLike[str] | None = None,
+    how: Supervision,
     coordinator: str | None = None,
     process_id: int | None = None,
 ) -> list[int]:
@@ -180,19 +200,15 @@ def run_workers(
     - `argv`: the worker's command line, the same for every process.
     - `n`: the number of processes, at least 1.
     - `env`: the workers' environment.
-    - `timeout`: seconds the whole run may take (default `DEFAULT_TIMEOUT_S`).
-    - `ok`: which exit statuses are not failures (default: only 0; pytest also ends with 1
-      when a test fails, which is a verdict, not a fault).
-    - `echo`: where worker 0's output is copied as it comes (the report is its).
-    - `progress`: receives worker 0's output lines as they come.
-    - `cwd`: the workers' working folder.
+    - `how`: the timeout, the exit statuses that pass, where worker 0's output goes, the
+      working folder (`Supervision`).
     - `coordinator`: `HOST:PORT` of process 0's coordinator (default: a free local port).
     - `process_id`: start only this worker of the `n` (one process per host; the other
       hosts start theirs); default all `n`, here.
 
     **Returns:** the exit statuses, by local worker, once every worker exited with a status
-    `ok` accepts. Raises `WorkerFailed` as soon as one worker exits with another status or
-    is killed (every other worker stopped within `KILL_GRACE_S`), or at the timeout.
+    `how.ok` accepts. Raises `WorkerFailed` as soon as one worker exits with another status
+    or is killed (every other worker stopped within `KILL_GRACE_S`), or at the timeout.
     """
     if n < 1:
         raise ValueError(f"a run needs at least 1 process, got {n}")
@@ -208,22 +224,16 @@ def run_workers(
         worker_env[ENV_COORDINATOR] = coordinator
         worker_env[ENV_LAUNCHER] = str(os.getpid())
         envs.append(worker_env)
-    return supervise(
-        argv, envs, ids=ids, n=n, timeout=timeout, ok=ok, echo=echo, progress=progress, cwd=cwd
-    )
+    return supervise(argv, envs, how, ids=ids, n=n)
 
 
 def supervise(
     argv: Sequence[str],
     envs: Sequence[Mapping[str, str]],
+    how: Supervision,
     *,
-    timeout: float | None,
     ids: Sequence[int] | None = None,
     n: int | None = None,
-    ok: Callable[[int], bool] = lambda code: code == 0,
-    echo: IO[str] | None = None,
-    progress: Callable[[str], None] | None = None,
-    cwd: str | os.PathLike[str] | None = None,
 ) -> list[int]:
     """Run `argv` once per environment in `envs`, and own the processes: the one supervisor
     of a single producer process (`parity.machinery.launcher.run_producers`) and of the workers of a
@@ -239,15 +249,14 @@ def supervise(
 
     - `argv`: the command line, the same for every process.
     - `envs`: one environment per process.
-    - `timeout`: seconds the whole run may take; None for no limit.
+    - `how`: the timeout, the exit statuses that pass, where the first process's output
+      goes, the working folder (`Supervision`).
     - `ids`: the processes' ids in messages (default 0, 1, ...); `n`: the size of the run
       they belong to (default `len(envs)`).
-    - `ok`, `echo`, `progress`, `cwd`: as for `run_workers`; `echo` and `progress` follow
-      the first process (the last line too, if it ends without a newline).
 
     **Returns:** the exit statuses, by process, once every process exited with a status
-    `ok` accepts. Raises `WorkerFailed` as soon as one process exits with another status or
-    is killed, or at the timeout.
+    `how.ok` accepts. Raises `WorkerFailed` as soon as one process exits with another status
+    or is killed, or at the timeout.
     """
     ids = list(range(len(envs))) if ids is None else list(ids)
     n = len(envs) if n is None else n
@@ -261,7 +270,7 @@ def supervise(
                 subprocess.Popen(
                     list(argv),
                     env=dict(proc_env),
-                    cwd=cwd,
+                    cwd=how.cwd,
                     stdin=subprocess.DEVNULL,
                     stdout=log,
                     stderr=subprocess.STDOUT,
@@ -269,7 +278,7 @@ def supervise(
                 )
             )
         with signals_reach_main_thread():
-            return _watch(procs, ids, n, logs, timeout, ok, echo, progress)
+            return _watch(procs, ids, n, logs, how)
     finally:
         _stop(procs, KILL_GRACE_S)
         for log in logs:
@@ -288,10 +297,7 @@ def _watch(
     ids: Sequence[int],
     n: int,
     logs: Sequence[IO[bytes]],
-    timeout: float | None,
-    ok: Callable[[int], bool],
-    echo: IO[str] | None,
-    progress: Callable[[str], None] | None,
+    how: Supervision,
 ) -> list[int]:
     def output(j: int) -> str:
         return _read(logs[j]).decode("utf-8", "replace")
@@ -304,29 +310,29 @@ def _watch(
 
     def forward(last: bool = False) -> None:
         nonlocal seen, pending
-        if echo is None and progress is None:
+        if how.echo is None and how.progress is None:
             return
         chunk = _read(logs[0], seen)
         seen += len(chunk)
         text = pending + chunk.decode("utf-8", "replace")
-        if echo is not None:
-            echo.write(text[len(pending) :])
-            echo.flush()
+        if how.echo is not None:
+            how.echo.write(text[len(pending) :])
+            how.echo.flush()
         lines = text.split("\n")
         pending = lines.pop()
         if last and pending:
             lines.append(pending)
             pending = ""
-        if progress is not None:
+        if how.progress is not None:
             for line in lines:
-                progress(line)
+                how.progress(line)
 
-    deadline = None if timeout is None else time.monotonic() + timeout
+    deadline = None if how.timeout is None else time.monotonic() + how.timeout
     while True:
         forward()
         codes = [p.poll() for p in procs]
         for j, code in enumerate(codes):
-            if code is not None and not ok(code):
+            if code is not None and not how.ok(code):
                 _stop(procs, KILL_GRACE_S)
                 forward(last=True)
                 tail = "\n".join(f"  {ln}" for ln in _tail(output(j)))
@@ -348,7 +354,7 @@ def _watch(
             tail = "\n".join(f"  process {i}: {ln}" for i in running for ln in _tail(output(i), 4))
             raise WorkerFailed(
                 running[0] if len(running) == 1 else None,
-                f"the run timed out after {timeout:g} s with process(es) "
+                f"the run timed out after {how.timeout:g} s with process(es) "
                 f"{', '.join(map(str, running))} of {len(procs)} still running (a hang, or "
                 "a run longer than the timeout: raise the timeout); they were stopped",
                 tail,

@@ -136,7 +136,7 @@ def pytest_cmdline_main(config: pytest.Config) -> int | None:
         return None
     import sys
 
-    from parity.machinery.processes import WorkerFailed, run_workers
+    from parity.machinery.processes import Supervision, WorkerFailed, run_workers
 
     timeout = config.getoption("--parity-timeout")
     if timeout is None or timeout <= 0:
@@ -150,10 +150,12 @@ def pytest_cmdline_main(config: pytest.Config) -> int | None:
             argv,
             n,
             env=dict(os.environ),
-            timeout=timeout,
-            ok=lambda code: code in passed,
-            echo=sys.stdout,
-            cwd=config.invocation_params.dir,
+            how=Supervision(
+                timeout=timeout,
+                ok=lambda code: code in passed,
+                echo=sys.stdout,
+                cwd=config.invocation_params.dir,
+            ),
         )
     except WorkerFailed as e:
         import tempfile

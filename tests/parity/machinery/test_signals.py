@@ -78,7 +78,7 @@ def test_a_sigint_delivered_to_another_thread_interrupts_the_main_thread_at_once
 _LAUNCHER = """
     import ctypes, os, pathlib, signal, sys, threading, time
     signal.signal(signal.SIGINT, signal.default_int_handler)  # as in a terminal (see above)
-    from parity.machinery.processes import run_workers
+    from parity.machinery.processes import Supervision, run_workers
     import numpy
     PIDS = pathlib.Path({pids!r})
     WORKER = "import os, time; open({pids!r}, 'a').write(str(os.getpid()) + ' '); time.sleep(60)"
@@ -95,7 +95,8 @@ _LAUNCHER = """
 
     threading.Thread(target=_send_when_started, daemon=True).start()
     try:
-        run_workers([sys.executable, "-c", WORKER], 2, env=dict(os.environ), timeout=50)
+        how = Supervision(timeout=50)
+        run_workers([sys.executable, "-c", WORKER], 2, env=dict(os.environ), how=how)
     except KeyboardInterrupt:
         sys.exit(130)
 """
