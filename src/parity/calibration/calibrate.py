@@ -157,7 +157,6 @@ def calibrate(
     """
     from parity.run.produced import produce
 
-    runs: dict[str, dict[str, dict[str, Any]]] = {g: {} for g in goldens}
     seconds: dict[str, float] = {}
     reference = "the goldens"
     with contextlib.ExitStack() as stack:
@@ -178,16 +177,22 @@ def calibrate(
                 f"a run of the pinned environment here, on {describe_backend(prov)} (the "
                 "goldens were pinned on another backend: their bits are no reference here)"
             )
-        return _calibrate(
+        keys = _measure_perturbed(
             config,
             goldens,
             perturbs,
-            runs,
             seconds,
             overrides=overrides,
             progress=progress,
             registry=registry,
-            skipped=skipped,
+        )
+        return Calibration(
+            pinned={"isa": config.isa, "devices": config.devices},
+            perturbations=tuple(perturbs),
+            seconds=seconds,
+            keys=tuple(keys),
+            host=tuple(host_isa_caps()),
+            skipped=tuple(skipped),
             reference=reference,
         )
 
@@ -209,21 +214,21 @@ def _as_reference(folder: Path, group: str, gf: GoldenFile, ref: Any) -> Path:
     )
 
 
-def _calibrate(
+def _measure_perturbed(
     config: ParityConfig,
     goldens: Mapping[str, GoldenFile],
     perturbs: Sequence[Perturbation],
-    runs: dict[str, dict[str, dict[str, Any]]],
     seconds: dict[str, float],
     *,
     overrides: Overrides,
     progress: Callable[[str], None],
     registry: Mapping[str, ToleranceClass],
-    skipped: Sequence[str],
-    reference: str,
-) -> Calibration:
+) -> list[KeySpread]:
+    """Produce `goldens`' groups under each of `perturbs` (each run's wall time into
+    `seconds`, by label) and measure every key against its golden (`measure`)."""
     from parity.run.produced import produce
 
+    runs: dict[str, dict[str, dict[str, Any]]] = {g: {} for g in goldens}
     for i, p in enumerate(perturbs, 1):
         progress(f"[calibrate {i}/{len(perturbs)}] {p.label}: producing {', '.join(goldens)}")
         env = dataclasses.replace(config, isa=p.isa, devices=p.devices, processes=p.processes)
@@ -236,15 +241,7 @@ def _calibrate(
     keys: list[KeySpread] = []
     for group, gf in goldens.items():
         keys += measure(runs[group], gf, group, overrides=overrides, registry=registry)
-    return Calibration(
-        pinned={"isa": config.isa, "devices": config.devices},
-        perturbations=tuple(perturbs),
-        seconds=seconds,
-        keys=tuple(keys),
-        host=tuple(host_isa_caps()),
-        skipped=tuple(skipped),
-        reference=reference,
-    )
+    return keys
 
 
 def format_calibration(cal: Calibration) -> str:
