@@ -13,8 +13,10 @@ SRC = ROOT / "src"
 
 
 def _module_file(dotted: str) -> Path | None:
+    """The file that names `dotted`'s attributes: a package's stub, where it has one (`parity`
+    lists its public names in `__init__.pyi`), else its module or `__init__.py`."""
     path = SRC.joinpath(*dotted.split("."))
-    for candidate in (path.with_suffix(".py"), path / "__init__.py"):
+    for candidate in (path.with_suffix(".py"), path / "__init__.pyi", path / "__init__.py"):
         if candidate.is_file():
             return candidate
     return None

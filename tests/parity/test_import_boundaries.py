@@ -5,7 +5,6 @@ them, each at one height (issue 38)."""
 
 from __future__ import annotations
 
-import ast
 import json
 import subprocess
 import sys
@@ -21,7 +20,7 @@ SRC = Path(parity.__file__).resolve().parent
 
 #: Each layer, and the top-level modules it must never load, with every module in it imported.
 FORBIDDEN = {
-    "parity": ("jax", "h5py", "decomp"),
+    "parity": ("jax", "h5py", "matplotlib", "rich", "decomp"),
     "parity.judge": ("jax", "h5py", "decomp"),
     "parity.origin": ("jax", "h5py", "decomp"),
     "parity.store": ("jax", "decomp"),
@@ -202,23 +201,3 @@ def test_the_folders_import_one_another_without_a_cycle() -> None:
         graph[a].add(b)
     assert "parity.check" in graph["parity.run"]
     assert _cycles(graph) == []
-
-
-def test_the_public_names_are_listed_once_and_each_loads_its_module() -> None:
-    """`parity.__all__` is the literal map's names, and the `if TYPE_CHECKING:` imports (what
-    type checkers see) bring in exactly those names from exactly those modules; every one of
-    them loads on first use, and `parity` itself is not the place anything else is found."""
-    typed: dict[str, str] = {}
-    for node in ast.parse((SRC / "__init__.py").read_text()).body:
-        if isinstance(node, ast.If) and ast.unparse(node.test) == "TYPE_CHECKING":
-            for imp in node.body:
-                if isinstance(imp, ast.ImportFrom) and imp.module:
-                    typed.update((a.name, imp.module) for a in imp.names)
-    public = parity._PUBLIC  # pyright: ignore[reportPrivateUsage]
-    assert typed == public
-    assert sorted(parity.__all__) == sorted(public) and len(set(parity.__all__)) == len(public)
-    script = "import parity\nfor name in parity.__all__:\n    getattr(parity, name)\n"
-    proc = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True)
-    assert proc.returncode == 0, proc.stderr
-    with pytest.raises(AttributeError, match="compare_trees"):
-        _ = parity.compare_trees  # importable from parity.judge.compare, not advertised here

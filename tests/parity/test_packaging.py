@@ -54,6 +54,8 @@ def test_the_wheel_carries_parity_and_no_decomp(wheel: Path) -> None:
         "compile_stats",
     ):
         assert f"parity/{module}.py" in names, (module, names)
+    # the public names, which `parity/__init__.py` reads at import (lazy_loader.attach_stub)
+    assert "parity/__init__.pyi" in names, names
 
 
 def test_the_wheel_requires_no_subject_dependency(wheel: Path) -> None:
@@ -65,7 +67,8 @@ def test_the_wheel_requires_no_subject_dependency(wheel: Path) -> None:
     assert (meta["Name"], meta["Version"]) == ("parity-harness", version)
     requires = meta.get_all("Requires-Dist") or []
     required = {_name(r) for r in requires if "extra ==" not in r}
-    assert required == {"jax", "jaxlib", "numpy", "h5py", "ml-dtypes", "filelock"}, requires
+    harness = {"jax", "jaxlib", "numpy", "h5py", "ml-dtypes", "filelock", "lazy-loader"}
+    assert required == harness, requires
     # equinox and optax only under this repository's own extras (its tests run decomp):
     # `test`, and `dev`, which includes it.
     subject = [r for r in requires if _name(r) in SUBJECT_ONLY]
@@ -81,5 +84,5 @@ def test_the_sdist_carries_parity_and_no_decomp(tmp_path: Path) -> None:
     assert proc.returncode == 0, proc.stdout + proc.stderr
     with tarfile.open(tmp_path / proc.stdout.strip().splitlines()[-1]) as tar:
         names = [n.split("/", 1)[1] for n in tar.getnames() if "/" in n]
-    assert "src/parity/__init__.py" in names and "pyproject.toml" in names, names
+    assert {"src/parity/__init__.py", "src/parity/__init__.pyi", "pyproject.toml"} <= set(names)
     assert not [n for n in names if n.startswith(("src/decomp", "tests", "goldens"))], names
