@@ -113,7 +113,7 @@ def run(args: argparse.Namespace, out: IO[str]) -> int:
 def _run(config: Any, args: argparse.Namespace, out: IO[str]) -> int:
     from parity.machinery.launcher import ProducerRunError, UnknownGroupsError, UnusableClassError
     from parity.machinery.worktree import GitError
-    from parity.run.repin import RepinError, repin
+    from parity.run.repin import RepinError, RepinRun, repin
 
     target = config.goldens
     if args.recover:
@@ -134,12 +134,10 @@ def _run(config: Any, args: argparse.Namespace, out: IO[str]) -> int:
             producers=config.need_producers(),
             out_dir=target,
             repo=config.root,
-            device_count=config.devices,
-            isa_cap=config.isa,
-            groups=split_groups(args.groups),
-            keep_worktree=args.keep_worktree,
             progress=report_progress,
-            src=config.src_relative(),
+            run=RepinRun.of(
+                config, groups=split_groups(args.groups), keep_worktree=args.keep_worktree
+            ),
         )
     except (GitError, UnusableClassError) as e:
         raise CLIError(str(e)) from None

@@ -43,7 +43,7 @@ from parity.origin.localisation import Localisation
 from parity.report.summary import arrays_failing
 from parity.results import CheckError
 from parity.run.produced import check_produced, produce
-from parity.run.repin import RepinError, repin
+from parity.run.repin import RepinError, RepinRun, repin
 
 __all__ = ["BisectError", "BisectResult", "Step", "bisect", "first_parent_commits"]
 
@@ -296,11 +296,8 @@ def bisect(
                 producers=config.need_producers(),
                 out_dir=Path(tmp),
                 repo=root,
-                device_count=config.devices,
-                isa_cap=config.isa,
-                groups=groups,
                 progress=lambda _: None,
-                src=config.src_relative(),
+                run=RepinRun.of(config, groups=groups),
             )
         except UnknownGroupsError as e:  # the producers' file, whatever the commit
             raise BisectError(e.message) from None

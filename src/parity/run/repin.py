@@ -32,6 +32,7 @@ from pathlib import Path
 from parity.errors import ParityError
 from parity.judge.floats import count
 from parity.judge.tolerance import ClassMap
+from parity.machinery.config import ParityConfig
 from parity.machinery.launcher import ProducerRun, load_runner_output, run_producers
 from parity.machinery.signals import signals_reach_main_thread
 from parity.machinery.worktree import (
@@ -75,18 +76,40 @@ class RepinResult:
     changes: tuple[GroupChange, ...] = field(default_factory=tuple)
 
 
+@dataclass(frozen=True, kw_only=True)
+class RepinRun:
+    """How a repin runs the producers at its base commit.
+
+    **Fields:** `devices`, `isa` (the device count and ISA cap, fixed for the producer run
+    and recorded in provenance), `groups` (a subset of the producer groups; empty: all),
+    `src` (the import roots of the code under test, relative to the repository root; None:
+    `src`; the same folders of the current checkout are kept off the path),
+    `keep_worktree` (leave the worktree for inspection; its path is reported).
+    """
+
+    devices: int = 1
+    isa: str | None = DEFAULT_ISA_CAP
+    groups: Sequence[str] = ()
+    src: Sequence[str] | None = None
+    keep_worktree: bool = False
+
+    @classmethod
+    def of(
+        cls, config: ParityConfig, *, groups: Sequence[str] = (), keep_worktree: bool = False
+    ) -> RepinRun:
+        """A run of `groups` in `config`'s device count and ISA cap, from its src roots."""
+        devices, isa, src = config.devices, config.isa, config.src_relative()
+        return cls(devices=devices, isa=isa, groups=groups, src=src, keep_worktree=keep_worktree)
+
+
 def repin(
     base: str,
     *,
     producers: Path | str,
     out_dir: Path | str,
     repo: Path | str = ".",
-    device_count: int = 1,
-    isa_cap: str | None = DEFAULT_ISA_CAP,
-    groups: Sequence[str] = (),
-    keep_worktree: bool = False,
     progress: Callable[[str], None] = print,
-    src: Sequence[str] | None = None,
+    run: RepinRun | None = None,
 ) -> RepinResult:
     """Pin goldens at commit `base`.
 
@@ -96,15 +119,13 @@ def repin(
     - `producers`: the producers file, from the current tree.
     - `out_dir`: where `<group>.h5` files go (created if missing).
     - `repo`: a folder inside the repository.
-    - `device_count`, `isa_cap`: fixed for the producer run and recorded in provenance.
-    - `groups`: a subset of the producer groups (default: all).
-    - `keep_worktree`: leave the worktree for inspection (its path is reported).
     - `progress`: receives one line per step.
-    - `src`: the import roots of the code under test, relative to the repository root
-      (default `src`); the same folders of the current checkout are kept off the path.
+    - `run`: the layout, ISA cap, groups and src roots of the producer run, and whether to
+      keep its worktree (`RepinRun`; None: its defaults, every group on 1 device).
 
     **Returns:** a `RepinResult` with what changed per file.
     """
+    run = run or RepinRun()
     root = repo_root(repo)
     sha = resolve_sha(root, base)
     producers = Path(producers).resolve()
@@ -121,18 +142,7 @@ def repin(
     with signals_reach_main_thread(), _locked(out):
         for line in _recover(out, root):
             progress(line)
-        return _repin_locked(
-            root,
-            sha,
-            producers,
-            out,
-            device_count,
-            isa_cap,
-            groups,
-            keep_worktree,
-            progress,
-            src,
-        )
+        return _repin_locked(root, sha, producers, out, run, progress)
 
 
 @contextlib.contextmanager
@@ -168,34 +178,31 @@ def _repin_locked(
     sha: str,
     producers: Path,
     out: Path,
-    device_count: int,
-    isa_cap: str | None,
-    groups: Sequence[str],
-    keep_worktree: bool,
+    run: RepinRun,
     progress: Callable[[str], None],
-    src: Sequence[str] | None,
 ) -> RepinResult:
     progress(f"repin at {sha[:12]}: adding a temporary worktree")
+    src = run.src
     with (
         owned_tempdir(RUNNER_PREFIX) as tmp,
-        temporary_worktree(root, sha, keep=keep_worktree) as wt,
+        temporary_worktree(root, sha, keep=run.keep_worktree) as wt,
     ):
-        if keep_worktree:
+        if run.keep_worktree:
             progress(f"worktree kept at {wt}")
-        run = ProducerRun(
+        at_base = ProducerRun(
             code_root=wt,
             producers=producers,
             out=Path(tmp),
             command="repin",
-            devices=device_count,
-            isa=isa_cap,
-            groups=groups,
+            devices=run.devices,
+            isa=run.isa,
+            groups=run.groups,
             drop_paths=[root / r for r in src] if src else [root / "src"],
             src=src,
             check_classes=True,
             code=f"the base commit {sha[:12]}",
         )
-        run_producers(run, progress=progress)
+        run_producers(at_base, progress=progress)
         digest = digest_sources([producers])
         names = sorted(p.stem for p in Path(tmp).glob("*.json"))
         staged: list[tuple[Path, Path]] = []
