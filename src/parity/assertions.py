@@ -13,10 +13,12 @@ makes) plus the tree's non-array leaves, compared with `==`
 
 from __future__ import annotations
 
+import dataclasses
 from collections.abc import Callable, Mapping, Sequence
-from typing import Any
+from dataclasses import dataclass
+from typing import Any, TypedDict, Unpack
 
-from parity.check import check_live
+from parity.check import Settler, check_live
 from parity.judge.classes import REGISTRY, ToleranceClass
 from parity.judge.compare import Comparison, Order
 from parity.judge.dataflow import Dataflow
@@ -25,23 +27,54 @@ from parity.judge.trees import non_array_differences
 from parity.origin.api import settle_live
 from parity.origin.localisation import Localisation
 from parity.report import format_table
+from parity.results import CheckResult
 
-__all__ = ["assert_equivalent"]
+__all__ = ["AssertOptions", "assert_equivalent"]
 
 
-def assert_equivalent(
-    actual: Any,
-    expected: Any,
-    *,
-    class_map: ClassMap | str = "bitwise",
-    order: Order | None = None,
-    overrides: Sequence[tuple[str, str]] = (),
-    registry: Mapping[str, ToleranceClass] = REGISTRY,
-    new_fn: Callable[..., Any] | None = None,
-    old_fn: Callable[..., Any] | None = None,
-    args: tuple[Any, ...] = (),
-    kwargs: Mapping[str, Any] | None = None,
-) -> Comparison:
+class AssertOptions(TypedDict, total=False):
+    """`assert_equivalent`'s options (each described there)."""
+
+    class_map: ClassMap | str
+    order: Order | None
+    overrides: Sequence[tuple[str, str]]
+    registry: Mapping[str, ToleranceClass]
+    new_fn: Callable[..., Any] | None
+    old_fn: Callable[..., Any] | None
+    args: tuple[Any, ...]
+    kwargs: Mapping[str, Any] | None
+
+
+@dataclass(frozen=True)
+class _Programs:
+    """The two functions whose outputs a failing `assert_equivalent` compared, and what they
+    were called with: the check's `Settler` (`parity.check.Settler`), recording both op by
+    op once (`parity.origin.settle_live`)."""
+
+    new_fn: Callable[..., Any]
+    old_fn: Callable[..., Any]
+    args: tuple[Any, ...]
+    kwargs: Mapping[str, Any]
+    registry: Mapping[str, ToleranceClass]
+
+    def settle(self, results: Sequence[CheckResult]) -> list[CheckResult]:
+        out = []
+        for r in results:
+            if not r.passed:
+                comparison, found = settle_live(
+                    r.comparison,
+                    self.new_fn,
+                    self.old_fn,
+                    self.args,
+                    self.kwargs,
+                    registry=self.registry,
+                )
+                r = dataclasses.replace(r, comparison=comparison, origin=found)
+            out.append(r)
+        return out
+
+
+def assert_equivalent(actual: Any, expected: Any, **options: Unpack[AssertOptions]) -> Comparison:
     """Assert that every array leaf of `actual` holds its tolerance class against `expected`.
 
     **Arguments:**
@@ -89,44 +122,45 @@ def assert_equivalent(
     __tracebackhide__ = True  # a failure points at the caller's line, not at parity's
     statics_a: dict[str, Any] = {}
     statics_e: dict[str, Any] = {}
+    order, registry = options.get("order"), options.get("registry", REGISTRY)
+    new_fn, old_fn = options.get("new_fn"), options.get("old_fn")
+    args, kwargs = options.get("args", ()), options.get("kwargs") or {}
 
-    def compare(order: Order | None) -> Comparison:
+    def check(order: Order | None, settle: Settler | None = None) -> CheckResult:
+        statics_a.clear()
+        statics_e.clear()
         return check_live(
             actual,
             expected,
-            class_map=class_map,
-            overrides=overrides,
+            class_map=options.get("class_map", "bitwise"),
+            overrides=options.get("overrides", ()),
             order=order,
             registry=registry,
             name="assert_equivalent",
             non_arrays=(statics_a, statics_e),
-        ).comparison
+            settle=settle,
+        )
 
-    comparison = compare(order)
+    result = check(order)
     static_problems = non_array_differences(statics_a, statics_e)
-    if comparison.passed and not static_problems:
-        return comparison
+    if result.passed and not static_problems:
+        return result.comparison
     dataflow = isinstance(expected, Dataflow) or isinstance(actual, Dataflow)
-    if order is None and not dataflow and new_fn is not None and not comparison.passed:
+    if order is None and not dataflow and new_fn is not None and not result.passed:
         # With the function in hand, the forward order is read from its program (traced
         # only now, on a failure); where it does not trace, the containers' order stands.
-        order = _forward_order(new_fn, args, kwargs or {})
-        if order is not None:
-            statics_a.clear()
-            statics_e.clear()
-            comparison = compare(order)
-    found = None
-    if new_fn is not None and old_fn is not None and not comparison.passed:
+        order = _forward_order(new_fn, args, kwargs)
+    if new_fn is not None and old_fn is not None and not result.passed:
         # Both programs recorded op by op, once: a key of a class that proves (`op_by_op`)
         # is proved or told why not, and the first key still failing gets its origin.
-        comparison, found = settle_live(
-            comparison, new_fn, old_fn, args, kwargs or {}, registry=registry
-        )
-        if comparison.passed and not static_problems:
-            return comparison
+        result = check(order, _Programs(new_fn, old_fn, args, kwargs, registry))
+    elif order is not None and not result.passed and options.get("order") is None:
+        result = check(order)
+    if result.passed and not static_problems:
+        return result.comparison
     # Without an order or a `Dataflow`, the walk is the containers' own: not the forward one.
     walk = "forward order" if order is not None or dataflow else "container order"
-    raise AssertionError(_message(comparison, walk, static_problems, found))
+    raise AssertionError(_message(result.comparison, walk, static_problems, result.origin))
 
 
 def _message(

@@ -40,7 +40,7 @@ import os
 import time
 from collections.abc import Callable, Collection, Mapping, Sequence
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, Unpack
+from typing import TYPE_CHECKING, Any, Protocol, TypedDict, Unpack
 
 from parity.calibrated.bounds import golden_classes
 from parity.environment import (
@@ -73,6 +73,8 @@ __all__ = [
     "REPIN_HINT",
     "CheckOptions",
     "GoldenDir",
+    "LiveOptions",
+    "Settler",
     "check_file",
     "check_group",
     "check_groups",
@@ -186,10 +188,48 @@ def _compare(
     return comparison, flat_a, time.perf_counter() - t0
 
 
+class Settler(Protocol):
+    """What settles a check's failures after its verdict, op by op: each key of a class
+    that proves (`op_by_op`) proved or told why not, and the origin of what still fails
+    named (`CheckResult.origin`). The check calls it once, with every result, where some
+    fails; the face that runs the check provides it, since only the face knows how the
+    programs behind the trees can be recorded: `parity.run.origins.FailureSettler` (the
+    producers, here and at the base commit) for `parity check` and the pytest plugin,
+    `parity.assertions`' for two functions in hand."""
+
+    def settle(self, results: Sequence[CheckResult]) -> list[CheckResult]:
+        """`results` in order, each failing one settled (a passing one as it is)."""
+        ...
+
+
+def _settled(results: list[CheckResult], settler: Settler | None) -> list[CheckResult]:
+    """The last stage: the failures settled, where a settler was given and some failed."""
+    if settler is None or all(r.passed for r in results):
+        return results
+    return settler.settle(results)
+
+
 class CheckOptions(GroupOptions, total=False):
-    """The options of a check of a golden group, as `check_file` takes them."""
+    """The options of a check of a golden group, as `check_group` takes them."""
 
     baseline: BaselineSource | None
+    settle: Settler | None
+
+
+class LiveOptions(TypedDict, total=False):
+    """The options of a live check (`check_live`); each as `check_group` takes it, but
+    `class_map`, which defaults to `bitwise` there, and `non_arrays` (see `check_live`)."""
+
+    class_map: ClassMapLike
+    overrides: Overrides
+    order: Order | None
+    registry: Mapping[str, ToleranceClass]
+    name: str
+    node: str | None
+    produce_s: float | None
+    save_actual: str | os.PathLike[str] | None
+    non_arrays: tuple[dict[str, Any], dict[str, Any]] | None
+    settle: Settler | None
 
 
 def first_verdict(actual: Any, gf: GoldenFile, request: CheckRequest) -> FirstVerdict:
@@ -372,6 +412,7 @@ def check_groups(
     baseline: BaselineSource | None = None,
     dataflow_orders: Mapping[str, Sequence[str]] | None = None,
     host_computed: Collection[str] = (),
+    settle: Settler | None = None,
     **options: Unpack[GroupOptions],
 ) -> list[CheckResult]:
     """Compare each group of `produced` against its golden group, in one pass: every
@@ -391,6 +432,8 @@ def check_groups(
       them (`parity check`: read from the programs the producer ran), the forward order of
       that group's check in place of the golden's pinned one; `host_computed`: groups
       whose values no jax program computed (their header says so, not "declared").
+    - `settle`: what settles the failures op by op (`Settler`), once, after every verdict;
+      None: the verdicts stand as the comparisons made them.
     - `options`: as `check_file` takes them (but `baseline`).
 
     **Returns:** one `CheckResult` per group, in `produced`'s order. Raises `CheckError`
@@ -411,32 +454,20 @@ def check_groups(
             **options,
         )
         firsts.append(first_verdict(actual, gf, request))
-    return _concluded(firsts, baseline)
+    return _settled(_concluded(firsts, baseline), settle)
 
 
-def check_live(
-    actual: Any,
-    expected: Any,
-    *,
-    class_map: ClassMapLike = DEFAULT_CLASS,
-    overrides: Overrides = (),
-    order: Order | None = None,
-    registry: Mapping[str, ToleranceClass] = REGISTRY,
-    name: str = "live",
-    node: str | None = None,
-    produce_s: float | None = None,
-    save_actual: str | os.PathLike[str] | None = None,
-    non_arrays: tuple[dict[str, Any], dict[str, Any]] | None = None,
-) -> CheckResult:
+def check_live(actual: Any, expected: Any, **options: Unpack[LiveOptions]) -> CheckResult:
     """Compare `actual` against a live reference `expected` (the old implementation run
     on the same inputs), both pytrees of arrays (a bare array is a tree of one leaf, named
     `BARE_KEY`).
 
-    **Arguments:** as `check_group`, with `expected` in place of the golden group and
-    `class_map` defaulting to `bitwise`. With `save_actual`, a failing check writes
-    `<name>.h5` (actual) and `<name>.expected.h5` (reference). With `non_arrays`, two
-    dicts that receive the leaves of `actual` and `expected` that are not arrays, by key
-    (`assert_equivalent` compares them with `==`); without, such leaves are an error.
+    **Arguments:** as `check_group` (`LiveOptions`), with `expected` in place of the golden
+    group, `class_map` defaulting to `bitwise` and `name` to `live`. With `save_actual`, a
+    failing check writes `<name>.h5` (actual) and `<name>.expected.h5` (reference). With
+    `non_arrays`, two dicts that receive the leaves of `actual` and `expected` that are not
+    arrays, by key (`assert_equivalent` compares them with `==`); without, such leaves are
+    an error. With `settle`, a failing check is settled op by op (`Settler`).
 
     **Returns:** a `CheckResult` (its `group` is None).
 
@@ -448,19 +479,22 @@ def check_live(
     ```
     """
     started = time.time()
+    name, overrides = options.get("name", "live"), options.get("overrides", ())
+    class_map = options.get("class_map", DEFAULT_CLASS)
     resolve = class_resolver(overrides=overrides, class_map=class_map)
     comparison, flat_a, compare_s = _compare(
         actual,
         expected,
         resolve,
-        registry=registry,
-        order=order,
+        registry=options.get("registry", REGISTRY),
+        order=options.get("order"),
         name=name,
         bare=BARE_KEY,
         reference="expected",
-        non_arrays=non_arrays,
+        non_arrays=options.get("non_arrays"),
     )
     saved = command = None
+    save_actual = options.get("save_actual")
     if save_actual is not None and not comparison.passed:
         from parity.store.writer import save_arrays
 
@@ -474,13 +508,14 @@ def check_live(
             order=keys,
         )
         saved, command = str(path), diff_command(path, ref, overrides, class_map)
-    return CheckResult(
+    result = CheckResult(
         name=name,
         comparison=comparison,
-        node=node,
+        node=options.get("node"),
         started=started,
-        produce_s=produce_s,
+        produce_s=options.get("produce_s"),
         compare_s=compare_s,
         saved=saved,
         command=command,
     )
+    return _settled([result], options.get("settle"))[0]

@@ -142,7 +142,8 @@ def run(args: argparse.Namespace, out: IO[str]) -> int:
     from parity.report import ReportSession
     from parity.results import merged_header_lines
     from parity.run.baseline import BaselineBuilder
-    from parity.run.produced import check_produced, produce
+    from parity.run.origins import FailureSettler
+    from parity.run.produced import ClusterPlace, check_produced, produce
 
     config = config_of(args)
     overrides = overrides_of(args)
@@ -154,13 +155,15 @@ def run(args: argparse.Namespace, out: IO[str]) -> int:
         verify_goldens(config.goldens, split_groups(args.groups))
     try:
         produced = produce(
-            config.root,
             config,
             groups=split_groups(args.groups),
             progress=report_progress,
             timeout=args.timeout,
-            coordinator=args.coordinator,
-            process_id=args.process_id,
+            place=(
+                None
+                if args.coordinator is None
+                else ClusterPlace(coordinator=args.coordinator, process_id=args.process_id)
+            ),
             check_classes=True,  # a typo in CLASS_MAP is refused as a repin refuses it
         )
     except UnknownGroupsError as e:
@@ -187,30 +190,26 @@ def run(args: argparse.Namespace, out: IO[str]) -> int:
     if mode != "off" and args.coordinator is None:
         baseline = BaselineBuilder(config, progress=report_progress, timeout=args.timeout)
     with GoldenDir(config.goldens) as goldens:  # a CheckError reaches cli.main: one line
+        settler = FailureSettler(
+            produced,
+            config,
+            goldens,
+            origin=args.origin == "auto",
+            progress=report_progress,
+            timeout=args.timeout,
+        )
         results = check_produced(
             produced,
             goldens,
+            baseline=baseline,
+            settle=settler,
             overrides=overrides,
-            class_name=args.class_name,
+            class_map=args.class_name,
             drift_mode=config.drift,
             save_actual=save,
             node="parity check",
-            baseline=baseline,
             require_baseline=mode == "require",
         )
-        if not all(r.passed for r in results):
-            from parity.run.origins import settle_failures
-
-            settled = settle_failures(
-                results,
-                produced,
-                config,
-                goldens,
-                origin=args.origin == "auto",
-                progress=report_progress,
-                timeout=args.timeout,
-            )
-            results = [s.result for s in settled]
     header = {
         "goldens": str(config.goldens),
         "producers": str(config.producers),

@@ -7,7 +7,7 @@ import dataclasses
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, TypedDict, Unpack
 
 import pytest
 
@@ -63,24 +63,24 @@ def _failure_text(result: CheckResult, differing: Sequence[str]) -> str:
     return text
 
 
+class CheckOptions(TypedDict, total=False):
+    """`parity_check`'s options (each described at `_Check.__call__`)."""
+
+    name: str | None
+    class_map: Any
+    overrides: Sequence[tuple[str, str]]
+    order: Sequence[str] | Callable[[str], Any] | None
+    produce_s: float | None
+    fail: bool
+    provenance: Mapping[str, Any] | None
+
+
 @dataclass
 class _Check:
     config: pytest.Config
     node: str
 
-    def __call__(
-        self,
-        actual: Any,
-        golden: Any,
-        *,
-        name: str | None = None,
-        class_map: Any = None,
-        overrides: Sequence[tuple[str, str]] = (),
-        order: Sequence[str] | Callable[[str], Any] | None = None,
-        produce_s: float | None = None,
-        fail: bool = True,
-        provenance: Mapping[str, Any] | None = None,
-    ) -> Any:
+    def __call__(self, actual: Any, golden: Any, **options: Unpack[CheckOptions]) -> Any:
         """Compare `actual` against a golden group (by name) or a live reference.
 
         **Arguments:**
@@ -99,8 +99,9 @@ class _Check:
           on 4 devices; the keyword of `parity.check` and `assert_equivalent`.
         - `order`: forward order (default: the golden file's pinned order).
         - `produce_s`: seconds the caller spent producing `actual`, for the timing summary.
-        - `fail`: fail the test (with the report table and, for a golden group, the origin)
-          when the comparison fails, or a live reference's non-array leaf differs.
+        - `fail`: fail the test (default True; with the report table and, for a golden
+          group, the origin) when the comparison fails, or a live reference's non-array
+          leaf differs.
         - `provenance`: the environment `actual` was produced in, when that was another
           process (`Produced.provenance[group]`; default this one's): a golden check judges
           drift and calibrated layouts by it.
@@ -112,7 +113,10 @@ class _Check:
         from parity.results import CheckError
 
         config = self.config
-        rules = [*config.stash[OVERRIDES], *overrides]
+        name, class_map = options.get("name"), options.get("class_map")
+        order, produce_s = options.get("order"), options.get("produce_s")
+        fail, provenance = options.get("fail", True), options.get("provenance")
+        rules = [*config.stash[OVERRIDES], *options.get("overrides", ())]
         save = config.getoption("--parity-save-actual")
         save = None if save is None else Path(config.invocation_params.dir, save).resolve()
         place, live = worker_place(), not isinstance(golden, str)
@@ -139,6 +143,7 @@ class _Check:
                     current_provenance=provenance,
                     baseline=config.stash.get(BASELINE, None),
                     require_baseline=config.stash[CONFIG].baseline == "require",
+                    settle=_GroupSettler(config, provenance, fail),
                 )
             else:
                 result = check_live(
@@ -161,7 +166,6 @@ class _Check:
             result = self._agree(result, problem, place[0])
         if problem is not None or result is None:
             pytest.fail(problem or "parity check produced no result", pytrace=False)
-        result = result if live else _with_origin(config, result, provenance, fail)
         if place is None or place[0] == 0:  # one report: process 0's
             config.stash[RESULTS].append(result)
         differing = non_array_differences(*statics)
@@ -188,21 +192,29 @@ class _Check:
         )
 
 
-def _with_origin(
-    config: pytest.Config, result: CheckResult, provenance: Mapping[str, Any] | None, fail: bool
-) -> CheckResult:
-    """`result` of a golden check where it failed, settled op by op (`_settled`): its keys
-    of class `op_by_op` proved or told why not, and, for a check that fails its test, its
-    origin named unless `--parity-origin off`."""
-    if result.passed:
-        return result
-    origin = fail and config.getoption("--parity-origin") != "off"
-    if not origin and not any(provable(f) for f in result.comparison.findings):
-        return result
-    proofs, found = _settled(config, result, provenance, origin)
-    comparison = settle(result.comparison, proofs)
-    named = found if origin and not comparison.passed else None
-    return dataclasses.replace(result, comparison=comparison, origin=named)
+@dataclass(frozen=True)
+class _GroupSettler:
+    """The settler of a golden check (`parity.check.Settler`): a failing result settled op
+    by op (`_settled`), its keys of class `op_by_op` proved or told why not, and, for a
+    check that fails its test, its origin named unless `--parity-origin off`."""
+
+    config: pytest.Config
+    provenance: Mapping[str, Any] | None
+    fail: bool
+
+    def settle(self, results: Sequence[CheckResult]) -> list[CheckResult]:
+        return [self._one(r) for r in results]
+
+    def _one(self, result: CheckResult) -> CheckResult:
+        if result.passed:
+            return result
+        origin = self.fail and self.config.getoption("--parity-origin") != "off"
+        if not origin and not any(provable(f) for f in result.comparison.findings):
+            return result
+        proofs, found = _settled(self.config, result, self.provenance, origin)
+        comparison = settle(result.comparison, proofs)
+        named = found if origin and not comparison.passed else None
+        return dataclasses.replace(result, comparison=comparison, origin=named)
 
 
 def _settled(

@@ -46,11 +46,12 @@ from parity.origin import Localisation, LocaliseError, Recording, locate, prove_
 from parity.origin.proof import Proof, provable, settle, unproved
 from parity.results import CheckError, CheckResult
 from parity.run.baseline import BaselineBuilder, base_commit
-from parity.run.produced import Produced
+from parity.run.produced import Checkout, Produced
 from parity.run.recordings import NOT_RECORDED, RECORDING, recorded
 from parity.store.staging import owned_tempdir
 
 __all__ = [
+    "FailureSettler",
     "Settled",
     "base_recordings",
     "locate_between",
@@ -67,38 +68,30 @@ Progress = Callable[[str], None]
 
 
 def record_groups(
-    code_root: Path,
+    at: Checkout,
     config: ParityConfig,
     groups: Sequence[str],
     out: Path,
     *,
-    code: str,
-    drop_paths: Sequence[Path] = (),
-    current: Mapping[str, Any] | None = None,
     progress: Progress = lambda _: None,
     timeout: float | None = None,
 ) -> dict[str, Path | str]:
-    """Record `groups`' programs at `code_root` in one producer run (`--record-origin`),
-    into `out`, in one process with the layout and ISA cap of `current` (a provenance) or
-    of `config`.
+    """Record `groups`' programs in the code `at` in one producer run (`--record-origin`),
+    into `out`, in one process with the device count and ISA cap of `config`.
 
     **Returns:** group -> its recording's file, or one line saying why it has none.
     """
-    devices, isa = config.devices, config.isa
-    if current is not None:
-        (_, devices), isa = layout_of(current), current.get("isa_cap")
+    code = at.name
     try:
         run = ProducerRun.of(
             config,
             out,
             command="origin",
             mode="record",
-            code_root=code_root,
-            devices=devices,
-            isa=isa,
+            code_root=at.root,
             processes=1,
             groups=groups,
-            drop_paths=drop_paths,
+            drop_paths=at.drop_paths,
             timeout=timeout,
             code=code,
         )
@@ -261,6 +254,37 @@ def settle_failures(
     return [out.get(r.name) or Settled(r, {}) for r in results]
 
 
+@dataclasses.dataclass(frozen=True)
+class FailureSettler:
+    """The settler of `parity check` (`parity.check.Settler`): failing golden checks
+    settled by `settle_failures` with the producers of `config`, recorded on the tree and
+    at each golden's base commit.
+
+    **Fields:** `produced` (what the check compared), `config`, `goldens`, `origin` (name
+    the origin of what still fails, not only prove), `progress`, `timeout` (of each
+    recording run).
+    """
+
+    produced: Produced
+    config: ParityConfig
+    goldens: GoldenDir
+    origin: bool = True
+    progress: Progress = lambda _: None
+    timeout: float | None = None
+
+    def settle(self, results: Sequence[CheckResult]) -> list[CheckResult]:
+        settled = settle_failures(
+            results,
+            self.produced,
+            self.config,
+            self.goldens,
+            origin=self.origin,
+            progress=self.progress,
+            timeout=self.timeout,
+        )
+        return [s.result for s in settled]
+
+
 def _record_and_settle(
     todo: Sequence[CheckResult],
     produced: Produced,
@@ -288,11 +312,10 @@ def _record_and_settle(
     out: dict[str, Settled] = {}
     with owned_tempdir(_PREFIX) as tmp:
         new = record_groups(
-            config.root,
+            Checkout(root=config.root, name="the current tree"),
             config,
             [r.group or "" for r in todo],
             Path(tmp),
-            code="the current tree",
             progress=progress,
             timeout=timeout,
         )
@@ -400,12 +423,10 @@ def locate_between(
                 progress(f"recording {group} at {sha[:12]} to name the origin")
                 with temporary_worktree(repo, sha) as wt:
                     files[side] = record_groups(
-                        wt,
+                        Checkout(root=wt, drop_paths=config.src, name=f"commit {sha[:12]}"),
                         config,
                         [group],
                         tmp / side,
-                        code=f"commit {sha[:12]}",
-                        drop_paths=config.src,
                         progress=progress,
                         timeout=timeout,
                     )[group]

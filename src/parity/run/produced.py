@@ -18,13 +18,12 @@ import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import Any, Unpack
 
 import numpy as np
 
 from parity.baseline import BaselineSource
-from parity.check import GoldenDir, check_groups
-from parity.environment import PolicyMode
+from parity.check import GoldenDir, Settler, check_groups
 from parity.judge.dataflow import DATAFLOW, HOST
 from parity.machinery.config import ConfigError, ParityConfig
 from parity.machinery.launcher import (
@@ -37,8 +36,11 @@ from parity.machinery.launcher import (
 )
 from parity.machinery.processes import Layout
 from parity.results import CheckResult
+from parity.verdict import GroupOptions
 
 __all__ = [
+    "Checkout",
+    "ClusterPlace",
     "Produced",
     "check_produced",
     "produce",
@@ -70,37 +72,56 @@ class Produced:
     orders: dict[str, str] = field(default_factory=dict)
 
 
+@dataclass(frozen=True, kw_only=True)
+class Checkout:
+    """The code a producer run imports.
+
+    **Fields:** `root` (the checkout: the project root, or a worktree at a commit;
+    `config.src` is taken relative to the project root and found at the same place here),
+    `drop_paths` (`sys.path` entries the run must not import from: the user's own src
+    roots, when `root` is another commit), `name` (what `root` holds, for messages:
+    `"commit 1a2b3c4d5e6f"`).
+    """
+
+    root: Path
+    drop_paths: Sequence[Path] = ()
+    name: str = "the code under test"
+
+
+@dataclass(frozen=True, kw_only=True)
+class ClusterPlace:
+    """This host's place in a run spread over a cluster's hosts, one process each:
+    `coordinator`, process 0's `HOST:PORT`, and `process_id`, this host's process. Only this
+    host's worker starts here, and only process 0's host gets the outputs (the others get
+    no groups)."""
+
+    coordinator: str
+    process_id: int
+
+
 def produce(
-    code_root: Path,
     config: ParityConfig,
     *,
+    at: Checkout | None = None,
     groups: Sequence[str] = (),
-    drop_paths: Sequence[Path] = (),
     progress: Callable[[str], None] = lambda _: None,
     timeout: float | None = None,
-    coordinator: str | None = None,
-    process_id: int | None = None,
-    code: str = "the code under test",
+    place: ClusterPlace | None = None,
     command: Command = "check",
     check_classes: bool = False,
 ) -> Produced:
-    """Run the configured producers against `code_root` in a fresh process.
+    """Run the configured producers against a checkout in a fresh process.
 
     **Arguments:**
 
-    - `code_root`: the checkout whose code is imported (the project root, or a worktree);
-      `config.src` is taken relative to the project root and found at the same place here.
     - `config`: producers file, src roots, ISA cap and device count.
+    - `at`: the code imported (`Checkout`); None: `config.root`'s, the current tree.
     - `groups`: a subset of the producer groups (default all).
-    - `drop_paths`: `sys.path` entries the child must not import from (the user's own
-      src roots, when `code_root` is another commit).
     - `progress`: receives the producer's progress lines.
     - `timeout`: the seconds the run may take (with `config.processes` above 1 the default
       is `parity.machinery.processes.DEFAULT_TIMEOUT_S`; one process has no limit by default).
-    - `coordinator`, `process_id`: on a cluster, process 0's `HOST:PORT` and this host's
-      process id: only this host's worker starts here (one process per host), and only
-      process 0's host gets the outputs (the others get no groups).
-    - `code`: what `code_root` holds, for messages (`"commit 1a2b3c4d5e6f"`).
+    - `place`: on a cluster, this host's place in the run (`ClusterPlace`); None: every
+      process runs here.
     - `command`: the command that runs them, which a failure's message fits
       (`parity.machinery.launcher.ProducerRunError`).
     - `check_classes`: refuse a `CLASS_MAP` naming a class parity cannot use, before any
@@ -115,19 +136,20 @@ def produce(
     `UnusableClassError` with `check_classes`),
     and `parity.machinery.config.ConfigError` if nothing says which producers to run.
     """
+    at = at or Checkout(root=config.root)
     t0 = time.perf_counter()
     with tempfile.TemporaryDirectory(prefix="parity-produce-") as tmp:
         run = ProducerRun.of(
             config,
             Path(tmp),
             command=command,
-            code_root=code_root,
+            code_root=at.root,
             groups=groups,
-            drop_paths=drop_paths,
+            drop_paths=at.drop_paths,
             timeout=timeout,
-            coordinator=coordinator,
-            process_id=process_id,
-            code=code,
+            coordinator=None if place is None else place.coordinator,
+            process_id=None if place is None else place.process_id,
+            code=at.name,
             check_classes=check_classes,
         )
         flags = run_producers(run, progress=progress)
@@ -178,13 +200,9 @@ def check_produced(
     produced: Produced,
     goldens: GoldenDir | Path,
     *,
-    overrides: Sequence[tuple[str, str]] = (),
-    class_name: str | None = None,
-    drift_mode: PolicyMode = "warn",
-    save_actual: Path | None = None,
-    node: str | None = None,
     baseline: BaselineSource | None = None,
-    require_baseline: bool = False,
+    settle: Settler | None = None,
+    **options: Unpack[GroupOptions],
 ) -> list[CheckResult]:
     """Check every produced group against its golden file, in one pass
     (`parity.check.check_groups`).
@@ -193,17 +211,15 @@ def check_produced(
 
     - `produced`: what `produce` returned.
     - `goldens`: the golden folder.
-    - `overrides`, `class_name`: before the pinned class map (`parity.check`'s precedence).
-    - `drift_mode`: the drift policy (`parity.environment`), judged against each
-      group's producer environment.
-    - `save_actual`: a folder for the obtained arrays of failing groups.
-    - `node`: who ran the check, for reports.
     - `baseline`: what re-produces the baselines (`parity.run.baseline.BaselineBuilder`):
       the groups whose first verdict wants their baseline (`parity.baseline`) get it from
       one producer run per base commit, not one per group. None: the goldens are the
       reference.
-    - `require_baseline`: a group whose baseline would be the reference but cannot be
-      re-produced is a `CheckError` (`parity.check.check_file`).
+    - `settle`: what settles the failures op by op (`parity.run.origins.FailureSettler`),
+      once, after every verdict; None: the verdicts stand.
+    - `options`: as `parity.check.check_group` takes them (`class_map`, `overrides`,
+      `drift_mode`, `node`, `save_actual`, `require_baseline`, ...); `produce_s` is each
+      group's share of the producers' run.
 
     **Returns:** one `CheckResult` per group, in group order. Raises `CheckError` for a
     group without a usable golden file, and (`require_baseline`) one whose baseline cannot
@@ -213,6 +229,7 @@ def check_produced(
     # A group produced in the order its programs compute it is compared in that order.
     orders = produced.orders
     dataflow = {g: list(a) for g, a in produced.groups.items() if orders.get(g) == DATAFLOW}
+    options.setdefault("produce_s", produced.seconds / max(1, len(produced.groups)))
     return check_groups(
         produced.groups,
         dataflow_orders=dataflow,
@@ -220,11 +237,6 @@ def check_produced(
         goldens=goldens,
         provenance=produced.provenance,
         baseline=baseline,
-        class_map=class_name,
-        overrides=overrides,
-        drift_mode=drift_mode,
-        node=node,
-        produce_s=produced.seconds / max(1, len(produced.groups)),
-        save_actual=save_actual,
-        require_baseline=require_baseline,
+        settle=settle,
+        **options,
     )
