@@ -85,7 +85,7 @@ def test_groups_at_2x2_match_their_goldens_and_the_1x4_run(
     for name, (processes, per_process) in layouts.items():
         config = base.with_overrides(processes=processes, devices=per_process)
         # Four groups at 2x2 on a loaded 2-core machine can outlast the default timeout.
-        runs[name] = produce(config.root, config, groups=groups, timeout=3600)
+        runs[name] = produce(config, groups=groups, timeout=3600)
         assert runs[name].layout.processes == processes
         assert sorted(runs[name].groups) == sorted(groups)
     checks = {f"2x2.{g}": _against_goldens(g, runs["2x2"], parity_check) for g in groups}

@@ -35,7 +35,7 @@ from parity.machinery.config import load_config
 from parity.machinery.launcher import ProducerRunError
 from parity.machinery.worktree import GitError, resolve_sha, temporary_worktree
 from parity.run.goldens import golden_provenance
-from parity.run.produced import produce
+from parity.run.produced import Checkout, produce
 from parity.store import open_goldens
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -113,12 +113,10 @@ def test_todays_producers_reproduce_the_goldens_at_their_base(tmp_path):
     config = dataclasses.replace(load_config(ROOT), producers=producers)
     with temporary_worktree(ROOT, sha) as worktree:
         try:
-            produced = produce(
-                worktree,
-                config,
-                drop_paths=list(config.src),
-                code=f"the base commit {sha[:12]}",
+            at = Checkout(
+                root=worktree, drop_paths=list(config.src), name=f"the base commit {sha[:12]}"
             )
+            produced = produce(config, at=at)
         except ProducerRunError as e:
             pytest.fail(
                 f"today's producers cannot run at {sha[:12]}: {e.reason}\n{e.output[-3000:]}"

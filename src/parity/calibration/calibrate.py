@@ -163,9 +163,7 @@ def calibrate(
         if reference_here:
             names = ", ".join(goldens)
             progress(f"[calibrate 0/{len(perturbs)}] reference: producing {names} here")
-            ref = produce(
-                config.root, config, groups=list(goldens), progress=progress, command="calibrate"
-            )
+            ref = produce(config, groups=list(goldens), progress=progress, command="calibrate")
             seconds["reference"] = round(ref.seconds, 2)
             folder = Path(stack.enter_context(tempfile.TemporaryDirectory(prefix="parity-cal-")))
             goldens = {
@@ -232,9 +230,7 @@ def _measure_perturbed(
     for i, p in enumerate(perturbs, 1):
         progress(f"[calibrate {i}/{len(perturbs)}] {p.label}: producing {', '.join(goldens)}")
         env = dataclasses.replace(config, isa=p.isa, devices=p.devices, processes=p.processes)
-        produced = produce(
-            config.root, env, groups=list(goldens), progress=progress, command="calibrate"
-        )
+        produced = produce(env, groups=list(goldens), progress=progress, command="calibrate")
         seconds[p.label] = round(produced.seconds, 2)
         for group in goldens:
             runs[group][p.label] = produced.groups.get(group, {})

@@ -42,7 +42,7 @@ from parity.machinery.worktree import GitError, git, repo_root, resolve_sha, tem
 from parity.origin.localisation import Localisation
 from parity.report.summary import arrays_failing
 from parity.results import CheckError
-from parity.run.produced import check_produced, produce
+from parity.run.produced import Checkout, check_produced, produce
 from parity.run.repin import RepinError, RepinRun, repin
 
 __all__ = ["BisectError", "BisectResult", "Step", "bisect", "first_parent_commits"]
@@ -180,11 +180,9 @@ def _evaluate(
     try:
         with temporary_worktree(root, sha) as wt:
             produced = produce(
-                wt,
                 config,
+                at=Checkout(root=wt, drop_paths=config.src, name=f"commit {sha[:12]}"),
                 groups=groups,
-                drop_paths=config.src,
-                code=f"commit {sha[:12]}",
                 command="bisect",
             )
     except ProducerRunError as e:
