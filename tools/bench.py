@@ -93,8 +93,7 @@ def bench_inits(args: argparse.Namespace, results: Results) -> None:
     from decomp import sources
     from decomp.ci_function import init_ci_function
     from decomp.config import CIConfig
-    from decomp.legacy import ci_init as legacy_ci
-    from decomp.legacy import sources_init as legacy_sources
+    from decomp.legacy import ci_init as legacy_ci, sources_init as legacy_sources
     from decomp.taps import parse_site, site_names
     from decomp.targets.glu_transformer import GLUConfig
 

@@ -11,8 +11,10 @@ first. Two figures say how hard the way is to follow:
 
 Calls are resolved from the source alone (`ast`, nothing imported): names a module defines
 or imports from parity, `module.name`, `Class.method`, `self.method`, and `x.method` where
-`x` is annotated with, built as, or returned as a parity class. A call through a value the
-reader cannot name from the source (a callback, a protocol) is not followed.
+`x` is annotated with, built as, or returned as a parity class. A call of a protocol's
+method (a `BaselineSource`, a `Settler`) goes to that method of the classes built on the
+way so far, as a reader follows the value a face built and handed down. A call through a
+value the reader cannot name from the source (a callback) is not followed.
 
     python tools/call_path.py parity.commands.check:run            # the figures
     python tools/call_path.py parity.run.produced:check_produced -v  # and every stop
@@ -30,7 +32,7 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT / "tests" / "parity"))
 
-from _layers import floor_of  # noqa: E402
+from _layers import floor_of  # noqa: E402  # pyright: ignore[reportMissingImports]
 
 Target = tuple[str, str]  # (module, qualified name in it)
 
@@ -217,8 +219,8 @@ class Stop:
 
 
 def _called(index: Index, target: Target) -> list[Target]:
-    """The parity functions `target`'s body calls, in source order (a class called: its
-    `__init__` or `__post_init__`, where it defines one)."""
+    """The parity functions `target`'s body calls, in source order; a class called is
+    itself in the list (`walk` follows its `__init__` or `__post_init__`)."""
     node = index.node(target)
     if not isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef)):
         return []
@@ -232,13 +234,33 @@ def _called(index: Index, target: Target) -> list[Target]:
     out: list[Target] = []
     for call in calls:
         found = _lookup(index, module, call.func, types)
-        if not isinstance(found, tuple):
-            continue
-        if isinstance(index.node(found), ast.ClassDef):
-            found = index.member(found, "__init__") or index.member(found, "__post_init__")
-        if found is not None and found != target:
+        if isinstance(found, tuple) and found != target:
             out.append(found)
     return out
+
+
+def _is_protocol(index: Index, cls: Target) -> bool:
+    node = index.node(cls)
+    return isinstance(node, ast.ClassDef) and any(
+        ast.unparse(b).split("[")[0].endswith("Protocol") for b in node.bases
+    )
+
+
+def _resolved(index: Index, callee: Target, built: list[Target]) -> list[Target]:
+    """What a call to `callee` runs: a class's `__init__` or `__post_init__` (none where it
+    defines neither); a protocol's method, the same method of each class built on the way
+    so far that has it (the protocol's own where none), as a reader follows the value a
+    face built and handed down; else `callee`."""
+    if isinstance(index.node(callee), ast.ClassDef):
+        if callee not in built:
+            built.append(callee)
+        init = index.member(callee, "__init__") or index.member(callee, "__post_init__")
+        return [init] if init is not None else []
+    owner, _, method = callee[1].rpartition(".")
+    if owner and _is_protocol(index, (callee[0], owner)):
+        done = [index.member(c, method) for c in built if not _is_protocol(index, c)]
+        return [t for t in done if t is not None] or [callee]
+    return [callee]
 
 
 def walk(index: Index, entry: Target, *, lowest: int = 0) -> list[Stop]:
@@ -246,15 +268,17 @@ def walk(index: Index, entry: Target, *, lowest: int = 0) -> list[Stop]:
     on a floor below `lowest` is a stop whose own calls are not followed."""
     seen: set[Target] = set()
     stops: list[Stop] = []
+    built: list[Target] = []
 
     def visit(target: Target, depth: int) -> None:
         seen.add(target)
         stops.append(Stop(target[0], target[1], depth))
         if floor_of(target[0]) < lowest:
             return
-        for callee in _called(index, target):
-            if callee not in seen:
-                visit(callee, depth + 1)
+        for called in _called(index, target):
+            for callee in _resolved(index, called, built):
+                if callee not in seen:
+                    visit(callee, depth + 1)
 
     visit(entry, 0)
     return stops
@@ -295,7 +319,7 @@ def figures(
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser = argparse.ArgumentParser(description=(__doc__ or "").split("\n\n")[0])
     parser.add_argument("entry", nargs="+", help="module:function, e.g. parity.commands.check:run")
     parser.add_argument("--src", type=Path, default=ROOT / "src", help="the folder parity is in")
     parser.add_argument(

@@ -1,10 +1,9 @@
 """What a check hands back: `CheckResult` (one golden group or live differential, compared),
 or `CheckError` when its input cannot be used; `BaselineUnavailable`, why there is no
-baseline to compare with (`parity.baseline`, whose `BaselineSource` raises it; the verdict
-names it:
-`parity.exactness`); the header lines a report of several checks shows, and results as
-JSON between processes. `parity.check` makes them; the CLI, the
-pytest plugin and the report session read them. Writing arrays is the store's
+baseline to compare with (raised by a `parity.check.against_baseline.BaselineSource`,
+named by the verdict); the header lines a report of several checks shows, and results as
+JSON between processes. `parity.check` makes them; the CLI, the pytest plugin and the
+report session read them. Writing arrays is the store's
 (`parity.store.writer.save_arrays`)."""
 
 from __future__ import annotations
@@ -127,7 +126,7 @@ class CheckResult:
 
 #: The header lines a report shows once per check, named after it.
 _PER_CHECK = ("calibration", "environment", "order", "reference")
-#: The header lines naming the two sides of a check (`parity.exactness`): shown once, as
+#: The header lines naming the two sides of a check (`parity.check.conclusion`): shown once, as
 #: drift lines are, where every check has the same.
 _SIDES = ("pinned on", "checked on", "sees")
 

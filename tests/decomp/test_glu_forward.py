@@ -12,11 +12,8 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 from _jitted import clean, fused, read
-from _reference import RefConfig
-from _reference import forward as reference_forward
-from _reference import inv_freq as reference_inv_freq
-from jax.sharding import Mesh, NamedSharding
-from jax.sharding import PartitionSpec as P
+from _reference import RefConfig, forward as reference_forward, inv_freq as reference_inv_freq
+from jax.sharding import Mesh, NamedSharding, PartitionSpec as P
 
 from decomp import legacy
 from decomp.targets import GLUConfig

@@ -8,8 +8,7 @@ import functools
 import jax
 import numpy as np
 import pytest
-from hypothesis import HealthCheck, given, settings
-from hypothesis import strategies as st
+from hypothesis import HealthCheck, given, settings, strategies as st
 
 from decomp import legacy
 from decomp.targets import GLUConfig

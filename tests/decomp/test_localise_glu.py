@@ -19,8 +19,7 @@ import numpy as np
 import pytest
 
 from decomp import legacy, nn
-from decomp.targets import GLUConfig
-from decomp.targets import glu_transformer as gt
+from decomp.targets import GLUConfig, glu_transformer as gt
 from parity.judge.classes import REGISTRY
 from parity.origin import align, locate, matching_tolerance, record
 

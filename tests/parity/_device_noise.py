@@ -1,7 +1,7 @@
-"""What the calibration projects of tests/parity share (test_calibrated, test_baseline): their
-numpy producers move `BASE = np.linspace(1.0, 2.0, 8)` by `DEVICE_NOISE` on more than one
-device, as XLA's layouts move bits, and a test computes the resulting figure here, by another
-path than the harness's."""
+"""What the calibration projects of tests/parity share (calibrated/test_calibrated,
+check/test_against_baseline): their numpy producers move `BASE = np.linspace(1.0, 2.0, 8)`
+by `DEVICE_NOISE` on more than one device, as XLA's layouts move bits, and a test computes
+the resulting figure here, by another path than the harness's."""
 
 from __future__ import annotations
 

@@ -21,10 +21,8 @@ LAYERS: tuple[tuple[str, ...], ...] = (
     ("parity.store", "parity.report", "parity.origin"),
     ("parity.results",),  # the core: what a check hands back (CheckResult, CheckError)
     ("parity.calibrated",),  # the core: the recorded spreads, the calibrated class in a check
-    ("parity.verdict",),  # the core: the typed values the check's stages hand each other
-    ("parity.baseline",),  # the core: the baseline, a golden group re-produced here
-    ("parity.exactness",),  # the core: how exact a verdict is, the comparison with a baseline
-    ("parity.check",),  # the core: golden folder, class precedence, drift policy, compare
+    # the core: the check's stages, from its request to its verdict, and its door
+    ("parity.check",),
     ("parity.machinery",),  # the process machinery: config, devices, launcher, processes, git
     ("parity.run",),  # the workflows over it: produce, repin, baseline, origins, bisect
     ("parity.calibration",),  # measuring the noise (`parity calibrate`), over parity.run

@@ -408,12 +408,11 @@ _LOADED_AFTER = (
     "print(json.dumps([code, sorted(sys.modules)]))\n"
 )
 
-#: What no command that reads files needs: the producers' machinery (the baseline and its
-#: builder, produce-then-check, the launcher, the calibration room), jax, and the installed
+#: What no command that reads files needs: the producers' machinery (the baseline's builder,
+#: produce-then-check, the launcher, the calibration room), jax, and the installed
 #: distribution's metadata (`--version` reads it, when asked).
 _NOT_FOR_READING = (
     "jax",
-    "parity.baseline",
     "parity.run.baseline",
     "parity.run.produced",
     "parity.machinery.launcher",
@@ -473,8 +472,7 @@ def test_the_help_is_as_wide_as_argparse_would_make_it(
 ) -> None:
     import shutil
 
-    from parity.commands.formatter import Formatter
-    from parity.commands.formatter import columns as read_columns
+    from parity.commands.formatter import Formatter, columns as read_columns
 
     if columns is None:
         monkeypatch.delenv("COLUMNS", raising=False)

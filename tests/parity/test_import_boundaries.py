@@ -11,9 +11,9 @@ import sys
 from pathlib import Path
 
 import pytest
+from _layers import LAYERS, unit_of
 
 import parity
-from _layers import LAYERS, unit_of
 from _source_imports import module_name, source_imports
 
 SRC = Path(parity.__file__).resolve().parent
@@ -28,6 +28,7 @@ FORBIDDEN = {
     "parity.machinery": ("jax", "decomp"),
     "parity.run": ("jax", "decomp"),
     "parity.calibrated": ("jax", "h5py", "decomp"),
+    "parity.check": ("jax", "decomp"),
     "parity.calibration": ("jax", "decomp"),
 }
 

@@ -10,8 +10,8 @@ measured noise"). Measuring and recording that noise (`parity calibrate`) is
   bound there (`calibrated_comparison`).
 
 A floor of the core, over `parity.results`: it may import numpy, `parity.judge`,
-`parity.results` and the leaves below them; never `parity.baseline`, `parity.exactness`,
-`parity.check` (which read it), nor anything that runs producers (`parity.run`,
+`parity.results` and the leaves below them; never `parity.check` (which reads it), nor
+anything that runs producers (`parity.run`,
 `parity.calibration`) or a face above them. The `Calibrated` rule itself (a multiple of a
 measured spread) is a rule like the others and lives with them in
 `parity.judge.measured_rules`. This package's `__init__` imports nothing. Nothing here

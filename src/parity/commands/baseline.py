@@ -77,8 +77,8 @@ def run(args: argparse.Namespace, out: IO[str]) -> int:
 
 
 def _build(args: argparse.Namespace, out: IO[str], builder: BaselineBuilder) -> int:
-    from parity.baseline import BaselineUnavailable
     from parity.check import GoldenDir
+    from parity.results import BaselineUnavailable
     from parity.store.provenance import digest_sources
 
     config = builder.config

@@ -241,8 +241,8 @@ def compare_arrays(
         larger than that are compared in chunks (`parity.judge.chunks`), with the same finding.
     - `reference`: what `golden` is called in the finding's words: `"golden"` (a pinned
         file, the default; its advice is to repin), `"baseline"` (the golden group
-        re-produced at its base commit here: `parity.baseline`) or `"expected"` (a live
-        tree).
+        re-produced at its base commit here: `parity.check.against_baseline`) or
+        `"expected"` (a live tree).
 
     **Returns:** a `Finding`. Dtypes and shapes are strict: a mismatch is a `"fail"` whose
     reason names both, never a cast or broadcast. NaN and inf (with sign) must sit at the

@@ -15,9 +15,9 @@ still marks the project root, and every key takes its default. Keys:
 - `baseline`: the baseline, the reference off the pin's environment, `"auto"` (default:
   where the environment differs from the pin's and a key fails its pinned class, the tree
   is compared with the golden group re-produced at its base commit here:
-  `parity.baseline`), `"require"` (as auto, and where the baseline cannot be re-produced,
-  an input error instead of a pass by calibration alone: `parity.exactness`) or `"off"`
-  (the goldens are the reference, by calibration);
+  `parity.check.against_baseline`), `"require"` (as auto, and where the baseline cannot
+  be re-produced, an input error instead of a pass by calibration alone) or `"off"` (the
+  goldens are the reference, by calibration);
 - `baseline_cache`: the folder of the baselines (default the user's cache folder:
   `parity.run.baseline`);
 - `drift`: the drift policy, what a difference that can change bits between the goldens'

@@ -1,6 +1,6 @@
 """Golden groups re-produced at their base commit in this environment, cached: the
 baselines, the reference of a check run off the pin's environment where a key fails its
-pinned class (`parity.baseline`; docs/design.md, "Two references").
+pinned class (`parity.check.against_baseline`; docs/design.md, "Two references").
 
 `BaselineBuilder.reproduce(group, pinned, current)` returns the group as the producers make
 it at the golden's base commit in the environment `current` describes (processor, ISA cap,
@@ -39,7 +39,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from parity.baseline import Baseline, BaselineUnavailable
+from parity.check import Baseline
 from parity.environment import (
     backend_of,
     describe_backend,
@@ -56,6 +56,7 @@ from parity.machinery.launcher import (
     run_producers,
 )
 from parity.machinery.worktree import GitError, git, repo_root, resolve_sha, temporary_worktree
+from parity.results import BaselineUnavailable
 from parity.run.goldens import write_run
 from parity.run.recordings import keep_recording, recorded
 from parity.store import GoldenStoreError, open_goldens
@@ -223,7 +224,7 @@ class BaselineCache:
 
 class BaselineBuilder:
     """Re-produces golden groups at their base commit here, through the cache: the
-    `parity.baseline.BaselineSource` of `parity check`, `parity bisect` and the pytest
+    `parity.check.against_baseline.BaselineSource` of `parity check`, `parity bisect` and the pytest
     plugin.
 
     **Arguments:**

@@ -34,7 +34,6 @@ from typing import Any
 
 import numpy as np
 
-from parity.baseline import BaselineUnavailable
 from parity.check import GoldenDir
 from parity.environment import layout_of
 from parity.judge.classes import REGISTRY, ToleranceClass
@@ -44,7 +43,7 @@ from parity.machinery.launcher import ProducerRun, ProducerRunError, run_produce
 from parity.machinery.worktree import GitError, repo_root, temporary_worktree
 from parity.origin import Localisation, LocaliseError, Recording, locate, prove_and_locate
 from parity.origin.proof import Proof, provable, settle, unproved
-from parity.results import CheckError, CheckResult
+from parity.results import BaselineUnavailable, CheckError, CheckResult
 from parity.run.baseline import BaselineBuilder, base_commit
 from parity.run.produced import Checkout, Produced
 from parity.run.recordings import NOT_RECORDED, RECORDING, recorded

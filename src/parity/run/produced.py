@@ -22,8 +22,7 @@ from typing import Any, Unpack
 
 import numpy as np
 
-from parity.baseline import BaselineSource
-from parity.check import GoldenDir, Settler, check_groups
+from parity.check import BaselineSource, GoldenDir, GroupOptions, Settler, check_groups
 from parity.judge.dataflow import DATAFLOW, HOST
 from parity.machinery.config import ConfigError, ParityConfig
 from parity.machinery.launcher import (
@@ -36,7 +35,6 @@ from parity.machinery.launcher import (
 )
 from parity.machinery.processes import Layout
 from parity.results import CheckResult
-from parity.verdict import GroupOptions
 
 __all__ = [
     "Checkout",
@@ -212,8 +210,8 @@ def check_produced(
     - `produced`: what `produce` returned.
     - `goldens`: the golden folder.
     - `baseline`: what re-produces the baselines (`parity.run.baseline.BaselineBuilder`):
-      the groups whose first verdict wants their baseline (`parity.baseline`) get it from
-      one producer run per base commit, not one per group. None: the goldens are the
+      the groups whose first verdict wants their baseline (`parity.check.against_baseline`)
+      get it from one producer run per base commit, not one per group. None: the goldens are the
       reference.
     - `settle`: what settles the failures op by op (`parity.run.origins.FailureSettler`),
       once, after every verdict; None: the verdicts stand.

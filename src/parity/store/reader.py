@@ -19,8 +19,7 @@ import contextlib
 import dataclasses
 import math
 import os
-from collections.abc import Callable, Iterator
-from collections.abc import Mapping as _MappingABC
+from collections.abc import Callable, Iterator, Mapping as _MappingABC
 from pathlib import Path
 from typing import Any
 

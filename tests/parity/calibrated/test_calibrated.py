@@ -103,7 +103,7 @@ def test_checks_pass_where_pinned_and_on_calibrated_layouts_and_catch_a_bug_beyo
     # The pin's environment: pinned classes stand, no line on another environment.
     assert not [ln for ln in pinned.stdout.splitlines() if ln.strip().startswith("environment")]
     # The goldens are the reference, by calibration (the baseline is off:
-    # tests/parity/test_baseline.py).
+    # tests/parity/check/test_against_baseline.py).
     four = run_parity(project, "check", "--devices", "4", "--baseline", "off")
     assert four.returncode == 0, four.stdout + four.stderr
     env = [ln for ln in four.stdout.splitlines() if ln.strip().startswith("environment")]

@@ -20,8 +20,7 @@ import ml_dtypes
 import numpy as np
 import pytest
 from _damage import flip_stored_byte
-from hypothesis import HealthCheck, given, settings
-from hypothesis import strategies as st
+from hypothesis import HealthCheck, given, settings, strategies as st
 from hypothesis.extra import numpy as hnp
 
 from parity.cli import run_diff

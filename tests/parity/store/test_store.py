@@ -15,8 +15,7 @@ import ml_dtypes
 import numpy as np
 import pytest
 from _damage import flip_stored_byte
-from hypothesis import given
-from hypothesis import strategies as st
+from hypothesis import given, strategies as st
 
 from parity import store
 from parity.store import (
@@ -691,8 +690,7 @@ def test_links_and_storage_outside_the_file_are_refused_in_indexed_files_too(tmp
 
 
 def test_ordered_keys_follow_the_pinned_order_and_leave_out_unordered_keys(tmp_path):
-    from parity.store import open_goldens as _open
-    from parity.store import write_goldens as _write
+    from parity.store import open_goldens as _open, write_goldens as _write
 
     arrays = {k: np.zeros(1) for k in ("a", "b", "c", "free")}
     path = _write(tmp_path / "g.h5", arrays, order=["c", "a", "b"])

@@ -33,8 +33,7 @@ from typing import Any
 import h5py
 import numpy as np
 import pytest
-from hypothesis import HealthCheck, given, settings
-from hypothesis import strategies as st
+from hypothesis import HealthCheck, given, settings, strategies as st
 
 from parity import cli
 

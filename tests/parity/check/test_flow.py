@@ -240,7 +240,7 @@ def _pinned_with_a_baseline_and_one_ulp_moved(tmp_path: Path) -> tuple[dict, Pat
     """Group g pinned here on 1 device at base b..b, a stand-in baseline source that
     re-produces the goldens bit for bit, and the arrays with `plain[0]` one ulp up:
     `(provenance, goldens, baseline source, arrays)`."""
-    from parity.baseline import Baseline
+    from parity.check import Baseline
 
     here = collect_provenance() | {"device_count": 1, "processes": 1, "base_sha": "b" * 40}
     goldens = tmp_path / "goldens"

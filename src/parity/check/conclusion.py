@@ -1,14 +1,14 @@
-"""A golden check after its first verdict, and how exact its verdict is (docs/design.md,
-"A verdict says how exact it was"): from the first verdict (`parity.verdict.FirstVerdict`:
-it records whether a baseline is wanted), the baselines the first verdicts want, prepared
-at once (`prepare_baselines`), the comparison with the baseline (`against_baseline`) and the
-result (`conclude`), the header's `reference` line (`reference_line`), and the phrase the
-verdict line carries where a key passed by a calibrated bound although the check could
-have compared it bit for bit (`parity.judge.findings.Comparison.inexact`).
+"""A golden check's third stage, its conclusion, and how exact its verdict is
+(docs/design.md, "A verdict says how exact it was"): from the first verdict
+(`parity.check.first.FirstVerdict`) and what the baseline found
+(`parity.check.against_baseline`), the `CheckResult` with its header (`conclude`), and the
+phrase the verdict line carries where a key passed by a calibrated bound although the
+check could have compared it bit for bit (`inexact`, kept in
+`parity.judge.findings.Comparison.inexact`).
 
 A check is exact where its reference is the goldens in their own environment, where every
-key holds its pinned class, or where its reference is the baseline (`parity.baseline`). It
-is *not exact* where:
+key holds its pinned class, or where its reference is the baseline
+(`parity.check.against_baseline`). It is *not exact* where:
 
 - off the pin's environment a key failed its pinned class and passed by its calibrated
   bound alone, because the baseline is off or cannot be re-produced here (the verdict line
@@ -26,10 +26,7 @@ is *not exact* where:
 
 Every header names both sides (`pinned on`, `checked on`: `parity.environment.describe_backend`).
 
-`parity.check` makes the first verdicts and calls these; nothing here runs producers or
-imports jax. `parity.baseline` itself is imported where a baseline is prepared or compared
-with (`prepare_baselines`, `against_baseline`), so that a check with no baseline to
-compare with (every `parity diff`) or no key failing its class does not load it.
+Nothing here runs producers or imports jax.
 """
 
 from __future__ import annotations
@@ -37,126 +34,25 @@ from __future__ import annotations
 import dataclasses
 from collections.abc import Mapping, Sequence
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, cast
+from typing import Any, cast
 
 from parity.calibrated.bounds import BY_CALIBRATION, CALIBRATED, calibrated_comparison
-from parity.environment import (
-    EnvironmentDifference,
-    backend_note,
-    describe_backend,
+from parity.check.against_baseline import (
+    BaseJudgement,
+    Baseline,
+    against_baseline,
+    reference_line,
 )
+from parity.check.first import FirstVerdict
+from parity.environment import backend_note, describe_backend
 from parity.judge.compare import Comparison, Finding
 from parity.judge.dataflow import DATAFLOW, HOST, order_hint
 from parity.judge.floats import count
-from parity.judge.tolerance import (
-    UnknownClassError,
-    parse_class_name,
-)
+from parity.judge.tolerance import UnknownClassError, parse_class_name
 from parity.results import BaselineUnavailable, CheckError, CheckResult, diff_command
 from parity.store import GoldenFile, GoldenStoreError
-from parity.verdict import BaseJudgement, BaselineRequest, FirstVerdict
 
-if TYPE_CHECKING:
-    from parity.baseline import Baseline, BaselineSource
-
-__all__ = [
-    "BASELINE_OFF",
-    "against_baseline",
-    "conclude",
-    "inexact",
-    "prepare_baselines",
-    "reference_line",
-    "required_error",
-]
-
-#: Why a key passed by calibration where the baseline was turned off.
-BASELINE_OFF = BaselineUnavailable(
-    "the baseline is off",
-    "check with it on (baseline auto; require makes this case an error) to compare them bit "
-    "for bit with the baseline re-produced here",
-)
-
-
-def reference_line(difference: EnvironmentDifference, passed: bool) -> str:
-    """The header's `reference` line where the baseline is not compared with (or before it
-    is)."""
-    if difference.unknown:
-        return f"the goldens (the environments are not compared: {difference.unknown})"
-    if difference.across_backends:
-        return (
-            "the goldens, pinned on another backend, under their pinned classes (the baseline "
-            "is off): not exact, their bits and noise are another backend's"
-        )
-    if not difference.moves_bits:
-        return "the goldens (this is the environment they were pinned in)"
-    if passed:
-        return "the goldens: every key holds its pinned class here"
-    return "the goldens, by calibration (the baseline is off)"
-
-
-def prepare_baselines(
-    source: BaselineSource | None, wanted: Sequence[BaselineRequest]
-) -> dict[str, Baseline | BaselineUnavailable]:
-    """The baselines the first verdicts want, each group's or why there is none: prepared at
-    once where `source` builds several groups in one run
-    (`parity.baseline.BatchBaselineSource`: one producer run per base commit and
-    environment), else group by group; every group `BASELINE_OFF` where `source` is None
-    (the baseline is off).
-
-    **Arguments:**
-
-    - `source`: what re-produces the baselines, or None.
-    - `wanted`: `(group, pinned provenance, current provenance)` of each first verdict
-      that wants a baseline (`FirstVerdict.baseline_request`).
-
-    **Returns:** group -> its `Baseline`, or the `BaselineUnavailable` saying why not.
-    """
-    if source is None:
-        return {group: BASELINE_OFF for group, _, _ in wanted}
-    if not wanted:
-        return {}
-    from parity.baseline import BatchBaselineSource
-
-    if isinstance(source, BatchBaselineSource):
-        return dict(source.prepare(wanted))
-    out: dict[str, Baseline | BaselineUnavailable] = {}
-    for group, pinned, current in wanted:
-        try:
-            out[group] = source.reproduce(group, pinned, current)
-        except BaselineUnavailable as e:
-            out[group] = e
-    return out
-
-
-def against_baseline(
-    first: FirstVerdict, baseline: Baseline | BaselineUnavailable
-) -> BaseJudgement:
-    """The first verdict's tree compared with its baseline, and the header's `reference`
-    line naming it (`parity.baseline.compare_with_baseline`, which reuses the first
-    verdict's findings where they are what it would find); where there is no baseline, the
-    line says why and the calibrated comparison with the goldens stands, or, where the
-    check requires the baseline, a `CheckError` says so."""
-    difference = first.difference
-    if isinstance(baseline, BaselineUnavailable):
-        if first.request.require_baseline:
-            raise required_error(first.group, baseline, across=difference.across_backends)
-        if baseline is BASELINE_OFF:
-            line = reference_line(difference, passed=False)
-        elif difference.across_backends:
-            line = (
-                "the goldens, pinned on another backend, under their pinned classes: the "
-                f"baseline cannot be re-produced here ({baseline.reason}); {baseline.hint}"
-            )
-        else:
-            line = (
-                "the goldens, by calibration: the baseline cannot be re-produced here "
-                f"({baseline.reason}); {baseline.hint}"
-            )
-        return BaseJudgement(comparison=None, reference=line, why=baseline)
-    from parity.baseline import compare_with_baseline
-
-    comparison, line = compare_with_baseline(first, baseline)
-    return BaseJudgement(comparison=comparison, reference=line, path=str(baseline.path))
+__all__ = ["conclude", "inexact"]
 
 
 def conclude(first: FirstVerdict, baseline: Baseline | BaselineUnavailable | None) -> CheckResult:
@@ -166,7 +62,7 @@ def conclude(first: FirstVerdict, baseline: Baseline | BaselineUnavailable | Non
 
     **Arguments:**
 
-    - `first`: the first verdict (`parity.check.first_verdict`).
+    - `first`: the first verdict (`parity.check.first.first_verdict`).
     - `baseline`: None where no baseline was wanted (`FirstVerdict.wants_baseline`); else
       the baseline prepared for it (`prepare_baselines`), or why there is none.
 
@@ -261,21 +157,6 @@ def _across_backends(gf: GoldenFile, current: Mapping[str, Any], why: BaselineUn
         f"judged against goldens pinned on {describe_backend(gf.provenance)} from "
         f"{describe_backend(current)} under their pinned classes, not by the baseline: "
         f"{why.reason}; {why.hint}"
-    )
-
-
-def required_error(group: str, why: BaselineUnavailable, *, across: bool = False) -> CheckError:
-    """The error of a check that requires the baseline where it cannot be re-produced
-    (`across`: on another backend than the pin's)."""
-    instead = (
-        "the tree would be judged against goldens pinned on another backend"
-        if across
-        else "a bitwise key would pass by its calibrated bound alone"
-    )
-    return CheckError(
-        f"group {group!r}: the baseline is required (baseline require) but cannot be "
-        f"re-produced here ({why.reason}), so {instead}; {why.hint}; or accept that "
-        "judgement (baseline auto)"
     )
 
 

@@ -1,0 +1,372 @@
+"""A golden check's second stage: its first verdict judged against the baseline
+(docs/design.md, "Two references"), off the pin's environment the golden group re-produced
+at its base commit here, which the tree is compared with, exactly (`against_baseline`,
+making a `BaseJudgement`); the baselines the first verdicts want, prepared at once
+(`prepare_baselines`); the header's `reference` line naming the reference
+(`reference_line`).
+
+The committed goldens are the reference of a check run in the environment they were
+pinned in. Elsewhere (another processor, ISA cap, device layout, jax or XLA flags) their
+bits need not reproduce, and the calibrated bounds that absorb that noise would also absorb
+a small real change. So where such a check has keys that fail their pinned class,
+`against_baseline`:
+
+1. holds the baseline (a golden-format file a `BaselineSource` provides) to the committed
+   goldens under the calibrated bound of the dimensions that differ (on another backend
+   than the pin's no calibration bounds it: how far it lies is reported, never refused,
+   docs/design.md "On any backend")
+   (`parity.calibrated.bounds.calibrated_comparison`); a key beyond it means this
+   environment is outside the recorded noise, a `CheckError` naming the calibrate command;
+2. compares the tree with the baseline under the pinned classes, as the goldens would in
+   their own environment: bitwise keys bit for bit.
+
+A `BaselineSource` (`parity.run.baseline.BaselineBuilder` for the CLI and the pytest
+plugin) re-produces a group at its base commit; where it cannot (the commit is missing, the
+producers cannot run there), it raises `BaselineUnavailable` (defined with what a check
+hands back, `parity.results`, and named here with the protocol that raises it) and the
+check falls back to the calibrated comparison with the goldens, saying why in its header.
+
+Nothing here runs producers or imports jax.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from typing import TYPE_CHECKING, Any, Protocol, runtime_checkable
+
+from parity.calibrated.bounds import BY_CALIBRATION, calibrate_command, calibrated_comparison
+from parity.calibrated.spreads import Spreads
+from parity.check.first import BaselineRequest, FirstVerdict
+from parity.judge.compare import Comparison, Finding, compare_trees
+from parity.judge.floats import count, sig
+from parity.judge.tolerance import to_class
+from parity.results import BaselineUnavailable, CheckError
+from parity.store import GoldenStoreError, open_goldens
+
+if TYPE_CHECKING:
+    from parity.environment import EnvironmentDifference
+
+__all__ = [
+    "BASELINE",
+    "BASELINE_OFF",
+    "BaseJudgement",
+    "Baseline",
+    "BaselineSource",
+    "BatchBaselineSource",
+    "against_baseline",
+    "prepare_baselines",
+    "reference_line",
+    "required_error",
+]
+
+
+#: What the baseline is called in a finding's words ("actual ... vs baseline ..."), where
+#: the tree was compared with it.
+BASELINE = "baseline"
+
+
+@dataclass(frozen=True)
+class Baseline:
+    """A golden group re-produced at its base commit in this environment.
+
+    **Fields:** `path` (a golden-format file), `sha` (the base commit), `cached` (found in
+    the cache, as opposed to built by this call) and `seconds` (what building it took; 0
+    when cached).
+    """
+
+    path: Path
+    sha: str
+    cached: bool
+    seconds: float = 0.0
+
+
+class BaselineSource(Protocol):
+    """What re-produces a golden group at its base commit in a check's environment: its
+    baseline."""
+
+    def reproduce(
+        self, group: str, pinned: Mapping[str, Any], current: Mapping[str, Any]
+    ) -> Baseline:
+        """The group re-produced at `pinned["base_sha"]` in the environment `current`
+        describes (a provenance); raises `BaselineUnavailable` where it cannot be."""
+        ...
+
+
+@runtime_checkable
+class BatchBaselineSource(BaselineSource, Protocol):
+    """A `BaselineSource` that also re-produces several groups at once: the missing ones of
+    each base commit and environment in one producer run
+    (`parity.run.baseline.BaselineBuilder`). `prepare_baselines` uses it where the source
+    has it."""
+
+    def prepare(
+        self, wanted: Sequence[BaselineRequest]
+    ) -> Mapping[str, Baseline | BaselineUnavailable]:
+        """Each group of `wanted` re-produced, or the `BaselineUnavailable` saying why not."""
+        ...
+
+
+@dataclass(frozen=True, kw_only=True)
+class BaseJudgement:
+    """What comparing a first verdict with its baseline found
+    (`against_baseline`).
+
+    **Fields:** `comparison`, the tree against the baseline (None where there is no
+    baseline: the calibrated comparison with the goldens then stands); `reference`, the
+    header's line naming the reference; `path`, the baseline's file (`""` where none);
+    `why`, why there is no baseline (None where there is one).
+    """
+
+    comparison: Comparison | None
+    reference: str
+    path: str = ""
+    why: BaselineUnavailable | None = None
+
+
+#: Why a key passed by calibration where the baseline was turned off.
+BASELINE_OFF = BaselineUnavailable(
+    "the baseline is off",
+    "check with it on (baseline auto; require makes this case an error) to compare them bit "
+    "for bit with the baseline re-produced here",
+)
+
+
+def reference_line(difference: EnvironmentDifference, passed: bool) -> str:
+    """The header's `reference` line where the baseline is not compared with (or before it
+    is)."""
+    if difference.unknown:
+        return f"the goldens (the environments are not compared: {difference.unknown})"
+    if difference.across_backends:
+        return (
+            "the goldens, pinned on another backend, under their pinned classes (the baseline "
+            "is off): not exact, their bits and noise are another backend's"
+        )
+    if not difference.moves_bits:
+        return "the goldens (this is the environment they were pinned in)"
+    if passed:
+        return "the goldens: every key holds its pinned class here"
+    return "the goldens, by calibration (the baseline is off)"
+
+
+def prepare_baselines(
+    source: BaselineSource | None, wanted: Sequence[BaselineRequest]
+) -> dict[str, Baseline | BaselineUnavailable]:
+    """The baselines the first verdicts want, each group's or why there is none: prepared at
+    once where `source` builds several groups in one run (`BatchBaselineSource`: one
+    producer run per base commit and environment), else group by group; every group
+    `BASELINE_OFF` where `source` is None (the baseline is off).
+
+    **Arguments:**
+
+    - `source`: what re-produces the baselines, or None.
+    - `wanted`: `(group, pinned provenance, current provenance)` of each first verdict
+      that wants a baseline (`FirstVerdict.baseline_request`).
+
+    **Returns:** group -> its `Baseline`, or the `BaselineUnavailable` saying why not.
+    """
+    if source is None:
+        return {group: BASELINE_OFF for group, _, _ in wanted}
+    if not wanted:
+        return {}
+    if isinstance(source, BatchBaselineSource):
+        return dict(source.prepare(wanted))
+    out: dict[str, Baseline | BaselineUnavailable] = {}
+    for group, pinned, current in wanted:
+        try:
+            out[group] = source.reproduce(group, pinned, current)
+        except BaselineUnavailable as e:
+            out[group] = e
+    return out
+
+
+def required_error(group: str, why: BaselineUnavailable, *, across: bool = False) -> CheckError:
+    """The error of a check that requires the baseline where it cannot be re-produced
+    (`across`: on another backend than the pin's)."""
+    instead = (
+        "the tree would be judged against goldens pinned on another backend"
+        if across
+        else "a bitwise key would pass by its calibrated bound alone"
+    )
+    return CheckError(
+        f"group {group!r}: the baseline is required (baseline require) but cannot be "
+        f"re-produced here ({why.reason}), so {instead}; {why.hint}; or accept that "
+        "judgement (baseline auto)"
+    )
+
+
+def against_baseline(
+    first: FirstVerdict, baseline: Baseline | BaselineUnavailable
+) -> BaseJudgement:
+    """The first verdict's tree compared with its baseline, and the header's `reference`
+    line naming it (reusing the first verdict's findings where they are what comparing
+    again would find; see the module docstring); where there is no baseline, the
+    line says why and the calibrated comparison with the goldens stands, or, where the
+    check requires the baseline, a `CheckError` says so."""
+    difference = first.difference
+    if isinstance(baseline, BaselineUnavailable):
+        if first.request.require_baseline:
+            raise required_error(first.group, baseline, across=difference.across_backends)
+        if baseline is BASELINE_OFF:
+            line = reference_line(difference, passed=False)
+        elif difference.across_backends:
+            line = (
+                "the goldens, pinned on another backend, under their pinned classes: the "
+                f"baseline cannot be re-produced here ({baseline.reason}); {baseline.hint}"
+            )
+        else:
+            line = (
+                "the goldens, by calibration: the baseline cannot be re-produced here "
+                f"({baseline.reason}); {baseline.hint}"
+            )
+        return BaseJudgement(comparison=None, reference=line, why=baseline)
+    return _by_baseline(first, baseline)
+
+
+def _by_baseline(first: FirstVerdict, baseline: Baseline) -> BaseJudgement:
+    """The tree of a first verdict compared with its baseline (see the module docstring).
+
+    **Arguments:**
+
+    - `first`: the check's first verdict (`parity.check.first.first_verdict`): the tree's arrays
+      (`flat_a`), the golden file, each key's class (the check's precedence, each
+      calibrated key's spread bound), the two registries (the tree is judged by the exact
+      classes, with no drift relaxation, since the tree and the baseline share their
+      environment; the baseline is held to the goldens by the drift policy's), how this
+      environment differs from the pin's (decided once), the forward order, the keys the
+      check covers; and its comparison with the goldens, whose findings are reused where
+      they are what this comparison would find (`_tree_against_baseline`).
+    - `baseline`: the group re-produced at the golden's base commit in this environment.
+
+    **Returns:** the comparison of the tree with the baseline, and the header's `reference`
+    line naming it, as a `BaseJudgement`. Raises `CheckError` when the baseline is outside
+    the goldens' recorded noise here, or its file is unusable.
+    """
+    gf, group, difference, keys = first.gf, first.group, first.difference, first.keys
+    classes, held_registry, order = first.classes.bound, first.registries.policy, first.forward
+    try:
+        with open_goldens(baseline.path) as bf:
+            missing = [k for k in keys if k not in bf]
+            if missing:
+                raise CheckError(
+                    f"group {group!r}: the baseline re-produced at {baseline.sha[:12]} "
+                    f"({baseline.path}) lacks {count(len(missing), 'golden key')}, first "
+                    f"{missing[0]!r}: the producers make other keys at the base commit than "
+                    "the goldens hold; repin the group, or pass --baseline off"
+                )
+            baseline_arrays = {k: bf.source(k) for k in keys}
+            golden = {k: gf.source(k) for k in keys}
+            held = compare_trees(
+                baseline_arrays, golden, classes, registry=held_registry, order=order
+            )
+            if not difference.across_backends:  # no calibration bounds another backend
+                held, _ = calibrated_comparison(
+                    held,
+                    baseline_arrays,
+                    gf,
+                    Spreads.of(gf.provenance),
+                    difference,
+                    held_registry,
+                )
+            beyond = [f for f in held.findings if not f.passed]
+            if beyond and not difference.across_backends:
+                f = beyond[0]
+                where = ", ".join(difference.changes)
+                raise CheckError(
+                    f"this environment ({where}) is outside the recorded noise of group "
+                    f"{group!r}: the baseline re-produced here at {baseline.sha[:12]} breaks the "
+                    f"goldens' calibrated bound at {f.key} ({f.class_name}: max abs "
+                    f"{sig(f.max_abs)}; {count(len(beyond), 'key')} "
+                    f"beyond); record this environment's noise on main with "
+                    f"`{calibrate_command(group)}`, or run where the goldens were pinned"
+                )
+            comparison = _tree_against_baseline(first, baseline_arrays, held)
+    except GoldenStoreError as e:
+        raise CheckError(
+            f"group {group!r}: the baseline re-produced at {baseline.sha[:12]} is unusable "
+            f"({e}); clear it with `parity baseline clear` and check again"
+        ) from None
+    how = "built now" if not baseline.cached else "cached"
+    took = f" in {baseline.seconds:.0f}s" if not baseline.cached else ""
+    # Only a key the goldens' pinned class refused and a calibrated bound admitted makes
+    # the baseline "within the calibrated noise"; otherwise it holds the pinned classes.
+    calibrated = any(f.note.startswith(BY_CALIBRATION) for f in held.findings)
+    within = "the goldens' calibrated noise" if calibrated else "the goldens' pinned classes"
+    if difference.across_backends:
+        line = _across_backends_line(baseline, f"{how}{took}", difference, held)
+        return BaseJudgement(comparison=comparison, reference=line, path=str(baseline.path))
+    line = (
+        f"the baseline re-produced here at {baseline.sha[:12]} ({how}{took} at "
+        f"{baseline.path}), in this environment ({', '.join(difference.changes)}), itself "
+        f"within {within}: {_worst(held.findings)}"
+    )
+    return BaseJudgement(comparison=comparison, reference=line, path=str(baseline.path))
+
+
+def _tree_against_baseline(
+    first: FirstVerdict, baseline_arrays: Mapping[str, Any], held: Comparison
+) -> Comparison:
+    """The tree against the baseline under the exact classes. A key whose bytes equal the
+    goldens' both in the first verdict (under the drift policy's classes) and in the
+    baseline (`held`), under the same class in both registries, equals the baseline bit for
+    bit: its first finding, named against the baseline, is what comparing it again would
+    find, so it is not compared again."""
+    classes, registries = first.classes.bound, first.registries
+    same = {f.key for f in held.findings if f.bitwise_equal}
+    reused = {
+        f.key: dataclasses.replace(f, reference=BASELINE)
+        for f in first.comparison.findings
+        if f.bitwise_equal
+        and f.key in same
+        and to_class(classes(f.key), registries.exact)
+        == to_class(classes(f.key), registries.policy)
+    }
+    rest = compare_trees(
+        {k: a for k, a in first.flat_a.items() if k not in reused},
+        {k: b for k, b in baseline_arrays.items() if k not in reused},
+        classes,
+        registry=registries.exact,
+        order=first.forward,
+        reference=BASELINE,
+    )
+    if not reused:
+        return rest
+    # The places in the forward order are the first verdict's: the same keys, the same order.
+    found = {f.key: f for f in rest.findings}
+    return Comparison(
+        tuple(
+            reused.get(f.key) or dataclasses.replace(found[f.key], order=f.order)
+            for f in first.comparison.findings
+        )
+    )
+
+
+def _worst(findings: Sequence[Finding]) -> str:
+    """How close the baseline came to the goldens, in one phrase."""
+    moved = [f for f in findings if not f.bitwise_equal]
+    if not moved:
+        return "bit for bit equal to the goldens"
+    ratios = [((f.max_abs or 0.0) / f.bound, f) for f in moved if f.bound and f.unit == "abs"]
+    verb = "differs" if len(moved) == 1 else "differ"
+    text = f"{len(moved)} of {count(len(findings), 'key')} {verb} from the goldens"
+    if ratios:
+        ratio, f = max(ratios, key=lambda rf: rf[0])
+        text += f", the worst ({f.key}) at {sig(ratio)} of its bound ({sig(f.max_abs)} abs)"
+    return text
+
+
+def _across_backends_line(
+    baseline: Baseline, how: str, difference: EnvironmentDifference, held: Comparison
+) -> str:
+    """The `reference` line of a baseline on another backend than the pin's: it judges,
+    and how far it lies from the goldens is information."""
+    beyond = sum(not f.passed for f in held.findings)
+    return (
+        f"the baseline re-produced here at {baseline.sha[:12]} ({how} at {baseline.path}), "
+        f"on this backend ({', '.join(difference.changes)}); it judges every key under its "
+        "class. How far it lies from the goldens, for information (another backend's bits, "
+        f"not a refusal): {_worst(held.findings)}; {count(beyond, 'key')} beyond their "
+        "pinned class"
+    )
