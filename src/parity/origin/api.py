@@ -18,7 +18,6 @@ from parity.judge.classes import REGISTRY, ToleranceClass
 from parity.judge.compare import Comparison, compare_trees
 from parity.judge.tolerance import (
     ClassMapLike,
-    Overrides,
     UnknownClassError,
     class_resolver,
     to_class,
@@ -66,7 +65,6 @@ def locate(
     old: Recording,
     *,
     class_map: ClassMapLike = "bitwise",
-    overrides: Overrides = (),
     registry: Mapping[str, ToleranceClass] = REGISTRY,
     key: str | None = None,
     root: str | Path | None = None,
@@ -80,8 +78,9 @@ def locate(
     - `new`, `old`: recordings of the two programs on the same inputs (`record`,
       `record_programs`); `old` may be a summary (`Recording.summary()`, or read back with
       `Recording.from_arrays`).
-    - `class_map`, `overrides`, `registry`: each output key's class, by the precedence
-      every check uses (`parity.judge.tolerance.class_resolver`).
+    - `class_map`, `registry`: each output key's class: a class name for every key, or a
+      `ClassMap` whose rules by key pattern come first (what a check's `overrides` are), by
+      the precedence every check uses (`parity.judge.tolerance.class_resolver`).
     - `key`: the output to explain; default: the first in dataflow order that fails its
       class (keys present on both sides only).
     - `root`: paths in the origin are given relative to it when they lie under it.
@@ -98,7 +97,7 @@ def locate(
     its golden) leaves the search at equality only (`reason` says why). Raises
     `LocaliseError` when the key is absent.
     """
-    resolve = class_resolver(overrides=overrides, class_map=class_map)
+    resolve = class_resolver(class_map=class_map)
     if key is None:
         key = _first_failing_key(new, old, resolve, registry)
         if key is None:
@@ -254,7 +253,6 @@ def localise(
     old_fn: Callable[..., Any],
     *args: Any,
     class_map: ClassMapLike = "bitwise",
-    overrides: Overrides = (),
     registry: Mapping[str, ToleranceClass] = REGISTRY,
     key: str | None = None,
     root: str | Path | None = None,
@@ -275,7 +273,7 @@ def localise(
       pytrees with the same keys (as `parity.judge.trees.flatten` names them; a bare array
       is `array`). Arguments that are not arrays must be closed over.
     - `args`, `kwargs`: what both are called with.
-    - `class_map`, `overrides`, `registry`, `key`, `root`: as `locate`.
+    - `class_map`, `registry`, `key`, `root`: as `locate`.
 
     **Returns:** a `Localisation` (`parity.Localisation`): `status` is `named` (its
     `origin`: `primitive`, `file`, `line`, `function`, `shape`, `max_diff`, `key`,
@@ -292,9 +290,7 @@ def localise(
     """
     new = record(new_fn, *args, **kwargs)
     old = record(old_fn, *args, **kwargs)
-    return locate(
-        new, old, class_map=class_map, overrides=overrides, registry=registry, key=key, root=root
-    )
+    return locate(new, old, class_map=class_map, registry=registry, key=key, root=root)
 
 
 def settle_live(
