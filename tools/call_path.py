@@ -26,6 +26,7 @@ import argparse
 import ast
 import itertools
 import sys
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -212,10 +213,7 @@ class Stop:
     module: str
     name: str
     depth: int
-
-    @property
-    def floor(self) -> int:
-        return floor_of(self.module)
+    floor: int
 
 
 def _called(index: Index, target: Target) -> list[Target]:
@@ -263,17 +261,20 @@ def _resolved(index: Index, callee: Target, built: list[Target]) -> list[Target]
     return [callee]
 
 
-def walk(index: Index, entry: Target, *, lowest: int = 0) -> list[Stop]:
-    """The stops from `entry`, depth first in source order, each function once; a function
-    on a floor below `lowest` is a stop whose own calls are not followed."""
+def walk(
+    index: Index, entry: Target, *, floor: Callable[[str], int] = floor_of, lowest: int = 0
+) -> list[Stop]:
+    """The stops from `entry`, depth first in source order, each function once; `floor`
+    says the floor of a module; a function on a floor below `lowest` is a stop whose own
+    calls are not followed."""
     seen: set[Target] = set()
     stops: list[Stop] = []
     built: list[Target] = []
 
     def visit(target: Target, depth: int) -> None:
         seen.add(target)
-        stops.append(Stop(target[0], target[1], depth))
-        if floor_of(target[0]) < lowest:
+        stops.append(Stop(target[0], target[1], depth, floor(target[0])))
+        if floor(target[0]) < lowest:
             return
         for called in _called(index, target):
             for callee in _resolved(index, called, built):

@@ -1,0 +1,122 @@
+"""tools/call_path.py follows a flow as a reader does: on a package small enough to walk by
+hand, its stops, climbs and returns are the ones counted here by eye; a protocol's method
+leads to the class a face built; and on parity it reaches the stages of the check."""
+
+from __future__ import annotations
+
+import importlib.util
+import sys
+from pathlib import Path
+from types import ModuleType
+
+ROOT = Path(__file__).resolve().parents[2]
+
+
+def _tool() -> ModuleType:
+    spec = importlib.util.spec_from_file_location("call_path", ROOT / "tools" / "call_path.py")
+    assert spec is not None and spec.loader is not None
+    module = importlib.util.module_from_spec(spec)
+    sys.modules["call_path"] = module
+    spec.loader.exec_module(module)
+    return module
+
+
+cp = _tool()
+
+#: A package of three floors: `top` over `mid` over `low`.
+PACKAGE = {
+    "__init__.py": "",
+    "low.py": """
+def z():
+    return 1
+
+def y():
+    return 2
+""",
+    "mid.py": """
+from typing import Protocol
+
+from pkg.low import y, z
+
+
+class Step(Protocol):
+    def go(self) -> int: ...
+
+
+class Plain:
+    def go(self) -> int:
+        return y()
+
+
+def a():
+    return z()
+
+
+def b():
+    return 0
+
+
+def door(step: Step):
+    return step.go()
+""",
+    "top.py": """
+from pkg import low, mid
+
+
+def run():
+    mid.a()
+    low.z()
+    mid.b()
+
+
+def handed():
+    step = mid.Plain()
+    return mid.door(step)
+""",
+}
+FLOORS = {"pkg.low": 0, "pkg.mid": 1, "pkg.top": 2}
+
+
+def _walk(tmp_path: Path, entry: str) -> list:
+    for name, text in PACKAGE.items():
+        path = tmp_path / "pkg" / name
+        path.parent.mkdir(exist_ok=True)
+        path.write_text(text)
+    index = cp.Index(tmp_path, package="pkg")
+    module, _, name = entry.partition(":")
+    return cp.walk(index, (module, name), floor=lambda m: FLOORS.get(m, -1))
+
+
+def test_a_function_reached_twice_is_one_stop_and_a_climb_and_a_return_are_counted(
+    tmp_path: Path,
+) -> None:
+    stops = _walk(tmp_path, "pkg.top:run")
+    # run -> mid.a -> low.z; low.z again (already read); then mid.b: back up from low to
+    # mid (a climb), into mid, which the reader had left for low (a return).
+    assert [(s.module, s.name, s.depth) for s in stops] == [
+        ("pkg.top", "run", 0),
+        ("pkg.mid", "a", 1),
+        ("pkg.low", "z", 2),
+        ("pkg.mid", "b", 1),
+    ]
+    assert cp.Figures.of(stops) == cp.Figures(stops=4, modules=3, climbs=1, returns=1)
+
+
+def test_a_protocol_s_method_leads_to_the_class_built_on_the_way(tmp_path: Path) -> None:
+    stops = _walk(tmp_path, "pkg.top:handed")
+    names = [f"{s.module}:{s.name}" for s in stops]
+    assert names == ["pkg.top:handed", "pkg.mid:door", "pkg.mid:Plain.go", "pkg.low:y"]
+
+
+def test_the_check_s_way_goes_through_its_stages_in_order() -> None:
+    found, stops = cp.figures("parity.run.produced:check_produced")
+    names = [f"{s.module}:{s.name}" for s in stops]
+    stages = [
+        "parity.check.flow:check_groups",
+        "parity.check.first:first_verdict",
+        "parity.check.conclusion:conclude",
+        "parity.check.against_baseline:against_baseline",
+    ]
+    assert all(s in names for s in stages), names
+    assert [names.index(s) for s in stages] == sorted(names.index(s) for s in stages)
+    assert found.stops == len(stops) and found.modules == len({s.module for s in stops})
