@@ -65,7 +65,7 @@ class CheckResult:
       order they ran.
     - `produce_s`, `load_s`, `compare_s`: seconds spent producing (if the caller said),
       loading goldens, comparing.
-    - `saved`: where the obtained arrays were written (on failure with `save_actual`).
+    - `saved`: where the actual arrays were written (on failure with `save_actual`).
     - `command`: a `parity diff` command that reproduces the table from `saved`.
     - `origin`: for a failing check whose origin was looked for (`parity.run.origins`),
       what was found (`parity.origin.Localisation`: the `Origin` with its file relative to

@@ -58,7 +58,7 @@ __all__ = ["conclude", "inexact"]
 def conclude(first: FirstVerdict, baseline: Baseline | BaselineUnavailable | None) -> CheckResult:
     """The `CheckResult` of a first verdict: compared again with the baseline (where the
     first verdict wanted one), or by calibration where the environment differs; then the
-    header, and the obtained arrays saved where it fails.
+    header, and the actual arrays saved where it fails.
 
     **Arguments:**
 

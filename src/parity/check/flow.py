@@ -106,7 +106,7 @@ def check_file(
     - `registry`: the classes by name.
     - `name`, `node`: for reports (`name` defaults to the group, `gf`'s file name).
     - `produce_s`: seconds the caller spent producing `actual`, for the timing summary.
-    - `save_actual`: a folder; when the check fails, the obtained arrays are written there
+    - `save_actual`: a folder; when the check fails, the actual arrays are written there
       as `<name>.h5` in golden format (see `CheckResult.command`).
     - `keys`: check only these keys of the golden (a producer of part of it); default all.
     - `baseline`: what re-produces the baseline (`BaselineSource`): where

@@ -227,7 +227,7 @@ def run(args: argparse.Namespace, out: IO[str]) -> int:
     out.write(session.table())
     for r in results:
         if r.saved:
-            out.write(f"obtained arrays of {r.name} written to {r.saved}; reproduce with:\n")
+            out.write(f"actual arrays of {r.name} written to {r.saved}; reproduce with:\n")
             out.write(f"  {r.command}\n")
     _write_reports(session, args, out)
     return EXIT_OK if all(r.passed for r in results) else EXIT_FAIL

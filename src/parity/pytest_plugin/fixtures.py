@@ -47,7 +47,7 @@ def _on_every_host(
 
 def _failure_text(result: CheckResult, differing: Sequence[str]) -> str:
     """What a failed check says: the report table, the non-array leaves that differ, where
-    the obtained arrays went and how to find the origin."""
+    the actual arrays went and how to find the origin."""
     from parity.report import format_table
 
     text = f"parity check {result.name!r} failed\n"
@@ -56,7 +56,7 @@ def _failure_text(result: CheckResult, differing: Sequence[str]) -> str:
         text += f"non-array leaves that differ ({len(differing)}):\n"
         text += "\n".join(differing) + "\n"
     if result.saved:
-        text += f"obtained arrays written to {result.saved}; reproduce with:\n"
+        text += f"actual arrays written to {result.saved}; reproduce with:\n"
         text += f"  {result.command}\n"
     if result.origin_line:
         text += result.origin_line + "\n"

@@ -1,5 +1,5 @@
 """The core (`parity.check`): one class precedence for the CLI, the plugin and the API;
-ordinary exceptions; results that cross processes; obtained arrays on failure."""
+ordinary exceptions; results that cross processes; actual arrays on failure."""
 
 from __future__ import annotations
 
@@ -156,7 +156,7 @@ def test_the_first_divergence_of_a_mutated_group_names_the_mutated_key(golden_di
     assert "first breaking its class: layers.1.h1 [fp32_reassoc, fail]" in section
 
 
-def test_a_failing_check_saves_what_it_obtained_for_parity_diff(
+def test_a_failing_check_saves_its_actual_arrays_for_parity_diff(
     golden_dir: Path, tmp_path: Path, capsys
 ) -> None:
     mutated = _arrays()
@@ -166,9 +166,9 @@ def test_a_failing_check_saves_what_it_obtained_for_parity_diff(
         "g",
         goldens=golden_dir,
         overrides=[("rec", "device_count")],
-        save_actual=tmp_path / "obtained",
+        save_actual=tmp_path / "actual",
     )
-    assert result.saved == str(tmp_path / "obtained" / "g.h5") and result.command
+    assert result.saved == str(tmp_path / "actual" / "g.h5") and result.command
     assert "--override 'rec=device_count'" in result.command
     # The command reproduces the table: same verdicts, classes and figures per key.
     argv = result.command.replace("'", "").split()[3:]
@@ -195,7 +195,7 @@ def test_the_reproduce_command_carries_the_caller_s_class_map(
     mutated["layers.0.h1"][1] += 1e-3
     mutated["plain"][2] = np.nextafter(np.nextafter(mutated["plain"][2], 9), 9)
     result = check_group(
-        mutated, "g", goldens=golden_dir, class_map=class_map, save_actual=tmp_path / "obtained"
+        mutated, "g", goldens=golden_dir, class_map=class_map, save_actual=tmp_path / "actual"
     )
     assert not result.passed and result.command
     assert result.comparison.finding("plain").passed

@@ -274,7 +274,7 @@ def test_the_report_merges_checks_from_xdist_workers(inner: pytest.Pytester) -> 
     assert "2 checks, 6 arrays" in result.stdout.str()
 
 
-# --------------------------------------------------------------------------- selection, obtained
+# --------------------------------------------------------------------- selection, actual arrays
 
 
 def test_unchecked_goldens_are_judged_against_the_selected_tests(inner: pytest.Pytester) -> None:
@@ -313,7 +313,7 @@ def test_unchecked_goldens_are_judged_against_the_selected_tests(inner: pytest.P
     assert "other: 1: a" in result.stdout.str()
 
 
-def test_a_failing_check_leaves_its_obtained_arrays_for_parity_diff(inner: pytest.Pytester) -> None:
+def test_a_failing_check_leaves_its_actual_arrays_for_parity_diff(inner: pytest.Pytester) -> None:
     _pin(inner.path, "g", _arrays(), order=["layers.0.h1", "layers.1.h1"])
     inner.makepyfile(
         test_fail="""
@@ -325,11 +325,11 @@ def test_a_failing_check_leaves_its_obtained_arrays_for_parity_diff(inner: pytes
             parity_check(a, "g", overrides=[("logits", "fp32_reassoc")])
         """
     )
-    result = _run(inner, "-n", "2", "--parity-save-actual", "obtained")
+    result = _run(inner, "-n", "2", "--parity-save-actual", "actual")
     result.assert_outcomes(failed=1)
     out = result.stdout.str()
-    saved = inner.path / "obtained" / "g.h5"
-    assert saved.is_file() and f"obtained arrays written to {saved}" in out
+    saved = inner.path / "actual" / "g.h5"
+    assert saved.is_file() and f"actual arrays written to {saved}" in out
     command = next(line.strip() for line in out.splitlines() if "parity diff" in line)
     assert "--override 'logits=fp32_reassoc'" in command
     diff = subprocess.run(
