@@ -216,6 +216,22 @@ class Stop:
     floor: int
 
 
+def _in_evaluation_order(node: ast.AST) -> list[ast.Call]:
+    """The calls in `node`'s body in the order they run: statements in order, and a call's
+    arguments (calls among them) before the call itself."""
+    found: list[ast.Call] = []
+
+    def visit(n: ast.AST) -> None:
+        for child in ast.iter_child_nodes(n):
+            visit(child)
+        if isinstance(n, ast.Call):
+            found.append(n)
+
+    for statement in getattr(node, "body", []):
+        visit(statement)
+    return found
+
+
 def _called(index: Index, target: Target) -> list[Target]:
     """The parity functions `target`'s body calls, in source order; a class called is
     itself in the list (`walk` follows its `__init__` or `__post_init__`)."""
@@ -225,12 +241,8 @@ def _called(index: Index, target: Target) -> list[Target]:
     module = index.modules[target[0]]
     owner = target[1].rpartition(".")[0] or None
     types = _local_types(index, module, node, owner)
-    calls = sorted(
-        (n for n in ast.walk(node) if isinstance(n, ast.Call)),
-        key=lambda n: (n.lineno, n.col_offset),
-    )
     out: list[Target] = []
-    for call in calls:
+    for call in _in_evaluation_order(node):
         found = _lookup(index, module, call.func, types)
         if isinstance(found, tuple) and found != target:
             out.append(found)
