@@ -39,8 +39,8 @@ __all__ = [
     "EXIT_MISSING_SYMBOL",
     "LEAVES",
     "TRACEBACK_LINES",
-    "Command",
     "Mode",
+    "ProducerCommand",
     "ProducerRun",
     "ProducerRunError",
     "RunnerOutput",
@@ -58,11 +58,11 @@ EXIT_UNUSABLE_CLASS = 5
 _UNUSABLE_CLASSES = "unusable_classes.json"  # `_producer_runner.UNUSABLE_CLASSES`
 
 
-#: The commands that run the producers.
-Command = Literal["repin", "check", "bisect", "calibrate", "baseline", "origin"]
+#: The commands that run the producers (the CLI's subcommands are `parity.cli.Command`).
+ProducerCommand = Literal["repin", "check", "bisect", "calibrate", "baseline", "origin"]
 
 #: What a producer run that failed leaves, in each command that runs one.
-LEAVES: dict[Command, str] = {
+LEAVES: dict[ProducerCommand, str] = {
     "repin": "old goldens are untouched",
     "check": "nothing was checked",
     "bisect": "the commit is skipped",
@@ -79,7 +79,7 @@ class ProducerRunError(ParityError, RuntimeError):
 
     **Fields:**
 
-    - `command`: the command that ran the producers (`Command`); the message says what the
+    - `command`: the command that ran the producers (`ProducerCommand`); the message says what the
       failed run leaves there (`LEAVES`: a repin's old goldens are untouched).
     - `failure`: what became of the run, one clause (`"the producers failed (exit 1)"`,
       `"the base commit 1a2b3c4d5e6f lacks a symbol the producers need"`, a worker's exit).
@@ -100,7 +100,7 @@ class ProducerRunError(ParityError, RuntimeError):
 
     def __init__(
         self,
-        command: Command,
+        command: ProducerCommand,
         failure: str,
         output: str = "",
         *,
@@ -108,7 +108,7 @@ class ProducerRunError(ParityError, RuntimeError):
         tail: str | None = None,
         worker: int | None = None,
     ):
-        self.command: Command = command
+        self.command: ProducerCommand = command
         self.failure = failure
         self.output = output
         self.reason = reason if reason is not None else _failure_reason(output, failure)
@@ -122,7 +122,7 @@ class ProducerRunError(ParityError, RuntimeError):
         return f"{self.failure}; {LEAVES[self.command]}."
 
     @classmethod
-    def of_workers(cls, command: Command, e: WorkerFailed) -> ProducerRunError:
+    def of_workers(cls, command: ProducerCommand, e: WorkerFailed) -> ProducerRunError:
         """A multi-process run (or a timed-out one) that the supervisor stopped."""
         return cls(command, e.reason, e.output, reason=e.reason, tail=e.tail, worker=e.worker)
 
@@ -168,7 +168,7 @@ class UnknownGroupsError(ProducerRunError):
 
     def __init__(
         self,
-        command: Command,
+        command: ProducerCommand,
         unknown: Sequence[str],
         defined: Sequence[str],
         producers: Path,
@@ -199,7 +199,7 @@ class UnusableClassError(ProducerRunError):
     known class and every known one: `parity.judge.tolerance.class_problem`), and those of
     `ProducerRunError`."""
 
-    def __init__(self, command: Command, problems: Sequence[str]):
+    def __init__(self, command: ProducerCommand, problems: Sequence[str]):
         self.problems = tuple(problems)
         message = "; ".join(self.problems) + "; fix CLASS_MAP and run again"
         super().__init__(command, message)
@@ -236,7 +236,7 @@ class RunnerOutput:
     order: str = "declared"
 
 
-def load_runner_output(out: Path, group: str, *, command: Command) -> RunnerOutput:
+def load_runner_output(out: Path, group: str, *, command: ProducerCommand) -> RunnerOutput:
     """What the runner saved for `group` in `out`, for `command`. Raises
     `ProducerRunError` if it recorded no provenance (it could not import parity)."""
     manifest = json.loads((out / f"{group}.json").read_text())
@@ -313,7 +313,7 @@ class ProducerRun:
     code_root: Path
     producers: Path
     out: Path
-    command: Command
+    command: ProducerCommand
     mode: Mode = "produce"
     check_classes: bool = False
     groups: Sequence[str] = ()
@@ -328,7 +328,9 @@ class ProducerRun:
     process_id: int | None = None
 
     @classmethod
-    def of(cls, config: ParityConfig, out: Path, *, command: Command, **fields: Any) -> ProducerRun:
+    def of(
+        cls, config: ParityConfig, out: Path, *, command: ProducerCommand, **fields: Any
+    ) -> ProducerRun:
         """A run of `config`'s producers against its root, src roots, layout and ISA cap,
         `fields` given over them."""
         base: dict[str, Any] = {

@@ -26,7 +26,7 @@ from parity.check import BaselineSource, GoldenDir, GroupOptions, Settler, check
 from parity.judge.dataflow import DATAFLOW, HOST
 from parity.machinery.config import ConfigError, ParityConfig
 from parity.machinery.launcher import (
-    Command,
+    ProducerCommand,
     ProducerRun,
     ProducerRunError,
     UnusableClassError,
@@ -105,7 +105,7 @@ def produce(
     progress: Callable[[str], None] = lambda _: None,
     timeout: float | None = None,
     place: ClusterPlace | None = None,
-    command: Command = "check",
+    command: ProducerCommand = "check",
     check_classes: bool = False,
 ) -> Produced:
     """Run the configured producers against a checkout in a fresh process.
@@ -163,7 +163,7 @@ def produce(
     return Produced(out, time.perf_counter() - t0, flags, provenance, layout, orders)
 
 
-def refuse_unusable_classes(config: ParityConfig, *, command: Command = "check") -> None:
+def refuse_unusable_classes(config: ParityConfig, *, command: ProducerCommand = "check") -> None:
     """Raise `UnusableClassError` where the configured producers' `CLASS_MAP` names a class
     parity cannot use: the producers file is imported in a fresh process, as `repin
     --classes-only` does (the runner's `--check-classes`, the one check), and no group
