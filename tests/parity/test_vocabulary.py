@@ -6,13 +6,16 @@ environment variables included."""
 from __future__ import annotations
 
 import argparse
+import ast
 import json
 import re
+from collections.abc import Iterator
 from pathlib import Path
 
 import numpy as np
 import pytest
 
+import parity
 from parity.cli import build_parser, main
 from parity.commands.common import overrides_of
 from parity.machinery.config import ConfigError, load_config
@@ -231,3 +234,139 @@ def test_drift_is_a_key_with_three_values(tmp_path: Path) -> None:
     with pytest.raises(ConfigError, match='drift must be "warn", "relax" or "strict"'):
         load_config(_project(tmp_path, 'drift = "loud"\n'))
     assert load_config(_project(tmp_path)).drift == "warn"
+
+
+# --------------------------------------------------------------------------- the two sides
+
+SRC = Path(parity.__file__).resolve().parent
+
+#: What a finding's `reference` may say the expected side was.
+REFERENCES = frozenset({"golden", "baseline", "expected"})
+
+#: Fields named `reference` that hold another idea than a finding's word, a sentence: a
+#: calibration's says what its runs were measured against ("the goldens"), a check header's
+#: is the report's `reference` line (`parity.check.against_baseline.reference_line`).
+OTHER_REFERENCES = frozenset(
+    {("calibration/calibrate.py", "Calibration"), ("results.py", "CheckHeader")}
+)
+
+
+def _parsed(folder: Path) -> dict[str, ast.Module]:
+    """Every module under `folder`, parsed, by its path relative to `SRC`."""
+    return {
+        p.relative_to(SRC).as_posix(): ast.parse(p.read_text(), str(p))
+        for p in sorted(folder.rglob("*.py"))
+    }
+
+
+def _identifiers(tree: ast.Module) -> Iterator[tuple[int, str]]:
+    """Every name the code spells, with its line: functions, classes, arguments, assigned
+    and read names (a dataclass field's included), attributes (`self.x = ...` included),
+    keyword arguments and imported names."""
+    for node in ast.walk(tree):
+        match node:
+            case ast.FunctionDef(name=name) | ast.AsyncFunctionDef(name=name):
+                yield node.lineno, name
+            case ast.ClassDef(name=name) | ast.arg(arg=name) | ast.Name(id=name):
+                yield node.lineno, name
+            case ast.Attribute(attr=name) | ast.keyword(arg=str() as name):
+                yield node.lineno, name
+            case ast.alias(name=name, asname=asname):
+                yield node.lineno, name
+                if asname is not None:
+                    yield node.lineno, asname
+            case _:
+                pass
+
+
+def test_the_judge_calls_the_sides_of_a_comparison_actual_and_expected() -> None:
+    offenders = [
+        f"{path}:{line}: {name}"
+        for path, tree in _parsed(SRC / "judge").items()
+        for line, name in _identifiers(tree)
+        if "golden" in name.lower()
+    ]
+    assert not offenders, (
+        "the judge compares any two trees (a tree and its goldens, the baseline, a live "
+        "tree) and calls its sides `actual` and `expected`; which thing the expected side "
+        "was is the finding's `reference`. Rename: " + ", ".join(offenders)
+    )
+
+
+def _module_name(path: str) -> str:
+    parts = ["parity", *path.removesuffix(".py").split("/")]
+    return ".".join(parts[:-1] if parts[-1] == "__init__" else parts)
+
+
+def _string_constants(modules: dict[str, ast.Module]) -> dict[str, dict[str, str]]:
+    """Per module (`parity.check.against_baseline`), its module-level `NAME = "text"`."""
+    out: dict[str, dict[str, str]] = {}
+    for path, tree in modules.items():
+        names = out.setdefault(_module_name(path), {})
+        for node in tree.body:
+            if isinstance(node, ast.Assign | ast.AnnAssign):
+                targets = node.targets if isinstance(node, ast.Assign) else [node.target]
+                match targets, node.value:
+                    case [ast.Name(id=name)], ast.Constant(value=str() as text):
+                        names[name] = text
+                    case _:
+                        pass
+    return out
+
+
+def _in_scope(path: str, tree: ast.Module, constants: dict[str, dict[str, str]]) -> dict[str, str]:
+    """The string constants `tree` may name: its own and those it imports from parity."""
+    known = dict(constants[_module_name(path)])
+    for node in tree.body:
+        if isinstance(node, ast.ImportFrom) and node.module in constants:
+            theirs = constants[node.module]
+            known |= {a.asname or a.name: theirs[a.name] for a in node.names if a.name in theirs}
+    return known
+
+
+def _references(path: str, tree: ast.Module) -> Iterator[ast.expr]:
+    """Every `reference=` keyword's value and every default of a parameter or of a class
+    field named `reference`."""
+    for node in ast.walk(tree):
+        if isinstance(node, ast.keyword) and node.arg == "reference":
+            yield node.value
+        elif isinstance(node, ast.FunctionDef | ast.AsyncFunctionDef | ast.Lambda):
+            a = node.args
+            positional = [*a.posonlyargs, *a.args]
+            with_default = positional[len(positional) - len(a.defaults) :]
+            pairs = [*zip(with_default, a.defaults, strict=True)]
+            pairs += [*zip(a.kwonlyargs, a.kw_defaults, strict=True)]
+            yield from (d for p, d in pairs if p.arg == "reference" and d is not None)
+        elif isinstance(node, ast.ClassDef) and (path, node.name) not in OTHER_REFERENCES:
+            for field in node.body:
+                match field:
+                    case ast.AnnAssign(target=ast.Name(id="reference"), value=ast.expr() as v):
+                        yield v
+                    case _:
+                        pass
+
+
+def test_a_findings_reference_says_golden_baseline_or_expected() -> None:
+    """A string given as `reference=` anywhere in parity, or a `reference` parameter's or
+    field's default, is one of the three words; a name bound to a string at module level
+    (`BASELINE`, defined there or imported from parity) is read as its string."""
+    modules = _parsed(SRC)
+    constants = _string_constants(modules)
+    offenders = []
+    for path, tree in modules.items():
+        known = _in_scope(path, tree, constants)
+        for value in _references(path, tree):
+            match value:
+                case ast.Constant(value=str() as word):
+                    pass
+                case ast.Name(id=name) if name in known:
+                    word = known[name]
+                case _:
+                    continue  # a value computed at run time
+            if word not in REFERENCES:
+                offenders.append(f"{path}:{value.lineno}: {word!r}")
+    assert not offenders, (
+        "a finding's `reference` says what the expected side of a comparison was, in the "
+        f'words of its messages ("vs golden"): one of {sorted(REFERENCES)}; found '
+        + ", ".join(offenders)
+    )

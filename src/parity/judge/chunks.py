@@ -46,7 +46,7 @@ __all__ = [
 DEFAULT_BUDGET = 512 * 2**20
 
 #: What one element of a chunk pair costs a comparison besides the two chunks themselves,
-#: at most: float64 copies of both values, the difference, |golden|, the ulp distance, the
+#: at most: float64 copies of both values, the difference, |expected|, the ulp distance, the
 #: rule's allowance and score, indices and masks. Measured with tracemalloc's peak on 2M
 #: elements that all differ: 99 bytes an element for bfloat16, 103 for float32, 111 for
 #: float64, under every registry class; rounded up.

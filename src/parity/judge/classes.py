@@ -6,8 +6,8 @@ A class is a name, a rule (an object of `parity.judge.fixed_rules` or
 one line saying what it tolerates and the measurement that set its threshold
 (`ToleranceClass`, JSON-safe both ways). `REGISTRY` holds the named classes, each with the
 measurement behind its bound. Under every class dtypes and shapes are strict (float32
-against a float64 golden is a mismatch, never a cast), NaN and inf (with its sign) must sit
-at the same positions, and integer and bool arrays are compared exactly: the checking
+against a float64 expected array is a mismatch, never a cast), NaN and inf (with its sign)
+must sit at the same positions, and integer and bool arrays are compared exactly: the checking
 itself lives in `parity.judge.compare`, the arithmetic of each rule in its rule. Which class
 a key gets, and class names with parameters, are `parity.judge.tolerance`'s.
 
@@ -41,7 +41,7 @@ _CLASS_FIELDS = ("name", "rule", "meaning", "measured")
 
 @dataclass(frozen=True)
 class ToleranceClass:
-    """A named rule for how far an array may move from its golden.
+    """A named rule for how far an array may move from its expected one.
 
     **Arguments:**
 
@@ -76,7 +76,7 @@ class ToleranceClass:
         """One line saying what the class allows (`Rule.describe`).
 
         **Returns:** for example `"bitwise"`, `"ulp <= 4"`, `"|a-b| <= 1.7e-05 + 0*|b|"` or
-        `"|a-b| <= 2 ulp(max|b|) + 0*|b|"`, with `b` the golden.
+        `"|a-b| <= 2 ulp(max|b|) + 0*|b|"`, with `b` the expected value.
         """
         return self.rule.describe()
 
@@ -142,7 +142,7 @@ BF16_LOGITS_MEASURED = (
 
 
 #: The `calibrated` class's margin over a key's measured spread, and its floor in ulps of
-#: the golden's largest magnitude (docs/design.md, "Tolerance from measured noise").
+#: the expected array's largest magnitude (docs/design.md, "Tolerance from measured noise").
 CALIBRATED_K = 4.0
 CALIBRATED_FLOOR_ULPS = 4.0
 CALIBRATED_MEASURED = (

@@ -1,4 +1,6 @@
-"""Compare arrays against goldens, array by array, under their tolerance classes.
+"""Compare two trees of arrays, array by array, under their tolerance classes: each
+`actual` array against its `expected` one, whatever the expected side is (a golden, the
+baseline, a live tree: the finding's `reference` says which).
 
 `compare_arrays` checks one array and returns a `Finding`: what differed, by how much,
 where it was worst and what was allowed; it is a comparator, `measure_array` (the figures
@@ -31,7 +33,7 @@ from parity.judge.chunks import (
 )
 from parity.judge.classes import REGISTRY, ToleranceClass
 from parity.judge.findings import ArrayVerdict, Comparison, Finding, Verdict
-from parity.judge.reasons import GOLDEN, absent_reason, array_reason
+from parity.judge.reasons import absent_reason, array_reason
 from parity.judge.tally import Tally, scan_scale
 from parity.judge.tolerance import ClassMap, KeyClass, to_class
 from parity.judge.trees import flatten
@@ -85,20 +87,20 @@ def _absent(
     present: Any,
     verdict: Verdict,
     order: int | None,
-    reference: str = GOLDEN,
+    reference: str = "golden",
 ) -> Finding:
     if not is_source(present):
         present = np.asarray(present)
     shape, dtype = tuple(int(d) for d in present.shape), np.dtype(present.dtype).name
-    golden_side = verdict == "missing"
+    expected_side = verdict == "missing"
     return Finding(
         key=key,
         class_name=tol.name,
         verdict=verdict,
-        shape_actual=None if golden_side else shape,
-        shape_golden=shape if golden_side else None,
-        dtype_actual=None if golden_side else dtype,
-        dtype_golden=dtype if golden_side else None,
+        shape_actual=None if expected_side else shape,
+        shape_expected=shape if expected_side else None,
+        dtype_actual=None if expected_side else dtype,
+        dtype_expected=dtype if expected_side else None,
         n_elements=math.prod(shape),
         allowed=tol.describe_allowed(),
         bitwise_equal=False,
@@ -110,9 +112,9 @@ def _absent(
     )
 
 
-def _tally(src_a: Source, src_g: Source, tol: ToleranceClass, budget: int) -> Tally:
+def _tally(src_a: Source, src_e: Source, tol: ToleranceClass, budget: int) -> Tally:
     """Every chunk of the two (same dtype, same shape) sources folded into one `Tally`."""
-    dtype, shape = src_g.dtype, src_g.shape
+    dtype, shape = src_e.dtype, src_e.shape
     is_float = is_float_dtype(dtype)
     kind: Literal["float", "int", "other"] = (
         "float" if is_float else "int" if is_int_dtype(dtype) else "other"
@@ -122,24 +124,24 @@ def _tally(src_a: Source, src_g: Source, tol: ToleranceClass, budget: int) -> Ta
     blocks = list(plan(shape, per_chunk))
     scale = None
     if is_float and tol.rule.judge_needs_scale():
-        scale = scan_scale(src_g, blocks)
+        scale = scan_scale(src_e, blocks)
     tally = Tally(kind, tol, scale, dtype, shape=shape)
     for block in blocks:
-        tally.add(block.start, src_a.read(block), src_g.read(block))
+        tally.add(block.start, src_a.read(block), src_e.read(block))
     src_a.finish()
-    src_g.finish()
+    src_e.finish()
     return tally
 
 
 def measure_array(
     key: str,
     actual: Any,
-    golden: Any,
+    expected: Any,
     tol: ToleranceClass,
     *,
     order: int | None = None,
     budget: int = DEFAULT_BUDGET,
-    reference: str = GOLDEN,
+    reference: str = "golden",
 ) -> ArrayVerdict:
     """The comparator of `compare_arrays`: its figures and verdict, without the words.
 
@@ -148,23 +150,23 @@ def measure_array(
     **Returns:** an `ArrayVerdict`. Raises `TypeError` as `compare_arrays` does.
     """
     src_a = _as_source(key, actual, "actual")
-    src_g = _as_source(key, golden, reference)
-    shape_g, dtype = src_g.shape, src_g.dtype
+    src_e = _as_source(key, expected, reference)
+    shape_e, dtype = src_e.shape, src_e.dtype
     sides = {
         "key": key,
         "tol": tol,
         "reference": reference,
         "order": order,
         "shape_actual": src_a.shape,
-        "shape_golden": shape_g,
+        "shape_expected": shape_e,
         "dtype_actual": src_a.dtype,
-        "dtype_golden": dtype,
-        "n_elements": math.prod(shape_g),
+        "dtype_expected": dtype,
+        "n_elements": math.prod(shape_e),
     }
-    mismatch = "dtype" if src_a.dtype != dtype else "shape" if src_a.shape != shape_g else None
+    mismatch = "dtype" if src_a.dtype != dtype else "shape" if src_a.shape != shape_e else None
     if mismatch is not None:
         return ArrayVerdict(**sides, mismatch=mismatch, kind=None, verdict="fail")
-    tally = _tally(src_a, src_g, tol, budget)
+    tally = _tally(src_a, src_e, tol, budget)
     is_float = tally.kind == "float"
     bound = tol.rule.bound(tally.final_scale(dtype)) if is_float else 0.0
     if tally.n_differ == 0:
@@ -206,12 +208,12 @@ def measure_array(
         bound=bound,
         figure=tally.figure,
         note=tally.note,
-        worst_index=_index(worst.index, shape_g),
+        worst_index=_index(worst.index, shape_e),
         worst_is=where,
         worst_actual=worst.actual,
-        worst_golden=worst.golden,
+        worst_expected=worst.expected,
         worst_actual_value=worst.actual_value,
-        worst_golden_value=worst.golden_value,
+        worst_expected_value=worst.expected_value,
         worst_detail=worst.detail,
     )
 
@@ -219,14 +221,14 @@ def measure_array(
 def compare_arrays(
     key: str,
     actual: Any,
-    golden: Any,
+    expected: Any,
     tol: ToleranceClass,
     *,
     order: int | None = None,
     budget: int = DEFAULT_BUDGET,
-    reference: str = GOLDEN,
+    reference: str = "golden",
 ) -> Finding:
-    """Compare one array against its golden under a tolerance class: the comparator
+    """Compare one array against its expected one under a tolerance class: the comparator
     (`measure_array`) and its message (`array_reason`) as one `Finding`.
 
     **Arguments:**
@@ -234,12 +236,13 @@ def compare_arrays(
     - `key`: the array's key, for messages.
     - `actual`: the array the changed code produced (numpy, jax, anything `np.asarray`
         takes), or a `parity.judge.chunks.Source` (read block by block).
-    - `golden`: the pinned array, or a `Source` (`GoldenFile.source(key)`).
+    - `expected`: the array it is compared with (a golden's pinned array, the baseline's,
+        a live tree's), or a `Source` (`GoldenFile.source(key)`).
     - `tol`: the tolerance class.
     - `order`: the key's place in a forward order, stored on the finding.
     - `budget`: bytes the comparison may hold at once (chunks and temporaries); arrays
         larger than that are compared in chunks (`parity.judge.chunks`), with the same finding.
-    - `reference`: what `golden` is called in the finding's words: `"golden"` (a pinned
+    - `reference`: what `expected` is called in the finding's words: `"golden"` (a pinned
         file, the default; its advice is to repin), `"baseline"` (the golden group
         re-produced at its base commit here: `parity.check.against_baseline`) or
         `"expected"` (a live tree).
@@ -250,7 +253,7 @@ def compare_arrays(
     every class, and so are dtypes without a float rule (complex, long double). Raises
     `TypeError` for object, string and datetime arrays.
     """
-    v = measure_array(key, actual, golden, tol, order=order, budget=budget, reference=reference)
+    v = measure_array(key, actual, expected, tol, order=order, budget=budget, reference=reference)
     return _finding_of(v, array_reason(v))
 
 
@@ -264,9 +267,9 @@ def _finding_of(v: ArrayVerdict, reason: str) -> Finding:
         class_name=v.tol.name,
         verdict=v.verdict,
         shape_actual=v.shape_actual,
-        shape_golden=v.shape_golden,
+        shape_expected=v.shape_expected,
         dtype_actual=v.dtype_actual.name,
-        dtype_golden=v.dtype_golden.name,
+        dtype_expected=v.dtype_expected.name,
         n_elements=v.n_elements,
         allowed=v.tol.describe_allowed(),
         bitwise_equal=v.mismatch is None and v.n_differ == 0,
@@ -278,7 +281,7 @@ def _finding_of(v: ArrayVerdict, reason: str) -> Finding:
         max_ulp=v.max_ulp,
         worst_index=v.worst_index,
         worst_actual=v.worst_actual_value,
-        worst_golden=v.worst_golden_value,
+        worst_expected=v.worst_expected_value,
         order=v.order,
         n_violating=v.n_violating,
         n_nan_inf_mismatch=v.n_nan_inf_mismatch,
@@ -316,19 +319,19 @@ def _ordered(keys: Iterable[str], order: Order | None) -> list[tuple[str, int | 
 
 def compare_trees(
     actual: Any,
-    golden: Any,
+    expected: Any,
     class_map: ClassMap | str | Callable[[str], KeyClass],
     *,
     registry: Mapping[str, ToleranceClass] = REGISTRY,
     order: Order | None = None,
     budget: int = DEFAULT_BUDGET,
-    reference: str = GOLDEN,
+    reference: str = "golden",
 ) -> Comparison:
-    """Compare every array of `actual` against `golden`, each under its class.
+    """Compare every array of `actual` against `expected`, each under its class.
 
     **Arguments:**
 
-    - `actual`, `golden`: flat `{key: array}` mappings or nested mappings (flattened with
+    - `actual`, `expected`: flat `{key: array}` mappings or nested mappings (flattened with
         `flatten`, keys joined by `"."`).
     - `class_map`: which class each key gets: a `ClassMap`, a bare class name for every
         key, or a callable `key -> class name` (as `parity.judge.tolerance.class_resolver` builds)
@@ -337,23 +340,23 @@ def compare_trees(
     - `registry`: the classes by name; defaults to `REGISTRY`.
     - `order`: the forward order: a sequence of keys, or a callable `key -> sort key`
         returning `None` for keys it does not cover. Findings follow it; uncovered keys
-        come last, by name. Without an order, the golden's own order is the forward order
+        come last, by name. Without an order, the expected side's own order is the forward order
         (its keys as `flatten` walks it: a dict's insertion order, a `Dataflow`'s dataflow
         order), then keys only in `actual` in its order: the one rule every face of parity
         follows (a golden file's pinned order is its producer's, `parity.judge.dataflow`).
     - `budget`: bytes one array comparison may hold at once (`compare_arrays`).
-    - `reference`: what `golden` is called in the findings' words (`compare_arrays`).
+    - `reference`: what `expected` is called in the findings' words (`compare_arrays`).
 
     Leaves may be `parity.judge.chunks.Source`s (a golden file's `source(key)`) as well as
     arrays: those are read block by block, so that memory stays within `budget` whatever
     the arrays' sizes.
 
     **Returns:** a `Comparison` with one finding per key of either side: keys only in the
-    golden are `"missing"`, keys only in `actual` are `"unexpected"`, and both count as
+    expected side are `"missing"`, keys only in `actual` are `"unexpected"`, and both count as
     failures. Raises `UnmatchedKeyError` or `UnknownClassError` when a key has no class.
     """
     flat_a = flatten(actual)
-    flat_g = flatten(golden)
+    flat_e = flatten(expected)
     class_for: Callable[[str], KeyClass]
     if isinstance(class_map, str):
         class_for = ClassMap(default=class_map).class_for
@@ -362,17 +365,17 @@ def compare_trees(
     else:
         class_for = class_map
     if order is None:
-        order = [*flat_g, *(k for k in flat_a if k not in flat_g)]
+        order = [*flat_e, *(k for k in flat_a if k not in flat_e)]
     findings: list[Finding] = []
-    for key, place in _ordered(set(flat_a) | set(flat_g), order):
+    for key, place in _ordered(set(flat_a) | set(flat_e), order):
         tol = to_class(class_for(key), registry)
         if key not in flat_a:
-            findings.append(_absent(key, tol, flat_g[key], "missing", place, reference))
-        elif key not in flat_g:
+            findings.append(_absent(key, tol, flat_e[key], "missing", place, reference))
+        elif key not in flat_e:
             findings.append(_absent(key, tol, flat_a[key], "unexpected", place, reference))
         else:
             found = compare_arrays(
-                key, flat_a[key], flat_g[key], tol, order=place, budget=budget, reference=reference
+                key, flat_a[key], flat_e[key], tol, order=place, budget=budget, reference=reference
             )
             findings.append(found)
     return Comparison(tuple(findings))

@@ -49,7 +49,7 @@ _FLOAT_FIELDS = (
     "max_abs",
     "max_rel",
     "worst_actual",
-    "worst_golden",
+    "worst_expected",
     "bound",
     "figure",
 )
@@ -66,16 +66,16 @@ def _json_float(x: Any) -> Any:
 
 @dataclass(frozen=True, kw_only=True)
 class Finding:
-    """The outcome of comparing one array (or one absent key) against its golden.
+    """The outcome of comparing one array (or one absent key) with its expected one.
 
     **Fields:**
 
     - `key`, `class_name`: the array key and the tolerance class it was checked under.
-    - `verdict`: `"pass"`, `"fail"`, `"missing"` (only in the golden) or `"unexpected"`
+    - `verdict`: `"pass"`, `"fail"`, `"missing"` (only on the expected side) or `"unexpected"`
         (only in the actual outputs); all but `"pass"` are failures.
-    - `shape_actual`, `shape_golden`, `dtype_actual`, `dtype_golden`: `None` on the side
+    - `shape_actual`, `shape_expected`, `dtype_actual`, `dtype_expected`: `None` on the side
         where the key is absent; dtypes by name (`"bfloat16"`, `"float32"`).
-    - `n_elements`: elements of the golden (of the actual array for `"unexpected"`).
+    - `n_elements`: elements of the expected array (of the actual array for `"unexpected"`).
     - `n_differ`, `share_differ`: elements whose bits differ, and their share; `None` when
         the arrays cannot be compared element by element (dtype or shape mismatch, absent).
     - `max_abs`, `max_rel`: largest `|a-b|` and `|a-b|/|b|` over positions where both are
@@ -83,7 +83,7 @@ class Finding:
         arrays have them too (exact up to 2**53). `None` when not comparable.
     - `max_ulp`: largest ulp distance over positions where both are finite; `None` for
         integer, bool and other non-float dtypes, where ulps mean nothing.
-    - `worst_index`, `worst_actual`, `worst_golden`: the worst element and its two values
+    - `worst_index`, `worst_actual`, `worst_expected`: the worst element and its two values
         (python scalars). Worst is: under *bitwise* the first differing element; under
         *close* and *ulp* the first NaN/inf position mismatch if any, else the largest
         `|a-b| / allowed` (*close*) or ulp distance (*ulp*), else (only -0.0/+0.0 or NaN
@@ -101,7 +101,7 @@ class Finding:
     - `n_violating`: elements breaking the class (NaN/inf mismatches included).
     - `n_nan_inf_mismatch`: positions where NaN, +inf or -inf sit in one array only.
     - `bound`: the class's bound for this array, in its own unit: for *close* the largest
-        allowed `|a-b|` (`atol_eff + rtol*max|golden|`), for *ulp* `max_ulp`, for *bitwise*
+        allowed `|a-b|` (`atol_eff + rtol*max|expected|`), for *ulp* `max_ulp`, for *bitwise*
         (and integers under any class) 0.0. Reports plot errors against it.
     - `rule`: the kind of the class's rule (`"bitwise"`, `"ulp"`, `"close"`, ...).
     - `unit`: the unit of `bound` and of the figure reports set against it: `"abs"`
@@ -111,7 +111,7 @@ class Finding:
         ulps (a `logit_kl` class: the largest per-position KL); `None` otherwise.
     - `note`: what the rule says even of a passing array (a `budget` class: "below budget:
         repin to ratchet it down"); `""` when it says nothing.
-    - `reference`: what `actual` was compared with, in words: `"golden"` (a pinned file),
+    - `reference`: what the expected side was, in words: `"golden"` (a pinned file),
         `"baseline"` (the golden group re-produced at its base commit here) or
         `"expected"` (a live tree: `assert_equivalent`, `check_live`).
     """
@@ -120,9 +120,9 @@ class Finding:
     class_name: str
     verdict: Verdict
     shape_actual: tuple[int, ...] | None
-    shape_golden: tuple[int, ...] | None
+    shape_expected: tuple[int, ...] | None
     dtype_actual: str | None
-    dtype_golden: str | None
+    dtype_expected: str | None
     n_elements: int
     allowed: str
     bitwise_equal: bool
@@ -135,7 +135,7 @@ class Finding:
     max_ulp: int | None = None
     worst_index: tuple[int, ...] | None = None
     worst_actual: Scalar | None = None
-    worst_golden: Scalar | None = None
+    worst_expected: Scalar | None = None
     order: int | None = None
     n_violating: int | None = None
     n_nan_inf_mismatch: int | None = None
@@ -171,7 +171,7 @@ class Finding:
     def from_dict(cls, data: Mapping[str, Any]) -> Finding:
         """Read a finding back from `to_dict` output (after a JSON round trip)."""
         kwargs = {("class_name" if k == "class" else k): v for k, v in data.items()}
-        for name in ("shape_actual", "shape_golden", "worst_index"):
+        for name in ("shape_actual", "shape_expected", "worst_index"):
             if kwargs.get(name) is not None:
                 kwargs[name] = tuple(kwargs[name])
         for name in _FLOAT_FIELDS:
@@ -182,7 +182,7 @@ class Finding:
 
 @dataclass(frozen=True, kw_only=True)
 class ArrayVerdict:
-    """One array compared with its golden, as plain data: the figures and the verdict,
+    """One array compared with its expected one, as plain data: the figures and the verdict,
     before any words (`parity.judge.reasons.array_reason` writes them; `compare_arrays` makes the
     `Finding`).
 
@@ -192,8 +192,8 @@ class ArrayVerdict:
     `"other"`: how the elements were compared; `None` on a mismatch); `verdict` (`"pass"`
     or `"fail"`); then the figures as `Finding` holds them (`None` where not measured);
     and the element a failure names: `worst_index`, `worst_is`, its two values in the
-    array's dtype (`worst_actual`, `worst_golden`: the reason prints those), as the finding
-    stores them (`worst_actual_value`, `worst_golden_value`) and the rule's words on it
+    array's dtype (`worst_actual`, `worst_expected`: the reason prints those), as the finding
+    stores them (`worst_actual_value`, `worst_expected_value`) and the rule's words on it
     (`worst_detail`).
     """
 
@@ -202,9 +202,9 @@ class ArrayVerdict:
     reference: str
     order: int | None
     shape_actual: tuple[int, ...]
-    shape_golden: tuple[int, ...]
+    shape_expected: tuple[int, ...]
     dtype_actual: np.dtype[Any]
-    dtype_golden: np.dtype[Any]
+    dtype_expected: np.dtype[Any]
     mismatch: Literal["dtype", "shape"] | None
     kind: Literal["float", "int", "other"] | None
     verdict: Verdict
@@ -221,9 +221,9 @@ class ArrayVerdict:
     worst_index: tuple[int, ...] | None = None
     worst_is: str = ""
     worst_actual: Any = None
-    worst_golden: Any = None
+    worst_expected: Any = None
     worst_actual_value: Scalar | None = None
-    worst_golden_value: Scalar | None = None
+    worst_expected_value: Scalar | None = None
     worst_detail: str = ""
 
 

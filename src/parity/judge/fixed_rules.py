@@ -95,10 +95,10 @@ class Ulp(Rule):
 
 @dataclass(frozen=True)
 class Close(Rule):
-    """`|a - b| <= atol + rtol*|b|`, `b` the golden.
+    """`|a - b| <= atol + rtol*|b|`, `b` the expected value.
 
     `atol_ulps`, when set, replaces `atol` (which must then be 0): the absolute tolerance
-    is that many ulps of the golden's largest finite magnitude, in the golden's dtype.
+    is that many ulps of the expected array's largest finite magnitude, in its dtype.
     """
 
     atol: float = 0.0
@@ -132,7 +132,7 @@ class Close(Rule):
         return self.atol_ulps is not None  # rtol scales each element by its own |b|
 
     def effective_atol(self, scale: Scale) -> float:
-        """`atol`, or `atol_ulps` ulps of the golden's largest finite magnitude."""
+        """`atol`, or `atol_ulps` ulps of the expected array's largest finite magnitude."""
         if self.atol_ulps is None:
             return self.atol
         return self.atol_ulps * spacing_at(scale.max_abs, scale.dtype)
@@ -142,7 +142,7 @@ class Close(Rule):
 
     def judge(self, e: Elements, scale: Scale) -> Judgement:
         with np.errstate(over="ignore", invalid="ignore", divide="ignore"):
-            allowed = self.effective_atol(scale) + self.rtol * e.abs_golden
+            allowed = self.effective_atol(scale) + self.rtol * e.abs_expected
             # `not <=` rather than `>` so that a NaN difference (inf - inf) is a violation.
             violating = (e.finite & ~(e.diff <= allowed)) | e.special
             score = np.where(e.diff == 0, 0.0, e.diff / allowed)
@@ -151,7 +151,8 @@ class Close(Rule):
 
 @dataclass(frozen=True)
 class RelativeToMax(Rule):
-    """`|a - b| <= k * max|b|`: a bound relative to the golden's largest finite magnitude.
+    """`|a - b| <= k * max|b|`: a bound relative to the expected array's largest finite
+    magnitude.
 
     For arrays whose scale varies from case to case (random configurations, tied heads
     with large logits), where fp32 reassociation error grows with the magnitudes summed,

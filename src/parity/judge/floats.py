@@ -1,7 +1,7 @@
-"""Figures that several layers need alike: the largest finite magnitude of a golden (its
-scale), non-finite floats in JSON, which has neither NaN nor infinity, `sig`, the one way a
-message prints a measured float, and `count`, the one way it counts things ("1 array",
-"3 arrays")."""
+"""Figures that several layers need alike: the largest finite magnitude of an expected
+array (its scale), non-finite floats in JSON, which has neither NaN nor infinity, `sig`, the
+one way a message prints a measured float, and `count`, the one way it counts things
+("1 array", "3 arrays")."""
 
 from __future__ import annotations
 
@@ -20,8 +20,8 @@ NONFINITE = ("nan", "inf", "-inf")
 def largest_finite_abs(x64: np.ndarray) -> float:
     """The largest finite `|x|` of a float64 array, as a Python float; 0.0 if no element is
     finite (or there is none)."""
-    g = np.abs(x64)
-    finite = g[np.isfinite(g)]
+    mag = np.abs(x64)
+    finite = mag[np.isfinite(mag)]
     return float(finite.max()) if finite.size else 0.0
 
 

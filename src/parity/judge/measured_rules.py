@@ -47,7 +47,7 @@ def unit_roundoff(dtype: Any) -> float:
 class Reduction(Rule):
     """`|a - b| <= k * sqrt(K) * u * max|b|`: the error of a length-`K` reduction.
 
-    `u` is the unit roundoff of the golden's dtype (`unit_roundoff`), `max|b|` the golden's
+    `u` is the unit roundoff of the expected array's dtype (`unit_roundoff`), `max|b|` its
     largest finite magnitude and `K` the reduction length, declared per key in the class
     map as a class parameter (`"reduction[K=512]"`); `k` is a safety factor set by
     measurement.
@@ -115,7 +115,7 @@ class Calibrated(Rule):
     as `parity calibrate --write` recorded it in the golden file; the check sets it per key
     as data, the exact float (`parity.calibrated.bounds.bind_calibrated`), so the class
     map and every report name the class alone.
-    `k` is the margin over the measured noise; the floor, in ulps of the golden's largest
+    `k` is the margin over the measured noise; the floor, in ulps of the expected array's largest
     finite magnitude, keeps a key whose noise measured zero from being held to bitwise
     where the next environment may move its last bit. The choice of both is argued in
     docs/design.md ("Tolerance from measured noise").
@@ -185,28 +185,28 @@ class Budget(Rule):
         return self.rtol * scale.max_abs
 
     def judge(self, e: Elements, scale: Scale) -> Judgement:
-        a, g, _ = e.both("budget")
+        a, b, _ = e.both("budget")
         with np.errstate(over="ignore", invalid="ignore", divide="ignore"):
-            allowed = self.rtol * e.abs_golden
-            growth = np.where(e.finite, a - g, 0.0)
+            allowed = self.rtol * e.abs_expected
+            growth = np.where(e.finite, a - b, 0.0)
             violating = (e.finite & ~(growth <= allowed)) | e.special
             score = np.where(growth <= 0, 0.0, growth / allowed)
-        below = e.finite & (a < g)
+        below = e.finite & (a < b)
         note = ""
         if below.any():
-            i = int(np.argmax(np.where(below, (g - a) / np.maximum(e.abs_golden, 1e-300), 0)))
+            i = int(np.argmax(np.where(below, (b - a) / np.maximum(e.abs_expected, 1e-300), 0)))
             note = (
                 f"below budget: repin to ratchet it down "
                 f"({count(int(np.count_nonzero(below)), 'element')} shrank, "
-                f"most {g[i]:.6g} -> {a[i]:.6g}, "
-                f"{sig(100 * (g[i] - a[i]) / abs(g[i]))}% smaller)"
+                f"most {b[i]:.6g} -> {a[i]:.6g}, "
+                f"{sig(100 * (b[i] - a[i]) / abs(b[i]))}% smaller)"
             )
         return Judgement(violating, score, allowed, note=note)
 
     def detail(self, j: Judgement, e: Elements, i: int) -> str:
-        a, g, _ = e.both("budget")
+        a, b, _ = e.both("budget")
         allowed = float(np.asarray(j.allowed).reshape(-1)[i]) if j.allowed is not None else 0.0
-        return f", grew by {a[i] - g[i]:.6g} vs allowed {allowed:.6g}"
+        return f", grew by {a[i] - b[i]:.6g} vs allowed {allowed:.6g}"
 
 
 def _log_softmax(x: np.ndarray) -> np.ndarray:
@@ -228,11 +228,11 @@ def _top_k(x: np.ndarray, k: int) -> np.ndarray:
 class LogitKL(Rule):
     """Logits judged as distributions, one per position along the last axis.
 
-    A position passes when `KL(softmax(b) || softmax(a)) <= tau` (nats, `b` the golden)
-    and at least a share `p` of the golden's `top_k` tokens are among the actual's
-    `top_k` (ties broken by the lower token index). Every element of a failing position
-    breaks the rule. For logits that cannot be bitwise (bf16, another framework), where a
-    max-|logit| bound misleads: a large logit difference in a token of negligible
+    A position passes when `KL(softmax(b) || softmax(a)) <= tau` (nats, `b` the expected
+    logits) and at least a share `p` of the expected side's `top_k` tokens are among the
+    actual's `top_k` (ties broken by the lower token index). Every element of a failing
+    position breaks the rule. For logits that cannot be bitwise (bf16, another framework),
+    where a max-|logit| bound misleads: a large logit difference in a token of negligible
     probability changes nothing a sampler sees, a small one between the top two changes
     the argmax.
 
@@ -269,37 +269,37 @@ class LogitKL(Rule):
     def bound(self, scale: Scale) -> float:
         return self.tau
 
-    def positions(self, actual: np.ndarray, golden: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    def positions(self, actual: np.ndarray, expected: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
         """Per position (every index but the last axis): the KL and the top-k agreement.
 
         **Arguments:**
 
-        - `actual`, `golden`: float arrays of one shape, the vocabulary on the last axis.
+        - `actual`, `expected`: float arrays of one shape, the vocabulary on the last axis.
 
         **Returns:** `(kl, agreement)`, each of the leading shape; NaN rows give KL 0 and
         agreement 1 (the NaN placement check judges them).
         """
         a = np.asarray(actual, np.float64)
-        g = np.asarray(golden, np.float64)
+        b = np.asarray(expected, np.float64)
         if a.ndim == 0:
-            a, g = a.reshape(1), g.reshape(1)
-        nan_row = np.isnan(a).any(axis=-1) | np.isnan(g).any(axis=-1)
-        la, lg = _log_softmax(a), _log_softmax(g)
-        pg = np.exp(lg)
+            a, b = a.reshape(1), b.reshape(1)
+        nan_row = np.isnan(a).any(axis=-1) | np.isnan(b).any(axis=-1)
+        la, lb = _log_softmax(a), _log_softmax(b)
+        pb = np.exp(lb)
         with np.errstate(invalid="ignore"):
-            # p*log(p/q) with the convention 0*log(0/q) = 0 (where the golden gives 0).
-            terms = np.where(pg > 0, pg * (lg - la), 0.0)
+            # p*log(p/q) with the convention 0*log(0/q) = 0 (where the expected side gives 0).
+            terms = np.where(pb > 0, pb * (lb - la), 0.0)
         kl = np.where(nan_row, 0.0, np.maximum(terms.sum(axis=-1), 0.0))
         k = min(self.top_k, a.shape[-1])
-        ta, tg = _top_k(a, k), _top_k(g, k)
-        hits = (tg[..., :, None] == ta[..., None, :]).any(axis=-1).sum(axis=-1)
+        ta, tb = _top_k(a, k), _top_k(b, k)
+        hits = (tb[..., :, None] == ta[..., None, :]).any(axis=-1).sum(axis=-1)
         agreement = np.where(nan_row, 1.0, hits / k)
         return kl, agreement
 
     def judge(self, e: Elements, scale: Scale) -> Judgement:
-        a, g, shape = e.both("logit_kl")
+        a, b, shape = e.both("logit_kl")
         shape = shape or (1,)
-        kl, agreement = self.positions(a.reshape(shape), g.reshape(shape))
+        kl, agreement = self.positions(a.reshape(shape), b.reshape(shape))
         with np.errstate(divide="ignore", invalid="ignore"):
             kl_score = np.where(kl == 0, 0.0, kl / self.tau)
             short = np.maximum(self.p - agreement, 0.0)
@@ -313,11 +313,11 @@ class LogitKL(Rule):
         return Judgement(per_elem | e.special, score, allowed, figure=figure)
 
     def detail(self, j: Judgement, e: Elements, i: int) -> str:
-        a, g, shape = e.both("logit_kl")
+        a, b, shape = e.both("logit_kl")
         width = shape[-1] if shape else 1
         row = i // width
         kl, agree = self.positions(
-            a.reshape(-1, width)[row : row + 1], g.reshape(-1, width)[row : row + 1]
+            a.reshape(-1, width)[row : row + 1], b.reshape(-1, width)[row : row + 1]
         )
         return (
             f", position KL {sig(float(kl[0]))} vs tau {self.tau:g}, top-{self.top_k} "

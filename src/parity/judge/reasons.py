@@ -10,11 +10,7 @@ from typing import Any, cast
 from parity.judge.findings import ArrayVerdict, Verdict
 from parity.judge.floats import count, sig
 
-__all__ = ["GOLDEN", "UNPROVED", "absent_reason", "array_reason"]
-
-#: What a comparison's other side is called by default: a pinned file.
-GOLDEN = "golden"
-
+__all__ = ["UNPROVED", "absent_reason", "array_reason"]
 
 #: How a failure under a class that proves op by op (`op_by_op`) ends before anyone proved it:
 #: the comparator has the arrays, not the programs (`parity.origin.proof` replaces it).
@@ -34,7 +30,7 @@ def absent_reason(
     key: str, shape: tuple[int, ...], dtype: str, verdict: Verdict, reference: str
 ) -> str:
     """The reason of a key on one side only (`verdict` `"missing"` or `"unexpected"`)."""
-    live = reference not in (GOLDEN, "baseline")  # a live tree, not a pinned or re-produced file
+    live = reference not in ("golden", "baseline")  # a live tree, not a pinned or re-produced file
     if verdict == "missing":
         return (
             f"key {key!r} (shape {shape}, {dtype}) is in the "
@@ -60,18 +56,18 @@ def array_reason(v: ArrayVerdict) -> str:
     **Returns:** the text `Finding.reason` holds.
     """
     key, tol, reference = v.key, v.tol, v.reference
-    dtype = v.dtype_golden.name
+    dtype = v.dtype_expected.name
     if v.mismatch == "dtype":
         return (
             f"key {key!r}: dtype {v.dtype_actual.name} (actual) does not match {dtype} "
             f"({reference}); parity compares dtypes strictly, without casting. Produce "
             f"{dtype}"
-            + (", or repin the goldens" if reference == GOLDEN else "")
+            + (", or repin the goldens" if reference == "golden" else "")
             + " if the dtype change is intended"
         )
     if v.mismatch == "shape":
         return (
-            f"key {key!r}: shape {v.shape_actual} (actual) does not match {v.shape_golden} "
+            f"key {key!r}: shape {v.shape_actual} (actual) does not match {v.shape_expected} "
             f"({reference}), {dtype}; parity compares shapes strictly, without broadcasting"
         )
     if v.verdict == "pass":
@@ -90,7 +86,7 @@ def array_reason(v: ArrayVerdict) -> str:
     if v.kind == "other" and tol.rule.tolerant:
         notes.append(f"{dtype} has no float rule in parity; compared exactly")
     what = "break the rule" if tol.rule.tolerant else "differ in their bits"
-    values = f"actual {_fmt(v.worst_actual)} vs {reference} {_fmt(v.worst_golden)}"
+    values = f"actual {_fmt(v.worst_actual)} vs {reference} {_fmt(v.worst_expected)}"
     figures = []
     if v.max_abs is not None:
         figures.append(f"max |a-b| {sig(v.max_abs)}")
@@ -103,7 +99,7 @@ def array_reason(v: ArrayVerdict) -> str:
         f"{n_violating} of {count(n, 'element')} ({sig(100 * share)}%) {what}; {v.worst_is} "
         f"at index {v.worst_index}: {values}"
     )
-    reason += f"{v.worst_detail}; {', '.join(figures)}; shape {v.shape_golden}, {dtype}"
+    reason += f"{v.worst_detail}; {', '.join(figures)}; shape {v.shape_expected}, {dtype}"
     if notes:
         reason += "; " + "; ".join(notes)
     return reason + (UNPROVED if tol.rule.proves else "")

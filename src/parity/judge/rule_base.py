@@ -1,5 +1,5 @@
-"""What every rule shares. A rule says how far a float array may move from its golden, one
-object per rule: it measures the violations of one pair of arrays and states its own
+"""What every rule shares. A rule says how far a float array may move from its expected one,
+one object per rule: it measures the violations of one pair of arrays and states its own
 bound. It is the only place that knows its arithmetic: `parity.judge.compare` walks every
 array the same way and asks the rule three things:
 
@@ -19,7 +19,7 @@ per position along the last axis). A rule may attach a figure in its own unit
 (`Judgement.figure`, e.g. the largest KL) and a note for a passing array
 (`Judgement.note`, e.g. "below budget").
 
-`scale` is a `Scale`, the facts about the whole golden array a rule may need before judging
+`scale` is a `Scale`, the facts about the whole expected array a rule may need before judging
 single elements (its largest finite magnitude). Splitting the two is what lets a caller
 judge an array chunk by chunk and still get the bound of the whole array.
 
@@ -27,7 +27,7 @@ Rules only judge *finite float* elements. What every class shares is handled by 
 caller, never by a rule: dtypes and shapes are strict, NaN and ±inf must sit at the same
 positions, and integer and bool arrays are compared exactly.
 
-Here: the `Rule` base, the `Scale` of a golden array, the `Elements` a rule judges and the
+Here: the `Rule` base, the `Scale` of an expected array, the `Elements` a rule judges and the
 `Judgement` it returns, and two helpers of the rules: `check_nonneg` (a parameter is a
 finite number >= 0) and `judge_within` (one bound on `|a-b|` for the whole array). The
 rules themselves are its subclasses: those with a fixed tolerance in
@@ -55,11 +55,11 @@ Unit = Literal["abs", "ulp", "kl"]
 
 @dataclass(frozen=True)
 class Scale:
-    """Facts about a whole golden array that a rule may need before judging its elements.
+    """Facts about a whole expected array that a rule may need before judging its elements.
 
     **Fields:**
 
-    - `dtype`: the golden's dtype.
+    - `dtype`: the expected array's dtype.
     - `max_abs`: its largest finite magnitude, 0.0 when it has no finite element.
     """
 
@@ -67,10 +67,10 @@ class Scale:
     max_abs: float
 
     @classmethod
-    def of(cls, golden: np.ndarray, g64: np.ndarray | None = None) -> Scale:
-        """The scale of `golden` (`g64`: the same array as float64, if the caller has it)."""
-        x64 = g64 if g64 is not None else golden.astype(np.float64)
-        return cls(golden.dtype, largest_finite_abs(x64))
+    def of(cls, expected: np.ndarray, e64: np.ndarray | None = None) -> Scale:
+        """The scale of `expected` (`e64`: the same array as float64, if the caller has it)."""
+        x64 = e64 if e64 is not None else expected.astype(np.float64)
+        return cls(expected.dtype, largest_finite_abs(x64))
 
 
 @dataclass(frozen=True)
@@ -83,9 +83,9 @@ class Elements:
     - `finite`: both values are finite.
     - `special`: a NaN or ±inf sits in one array only (or the infs differ in sign).
     - `diff`: `|a-b|` in float64 where both are finite, else 0.
-    - `abs_golden`: `|b|` in float64 where both are finite, else 0.
+    - `abs_expected`: `|b|` in float64 where both are finite, else 0.
     - `ulp`: ulp distance where both are finite, else 0 (uint64).
-    - `actual`, `golden`: the judged elements of both arrays as float64, flattened (for an
+    - `actual`, `expected`: the judged elements of both arrays as float64, flattened (for an
       `elementwise` rule only those whose bits differ; `None` where a caller builds
       elements without them; the rules that need them say so).
     - `shape`: the arrays' shape for a rule judging whole arrays, for rules that judge
@@ -96,20 +96,20 @@ class Elements:
     finite: np.ndarray
     special: np.ndarray
     diff: np.ndarray
-    abs_golden: np.ndarray
+    abs_expected: np.ndarray
     ulp: np.ndarray
     actual: np.ndarray | None = None
-    golden: np.ndarray | None = None
+    expected: np.ndarray | None = None
     shape: tuple[int, ...] | None = None
 
     def both(self, rule: str) -> tuple[np.ndarray, np.ndarray, tuple[int, ...]]:
-        """`actual`, `golden` and `shape`; `ValueError` naming `rule` if absent."""
-        if self.actual is None or self.golden is None or self.shape is None:
+        """`actual`, `expected` and `shape`; `ValueError` naming `rule` if absent."""
+        if self.actual is None or self.expected is None or self.shape is None:
             raise ValueError(
-                f"rule {rule!r} needs both arrays and their shape in Elements (actual, golden, "
+                f"rule {rule!r} needs both arrays and their shape in Elements (actual, expected, "
                 "shape); build Elements as parity.judge.compare does"
             )
-        return self.actual, self.golden, self.shape
+        return self.actual, self.expected, self.shape
 
 
 @dataclass(frozen=True)
@@ -177,13 +177,13 @@ class Rule:
         raise NotImplementedError
 
     def needs_scale(self) -> bool:
-        """Whether `bound` and `judge` read the golden's `Scale`; when not, callers skip the
-        pass over the golden that measures it."""
+        """Whether `bound` and `judge` read the expected array's `Scale`; when not, callers
+        skip the pass over the expected array that measures it."""
         return True
 
     def judge_needs_scale(self) -> bool:
         """Whether `judge` itself reads the `Scale` (not only `bound`): then a chunked
-        comparison measures the golden's scale in a pass of its own before judging."""
+        comparison measures the expected array's scale in a pass of its own before judging."""
         return self.needs_scale()
 
     def bound(self, scale: Scale) -> float:

@@ -1,5 +1,5 @@
 """One array's comparison as a tally over its chunks: every figure (max abs, max ulp, the
-worst element, the first that differs, the golden's scale) a reduction that combines across
+worst element, the first that differs, the expected side's scale) a reduction that combines across
 chunks exactly, so that a chunked comparison gives the same finding as a whole one."""
 
 from __future__ import annotations
@@ -31,17 +31,17 @@ def _flat_bits(x: np.ndarray) -> np.ndarray:
     return flat.view(np.uint8).reshape(flat.shape[0], size)
 
 
-def _same_bytes(bits_a: np.ndarray, bits_g: np.ndarray) -> bool:
+def _same_bytes(bits_a: np.ndarray, bits_e: np.ndarray) -> bool:
     """Whether two flat bit arrays hold the same bytes, compared eight bytes at a time
     where the length allows (measured: 7 GB/s, against 0.5 GB/s for a mask of differing
     2-byte elements and its indices)."""
     if bits_a.ndim == 1 and bits_a.nbytes % 8 == 0 and bits_a.nbytes:
-        return bool(np.array_equal(bits_a.view(np.uint64), bits_g.view(np.uint64)))
-    return bool(np.array_equal(bits_a, bits_g))
+        return bool(np.array_equal(bits_a.view(np.uint64), bits_e.view(np.uint64)))
+    return bool(np.array_equal(bits_a, bits_e))
 
 
-def _differ_mask(bits_a: np.ndarray, bits_g: np.ndarray) -> np.ndarray:
-    ne = bits_a != bits_g
+def _differ_mask(bits_a: np.ndarray, bits_e: np.ndarray) -> np.ndarray:
+    ne = bits_a != bits_e
     return ne.any(axis=1) if ne.ndim == 2 else ne
 
 
@@ -52,22 +52,22 @@ def _scalar(x: Any) -> Scalar:
     return float(value)
 
 
-def _max_finite_abs(g: np.ndarray) -> float:
-    """The largest finite |g| of a flat float chunk, as float64 (0.0 if none is finite):
+def _max_finite_abs(x: np.ndarray) -> float:
+    """The largest finite |x| of a flat float chunk, as float64 (0.0 if none is finite):
     the same figure as `Scale.of`, from the bits where the dtype is IEEE with infinities
     (no float64 copy of the chunk), else through float64."""
-    if g.size == 0:
+    if x.size == 0:
         return 0.0
-    inf_bits = _ieee_inf_bits(g.dtype)
+    inf_bits = _ieee_inf_bits(x.dtype)
     if inf_bits is None:
-        return largest_finite_abs(to_float64(g))
-    width = 8 * g.dtype.itemsize
-    bits = g.view(np.dtype(f"u{g.dtype.itemsize}"))
+        return largest_finite_abs(to_float64(x))
+    width = 8 * x.dtype.itemsize
+    bits = x.view(np.dtype(f"u{x.dtype.itemsize}"))
     mag = bits & np.array((1 << (width - 1)) - 1, bits.dtype)
     # Sign cleared, IEEE magnitudes order like their bits; patterns from inf upwards are
     # inf and NaN.
     top = np.where(mag < inf_bits, mag, 0).max()
-    return float(to_float64(np.array([top], bits.dtype).view(g.dtype))[0])
+    return float(to_float64(np.array([top], bits.dtype).view(x.dtype))[0])
 
 
 _NUMPY_IEEE = frozenset(np.dtype(d) for d in (np.float16, np.float32, np.float64))
@@ -89,9 +89,9 @@ class Worst:
 
     index: int
     actual: Any  # in the array's dtype
-    golden: Any
+    expected: Any
     actual_value: Scalar | None = None  # as the finding stores them (float64 for floats)
-    golden_value: Scalar | None = None
+    expected_value: Scalar | None = None
     detail: str = ""
     score: float = 0.0
 
@@ -116,7 +116,7 @@ class Tally:
     max_abs: float | None = 0.0
     max_rel: float = 0.0
     max_ulp: int = 0
-    scale_max: float = 0.0  # max finite |golden| so far (when the rule needs it)
+    scale_max: float = 0.0  # max finite |expected| so far (when the rule needs it)
     first_differ: Worst | None = None
     first_special: Worst | None = None
     best: Worst | None = None  # largest score (float) or distance (int) so far
@@ -124,35 +124,36 @@ class Tally:
     figure: float | None = None  # the rule's own figure: the largest over the chunks
     note: str = ""  # the rule's note: the first chunk's that has one
 
-    def add(self, start: int, a: np.ndarray, g: np.ndarray) -> None:
-        """Fold in one chunk: `a`, `g` flat, their first element at flat index `start`."""
+    def add(self, start: int, a: np.ndarray, e: np.ndarray) -> None:
+        """Fold in one chunk: `a`, `e` flat (the actual and expected sides), their first
+        element at flat index `start`."""
         if self.kind == "float" and self.scale is None and self.tol.rule.needs_scale():
-            self.scale_max = max(self.scale_max, _max_finite_abs(g))
-        bits_a, bits_g = _flat_bits(a), _flat_bits(g)
-        if _same_bytes(bits_a, bits_g):
+            self.scale_max = max(self.scale_max, _max_finite_abs(e))
+        bits_a, bits_e = _flat_bits(a), _flat_bits(e)
+        if _same_bytes(bits_a, bits_e):
             return  # the common case, at memory speed: no mask, no index
-        differ = _differ_mask(bits_a, bits_g)
+        differ = _differ_mask(bits_a, bits_e)
         idx = np.flatnonzero(differ)
         if idx.size == 0:
             return
         self.n_differ += int(idx.size)
         if self.first_differ is None:
             i = int(idx[0])
-            self.first_differ = Worst(start + i, a[i], g[i])
+            self.first_differ = Worst(start + i, a[i], e[i])
         if self.kind == "float" and not self.tol.rule.elementwise:
             # The rule judges the array as a whole: every element, in one chunk.
-            self._add_float(start, np.arange(a.size), a, g, differ, self.shape)
+            self._add_float(start, np.arange(a.size), a, e, differ, self.shape)
             return
-        a_d, g_d = a[idx], g[idx]
+        a_d, e_d = a[idx], e[idx]
         if self.kind == "float":
-            self._add_float(start, idx, a_d, g_d, np.ones(idx.size, bool), (idx.size,))
+            self._add_float(start, idx, a_d, e_d, np.ones(idx.size, bool), (idx.size,))
         elif self.kind == "int":
-            self._add_int(start, idx, a_d, g_d)
+            self._add_int(start, idx, a_d, e_d)
         else:
             self.n_violating += int(idx.size)
             with np.errstate(all="ignore"):
                 try:
-                    m = float(np.max(np.abs(a_d - g_d)))
+                    m = float(np.max(np.abs(a_d - e_d)))
                 except TypeError:
                     self.max_abs = None
                 else:
@@ -164,29 +165,29 @@ class Tally:
         start: int,
         idx: np.ndarray,
         a_d: np.ndarray,
-        g_d: np.ndarray,
+        e_d: np.ndarray,
         differ: np.ndarray,
         shape: tuple[int, ...],
     ) -> None:
-        a64, g64 = to_float64(a_d), to_float64(g_d)
-        finite = np.isfinite(a64) & np.isfinite(g64)
+        a64, e64 = to_float64(a_d), to_float64(e_d)
+        finite = np.isfinite(a64) & np.isfinite(e64)
         with np.errstate(over="ignore", invalid="ignore", divide="ignore"):
             if finite.all():  # the common case, without the masking passes
                 special = np.zeros(finite.shape, bool)
-                diff = np.abs(a64 - g64)
-                abs_g = np.abs(g64)
-                ulp = ordinal_distance(a_d, g_d)
+                diff = np.abs(a64 - e64)
+                abs_e = np.abs(e64)
+                ulp = ordinal_distance(a_d, e_d)
             else:
                 # Outside the finite pairs only equal infs and NaN against NaN are in place.
-                special = ~finite & ~(np.isnan(a64) & np.isnan(g64)) & (a64 != g64)
-                diff = np.where(finite, np.abs(a64 - g64), 0.0)
-                abs_g = np.where(finite, np.abs(g64), 0.0)
-                ulp = np.where(finite, ordinal_distance(a_d, g_d), np.uint64(0))
-            rel = np.where(diff == 0, 0.0, diff / abs_g)
+                special = ~finite & ~(np.isnan(a64) & np.isnan(e64)) & (a64 != e64)
+                diff = np.where(finite, np.abs(a64 - e64), 0.0)
+                abs_e = np.where(finite, np.abs(e64), 0.0)
+                ulp = np.where(finite, ordinal_distance(a_d, e_d), np.uint64(0))
+            rel = np.where(diff == 0, 0.0, diff / abs_e)
         self.max_abs = max(cast(float, self.max_abs), float(diff.max()))
         self.max_rel = max(self.max_rel, float(rel.max()))
         self.max_ulp = max(self.max_ulp, int(ulp.max()))
-        elements = Elements(differ, finite, special, diff, abs_g, ulp, a64, g64, shape)
+        elements = Elements(differ, finite, special, diff, abs_e, ulp, a64, e64, shape)
         scale = self.scale if self.scale is not None else Scale(self.dtype, 0.0)
         judgement = self.tol.rule.judge(elements, scale)
         self.n_violating += int(np.count_nonzero(judgement.violating))
@@ -198,7 +199,7 @@ class Tally:
             if self.first_special is None:
                 i = int(np.argmax(special))
                 self.first_special = Worst(
-                    start + int(idx[i]), a_d[i], g_d[i], _scalar(a64[i]), _scalar(g64[i])
+                    start + int(idx[i]), a_d[i], e_d[i], _scalar(a64[i]), _scalar(e64[i])
                 )
             self.n_special += n_special
         score = judgement.score
@@ -210,17 +211,17 @@ class Tally:
         if top > 0 and (self.best is None or top > self.best.score):
             detail = self.tol.rule.detail(judgement, elements, i)
             self.best = Worst(
-                start + int(idx[i]), a_d[i], g_d[i], _scalar(a64[i]), _scalar(g64[i]), detail, top
+                start + int(idx[i]), a_d[i], e_d[i], _scalar(a64[i]), _scalar(e64[i]), detail, top
             )
 
-    def _add_int(self, start: int, idx: np.ndarray, a_d: np.ndarray, g_d: np.ndarray) -> None:
+    def _add_int(self, start: int, idx: np.ndarray, a_d: np.ndarray, e_d: np.ndarray) -> None:
         ia = a_d.astype(np.uint64 if self.dtype.kind == "u" else np.int64)
-        ig = g_d.astype(ia.dtype)
+        ie = e_d.astype(ia.dtype)
         # Modular uint64 subtraction of the smaller from the larger is exact for any pair.
-        ua, ug = ia.view(np.uint64), ig.view(np.uint64)
-        dist = np.where(ia >= ig, ua - ug, ug - ua)
+        ua, ue = ia.view(np.uint64), ie.view(np.uint64)
+        dist = np.where(ia >= ie, ua - ue, ue - ua)
         with np.errstate(divide="ignore", invalid="ignore"):
-            rel = np.where(dist == 0, 0.0, dist.astype(np.float64) / np.abs(ig.astype(np.float64)))
+            rel = np.where(dist == 0, 0.0, dist.astype(np.float64) / np.abs(ie.astype(np.float64)))
         self.n_violating += int(idx.size)
         self.max_abs = max(cast(float, self.max_abs), float(dist.max()))
         self.max_rel = max(self.max_rel, float(rel.max()))
@@ -228,17 +229,17 @@ class Tally:
         top = float(dist[i])
         if self.best is None or top > self.best.score:
             if self.dtype.kind == "b":
-                va, vg = bool(a_d[i]), bool(g_d[i])
+                va, ve = bool(a_d[i]), bool(e_d[i])
             else:
-                va, vg = _scalar(a_d[i]), _scalar(g_d[i])
+                va, ve = _scalar(a_d[i]), _scalar(e_d[i])
                 if not isinstance(va, int):
-                    va, vg = int(ia[i]), int(ig[i])
-            self.best = Worst(start + int(idx[i]), a_d[i], g_d[i], va, vg, "", top)
+                    va, ve = int(ia[i]), int(ie[i])
+            self.best = Worst(start + int(idx[i]), a_d[i], e_d[i], va, ve, "", top)
 
-    def final_scale(self, golden_dtype: np.dtype[Any]) -> Scale:
+    def final_scale(self, expected_dtype: np.dtype[Any]) -> Scale:
         if self.scale is not None:
             return self.scale
-        return Scale(golden_dtype, self.scale_max)
+        return Scale(expected_dtype, self.scale_max)
 
     def worst(self) -> tuple[Worst, bool]:
         """The element the finding names, and whether it is a NaN/inf position mismatch."""
@@ -249,22 +250,22 @@ class Tally:
             if self.best is not None:
                 return self.best, False
             w = self.first_differ
-            w.actual_value, w.golden_value = (
+            w.actual_value, w.expected_value = (
                 _scalar(to_float64(np.asarray([w.actual]))[0]),
-                _scalar(to_float64(np.asarray([w.golden]))[0]),
+                _scalar(to_float64(np.asarray([w.expected]))[0]),
             )
             return w, False
         if self.kind == "int":
             assert self.best is not None
             return self.best, False
         w = self.first_differ
-        w.actual_value, w.golden_value = _scalar(w.actual), _scalar(w.golden)
+        w.actual_value, w.expected_value = _scalar(w.actual), _scalar(w.expected)
         return w, False
 
 
-def scan_scale(golden: Source, blocks: Sequence[Block]) -> Scale:
-    """The golden's `Scale` from a pass over its blocks (for rules that judge with it)."""
+def scan_scale(expected: Source, blocks: Sequence[Block]) -> Scale:
+    """The expected side's `Scale` from a pass over its blocks (for rules that judge with it)."""
     m = 0.0
     for block in blocks:
-        m = max(m, _max_finite_abs(golden.read(block)))
-    return Scale(golden.dtype, m)
+        m = max(m, _max_finite_abs(expected.read(block)))
+    return Scale(expected.dtype, m)

@@ -3,7 +3,7 @@
 `get_class` looks a class up by name in a registry (`REGISTRY` by default, the named classes
 of `parity.judge.classes`); a `ClassMap` gives each array key a class name by glob pattern,
 and is pinned in every golden file. `effective_atol` is the absolute tolerance a class
-gives against one golden. `flag_rules` reads the rules a user gives as flags (`--override`,
+gives against one expected array. `flag_rules` reads the rules a user gives as flags (`--override`,
 `--class`; the plugin's `--parity-override`, `--parity-class`), for both faces.
 
 A class map may set rule parameters per pattern by writing them after the class name:
@@ -418,26 +418,26 @@ class ClassMap:
         return cls(tuple((p, c) for p, c in pairs), data.get("default"))
 
 
-def effective_atol(tol: ToleranceClass, golden: Any) -> float:
-    """The absolute tolerance `tol` gives against `golden`.
+def effective_atol(tol: ToleranceClass, expected: Any) -> float:
+    """The absolute tolerance `tol` gives against `expected`.
 
     **Arguments:**
 
     - `tol`: the class.
-    - `golden`: the golden array.
+    - `expected`: the array compared with (a golden's, a baseline's, a live tree's).
 
-    **Returns:** for a `Close` rule its `atol`, or, when `atol_ulps` is set and the golden
-    is a float array, `atol_ulps * spacing(max finite |golden|)` in the golden's dtype (the
-    spacing at 0 when the golden has no finite element); 0.0 for other rules.
+    **Returns:** for a `Close` rule its `atol`, or, when `atol_ulps` is set and `expected`
+    is a float array, `atol_ulps * spacing(max finite |expected|)` in its dtype (the
+    spacing at 0 when it has no finite element); 0.0 for other rules.
     """
     rule = tol.rule
     if not isinstance(rule, Close):
         return 0.0
-    g = np.asarray(golden)
-    if rule.atol_ulps is not None and not is_float_dtype(g.dtype):
+    e = np.asarray(expected)
+    if rule.atol_ulps is not None and not is_float_dtype(e.dtype):
         return 0.0
     return rule.effective_atol(
-        Scale.of(g, to_float64(g)) if rule.atol_ulps is not None else Scale(g.dtype, 0.0)
+        Scale.of(e, to_float64(e)) if rule.atol_ulps is not None else Scale(e.dtype, 0.0)
     )
 
 

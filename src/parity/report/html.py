@@ -330,8 +330,8 @@ def _findings_section(comparison: Comparison, w: Callable[[str], Any]) -> None:
     )
     w("</tr>\n")
     for f in comparison.findings:
-        shape = f.shape_golden if f.shape_golden is not None else f.shape_actual
-        dtype = f.dtype_golden or f.dtype_actual or "-"
+        shape = f.shape_expected if f.shape_expected is not None else f.shape_actual
+        dtype = f.dtype_expected or f.dtype_actual or "-"
         w(
             f"<tr><td>{esc(f.key)}</td><td>{esc(f.class_name)}</td>"
             f'<td class="{esc(f.verdict)}">{esc(f.verdict)}</td>'

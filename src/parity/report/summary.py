@@ -142,8 +142,8 @@ def divergence(label: str, f: Finding | None) -> str:
         figures += f", max ulp {f.max_ulp}"
     return (
         f"{label}: {f.key} [{f.class_name}, {f.verdict}], {where}: "
-        f"actual {value_text(f.worst_actual, f.dtype_golden)} vs {f.reference} "
-        f"{value_text(f.worst_golden, f.dtype_golden)}; {figures}; allowed {f.allowed}"
+        f"actual {value_text(f.worst_actual, f.dtype_expected)} vs {f.reference} "
+        f"{value_text(f.worst_expected, f.dtype_expected)}; {figures}; allowed {f.allowed}"
     )
 
 

@@ -74,7 +74,7 @@ def test_dtype_mismatch_is_a_verdict_not_a_cast() -> None:
     golden = np.arange(4, dtype=np.float64)
     finding = compare_arrays("h1", golden.astype(np.float32), golden, LOOSE)
     assert finding.verdict == "fail"
-    assert (finding.dtype_actual, finding.dtype_golden) == ("float32", "float64")
+    assert (finding.dtype_actual, finding.dtype_expected) == ("float32", "float64")
     assert "float32" in finding.reason and "float64" in finding.reason and "'h1'" in finding.reason
     assert finding.max_abs is None and finding.n_differ is None
 
@@ -84,7 +84,7 @@ def test_shape_mismatch_is_a_verdict_not_a_broadcast() -> None:
     finding = compare_arrays("w", np.ones((3,), np.float32), golden, LOOSE)
     assert finding.verdict == "fail"
     assert "(3,)" in finding.reason and "(2, 3)" in finding.reason
-    assert finding.shape_actual == (3,) and finding.shape_golden == (2, 3)
+    assert finding.shape_actual == (3,) and finding.shape_expected == (2, 3)
 
 
 @pytest.mark.parametrize("dtype", [np.int32, np.uint8, np.int64, np.bool_, ml_dtypes.int4])
@@ -119,7 +119,7 @@ def test_worst_index_is_the_largest_violation_ratio_not_the_largest_error() -> N
     finding = compare_arrays("k", actual, golden, tol)
     assert finding.worst_index == max(ratios, key=lambda ij: ratios[ij]) == (0, 1)
     assert finding.worst_actual == float(actual[0, 1])
-    assert finding.worst_golden == float(golden[0, 1])
+    assert finding.worst_expected == float(golden[0, 1])
     assert finding.n_violating == sum(r > 1 for r in ratios.values())
     assert finding.max_abs == max(
         abs(float(a) - float(g)) for a, g in zip(actual.ravel(), golden.ravel(), strict=True)
@@ -145,7 +145,7 @@ def test_bfloat16_is_compared_after_an_exact_upcast() -> None:
     assert finding.max_abs == float(actual[2].astype(np.float32)) - float(
         golden[2].astype(np.float32)
     )
-    assert finding.dtype_golden == "bfloat16"
+    assert finding.dtype_expected == "bfloat16"
     assert not compare_arrays("b", actual, golden, BITWISE).passed
 
 
@@ -177,10 +177,10 @@ def test_non_finite_figures_are_json_strings() -> None:
     finding = compare_arrays("k", actual, golden, CLOSE)
     assert finding.max_rel == math.inf
     data = json.loads(json.dumps(finding.to_dict(), allow_nan=False))
-    assert data["max_rel"] == "inf" and data["worst_golden"] == "nan"
+    assert data["max_rel"] == "inf" and data["worst_expected"] == "nan"
     back = Finding.from_dict(data)
-    assert back.max_rel == math.inf and back.worst_golden is not None
-    assert math.isnan(float(back.worst_golden))  # pyright: ignore[reportArgumentType]
+    assert back.max_rel == math.inf and back.worst_expected is not None
+    assert math.isnan(float(back.worst_expected))  # pyright: ignore[reportArgumentType]
 
 
 def test_object_arrays_are_refused() -> None:
@@ -211,7 +211,7 @@ def test_every_key_gets_a_finding_and_absent_keys_fail() -> None:
     assert not comparison.passed
     assert {f.key for f in comparison.failures} == {"b", "c"}
     missing = comparison.finding("b")
-    assert missing.shape_golden == (2,) and missing.shape_actual is None
+    assert missing.shape_expected == (2,) and missing.shape_actual is None
     assert "'b'" in missing.reason and "repin" in missing.reason
 
 
@@ -331,8 +331,8 @@ def _verdict(**figures: object) -> ArrayVerdict:
     """A comparator's result written by hand: key `x`, float32 `(3,)` on both sides."""
     f32 = np.dtype(np.float32)
     sides = {"key": "x", "tol": BITWISE, "reference": "golden", "order": None,
-             "shape_actual": (3,), "shape_golden": (3,), "dtype_actual": f32,
-             "dtype_golden": f32, "n_elements": 3}  # fmt: skip
+             "shape_actual": (3,), "shape_expected": (3,), "dtype_actual": f32,
+             "dtype_expected": f32, "n_elements": 3}  # fmt: skip
     return ArrayVerdict(**(sides | figures))
 
 
@@ -341,8 +341,8 @@ _ONE_DIFFERS = {
     "mismatch": None, "kind": "float", "verdict": "fail", "n_differ": 1, "n_violating": 1,
     "n_nan_inf_mismatch": 0, "max_abs": 0.5, "max_rel": 0.25, "max_ulp": 2**21, "bound": 0.0,
     "worst_index": (1,), "worst_is": "first differing element",
-    "worst_actual": np.float32(2.5), "worst_golden": np.float32(2.0),
-    "worst_actual_value": 2.5, "worst_golden_value": 2.0,
+    "worst_actual": np.float32(2.5), "worst_expected": np.float32(2.0),
+    "worst_actual_value": 2.5, "worst_expected_value": 2.0,
 }  # fmt: skip
 
 
