@@ -20,7 +20,11 @@ from .check import (
     check_group as check_group,
     check_live as check_live,
 )
-from .results import CheckError as CheckError, CheckResult as CheckResult
+from .results import (
+    CheckError as CheckError,
+    CheckHeader as CheckHeader,
+    CheckResult as CheckResult,
+)
 
 # the root of every error a user can meet
 from .errors import ParityError as ParityError

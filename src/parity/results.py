@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import dataclasses
 import json
-from collections.abc import Mapping, Sequence
+from collections.abc import Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -23,6 +23,7 @@ from parity.origin.localisation import Localisation
 __all__ = [
     "BaselineUnavailable",
     "CheckError",
+    "CheckHeader",
     "CheckResult",
     "diff_command",
     "merged_header_lines",
@@ -49,6 +50,71 @@ class BaselineUnavailable(ParityError):
         self.hint = hint
 
 
+#: Each field of a `CheckHeader` that is one line, by the name its line has in reports.
+_LINES = {
+    "golden": "golden",
+    "pinned on": "pinned_on",
+    "checked on": "checked_on",
+    "sees": "sees",
+    "base_sha": "base_sha",
+}
+_LAST_LINES = {
+    "order": "order",
+    "calibration": "calibration",
+    "reference": "reference",
+    "environment": "environment",
+}
+
+
+@dataclass(frozen=True, kw_only=True)
+class CheckHeader(Mapping[str, str]):
+    """What a golden check says about itself before its table (`parity.check.conclusion`
+    writes it): typed fields, read as the report's lines (a `Mapping`: name -> line, in
+    order, a field left empty not shown). A live check's header is empty.
+
+    **Fields:** `golden` (the golden file), `pinned_on` and `checked_on` (the two sides'
+    backends), `sees` (what a check on an accelerator can see), `base_sha` (the base
+    commit), `drift` (the drift policy's lines), `order` (how the forward order was made),
+    `calibration` (the golden's calibration summary), `reference` (what the tree was
+    compared with, `parity.check.against_baseline.reference_line`), `environment` (how the
+    environment differs where keys were judged by calibration).
+    """
+
+    golden: str = ""
+    pinned_on: str = ""
+    checked_on: str = ""
+    sees: str = ""
+    base_sha: str = ""
+    drift: tuple[str, ...] = ()
+    order: str = ""
+    calibration: str = ""
+    reference: str = ""
+    environment: str = ""
+
+    def lines(self) -> dict[str, str]:
+        """The header as the report shows it: name -> line, in order."""
+        out = {name: getattr(self, f) for name, f in _LINES.items() if getattr(self, f)}
+        out |= {f"drift {i}": line for i, line in enumerate(self.drift)}
+        out |= {name: getattr(self, f) for name, f in _LAST_LINES.items() if getattr(self, f)}
+        return out
+
+    @classmethod
+    def from_lines(cls, lines: Mapping[str, str]) -> CheckHeader:
+        """Read `lines()` back (after a JSON round trip)."""
+        fields = {f: lines[name] for name, f in (_LINES | _LAST_LINES).items() if name in lines}
+        drift = tuple(v for k, v in lines.items() if k.startswith("drift "))
+        return cls(drift=drift, **fields)
+
+    def __getitem__(self, name: str) -> str:
+        return self.lines()[name]
+
+    def __iter__(self) -> Iterator[str]:
+        return iter(self.lines())
+
+    def __len__(self) -> int:
+        return len(self.lines())
+
+
 @dataclass(frozen=True)
 class CheckResult:
     """One check: a golden group or a live differential, compared.
@@ -59,7 +125,9 @@ class CheckResult:
     - `comparison`: every finding, in the check's forward order.
     - `group`: the golden group, or None for a live differential.
     - `node`: who ran it (a pytest node id, a command), for reports.
-    - `header`: lines for the report header (golden path, base SHA, drift).
+    - `header`: what a golden check says about itself before its table (`CheckHeader`:
+      the golden, both sides' backends, base SHA, drift, the reference); empty for a live
+      check.
     - `checked_keys`: the golden keys this check covered.
     - `started`: when it started (seconds since the epoch), so reports list checks in the
       order they ran.
@@ -77,7 +145,7 @@ class CheckResult:
     comparison: Comparison
     group: str | None = None
     node: str | None = None
-    header: dict[str, str] = field(default_factory=dict)
+    header: CheckHeader = field(default_factory=CheckHeader)
     checked_keys: tuple[str, ...] = ()
     started: float = 0.0
     produce_s: float | None = None
@@ -104,6 +172,7 @@ class CheckResult:
         out["comparison"] = [f.to_dict() for f in self.comparison.findings]
         out["inexact"] = self.comparison.inexact
         out["checked_keys"] = list(self.checked_keys)
+        out["header"] = self.header.lines()
         # For readers of the JSON: the origin's fields flat (None where none was named)
         # and its line; for `from_dict`, the whole typed value.
         out["origin"] = None if self.origin is None else self.origin.json_origin()
@@ -118,6 +187,7 @@ class CheckResult:
         findings = tuple(Finding.from_dict(f) for f in data["comparison"])
         kwargs["comparison"] = Comparison(findings, inexact=kwargs.pop("inexact", ""))
         kwargs["checked_keys"] = tuple(data.get("checked_keys", ()))
+        kwargs["header"] = CheckHeader.from_lines(data.get("header") or {})
         found = kwargs.pop("localisation", None)
         kwargs.pop("origin_line", None)
         kwargs["origin"] = None if found is None else Localisation.from_dict(found)

@@ -198,7 +198,7 @@ def calibrated_comparison(
     registry: Mapping[str, ToleranceClass],
     *,
     budget: int = DEFAULT_BUDGET,
-) -> tuple[Comparison, dict[str, str]]:
+) -> tuple[Comparison, str]:
     """`comparison` by calibration: where the check's environment differs from the pin's
     in calibrated dimensions, each key that fails its pinned class judged again under its
     calibrated bound for those dimensions (`max(floor, k * spread)`, the spread measured
@@ -208,21 +208,20 @@ def calibrated_comparison(
     `budget`: bytes one array comparison may hold at once (`parity.judge.chunks`).
 
     **Returns:** the comparison, with the findings that passed by calibration replaced
-    (their note says so), and the header lines saying what differed and how many keys were
-    judged by calibration."""
+    (their note says so), and the header's `environment` line saying what differed and how
+    many keys were judged by calibration ("" where nothing is said)."""
     dims = difference.dimensions
     if not dims:
-        return comparison, {}
+        return comparison, ""
     change = ", ".join(d.change for d in dims)
     columns = spreads.columns_for(dims) if spreads else None
     if columns is None and comparison.passed:
-        return comparison, {}  # every key holds its pinned class: nothing to calibrate
+        return comparison, ""  # every key holds its pinned class: nothing to calibrate
     if columns is None:
-        return comparison, {
-            "environment": f"differs from the pin's ({change}); no calibration of it is "
-            f"recorded, so the pinned classes stand (record one: "
-            f"`{calibrate_command(gf.path.stem)}`)"
-        }
+        return comparison, (
+            f"differs from the pin's ({change}); no calibration of it is recorded, so the "
+            f"pinned classes stand (record one: `{calibrate_command(gf.path.stem)}`)"
+        )
     base = registry.get(CALIBRATED) or REGISTRY[CALIBRATED]
     judged = 0
     findings: list[Finding] = []
@@ -246,4 +245,4 @@ def calibrated_comparison(
         f"class and its calibrated bound there ({base.describe_allowed()}, spread over "
         f"{', '.join(columns)}): {count(judged, 'key')} passed by calibration alone"
     )
-    return Comparison(tuple(findings)), {"environment": line}
+    return Comparison(tuple(findings)), line

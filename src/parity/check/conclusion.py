@@ -34,7 +34,7 @@ from __future__ import annotations
 import dataclasses
 from collections.abc import Mapping, Sequence
 from pathlib import Path
-from typing import Any, cast
+from typing import Any
 
 from parity.calibrated.bounds import BY_CALIBRATION, CALIBRATED, calibrated_comparison
 from parity.check.against_baseline import (
@@ -49,7 +49,13 @@ from parity.judge.compare import Comparison, Finding
 from parity.judge.dataflow import DATAFLOW, HOST, order_hint
 from parity.judge.floats import count
 from parity.judge.tolerance import UnknownClassError, parse_class_name
-from parity.results import BaselineUnavailable, CheckError, CheckResult, diff_command
+from parity.results import (
+    BaselineUnavailable,
+    CheckError,
+    CheckHeader,
+    CheckResult,
+    diff_command,
+)
 from parity.store import GoldenFile, GoldenStoreError
 
 __all__ = ["conclude", "inexact"]
@@ -71,7 +77,7 @@ def conclude(first: FirstVerdict, baseline: Baseline | BaselineUnavailable | Non
     """
     gf, group, difference, opts = first.gf, first.group, first.difference, first.request
     try:
-        env_header: dict[str, str] = {}
+        environment = ""
         judged = BaseJudgement(
             comparison=None, reference=reference_line(difference, first.comparison.passed)
         )
@@ -86,7 +92,7 @@ def conclude(first: FirstVerdict, baseline: Baseline | BaselineUnavailable | Non
         elif difference.across_backends:
             comparison = first.comparison  # no calibration bounds another backend
         else:
-            comparison, env_header = calibrated_comparison(
+            comparison, environment = calibrated_comparison(
                 first.comparison,
                 first.flat_a,
                 gf,
@@ -103,24 +109,22 @@ def conclude(first: FirstVerdict, baseline: Baseline | BaselineUnavailable | Non
     except GoldenStoreError as e:
         raise CheckError(f"golden group {group!r} is unusable: {e}") from None
     placed = gf.ordered_keys()
-    header = {
-        "golden": str(gf.path),
-        "pinned on": describe_backend(gf.provenance),
-        "checked on": describe_backend(first.current),
-    }
-    if note := backend_note(first.current):
-        header["sees"] = note
-    if gf.provenance.get("base_sha"):
-        header["base_sha"] = str(gf.provenance["base_sha"])
-    drift = difference.policy(opts.drift_mode).header
-    header |= {f"drift {i}": line for i, line in enumerate(drift)}
     made = first.order_source
-    if hint := order_hint(made if made in (DATAFLOW, HOST) else gf.provenance.get("order"), placed):
-        header["order"] = hint
+    order = order_hint(made if made in (DATAFLOW, HOST) else gf.provenance.get("order"), placed)
     calibration = gf.provenance.get("calibration")
-    if isinstance(calibration, dict) and calibration.get("summary"):
-        header["calibration"] = str(cast(dict[str, Any], calibration)["summary"])
-    header |= {"reference": reference, **env_header}
+    summary = calibration.get("summary") if isinstance(calibration, dict) else None
+    header = CheckHeader(
+        golden=str(gf.path),
+        pinned_on=describe_backend(gf.provenance),
+        checked_on=describe_backend(first.current),
+        sees=backend_note(first.current) or "",
+        base_sha=str(gf.provenance.get("base_sha") or ""),
+        drift=tuple(difference.policy(opts.drift_mode).header),
+        order=order or "",
+        calibration=str(summary or ""),
+        reference=reference,
+        environment=environment,
+    )
     saved = command = None
     if opts.save_actual is not None and not comparison.passed:
         from parity.store.writer import save_arrays

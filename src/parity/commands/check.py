@@ -221,8 +221,8 @@ def run(args: argparse.Namespace, out: IO[str]) -> int:
     }
     header |= merged_header_lines(results, header)
     for r in results:
-        if r.header.get("base_sha"):
-            header.setdefault("base_sha", r.header["base_sha"])
+        if r.header.base_sha:
+            header.setdefault("base_sha", r.header.base_sha)
     session = ReportSession.of(results, header)
     out.write(session.table())
     for r in results:
