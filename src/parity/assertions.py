@@ -19,6 +19,7 @@ from dataclasses import dataclass
 from typing import Any, TypedDict, Unpack
 
 from parity.check import Settler, check_live
+from parity.check.request import refuse_unknown_options
 from parity.judge.classes import REGISTRY, ToleranceClass
 from parity.judge.compare import Comparison, Order
 from parity.judge.dataflow import Dataflow
@@ -120,6 +121,7 @@ def assert_equivalent(actual: Any, expected: Any, **options: Unpack[AssertOption
     ```
     """
     __tracebackhide__ = True  # a failure points at the caller's line, not at parity's
+    refuse_unknown_options(options, AssertOptions, "assert_equivalent")
     statics_a: dict[str, Any] = {}
     statics_e: dict[str, Any] = {}
     order, registry = options.get("order"), options.get("registry", REGISTRY)

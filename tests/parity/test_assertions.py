@@ -64,6 +64,16 @@ def test_two_bare_arrays_are_a_one_leaf_pytree() -> None:
     assert not check_live(b, a).passed
 
 
+def test_a_misspelt_option_is_refused_not_ignored() -> None:
+    # `clas_map` would otherwise leave the default class, bitwise, judging in silence.
+    a, b = np.ones(3, np.float32), np.ones(3, np.float32)
+    with pytest.raises(TypeError, match=r"assert_equivalent.*'clas_map'.*class_map"):
+        parity.assert_equivalent(a, b, clas_map="fp32_reassoc")  # type: ignore[call-arg]
+    with pytest.raises(TypeError, match=r"check_live.*'oder'.*order"):
+        check_live(a, b, oder=["array"])  # type: ignore[call-arg]
+    assert check_live(a, b, order=["array"]).passed
+
+
 def test_nested_equinox_modules_pass_when_equal_and_name_the_leaf_path_when_not() -> None:
     net = _net(0)
     parity.assert_equivalent(net, _net(0))

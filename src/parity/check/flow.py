@@ -48,6 +48,7 @@ from parity.check.request import (
     GroupOptions,
     LiveOptions,
     Settler,
+    refuse_unknown_options,
 )
 from parity.judge.classes import REGISTRY
 from parity.judge.tolerance import DEFAULT_CLASS, class_resolver
@@ -242,6 +243,7 @@ def check_live(actual: Any, expected: Any, **options: Unpack[LiveOptions]) -> Ch
     print(result.comparison.first_failure)  # None where every key holds its class
     ```
     """
+    refuse_unknown_options(options, LiveOptions, "check_live")
     started = time.time()
     name, overrides = options.get("name", "live"), options.get("overrides", ())
     class_map = options.get("class_map", DEFAULT_CLASS)

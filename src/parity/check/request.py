@@ -30,6 +30,7 @@ __all__ = [
     "LiveOptions",
     "Registries",
     "Settler",
+    "refuse_unknown_options",
 ]
 
 
@@ -156,3 +157,15 @@ class LiveOptions(TypedDict, total=False):
     save_actual: str | os.PathLike[str] | None
     non_arrays: tuple[dict[str, Any], dict[str, Any]] | None
     settle: Settler | None
+
+
+def refuse_unknown_options(options: Mapping[str, Any], known: type, where: str) -> None:
+    """Raise `TypeError` where `options` (a function's `**options`) holds a keyword that
+    `known` (its `TypedDict`) does not declare, as Python does for a function whose
+    parameters are spelled out: a misspelt option must not be ignored in silence."""
+    unknown = sorted(set(options) - set(known.__annotations__))
+    if unknown:
+        raise TypeError(
+            f"{where}() got an unexpected keyword argument {unknown[0]!r}; its options are "
+            f"{', '.join(sorted(known.__annotations__))}"
+        )

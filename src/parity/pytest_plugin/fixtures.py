@@ -63,7 +63,7 @@ def _failure_text(result: CheckResult, differing: Sequence[str]) -> str:
     return text
 
 
-class CheckOptions(TypedDict, total=False):
+class FixtureOptions(TypedDict, total=False):
     """`parity_check`'s options (each described at `_Check.__call__`)."""
 
     name: str | None
@@ -80,7 +80,7 @@ class _Check:
     config: pytest.Config
     node: str
 
-    def __call__(self, actual: Any, golden: Any, **options: Unpack[CheckOptions]) -> Any:
+    def __call__(self, actual: Any, golden: Any, **options: Unpack[FixtureOptions]) -> Any:
         """Compare `actual` against a golden group (by name) or a live reference.
 
         **Arguments:**
@@ -109,9 +109,11 @@ class _Check:
         **Returns:** the `parity.judge.compare.Comparison`.
         """
         from parity.check import check_group, check_live
+        from parity.check.request import refuse_unknown_options
         from parity.judge.trees import non_array_differences
         from parity.results import CheckError
 
+        refuse_unknown_options(options, FixtureOptions, "parity_check")
         config = self.config
         name, class_map = options.get("name"), options.get("class_map")
         order, produce_s = options.get("order"), options.get("produce_s")
