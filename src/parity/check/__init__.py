@@ -34,9 +34,7 @@ from parity.check.against_baseline import (
     against_baseline as against_baseline,
     prepare_baselines as prepare_baselines,
 )
-from parity.check.conclusion import (
-    conclude as conclude,
-)
+from parity.check.conclusion import conclude as conclude
 from parity.check.first import (
     FirstVerdict as FirstVerdict,
     compare_flat as compare_flat,

@@ -15,28 +15,29 @@ has imported it; never h5py, decomp or another part of parity
 (`tests/parity/test_import_boundaries.py`).
 """
 
-from parity.origin.align import Alignment, Origin, align, matching_tolerance
-from parity.origin.api import localise, locate, prove_and_locate, settle_live
-from parity.origin.localisation import Localisation
-from parity.origin.proof import Proof, prove, settle
-from parity.origin.record import LocaliseError, record
-from parity.origin.recording import Recording, Value
-
-__all__ = [
-    "Alignment",
-    "Localisation",
-    "LocaliseError",
-    "Origin",
-    "Proof",
-    "Recording",
-    "Value",
-    "align",
-    "localise",
-    "locate",
-    "matching_tolerance",
-    "prove",
-    "prove_and_locate",
-    "record",
-    "settle",
-    "settle_live",
-]
+from parity.origin.align import (
+    Alignment as Alignment,
+    Origin as Origin,
+    align as align,
+    matching_tolerance as matching_tolerance,
+)
+from parity.origin.api import (
+    localise as localise,
+    locate as locate,
+    prove_and_locate as prove_and_locate,
+    settle_live as settle_live,
+)
+from parity.origin.localisation import Localisation as Localisation
+from parity.origin.proof import (
+    Proof as Proof,
+    prove as prove,
+    settle as settle,
+)
+from parity.origin.record import (
+    LocaliseError as LocaliseError,
+    record as record,
+)
+from parity.origin.recording import (
+    Recording as Recording,
+    Value as Value,
+)
