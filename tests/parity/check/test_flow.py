@@ -139,6 +139,10 @@ def test_results_round_trip_through_json(golden_dir: Path) -> None:
     assert back.to_dict() == result.to_dict() and isinstance(back.checked_keys, tuple)
     assert not back.passed and back.comparison.first_failure is not None
     assert back.comparison.first_failure.key == "rec"
+    # The header comes back typed, field by field, and reads as the same lines.
+    assert back.header == result.header and back.header.reference == result.header.reference
+    assert result.header.golden == str(golden_dir / "g.h5") and result.header.reference
+    assert list(back.header) == list(result.header.lines()) and "golden" in back.header
 
 
 def test_the_first_divergence_of_a_mutated_group_names_the_mutated_key(golden_dir: Path) -> None:
