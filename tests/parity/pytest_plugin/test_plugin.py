@@ -402,6 +402,9 @@ def test_a_live_check_compares_non_array_leaves_as_assert_equivalent_does(
         def test_same_leaves(parity_check):
             assert parity_check(tree(np.tanh), tree(np.tanh)).passed
             parity.assert_equivalent(tree(np.tanh), tree(np.tanh))
+            # a misspelt option is refused, not ignored
+            with pytest.raises(TypeError, match="parity_check.*'clas_map'.*class_map"):
+                parity_check(tree(np.tanh), tree(np.tanh), clas_map="fp32_reassoc")
 
         def test_other_function(parity_check):
             with pytest.raises(AssertionError) as e:
