@@ -309,13 +309,35 @@ class Figures:
 
     @classmethod
     def of(cls, stops: list[Stop]) -> Figures:
-        climbs = sum(b.floor > a.floor for a, b in itertools.pairwise(stops))
-        returns, left = 0, set()
-        for a, b in itertools.pairwise(stops):
-            if b.module != a.module:
-                left.add(a.module)
-                returns += b.module in left
+        marks = moves(stops)
+        climbs = sum("climb" in m for m in marks)
+        returns = sum("return" in m for m in marks)
         return cls(len(stops), len({s.module for s in stops}), climbs, returns)
+
+
+def moves(stops: list[Stop]) -> list[tuple[str, ...]]:
+    """What reaching each stop was: `climb` (a higher floor than the stop before),
+    `return` (a module the reader had left), both or neither; the first stop, neither."""
+    out: list[tuple[str, ...]] = [()]
+    left: set[str] = set()
+    for a, b in itertools.pairwise(stops):
+        if b.module != a.module:
+            left.add(a.module)
+        marks = ("climb",) if b.floor > a.floor else ()
+        out.append(marks + (("return",) if b.module != a.module and b.module in left else ()))
+    return out
+
+
+def callers(stops: list[Stop]) -> list[Stop | None]:
+    """The function each stop was called from (None for the entry)."""
+    out: list[Stop | None] = []
+    stack: list[Stop] = []
+    for s in stops:
+        while stack and stack[-1].depth >= s.depth:
+            stack.pop()
+        out.append(stack[-1] if stack else None)
+        stack.append(s)
+    return out
 
 
 def figures(
@@ -342,13 +364,30 @@ def main(argv: list[str] | None = None) -> int:
         "the core's lowest floor: the rooms below it, the judge, the store, the report, the "
         "origin, are stops whose insides a reader of the check does not follow)",
     )
-    parser.add_argument("-v", "--verbose", action="store_true", help="print every stop")
+    parser.add_argument(
+        "-v", "--verbose", action="store_true", help="print every stop, and what reaching it was"
+    )
+    parser.add_argument(
+        "--by-caller",
+        action="store_true",
+        help="print, per function, the climbs and returns of the calls it makes",
+    )
     args = parser.parse_args(argv)
     for entry in args.entry:
         found, stops = figures(entry, args.src, lowest=args.lowest)
+        marks = moves(stops)
         if args.verbose:
-            for s in stops:
-                print(f"{'  ' * s.depth}{s.module}:{s.name}  (floor {s.floor})")
+            for s, m in zip(stops, marks, strict=True):
+                print(f"{'  ' * s.depth}{s.module}:{s.name}  (floor {s.floor}) {' '.join(m)}")
+        if args.by_caller:
+            tally: dict[str, list[int]] = {}
+            for caller, m in zip(callers(stops), marks, strict=True):
+                if caller is not None and m:
+                    row = tally.setdefault(f"{caller.module}:{caller.name}", [0, 0])
+                    row[0] += "climb" in m
+                    row[1] += "return" in m
+            for name, (c, r) in sorted(tally.items(), key=lambda kv: -sum(kv[1])):
+                print(f"{c:4d} climbs {r:4d} returns  {name}")
         print(
             f"{entry}: {found.stops} stops in {found.modules} modules, "
             f"{found.climbs} climbs back up a floor, {found.returns} returns to a module "

@@ -100,6 +100,9 @@ def test_a_function_reached_twice_is_one_stop_and_a_climb_and_a_return_are_count
         ("pkg.mid", "b", 1),
     ]
     assert cp.Figures.of(stops) == cp.Figures(stops=4, modules=3, climbs=1, returns=1)
+    assert cp.moves(stops) == [(), (), (), ("climb", "return")]
+    # the climb and the return are run's: it called mid.b after mid.a had gone down to low
+    assert [c and c.name for c in cp.callers(stops)] == [None, "run", "a", "run"]
 
 
 def test_a_protocol_s_method_leads_to_the_class_built_on_the_way(tmp_path: Path) -> None:
