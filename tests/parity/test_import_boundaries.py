@@ -11,7 +11,7 @@ import sys
 from pathlib import Path
 
 import pytest
-from _layers import LAYERS, unit_of
+from _layers import LAYERS, floor_of, unit_of
 
 import parity
 from _source_imports import module_name, source_imports
@@ -72,7 +72,6 @@ def _imports(path: Path, known: set[str], *, anywhere: bool = False) -> set[str]
 def test_each_layer_imports_only_the_layers_below_it() -> None:
     paths = sorted(SRC.rglob("*.py"))
     known = {_module_name(p) for p in paths}
-    tier = {u: i for i, units in enumerate(LAYERS) for u in units}
     assert sorted(m for m in known if m != "parity" and unit_of(m) is None) == []
     imports = {_module_name(p): _imports(p, known, anywhere=True) for p in paths}
     # The reader sees an import inside a function, and skips one under TYPE_CHECKING.
@@ -83,7 +82,7 @@ def test_each_layer_imports_only_the_layers_below_it() -> None:
         unit = unit_of(module)
         for other in sorted(imported - {"parity"}):
             under = unit_of(other)
-            if unit and under and under != unit and tier[under] >= tier[unit]:
+            if unit and under and under != unit and floor_of(other) >= floor_of(module):
                 upward.append(f"{module} imports {other}")
     assert upward == []
 
@@ -163,10 +162,6 @@ def _folder_imports() -> dict[tuple[str, str], list[str]]:
     return edges
 
 
-def _folder_tier(folder: str) -> int:
-    return next(i for i, units in enumerate(LAYERS) if folder in units)
-
-
 def test_each_folder_sits_at_one_tier() -> None:
     """A folder is one room at one height: every module in it falls under the folder's own
     entry in `LAYERS`, and `LAYERS` names folders and top-level modules, each once, never a
@@ -176,7 +171,7 @@ def test_each_folder_sits_at_one_tier() -> None:
     for module in modules:
         unit = unit_of(module)
         assert unit is not None, module
-        tiers.setdefault(_folder_of(module), set()).add(_folder_tier(unit))
+        tiers.setdefault(_folder_of(module), set()).add(floor_of(module))
     assert {f: sorted(t) for f, t in sorted(tiers.items()) if len(t) > 1} == {}
     units = [u for tier in LAYERS for u in tier]
     assert sorted(u for u in units if _folder_of(u) != u) == []
@@ -191,7 +186,7 @@ def test_no_folder_imports_a_folder_of_its_own_tier_or_above() -> None:
     upward = [
         f"{a} imports {b} ({', '.join(via)})"
         for (a, b), via in sorted(edges.items())
-        if _folder_tier(b) >= _folder_tier(a)
+        if floor_of(b) >= floor_of(a)
     ]
     assert upward == []
 
