@@ -290,18 +290,18 @@ def _by_baseline(first: FirstVerdict, baseline: Baseline) -> BaseJudgement:
         ) from None
     how = "built now" if not baseline.cached else "cached"
     took = f" in {baseline.seconds:.0f}s" if not baseline.cached else ""
-    # Only a key the goldens' pinned class refused and a calibrated bound admitted makes
-    # the baseline "within the calibrated noise"; otherwise it holds the pinned classes.
-    calibrated = any(f.note.startswith(BY_CALIBRATION) for f in held.findings)
-    within = "the goldens' calibrated noise" if calibrated else "the goldens' pinned classes"
     if difference.across_backends:
         line = _across_backends_line(baseline, f"{how}{took}", difference, held)
-        return BaseJudgement(comparison=comparison, reference=line, path=str(baseline.path))
-    line = (
-        f"the baseline re-produced here at {baseline.sha[:12]} ({how}{took} at "
-        f"{baseline.path}), in this environment ({', '.join(difference.changes)}), itself "
-        f"within {within}: {_worst(held.findings)}"
-    )
+    else:
+        # Only a key the goldens' pinned class refused and a calibrated bound admitted makes
+        # the baseline "within the calibrated noise"; otherwise it holds the pinned classes.
+        calibrated = any(f.note.startswith(BY_CALIBRATION) for f in held.findings)
+        within = "the goldens' calibrated noise" if calibrated else "the goldens' pinned classes"
+        line = (
+            f"the baseline re-produced here at {baseline.sha[:12]} ({how}{took} at "
+            f"{baseline.path}), in this environment ({', '.join(difference.changes)}), itself "
+            f"within {within}: {_worst(held.findings)}"
+        )
     return BaseJudgement(comparison=comparison, reference=line, path=str(baseline.path))
 
 
