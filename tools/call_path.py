@@ -1,13 +1,24 @@
 """The way a reader follows a flow of parity from one function, call by call: each function
-of parity it reaches (a stop), in the order a reader meets them (depth first, in source
-order, each function once), with the module and the floor it stands on.
+of parity it reaches, in the order a reader meets them (depth first, in source order, each
+function once), with the module and the floor it stands on.
+
+Two ways are walked. From `module:function`, every call the function makes; from
+`module:function@name`, only the calls that take the value `name` (a parameter or a local
+of that function) or a value computed from it, then in each function reached the parameters
+it was bound to: the way the data of a flow takes (`parity.commands.check:run@args`, the
+way of `parity check`'s arguments).
 
 A floor is a tier of the layers the import test holds (`tests/parity/_layers.py`), lowest
-first. Two figures say how hard the way is to follow:
+first. The functions of the rooms below the check's floor (the calibrated class, the
+results, the origin, the store, the judge, the environment) are stops whose own calls are
+not followed (`--lowest`). The figures:
 
+- **stops**: the module visits, calls that stay in the same module being one visit (and
+  the functions, each counted once);
 - a **climb**: the next stop stands on a higher floor than the last one (the reader went
   down into a helper and must come back up to read on);
-- a **return**: the next stop is in a module the reader had already left.
+- a **return**: the next stop is in a module the reader had already left (stops less
+  modules).
 
 Calls are resolved from the source alone (`ast`, nothing imported): names a module defines
 or imports from parity, `module.name`, `Class.method`, `self.method`, and `x.method` where
@@ -16,8 +27,8 @@ method (a `BaselineSource`, a `Settler`) goes to that method of the classes buil
 way so far, as a reader follows the value a face built and handed down. A call through a
 value the reader cannot name from the source (a callback) is not followed.
 
-    python tools/call_path.py parity.commands.check:run            # the figures
-    python tools/call_path.py parity.run.produced:check_produced -v  # and every stop
+    python tools/call_path.py parity.commands.check:run@args        # the figures
+    python tools/call_path.py parity.run.produced:check_produced@produced -v  # every stop
 """
 
 from __future__ import annotations
@@ -36,6 +47,9 @@ sys.path.insert(0, str(ROOT / "tests" / "parity"))
 from _layers import floor_of  # noqa: E402  # pyright: ignore[reportMissingImports]
 
 Target = tuple[str, str]  # (module, qualified name in it)
+
+#: The lowest unit whose functions' calls are followed: the check's own floor.
+LOWEST = "parity.check"
 
 
 @dataclass
@@ -216,9 +230,9 @@ class Stop:
     floor: int
 
 
-def _in_evaluation_order(node: ast.AST) -> list[ast.Call]:
-    """The calls in `node`'s body in the order they run: statements in order, and a call's
-    arguments (calls among them) before the call itself."""
+def _calls_of(node: ast.AST) -> list[ast.Call]:
+    """The calls in `node` in the order they run: a call's arguments (calls among them)
+    before the call itself."""
     found: list[ast.Call] = []
 
     def visit(n: ast.AST) -> None:
@@ -227,9 +241,13 @@ def _in_evaluation_order(node: ast.AST) -> list[ast.Call]:
         if isinstance(n, ast.Call):
             found.append(n)
 
-    for statement in getattr(node, "body", []):
-        visit(statement)
+    visit(node)
     return found
+
+
+def _in_evaluation_order(node: ast.AST) -> list[ast.Call]:
+    """The calls in `node`'s body in the order they run, statement by statement."""
+    return [call for statement in getattr(node, "body", []) for call in _calls_of(statement)]
 
 
 def _called(index: Index, target: Target) -> list[Target]:
@@ -297,22 +315,187 @@ def walk(
     return stops
 
 
+def _loads(expr: ast.AST | None) -> set[str]:
+    """The names an expression reads (in its lambdas and comprehensions too)."""
+    if expr is None:
+        return set()
+    return {n.id for n in ast.walk(expr) if isinstance(n, ast.Name)}
+
+
+def _stored(target: ast.AST) -> set[str]:
+    """The local a statement writes: `x`, `x, y`, `x[k]`, `x.field` (the last two change x)."""
+    if isinstance(target, ast.Name):
+        return {target.id}
+    if isinstance(target, (ast.Tuple, ast.List)):
+        return set().union(*(_stored(e) for e in target.elts))
+    if isinstance(target, (ast.Subscript, ast.Attribute, ast.Starred)):
+        return _stored(target.value)
+    return set()
+
+
+def _bound(
+    fn: ast.FunctionDef | ast.AsyncFunctionDef,
+    call: ast.Call,
+    held: set[str],
+    *,
+    skip_self: bool,
+    receiver_held: bool,
+) -> set[str]:
+    """The parameters of `fn` that a call binds to a value derived from the data."""
+    args = fn.args
+    positional = [a.arg for a in [*args.posonlyargs, *args.args]]
+    out: set[str] = set()
+    if skip_self and positional:
+        if receiver_held:
+            out.add(positional[0])
+        positional = positional[1:]
+    named = {a.arg for a in [*args.posonlyargs, *args.args, *args.kwonlyargs]}
+    for i, arg in enumerate(call.args):
+        if not _loads(arg) & held:
+            continue
+        if isinstance(arg, ast.Starred):
+            out.update(positional[i:])
+            out.update([args.vararg.arg] if args.vararg else [])
+        elif i < len(positional):
+            out.add(positional[i])
+        elif args.vararg is not None:
+            out.add(args.vararg.arg)
+    for keyword in call.keywords:
+        if not _loads(keyword.value) & held:
+            continue
+        if keyword.arg is None:  # **mapping: any parameter may be bound from it
+            out.update(named | ({args.kwarg.arg} if args.kwarg else set()))
+        elif keyword.arg in named:
+            out.add(keyword.arg)
+        elif args.kwarg is not None:
+            out.add(args.kwarg.arg)
+    return out
+
+
+def walk_data(
+    index: Index,
+    entry: Target,
+    name: str,
+    *,
+    floor: Callable[[str], int] = floor_of,
+    lowest: int = 0,
+) -> list[Stop]:
+    """The stops the data named `name` in `entry` (a parameter or a local) reaches: the parity
+    functions called with it, or with a value computed from it, then in each the parameters
+    it was bound to, depth first in source order, each function once. A value is derived
+    from the data where an assignment, a `for` or a `with` computes it from a derived value,
+    or a method call or an item assignment puts one into it."""
+    seen: set[Target] = set()
+    stops: list[Stop] = []
+    built: list[Target] = []
+
+    def visit(target: Target, held: set[str], depth: int) -> None:
+        seen.add(target)
+        stops.append(Stop(target[0], target[1], depth, floor(target[0])))
+        fn = index.node(target)
+        if floor(target[0]) < lowest or not isinstance(fn, (ast.FunctionDef, ast.AsyncFunctionDef)):
+            return
+        module = index.modules[target[0]]
+        owner = target[1].rpartition(".")[0] or None
+        types = _local_types(index, module, fn, owner)
+
+        def calls(node: ast.AST | None) -> bool:
+            """Follow the calls `node` makes with derived values; whether it reads one."""
+            if node is None:
+                return False
+            for call in _calls_of(node):
+                found = _lookup(index, module, call.func, types)
+                receiver = call.func.value if isinstance(call.func, ast.Attribute) else None
+                receiver_held = bool(_loads(receiver) & held) and isinstance(found, tuple)
+                argued = any(
+                    _loads(a) & held for a in [*call.args, *(k.value for k in call.keywords)]
+                )
+                if not isinstance(found, tuple):
+                    if argued and receiver is not None:  # x.append(derived): x is derived
+                        held.update(_stored(receiver))
+                    continue
+                is_class = isinstance(index.node(found), ast.ClassDef)
+                for callee in _resolved(index, found, built):
+                    node_of = index.node(callee)
+                    if (
+                        callee in seen
+                        or callee == target
+                        or not isinstance(node_of, (ast.FunctionDef, ast.AsyncFunctionDef))
+                    ):
+                        continue
+                    method = "." in callee[1] and (is_class or receiver is not None)
+                    bound = _bound(
+                        node_of, call, held, skip_self=method, receiver_held=receiver_held
+                    )
+                    if bound:
+                        visit(callee, bound, depth + 1)
+            return bool(_loads(node) & held)
+
+        def run(body: list[ast.stmt]) -> None:
+            for statement in body:
+                if isinstance(statement, (ast.FunctionDef, ast.AsyncFunctionDef)):
+                    run(statement.body)  # a closure is read where it is written
+                elif isinstance(statement, (ast.For, ast.AsyncFor)):
+                    if calls(statement.iter):
+                        held.update(_stored(statement.target))
+                    run(statement.body)
+                    run(statement.orelse)
+                elif isinstance(statement, (ast.With, ast.AsyncWith)):
+                    for item in statement.items:
+                        if calls(item.context_expr) and item.optional_vars is not None:
+                            held.update(_stored(item.optional_vars))
+                    run(statement.body)
+                elif isinstance(statement, (ast.If, ast.While)):
+                    calls(statement.test)
+                    run(statement.body)
+                    run(statement.orelse)
+                elif isinstance(statement, ast.Try):
+                    handlers = [h.body for h in statement.handlers]
+                    for part in (statement.body, *handlers, statement.orelse, statement.finalbody):
+                        run(part)
+                elif isinstance(statement, ast.Match):
+                    calls(statement.subject)
+                    for case in statement.cases:
+                        run(case.body)
+                elif isinstance(statement, (ast.Assign, ast.AugAssign, ast.AnnAssign)):
+                    targets = (
+                        statement.targets
+                        if isinstance(statement, ast.Assign)
+                        else [statement.target]
+                    )
+                    if calls(statement.value):
+                        for t in targets:
+                            held.update(_stored(t))
+                else:
+                    for child in ast.iter_child_nodes(statement):
+                        if isinstance(child, ast.expr):
+                            calls(child)
+
+        run(fn.body)
+
+    visit(entry, {name}, 0)
+    return stops
+
+
 @dataclass(frozen=True)
 class Figures:
-    """How hard a way is to follow: its stops, the modules they are in, its climbs back up
-    a floor and its returns to a module already left."""
+    """How hard a way is to follow: its stops (module visits), the modules they are in, its
+    climbs back up a floor and its returns to a module already left, and the functions it
+    reaches."""
 
     stops: int
     modules: int
     climbs: int
     returns: int
+    functions: int
 
     @classmethod
     def of(cls, stops: list[Stop]) -> Figures:
         marks = moves(stops)
         climbs = sum("climb" in m for m in marks)
         returns = sum("return" in m for m in marks)
-        return cls(len(stops), len({s.module for s in stops}), climbs, returns)
+        visits = 1 + sum(b.module != a.module for a, b in itertools.pairwise(stops))
+        return cls(visits, len({s.module for s in stops}), climbs, returns, len(stops))
 
 
 def moves(stops: list[Stop]) -> list[tuple[str, ...]]:
@@ -341,28 +524,40 @@ def callers(stops: list[Stop]) -> list[Stop | None]:
 
 
 def figures(
-    entry: str, src: Path = ROOT / "src", *, lowest: str = "parity.results"
+    entry: str, src: Path = ROOT / "src", *, lowest: str = LOWEST
 ) -> tuple[Figures, list[Stop]]:
     """The figures of the way from `entry` (`module:function` or `module:Class.method`),
-    not following the calls of functions on the floors below `lowest`'s."""
+    not following the calls of functions on the floors below `lowest`'s; with `@name`
+    (`parity.commands.check:run@args`), the way of that value (`walk_data`)."""
     module, _, name = entry.partition(":")
+    name, _, data = name.partition("@")
     index = Index(src)
     if index.node((module, name)) is None:
-        raise SystemExit(f"{entry}: no such function in {src}; pass module:function")
-    stops = walk(index, (module, name), lowest=floor_of(lowest))
+        raise SystemExit(f"{entry}: no such function in {src}; pass module:function[@name]")
+    if data:
+        stops = walk_data(index, (module, name), data, lowest=floor_of(lowest))
+    else:
+        stops = walk(index, (module, name), lowest=floor_of(lowest))
     return Figures.of(stops), stops
 
 
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=(__doc__ or "").split("\n\n")[0])
-    parser.add_argument("entry", nargs="+", help="module:function, e.g. parity.commands.check:run")
+    parser.add_argument(
+        "entry",
+        nargs="+",
+        help="module:function, e.g. parity.commands.check:run; module:function@name follows "
+        "the value `name` of that function (a parameter or a local), e.g. "
+        "parity.commands.check:run@args",
+    )
     parser.add_argument("--src", type=Path, default=ROOT / "src", help="the folder parity is in")
     parser.add_argument(
         "--lowest",
-        default="parity.results",
-        help="the lowest unit whose functions' calls are followed (default: parity.results, "
-        "the core's lowest floor: the rooms below it, the judge, the store, the report, the "
-        "origin, are stops whose insides a reader of the check does not follow)",
+        default=LOWEST,
+        help=f"the lowest unit whose functions' calls are followed (default: {LOWEST}, the "
+        "check's own floor: the rooms below it, the calibrated class, the results, the "
+        "origin, the store, the judge, are stops whose insides a reader of the check does "
+        "not follow)",
     )
     parser.add_argument(
         "-v", "--verbose", action="store_true", help="print every stop, and what reaching it was"
@@ -389,9 +584,9 @@ def main(argv: list[str] | None = None) -> int:
             for name, (c, r) in sorted(tally.items(), key=lambda kv: -sum(kv[1])):
                 print(f"{c:4d} climbs {r:4d} returns  {name}")
         print(
-            f"{entry}: {found.stops} stops in {found.modules} modules, "
-            f"{found.climbs} climbs back up a floor, {found.returns} returns to a module "
-            "already left"
+            f"{entry}: {found.stops} stops in {found.modules} modules ({found.functions} "
+            f"functions), {found.climbs} climbs back up a floor, {found.returns} returns to a "
+            "module already left"
         )
     return 0
 
