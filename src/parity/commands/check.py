@@ -31,6 +31,7 @@ from parity.commands.common import (
 
 if TYPE_CHECKING:
     from parity.report import ReportSession
+    from parity.run.tree import TreeCheck
 
 __all__ = ["add_parser", "run"]
 
@@ -100,20 +101,6 @@ def _write_reports(session: ReportSession, args: argparse.Namespace, out: IO[str
         raise CLIError(f"cannot write the report: {e}") from None
 
 
-def verify_goldens(folder: Path, groups: list[str]) -> None:
-    """Open each golden file a check will read (`groups`, else every one in `folder`):
-    header, index, class map and provenance, what `parity show` reads, before the
-    producers run, so a truncated or damaged file is exit 2 at once with the message the
-    check gives, not after the producers' seconds or minutes. A group without a file is
-    left to the check (it names the repin command)."""
-    from parity.check import GoldenDir
-
-    with GoldenDir(folder) as goldens:
-        for group in groups or goldens.groups():
-            if goldens.path_of(group).is_file():
-                goldens.open(group)  # a CheckError: cli.main prints its line, exit 2
-
-
 def _check_run_flags(args: argparse.Namespace, processes: int) -> None:
     """`--timeout`, `--coordinator` and `--process-id` against each other and against the
     run's `processes`: a `CLIError` naming the flag and what to pass instead."""
@@ -136,14 +123,11 @@ def _check_run_flags(args: argparse.Namespace, processes: int) -> None:
         )
 
 
-def run(args: argparse.Namespace, out: IO[str]) -> int:
-    from parity.check import GoldenDir
-    from parity.machinery.launcher import ProducerRunError, UnknownGroupsError, UnusableClassError
-    from parity.report import ReportSession
-    from parity.results import merged_header_lines
-    from parity.run.baseline import BaselineBuilder
-    from parity.run.origins import FailureSettler
-    from parity.run.produced import ClusterPlace, check_produced, produce
+def _request(args: argparse.Namespace) -> TreeCheck:
+    """The check the flags ask for, each flag refused here (a `CLIError`) before anything
+    runs."""
+    from parity.run.produced import ClusterPlace
+    from parity.run.tree import TreeCheck
 
     config = config_of(args)
     overrides = overrides_of(args)
@@ -151,21 +135,39 @@ def run(args: argparse.Namespace, out: IO[str]) -> int:
         check_class_name(args.class_name)
     require_goldens(config)
     _check_run_flags(args, config.processes)
-    if not args.process_id:  # process 0's host reads the goldens; the others never do
-        verify_goldens(config.goldens, split_groups(args.groups))
-    try:
-        produced = produce(
-            config,
-            groups=split_groups(args.groups),
-            progress=report_progress,
-            timeout=args.timeout,
-            place=(
-                None
-                if args.coordinator is None
-                else ClusterPlace(coordinator=args.coordinator, process_id=args.process_id)
-            ),
-            check_classes=True,  # a typo in CLASS_MAP is refused as a repin refuses it
+    mode = args.baseline or config.baseline
+    if mode == "require" and args.coordinator is not None:
+        raise CLIError(
+            "--baseline require cannot be met on a cluster (--coordinator): one host cannot "
+            "re-produce a multi-host run's baseline; pass --baseline auto or off there"
         )
+    return TreeCheck(
+        config=config,
+        groups=split_groups(args.groups),
+        overrides=overrides,
+        class_name=args.class_name,
+        baseline=mode,
+        origin=args.origin == "auto",
+        save_actual=Path(args.save_actual).resolve() if args.save_actual else None,
+        timeout=args.timeout,
+        place=(
+            None
+            if args.coordinator is None
+            else ClusterPlace(coordinator=args.coordinator, process_id=args.process_id)
+        ),
+    )
+
+
+def run(args: argparse.Namespace, out: IO[str]) -> int:
+    """`parity check`: the flags read into a `TreeCheck`, the tree checked
+    (`parity.run.tree.check_tree`), then the report."""
+    from parity.machinery.launcher import ProducerRunError, UnknownGroupsError, UnusableClassError
+    from parity.report import ReportSession
+    from parity.run.tree import check_tree
+
+    request = _request(args)
+    try:
+        checked = check_tree(request, progress=report_progress)
     except UnknownGroupsError as e:
         raise CLIError(e.message) from None
     except UnusableClassError as e:
@@ -174,60 +176,15 @@ def run(args: argparse.Namespace, out: IO[str]) -> int:
         raise producer_failure(e, "the producers cannot run", args.report) from None
     if args.process_id:  # a host other than process 0's: its part is done
         out.write(
-            f"process {args.process_id} of {config.processes} ran its part; process 0's host "
-            "checks the outputs and reports\n"
+            f"process {args.process_id} of {request.config.processes} ran its part; process "
+            "0's host checks the outputs and reports\n"
         )
         return EXIT_OK
-    save = Path(args.save_actual).resolve() if args.save_actual else None
-    mode = args.baseline or config.baseline
-    # On a cluster (--coordinator) this host alone cannot re-produce a multi-host run.
-    baseline = None
-    if mode == "require" and args.coordinator is not None:
-        raise CLIError(
-            "--baseline require cannot be met on a cluster (--coordinator): one host cannot "
-            "re-produce a multi-host run's baseline; pass --baseline auto or off there"
-        )
-    if mode != "off" and args.coordinator is None:
-        baseline = BaselineBuilder(config, progress=report_progress, timeout=args.timeout)
-    with GoldenDir(config.goldens) as goldens:  # a CheckError reaches cli.main: one line
-        settler = FailureSettler(
-            produced,
-            config,
-            goldens,
-            origin=args.origin == "auto",
-            progress=report_progress,
-            timeout=args.timeout,
-        )
-        results = check_produced(
-            produced,
-            goldens,
-            baseline=baseline,
-            settle=settler,
-            overrides=overrides,
-            class_map=args.class_name,
-            drift_mode=config.drift,
-            save_actual=save,
-            node="parity check",
-            require_baseline=mode == "require",
-        )
-    header = {
-        "goldens": str(config.goldens),
-        "producers": str(config.producers),
-        "src": ", ".join(str(s) for s in config.src),
-        "layout": str(produced.layout),
-        "xla_flags": produced.xla_flags,
-        "produce": f"{produced.seconds:.1f}s in "
-        + ("a fresh process" if produced.layout.processes == 1 else "fresh processes"),
-    }
-    header |= merged_header_lines(results, header)
-    for r in results:
-        if r.header.base_sha:
-            header.setdefault("base_sha", r.header.base_sha)
-    session = ReportSession.of(results, header)
+    session = ReportSession.of(checked.results, checked.header())
     out.write(session.table())
-    for r in results:
+    for r in checked.results:
         if r.saved:
             out.write(f"actual arrays of {r.name} written to {r.saved}; reproduce with:\n")
             out.write(f"  {r.command}\n")
     _write_reports(session, args, out)
-    return EXIT_OK if all(r.passed for r in results) else EXIT_FAIL
+    return EXIT_OK if checked.passed else EXIT_FAIL
