@@ -111,19 +111,27 @@ class BatchBaselineSource(BaselineSource, Protocol):
 
 @dataclass(frozen=True, kw_only=True)
 class BaseJudgement:
-    """What comparing a first verdict with its baseline found
-    (`against_baseline`).
+    """A golden check's second stage (`against_baseline`): the tree judged against its
+    reference, the baseline where there is one, else the goldens.
 
-    **Fields:** `comparison`, the tree against the baseline (None where there is no
-    baseline: the calibrated comparison with the goldens then stands); `reference`, the
-    header's line naming the reference; `path`, the baseline's file (`""` where none);
-    `why`, why there is no baseline (None where there is one).
+    **Fields:** `comparison`, the tree against its reference (against the baseline, exactly;
+    else the first verdict's comparison with the goldens, under their calibrated bounds
+    where the environment differs on the pin's backend); `reference`, the header's line
+    naming the reference; `environment`, the header's line on the calibrated bounds used
+    (`""` where none); `path`, the baseline's file (`""` where none); `why`, why there is no
+    baseline (None where there is one, or none was wanted).
     """
 
-    comparison: Comparison | None
+    comparison: Comparison
     reference: str
+    environment: str = ""
     path: str = ""
     why: BaselineUnavailable | None = None
+
+    @property
+    def by_baseline(self) -> bool:
+        """Whether the baseline was the reference."""
+        return bool(self.path)
 
 
 #: Why a key passed by calibration where the baseline was turned off.
@@ -198,31 +206,51 @@ def required_error(group: str, why: BaselineUnavailable, *, across: bool = False
 
 
 def against_baseline(
-    first: FirstVerdict, baseline: Baseline | BaselineUnavailable
+    first: FirstVerdict, baseline: Baseline | BaselineUnavailable | None
 ) -> BaseJudgement:
-    """The first verdict's tree compared with its baseline, and the header's `reference`
-    line naming it (reusing the first verdict's findings where they are what comparing
-    again would find; see the module docstring); where there is no baseline, the
-    line says why and the calibrated comparison with the goldens stands, or, where the
-    check requires the baseline, a `CheckError` says so."""
+    """The second stage: the first verdict's tree judged against its reference, and the
+    header's `reference` line naming it. With a baseline, the tree compared with it
+    (reusing the first verdict's findings where they are what comparing again would find;
+    see the module docstring). Without one (none wanted: None; or it cannot be had: why),
+    the first verdict's comparison with the goldens, under their calibrated bounds where
+    the environment differs on the pin's backend, and the line says why; where the check
+    requires the baseline, a `CheckError` says so instead."""
     difference = first.difference
-    if isinstance(baseline, BaselineUnavailable):
-        if first.request.require_baseline:
-            raise required_error(first.group, baseline, across=difference.across_backends)
-        if baseline is BASELINE_OFF:
-            line = reference_line(difference, passed=False)
-        elif difference.across_backends:
-            line = (
-                "the goldens, pinned on another backend, under their pinned classes: the "
-                f"baseline cannot be re-produced here ({baseline.reason}); {baseline.hint}"
-            )
-        else:
-            line = (
-                "the goldens, by calibration: the baseline cannot be re-produced here "
-                f"({baseline.reason}); {baseline.hint}"
-            )
-        return BaseJudgement(comparison=None, reference=line, why=baseline)
-    return _by_baseline(first, baseline)
+    if isinstance(baseline, Baseline):
+        return _by_baseline(first, baseline)
+    if baseline is None:
+        line = reference_line(difference, first.comparison.passed)
+    elif first.request.require_baseline:
+        raise required_error(first.group, baseline, across=difference.across_backends)
+    elif baseline is BASELINE_OFF:
+        line = reference_line(difference, passed=False)
+    elif difference.across_backends:
+        line = (
+            "the goldens, pinned on another backend, under their pinned classes: the "
+            f"baseline cannot be re-produced here ({baseline.reason}); {baseline.hint}"
+        )
+    else:
+        line = (
+            "the goldens, by calibration: the baseline cannot be re-produced here "
+            f"({baseline.reason}); {baseline.hint}"
+        )
+    if difference.across_backends:  # no calibration bounds another backend
+        return BaseJudgement(comparison=first.comparison, reference=line, why=baseline)
+    try:
+        comparison, environment = calibrated_comparison(
+            first.comparison,
+            first.flat_a,
+            first.gf,
+            first.classes.spreads,
+            difference,
+            first.registries.policy,
+            budget=first.request.budget,
+        )
+    except GoldenStoreError as e:
+        raise CheckError(f"golden group {first.group!r} is unusable: {e}") from None
+    return BaseJudgement(
+        comparison=comparison, reference=line, environment=environment, why=baseline
+    )
 
 
 def _by_baseline(first: FirstVerdict, baseline: Baseline) -> BaseJudgement:

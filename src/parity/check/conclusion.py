@@ -36,13 +36,8 @@ from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
-from parity.calibrated.bounds import BY_CALIBRATION, CALIBRATED, calibrated_comparison
-from parity.check.against_baseline import (
-    BaseJudgement,
-    Baseline,
-    against_baseline,
-    reference_line,
-)
+from parity.calibrated.bounds import BY_CALIBRATION, CALIBRATED
+from parity.check.against_baseline import BaseJudgement
 from parity.check.first import FirstVerdict
 from parity.environment import backend_note, describe_backend
 from parity.judge.compare import Comparison, Finding
@@ -51,63 +46,38 @@ from parity.judge.floats import count
 from parity.judge.tolerance import UnknownClassError, parse_class_name
 from parity.results import (
     BaselineUnavailable,
-    CheckError,
     CheckHeader,
     CheckResult,
     diff_command,
 )
-from parity.store import GoldenFile, GoldenStoreError
+from parity.store import GoldenFile
 
 __all__ = ["conclude", "inexact"]
 
 
-def conclude(first: FirstVerdict, baseline: Baseline | BaselineUnavailable | None) -> CheckResult:
-    """The `CheckResult` of a first verdict: compared again with the baseline (where the
-    first verdict wanted one), or by calibration where the environment differs; then the
-    header, and the actual arrays saved where it fails.
+def conclude(first: FirstVerdict, judged: BaseJudgement) -> CheckResult:
+    """The third stage: the `CheckResult` of a first verdict and its judgement against its
+    reference, with its header, how exact it is (`inexact`), and the actual arrays saved
+    where it fails.
 
     **Arguments:**
 
     - `first`: the first verdict (`parity.check.first.first_verdict`).
-    - `baseline`: None where no baseline was wanted (`FirstVerdict.wants_baseline`); else
-      the baseline prepared for it (`prepare_baselines`), or why there is none.
+    - `judged`: its judgement against the baseline, or the goldens where there is none
+      (`parity.check.against_baseline.against_baseline`).
 
-    **Returns:** the `CheckResult`. Raises `CheckError` where the baseline is required but
-    cannot be compared with, and where the baseline is outside the goldens' recorded noise.
+    **Returns:** the `CheckResult`.
     """
     gf, group, difference, opts = first.gf, first.group, first.difference, first.request
-    try:
-        environment = ""
-        judged = BaseJudgement(
-            comparison=None, reference=reference_line(difference, first.comparison.passed)
-        )
-        if baseline is not None:
-            judged = against_baseline(first, baseline)
-        by_baseline, reference, why = judged.comparison, judged.reference, judged.why
-        if by_baseline is not None:
-            comparison = by_baseline
-            # The drift cannot explain a failure here: the baseline shares this environment,
-            # so the header keeps only what cannot move bits.
-            difference = dataclasses.replace(difference, bits=(), dimensions=())
-        elif difference.across_backends:
-            comparison = first.comparison  # no calibration bounds another backend
-        else:
-            comparison, environment = calibrated_comparison(
-                first.comparison,
-                first.flat_a,
-                gf,
-                first.classes.spreads,
-                difference,
-                first.registries.policy,
-                budget=opts.budget,
-            )
-        against = "the goldens" if by_baseline is None else "the baseline"
-        loose = inexact(comparison, why, against)
-        if by_baseline is None and why is not None and difference.across_backends:
-            loose = "; ".join(filter(None, [_across_backends(gf, first.current, why), loose]))
-        comparison = dataclasses.replace(comparison, inexact=loose)
-    except GoldenStoreError as e:
-        raise CheckError(f"golden group {group!r} is unusable: {e}") from None
+    comparison, why = judged.comparison, judged.why
+    if judged.by_baseline:
+        # The drift cannot explain a failure here: the baseline shares this environment,
+        # so the header keeps only what cannot move bits.
+        difference = dataclasses.replace(difference, bits=(), dimensions=())
+    loose = inexact(comparison, why, "the baseline" if judged.by_baseline else "the goldens")
+    if not judged.by_baseline and why is not None and difference.across_backends:
+        loose = "; ".join(filter(None, [_across_backends(gf, first.current, why), loose]))
+    comparison = dataclasses.replace(comparison, inexact=loose)
     placed = gf.ordered_keys()
     made = first.order_source
     order = order_hint(made if made in (DATAFLOW, HOST) else gf.provenance.get("order"), placed)
@@ -122,8 +92,8 @@ def conclude(first: FirstVerdict, baseline: Baseline | BaselineUnavailable | Non
         drift=tuple(difference.policy(opts.drift_mode).header),
         order=order or "",
         calibration=str(summary or ""),
-        reference=reference,
-        environment=environment,
+        reference=judged.reference,
+        environment=judged.environment,
     )
     saved = command = None
     if opts.save_actual is not None and not comparison.passed:
@@ -137,7 +107,7 @@ def conclude(first: FirstVerdict, baseline: Baseline | BaselineUnavailable | Non
             order=placed,
             provenance=first.current,
         )
-        compared = gf.path if by_baseline is None else Path(judged.path)
+        compared = Path(judged.path) if judged.by_baseline else gf.path
         saved, command = str(path), diff_command(path, compared, opts.overrides, opts.class_map)
     return CheckResult(
         name=first.name,

@@ -8,7 +8,8 @@ the typed value the one before made:
 2. its first verdict (`parity.check.first.first_verdict`): the classes resolved, the
    environment difference decided once, the drift policy applied, the one comparison made;
 3. the baselines the first verdicts want, prepared at once, and each verdict judged against
-   its baseline (`parity.check.against_baseline`);
+   its reference (`parity.check.against_baseline`): its baseline, else the goldens, by
+   calibration where the environment differs;
 4. its conclusion (`parity.check.conclusion.conclude`): the `CheckResult` with its header,
    saying how exact it is;
 5. its failures settled op by op by the face's `Settler` (`op_by_op` keys proved or told
@@ -37,7 +38,7 @@ import time
 from collections.abc import Collection, Mapping, Sequence
 from typing import Any, Unpack
 
-from parity.check.against_baseline import BaselineSource, prepare_baselines
+from parity.check.against_baseline import BaselineSource, against_baseline, prepare_baselines
 from parity.check.conclusion import conclude
 from parity.check.first import FirstVerdict, compare_flat, first_verdict, flatten_sides
 from parity.check.goldens import GoldenDir, as_dir
@@ -75,7 +76,10 @@ def _concluded(
     then each verdict concluded, in order."""
     wanted = [f.baseline_request() for f in firsts if f.wants_baseline]
     baselines = prepare_baselines(baseline, wanted)
-    return [conclude(f, baselines[f.group] if f.wants_baseline else None) for f in firsts]
+    return [
+        conclude(f, against_baseline(f, baselines[f.group] if f.wants_baseline else None))
+        for f in firsts
+    ]
 
 
 def check_file(
