@@ -383,7 +383,8 @@ def walk_data(
     """The stops the data named `name` in `entry` (a parameter or a local) reaches: the parity
     functions called with it, or with a value computed from it, then in each the parameters
     it was bound to, depth first in source order, each function once. A value is derived
-    from the data where an assignment, a `for` or a `with` computes it from a derived value,
+    from the data where an assignment, a `for`, a comprehension or a `with` computes it from a
+    derived value,
     or a method call or an item assignment puts one into it."""
     seen: set[Target] = set()
     stops: list[Stop] = []
@@ -403,6 +404,12 @@ def walk_data(
             """Follow the calls `node` makes with derived values; whether it reads one."""
             if node is None:
                 return False
+            # a comprehension's names over a derived iterable are derived too
+            loops = [c for c in ast.walk(node) if isinstance(c, ast.comprehension)]
+            for _ in loops:
+                for c in loops:
+                    if _loads(c.iter) & held:
+                        held.update(_stored(c.target))
             for call in _calls_of(node):
                 found = _lookup(index, module, call.func, types)
                 receiver = call.func.value if isinstance(call.func, ast.Attribute) else None

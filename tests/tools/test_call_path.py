@@ -94,7 +94,7 @@ def data(value, other):
     kept.append(low.y)
     kept.append(doubled)
     mid.b(other)
-    return mid.door(step=kept), mid.a_with(*kept)
+    return mid.door(step=kept), [mid.a_with(*each) for each in [kept]]
 """,
 }
 FLOORS = {"pkg.low": 0, "pkg.mid": 1, "pkg.top": 2}
@@ -140,8 +140,8 @@ def test_the_check_s_way_goes_through_its_stages_in_order() -> None:
     stages = [
         "parity.check.flow:check_groups",
         "parity.check.first:first_verdict",
-        "parity.check.conclusion:conclude",
         "parity.check.against_baseline:against_baseline",
+        "parity.check.conclusion:conclude",
     ]
     assert all(s in names for s in stages), names
     assert [names.index(s) for s in stages] == sorted(names.index(s) for s in stages)
@@ -157,9 +157,9 @@ def test_the_data_s_way_is_the_calls_that_take_it_or_a_value_computed_from_it(
     index = cp.Index(tmp_path, package="pkg")
     stops = cp.walk_data(index, ("pkg.top", "data"), "value", floor=lambda m: FLOORS[m])
     # mid.b() and mid.b(other) take neither the value nor a value computed from it; `kept`
-    # holds one after `kept.append(doubled)`, so door (by keyword) and a_with (by *kept, both
-    # parameters) take it; door's step is bound, and no class was built on the way: its go
-    # is the protocol's own
+    # holds one after `kept.append(doubled)`, so door (by keyword) and a_with (by *each, each
+    # of a comprehension over it: both parameters) take it; door's step is bound, and no
+    # class was built on the way: its go is the protocol's own
     assert [(s.module, s.name, s.depth) for s in stops] == [
         ("pkg.top", "data", 0),
         ("pkg.mid", "door", 1),
