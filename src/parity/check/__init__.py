@@ -9,8 +9,8 @@ verdict (docs/design.md, "One pass"). Every face enters at one door, `flow`
 - `first`: the first stage, the tree compared with its goldens once (`first_verdict`,
   making a `FirstVerdict`), and the one comparison every check makes (`compare_flat`);
 - `against_baseline`: the second, the baselines the first verdicts want, prepared at once,
-  and each verdict judged against its baseline (`against_baseline`, making a
-  `BaseJudgement`);
+  and each verdict judged against its reference, its baseline or else the goldens
+  (`against_baseline`, making a `BaseJudgement`; `against_baselines` for several);
 - `conclusion`: the third, the `CheckResult` with its header and how exact it is
   (`conclude`);
 - `flow`: the door, running the stages in order and, last, the face's `Settler`.
@@ -32,6 +32,7 @@ from parity.check.against_baseline import (
     BaselineSource as BaselineSource,
     BatchBaselineSource as BatchBaselineSource,
     against_baseline as against_baseline,
+    against_baselines as against_baselines,
     prepare_baselines as prepare_baselines,
 )
 from parity.check.conclusion import conclude as conclude

@@ -1,8 +1,8 @@
 """A golden check's second stage: its first verdict judged against the baseline
 (docs/design.md, "Two references"), off the pin's environment the golden group re-produced
 at its base commit here, which the tree is compared with, exactly (`against_baseline`,
-making a `BaseJudgement`); the baselines the first verdicts want, prepared at once
-(`prepare_baselines`); the header's `reference` line naming the reference
+making a `BaseJudgement`; `against_baselines` for several, their baselines prepared at
+once by `prepare_baselines`); the header's `reference` line naming the reference
 (`reference_line`).
 
 The committed goldens are the reference of a check run in the environment they were
@@ -57,6 +57,7 @@ __all__ = [
     "BaselineSource",
     "BatchBaselineSource",
     "against_baseline",
+    "against_baselines",
     "prepare_baselines",
     "reference_line",
     "required_error",
@@ -203,6 +204,25 @@ def required_error(group: str, why: BaselineUnavailable, *, across: bool = False
         f"re-produced here ({why.reason}), so {instead}; {why.hint}; or accept that "
         "judgement (baseline auto)"
     )
+
+
+def against_baselines(
+    firsts: Sequence[FirstVerdict], source: BaselineSource | None
+) -> list[BaseJudgement]:
+    """The second stage of several first verdicts, in one pass: the baselines they want
+    prepared at once (`prepare_baselines`), then each verdict judged against its
+    reference (`against_baseline`), in order.
+
+    **Arguments:**
+
+    - `firsts`: the first verdicts, one per golden group.
+    - `source`: what re-produces the baselines; None: the baseline is off.
+
+    **Returns:** one `BaseJudgement` per first verdict, in order.
+    """
+    wanted = [f.baseline_request() for f in firsts if f.wants_baseline]
+    baselines = prepare_baselines(source, wanted)
+    return [against_baseline(f, baselines.get(f.group)) for f in firsts]
 
 
 def against_baseline(

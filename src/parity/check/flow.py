@@ -38,7 +38,7 @@ import time
 from collections.abc import Collection, Mapping, Sequence
 from typing import Any, Unpack
 
-from parity.check.against_baseline import BaselineSource, against_baseline, prepare_baselines
+from parity.check.against_baseline import BaselineSource, against_baselines
 from parity.check.conclusion import conclude
 from parity.check.first import FirstVerdict, compare_flat, first_verdict, flatten_sides
 from parity.check.goldens import GoldenDir, as_dir
@@ -62,26 +62,6 @@ __all__ = ["BARE_KEY", "check_file", "check_group", "check_groups", "check_live"
 BARE_KEY = "array"
 
 
-def _settled(results: list[CheckResult], settler: Settler | None) -> list[CheckResult]:
-    """The last stage: the failures settled, where a settler was given and some failed."""
-    if settler is None or all(r.passed for r in results):
-        return results
-    return settler.settle(results)
-
-
-def _concluded(
-    firsts: Sequence[FirstVerdict], baseline: BaselineSource | None
-) -> list[CheckResult]:
-    """The end of the one pass: the baselines the first verdicts want, prepared at once,
-    then each verdict concluded, in order."""
-    wanted = [f.baseline_request() for f in firsts if f.wants_baseline]
-    baselines = prepare_baselines(baseline, wanted)
-    return [
-        conclude(f, against_baseline(f, baselines[f.group] if f.wants_baseline else None))
-        for f in firsts
-    ]
-
-
 def check_file(
     actual: Any,
     gf: GoldenFile,
@@ -92,8 +72,8 @@ def check_file(
 ) -> CheckResult:
     """Compare `actual` against the golden file `gf`: the core of `check_group` and of
     `parity diff` (a check of one file against another). Its first verdict
-    (`first_verdict`), the baseline it wants (`prepare_baselines`), the result
-    (`conclude`).
+    (`first_verdict`), judged against the baseline it wants, else the goldens
+    (`against_baselines`), and its result (`conclude`).
 
     **Arguments:**
 
@@ -131,8 +111,8 @@ def check_file(
     order, the calibration and (`reference`) the reference used. Raises `CheckError` for
     unusable input, and where the baseline is outside the goldens' recorded noise.
     """
-    request = CheckRequest(current=current, **options)
-    return _concluded([first_verdict(actual, gf, request)], baseline)[0]
+    first = first_verdict(actual, gf, CheckRequest(current=current, **options))
+    return conclude(first, against_baselines([first], baseline)[0])
 
 
 def check_group(
@@ -185,9 +165,9 @@ def check_groups(
 ) -> list[CheckResult]:
     """Compare each group of `produced` against its golden group, in one pass: every
     group's first verdict (`first_verdict`), then the baselines of those that want one,
-    prepared at once (`prepare_baselines`: one producer run per base commit and environment
-    where `baseline` can batch), then each verdict concluded (`conclude`), then the
-    failures settled (`settle`).
+    prepared at once, and each verdict judged against its reference (`against_baselines`:
+    one producer run per base commit and environment where `baseline` can batch), then each
+    verdict concluded (`conclude`), then the failures settled (`settle`).
 
     **Arguments:**
 
@@ -222,8 +202,11 @@ def check_groups(
             **options,
         )
         firsts.append(first_verdict(actual, gf, request))
-    results = _concluded(firsts, baseline)
-    return _settled(results, settle)
+    judged = against_baselines(firsts, baseline)
+    results = [conclude(f, j) for f, j in zip(firsts, judged, strict=True)]
+    if settle is None or all(r.passed for r in results):
+        return results
+    return settle.settle(results)
 
 
 def check_live(actual: Any, expected: Any, **options: Unpack[LiveOptions]) -> CheckResult:
@@ -285,4 +268,5 @@ def check_live(actual: Any, expected: Any, **options: Unpack[LiveOptions]) -> Ch
         saved=saved,
         command=command,
     )
-    return _settled([result], options.get("settle"))[0]
+    settle = options.get("settle")
+    return result if settle is None or result.passed else settle.settle([result])[0]
