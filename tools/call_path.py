@@ -383,9 +383,8 @@ def walk_data(
     """The stops the data named `name` in `entry` (a parameter or a local) reaches: the parity
     functions called with it, or with a value computed from it, then in each the parameters
     it was bound to, depth first in source order, each function once. A value is derived
-    from the data where an assignment, a `for`, a comprehension or a `with` computes it from a
-    derived value,
-    or a method call or an item assignment puts one into it."""
+    from the data where an assignment, a `for`, a comprehension or a `with` computes it from
+    a derived value, or a method call or an item assignment puts one into it."""
     seen: set[Target] = set()
     stops: list[Stop] = []
     built: list[Target] = []
