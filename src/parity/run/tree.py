@@ -93,16 +93,15 @@ class CheckedTree:
         return header if base is None else header | {"base_sha": base}
 
 
-def verify_goldens(folder: Path, groups: Sequence[str]) -> None:
-    """Open each golden file a check will read (`groups`, else every one in `folder`):
+def verify_goldens(goldens: GoldenDir, groups: Sequence[str]) -> None:
+    """Open each golden file a check will read (`groups`, else every one in the folder):
     header, index, class map and provenance, what `parity show` reads, before the
     producers run, so a truncated or damaged file is a `CheckError` at once, not after the
     producers' seconds or minutes. A group without a file is left to the check (it names
-    the repin command)."""
-    with GoldenDir(folder) as goldens:
-        for group in groups or goldens.groups():
-            if goldens.path_of(group).is_file():
-                goldens.open(group)
+    the repin command). The files stay open in `goldens` for the check."""
+    for group in groups or goldens.groups():
+        if goldens.path_of(group).is_file():
+            goldens.open(group)
 
 
 def check_tree(request: TreeCheck, *, progress: Callable[[str], None]) -> CheckedTree:
@@ -123,22 +122,22 @@ def check_tree(request: TreeCheck, *, progress: Callable[[str], None]) -> Checke
     ```
     """
     config, place = request.config, request.place
-    if place is None or place.process_id == 0:  # the only host that reads the goldens
-        verify_goldens(config.goldens, request.groups)
-    produced = produce(
-        config,
-        groups=request.groups,
-        progress=progress,
-        timeout=request.timeout,
-        place=place,
-        check_classes=True,  # a typo in CLASS_MAP is refused as a repin refuses it
-    )
-    if place is not None and place.process_id != 0:  # its part is done
-        return CheckedTree(request, produced)
-    baseline = None
-    if request.baseline != "off" and place is None:
-        baseline = BaselineBuilder(config, progress=progress, timeout=request.timeout)
-    with GoldenDir(config.goldens) as goldens:
+    with GoldenDir(config.goldens) as goldens:  # each golden file opened once
+        if place is None or place.process_id == 0:  # the only host that reads the goldens
+            verify_goldens(goldens, request.groups)
+        produced = produce(
+            config,
+            groups=request.groups,
+            progress=progress,
+            timeout=request.timeout,
+            place=place,
+            check_classes=True,  # a typo in CLASS_MAP is refused as a repin refuses it
+        )
+        if place is not None and place.process_id != 0:  # its part is done
+            return CheckedTree(request, produced)
+        baseline = None
+        if request.baseline != "off" and place is None:
+            baseline = BaselineBuilder(config, progress=progress, timeout=request.timeout)
         settler = FailureSettler(
             produced,
             config,
