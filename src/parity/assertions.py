@@ -154,8 +154,13 @@ def assert_equivalent(actual: Any, expected: Any, **options: Unpack[AssertOption
         order = _forward_order(new_fn, args, kwargs)
     if new_fn is not None and old_fn is not None and not result.passed:
         # Both programs recorded op by op, once: a key of a class that proves (`op_by_op`)
-        # is proved or told why not, and the first key still failing gets its origin.
-        result = check(order, _Programs(new_fn, old_fn, args, kwargs, registry))
+        # is proved or told why not, and the first key still failing gets its origin. The
+        # trees are compared again only where the order changed.
+        programs = _Programs(new_fn, old_fn, args, kwargs, registry)
+        if order is options.get("order"):
+            result = programs.settle([result])[0]
+        else:
+            result = check(order, programs)
     elif order is not None and not result.passed and options.get("order") is None:
         result = check(order)
     if result.passed and not static_problems:
