@@ -62,6 +62,13 @@ __all__ = ["BARE_KEY", "check_file", "check_group", "check_groups", "check_live"
 BARE_KEY = "array"
 
 
+def _settled(results: list[CheckResult], settler: Settler | None) -> list[CheckResult]:
+    """The last stage: the failures settled, where a settler was given and some failed."""
+    if settler is None or all(r.passed for r in results):
+        return results
+    return settler.settle(results)
+
+
 def check_file(
     actual: Any,
     gf: GoldenFile,
@@ -204,9 +211,7 @@ def check_groups(
         firsts.append(first_verdict(actual, gf, request))
     judged = against_baselines(firsts, baseline)
     results = [conclude(f, j) for f, j in zip(firsts, judged, strict=True)]
-    if settle is None or all(r.passed for r in results):
-        return results
-    return settle.settle(results)
+    return _settled(results, settle)
 
 
 def check_live(actual: Any, expected: Any, **options: Unpack[LiveOptions]) -> CheckResult:
@@ -268,5 +273,4 @@ def check_live(actual: Any, expected: Any, **options: Unpack[LiveOptions]) -> Ch
         saved=saved,
         command=command,
     )
-    settle = options.get("settle")
-    return result if settle is None or result.passed else settle.settle([result])[0]
+    return _settled([result], options.get("settle"))[0]
