@@ -122,8 +122,9 @@ def check_tree(request: TreeCheck, *, progress: Callable[[str], None]) -> Checke
     ```
     """
     config, place = request.config, request.place
+    checks = place is None or place.process_id == 0  # the only host that reads the goldens
     with GoldenDir(config.goldens) as goldens:  # each golden file opened once
-        if place is None or place.process_id == 0:  # the only host that reads the goldens
+        if checks:
             verify_goldens(goldens, request.groups)
         produced = produce(
             config,
@@ -133,7 +134,7 @@ def check_tree(request: TreeCheck, *, progress: Callable[[str], None]) -> Checke
             place=place,
             check_classes=True,  # a typo in CLASS_MAP is refused as a repin refuses it
         )
-        if place is not None and place.process_id != 0:  # its part is done
+        if not checks:  # another host's part ends with its run
             return CheckedTree(request, produced)
         baseline = None
         if request.baseline != "off" and place is None:
