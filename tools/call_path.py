@@ -423,12 +423,10 @@ def walk_data(
                 is_class = isinstance(index.node(found), ast.ClassDef)
                 for callee in _resolved(index, found, built):
                     node_of = index.node(callee)
-                    if (
-                        callee in seen
-                        or callee == target
-                        or not isinstance(node_of, (ast.FunctionDef, ast.AsyncFunctionDef))
+                    if callee in seen or not isinstance(
+                        node_of, (ast.FunctionDef, ast.AsyncFunctionDef)
                     ):
-                        continue
+                        continue  # `target` itself is in `seen`
                     method = "." in callee[1] and (is_class or receiver is not None)
                     bound = _bound(
                         node_of, call, held, skip_self=method, receiver_held=receiver_held
