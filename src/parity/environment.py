@@ -27,6 +27,10 @@ dimensions** (`Dimension`): the process layout (`processes`, else `devices`), th
 backend is a dimension too (`backend`), but no calibration bounds it: across backends the
 goldens' measured noise is the wrong ruler, and the baseline re-produced on this backend
 judges every key (docs/design.md, "On any backend"; `EnvironmentDifference.across_backends`).
+`parity calibrate` perturbs only the layout and the ISA cap (`PERTURBED_KINDS`,
+`Dimension.perturbed`): what else moved (a processor, a backend, a jax or jaxlib release,
+XLA flags) no calibration can record (`EnvironmentDifference.unperturbed`), and a repin
+in this environment is what adopts it.
 `describe_backend` says a side's backend in words for every header.
 
 **Bitwise policy** (`EnvironmentDifference.policy`), applied only when some drift can move
@@ -62,6 +66,7 @@ __all__ = [
     "DRIFT_MODES",
     "INFO_FIELDS",
     "NOT_ENVIRONMENT",
+    "PERTURBED_KINDS",
     "Dimension",
     "Drift",
     "EnvironmentDifference",
@@ -104,6 +109,11 @@ INFO_FIELDS = ("python", "numpy", "h5py", "ml_dtypes", "platform", "base_sha", "
 #: Provenance fields that record a measurement or how the file was made (`order`: how its
 #: forward order was made, `parity.judge.dataflow`), not the environment: never a drift.
 NOT_ENVIRONMENT = frozenset({"calibration", "order"})
+#: The kinds of `Dimension` that `parity calibrate` perturbs
+#: (`parity.calibration.perturbations`): the process layout, the device count, the ISA cap.
+#: It never runs another processor, backend, jax or jaxlib: a `cpu` dimension is judged by
+#: the ISA spreads measured on the pin's processor, and no calibration bounds a backend.
+PERTURBED_KINDS = frozenset({"processes", "devices", "isa"})
 #: ulp allowed for bitwise classes under the "relax" policy (see the module docstring).
 DEFAULT_RELAX_ULPS = 2
 
@@ -150,6 +160,12 @@ class Dimension:
     def column_kind(self) -> str:
         """The perturbation kind whose measurements bound this dimension."""
         return "isa" if self.kind == "cpu" else self.kind
+
+    @property
+    def perturbed(self) -> bool:
+        """Whether `parity calibrate` perturbs this dimension (`PERTURBED_KINDS`): a
+        calibration can record its noise. A processor or a backend it cannot."""
+        return self.kind in PERTURBED_KINDS
 
 
 @dataclass(frozen=True)
@@ -210,12 +226,31 @@ class EnvironmentDifference:
         """What can move bits, in words: each calibrated dimension (`devices 1 -> 4`), then
         every other "bits" drift (`jaxlib: '0.4' -> '0.5' (bits)`). Empty in the pin's
         environment."""
-        out = [d.change for d in self.dimensions]
+        return tuple(d.change for d in self.dimensions) + self._other_changes()
+
+    @property
+    def unperturbed(self) -> tuple[str, ...]:
+        """What moved bits that no calibration can record, in words (`changes`'s, and
+        `processor` for another processor under another ISA cap): a processor, a backend,
+        and every "bits" drift that is no dimension (a jax or jaxlib release, XLA flags,
+        x64, the matmul precision). Empty where `parity calibrate` perturbs every change
+        (`Dimension.perturbed`), so that recording its noise can cover this environment."""
+        out = [d.change for d in self.dimensions if not d.perturbed]
+        other_processor = any(
+            d.field in ("cpu", "processor") and d.golden and d.current for d in self.bits
+        )
+        if other_processor and all(d.kind != "cpu" for d in self.dimensions):
+            out.append("processor")  # behind the ISA cap's dimension, still another processor
+        return (*out, *self._other_changes())
+
+    def _other_changes(self) -> tuple[str, ...]:
+        """The "bits" drifts no dimension says in words, each as `Drift` writes it."""
+        out: list[str] = []
         for d in self.bits:
             if d.field in _CALIBRATED_FIELDS:
                 continue
             if d.field == "xla_flags" and _other_flags(d.golden) == _other_flags(d.current):
-                continue  # only the ISA cap or the device count, said above
+                continue  # only the ISA cap or the device count, said by a dimension
             out.append(str(d))
         return tuple(out)
 

@@ -4,10 +4,14 @@ does. One function decides it for every face of parity."""
 
 from __future__ import annotations
 
+from pathlib import Path
+
 import pytest
 
+from parity.calibration.perturbations import perturbations
 from parity.environment import (
     DEFAULT_RELAX_ULPS,
+    PERTURBED_KINDS,
     Dimension,
     Drift,
     EnvironmentDifference,
@@ -15,6 +19,7 @@ from parity.environment import (
     environment_fingerprint,
     layout_of,
 )
+from parity.machinery.config import ParityConfig
 from parity.store.provenance import collect_provenance
 
 
@@ -183,6 +188,34 @@ def test_the_changes_in_words_say_each_dimension_once_and_every_other_bits_drift
     assert moved.moves_bits
     same = environment_difference(pin, _prov(numpy="9"))
     assert same.changes == () and not same.moves_bits and same.info
+
+
+def test_what_no_calibration_records_is_every_change_but_a_layout_and_an_isa_cap():
+    pin = _prov(cpu="AuthenticAMD family 25 model 1; avx avx2")
+
+    def unperturbed(**changes) -> tuple[str, ...]:
+        return environment_difference(pin, _prov(**{**pin, **changes})).unperturbed
+
+    avx = {"isa_cap": "AVX", "xla_flags": "--xla_cpu_max_isa=AVX"}
+    assert unperturbed(device_count=4) == ()
+    assert unperturbed(device_count=4, processes=2) == ()
+    assert unperturbed(**avx) == ()
+    assert unperturbed(jax="9", jaxlib="9") == (
+        "jax: '0.10.2' -> '9' (bits)",
+        "jaxlib: '0.10.2' -> '9' (bits)",
+    )
+    intel = "GenuineIntel family 6 model 85; avx avx2 avx512f"
+    assert unperturbed(cpu=intel) == ("processor (same isa cap)",)
+    # Under another cap the processor is no dimension of its own, and still moved.
+    assert unperturbed(cpu=intel, **avx) == ("processor",)
+    assert unperturbed(backend="tpu", device_kind="TPU v5 lite") == (
+        "backend cpu -> tpu (TPU v5 lite)",
+    )
+    # The dimensions calibrate perturbs are the kinds of what it runs, a repeat aside.
+    every = perturbations(["isa", "devices", "processes", "repeat"],
+                          ParityConfig(root=Path("."), isa="AVX2", devices=1),
+                          host_caps=["AVX", "AVX2"])  # fmt: skip
+    assert {p.kind for p in every} - {"repeat"} == PERTURBED_KINDS
 
 
 def test_a_file_without_provenance_is_not_compared_and_moves_no_bits():

@@ -11,6 +11,12 @@ each key that fails its pinned class again under its calibrated bound there: the
 the two decides. `parity.check.check_file` applies both, for a check of a golden group and for
 `parity diff` alike.
 
+**What covers another environment** where the recorded noise does not is said in one place,
+`environment_remedy`, by what moved: recording its noise with `parity calibrate` on main
+only where calibration perturbs every change (a device or process layout, an ISA cap), and
+adopting it with `parity repin` at the goldens' base commit here (a processor, a backend, a
+jax or jaxlib release: no calibration measures those).
+
 **The classes of a golden's keys** are composed once, in `golden_classes`: the class map
 pinned in the file, the one precedence (`parity.judge.tolerance.class_resolver`: overrides,
 the caller's map, the pinned map, the class recorded with each array, `bitwise`) and each
@@ -28,6 +34,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from parity.calibrated.spreads import Spreads
+from parity.environment import backend_of, layout_of
 from parity.judge.chunks import DEFAULT_BUDGET
 from parity.judge.classes import REGISTRY, ToleranceClass
 from parity.judge.compare import Comparison, Finding, compare_arrays
@@ -55,6 +62,8 @@ __all__ = [
     "bind_spread",
     "calibrate_command",
     "calibrated_comparison",
+    "calibration_columns",
+    "environment_remedy",
     "golden_classes",
     "pinned_class_map",
 ]
@@ -68,6 +77,63 @@ BY_CALIBRATION = "judged by calibration"
 def calibrate_command(group: str) -> str:
     """The command that records the per-key spreads of `group`."""
     return f"parity calibrate --groups {group} --perturb isa,devices,processes,repeat --write"
+
+
+def environment_remedy(
+    group: str, base: str, difference: EnvironmentDifference, current: Mapping[str, Any]
+) -> str:
+    """What makes a group's goldens cover an environment their recorded noise does not, in
+    words, as what moved allows:
+
+    - recording its noise on main (`calibrate_command`), only where `parity calibrate`
+      perturbs every change (`EnvironmentDifference.unperturbed` is empty: a device or
+      process layout, an ISA cap);
+    - adopting it: the group repinned at its base commit in this environment (`parity repin
+      --base SHA --groups G`, with `--devices` and `--isa` where the layout or the ISA cap
+      moved), wherever a repin can run it (one process: a repin runs one).
+
+    Where neither can (several processes, and a change no calibration perturbs), running
+    where the goldens were pinned.
+
+    **Arguments:**
+
+    - `group`: the golden group.
+    - `base`: the goldens' base commit (`""` where they record none).
+    - `difference`: how this environment differs from the pin's.
+    - `current`: this environment's provenance (its layout and ISA cap).
+
+    **Returns:** one phrase, for a header line.
+    """
+    unperturbed = difference.unperturbed
+    repin = _repin_command(group, base, difference, current)
+    if not unperturbed:
+        record = f"record this environment's noise on main with `{calibrate_command(group)}`"
+        return f"{record}, or adopt it with `{repin}`" if repin else record
+    why = (
+        f"no calibration measures {', '.join(unperturbed)}: it perturbs ISA caps and device "
+        "and process layouts only"
+    )
+    if repin:
+        return f"adopt this environment with `{repin}` ({why})"
+    return f"run where the goldens were pinned ({why}, and a repin runs one process)"
+
+
+def _repin_command(
+    group: str, base: str, difference: EnvironmentDifference, current: Mapping[str, Any]
+) -> str | None:
+    """The repin that pins `group` at `base` in the environment `current` describes, or
+    None where a repin cannot run it (several processes)."""
+    processes, devices = layout_of(current)
+    if processes > 1:
+        return None
+    words = ["parity repin", f"--base {base[:12] or '<SHA>'}", f"--groups {group}"]
+    kinds = {d.kind for d in difference.dimensions}
+    if backend_of(current) == "cpu":  # a repin simulates CPU devices and caps a CPU's ISA
+        if kinds & {"devices", "processes"}:
+            words.append(f"--devices {devices}")
+        if "isa" in kinds:
+            words.append(f"--isa {current.get('isa_cap') or 'none'}")
+    return " ".join(words)
 
 
 def bind_calibrated(
@@ -189,6 +255,16 @@ def golden_classes(
     return KeyClasses(names, bound, ordered, spreads)
 
 
+def calibration_columns(spreads: Spreads, difference: EnvironmentDifference) -> list[str] | None:
+    """The recorded columns whose spreads bound `difference`'s calibrated dimensions
+    (`Spreads.columns_for`), or None where there is none to bound (the pin's environment,
+    or a change that is no dimension) or some dimension has no column of its kind (another
+    backend never has one): there the pinned classes stand."""
+    if not difference.dimensions or not spreads:
+        return None
+    return spreads.columns_for(difference.dimensions)
+
+
 def calibrated_comparison(
     comparison: Comparison,
     flat_a: Mapping[str, Any],
@@ -197,14 +273,17 @@ def calibrated_comparison(
     difference: EnvironmentDifference,
     registry: Mapping[str, ToleranceClass],
     *,
+    current: Mapping[str, Any],
     budget: int = DEFAULT_BUDGET,
 ) -> tuple[Comparison, str]:
     """`comparison` by calibration: where the check's environment differs from the pin's
     in calibrated dimensions, each key that fails its pinned class judged again under its
     calibrated bound for those dimensions (`max(floor, k * spread)`, the spread measured
-    there): the looser of the two decides. In the pin's environment nothing changes, and
-    where no calibration of it is recorded and every key holds its pinned class, nothing is
-    said (nothing needs one).
+    there: `calibration_columns`): the looser of the two decides. In the pin's environment
+    nothing changes, and where no calibration of it is recorded and every key holds its
+    pinned class, nothing is said (nothing needs one); where some key fails and none is
+    recorded, the line says what would cover this environment (`environment_remedy`, from
+    `current`, its provenance).
     `budget`: bytes one array comparison may hold at once (`parity.judge.chunks`).
 
     **Returns:** the comparison, with the findings that passed by calibration replaced
@@ -214,13 +293,15 @@ def calibrated_comparison(
     if not dims:
         return comparison, ""
     change = ", ".join(d.change for d in dims)
-    columns = spreads.columns_for(dims) if spreads else None
+    columns = calibration_columns(spreads, difference)
     if columns is None and comparison.passed:
         return comparison, ""  # every key holds its pinned class: nothing to calibrate
     if columns is None:
+        base = str(gf.provenance.get("base_sha") or "")
+        remedy = environment_remedy(gf.path.stem, base, difference, current)
         return comparison, (
             f"differs from the pin's ({change}); no calibration of it is recorded, so the "
-            f"pinned classes stand (record one: `{calibrate_command(gf.path.stem)}`)"
+            f"pinned classes stand ({remedy})"
         )
     base = registry.get(CALIBRATED) or REGISTRY[CALIBRATED]
     judged = 0
@@ -237,7 +318,7 @@ def calibrated_comparison(
         if again.passed:
             judged += 1
             note = f"{BY_CALIBRATION} ({', '.join(columns)}): {f.class_name} alone fails"
-            findings.append(dataclasses.replace(again, note=note))
+            findings.append(dataclasses.replace(again, note=note, basis="calibration"))
         else:
             findings.append(f)
     line = (

@@ -6,19 +6,29 @@ once by `prepare_baselines`); the header's `reference` line naming the reference
 (`reference_line`).
 
 The committed goldens are the reference of a check run in the environment they were
-pinned in. Elsewhere (another processor, ISA cap, device layout, jax or XLA flags) their
-bits need not reproduce, and the calibrated bounds that absorb that noise would also absorb
-a small real change. So where such a check has keys that fail their pinned class,
+pinned in. Elsewhere (another processor, ISA cap, device layout, backend, jax or XLA flags)
+their bits need not reproduce, and the calibrated bounds that absorb that noise would also
+absorb a small real change. So where such a check has keys that fail their pinned class,
 `against_baseline`:
 
 1. holds the baseline (a golden-format file a `BaselineSource` provides) to the committed
-   goldens under the calibrated bound of the dimensions that differ (on another backend
-   than the pin's no calibration bounds it: how far it lies is reported, never refused,
-   docs/design.md "On any backend")
-   (`parity.calibrated.bounds.calibrated_comparison`); a key beyond it means this
-   environment is outside the recorded noise, a `CheckError` naming the calibrate command;
+   goldens under the calibrated bound of the dimensions that differ
+   (`parity.calibrated.bounds.calibrated_comparison`; on another backend than the pin's
+   no calibration bounds it, and each key's pinned class does), which says how far the
+   goldens lie from this environment's bits. Within that bound the header says so; beyond
+   it (the goldens' recorded noise does not cover what this environment moved: a layout
+   or ISA cap not calibrated, another processor, backend, jax or jaxlib release) the
+   baseline judges all the same, and the header says what moved, how many keys lie beyond
+   their bound, the farthest, and what would cover this environment
+   (`parity.calibrated.bounds.environment_remedy`: `parity repin` adopts it; `parity
+   calibrate` records its noise only where it perturbs what moved). Never a refusal
+   (docs/design.md, "On any backend");
 2. compares the tree with the baseline under the pinned classes, as the goldens would in
    their own environment: bitwise keys bit for bit.
+
+A refusal (`CheckError`) remains where the baseline cannot be used at all: it lacks golden
+keys or its file is unusable, or it cannot be re-produced and the check requires it
+(`required_error`).
 
 A `BaselineSource` (`parity.run.baseline.BaselineBuilder` for the CLI and the pytest
 plugin) re-produces a group at its base commit; where it cannot (the commit is missing, the
@@ -32,12 +42,17 @@ Nothing here runs producers or imports jax.
 from __future__ import annotations
 
 import dataclasses
+import math
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Protocol, runtime_checkable
 
-from parity.calibrated.bounds import BY_CALIBRATION, calibrate_command, calibrated_comparison
+from parity.calibrated.bounds import (
+    calibrated_comparison,
+    calibration_columns,
+    environment_remedy,
+)
 from parity.calibrated.spreads import Spreads
 from parity.check.first import BaselineRequest, FirstVerdict
 from parity.judge.compare import Comparison, Finding, compare_trees
@@ -264,6 +279,7 @@ def against_baseline(
             first.classes.spreads,
             difference,
             first.registries.policy,
+            current=first.current,
             budget=first.request.budget,
         )
     except GoldenStoreError as e:
@@ -289,8 +305,9 @@ def _by_baseline(first: FirstVerdict, baseline: Baseline) -> BaseJudgement:
     - `baseline`: the group re-produced at the golden's base commit in this environment.
 
     **Returns:** the comparison of the tree with the baseline, and the header's `reference`
-    line naming it, as a `BaseJudgement`. Raises `CheckError` when the baseline is outside
-    the goldens' recorded noise here, or its file is unusable.
+    line naming it (and how far the goldens lie from it: within their pinned classes or
+    calibrated noise, or beyond, which judges all the same), as a `BaseJudgement`. Raises
+    `CheckError` where the baseline lacks golden keys or its file is unusable.
     """
     gf, group, difference, keys = first.gf, first.group, first.difference, first.keys
     classes, held_registry, order = first.classes.bound, first.registries.policy, first.forward
@@ -317,18 +334,7 @@ def _by_baseline(first: FirstVerdict, baseline: Baseline) -> BaseJudgement:
                     Spreads.of(gf.provenance),
                     difference,
                     held_registry,
-                )
-            beyond = [f for f in held.findings if not f.passed]
-            if beyond and not difference.across_backends:
-                f = beyond[0]
-                where = ", ".join(difference.changes)
-                raise CheckError(
-                    f"this environment ({where}) is outside the recorded noise of group "
-                    f"{group!r}: the baseline re-produced here at {baseline.sha[:12]} breaks the "
-                    f"goldens' calibrated bound at {f.key} ({f.class_name}: max abs "
-                    f"{sig(f.max_abs)}; {count(len(beyond), 'key')} "
-                    f"beyond); record this environment's noise on main with "
-                    f"`{calibrate_command(group)}`, or run where the goldens were pinned"
+                    current=first.current,
                 )
             comparison = _tree_against_baseline(first, baseline_arrays, held)
     except GoldenStoreError as e:
@@ -338,18 +344,18 @@ def _by_baseline(first: FirstVerdict, baseline: Baseline) -> BaseJudgement:
         ) from None
     how = "built now" if not baseline.cached else "cached"
     took = f" in {baseline.seconds:.0f}s" if not baseline.cached else ""
-    if difference.across_backends:
-        line = _across_backends_line(baseline, f"{how}{took}", difference, held)
-    else:
+    made = f"the baseline re-produced here at {baseline.sha[:12]} ({how}{took} at {baseline.path})"
+    if held.passed and not difference.across_backends:
         # Only a key the goldens' pinned class refused and a calibrated bound admitted makes
         # the baseline "within the calibrated noise"; otherwise it holds the pinned classes.
-        calibrated = any(f.note.startswith(BY_CALIBRATION) for f in held.findings)
+        calibrated = bool(held.by_calibration)
         within = "the goldens' calibrated noise" if calibrated else "the goldens' pinned classes"
         line = (
-            f"the baseline re-produced here at {baseline.sha[:12]} ({how}{took} at "
-            f"{baseline.path}), in this environment ({', '.join(difference.changes)}), itself "
-            f"within {within}: {_worst(held.findings)}"
+            f"{made}, in this environment ({', '.join(difference.changes)}), itself within "
+            f"{within}: {_worst(held.findings)}"
         )
+    else:
+        line = f"{made}, {_beyond(first, baseline, held)}"
     return BaseJudgement(comparison=comparison, reference=line, path=str(baseline.path))
 
 
@@ -391,30 +397,69 @@ def _tree_against_baseline(
     )
 
 
-def _worst(findings: Sequence[Finding]) -> str:
-    """How close the baseline came to the goldens, in one phrase."""
+def _differ(findings: Sequence[Finding]) -> str:
+    """How many keys of the baseline differ from the goldens, in one phrase."""
     moved = [f for f in findings if not f.bitwise_equal]
     if not moved:
         return "bit for bit equal to the goldens"
-    ratios = [((f.max_abs or 0.0) / f.bound, f) for f in moved if f.bound and f.unit == "abs"]
     verb = "differs" if len(moved) == 1 else "differ"
-    text = f"{len(moved)} of {count(len(findings), 'key')} {verb} from the goldens"
+    return f"{len(moved)} of {count(len(findings), 'key')} {verb} from the goldens"
+
+
+def _worst(findings: Sequence[Finding]) -> str:
+    """How close the baseline came to the goldens, in one phrase, where every key holds
+    its bound: `_differ`, and the key nearest its bound."""
+    text = _differ(findings)
+    moved = [f for f in findings if not f.bitwise_equal]
+    ratios = [((f.max_abs or 0.0) / f.bound, f) for f in moved if f.bound and f.unit == "abs"]
     if ratios:
         ratio, f = max(ratios, key=lambda rf: rf[0])
         text += f", the worst ({f.key}) at {sig(ratio)} of its bound ({sig(f.max_abs)} abs)"
     return text
 
 
-def _across_backends_line(
-    baseline: Baseline, how: str, difference: EnvironmentDifference, held: Comparison
-) -> str:
-    """The `reference` line of a baseline on another backend than the pin's: it judges,
-    and how far it lies from the goldens is information."""
-    beyond = sum(not f.passed for f in held.findings)
+def _beyond(first: FirstVerdict, baseline: Baseline, held: Comparison) -> str:
+    """The `reference` line, after naming the baseline, where the goldens' recorded noise
+    does not cover this environment (some key of the baseline lies beyond its calibrated
+    bound, else its pinned class), or where the baseline is another backend's: the baseline
+    judges every key; what moved, how far the goldens lie from it and what would cover
+    this environment are information, never a refusal."""
+    difference, group = first.difference, first.group
+    across = difference.across_backends
+    beyond = [f for f in held.findings if not f.passed]
+    moved = ", ".join(difference.changes)
+    if across:
+        text = f"on this backend ({moved}); it judges every key under its class. How far it "
+        text += "lies from the goldens, for information (another backend's bits, not a refusal)"
+    else:
+        text = f"in this environment ({moved}), beyond the goldens' recorded noise; it judges "
+        text += "every key under its class. How far the goldens lie from it, for information "
+        text += "(not a refusal)"
+    calibrated = not across and calibration_columns(first.classes.spreads, difference) is not None
+    bound = "calibrated bound" if calibrated else "pinned class"
+    if not beyond:  # another backend's bits, every key within its pinned class
+        return f"{text}: {_worst(held.findings)}; 0 keys beyond their {bound}"
+    remedy = environment_remedy(group, baseline.sha, difference, first.current)
     return (
-        f"the baseline re-produced here at {baseline.sha[:12]} ({how} at {baseline.path}), "
-        f"on this backend ({', '.join(difference.changes)}); it judges every key under its "
-        "class. How far it lies from the goldens, for information (another backend's bits, "
-        f"not a refusal): {_worst(held.findings)}; {count(beyond, 'key')} beyond their "
-        "pinned class"
+        f"{text}: {_differ(held.findings)}; {count(len(beyond), 'key')} beyond their {bound}, "
+        f"the farthest {_farthest(beyond)}; {remedy}"
     )
+
+
+def _farthest(beyond: Sequence[Finding]) -> str:
+    """The finding of `beyond` that lies farthest beyond its bound (a multiple of it, in
+    its own unit; a bound of 0, bitwise, infinitely; the first in forward order of equals),
+    named with its class and figure."""
+
+    def excess(f: Finding) -> float:
+        figure = {"abs": f.max_abs, "ulp": f.max_ulp}.get(f.unit or "", f.figure)
+        if figure is None or not f.bound:
+            return math.inf
+        return figure / f.bound
+
+    f = max(beyond, key=excess)
+    if f.max_abs is None:
+        return f"{f.key} ({f.class_name}: {f.verdict})"
+    ratio = excess(f)
+    times = f", {sig(ratio)}x its bound" if math.isfinite(ratio) else ""
+    return f"{f.key} ({f.class_name}: max abs {sig(f.max_abs)}{times})"

@@ -36,7 +36,7 @@ from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
-from parity.calibrated.bounds import BY_CALIBRATION, CALIBRATED
+from parity.calibrated.bounds import CALIBRATED
 from parity.check.against_baseline import BaseJudgement
 from parity.check.first import FirstVerdict
 from parity.environment import backend_note, describe_backend
@@ -159,9 +159,7 @@ def inexact(comparison: Comparison, why: BaselineUnavailable | None, against: st
     - `against`: the tree's reference, in words ("the goldens", "the baseline").
     """
     parts: list[str] = []
-    by_calibration = [
-        f for f in comparison.findings if f.passed and f.note.startswith(BY_CALIBRATION)
-    ]
+    by_calibration = list(comparison.by_calibration)
     if by_calibration and why is not None:
         parts.append(
             f"{count(len(by_calibration), 'key')} ({_keys(by_calibration)}) failed their "

@@ -115,8 +115,9 @@ def check_file(
       in read errors); default `gf.source`.
 
     **Returns:** a `CheckResult`; its header says where the goldens are, the drift, the
-    order, the calibration and (`reference`) the reference used. Raises `CheckError` for
-    unusable input, and where the baseline is outside the goldens' recorded noise.
+    order, the calibration and (`reference`) the reference used (and, where the baseline
+    is outside the goldens' recorded noise, how far they lie from it). Raises `CheckError`
+    for unusable input, and where the baseline is required but cannot be re-produced.
     """
     first = first_verdict(actual, gf, CheckRequest(current=current, **options))
     return conclude(first, against_baselines([first], baseline)[0])
@@ -145,8 +146,8 @@ def check_group(
       `baseline`, `require_baseline`).
 
     **Returns:** a `CheckResult`; its header's `reference` line names the reference used.
-    Raises `CheckError` for unusable input, and where the baseline is outside the goldens'
-    recorded noise.
+    Raises `CheckError` for unusable input, and where the baseline is required but cannot
+    be re-produced.
 
     **Example:**
 

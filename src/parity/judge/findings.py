@@ -19,12 +19,20 @@ if TYPE_CHECKING:
 __all__ = [
     "PROVED",
     "ArrayVerdict",
+    "Basis",
     "Comparison",
     "Finding",
     "Scalar",
     "Verdict",
     "compiled_difference",
 ]
+
+#: How a finding's verdict was reached beyond its class's rule on the two arrays, as data
+#: (never read back from its words): `""` the rule alone; `"calibration"` a key its pinned
+#: class fails passed by the calibrated bound of what the environment moved
+#: (`parity.calibrated.bounds`); `"proved"` a key whose bits differ passed, proved op by op
+#: (`parity.origin.proof`).
+Basis = Literal["", "calibration", "proved"]
 
 #: How the note of a key proved op by op begins (`parity.origin.proof`): its bits differ
 #: from the other side's, and both programs run op by op compute it the same way.
@@ -114,6 +122,8 @@ class Finding:
     - `reference`: what the expected side was, in words: `"golden"` (a pinned file),
         `"baseline"` (the golden group re-produced at its base commit here) or
         `"expected"` (a live tree: `assert_equivalent`, `check_live`).
+    - `basis`: how the verdict was reached beyond the class's rule (`Basis`): what the
+        verdict line, the reports and the JSON read; `note` says it in words.
     """
 
     key: str
@@ -146,6 +156,7 @@ class Finding:
     note: str = ""
     reference: str = "golden"
     worst_is: str = ""
+    basis: Basis = ""
 
     @property
     def passed(self) -> bool:
@@ -255,8 +266,14 @@ class Comparison:
 
     @property
     def proved(self) -> tuple[Finding, ...]:
-        """The keys that passed proved op by op (`PROVED`), their bits not equal, in order."""
-        return tuple(f for f in self.findings if f.passed and f.note.startswith(PROVED))
+        """The keys that passed proved op by op, their bits not equal, in order."""
+        return tuple(f for f in self.findings if f.passed and f.basis == "proved")
+
+    @property
+    def by_calibration(self) -> tuple[Finding, ...]:
+        """The keys that failed their pinned class and passed by a calibrated bound, in
+        order."""
+        return tuple(f for f in self.findings if f.passed and f.basis == "calibration")
 
     @property
     def first_not_bitwise(self) -> Finding | None:

@@ -150,7 +150,12 @@ def settle(comparison: Comparison, proofs: Mapping[str, Proof]) -> Comparison:
         if proof is not None and provable(f):
             if proof.proved:
                 f = dataclasses.replace(
-                    f, verdict="pass", reason="", n_violating=0, note=proved_note(f)
+                    f,
+                    verdict="pass",
+                    reason="",
+                    n_violating=0,
+                    note=proved_note(f),
+                    basis="proved",
                 )
             else:
                 reason = f.reason.removesuffix(UNPROVED)

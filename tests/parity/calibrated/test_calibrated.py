@@ -15,12 +15,12 @@ import numpy as np
 import pytest
 from _device_noise import DEVICE_NOISE, moved
 
-from parity.calibrated.bounds import bind_calibrated
+from parity.calibrated.bounds import bind_calibrated, environment_remedy
 from parity.calibrated.spreads import Spreads
 from parity.calibration.write import merge_spreads
 from parity.commands.diff import run_diff
 from parity.commands.show import inventory
-from parity.environment import Dimension
+from parity.environment import Dimension, environment_difference
 from parity.judge.classes import CALIBRATED_FLOOR_ULPS, CALIBRATED_K, REGISTRY, ToleranceClass
 from parity.judge.compare import compare_trees
 from parity.judge.measured_rules import Calibrated
@@ -263,3 +263,36 @@ def test_calibrate_records_a_measurement_saved_as_json(project, run_parity, tmp_
     saved.write_text("{}")
     bad = run_parity(project, "calibrate", "--from-json", str(saved), "--write")
     assert bad.returncode == 2 and "not a calibrate --json file" in bad.stderr
+
+
+CPU = {"device_count": 1, "isa_cap": "AVX2", "cpu": "AuthenticAMD family 25 model 1; avx avx2",
+       "jax": "0.10.2"}  # fmt: skip
+
+
+@pytest.mark.parametrize(
+    ("current", "calibrate", "repin"),
+    [
+        ({"device_count": 4}, True, "parity repin --base 0123456789ab --groups g --devices 4"),
+        ({"isa_cap": "AVX"}, True, "parity repin --base 0123456789ab --groups g --isa AVX"),
+        ({"jax": "0.11.0"}, False, "parity repin --base 0123456789ab --groups g"),
+        ({"cpu": "GenuineIntel family 6 model 85"}, False, "parity repin --base 0123456789ab"),
+        ({"backend": "tpu", "device_count": 4}, False, "--groups g` ("),
+        ({"device_count": 4, "processes": 2}, True, None),
+        ({"device_count": 4, "processes": 2, "jax": "0.11.0"}, False, None),
+    ],
+    ids=["devices", "isa", "jax", "processor", "backend", "processes", "processes-and-jax"],
+)
+def test_the_remedy_offered_matches_what_moved(current, calibrate, repin):
+    """`parity calibrate` is offered only where it perturbs everything that moved; `parity
+    repin` adopts this environment wherever a repin can run it (one process)."""
+    here = {**CPU, **current}
+    said = environment_remedy("g", "0123456789abcdef", environment_difference(CPU, here), here)
+    assert ("parity calibrate --groups g" in said) == calibrate, said
+    if repin is None:
+        assert "parity repin" not in said, said
+    else:
+        assert repin in said, said
+    if not calibrate:
+        assert "no calibration measures" in said, said
+    if repin is None and not calibrate:
+        assert said.startswith("run where the goldens were pinned"), said
