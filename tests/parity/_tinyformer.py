@@ -7,13 +7,17 @@ stacked, the loop a `lax.scan`, one `einsum` for the attention scores. `BUGS` ar
 one-line changes of the refactored code a review could miss: a layer-norm epsilon 1e-5 ->
 1e-6, `gelu`'s tanh approximation, a causal mask off by one. Each module's text is kept
 here so that a test can write it into a fresh git project, or import it in process
-(`load`).
+(`load`). As a project: the model at `MODEL_FILE`, `PRODUCERS` (one group, `forward`, its
+logits under `op_by_op`) and its `[tool.parity]` table `TABLE`; `with_provenance` rewrites a
+golden file's provenance (its arrays untouched), as if it were pinned elsewhere.
 """
 
 from __future__ import annotations
 
 import types
+from collections.abc import Mapping
 from pathlib import Path
+from typing import Any
 
 MODEL = """\
 import jax
@@ -119,6 +123,38 @@ BUGS = {
         "    return jnp.tril(jnp.ones((t, t), bool), k=1)\n",
     ),
 }
+
+
+MODEL_FILE = "src/tinyformer/__init__.py"
+TABLE = 'producers = "producers.py"\nsrc = ["src"]\n'
+PRODUCERS = """\
+import jax
+
+import tinyformer
+
+
+def forward():
+    params = tinyformer.init(jax.random.key(0))
+    tokens = jax.numpy.arange(tinyformer.T) % tinyformer.VOCAB
+    return {"logits": jax.jit(tinyformer.forward)(params, tokens)}
+
+
+GROUPS = {"forward": forward}
+CLASS_MAP = [("logits", "op_by_op")]
+"""
+
+
+def with_provenance(path: Path, changes: Mapping[str, Any]) -> None:
+    """Rewrite the golden file at `path` with `changes` over its provenance; its arrays,
+    classes, class map and order stay."""
+    from parity.store import open_goldens, write_goldens
+
+    with open_goldens(path) as gf:
+        arrays = {k: gf[k] for k in gf}
+        classes = {k: gf.info(k).class_name for k in gf}
+        prov, cmap, order = dict(gf.provenance), gf.class_map_json, gf.ordered_keys()
+    write_goldens(path, arrays, classes=classes, class_map_json=cmap,
+                  provenance={**prov, **changes}, order=order)  # fmt: skip
 
 
 def buggy(name: str) -> str:

@@ -138,6 +138,9 @@ def test_goldens_pinned_on_a_tpu_are_judged_here_by_the_baseline(project, run_pa
     assert "on this backend (backend tpu (TPU v5 lite) -> cpu)" in reference
     assert "for information" in reference and "2 keys beyond their pinned class" in reference
     assert "outside the recorded noise" not in proc.stdout + proc.stderr
+    # No calibration measures another backend: a repin on this one adopts it.
+    assert "adopt this environment with `parity repin --base " in reference
+    assert "parity calibrate" not in proc.stdout + proc.stderr
     # A change far below the goldens' distance from this backend: the baseline catches it,
     # bit for bit on the bitwise key.
     (project / "src" / "model.py").write_text("BUG = 1e-7\n")
@@ -307,3 +310,4 @@ def test_a_cached_baseline_of_a_tpu_is_listed_by_its_backend_not_an_isa_cap(tmp_
     listed = {e.group: e for e in cache.entries()}
     assert (listed["cpu"].isa, listed["cpu"].cpu) == ("AVX2", "AuthenticAMD family 25 model 1")
     assert (listed["tpu"].isa, listed["tpu"].cpu) == ("-", "tpu (TPU v5 lite, 1 device)")
+

@@ -48,6 +48,7 @@ __all__ = [
     "HOST",
     "HOST_HINT",
     "MOVES",
+    "UNREAD",
     "Conversions",
     "Dataflow",
     "DataflowError",
@@ -62,10 +63,13 @@ __all__ = [
 
 #: How a golden's order was made, as recorded in its provenance under `order`: read from
 #: the programs that computed the keys; as the producer returned them; as the producer
-#: returned them, no jax program having computed any (values made on the host).
+#: returned them, no jax program having computed any (values made on the host). A check's
+#: producer run that needs no order (its goldens pin one read from the programs) leaves it
+#: unread, and the golden's pinned order serves; no golden records that.
 DATAFLOW = "dataflow"
 DECLARED = "declared"
 HOST = "host"
+UNREAD = "unread"
 
 #: Primitives that move or reshape data without computing it: an output made by one is
 #: placed where its operand was computed.

@@ -227,6 +227,34 @@ def _recorded_order(
     return order, True
 
 
+def _run_group(
+    name: str,
+    group: Callable[[], Any],
+    flat: Callable[[Any], dict[str, Any]],
+    args: argparse.Namespace,
+    one_process: bool,
+) -> tuple[str, str, dict[str, Any]]:
+    """Run one group: how its forward order was made, why the recorder could not see its
+    programs ("" where it could) and its flat arrays (`flat` of what it returned), in that
+    order. The programs the group dispatches are kept (one process only: a recording is made
+    in one) where its order is wanted or, with --record-origin, its recording; otherwise no
+    hook goes into jax (`--no-order`)."""
+    from parity.judge.dataflow import UNREAD, numpy_conversions
+    from parity.origin.programs import capture
+
+    unread = args.no_order and not args.record_origin
+    keep = capture() if one_process and not unread else contextlib.nullcontext()
+    with numpy_conversions() as converted, keep as programs:
+        result = group()
+    arrays = flat(result)
+    recorder = "" if programs is None else programs.failure
+    if unread:
+        return UNREAD, recorder, arrays
+    recording_to = Path(args.out) if args.record_origin else None
+    order_source, arrays = _forward_order(name, result, arrays, converted, programs, recording_to)
+    return order_source, recorder, arrays
+
+
 def _arguments(argv: list[str] | None) -> argparse.Namespace:
     """The worker's command line (the launcher writes it)."""
     p = argparse.ArgumentParser()
@@ -259,6 +287,11 @@ def _arguments(argv: list[str] | None) -> argparse.Namespace:
         action="store_true",
         help="also record the programs each group runs, op by op (OUT/<group>.origin.npz)",
     )
+    p.add_argument(
+        "--no-order",
+        action="store_true",
+        help="leave each group's forward order unread: no hook goes into jax",
+    )
     return p.parse_args(argv)
 
 
@@ -289,12 +322,13 @@ def _save_group(
     name: str,
     arrays: dict[str, Any],
     class_map: list[list[str]],
-    order_source: Any,
+    order: tuple[str, str],
     provenance: Any,
 ) -> None:
     """Write group `name`'s arrays to `OUT/<name>.npz` (ml_dtypes and void arrays as their
     bits, under `a0`, `a1`, ...) and its manifest to `OUT/<name>.json`: the keys, their
-    dtypes, the class map, where the order came from and the provenance."""
+    dtypes, the class map, where the order came from and why the recorder could not see
+    the programs ("" where it could) (`order`), and the provenance."""
     import numpy as np
 
     raw: dict[str, np.ndarray] = {}
@@ -311,7 +345,8 @@ def _save_group(
         "keys": list(arrays),
         "dtypes": dtypes,
         "class_map": class_map,
-        "order": order_source,
+        "order": order[0],
+        "recorder": order[1],
         "provenance": provenance,
     }
     (out / f"{name}.json").write_text(json.dumps(manifest))
@@ -399,20 +434,9 @@ def main(argv: list[str] | None = None) -> int:
                 split.append(sharded_over_processes(value))
                 return to_host(value)
 
-            from parity.judge.dataflow import numpy_conversions
-            from parity.origin.programs import capture
-
-            # The programs the group dispatches are kept (one process only: a recording is
-            # made in one), for its dataflow order and, with --record-origin, its recording.
-            keep = capture() if place is None else contextlib.nullcontext()
-            with numpy_conversions() as converted, keep as programs:
-                result = groups[name]()
-            arrays = flatten(result, to_array=host)
-            recording_to = out if args.record_origin else None
-            order_source, arrays = _forward_order(
-                name, result, arrays, converted, programs, recording_to
+            order_source, recorder, arrays = _run_group(
+                name, groups[name], lambda r: flatten(r, to_array=host), args, place is None
             )
-            del converted, programs
         except Exception as exc:
             traceback.print_exc()
             msg = _missing_symbol(exc, args.src, args.code)
@@ -431,7 +455,7 @@ def main(argv: list[str] | None = None) -> int:
                 _log(f"[{i}/{len(wanted)}] {name}: {len(arrays)} arrays, same as process 0")
                 continue
         provenance = collect_provenance() if collect_provenance is not None else None
-        _save_group(out, name, hosted, class_map, order_source, provenance)
+        _save_group(out, name, hosted, class_map, (order_source, recorder), provenance)
         _log(f"[{i}/{len(wanted)}] {name}: {len(arrays)} arrays in {time.perf_counter() - t0:.1f}s")
         if place is not None and place[1] > 1 and not any(split):
             # The run passes, but it tested nothing a single process does not: the

@@ -105,6 +105,11 @@ def folder_for(root: Path) -> Path:
     return root / hashlib.sha256(tag.encode()).hexdigest()[:12]
 
 
+#: Settings a jax of the declared range may lack (jax 0.4.35 has no XLA-side caches, so no
+#: switch for them): skipped there. Every other setting is in every release from 0.4.35 on.
+_SINCE = frozenset({"jax_persistent_cache_enable_xla_caches"})
+
+
 def _settings(folder: Path) -> dict[str, str | int | float]:
     return {
         "jax_compilation_cache_dir": str(folder),
@@ -124,6 +129,8 @@ def enable(root: Path) -> Path:
     folder = folder_for(root)
     folder.mkdir(parents=True, exist_ok=True)
     for name, value in _settings(folder).items():
+        if name in _SINCE and name not in jax.config.values:
+            continue  # an older jax, without the XLA-side caches it turns off
         jax.config.update(name, value)
     write_from_every_process()
     keep_a_size_tally()

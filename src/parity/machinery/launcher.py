@@ -227,13 +227,17 @@ class RunnerOutput:
     - `class_map`: the producers' `CLASS_MAP` rules.
     - `provenance`: the producer process's environment (`collect_provenance` run there).
     - `order`: how `arrays`' order was made: `"dataflow"` (read from the program,
-      `parity.judge.dataflow`) or `"declared"` (the order of the group's containers).
+      `parity.judge.dataflow`), `"declared"` (the order of the group's containers),
+      `"host"` (no jax program computed them) or `"unread"` (not asked for).
+    - `recorder`: why the programs the group ran could not be seen, in one line (this jax
+      cannot be hooked, or a hook failed: `parity.origin.adapter`); "" where they were.
     """
 
     arrays: dict[str, np.ndarray]
     class_map: list[list[str]]
     provenance: dict[str, Any]
     order: str = "declared"
+    recorder: str = ""
 
 
 def load_runner_output(out: Path, group: str, *, command: ProducerCommand) -> RunnerOutput:
@@ -253,7 +257,11 @@ def load_runner_output(out: Path, group: str, *, command: ProducerCommand) -> Ru
             "import parity.store.provenance); check that parity is importable there",
         )
     return RunnerOutput(
-        arrays, manifest["class_map"], provenance, str(manifest.get("order", "declared"))
+        arrays,
+        manifest["class_map"],
+        provenance,
+        str(manifest.get("order", "declared")),
+        str(manifest.get("recorder", "")),
     )
 
 
@@ -302,7 +310,9 @@ class ProducerRun:
     - `command`: the command the run serves, for its messages (`LEAVES`).
     - `mode`: `Mode`; `check_classes`: a `CLASS_MAP` naming a class parity cannot use stops
       the run before any group runs (a repin, a check); `groups`: the groups to run (all
-      where empty).
+      where empty); `read_order`: read each group's forward order from the programs it
+      runs (the recorder's hooks go into jax while it runs); False leaves it unread and
+      installs no hook (a check whose goldens pin an order read so already).
     - `devices`, `processes`, `isa`: the layout (`processes` workers of one JAX distributed
       run, `devices` each, process 0 saving) and the ISA cap; `coordinator` (`HOST0:PORT`)
       and `process_id` start only this host's worker of a cluster's run.
@@ -317,6 +327,7 @@ class ProducerRun:
     mode: Mode = "produce"
     check_classes: bool = False
     groups: Sequence[str] = ()
+    read_order: bool = True
     src: Sequence[str] | None = None
     drop_paths: Sequence[Path] = ()
     code: str = "the code under test"
@@ -372,6 +383,7 @@ def run_producers(run: ProducerRun, *, progress: Callable[[str], None] = print) 
         "--class-map-only": run.mode == "class_map",
         "--check-classes": run.check_classes,
         "--record-origin": run.mode == "record",
+        "--no-order": not run.read_order and run.mode == "produce",
     }
     cmd += [flag for flag, on in switches.items() if on]
     if processes > 1:

@@ -388,15 +388,15 @@ def to_host(x: Any) -> np.ndarray:
 _LIBRARIES = ("site-packages", "dist-packages")
 
 
-def user_frame_of(traceback: Any) -> Where:
-    """The user's own frame of a jax traceback (the innermost outside jax, parity and
+def user_frame_of(source_info: Any) -> Where:
+    """The user's own frame of a jax `SourceInfo` (the innermost outside jax, parity and
     installed libraries) and, where the innermost frame outside jax and parity lies in an
     installed library (optax, equinox), that frame as `file:line in function`."""
-    from jax._src import source_info_util
+    from parity.origin.adapter import user_frames
 
     own: Frame | None = None
     library = ""
-    for frame in source_info_util.user_frames(traceback):
+    for frame in user_frames(source_info):
         file = str(Path(frame.file_name).resolve())
         if file.startswith(_PARITY):
             continue
@@ -410,8 +410,8 @@ def user_frame_of(traceback: Any) -> Where:
 
 
 def _user_frame(eqn: Any) -> Where:
-    """`user_frame_of` of `eqn`'s traceback, or unplaced."""
+    """`user_frame_of` of `eqn`'s source info, or unplaced."""
     try:
-        return user_frame_of(eqn.source_info.traceback)
+        return user_frame_of(eqn.source_info)
     except Exception:  # a jax without this private API: the values stay unplaced
         return UNPLACED

@@ -20,6 +20,11 @@ program made (an array built from host data, a numpy array) is an input, matched
 A program that donates its arguments has them copied to the host first, as they are gone
 after the call.
 
+How jax is told to show them is `parity.origin.adapter`'s business (the one module that
+reads jax's internals): the hooks are in jax only while `capture()` is open, and where this
+jax cannot be hooked, or a hook fails, the capture says why in one line (`Capture.failure`)
+and the producer runs as it would without it.
+
 `parity.origin.record.record_programs` then runs the kept programs op by op, one value
 space for all of them. jax is imported inside these functions only (the caller has it).
 """
@@ -27,12 +32,12 @@ space for all of them. jax is imported inside these functions only (the caller h
 from __future__ import annotations
 
 import contextlib
-import threading
 import weakref
 from collections.abc import Iterator
 from dataclasses import dataclass, field
 from typing import Any
 
+import parity.origin.adapter as adapter
 from parity.origin.interpreter import UNPLACED, Where
 
 __all__ = ["Capture", "Link", "Program", "capture"]
@@ -68,11 +73,18 @@ class Capture:
     """What `capture()` kept while open.
 
     **Fields:** `programs` (in dispatch order), `made` (`id` of an output array -> its
-    `Link` and a weak reference that says whether that array is still the one meant).
+    `Link` and a weak reference that says whether that array is still the one meant),
+    `status` (the interception's: whether the hooks went in, and why they stopped).
     """
 
     programs: list[Program] = field(default_factory=list)
     made: dict[int, tuple[Link, Any]] = field(default_factory=dict)
+    status: adapter.Intercept = field(default_factory=adapter.Intercept)
+
+    @property
+    def failure(self) -> str:
+        """Why the programs were not (all) seen, in one line; "" where they were."""
+        return self.status.failure
 
     def link_of(self, array: Any) -> Link | None:
         """The `Link` of an array a kept program returned, or None."""
@@ -94,101 +106,38 @@ class Capture:
             self.made[id(out)] = (Link(index, k), ref)
 
 
-_state = threading.local()
+class _Keeper:
+    """The `parity.origin.adapter.Listener` that keeps what it is told in a `Capture`."""
 
+    def __init__(self, cap: Capture) -> None:
+        self.cap = cap
 
-def _active() -> Capture | None:
-    if getattr(_state, "depth", 0):
-        return None
-    return getattr(_state, "capture", None)
+    def jitted(self, jaxpr: Any, args: list[Any], outs: list[Any]) -> None:
+        self.cap._keep(jaxpr, args, outs, _user_frame_now())
 
-
-@contextlib.contextmanager
-def _nested() -> Iterator[None]:
-    _state.depth = getattr(_state, "depth", 0) + 1
-    try:
-        yield
-    finally:
-        _state.depth -= 1
+    def eager(
+        self, primitive: Any, args: list[Any], params: dict[str, Any], outs: list[Any]
+    ) -> None:
+        try:
+            jaxpr = _one_equation(primitive, args, params)
+        except Exception:  # an operation jax cannot stage on its own: its outputs are inputs
+            return
+        self.cap._keep(jaxpr, args, outs, _user_frame_now())
 
 
 def quiet() -> contextlib.AbstractContextManager[None]:
     """While open, nothing this thread dispatches is kept (the recording's own op-by-op
     evaluation)."""
-    return _nested()
+    return adapter.quiet()
 
 
 def _user_frame_now() -> Where:
-    from jax._src import source_info_util
-
     from parity.origin.interpreter import user_frame_of
 
     try:
-        return user_frame_of(source_info_util.current().traceback)
+        return user_frame_of(adapter.current_source_info())
     except Exception:  # a jax without this private API: the value stays unplaced
         return UNPLACED
-
-
-_installed = threading.Event()
-
-
-def _install() -> None:
-    """Put the hooks in jax, once per process (they do nothing while no capture is open)."""
-    if _installed.is_set():
-        return
-    from jax._src import core, pjit
-
-    run_python_pjit = pjit._run_python_pjit
-    get_fastpath_data = pjit._get_fastpath_data
-    process_primitive = core.EvalTrace.process_primitive
-
-    def run_and_keep(p: Any, args_flat: Any, fun: Any, args: Any, kwargs: Any) -> Any:
-        cap = _active()
-        if cap is None or not core.trace_state_clean():
-            return run_python_pjit(p, args_flat, fun, args, kwargs)
-        jaxpr = p.params["jaxpr"]
-        frame = _user_frame_now()
-        donated = p.params.get("donated_invars", ())
-        kept_args = [_host_copy(a) if d else a for a, d in zip(args_flat, donated, strict=False)]
-        kept_args += list(args_flat[len(kept_args) :])
-        with _nested():
-            result = run_python_pjit(p, args_flat, fun, args, kwargs)
-        cap._keep(jaxpr, kept_args, result[1], frame)
-        return result
-
-    def no_fastpath(*a: Any, **k: Any) -> Any:
-        if _active() is not None and core.trace_state_clean():
-            return None  # every top-level call comes back through Python while capturing
-        return get_fastpath_data(*a, **k)
-
-    def eager(self: Any, primitive: Any, args: Any, params: Any, /) -> Any:
-        cap = _active()
-        if cap is None:
-            return process_primitive(self, primitive, args, params)
-        frame = _user_frame_now()
-        with _nested():
-            outs = process_primitive(self, primitive, args, params)
-        flat = outs if primitive.multiple_results else [outs]
-        try:
-            jaxpr = _one_equation(primitive, args, params)
-        except Exception:  # an operation jax cannot stage on its own: its outputs are inputs
-            return outs
-        cap._keep(jaxpr, list(args), list(flat), frame)
-        return outs
-
-    pjit._run_python_pjit = run_and_keep
-    pjit._get_fastpath_data = no_fastpath
-    core.EvalTrace.process_primitive = eager
-    _installed.set()
-
-
-def _host_copy(a: Any) -> Any:
-    import jax
-    import numpy as np
-
-    if isinstance(a, jax.Array) and not jax.numpy.issubdtype(a.dtype, jax.dtypes.extended):
-        return np.asarray(a)
-    return a
 
 
 def _one_equation(primitive: Any, args: Any, params: Any) -> Any:
@@ -198,34 +147,20 @@ def _one_equation(primitive: Any, args: Any, params: Any) -> Any:
     def one(*xs: Any) -> Any:
         return primitive.bind(*xs, **params)
 
-    with _nested():
+    with adapter.quiet():
         return jax.make_jaxpr(one)(*args)
-
-
-def _forget_fast_paths() -> None:
-    """Drop jax's C++ dispatch caches: a function called before the capture opened would
-    otherwise be called from there, never reaching Python (its compiled program stays in
-    jax's Python caches: the next call only looks it up)."""
-    from jax._src import pjit
-
-    for name in ("_cpp_pjit_cache_fun_only", "_cpp_pjit_cache_explicit_attributes"):
-        cache = getattr(pjit, name, None)
-        if cache is not None:
-            cache.clear()
 
 
 @contextlib.contextmanager
 def capture() -> Iterator[Capture]:
-    """Keep every program dispatched at the top level while open (module docstring).
+    """Keep every program dispatched at the top level while open (module docstring). The
+    hooks are in jax only while it is open (`parity.origin.adapter.intercept`); where this
+    jax cannot be hooked, or a hook failed, `Capture.failure` says so in one line and the
+    code under it runs all the same.
 
     **Yields:** the `Capture` the programs are appended to.
     """
-    _install()
-    _forget_fast_paths()
-    previous = getattr(_state, "capture", None)
     cap = Capture()
-    _state.capture = cap
-    try:
+    with adapter.intercept(_Keeper(cap)) as status:
+        cap.status = status
         yield cap
-    finally:
-        _state.capture = previous

@@ -121,12 +121,15 @@ def record_programs(
     operations from an input, so that a tap of layer 2 comes before any of layer 3 whichever
     program computed it), a key no program computed right after the key declared before it.
     The order is None where no key is computed by the programs. Raises `LocaliseError`
-    where the values pass `max_bytes`.
+    where the values pass `max_bytes`, or where the programs were not all seen
+    (`Capture.failure`: this jax cannot be hooked, or a hook failed).
     """
     import jax
 
     from parity.origin.programs import Link, quiet
 
+    if capture.failure:
+        raise LocaliseError(capture.failure)
     interp = Interpreter(
         max_bytes, evaluate=evaluate, keep_arrays=keep_arrays, flush_every=flush_every
     )

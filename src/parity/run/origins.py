@@ -37,6 +37,7 @@ import numpy as np
 from parity.check import GoldenDir
 from parity.environment import layout_of
 from parity.judge.classes import REGISTRY, ToleranceClass
+from parity.judge.dataflow import DATAFLOW, UNREAD
 from parity.judge.tolerance import UnknownClassError
 from parity.machinery.config import ParityConfig
 from parity.machinery.launcher import ProducerRun, ProducerRunError, run_producers
@@ -171,7 +172,10 @@ def _why_not(r: CheckResult, produced: Produced) -> str | None:
     group, first = r.group or "", r.comparison.first_failure
     if first is None:
         return "no key breaks its class"
-    if produced.orders.get(group, "dataflow") != "dataflow":  # unknown: the recording says
+    if group in produced.recorders:  # its programs could not be seen: no recording either
+        return produced.recorders[group]
+    # An order not read (or unknown): the recording says
+    if produced.orders.get(group, DATAFLOW) not in (DATAFLOW, UNREAD):
         return (
             "the producer's outputs are not computed by the jax programs it runs (numpy "
             "computed them on the host), so the operations that made them cannot be recorded"
@@ -218,9 +222,11 @@ def settle_failures(
     origin: bool = True,
     progress: Progress = lambda _: None,
     timeout: float | None = None,
+    checkout: Checkout | None = None,
 ) -> list[Settled]:
     """Each failing check of `results` settled op by op (module docstring): its programs
-    recorded on the current tree and at its golden's base commit here, once, then each key
+    recorded on the checked code (`checkout`; None: the current tree) and at its golden's
+    base commit here, once, then each key
     of a class that proves (`op_by_op`) whose bits differ proved or told why not
     (`parity.origin.proof`), and, where `origin`, the origin of the first key still failing
     looked for (`CheckResult.origin`). A check that passes, or that fails with nothing to
@@ -248,7 +254,14 @@ def settle_failures(
         todo = [r for r in todo if r.name not in missing]
     if todo:
         out |= _record_and_settle(
-            todo, produced, builder, goldens, origin=origin, progress=progress, timeout=timeout
+            todo,
+            produced,
+            builder,
+            goldens,
+            origin=origin,
+            progress=progress,
+            timeout=timeout,
+            checkout=checkout or Checkout(root=config.root, name="the current tree"),
         )
     return [out.get(r.name) or Settled(r, {}) for r in results]
 
@@ -261,7 +274,8 @@ class FailureSettler:
 
     **Fields:** `produced` (what the check compared), `config`, `goldens`, `origin` (name
     the origin of what still fails, not only prove), `progress`, `timeout` (of each
-    recording run).
+    recording run), `checkout` (the code `produced` came from, recorded again: a bisect
+    step's worktree; None: the current tree).
     """
 
     produced: Produced
@@ -270,6 +284,7 @@ class FailureSettler:
     origin: bool = True
     progress: Progress = lambda _: None
     timeout: float | None = None
+    checkout: Checkout | None = None
 
     def settle(self, results: Sequence[CheckResult]) -> list[CheckResult]:
         settled = settle_failures(
@@ -280,6 +295,7 @@ class FailureSettler:
             origin=self.origin,
             progress=self.progress,
             timeout=self.timeout,
+            checkout=self.checkout,
         )
         return [s.result for s in settled]
 
@@ -293,9 +309,10 @@ def _record_and_settle(
     origin: bool,
     progress: Progress,
     timeout: float | None,
+    checkout: Checkout,
 ) -> dict[str, Settled]:
-    """`todo`'s groups recorded on the tree (one producer run) and at their bases (through
-    `builder`), each check settled by its two recordings."""
+    """`todo`'s groups recorded on `checkout` (one producer run) and at their bases
+    (through `builder`), each check settled by its two recordings."""
     config = builder.config
     try:
         root = repo_root(config.root)
@@ -311,7 +328,7 @@ def _record_and_settle(
     out: dict[str, Settled] = {}
     with owned_tempdir(_PREFIX) as tmp:
         new = record_groups(
-            Checkout(root=config.root, name="the current tree"),
+            checkout,
             config,
             [r.group or "" for r in todo],
             Path(tmp),

@@ -59,7 +59,10 @@ class Produced:
       were made), which the drift policy judges against the golden's.
     - `layout`: processes and devices per process of the run.
     - `orders`: group -> how its forward order was made (`dataflow`: its outputs were read
-      from its traced program; `declared`: it does not trace, or was not traced).
+      from its traced program; `declared`: it does not trace, or was not traced; `host`: no
+      jax program computed them; `unread`: not asked for).
+    - `recorders`: group -> why the programs it ran could not be seen (this jax cannot be
+      hooked, or a hook failed: `parity.origin.adapter`), one line; absent where they were.
     """
 
     groups: dict[str, dict[str, np.ndarray]]
@@ -68,6 +71,15 @@ class Produced:
     provenance: dict[str, dict[str, Any]] = field(default_factory=dict)
     layout: Layout = field(default_factory=Layout)
     orders: dict[str, str] = field(default_factory=dict)
+    recorders: dict[str, str] = field(default_factory=dict)
+
+    def recorder_line(self) -> str:
+        """The header's one line where the recorder could not see some group's programs
+        ("" where it saw every group's): why, and which groups."""
+        lines: dict[str, list[str]] = {}
+        for group, why in self.recorders.items():
+            lines.setdefault(why, []).append(group)
+        return "; ".join(f"{why} (groups {', '.join(gs)})" for why, gs in lines.items())
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -107,6 +119,7 @@ def produce(
     place: ClusterPlace | None = None,
     command: ProducerCommand = "check",
     check_classes: bool = False,
+    read_order: bool = True,
 ) -> Produced:
     """Run the configured producers against a checkout in a fresh process.
 
@@ -124,6 +137,8 @@ def produce(
       (`parity.machinery.launcher.ProducerRunError`).
     - `check_classes`: refuse a `CLASS_MAP` naming a class parity cannot use, before any
       group runs (`parity.machinery.launcher.UnusableClassError`), as a repin does.
+    - `read_order`: read each group's forward order from the programs it runs (the
+      recorder's hooks in jax while it runs); False: leave it unread, no hook installed.
 
     With `config.processes` above 1 the producers run SPMD as the workers of one JAX
     distributed run, `config.devices` devices each, and process 0's outputs are loaded.
@@ -149,18 +164,22 @@ def produce(
             process_id=None if place is None else place.process_id,
             code=at.name,
             check_classes=check_classes,
+            read_order=read_order,
         )
         flags = run_producers(run, progress=progress)
         out: dict[str, dict[str, np.ndarray]] = {}
         provenance: dict[str, dict[str, Any]] = {}
         orders: dict[str, str] = {}
+        recorders: dict[str, str] = {}
         for manifest in sorted(Path(tmp).glob("*.json")):
             loaded = load_runner_output(Path(tmp), manifest.stem, command=command)
             out[manifest.stem] = loaded.arrays
             provenance[manifest.stem] = loaded.provenance
             orders[manifest.stem] = loaded.order
+            if loaded.recorder:
+                recorders[manifest.stem] = loaded.recorder
     layout = Layout(config.processes, config.devices)
-    return Produced(out, time.perf_counter() - t0, flags, provenance, layout, orders)
+    return Produced(out, time.perf_counter() - t0, flags, provenance, layout, orders, recorders)
 
 
 def refuse_unusable_classes(config: ParityConfig, *, command: ProducerCommand = "check") -> None:
