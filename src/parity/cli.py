@@ -24,7 +24,8 @@ Every subcommand spells one idea one way (docs/design.md, "Vocabulary"): `--gold
 missing or unexpected); every failing key is printed. 2: unusable input (a missing,
 truncated, corrupt or unsafe file, a checksum mismatch, an unknown class, arrays parity
 cannot compare), with a one-line `parity: error: ...` on stderr and no traceback. 130:
-interrupted (Ctrl-C), one line saying so (`repin`: and what it left in the golden folder).
+interrupted (Ctrl-C), 143: terminated (SIGTERM, while a temporary worktree is open), one
+line saying so (`repin`: and what it left in the golden folder).
 
 This module never imports jax; importing it imports no subcommand (the names it re-exports
 load their module on first use). `script` is the process's entry point (`python -m parity`,
@@ -257,12 +258,13 @@ def main(argv: Sequence[str] | None = None) -> int:
         sys.stdout.flush()
         print(f"parity: error: {e.line}", file=sys.stderr)
         return e.exit_code
-    except KeyboardInterrupt:  # `repin` says what it left itself; the others wrote nothing
-        from parity.commands.common import EXIT_INTERRUPTED
+    except KeyboardInterrupt as e:  # `repin` says what it left itself; the others wrote nothing
+        from parity.machinery.signals import interruption
 
+        how, code = interruption(e)
         sys.stdout.flush()
-        print(f"parity: {args.command} interrupted (Ctrl-C)", file=sys.stderr)
-        return EXIT_INTERRUPTED
+        print(f"parity: {args.command} {how}", file=sys.stderr)
+        return code
 
 
 #: `script`'s threshold of the collector's youngest generation (Python's default: 700).

@@ -311,3 +311,20 @@ def test_a_cached_baseline_of_a_tpu_is_listed_by_its_backend_not_an_isa_cap(tmp_
     assert (listed["cpu"].isa, listed["cpu"].cpu) == ("AVX2", "AuthenticAMD family 25 model 1")
     assert (listed["tpu"].isa, listed["tpu"].cpu) == ("-", "tpu (TPU v5 lite, 1 device)")
 
+
+def test_cached_baselines_are_listed_in_an_order_no_host_decides(tmp_path) -> None:
+    # The environment's fingerprint names each entry's folder; it is a hash of the host's
+    # processor among others, so the folders' order differs from host to host. The listing
+    # is by commit, group, layout, then ISA cap from the widest.
+    from parity.run.baseline import BaselineCache
+
+    cache = BaselineCache(tmp_path)
+    caps = ["SSE4_2", "AVX", "AVX512", "AVX2"]
+    for n, cap in enumerate(caps):
+        prov = {**AMD, "isa_cap": cap}
+        # folder names in the opposite order of the widths
+        path = cache.path_for("a" * 40, f"{9 - n}{cap.lower()}", "d" * 64, "forward")
+        path.parent.mkdir(parents=True, exist_ok=True)
+        write_goldens(path, {"x": np.zeros(2, np.float32)}, classes={"x": "bitwise"},
+                      provenance=prov)  # fmt: skip
+    assert [e.isa for e in cache.entries()] == ["AVX512", "AVX2", "AVX", "SSE4_2"]

@@ -22,6 +22,7 @@ from dataclasses import dataclass
 from parity.errors import ParityError
 from parity.judge.floats import count
 from parity.machinery.config import ParityConfig
+from parity.xla_env import ISA_CAPS
 
 __all__ = [
     "DEVICE_COUNTS",
@@ -36,16 +37,6 @@ __all__ = [
     "perturbations",
 ]
 
-#: XLA CPU ISA caps (`--xla_cpu_max_isa`), lowest first, with the /proc/cpuinfo flag each
-#: one needs.
-ISA_CAPS: tuple[tuple[str, str], ...] = (
-    ("SSE4_2", "sse4_2"),
-    ("AVX", "avx"),
-    ("AVX2", "avx2"),
-    ("AVX512", "avx512f"),
-    ("AVX512_VNNI", "avx512_vnni"),
-    ("AVX512_BF16", "avx512_bf16"),
-)
 #: Simulated device counts the `devices` perturbation tries.
 DEVICE_COUNTS = (1, 2, 4)
 #: The layout a bare `processes` perturbs to: 2 processes of 2 devices each, the layout

@@ -11,7 +11,6 @@ from typing import IO, Any
 
 from parity.commands.common import (
     EXIT_FAIL,
-    EXIT_INTERRUPTED,
     EXIT_OK,
     CLIError,
     config_flags,
@@ -82,8 +81,12 @@ def _snapshot(folder: Path) -> dict[str, tuple[int, int, int]]:
     }
 
 
-def _interrupted(target: Path, before: dict[str, tuple[int, int, int]]) -> int:
-    """One line on stderr saying what a Ctrl-C left in `target`, and exit 130."""
+def _interrupted(
+    target: Path, before: dict[str, tuple[int, int, int]], e: KeyboardInterrupt
+) -> int:
+    """One line on stderr saying what a Ctrl-C (exit 130) or a SIGTERM (exit 143) left in
+    `target`."""
+    from parity.machinery.signals import interruption
     from parity.store.staging import JOURNAL_NAME
 
     if (target / JOURNAL_NAME).exists():
@@ -95,19 +98,21 @@ def _interrupted(target: Path, before: dict[str, tuple[int, int, int]]) -> int:
         state = f"the goldens in {target} are untouched"
     else:
         state = f"the new goldens were already in place in {target}"
-    print(f"parity: repin interrupted (Ctrl-C); {state}", file=sys.stderr, flush=True)
-    return EXIT_INTERRUPTED
+    how, code = interruption(e)
+    print(f"parity: repin {how}; {state}", file=sys.stderr, flush=True)
+    return code
 
 
 def run(args: argparse.Namespace, out: IO[str]) -> int:
-    """Run `parity repin`; a Ctrl-C is one line saying what it left (exit 130), never a
-    traceback: a repin replaces the goldens only once every group is produced."""
+    """Run `parity repin`; a Ctrl-C (or a SIGTERM) is one line saying what it left (exit
+    130, 143), never a traceback: a repin replaces the goldens only once every group is
+    produced."""
     config = config_of(args)
     before = _snapshot(config.goldens)
     try:
         return _run(config, args, out)
-    except KeyboardInterrupt:
-        return _interrupted(config.goldens, before)
+    except KeyboardInterrupt as e:
+        return _interrupted(config.goldens, before, e)
 
 
 def _run(config: Any, args: argparse.Namespace, out: IO[str]) -> int:

@@ -42,7 +42,7 @@ import threading
 from collections.abc import Iterator
 from types import FrameType
 
-__all__ = ["NUDGE", "deferred_signals", "signals_reach_main_thread"]
+__all__ = ["NUDGE", "Terminated", "deferred_signals", "interruption", "signals_reach_main_thread"]
 
 #: The signal the relay sends to the main thread. SIGURG's default action is to ignore it,
 #: so a nudge that arrives after the relay's handler is gone does no harm.
@@ -50,6 +50,20 @@ NUDGE = signal.SIGURG
 
 _lock = threading.Lock()
 _depth = 0
+
+
+class Terminated(KeyboardInterrupt):
+    """SIGTERM, raised in the main thread where a command turns it into an exception (a
+    temporary worktree is open), so that the cleanup a Ctrl-C runs runs for it too; the
+    command line says so in one line and exits 143 (128 + SIGTERM), as a shell reports it."""
+
+
+def interruption(e: KeyboardInterrupt) -> tuple[str, int]:
+    """What stopped a command, in words (`"interrupted (Ctrl-C)"`, `"terminated
+    (SIGTERM)"`), and its exit code (130, 143)."""
+    if isinstance(e, Terminated):
+        return "terminated (SIGTERM)", 128 + signal.SIGTERM
+    return "interrupted (Ctrl-C)", 128 + signal.SIGINT
 
 
 def _nudged(signum: int, frame: FrameType | None) -> None:

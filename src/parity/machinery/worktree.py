@@ -20,7 +20,7 @@ from pathlib import Path
 from types import FrameType
 
 from parity.errors import ParityError
-from parity.machinery.signals import deferred_signals, signals_reach_main_thread
+from parity.machinery.signals import Terminated, deferred_signals, signals_reach_main_thread
 from parity.store.staging import OWNER_NAME, owner_dead
 
 
@@ -45,6 +45,22 @@ def git(repo: Path, *args: str) -> str:
     if proc.returncode != 0:
         raise GitError(f"git {' '.join(args)} failed in {repo}: {proc.stderr.strip()}")
     return proc.stdout.strip()
+
+
+def file_at(repo: Path, sha: str, path: Path) -> bytes | None:
+    """The bytes of `path` (a file under `repo`'s work tree) as commit `sha` holds it, or
+    None where it holds no such file (read with `git show`; nothing is checked out)."""
+    try:
+        rel = path.resolve().relative_to(repo.resolve()).as_posix()
+    except ValueError:  # outside the repository: no commit holds it
+        return None
+    proc = subprocess.run(
+        ["git", "-C", str(repo), "show", f"{sha}:{rel}"],
+        capture_output=True,
+        check=False,
+        env={**os.environ, "GIT_OPTIONAL_LOCKS": "0"},
+    )
+    return proc.stdout if proc.returncode == 0 else None
 
 
 def repo_root(path: Path | str = ".") -> Path:
@@ -95,14 +111,10 @@ def remove_stale_worktrees(repo: Path | str) -> list[str]:
     return done
 
 
-class _Interrupted(BaseException):
-    """SIGTERM, turned into an exception so that cleanup runs."""
-
-
 @contextlib.contextmanager
 def _sigterm_as_exception() -> Iterator[None]:
     def handler(signum: int, frame: FrameType | None) -> None:
-        raise _Interrupted(f"signal {signum}")
+        raise Terminated(f"signal {signum}")
 
     try:
         old = signal.signal(signal.SIGTERM, handler)

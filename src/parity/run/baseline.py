@@ -62,6 +62,7 @@ from parity.run.recordings import keep_recording, recorded
 from parity.store import GoldenStoreError, open_goldens
 from parity.store.provenance import digest_sources
 from parity.store.staging import owned_tempdir
+from parity.xla_env import ISA_CAPS
 
 __all__ = [
     "ENV_VAR",
@@ -115,6 +116,12 @@ class CachedBaseline:
             f"{self.group:<22} base {self.sha[:12]}  layout {self.layout:<5} isa {self.isa:<8} "
             f"{self.bytes / 1e6:6.2f} MB  env {self.fingerprint}  {self.cpu}"
         )
+
+
+def _listing_order(e: CachedBaseline) -> tuple[Any, ...]:
+    widths = [cap for cap, _ in ISA_CAPS]
+    width = widths.index(e.isa) if e.isa in widths else -1
+    return (e.sha, e.group, e.layout, -width, e.isa, e.cpu, str(e.path))
 
 
 class BaselineCache:
@@ -177,7 +184,8 @@ class BaselineCache:
                     folder.rmdir()
 
     def entries(self) -> list[CachedBaseline]:
-        """Every cached group, by base commit, then environment, then group."""
+        """Every cached group, in an order that does not depend on the host: by base commit,
+        group, layout, ISA cap (the widest first), processor, then file."""
         out: list[CachedBaseline] = []
         for path in sorted(self.folder.glob("*/*/*.h5")):
             fingerprint, _, digest = path.parent.name.partition("-")
@@ -203,7 +211,7 @@ class BaselineCache:
                     path.stat().st_size,
                 )
             )
-        return out
+        return sorted(out, key=_listing_order)
 
     def clear(self, *, sha: str | None = None) -> int:
         """Remove every entry (or those of the base commits starting with `sha`).

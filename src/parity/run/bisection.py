@@ -2,12 +2,16 @@
 touching the user's repository state.
 
 `bisect(good, bad, config=...)` pins goldens at GOOD into a temporary folder (the user's
-goldens are never read or written), confirms that GOOD passes against them and that BAD
-fails, then binary-searches the first-parent commits between them. Each commit is checked
-out as a temporary detached worktree (`parity.machinery.worktree.temporary_worktree`), the current
-tree's producers run against its code in a fresh process (`parity.run.produced.produce`), and
+goldens are never written), each given the calibration GOOD's own golden file records (else
+the project's: `carry_calibration`, so a `calibrated` class judges), confirms that GOOD
+passes against them and that BAD fails, then binary-searches the first-parent commits
+between them. Each commit is checked out as a temporary detached worktree
+(`parity.machinery.worktree.temporary_worktree`), the current tree's producers run against
+its code in a fresh process (`parity.run.produced.produce`), and
 the arrays are checked against GOOD's goldens (`parity.check.check_group`). Three outcomes
-per commit, as `git bisect run` has (exit 125 there):
+per commit, as `git bisect run` has (exit 125 there), each judged as `parity check` judges
+(a key of a class that proves, `op_by_op`, whose bits moved is proved op by op against GOOD's
+programs, `parity.run.origins.FailureSettler`, and is bad only where it is not):
 
 - `good`: every key of every group holds its class;
 - `bad`: some key breaks its class (the step names the group, key and class);
@@ -38,12 +42,21 @@ from parity.errors import ParityError
 from parity.judge.floats import count
 from parity.machinery.config import ParityConfig
 from parity.machinery.launcher import ProducerRunError, UnknownGroupsError
-from parity.machinery.worktree import GitError, git, repo_root, resolve_sha, temporary_worktree
+from parity.machinery.worktree import (
+    GitError,
+    file_at,
+    git,
+    repo_root,
+    resolve_sha,
+    temporary_worktree,
+)
 from parity.origin.localisation import Localisation
 from parity.report.summary import arrays_failing
 from parity.results import CheckError
+from parity.run.origins import FailureSettler, locate_between
 from parity.run.produced import Checkout, check_produced, produce
 from parity.run.repin import RepinError, RepinRun, repin
+from parity.store import GoldenStoreError, open_goldens, write_goldens
 
 __all__ = ["BisectError", "BisectResult", "Step", "bisect", "first_parent_commits"]
 
@@ -179,20 +192,24 @@ def _evaluate(
 
     try:
         with temporary_worktree(root, sha) as wt:
-            produced = produce(
-                config,
-                at=Checkout(root=wt, drop_paths=config.src, name=f"commit {sha[:12]}"),
-                groups=groups,
-                command="bisect",
+            at = Checkout(root=wt, drop_paths=config.src, name=f"commit {sha[:12]}")
+            try:
+                produced = produce(config, at=at, groups=groups, command="bisect")
+            except ProducerRunError as e:
+                return step("skip", f"cannot run the producers: {e.reason}")
+            # Judged as `parity check` judges: a key of a class that proves (`op_by_op`)
+            # whose bits moved is proved op by op against GOOD, or fails for why not.
+            settler = FailureSettler(
+                produced, config, goldens, origin=False, checkout=at, progress=lambda _: None
             )
-    except ProducerRunError as e:
-        return step("skip", f"cannot run the producers: {e.reason}")
+            try:
+                results = check_produced(
+                    produced, goldens, overrides=overrides, node=sha, settle=settler
+                )
+            except CheckError as e:
+                return step("skip", f"cannot check: {' '.join(str(e).split())}")
     except GitError as e:
         return step("skip", f"cannot check out: {' '.join(str(e).split())}")
-    try:
-        results = check_produced(produced, goldens, overrides=overrides, node=sha)
-    except CheckError as e:
-        return step("skip", f"cannot check: {' '.join(str(e).split())}")
     for r in results:
         f = r.comparison.first_failure
         if f is not None:
@@ -202,6 +219,43 @@ def _evaluate(
     return step(
         "good", f"all {count(n, 'array')} of {count(len(results), 'group')} hold their class"
     )
+
+
+def carry_calibration(root: Path, good: str, goldens: Path, pinned: Path) -> list[str]:
+    """Give each golden file pinned at GOOD into `pinned` the calibration GOOD's own golden
+    file of that group records (as commit `good` holds it under `goldens`), else the one
+    the project's goldens record now: a `calibrated` class reads its bounds from there, and
+    a fresh pin records none. **Returns:** a line per file given one, saying from where."""
+    lines = []
+    for path in sorted(pinned.glob("*.h5")):
+        committed = goldens / path.name
+        source, where = None, ""
+        data = file_at(root, good, committed)
+        if data is not None:
+            source, where = pinned / f".{path.stem}.good", f"GOOD {good[:12]}'s {path.name}"
+            source.write_bytes(data)
+        elif committed.is_file():
+            source, where = committed, f"{committed} (GOOD holds no {path.name})"
+        if source is None:
+            continue
+        try:
+            with open_goldens(source) as gf:
+                calibration = gf.provenance.get("calibration")
+        except GoldenStoreError:
+            continue
+        finally:
+            if source.parent == pinned:
+                source.unlink()
+        if not calibration:
+            continue
+        with open_goldens(path) as gf:
+            arrays = {k: gf[k] for k in gf}
+            classes = {k: gf.info(k).class_name for k in gf}
+            prov, cmap, order = dict(gf.provenance), gf.class_map_json, gf.ordered_keys()
+        write_goldens(path, arrays, classes=classes, class_map_json=cmap,
+                      provenance={**prov, "calibration": calibration}, order=order)  # fmt: skip
+        lines.append(f"{path.stem}: the calibration of {where}")
+    return lines
 
 
 def _resolve(start: Path, good: str, bad: str) -> tuple[Path, str, str]:
@@ -262,7 +316,8 @@ def bisect(
 
     - `good`, `bad`: revisions; `good` must be an ancestor of `bad`.
     - `config`: the project's `[tool.parity]` (producers, src roots, ISA cap, devices);
-      its `goldens` are not used: the goldens are pinned at `good` into a temporary folder.
+      the goldens are pinned at `good` into a temporary folder, with the calibration of
+      GOOD's own goldens (else of `config.goldens`; `carry_calibration`).
     - `groups`: a subset of the producer groups (default all).
     - `overrides`: `(pattern, class)` rules before the pinned class map.
     - `progress`: receives one line per step.
@@ -303,6 +358,8 @@ def bisect(
             why = e.reason if isinstance(e, ProducerRunError) else " ".join(str(e).split())
             record(Step(good_sha, _subject(root, good_sha), "skip", f"cannot pin: {why}", "GOOD"))
             return result("cannot_run")
+        for line in carry_calibration(root, good_sha, config.goldens, Path(tmp)):
+            progress(line)
         with GoldenDir(tmp) as goldens:
 
             def check(sha: str, role: str) -> Step:
@@ -327,8 +384,6 @@ def bisect(
     fb = known[hi]
     if not origin or fb.group is None or fb.key is None or fb.class_name is None:
         return result("found", first_bad=fb)
-    from parity.run.origins import locate_between
-
     parent = commits[hi - 1] if hi > 0 else good_sha
     found = locate_between(
         config, root, (fb.group, fb.key, fb.class_name), fb.sha, parent, progress=progress

@@ -272,11 +272,17 @@ def test_check_and_the_plugin_refuse_a_class_map_naming_an_unknown_class(
     assert missing.returncode == 0, missing.stdout + missing.stderr
 
 
-def test_ctrl_c_during_a_repin_is_one_line_exit_130_and_the_goldens_untouched(
-    project: Path, run_parity
+@pytest.mark.parametrize(
+    ("signum", "exit_code", "how"),
+    [(signal.SIGINT, 130, "interrupted (Ctrl-C)"), (signal.SIGTERM, 143, "terminated (SIGTERM)")],
+    ids=["SIGINT", "SIGTERM"],
+)
+def test_ctrl_c_or_sigterm_during_a_repin_is_one_line_and_the_goldens_untouched(
+    project: Path, run_parity, git, signum: int, exit_code: int, how: str
 ) -> None:
-    """SIGINT while the producers run (the user's Ctrl-C): one line saying the repin was
-    interrupted and the goldens are untouched, no traceback, exit 130."""
+    """SIGINT while the producers run (the user's Ctrl-C), or SIGTERM (`timeout N parity
+    repin`): one line saying the repin was stopped and the goldens are untouched, no
+    traceback, exit 130 or 143, no worktree left behind."""
     assert run_parity(project, "repin", "--base", "HEAD").returncode == 0
     before = {p.name: p.read_bytes() for p in (project / "goldens").iterdir()}
     marker = project.parent / "producing"
@@ -300,15 +306,17 @@ def test_ctrl_c_during_a_repin_is_one_line_exit_130_and_the_goldens_untouched(
     while not marker.exists():
         assert proc.poll() is None and time.monotonic() < deadline, proc.communicate()
         time.sleep(0.05)
-    proc.send_signal(signal.SIGINT)
+    proc.send_signal(signum)
     out, err = proc.communicate(timeout=60)
-    assert proc.returncode == 130, out + err
+    assert proc.returncode == exit_code, out + err
     assert "Traceback" not in err, err
     lines = [ln for ln in err.splitlines() if not ln.startswith(("[producers]", "repin at"))]
-    assert lines == [
-        f"parity: repin interrupted (Ctrl-C); the goldens in {project / 'goldens'} are untouched"
-    ], err
+    assert lines == [f"parity: repin {how}; the goldens in {project / 'goldens'} are untouched"], (
+        err
+    )
     assert {p.name: p.read_bytes() for p in (project / "goldens").iterdir()} == before
+    worktrees = git(project, "worktree", "list", "--porcelain").splitlines()
+    assert [ln for ln in worktrees if ln.startswith("worktree ")] == [f"worktree {project}"]
 
 
 def test_check_finds_a_truncated_golden_before_the_producers_run(project: Path, run_parity) -> None:

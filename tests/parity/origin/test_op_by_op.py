@@ -156,23 +156,7 @@ def test_settle_passes_only_what_was_proved_and_says_why_the_rest_was_not() -> N
     assert not settled.proved and not still.reason.endswith(UNPROVED)
 
 
-PRODUCERS = """\
-import jax
-
-import tinyformer
-
-
-def forward():
-    params = tinyformer.init(jax.random.key(0))
-    tokens = jax.numpy.arange(tinyformer.T) % tinyformer.VOCAB
-    return {"logits": jax.jit(tinyformer.forward)(params, tokens)}
-
-
-GROUPS = {"forward": forward}
-CLASS_MAP = [("logits", "op_by_op")]
-"""
-
-MODEL_FILE = "src/tinyformer/__init__.py"
+PRODUCERS, MODEL_FILE = tf.PRODUCERS, tf.MODEL_FILE
 
 
 @pytest.fixture(scope="module")
@@ -182,8 +166,7 @@ def project(
     """The newcomer's project pinned at its model, then the refactor and the epsilon bug
     committed on top: `(repo, {"refactor": sha, "epsilon": sha})`."""
     repo = git_project(
-        tmp_path_factory.mktemp("newcomer"), PRODUCERS,
-        'producers = "producers.py"\nsrc = ["src"]\n', files={MODEL_FILE: tf.MODEL},
+        tmp_path_factory.mktemp("newcomer"), PRODUCERS, tf.TABLE, files={MODEL_FILE: tf.MODEL},
     )  # fmt: skip
     shas = {}
     for name, text in (("refactor", tf.REFACTOR), ("epsilon", tf.buggy("epsilon"))):
@@ -229,3 +212,48 @@ def test_the_pytest_plugin_proves_a_golden_check(
     done = run_pytest(repo, "test_forward.py")
     (repo / "test_forward.py").unlink()
     assert done.returncode == 0, done.stdout + done.stderr
+
+
+def test_bisect_judges_each_step_with_the_proof_and_names_the_bug_not_the_refactor(
+    project: tuple[Path, dict[str, str]], run_parity: Callable[..., Any], git: Any
+) -> None:
+    # Issue 57: bisect judged without the proof and named the proved refactor.
+    repo, shas = project
+    git(repo, "checkout", "-q", shas["epsilon"])
+    pin = git(repo, "rev-parse", f"{shas['refactor']}~1")
+    report = repo.parent / "bisect.json"
+    done = run_parity(repo, "bisect", pin, shas["epsilon"], "--class", "op_by_op",
+                      "--origin", "off", "--json", str(report))  # fmt: skip
+    assert done.returncode == 0, done.stdout + done.stderr
+    found = json.loads(report.read_text())
+    assert found["first_bad_commit"] == shas["epsilon"], done.stdout
+    (step,) = [s for s in found["steps"] if s["sha"] == shas["refactor"]]
+    assert step["outcome"] == "good", step
+
+
+def test_bisect_with_a_calibrated_class_reads_the_calibration_of_the_goldens(
+    project: tuple[Path, dict[str, str]], run_parity: Callable[..., Any], git: Any
+) -> None:
+    # GOOD's goldens are pinned afresh into a temporary folder; a fresh pin records no
+    # calibration, so they take the one of GOOD's goldens (here: not committed at GOOD, so
+    # the project's). The spread is written as a calibration would record it.
+    repo, shas = project
+    git(repo, "checkout", "-q", shas["epsilon"])
+    path = repo / "goldens" / "forward.h5"
+    kept = path.read_bytes()
+    try:
+        spread = {"labels": ["repeat"], "keys": {"logits": [1e-6]}}
+        calibration = {"spread": spread, "summary": "under repeat: logits 1e-06 abs"}
+        tf.with_provenance(path, {"calibration": calibration})
+        pin = git(repo, "rev-parse", f"{shas['refactor']}~1")
+        report = repo.parent / "bisect-calibrated.json"
+        done = run_parity(repo, "bisect", pin, shas["epsilon"], "--class", "calibrated",
+                          "--origin", "off", "--json", str(report))  # fmt: skip
+    finally:
+        path.write_bytes(kept)
+    assert done.returncode == 0, done.stdout + done.stderr
+    assert "cannot check" not in done.stdout + done.stderr
+    assert "forward: the calibration of" in done.stdout + done.stderr
+    found = json.loads(report.read_text())
+    assert found["first_bad_commit"] == shas["epsilon"], done.stdout
+    assert found["class"] == "calibrated"
