@@ -38,9 +38,13 @@ class ClassSummary:
     - `class_name`, `allowed`: the class and its rule in words.
     - `arrays`, `passed`, `failed`, `bitwise_equal`: counts of keys (missing and unexpected
         keys count as failed).
-    - `max_abs`, `max_ulp`: the largest over the class's keys (`None` if no key has one).
-    - `worst_key`: the failing key with the largest error, or, if none fails, the key with
-        the largest error; `None` when every key is bitwise equal.
+    - `missing`, `unexpected`: how many of the failed keys are in the expected side only,
+        or in the actual side only (no figure measured for either).
+    - `max_abs`, `max_ulp`: the largest over the class's compared keys (`None` if no key
+        has one).
+    - `worst_key`: of the keys whose figures those columns show, the failing one with the
+        largest error, or, if none fails, the one with the largest error; `None` when every
+        compared key is bitwise equal. A missing key is never it: it has no figure.
     """
 
     class_name: str
@@ -52,6 +56,8 @@ class ClassSummary:
     max_abs: float | None
     max_ulp: int | None
     worst_key: str | None
+    missing: int = 0
+    unexpected: int = 0
 
     def to_dict(self) -> dict[str, Any]:
         """The summary as a JSON-safe dict (non-finite floats as strings)."""
@@ -61,6 +67,8 @@ class ClassSummary:
             "arrays": self.arrays,
             "passed": self.passed,
             "failed": self.failed,
+            "missing": self.missing,
+            "unexpected": self.unexpected,
             "bitwise_equal": self.bitwise_equal,
             "max_abs": _json_float(self.max_abs),
             "max_ulp": self.max_ulp,
@@ -100,8 +108,9 @@ def summarize(comparison: Comparison) -> list[ClassSummary]:
     for name, findings in comparison.by_class().items():
         abs_values = [f.max_abs for f in findings if f.max_abs is not None]
         ulp_values = [f.max_ulp for f in findings if f.max_ulp is not None]
-        worst = max(findings, key=severity)
-        worst_key = None if worst.bitwise_equal else worst.key
+        compared = [f for f in findings if f.verdict not in ("missing", "unexpected")]
+        worst = max(compared, key=severity) if compared else None
+        worst_key = None if worst is None or worst.bitwise_equal else worst.key
         out.append(
             ClassSummary(
                 class_name=name,
@@ -113,6 +122,8 @@ def summarize(comparison: Comparison) -> list[ClassSummary]:
                 max_abs=max(abs_values) if abs_values else None,
                 max_ulp=max(ulp_values) if ulp_values else None,
                 worst_key=worst_key,
+                missing=sum(f.verdict == "missing" for f in findings),
+                unexpected=sum(f.verdict == "unexpected" for f in findings),
             )
         )
     return out
@@ -163,12 +174,13 @@ CLASS_RIGHT = (False, False, True, True, True, True, True, True, False)
 
 
 def class_row(s: ClassSummary) -> list[str]:
+    absent = [f"{n} {what}" for n, what in ((s.missing, "missing"), (s.unexpected, "new")) if n]
     return [
         s.class_name,
         s.allowed,
         str(s.arrays),
         str(s.passed),
-        str(s.failed),
+        f"{s.failed} ({', '.join(absent)})" if absent else str(s.failed),
         str(s.bitwise_equal),
         num(s.max_abs),
         num(s.max_ulp),

@@ -160,3 +160,26 @@ def test_a_session_of_one_comparison_writes_what_the_writers_write_of_it(tmp_pat
     assert (tmp_path / "s" / "report.txt").read_text() == format_table(
         comparison, header=header
     ) + "\n"
+
+
+def test_a_missing_key_is_counted_as_missing_never_the_worst_of_a_figure_it_lacks() -> None:
+    # Issue 60: the table named a missing key as `worst key` beside another key's max abs.
+    from parity.report.summary import class_row, summarize
+
+    expected = {
+        "blocks.0.w": np.zeros(3, np.float32),
+        "blocks.1.w": np.zeros(3, np.float32),
+        "head": np.zeros(2, np.float32),
+    }
+    actual = {
+        "blocks.0.w": np.zeros(3, np.float32),
+        "head": np.array([0.0, 3e-8], np.float32),
+        "blocks.w": np.zeros((2, 3), np.float32),
+    }
+    comparison = compare_trees(actual, expected, "fp32_reassoc")
+    (row,) = summarize(comparison)
+    assert (row.missing, row.unexpected, row.failed) == (1, 1, 2)
+    assert row.worst_key == "head" and row.max_abs == np.float32(3e-8)
+    cells = dict(zip(("failed", "worst"), (class_row(row)[4], class_row(row)[-1]), strict=True))
+    assert cells == {"failed": "2 (1 missing, 1 new)", "worst": "head"}
+    assert json.loads(json.dumps(row.to_dict()))["missing"] == 1
