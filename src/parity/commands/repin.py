@@ -36,8 +36,9 @@ def add_parser(sub: Any, help: str) -> None:
         "print what changed. Your working tree, index and branches are not touched. The new "
         "files replace the old ones only once every group is produced; a repin killed at any "
         "moment leaves the old goldens or the new ones, and the next repin (or --recover) "
-        "finishes its replace. Exit 0 pinned, 1 --classes-only moved a class, 2 failed (old "
-        "goldens untouched).",
+        "finishes its replace. Exit 0 pinned (with --classes-only: classes given, however "
+        "many changed), 1 --classes-only found an array's bytes moved (they are kept byte for "
+        "byte: never expected), 2 failed (old goldens untouched).",
     )
     repin.add_argument(
         "--base",

@@ -451,3 +451,17 @@ def test_classes_only_with_order_rewrites_the_order_and_keeps_every_array(
 
     (repo / "producers.py").write_text(first.replace("'c'", "'d'"))
     _one_line_error(run_parity(repo, "repin", "--classes-only", "--order"), "--order only reorders")
+
+
+def test_classes_only_that_changes_a_class_exits_as_its_help_says(project: Path, run_parity):
+    # Issue 57: the help said exit 1 for a class moved, the command exits 0 (1 is kept for
+    # an array whose bytes moved, which --classes-only never does).
+    assert run_parity(project, "repin", "--base", "HEAD").returncode == 0
+    producers = project / "producers.py"
+    producers.write_text(PRODUCERS + 'CLASS_MAP = [("layers.*", "fp32_reassoc")]\n')
+    done = run_parity(project, "repin", "--classes-only")
+    assert "3 keys bitwise -> fp32_reassoc" in done.stdout, done.stdout + done.stderr
+    helped = run_parity(project, "repin", "--help").stdout
+    said = " ".join(helped.split())
+    assert "Exit 0 pinned (with --classes-only: classes given, however many changed)" in said
+    assert done.returncode == 0, done.stdout + done.stderr
