@@ -23,6 +23,7 @@ from parity.check.request import refuse_unknown_options
 from parity.judge.classes import REGISTRY, ToleranceClass
 from parity.judge.compare import Comparison, Order
 from parity.judge.dataflow import Dataflow
+from parity.judge.stacking import parse_stack
 from parity.judge.tolerance import ClassMap
 from parity.judge.trees import non_array_differences
 from parity.origin.api import settle_live
@@ -44,6 +45,7 @@ class AssertOptions(TypedDict, total=False):
     old_fn: Callable[..., Any] | None
     args: tuple[Any, ...]
     kwargs: Mapping[str, Any] | None
+    stack: Sequence[str] | str | None
 
 
 @dataclass(frozen=True)
@@ -57,6 +59,7 @@ class _Programs:
     args: tuple[Any, ...]
     kwargs: Mapping[str, Any]
     registry: Mapping[str, ToleranceClass]
+    stack: Sequence[str] | str | None = None
 
     def settle(self, results: Sequence[CheckResult]) -> list[CheckResult]:
         out = []
@@ -69,6 +72,7 @@ class _Programs:
                     self.args,
                     self.kwargs,
                     registry=self.registry,
+                    stack=parse_stack(self.stack),
                 )
                 r = dataclasses.replace(r, comparison=comparison, origin=found)
             out.append(r)
@@ -97,6 +101,11 @@ def assert_equivalent(actual: Any, expected: Any, **options: Unpack[AssertOption
         walk them as the program computed them.
     - `overrides`: `(pattern, class)` rules tried before `class_map`.
     - `registry`: the classes by name.
+    - `stack`: stack rules (`"blocks.{i}"`, or several): a key of one tree stacked on a
+        leading axis (`blocks.w`, the layers of a `lax.scan`) is compared row by row with
+        the other tree's per-layer keys (`blocks.0.w`, `blocks.1.w`, ...), each under its
+        per-layer key's class and named by it (`parity.judge.stacking`). Without it, a
+        failure says where missing keys are rows of new keys, and the rule to declare.
     - `new_fn`, `old_fn`, `args`, `kwargs`: the functions whose outputs `actual` and
         `expected` are, and what they were called with: on a failure both programs are
         recorded op by op, once; a key of class `op_by_op` whose bits differ then passes
@@ -138,6 +147,7 @@ def assert_equivalent(actual: Any, expected: Any, **options: Unpack[AssertOption
             overrides=options.get("overrides", ()),
             order=order,
             registry=registry,
+            stack=options.get("stack"),
             name="assert_equivalent",
             non_arrays=(statics_a, statics_e),
             settle=settle,
@@ -156,7 +166,7 @@ def assert_equivalent(actual: Any, expected: Any, **options: Unpack[AssertOption
         # Both programs recorded op by op, once: a key of a class that proves (`op_by_op`)
         # is proved or told why not, and the first key still failing gets its origin. The
         # trees are compared again only where the order changed.
-        programs = _Programs(new_fn, old_fn, args, kwargs, registry)
+        programs = _Programs(new_fn, old_fn, args, kwargs, registry, options.get("stack"))
         if order is options.get("order"):
             result = programs.settle([result])[0]
         else:

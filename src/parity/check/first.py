@@ -6,6 +6,7 @@ a golden file, of two files or of two live trees (`flatten_sides`, then `compare
 
 from __future__ import annotations
 
+import dataclasses
 import time
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
@@ -18,6 +19,7 @@ from parity.judge.chunks import DEFAULT_BUDGET
 from parity.judge.classes import ToleranceClass
 from parity.judge.compare import Comparison, Order, compare_trees
 from parity.judge.dataflow import DATAFLOW, HOST
+from parity.judge.stacking import parse_stack, split_stacked, stacking_offer
 from parity.judge.tolerance import KeyClass, UnknownClassError, UnmatchedKeyError
 from parity.judge.trees import flatten
 from parity.results import CheckError
@@ -68,7 +70,7 @@ def compare_flat(
     trees): every key of both flat sides under its class, in the forward order. Raises
     `CheckError` for input it cannot compare (an unknown class, a key without one)."""
     try:
-        return compare_trees(
+        comparison = compare_trees(
             flat_a,
             flat_e,
             classes,
@@ -79,6 +81,36 @@ def compare_flat(
         )
     except (TypeError, UnknownClassError, UnmatchedKeyError) as e:
         raise CheckError(f"check {name!r}: {e}") from None
+    return _offer_stacking(comparison, flat_a)
+
+
+def _offer_stacking(comparison: Comparison, flat_a: Mapping[str, Any]) -> Comparison:
+    """`comparison` with each missing key that is a row of a new key (stacked on a leading
+    axis) saying so, and the stack rule that would compare them
+    (`parity.judge.stacking.stacking_offer`)."""
+    missing = [f.key for f in comparison.findings if f.verdict == "missing"]
+    new = {
+        f.key: tuple(getattr(flat_a[f.key], "shape", ()))
+        for f in comparison.findings
+        if f.verdict == "unexpected" and f.key in flat_a
+    }
+    offered = stacking_offer(missing, new) if missing and new else {}
+    if not offered:
+        return comparison
+    templates = sorted({t for t, _, _ in offered.values()})
+    declare = ", ".join(repr(t) for t in templates)
+    findings = []
+    for f in comparison.findings:
+        if f.key in offered:
+            _, stacked, row = offered[f.key]
+            f = dataclasses.replace(
+                f,
+                reason=f"{f.reason}; it is row {row} of the new key {stacked!r} (the layers "
+                f"stacked): compare them as one with stack = [{declare}] (the producers' "
+                "STACK, or stack= of the check)",
+            )
+        findings.append(f)
+    return dataclasses.replace(comparison, findings=tuple(findings))
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -180,6 +212,12 @@ def first_verdict(actual: Any, gf: GoldenFile, request: CheckRequest) -> FirstVe
     t0 = time.perf_counter()
     name = request.name or group
     flat_a, flat_e = flatten_sides(actual, golden_arrays, name)
+    try:
+        rules = parse_stack(request.stack)
+    except ValueError as e:
+        raise CheckError(f"check {name!r}: {e}") from None
+    # A stacked key of the tree is compared row by row with the per-layer goldens it replaces.
+    flat_a, _ = split_stacked(flat_a, flat_e, rules)
     try:
         comparison = compare_flat(
             flat_a,

@@ -52,8 +52,9 @@ from parity.check.request import (
     refuse_unknown_options,
 )
 from parity.judge.classes import REGISTRY
+from parity.judge.stacking import parse_stack, unstack
 from parity.judge.tolerance import DEFAULT_CLASS, class_resolver
-from parity.results import CheckResult, diff_command
+from parity.results import CheckError, CheckResult, diff_command
 from parity.store import GoldenFile
 
 __all__ = ["BARE_KEY", "check_file", "check_group", "check_groups", "check_live"]
@@ -245,6 +246,12 @@ def check_live(actual: Any, expected: Any, **options: Unpack[LiveOptions]) -> Ch
     flat_a, flat_e = flatten_sides(
         actual, expected, name, bare=BARE_KEY, non_arrays=options.get("non_arrays")
     )
+    try:
+        rules = parse_stack(options.get("stack"))
+    except ValueError as e:
+        raise CheckError(f"check {name!r}: {e}") from None
+    # A stacked key of either tree is compared row by row with the other's per-layer keys.
+    flat_a, flat_e, _ = unstack(flat_a, flat_e, rules)
     comparison = compare_flat(
         flat_a,
         flat_e,

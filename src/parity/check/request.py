@@ -75,7 +75,9 @@ class CheckRequest:
     go), `keys` (the golden keys to check; None: all), `require_baseline`, `budget` (bytes
     one array comparison may hold), `golden_source` (key -> the golden's array or
     `Source`; None: the file's), `dataflow_order` (the keys in the order the programs that
-    produced them computed them), `host_computed` (no jax program computed them).
+    produced them computed them), `host_computed` (no jax program computed them), `stack`
+    (stack rules, `"blocks.{i}"`: a stacked key of the tree is compared row by row with the
+    per-layer golden keys it replaces, `parity.judge.stacking`).
     """
 
     current: Mapping[str, Any]
@@ -95,6 +97,7 @@ class CheckRequest:
     golden_source: Callable[[str], Any] | None = None
     dataflow_order: Sequence[str] | None = None
     host_computed: bool = False
+    stack: Sequence[str] | str | None = None
 
 
 class GroupOptions(TypedDict, total=False):
@@ -112,6 +115,7 @@ class GroupOptions(TypedDict, total=False):
     save_actual: str | os.PathLike[str] | None
     keys: Sequence[str] | None
     require_baseline: bool
+    stack: Sequence[str] | str | None
 
 
 class FileOptions(GroupOptions, total=False):
@@ -145,7 +149,9 @@ class CheckOptions(GroupOptions, total=False):
 
 class LiveOptions(TypedDict, total=False):
     """The options of a live check (`parity.check.flow.check_live`); each as `CheckOptions`, but
-    `class_map`, which defaults to `bitwise` there, and `non_arrays` (see `check_live`)."""
+    `class_map`, which defaults to `bitwise` there, `non_arrays` (see `check_live`), and
+    `stack`, which splits a stacked key of either tree into the per-layer keys of the
+    other."""
 
     class_map: ClassMapLike
     overrides: Overrides
@@ -157,6 +163,7 @@ class LiveOptions(TypedDict, total=False):
     save_actual: str | os.PathLike[str] | None
     non_arrays: tuple[dict[str, Any], dict[str, Any]] | None
     settle: Settler | None
+    stack: Sequence[str] | str | None
 
 
 def refuse_unknown_options(options: Mapping[str, Any], known: type, where: str) -> None:

@@ -231,6 +231,7 @@ class RunnerOutput:
       `"host"` (no jax program computed them) or `"unread"` (not asked for).
     - `recorder`: why the programs the group ran could not be seen, in one line (this jax
       cannot be hooked, or a hook failed: `parity.origin.adapter`); "" where they were.
+    - `stack`: the producers' `STACK` (stack rules, `parity.judge.stacking`).
     """
 
     arrays: dict[str, np.ndarray]
@@ -238,6 +239,7 @@ class RunnerOutput:
     provenance: dict[str, Any]
     order: str = "declared"
     recorder: str = ""
+    stack: tuple[str, ...] = ()
 
 
 def load_runner_output(out: Path, group: str, *, command: ProducerCommand) -> RunnerOutput:
@@ -262,6 +264,7 @@ def load_runner_output(out: Path, group: str, *, command: ProducerCommand) -> Ru
         provenance,
         str(manifest.get("order", "declared")),
         str(manifest.get("recorder", "")),
+        tuple(str(t) for t in manifest.get("stack", ())),
     )
 
 

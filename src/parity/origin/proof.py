@@ -20,8 +20,9 @@ This module imports numpy, the judge and `parity.origin.align` only.
 from __future__ import annotations
 
 import dataclasses
-from collections.abc import Iterable, Mapping
+from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
+from typing import Any
 
 import numpy as np
 
@@ -29,6 +30,7 @@ from parity.judge.findings import PROVED, Comparison, Finding, compiled_differen
 from parity.judge.floats import count
 from parity.judge.reasons import UNPROVED
 from parity.judge.registry import RULES
+from parity.judge.stacking import StackRule, row_of
 from parity.origin.align import Alignment, align
 from parity.origin.recording import Recording
 
@@ -73,6 +75,12 @@ def upstream(new: Recording, target: int) -> set[int]:
     return seen
 
 
+def _row(array: Any, row: int | None) -> np.ndarray:
+    """`array`, or its row `row` (a per-layer key's part of a stacked output)."""
+    whole = np.asarray(array)
+    return whole if row is None else whole[row]
+
+
 def _same(a: np.ndarray, b: np.ndarray) -> bool:
     return a.dtype == b.dtype and a.shape == b.shape and a.tobytes() == b.tobytes()
 
@@ -84,6 +92,7 @@ def prove(
     *,
     against: str = "the old program",
     exact: Alignment | None = None,
+    stack: Sequence[StackRule] = (),
 ) -> dict[str, Proof]:
     """Prove `keys` of `new` against `old`, op by op (module docstring).
 
@@ -95,17 +104,22 @@ def prove(
     - `keys`: output keys of `new`.
     - `against`: what `old` is, for the reasons (`"the base commit"`).
     - `exact`: `align(new, old, 0.0)` where the caller has it.
+    - `stack`: stack rules (`parity.judge.stacking`): a per-layer key `new` does not output
+      is proved as its row of the stacked output that holds it (`old` outputs it per
+      layer, as the goldens pinned before the layers were stacked).
 
     **Returns:** key -> its `Proof`.
     """
     exact = exact if exact is not None else align(new, old, 0.0)
     out: dict[str, Proof] = {}
     for key in keys:
-        if key not in new.outputs or key not in old.output_arrays:
+        found = (key, None) if key in new.outputs else row_of(key, new.outputs, stack)
+        if found is None or key not in old.output_arrays:
             why = f"the recorded programs do not both output {key!r}"
             out[key] = Proof(key, False, why)
             continue
-        target = new.outputs[key]
+        new_key, row = found
+        target = new.outputs[new_key]
         reads = upstream(new, target) if target >= 0 else set()
         unequal = sorted(i for i in reads if not exact.matched[i])
         if unequal:
@@ -121,7 +135,7 @@ def prove(
                 ),
                 len(reads) - len(unequal),
             )
-        elif not _same(np.asarray(new.output_arrays[key]), np.asarray(old.output_arrays[key])):
+        elif not _same(_row(new.output_arrays[new_key], row), np.asarray(old.output_arrays[key])):
             out[key] = Proof(
                 key,
                 False,

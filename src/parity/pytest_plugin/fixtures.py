@@ -73,6 +73,7 @@ class FixtureOptions(TypedDict, total=False):
     produce_s: float | None
     fail: bool
     provenance: Mapping[str, Any] | None
+    stack: Sequence[str] | str | None
 
 
 @dataclass
@@ -105,6 +106,9 @@ class _Check:
         - `provenance`: the environment `actual` was produced in, when that was another
           process (`Produced.provenance[group]`; default this one's): a golden check judges
           drift and calibrated layouts by it.
+        - `stack`: stack rules (`"blocks.{i}"`): a stacked key of `actual` is compared row
+          by row with the per-layer keys it replaces (`parity.judge.stacking`; a live
+          reference's stacked keys too).
 
         **Returns:** the `parity.judge.compare.Comparison`.
         """
@@ -146,6 +150,7 @@ class _Check:
                     baseline=config.stash.get(BASELINE, None),
                     require_baseline=config.stash[CONFIG].baseline == "require",
                     settle=_GroupSettler(config, provenance, fail),
+                    stack=options.get("stack"),
                 )
             else:
                 result = check_live(
@@ -159,6 +164,7 @@ class _Check:
                     produce_s=produce_s,
                     save_actual=save,
                     non_arrays=statics,
+                    stack=options.get("stack"),
                 )
         except CheckError as e:
             # Failed outside the except clause: inside it pytest also prints "During

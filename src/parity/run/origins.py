@@ -38,6 +38,7 @@ from parity.check import GoldenDir
 from parity.environment import layout_of
 from parity.judge.classes import REGISTRY, ToleranceClass
 from parity.judge.dataflow import DATAFLOW, UNREAD
+from parity.judge.stacking import parse_stack
 from parity.judge.tolerance import UnknownClassError
 from parity.machinery.config import ParityConfig
 from parity.machinery.launcher import ProducerRun, ProducerRunError, run_producers
@@ -202,13 +203,24 @@ def _unsettled(r: CheckResult, why: str, origin: bool) -> Settled:
     return Settled(dataclasses.replace(r, comparison=comparison, origin=named), proofs)
 
 
-def _recorded(r: CheckResult, new: Path, old: Path, root: Path, origin: bool) -> Settled:
-    """`r` settled by the recordings of its programs on both sides (`prove_and_locate`)."""
+def _recorded(
+    r: CheckResult, new: Path, old: Path, root: Path, origin: bool, stack: Sequence[str]
+) -> Settled:
+    """`r` settled by the recordings of its programs on both sides (`prove_and_locate`; a
+    per-layer key as its row of a stacked output, by the producers' `stack` rules)."""
     try:
         new_rec, old_rec = _load(new), _load(old)
     except (OSError, ValueError, KeyError) as e:
         return _unsettled(r, f"the recordings cannot be read: {e}", origin)
-    done = prove_and_locate(r.comparison, new_rec, old_rec, root=root, against=_BASE, origin=origin)
+    done = prove_and_locate(
+        r.comparison,
+        new_rec,
+        old_rec,
+        root=root,
+        against=_BASE,
+        origin=origin,
+        stack=parse_stack(stack),
+    )
     result = dataclasses.replace(r, comparison=done.comparison, origin=done.origin)
     return Settled(result, done.proofs)
 
@@ -347,7 +359,7 @@ def _record_and_settle(
         for r in todo:
             mine, base = new.get(r.name), old.get(r.name)
             if isinstance(mine, Path) and isinstance(base, Path):
-                out[r.name] = _recorded(r, mine, base, root, origin)
+                out[r.name] = _recorded(r, mine, base, root, origin, produced.stack)
             else:
                 out[r.name] = _unsettled(r, _unrecorded(mine, base), origin)
     return out

@@ -63,6 +63,8 @@ class Produced:
       jax program computed them; `unread`: not asked for).
     - `recorders`: group -> why the programs it ran could not be seen (this jax cannot be
       hooked, or a hook failed: `parity.origin.adapter`), one line; absent where they were.
+    - `stack`: the producers' `STACK`, the stack rules every group is checked with
+      (`parity.judge.stacking`).
     """
 
     groups: dict[str, dict[str, np.ndarray]]
@@ -72,6 +74,7 @@ class Produced:
     layout: Layout = field(default_factory=Layout)
     orders: dict[str, str] = field(default_factory=dict)
     recorders: dict[str, str] = field(default_factory=dict)
+    stack: tuple[str, ...] = ()
 
     def recorder_line(self) -> str:
         """The header's one line where the recorder could not see some group's programs
@@ -171,15 +174,19 @@ def produce(
         provenance: dict[str, dict[str, Any]] = {}
         orders: dict[str, str] = {}
         recorders: dict[str, str] = {}
+        stack: tuple[str, ...] = ()
         for manifest in sorted(Path(tmp).glob("*.json")):
             loaded = load_runner_output(Path(tmp), manifest.stem, command=command)
+            stack = loaded.stack
             out[manifest.stem] = loaded.arrays
             provenance[manifest.stem] = loaded.provenance
             orders[manifest.stem] = loaded.order
             if loaded.recorder:
                 recorders[manifest.stem] = loaded.recorder
     layout = Layout(config.processes, config.devices)
-    return Produced(out, time.perf_counter() - t0, flags, provenance, layout, orders, recorders)
+    return Produced(
+        out, time.perf_counter() - t0, flags, provenance, layout, orders, recorders, stack
+    )
 
 
 def refuse_unusable_classes(config: ParityConfig, *, command: ProducerCommand = "check") -> None:
@@ -247,6 +254,8 @@ def check_produced(
     orders = produced.orders
     dataflow = {g: list(a) for g, a in produced.groups.items() if orders.get(g) == DATAFLOW}
     options.setdefault("produce_s", produced.seconds / max(1, len(produced.groups)))
+    if produced.stack:  # the producers' STACK: stacked keys compared with per-layer goldens
+        options.setdefault("stack", produced.stack)
     return check_groups(
         produced.groups,
         dataflow_orders=dataflow,

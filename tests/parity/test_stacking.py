@@ -1,0 +1,251 @@
+"""A refactor that stacks layers keeps its goldens (issue 60): per-layer and stacked keys
+compared as one, with one line of configuration (`STACK` in the producers, `stack=` of a
+check), and where none is declared, a failure that says which missing keys are rows of
+which new keys and the rule to declare.
+
+The project is an equinox model of two layers, its trajectory producer returning the
+model's state after two jitted SGD steps (`{"params": model}`): per-layer keys
+`params.blocks.0.w` ... as pinned; then its refactor, the layers stacked into one `Block` of
+leading axis 2 applied with `lax.scan` (`params.blocks.w`); then a bug in layer 1's init.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import pytest
+
+import parity
+from parity.judge.stacking import StackRule, parse_stack, stacking_offer, unstack
+
+MODEL = """\
+import equinox as eqx
+import jax
+import jax.numpy as jnp
+
+D, L = 8, 2
+
+
+class Block(eqx.Module):
+    w: jax.Array
+    b: jax.Array
+
+
+class Model(eqx.Module):
+    blocks: list
+
+
+def init(key):
+    keys = jax.random.split(key, L)
+    return Model([Block(jax.random.normal(k, (D, D)) * D**-0.5, jnp.zeros(D)) for k in keys])
+
+
+def block(x, p):
+    return jnp.tanh(x @ p.w + p.b)
+
+
+def forward(m, x):
+    for p in m.blocks:
+        x = block(x, p)
+    return x
+
+
+def loss(m, x):
+    return jnp.mean(forward(m, x) ** 2)
+
+
+def step(m, x):
+    g = jax.grad(loss)(m, x)
+    return jax.tree.map(lambda p, d: p - 0.1 * d, m, g)
+"""
+
+STACKED = MODEL.replace(
+    """    return Model([Block(jax.random.normal(k, (D, D)) * D**-0.5, jnp.zeros(D)) for k in keys])
+""",
+    """    ws = jnp.stack([jax.random.normal(k, (D, D)) * D**-0.5 for k in keys])
+    return Model(Block(ws, jnp.zeros((L, D))))
+""",
+).replace(
+    """    for p in m.blocks:
+        x = block(x, p)
+    return x
+""",
+    """    def body(x, p):
+        return block(x, p), None
+
+    x, _ = jax.lax.scan(body, x, m.blocks)
+    return x
+""",
+)
+
+#: A bug in one layer: layer 1's weights scaled at init.
+BUGGY = STACKED.replace(
+    "    return Model(Block(ws, jnp.zeros((L, D))))\n",
+    "    ws = ws.at[1].multiply(1.001)\n    return Model(Block(ws, jnp.zeros((L, D))))\n",
+)
+
+PRODUCERS = """\
+import jax
+import jax.numpy as jnp
+
+import model
+
+
+def train():
+    m = model.init(jax.random.key(0))
+    x = jnp.linspace(-1.0, 1.0, 8 * model.D).reshape(8, model.D)
+    step = jax.jit(model.step)
+    for _ in range(2):
+        m = step(m, x)
+    return {"params": m}
+
+
+GROUPS = {"train": train}
+CLASS_MAP = [("*", "fp32_reassoc")]
+"""
+
+
+def test_rules_parse_and_refuse_what_they_cannot_mean() -> None:
+    (rule,) = parse_stack("params.blocks.{i}")
+    assert rule == StackRule("params.blocks.{i}", "params.blocks")
+    assert rule.layer("params.blocks.3.w") == (3, "w") and rule.layer("params.head") is None
+    for bad in ("blocks", "blocks.{i}.w", "{i}"):
+        with pytest.raises(ValueError, match="last segment is"):
+            parse_stack(bad)
+
+
+def test_unstack_splits_either_side_into_the_others_per_layer_keys() -> None:
+    rows = np.arange(6, dtype=np.float32).reshape(3, 2)
+    per = {f"b.{i}.w": rows[i] for i in range(3)} | {"head": np.ones(1)}
+    stacked = {"b.w": rows, "head": np.ones(1)}
+    rule = parse_stack("b.{i}")
+    a, e, rows_of = unstack(stacked, per, rule)
+    assert sorted(a) == sorted(per) and rows_of == {f"b.{i}.w": "b.w" for i in range(3)}
+    np.testing.assert_array_equal(a["b.2.w"], rows[2])
+    a, e, _ = unstack(per, stacked, rule)
+    assert sorted(e) == sorted(per)
+    # only where the other side holds the rows: a stacked key on both sides stays whole
+    assert unstack(stacked, stacked, rule)[0].keys() == stacked.keys()
+
+
+def test_missing_rows_of_a_new_key_are_offered_the_rule() -> None:
+    offered = stacking_offer(["p.blocks.0.w", "p.blocks.1.w", "p.gone"], {"p.blocks.w": (2, 4)})
+    assert offered == {
+        "p.blocks.0.w": ("p.blocks.{i}", "p.blocks.w", 0),
+        "p.blocks.1.w": ("p.blocks.{i}", "p.blocks.w", 1),
+    }
+    assert stacking_offer(["p.blocks.0.w"], {"p.blocks.w": (2, 4)}) == {}  # row 1 is not missing
+
+
+def test_assert_equivalent_compares_stacked_and_per_layer_trees_as_one() -> None:
+    rows = np.linspace(0, 1, 12, dtype=np.float32).reshape(3, 4)
+    per = {"blocks": [{"w": rows[i]} for i in range(3)]}
+    parity.assert_equivalent({"blocks": {"w": rows}}, per, stack="blocks.{i}")
+    moved = rows.copy()
+    moved[1, 2] += 1e-3
+    with pytest.raises(AssertionError) as failed:
+        parity.assert_equivalent({"blocks": {"w": moved}}, per, stack="blocks.{i}")
+    assert "blocks.1.w [bitwise, fail]" in str(failed.value)
+    assert "blocks.w" not in str(failed.value).replace("blocks.1.w", "")
+    with pytest.raises(AssertionError) as undeclared:
+        parity.assert_equivalent({"blocks": {"w": rows}}, per)
+    assert "it is row 2 of the new key 'blocks.w'" in str(undeclared.value)
+    assert "stack = ['blocks.{i}']" in str(undeclared.value)
+
+
+@pytest.fixture(scope="module")
+def project(
+    tmp_path_factory: pytest.TempPathFactory, git_project: Any, git: Any
+) -> tuple[Path, dict[str, str]]:
+    """The equinox project pinned per layer, then stacked (with `STACK`), then the bug."""
+    repo = git_project(
+        tmp_path_factory.mktemp("stacked"), PRODUCERS,
+        'producers = "producers.py"\nsrc = ["src"]\n', files={"src/model.py": MODEL},
+    )  # fmt: skip
+    shas = {}
+    producers = repo / "producers.py"
+    for name, text in (("stacked", STACKED), ("bug", BUGGY)):
+        (repo / "src" / "model.py").write_text(text)
+        producers.write_text(PRODUCERS + 'STACK = ["params.blocks.{i}"]\n')
+        git(repo, "commit", "-qam", name)
+        shas[name] = git(repo, "rev-parse", "HEAD")
+    return repo, shas
+
+
+@pytest.mark.slow
+def test_the_stacking_refactor_passes_its_per_layer_goldens_and_a_layer_bug_is_named(
+    project: tuple[Path, dict[str, str]], run_parity: Callable[..., Any], git: Any
+) -> None:
+    repo, shas = project
+    git(repo, "checkout", "-q", shas["stacked"])
+    done = run_parity(repo, "check")
+    assert done.returncode == 0, done.stdout + done.stderr
+    assert "params.blocks.w" not in done.stdout
+    git(repo, "checkout", "-q", shas["bug"])
+    bug = run_parity(repo, "check")
+    assert bug.returncode == 1, bug.stdout + bug.stderr
+    failures = bug.stdout[bug.stdout.index("failures (") :]
+    assert "train/params.blocks.1.w [fp32_reassoc, fail]" in failures, failures
+    assert "params.blocks.w " not in failures and "missing" not in failures
+    # Without the rule, the failure says which rule compares them.
+    producers = repo / "producers.py"
+    try:
+        producers.write_text(PRODUCERS)
+        undeclared = run_parity(repo, "check", "--origin", "off")
+    finally:
+        git(repo, "checkout", "-q", "-f", shas["bug"])
+    assert undeclared.returncode == 1
+    assert "stack = ['params.blocks.{i}']" in undeclared.stdout, undeclared.stdout
+
+
+@pytest.mark.slow
+def test_the_stacking_refactor_passes_op_by_op_each_row_proved_or_equal(
+    project: tuple[Path, dict[str, str]], run_parity: Callable[..., Any], git: Any
+) -> None:
+    # A per-layer golden key whose bits moved is proved as its row of the stacked output
+    # (test_a_per_layer_key_is_proved_as_its_row_of_the_stacked_output); this XLA may also
+    # compile the scan to the loop's bits, and then there is nothing to prove.
+    repo, shas = project
+    git(repo, "checkout", "-q", shas["stacked"])
+    report = repo.parent / "stacked-op-by-op.json"
+    done = run_parity(repo, "check", "--class", "op_by_op", "--json", str(report))
+    assert done.returncode == 0, done.stdout + done.stderr
+    doc = json.loads(report.read_text())
+    moved = [f["key"] for f in doc["findings"] if not f["bitwise_equal"]]
+    assert sorted(doc["proved"]) == sorted(moved), doc["findings"]
+    git(repo, "checkout", "-q", shas["bug"])
+    bug = run_parity(repo, "check", "--class", "op_by_op", "--origin", "off")
+    assert bug.returncode == 1, bug.stdout + bug.stderr
+    assert "train/params.blocks.1.w [op_by_op, fail]" in bug.stdout
+
+
+def test_a_per_layer_key_is_proved_as_its_row_of_the_stacked_output() -> None:
+    jax = pytest.importorskip("jax")
+    jnp = jax.numpy
+    from parity.origin import record
+    from parity.origin.proof import prove
+
+    ws = [jnp.linspace(-1.0, 1.0, 9).reshape(3, 3) * (i + 1) for i in range(2)]
+    x = jnp.arange(3.0)
+
+    def old(ws: Any, x: Any) -> Any:  # a loop over layers, a key per layer
+        return {"blocks": [{"y": jnp.tanh(x @ w)} for w in ws]}
+
+    def new(ws: Any, x: Any) -> Any:  # the layers stacked and scanned, one key for all
+        ys = jax.lax.scan(lambda c, w: (c, jnp.tanh(x @ w)), 0.0, jnp.stack(ws))[1]
+        return {"blocks": {"y": ys}}
+
+    def bug(ws: Any, x: Any) -> Any:
+        return {"blocks": {"y": new(ws, x)["blocks"]["y"].at[1].add(1e-3)}}
+
+    rules = parse_stack("blocks.{i}")
+    keys = ["blocks.0.y", "blocks.1.y"]
+    base = record(old, ws, x)
+    proofs = prove(record(new, ws, x), base, keys, stack=rules)
+    assert all(proofs[k].proved for k in keys), proofs
+    assert not prove(record(new, ws, x), base, keys)["blocks.1.y"].proved  # no rule: no row
+    assert not prove(record(bug, ws, x), base, keys, stack=rules)["blocks.1.y"].proved
