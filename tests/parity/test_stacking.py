@@ -7,6 +7,8 @@ The project is an equinox model of two layers, its trajectory producer returning
 model's state after two jitted SGD steps (`{"params": model}`): per-layer keys
 `params.blocks.0.w` ... as pinned; then its refactor, the layers stacked into one `Block` of
 leading axis 2 applied with `lax.scan` (`params.blocks.w`); then a bug in layer 1's init.
+The same with a flax `nnx` model (its layers' states stacked with `nnx.split`/`nnx.merge`,
+applied with `nnx.scan`, the producer returning `nnx.state(model)`).
 """
 
 from __future__ import annotations
@@ -157,20 +159,118 @@ def test_assert_equivalent_compares_stacked_and_per_layer_trees_as_one() -> None
     assert "stack = ['blocks.{i}']" in str(undeclared.value)
 
 
-@pytest.fixture(scope="module")
+NNX_MODEL = """\
+import jax
+import jax.numpy as jnp
+from flax import nnx
+
+D, L = 8, 2
+
+
+class Block(nnx.Module):
+    def __init__(self, rngs):
+        self.fc1 = nnx.Linear(D, D, rngs=rngs)
+        self.fc2 = nnx.Linear(D, D, rngs=rngs)
+
+    def __call__(self, x):
+        return x + self.fc2(jnp.tanh(self.fc1(x)))
+
+
+class Model(nnx.Module):
+    def __init__(self, rngs):
+        self.blocks = nnx.List([Block(rngs) for _ in range(L)])
+
+    def __call__(self, x):
+        for block in self.blocks:
+            x = block(x)
+        return x
+"""
+
+#: The layers built as before, their states stacked (nnx.split / nnx.merge), applied with
+#: nnx.scan.
+NNX_STACKED = NNX_MODEL.replace(
+    """        self.blocks = nnx.List([Block(rngs) for _ in range(L)])
+""",
+    """        blocks = [Block(rngs) for _ in range(L)]
+        graphdef, states = nnx.split(blocks[0])[0], [nnx.split(b)[1] for b in blocks]
+        self.blocks = nnx.merge(graphdef, jax.tree.map(lambda *xs: jnp.stack(xs), *states))
+""",
+).replace(
+    """        for block in self.blocks:
+            x = block(x)
+        return x
+""",
+    """        @nnx.scan(in_axes=(nnx.Carry, 0), out_axes=nnx.Carry)
+        def body(x, block):
+            return block(x)
+
+        return body(x, self.blocks)
+""",
+)
+
+NNX_BUGGY = NNX_STACKED.replace(
+    "        self.blocks = nnx.merge(graphdef, jax.tree.map(lambda *xs: jnp.stack(xs), *states))\n",
+    "        self.blocks = nnx.merge(graphdef, jax.tree.map(lambda *xs: jnp.stack(xs), *states))\n"
+    "        self.blocks.fc1.kernel.value = self.blocks.fc1.kernel.value.at[1].multiply(1.001)\n",
+)
+
+NNX_PRODUCERS = """\
+import jax
+import jax.numpy as jnp
+from flax import nnx
+
+import model
+
+
+def train():
+    m = model.Model(nnx.Rngs(0))
+    x = jnp.linspace(-1.0, 1.0, 8 * model.D).reshape(8, model.D)
+    graphdef, state = nnx.split(m)
+
+    @jax.jit
+    def step(state):
+        m = nnx.merge(graphdef, state)
+        grads = nnx.grad(lambda m: jnp.mean(m(x) ** 2))(m)
+        params = nnx.state(m, nnx.Param)
+        nnx.update(m, jax.tree.map(lambda p, g: p - 0.1 * g, params, grads))
+        return nnx.state(m)
+
+    for _ in range(2):
+        state = step(state)
+    return {"params": state}
+
+
+GROUPS = {"train": train}
+CLASS_MAP = [("*", "fp32_reassoc")]
+"""
+
+#: framework -> (the model per layer, stacked, stacked with a bug in layer 1, producers,
+#: a key of layer 1 the bug moves)
+PROJECTS = {
+    "equinox": (MODEL, STACKED, BUGGY, PRODUCERS, "params.blocks.1.w"),
+    "nnx": (NNX_MODEL, NNX_STACKED, NNX_BUGGY, NNX_PRODUCERS, "params.blocks.1.fc1.kernel"),
+}
+
+
+@pytest.fixture(scope="module", params=sorted(PROJECTS))
 def project(
-    tmp_path_factory: pytest.TempPathFactory, git_project: Any, git: Any
+    request: pytest.FixtureRequest,
+    tmp_path_factory: pytest.TempPathFactory,
+    git_project: Any,
+    git: Any,
 ) -> tuple[Path, dict[str, str]]:
-    """The equinox project pinned per layer, then stacked (with `STACK`), then the bug."""
+    """A project pinned per layer, then stacked (with `STACK`), then the bug: `(repo,
+    {"stacked": sha, "bug": sha, "key": a key of layer 1 the bug moves})`."""
+    model, stacked, buggy, producers_text, key = PROJECTS[request.param]
     repo = git_project(
-        tmp_path_factory.mktemp("stacked"), PRODUCERS,
-        'producers = "producers.py"\nsrc = ["src"]\n', files={"src/model.py": MODEL},
+        tmp_path_factory.mktemp(f"stacked-{request.param}"), producers_text,
+        'producers = "producers.py"\nsrc = ["src"]\n', files={"src/model.py": model},
     )  # fmt: skip
-    shas = {}
+    shas = {"key": key, "producers": producers_text}
     producers = repo / "producers.py"
-    for name, text in (("stacked", STACKED), ("bug", BUGGY)):
+    for name, text in (("stacked", stacked), ("bug", buggy)):
         (repo / "src" / "model.py").write_text(text)
-        producers.write_text(PRODUCERS + 'STACK = ["params.blocks.{i}"]\n')
+        producers.write_text(producers_text + 'STACK = ["params.blocks.{i}"]\n')
         git(repo, "commit", "-qam", name)
         shas[name] = git(repo, "rev-parse", "HEAD")
     return repo, shas
@@ -189,12 +289,12 @@ def test_the_stacking_refactor_passes_its_per_layer_goldens_and_a_layer_bug_is_n
     bug = run_parity(repo, "check")
     assert bug.returncode == 1, bug.stdout + bug.stderr
     failures = bug.stdout[bug.stdout.index("failures (") :]
-    assert "train/params.blocks.1.w [fp32_reassoc, fail]" in failures, failures
-    assert "params.blocks.w " not in failures and "missing" not in failures
+    assert f"train/{shas['key']} [fp32_reassoc, fail]" in failures, failures
+    assert "missing" not in failures and "unexpected" not in failures
     # Without the rule, the failure says which rule compares them.
     producers = repo / "producers.py"
     try:
-        producers.write_text(PRODUCERS)
+        producers.write_text(shas["producers"])
         undeclared = run_parity(repo, "check", "--origin", "off")
     finally:
         git(repo, "checkout", "-q", "-f", shas["bug"])
@@ -220,7 +320,7 @@ def test_the_stacking_refactor_passes_op_by_op_each_row_proved_or_equal(
     git(repo, "checkout", "-q", shas["bug"])
     bug = run_parity(repo, "check", "--class", "op_by_op", "--origin", "off")
     assert bug.returncode == 1, bug.stdout + bug.stderr
-    assert "train/params.blocks.1.w [op_by_op, fail]" in bug.stdout
+    assert f"train/{shas['key']} [op_by_op, fail]" in bug.stdout
 
 
 def test_a_per_layer_key_is_proved_as_its_row_of_the_stacked_output() -> None:
