@@ -349,3 +349,21 @@ def test_a_per_layer_key_is_proved_as_its_row_of_the_stacked_output() -> None:
     assert all(proofs[k].proved for k in keys), proofs
     assert not prove(record(new, ws, x), base, keys)["blocks.1.y"].proved  # no rule: no row
     assert not prove(record(bug, ws, x), base, keys, stack=rules)["blocks.1.y"].proved
+
+
+def test_parity_diff_compares_a_stacked_file_with_per_layer_goldens(tmp_path: Path) -> None:
+    from parity.commands.diff import run_diff
+    from parity.store import write_goldens
+
+    rows = np.linspace(0, 1, 12, dtype=np.float32).reshape(3, 4)
+    golden = write_goldens(tmp_path / "g.h5", {f"blocks.{i}.w": rows[i] for i in range(3)})
+    actual = write_goldens(tmp_path / "a.h5", {"blocks.w": rows})
+    result = run_diff(actual, golden, stack=["blocks.{i}"])
+    assert result.exit_code == 0 and [f.key for f in result.comparison.findings] == [
+        "blocks.0.w",
+        "blocks.1.w",
+        "blocks.2.w",
+    ]
+    undeclared = run_diff(actual, golden)
+    assert undeclared.exit_code == 1
+    assert "stack = ['blocks.{i}']" in undeclared.comparison.findings[0].reason

@@ -158,6 +158,7 @@ def run_diff(
     overrides: Sequence[tuple[str, str]] = (),
     budget: int = DEFAULT_BUDGET,
     drift_mode: PolicyMode | Callable[[], PolicyMode] = "warn",
+    stack: Sequence[str] = (),
 ) -> DiffResult:
     """Compare every array of the file `actual` against the file `golden`: a check
     (`parity.check.check_file`) with GOLDEN as the golden file (its pinned classes, forward
@@ -179,6 +180,8 @@ def run_diff(
       provenance against GOLDEN's; a file that records none is not compared. A callable is
       asked only where the two environments differ in a way that can move bits (the
       command line's reads `[tool.parity]`, which an identical environment never needs).
+    - `stack`: stack rules (`"blocks.{i}"`): a stacked key of ACTUAL is compared row by row
+      with the per-layer keys of GOLDEN it replaces (`parity.judge.stacking`).
 
     **Returns:** a `DiffResult`. Raises `CLIError` for unusable input: a missing, truncated,
     corrupt or unsafe file, an unknown class, or arrays parity cannot compare.
@@ -205,6 +208,7 @@ def run_diff(
                 drift_mode=drift_mode,
                 budget=budget,
                 golden_source=lambda key: _side(gf, key, "GOLDEN", af),
+                stack=stack,
             )
         except CheckError as e:
             raise CLIError(one_line(str(e))) from None
@@ -252,6 +256,16 @@ def add_parser(sub: Any, help: str) -> None:
             f"{DEFAULT_BUDGET // 2**20}); larger arrays are compared in chunks"
         ),
     )
+    diff.add_argument(
+        "--stack",
+        action="append",
+        default=[],
+        metavar="TEMPLATE",
+        help=(
+            "a stack rule, repeatable: 'blocks.{i}' compares ACTUAL's stacked blocks.<rest> "
+            "row by row with GOLDEN's per-layer blocks.<i>.<rest>"
+        ),
+    )
     json_flag(diff)
     report_flag(diff)
 
@@ -272,6 +286,7 @@ def run(args: argparse.Namespace, out: IO[str]) -> int:
         budget=args.memory * 2**20,
         # ACTUAL's environment against GOLDEN's, as in a check: the project's policy, if any
         drift_mode=args.drift or _project_drift,
+        stack=args.stack,
     )
     session = ReportSession.whole(result.comparison, result.header)
     out.write(session.table())
