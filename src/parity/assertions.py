@@ -23,6 +23,7 @@ from parity.check.request import refuse_unknown_options
 from parity.judge.classes import REGISTRY, ToleranceClass
 from parity.judge.compare import Comparison, Order
 from parity.judge.dataflow import Dataflow
+from parity.judge.renames import parse_renames
 from parity.judge.stacking import parse_stack
 from parity.judge.tolerance import ClassMap
 from parity.judge.trees import non_array_differences
@@ -46,6 +47,7 @@ class AssertOptions(TypedDict, total=False):
     args: tuple[Any, ...]
     kwargs: Mapping[str, Any] | None
     stack: Sequence[str] | str | None
+    rename: Sequence[str | Sequence[str]] | str | None
 
 
 @dataclass(frozen=True)
@@ -59,7 +61,7 @@ class _Programs:
     args: tuple[Any, ...]
     kwargs: Mapping[str, Any]
     registry: Mapping[str, ToleranceClass]
-    stack: Sequence[str] | str | None = None
+    said: Mapping[str, Any]  # the stack and rename rules (`stack=`, `rename=`)
 
     def settle(self, results: Sequence[CheckResult]) -> list[CheckResult]:
         out = []
@@ -72,7 +74,8 @@ class _Programs:
                     self.args,
                     self.kwargs,
                     registry=self.registry,
-                    stack=parse_stack(self.stack),
+                    stack=parse_stack(self.said.get("stack")),
+                    rename=parse_renames(self.said.get("rename")),
                 )
                 r = dataclasses.replace(r, comparison=comparison, origin=found)
             out.append(r)
@@ -101,11 +104,11 @@ def assert_equivalent(actual: Any, expected: Any, **options: Unpack[AssertOption
         walk them as the program computed them.
     - `overrides`: `(pattern, class)` rules tried before `class_map`.
     - `registry`: the classes by name.
-    - `stack`: stack rules (`"blocks.{i}"`, or several): a key of one tree stacked on a
-        leading axis (`blocks.w`, the layers of a `lax.scan`) is compared row by row with
-        the other tree's per-layer keys (`blocks.0.w`, `blocks.1.w`, ...), each under its
-        per-layer key's class and named by it (`parity.judge.stacking`). Without it, a
-        failure says where missing keys are rows of new keys, and the rule to declare.
+    - `stack`, `rename`: keys said as one: `"blocks.{i}"` compares a key stacked on a
+        leading axis (`blocks.w`) row by row with the other tree's per-layer keys
+        (`blocks.1.w`, `parity.judge.stacking`); `"encoder=backbone"`, `actual`'s
+        `backbone.<rest>` with `expected`'s `encoder.<rest>` (`parity.judge.renames`).
+        Without them a failure says which missing keys new ones replace, and the rule.
     - `new_fn`, `old_fn`, `args`, `kwargs`: the functions whose outputs `actual` and
         `expected` are, and what they were called with: on a failure both programs are
         recorded op by op, once; a key of class `op_by_op` whose bits differ then passes
@@ -136,6 +139,7 @@ def assert_equivalent(actual: Any, expected: Any, **options: Unpack[AssertOption
     order, registry = options.get("order"), options.get("registry", REGISTRY)
     new_fn, old_fn = options.get("new_fn"), options.get("old_fn")
     args, kwargs = options.get("args", ()), options.get("kwargs") or {}
+    said = {k: v for k in ("stack", "rename") if (v := options.get(k)) is not None}
 
     def check(order: Order | None, settle: Settler | None = None) -> CheckResult:
         statics_a.clear()
@@ -147,7 +151,7 @@ def assert_equivalent(actual: Any, expected: Any, **options: Unpack[AssertOption
             overrides=options.get("overrides", ()),
             order=order,
             registry=registry,
-            stack=options.get("stack"),
+            **said,
             name="assert_equivalent",
             non_arrays=(statics_a, statics_e),
             settle=settle,
@@ -166,7 +170,7 @@ def assert_equivalent(actual: Any, expected: Any, **options: Unpack[AssertOption
         # Both programs recorded op by op, once: a key of a class that proves (`op_by_op`)
         # is proved or told why not, and the first key still failing gets its origin. The
         # trees are compared again only where the order changed.
-        programs = _Programs(new_fn, old_fn, args, kwargs, registry, options.get("stack"))
+        programs = _Programs(new_fn, old_fn, args, kwargs, registry, said)
         if order is options.get("order"):
             result = programs.settle([result])[0]
         else:

@@ -19,6 +19,7 @@ from parity.judge.chunks import DEFAULT_BUDGET
 from parity.judge.classes import ToleranceClass
 from parity.judge.compare import Comparison, Order, compare_trees
 from parity.judge.dataflow import DATAFLOW, HOST
+from parity.judge.renames import parse_renames, renamed, renaming_offer
 from parity.judge.stacking import parse_stack, split_stacked, stacking_offer
 from parity.judge.tolerance import KeyClass, UnknownClassError, UnmatchedKeyError
 from parity.judge.trees import flatten
@@ -81,33 +82,50 @@ def compare_flat(
         )
     except (TypeError, UnknownClassError, UnmatchedKeyError) as e:
         raise CheckError(f"check {name!r}: {e}") from None
-    return _offer_stacking(comparison, flat_a)
+    return _offer_as_one(comparison)
 
 
-def _offer_stacking(comparison: Comparison, flat_a: Mapping[str, Any]) -> Comparison:
+def _offer_as_one(comparison: Comparison) -> Comparison:
     """`comparison` with each missing key that is a row of a new key (stacked on a leading
-    axis) saying so, and the stack rule that would compare them
-    (`parity.judge.stacking.stacking_offer`)."""
-    missing = [f.key for f in comparison.findings if f.verdict == "missing"]
-    new = {
-        f.key: tuple(getattr(flat_a[f.key], "shape", ()))
+    axis, `parity.judge.stacking.stacking_offer`), or that a new key of its shape and dtype
+    seems to replace under another prefix (`parity.judge.renames.renaming_offer`), saying
+    so, and the rule that would compare them as one."""
+    missing = {
+        f.key: (f.shape_expected or (), f.dtype_expected or "")
         for f in comparison.findings
-        if f.verdict == "unexpected" and f.key in flat_a
+        if f.verdict == "missing"
     }
-    offered = stacking_offer(missing, new) if missing and new else {}
-    if not offered:
+    new = {
+        f.key: (f.shape_actual or (), f.dtype_actual or "")
+        for f in comparison.findings
+        if f.verdict == "unexpected"
+    }
+    if not missing or not new:
         return comparison
-    templates = sorted({t for t, _, _ in offered.values()})
-    declare = ", ".join(repr(t) for t in templates)
+    stacked = stacking_offer(list(missing), {k: shape for k, (shape, _) in new.items()})
+    moved = renaming_offer({k: v for k, v in missing.items() if k not in stacked}, new)
+    if not stacked and not moved:
+        return comparison
+    templates = ", ".join(repr(t) for t in sorted({t for t, _, _ in stacked.values()}))
+    prefixes = ", ".join(
+        repr(f"{o}={n}") for o, n in sorted({(o, n) for o, n, _ in moved.values()})
+    )
     findings = []
     for f in comparison.findings:
-        if f.key in offered:
-            _, stacked, row = offered[f.key]
+        if f.key in stacked:
+            _, key, row = stacked[f.key]
             f = dataclasses.replace(
                 f,
-                reason=f"{f.reason}; it is row {row} of the new key {stacked!r} (the layers "
-                f"stacked): compare them as one with stack = [{declare}] (the producers' "
+                reason=f"{f.reason}; it is row {row} of the new key {key!r} (the layers "
+                f"stacked): compare them as one with stack = [{templates}] (the producers' "
                 "STACK, or stack= of the check)",
+            )
+        elif f.key in moved:
+            f = dataclasses.replace(
+                f,
+                reason=f"{f.reason}; the new key {moved[f.key][2]!r} (its shape and dtype) "
+                f"seems to replace it: compare them as one with rename = [{prefixes}] (the "
+                "producers' RENAME, or rename= of the check)",
             )
         findings.append(f)
     return dataclasses.replace(comparison, findings=tuple(findings))
@@ -213,10 +231,12 @@ def first_verdict(actual: Any, gf: GoldenFile, request: CheckRequest) -> FirstVe
     name = request.name or group
     flat_a, flat_e = flatten_sides(actual, golden_arrays, name)
     try:
-        rules = parse_stack(request.stack)
+        rules, renames = parse_stack(request.stack), parse_renames(request.rename)
     except ValueError as e:
         raise CheckError(f"check {name!r}: {e}") from None
-    # A stacked key of the tree is compared row by row with the per-layer goldens it replaces.
+    # A moved key of the tree is compared with the golden it replaces; a stacked one row by
+    # row with the per-layer goldens it replaces.
+    flat_a, _ = renamed(flat_a, flat_e, renames)
     flat_a, _ = split_stacked(flat_a, flat_e, rules)
     try:
         comparison = compare_flat(

@@ -52,6 +52,7 @@ from parity.check.request import (
     refuse_unknown_options,
 )
 from parity.judge.classes import REGISTRY
+from parity.judge.renames import parse_renames, renamed
 from parity.judge.stacking import parse_stack, unstack
 from parity.judge.tolerance import DEFAULT_CLASS, class_resolver
 from parity.results import CheckError, CheckResult, diff_command
@@ -247,10 +248,12 @@ def check_live(actual: Any, expected: Any, **options: Unpack[LiveOptions]) -> Ch
         actual, expected, name, bare=BARE_KEY, non_arrays=options.get("non_arrays")
     )
     try:
-        rules = parse_stack(options.get("stack"))
+        rules, renames = parse_stack(options.get("stack")), parse_renames(options.get("rename"))
     except ValueError as e:
         raise CheckError(f"check {name!r}: {e}") from None
-    # A stacked key of either tree is compared row by row with the other's per-layer keys.
+    # A moved key of the tree faces the key it replaces; a stacked key of either tree is
+    # compared row by row with the other's per-layer keys.
+    flat_a, _ = renamed(flat_a, flat_e, renames)
     flat_a, flat_e, _ = unstack(flat_a, flat_e, rules)
     comparison = compare_flat(
         flat_a,

@@ -77,7 +77,9 @@ class CheckRequest:
     `Source`; None: the file's), `dataflow_order` (the keys in the order the programs that
     produced them computed them), `host_computed` (no jax program computed them), `stack`
     (stack rules, `"blocks.{i}"`: a stacked key of the tree is compared row by row with the
-    per-layer golden keys it replaces, `parity.judge.stacking`).
+    per-layer golden keys it replaces, `parity.judge.stacking`), `rename` (rename rules,
+    `"encoder=backbone"`: a key of the tree under a moved prefix is compared with the
+    golden key it replaces, `parity.judge.renames`).
     """
 
     current: Mapping[str, Any]
@@ -98,6 +100,7 @@ class CheckRequest:
     dataflow_order: Sequence[str] | None = None
     host_computed: bool = False
     stack: Sequence[str] | str | None = None
+    rename: Sequence[str | Sequence[str]] | str | None = None
 
 
 class GroupOptions(TypedDict, total=False):
@@ -116,6 +119,7 @@ class GroupOptions(TypedDict, total=False):
     keys: Sequence[str] | None
     require_baseline: bool
     stack: Sequence[str] | str | None
+    rename: Sequence[str | Sequence[str]] | str | None
 
 
 class FileOptions(GroupOptions, total=False):
@@ -164,6 +168,7 @@ class LiveOptions(TypedDict, total=False):
     non_arrays: tuple[dict[str, Any], dict[str, Any]] | None
     settle: Settler | None
     stack: Sequence[str] | str | None
+    rename: Sequence[str | Sequence[str]] | str | None
 
 
 def refuse_unknown_options(options: Mapping[str, Any], known: type, where: str) -> None:

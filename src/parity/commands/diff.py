@@ -159,6 +159,7 @@ def run_diff(
     budget: int = DEFAULT_BUDGET,
     drift_mode: PolicyMode | Callable[[], PolicyMode] = "warn",
     stack: Sequence[str] = (),
+    rename: Sequence[str] = (),
 ) -> DiffResult:
     """Compare every array of the file `actual` against the file `golden`: a check
     (`parity.check.check_file`) with GOLDEN as the golden file (its pinned classes, forward
@@ -182,6 +183,8 @@ def run_diff(
       command line's reads `[tool.parity]`, which an identical environment never needs).
     - `stack`: stack rules (`"blocks.{i}"`): a stacked key of ACTUAL is compared row by row
       with the per-layer keys of GOLDEN it replaces (`parity.judge.stacking`).
+    - `rename`: rename rules (`"encoder=backbone"`): ACTUAL's `backbone.<rest>` is compared
+      with GOLDEN's `encoder.<rest>` (`parity.judge.renames`).
 
     **Returns:** a `DiffResult`. Raises `CLIError` for unusable input: a missing, truncated,
     corrupt or unsafe file, an unknown class, or arrays parity cannot compare.
@@ -209,6 +212,7 @@ def run_diff(
                 budget=budget,
                 golden_source=lambda key: _side(gf, key, "GOLDEN", af),
                 stack=stack,
+                rename=rename,
             )
         except CheckError as e:
             raise CLIError(one_line(str(e))) from None
@@ -266,6 +270,16 @@ def add_parser(sub: Any, help: str) -> None:
             "row by row with GOLDEN's per-layer blocks.<i>.<rest>"
         ),
     )
+    diff.add_argument(
+        "--rename",
+        action="append",
+        default=[],
+        metavar="OLD=NEW",
+        help=(
+            "a rename rule, repeatable: 'encoder=backbone' compares ACTUAL's backbone.<rest> "
+            "with GOLDEN's encoder.<rest>"
+        ),
+    )
     json_flag(diff)
     report_flag(diff)
 
@@ -287,6 +301,7 @@ def run(args: argparse.Namespace, out: IO[str]) -> int:
         # ACTUAL's environment against GOLDEN's, as in a check: the project's policy, if any
         drift_mode=args.drift or _project_drift,
         stack=args.stack,
+        rename=args.rename,
     )
     session = ReportSession.whole(result.comparison, result.header)
     out.write(session.table())

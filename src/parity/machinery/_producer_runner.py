@@ -321,14 +321,14 @@ def _save_group(
     out: Path,
     name: str,
     arrays: dict[str, Any],
-    rules: tuple[list[list[str]], list[str]],
+    rules: tuple[list[list[str]], list[str], list[Any]],
     order: tuple[str, str],
     provenance: Any,
 ) -> None:
     """Write group `name`'s arrays to `OUT/<name>.npz` (ml_dtypes and void arrays as their
     bits, under `a0`, `a1`, ...) and its manifest to `OUT/<name>.json`: the keys, their
-    dtypes, the class map and the stack rules (`rules`: the producers' `CLASS_MAP` and
-    `STACK`), where the order came from and why the recorder could not see the programs
+    dtypes, the class map, the stack and rename rules (`rules`: the producers' `CLASS_MAP`,
+    `STACK` and `RENAME`), where the order came from and why the recorder could not see the programs
     ("" where it could) (`order`), and the provenance."""
     import numpy as np
 
@@ -347,6 +347,7 @@ def _save_group(
         "dtypes": dtypes,
         "class_map": rules[0],
         "stack": rules[1],
+        "rename": rules[2],
         "order": order[0],
         "recorder": order[1],
         "provenance": provenance,
@@ -415,7 +416,7 @@ def main(argv: list[str] | None = None) -> int:
         return EXIT_PRODUCER_FAILED
     groups: dict = module.GROUPS
     class_map = [list(rule) for rule in getattr(module, "CLASS_MAP", [])]
-    stack = [str(t) for t in getattr(module, "STACK", [])]
+    rules = (class_map, list(getattr(module, "STACK", [])), list(getattr(module, "RENAME", [])))
     wanted = [g for g in args.groups.split(",") if g] or list(groups)
     out = Path(args.out)
     refused = _refusal(args, list(groups), wanted, class_map, out)
@@ -458,7 +459,7 @@ def main(argv: list[str] | None = None) -> int:
                 _log(f"[{i}/{len(wanted)}] {name}: {len(arrays)} arrays, same as process 0")
                 continue
         provenance = collect_provenance() if collect_provenance is not None else None
-        _save_group(out, name, hosted, (class_map, stack), (order_source, recorder), provenance)
+        _save_group(out, name, hosted, rules, (order_source, recorder), provenance)
         _log(f"[{i}/{len(wanted)}] {name}: {len(arrays)} arrays in {time.perf_counter() - t0:.1f}s")
         if place is not None and place[1] > 1 and not any(split):
             # The run passes, but it tested nothing a single process does not: the

@@ -231,7 +231,8 @@ class RunnerOutput:
       `"host"` (no jax program computed them) or `"unread"` (not asked for).
     - `recorder`: why the programs the group ran could not be seen, in one line (this jax
       cannot be hooked, or a hook failed: `parity.origin.adapter`); "" where they were.
-    - `stack`: the producers' `STACK` (stack rules, `parity.judge.stacking`).
+    - `stack`: the producers' `STACK` (stack rules, `parity.judge.stacking`); `rename`,
+      their `RENAME` (rename rules, `parity.judge.renames`).
     """
 
     arrays: dict[str, np.ndarray]
@@ -240,6 +241,7 @@ class RunnerOutput:
     order: str = "declared"
     recorder: str = ""
     stack: tuple[str, ...] = ()
+    rename: tuple[Any, ...] = ()
 
 
 def load_runner_output(out: Path, group: str, *, command: ProducerCommand) -> RunnerOutput:
@@ -265,6 +267,7 @@ def load_runner_output(out: Path, group: str, *, command: ProducerCommand) -> Ru
         str(manifest.get("order", "declared")),
         str(manifest.get("recorder", "")),
         tuple(str(t) for t in manifest.get("stack", ())),
+        tuple(r if isinstance(r, str) else tuple(r) for r in manifest.get("rename", ())),
     )
 
 

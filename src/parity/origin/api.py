@@ -16,6 +16,7 @@ import numpy as np
 
 from parity.judge.classes import REGISTRY, ToleranceClass
 from parity.judge.compare import Comparison, compare_trees
+from parity.judge.renames import Rename
 from parity.judge.stacking import StackRule
 from parity.judge.tolerance import (
     ClassMapLike,
@@ -204,19 +205,21 @@ def prove_and_locate(
     against: str = "the old program",
     origin: bool = True,
     stack: Sequence[StackRule] = (),
+    rename: Sequence[Rename] = (),
 ) -> Settlement:
     """A failing comparison of two programs' compiled outputs, settled by their recordings:
     each failure under a class that proves (`op_by_op`) proved op by op or told why not
     (`parity.origin.proof`), then, where `origin` and a key still fails, the origin of the
     first (`locate`, under the class the comparison judged it by, from `registry`). One
     alignment serves both. With `stack` (`parity.judge.stacking`), a per-layer key is
-    proved as its row of the stacked output of `new` that holds it.
+    proved as its row of the stacked output of `new` that holds it; with `rename`
+    (`parity.judge.renames`), a key under the name `new` gave it.
 
     **Returns:** the `Settlement`.
     """
     exact = align(new, old, 0.0)
     keys = [f.key for f in comparison.findings if provable(f)]
-    proofs = prove(new, old, keys, against=against, exact=exact, stack=stack)
+    proofs = prove(new, old, keys, against=against, exact=exact, stack=stack, rename=rename)
     comparison = settle(comparison, proofs)
     first, found = comparison.first_failure, None
     if origin and first is not None:  # under the class the comparison judged it by
@@ -305,6 +308,7 @@ def settle_live(
     *,
     registry: Mapping[str, ToleranceClass] = REGISTRY,
     stack: Sequence[StackRule] = (),
+    rename: Sequence[Rename] = (),
 ) -> tuple[Comparison, Localisation]:
     """A failing comparison of `new_fn`'s outputs with `old_fn`'s, settled by recording both
     (`prove_and_locate`): its provable failures proved or not, and the origin of the first
@@ -319,7 +323,7 @@ def settle_live(
     except Exception as e:
         reason = f"recording raised {type(e).__name__}: {e}"
     else:
-        done = prove_and_locate(comparison, new, old, registry=registry, stack=stack)
+        done = prove_and_locate(comparison, new, old, registry=registry, stack=stack, rename=rename)
         return done.comparison, done.origin or Localisation("no_failure")
     first = comparison.first_failure
     not_named = Localisation("not_named", key="" if first is None else first.key, reason=reason)

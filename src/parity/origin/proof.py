@@ -30,6 +30,7 @@ from parity.judge.findings import PROVED, Comparison, Finding, compiled_differen
 from parity.judge.floats import count
 from parity.judge.reasons import UNPROVED
 from parity.judge.registry import RULES
+from parity.judge.renames import Rename
 from parity.judge.stacking import StackRule, row_of
 from parity.origin.align import Alignment, align
 from parity.origin.recording import Recording
@@ -93,6 +94,7 @@ def prove(
     against: str = "the old program",
     exact: Alignment | None = None,
     stack: Sequence[StackRule] = (),
+    rename: Sequence[Rename] = (),
 ) -> dict[str, Proof]:
     """Prove `keys` of `new` against `old`, op by op (module docstring).
 
@@ -107,13 +109,17 @@ def prove(
     - `stack`: stack rules (`parity.judge.stacking`): a per-layer key `new` does not output
       is proved as its row of the stacked output that holds it (`old` outputs it per
       layer, as the goldens pinned before the layers were stacked).
+    - `rename`: rename rules (`parity.judge.renames`): a key `new` outputs under its new
+      name is proved under the name `old` gave it.
 
     **Returns:** key -> its `Proof`.
     """
     exact = exact if exact is not None else align(new, old, 0.0)
     out: dict[str, Proof] = {}
     for key in keys:
-        found = (key, None) if key in new.outputs else row_of(key, new.outputs, stack)
+        names = (r.new_name(key) for r in rename)
+        name = next((n for n in names if n is not None and n in new.outputs), key)
+        found = (name, None) if name in new.outputs else row_of(name, new.outputs, stack)
         if found is None or key not in old.output_arrays:
             why = f"the recorded programs do not both output {key!r}"
             out[key] = Proof(key, False, why)

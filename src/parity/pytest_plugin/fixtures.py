@@ -74,6 +74,7 @@ class FixtureOptions(TypedDict, total=False):
     fail: bool
     provenance: Mapping[str, Any] | None
     stack: Sequence[str] | str | None
+    rename: Sequence[str | Sequence[str]] | str | None
 
 
 @dataclass
@@ -106,9 +107,9 @@ class _Check:
         - `provenance`: the environment `actual` was produced in, when that was another
           process (`Produced.provenance[group]`; default this one's): a golden check judges
           drift and calibrated layouts by it.
-        - `stack`: stack rules (`"blocks.{i}"`): a stacked key of `actual` is compared row
-          by row with the per-layer keys it replaces (`parity.judge.stacking`; a live
-          reference's stacked keys too).
+        - `stack`, `rename`: stack rules (`"blocks.{i}"`, `parity.judge.stacking`) and
+          rename rules (`"encoder=backbone"`, `parity.judge.renames`), as
+          `parity.assert_equivalent` takes them.
 
         **Returns:** the `parity.judge.compare.Comparison`.
         """
@@ -122,6 +123,7 @@ class _Check:
         name, class_map = options.get("name"), options.get("class_map")
         order, produce_s = options.get("order"), options.get("produce_s")
         fail, provenance = options.get("fail", True), options.get("provenance")
+        said = {k: v for k in ("stack", "rename") if (v := options.get(k)) is not None}
         rules = [*config.stash[OVERRIDES], *options.get("overrides", ())]
         save = config.getoption("--parity-save-actual")
         save = None if save is None else Path(config.invocation_params.dir, save).resolve()
@@ -150,7 +152,7 @@ class _Check:
                     baseline=config.stash.get(BASELINE, None),
                     require_baseline=config.stash[CONFIG].baseline == "require",
                     settle=_GroupSettler(config, provenance, fail),
-                    stack=options.get("stack"),
+                    **said,
                 )
             else:
                 result = check_live(
@@ -164,7 +166,7 @@ class _Check:
                     produce_s=produce_s,
                     save_actual=save,
                     non_arrays=statics,
-                    stack=options.get("stack"),
+                    **said,
                 )
         except CheckError as e:
             # Failed outside the except clause: inside it pytest also prints "During

@@ -38,6 +38,7 @@ from parity.check import GoldenDir
 from parity.environment import layout_of
 from parity.judge.classes import REGISTRY, ToleranceClass
 from parity.judge.dataflow import DATAFLOW, UNREAD
+from parity.judge.renames import parse_renames
 from parity.judge.stacking import parse_stack
 from parity.judge.tolerance import UnknownClassError
 from parity.machinery.config import ParityConfig
@@ -204,10 +205,11 @@ def _unsettled(r: CheckResult, why: str, origin: bool) -> Settled:
 
 
 def _recorded(
-    r: CheckResult, new: Path, old: Path, root: Path, origin: bool, stack: Sequence[str]
+    r: CheckResult, new: Path, old: Path, root: Path, origin: bool, produced: Produced
 ) -> Settled:
     """`r` settled by the recordings of its programs on both sides (`prove_and_locate`; a
-    per-layer key as its row of a stacked output, by the producers' `stack` rules)."""
+    per-layer key as its row of a stacked output, a moved key under its new name, by the
+    producers' stack and rename rules)."""
     try:
         new_rec, old_rec = _load(new), _load(old)
     except (OSError, ValueError, KeyError) as e:
@@ -219,7 +221,8 @@ def _recorded(
         root=root,
         against=_BASE,
         origin=origin,
-        stack=parse_stack(stack),
+        stack=parse_stack(produced.stack),
+        rename=parse_renames(produced.rename),
     )
     result = dataclasses.replace(r, comparison=done.comparison, origin=done.origin)
     return Settled(result, done.proofs)
@@ -359,7 +362,7 @@ def _record_and_settle(
         for r in todo:
             mine, base = new.get(r.name), old.get(r.name)
             if isinstance(mine, Path) and isinstance(base, Path):
-                out[r.name] = _recorded(r, mine, base, root, origin, produced.stack)
+                out[r.name] = _recorded(r, mine, base, root, origin, produced)
             else:
                 out[r.name] = _unsettled(r, _unrecorded(mine, base), origin)
     return out

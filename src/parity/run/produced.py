@@ -63,8 +63,8 @@ class Produced:
       jax program computed them; `unread`: not asked for).
     - `recorders`: group -> why the programs it ran could not be seen (this jax cannot be
       hooked, or a hook failed: `parity.origin.adapter`), one line; absent where they were.
-    - `stack`: the producers' `STACK`, the stack rules every group is checked with
-      (`parity.judge.stacking`).
+    - `stack`, `rename`: the producers' `STACK` and `RENAME`, the stack and rename rules
+      every group is checked with (`parity.judge.stacking`, `parity.judge.renames`).
     """
 
     groups: dict[str, dict[str, np.ndarray]]
@@ -75,6 +75,7 @@ class Produced:
     orders: dict[str, str] = field(default_factory=dict)
     recorders: dict[str, str] = field(default_factory=dict)
     stack: tuple[str, ...] = ()
+    rename: tuple[Any, ...] = ()
 
     def recorder_line(self) -> str:
         """The header's one line where the recorder could not see some group's programs
@@ -175,9 +176,10 @@ def produce(
         orders: dict[str, str] = {}
         recorders: dict[str, str] = {}
         stack: tuple[str, ...] = ()
+        rename: tuple[Any, ...] = ()
         for manifest in sorted(Path(tmp).glob("*.json")):
             loaded = load_runner_output(Path(tmp), manifest.stem, command=command)
-            stack = loaded.stack
+            stack, rename = loaded.stack, loaded.rename
             out[manifest.stem] = loaded.arrays
             provenance[manifest.stem] = loaded.provenance
             orders[manifest.stem] = loaded.order
@@ -185,7 +187,7 @@ def produce(
                 recorders[manifest.stem] = loaded.recorder
     layout = Layout(config.processes, config.devices)
     return Produced(
-        out, time.perf_counter() - t0, flags, provenance, layout, orders, recorders, stack
+        out, time.perf_counter() - t0, flags, provenance, layout, orders, recorders, stack, rename
     )
 
 
@@ -256,6 +258,8 @@ def check_produced(
     options.setdefault("produce_s", produced.seconds / max(1, len(produced.groups)))
     if produced.stack:  # the producers' STACK: stacked keys compared with per-layer goldens
         options.setdefault("stack", produced.stack)
+    if produced.rename:  # the producers' RENAME: moved keys compared with the goldens'
+        options.setdefault("rename", produced.rename)
     return check_groups(
         produced.groups,
         dataflow_orders=dataflow,
