@@ -42,7 +42,7 @@ import threading
 from collections.abc import Iterator
 from types import FrameType
 
-__all__ = ["NUDGE", "Terminated", "deferred_signals", "interruption", "signals_reach_main_thread"]
+__all__ = ["NUDGE", "deferred_signals", "interruption", "signals_reach_main_thread", "terminated"]
 
 #: The signal the relay sends to the main thread. SIGURG's default action is to ignore it,
 #: so a nudge that arrives after the relay's handler is gone does no harm.
@@ -52,16 +52,22 @@ _lock = threading.Lock()
 _depth = 0
 
 
-class Terminated(KeyboardInterrupt):
-    """SIGTERM, raised in the main thread where a command turns it into an exception (a
-    temporary worktree is open), so that the cleanup a Ctrl-C runs runs for it too; the
-    command line says so in one line and exits 143 (128 + SIGTERM), as a shell reports it."""
+class _Terminated(KeyboardInterrupt):
+    """SIGTERM as an interrupt (`terminated`): not an error of parity's, a way out."""
+
+
+def terminated(signum: int) -> KeyboardInterrupt:
+    """SIGTERM, to raise in the main thread where a command turns it into an exception (a
+    temporary worktree is open), so that the cleanup a Ctrl-C runs runs for it too: a
+    `KeyboardInterrupt`, which the command line says in one line and exits 143 for (128 +
+    SIGTERM), as a shell reports it (`interruption`)."""
+    return _Terminated(f"signal {signum}")
 
 
 def interruption(e: KeyboardInterrupt) -> tuple[str, int]:
     """What stopped a command, in words (`"interrupted (Ctrl-C)"`, `"terminated
     (SIGTERM)"`), and its exit code (130, 143)."""
-    if isinstance(e, Terminated):
+    if isinstance(e, _Terminated):
         return "terminated (SIGTERM)", 128 + signal.SIGTERM
     return "interrupted (Ctrl-C)", 128 + signal.SIGINT
 

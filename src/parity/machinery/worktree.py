@@ -20,7 +20,7 @@ from pathlib import Path
 from types import FrameType
 
 from parity.errors import ParityError
-from parity.machinery.signals import Terminated, deferred_signals, signals_reach_main_thread
+from parity.machinery.signals import deferred_signals, signals_reach_main_thread, terminated
 from parity.store.staging import OWNER_NAME, owner_dead
 
 
@@ -114,7 +114,7 @@ def remove_stale_worktrees(repo: Path | str) -> list[str]:
 @contextlib.contextmanager
 def _sigterm_as_exception() -> Iterator[None]:
     def handler(signum: int, frame: FrameType | None) -> None:
-        raise Terminated(f"signal {signum}")
+        raise terminated(signum)
 
     try:
         old = signal.signal(signal.SIGTERM, handler)
