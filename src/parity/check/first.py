@@ -236,8 +236,7 @@ def first_verdict(actual: Any, gf: GoldenFile, request: CheckRequest) -> FirstVe
         raise CheckError(f"check {name!r}: {e}") from None
     # A moved key of the tree is compared with the golden it replaces; a stacked one row by
     # row with the per-layer goldens it replaces.
-    flat_a, _ = renamed(flat_a, flat_e, renames)
-    flat_a, _ = split_stacked(flat_a, flat_e, rules)
+    flat_a = split_stacked(renamed(flat_a, flat_e, renames), flat_e, rules)
     try:
         comparison = compare_flat(
             flat_a,

@@ -253,8 +253,7 @@ def check_live(actual: Any, expected: Any, **options: Unpack[LiveOptions]) -> Ch
         raise CheckError(f"check {name!r}: {e}") from None
     # A moved key of the tree faces the key it replaces; a stacked key of either tree is
     # compared row by row with the other's per-layer keys.
-    flat_a, _ = renamed(flat_a, flat_e, renames)
-    flat_a, flat_e, _ = unstack(flat_a, flat_e, rules)
+    flat_a, flat_e = unstack(renamed(flat_a, flat_e, renames), flat_e, rules)
     comparison = compare_flat(
         flat_a,
         flat_e,

@@ -69,24 +69,15 @@ def parse_renames(rules: Sequence[str | Sequence[str]] | str | None) -> tuple[Re
 
 def renamed(
     tree: Mapping[str, Any], expected: Mapping[str, Any], rules: Sequence[Rename]
-) -> tuple[dict[str, Any], dict[str, str]]:
+) -> dict[str, Any]:
     """`tree` with each key a rule renames given its expected name, where `expected` holds
-    that name and `tree` does not, in its place; and expected name -> the tree's name."""
-    if not rules:
-        return dict(tree), {}
+    that name and `tree` does not, in its place."""
     out: dict[str, Any] = {}
-    names: dict[str, str] = {}
     for key, value in tree.items():
-        name = key
-        if key not in expected:
-            for rule in rules:
-                old = rule.expected_name(key)
-                if old is not None and old in expected and old not in tree:
-                    name = old
-                    names[old] = key
-                    break
-        out[name] = value
-    return out, names
+        names = (r.expected_name(key) for r in rules) if key not in expected else ()
+        old = next((n for n in names if n is not None and n in expected and n not in tree), key)
+        out[old] = value
+    return out
 
 
 def renaming_offer(

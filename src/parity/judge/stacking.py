@@ -110,47 +110,44 @@ def _rows(value: Any) -> np.ndarray:
 
 def split_stacked(
     side: Mapping[str, Any], other: Mapping[str, Any], rules: Sequence[StackRule]
-) -> tuple[dict[str, Any], dict[str, str]]:
+) -> dict[str, Any]:
     """`side` with each stacked key whose rows `other` holds as per-layer keys split into
-    them, in its place, and per-layer key -> the stacked key it is a row of."""
+    them, in its place."""
+    if not rules:
+        return dict(side)
+    # Per rule, the last row `other` holds of each stacked key's rest, found once.
+    last: list[dict[str, int]] = []
+    for rule in rules:
+        rows: dict[str, int] = {}
+        for found in filter(None, map(rule.layer, other)):
+            rows[found[1]] = max(found[0], rows.get(found[1], -1))
+        last.append(rows)
     out: dict[str, Any] = {}
-    rows_of: dict[str, str] = {}
     for key, value in side.items():
-        split = None
-        if key not in other:
-            for rule in rules:
-                rest = rule.rest(key)
-                layers = [] if rest is None else [rule.layer(k) for k in other]
-                wanted = sorted(f[0] for f in layers if f is not None and f[1] == rest)
-                shape = tuple(getattr(value, "shape", ()))
-                if wanted and len(shape) >= 1 and shape[0] > wanted[-1]:
-                    array = _rows(value)
-                    assert rest is not None
-                    split = {rule.per_layer(i, rest): array[i] for i in range(shape[0])}
-                    break
-        if split is None:
-            out[key] = value
-            continue
-        for row_key, row in split.items():
-            out[row_key] = row
-            rows_of[row_key] = key
-    return out, rows_of
+        out |= {key: value} if key in other else _split(key, value, rules, last)
+    return out
+
+
+def _split(
+    key: str, value: Any, rules: Sequence[StackRule], last: Sequence[Mapping[str, int]]
+) -> dict[str, Any]:
+    """`{key: value}`, or its rows under their per-layer keys where a rule makes `key` a
+    stacked key whose rows the other side holds (up to `last[rule][rest]`)."""
+    shape = tuple(getattr(value, "shape", ()))
+    for rule, rows in zip(rules, last, strict=True):
+        rest = rule.rest(key)
+        if rest is not None and rest in rows and len(shape) >= 1 and shape[0] > rows[rest]:
+            array = _rows(value)
+            return {rule.per_layer(i, rest): array[i] for i in range(shape[0])}
+    return {key: value}
 
 
 def unstack(
     actual: Mapping[str, Any], expected: Mapping[str, Any], rules: Sequence[StackRule]
-) -> tuple[dict[str, Any], dict[str, Any], dict[str, str]]:
+) -> tuple[dict[str, Any], dict[str, Any]]:
     """Both flat sides of a comparison with every stacked key split into the per-layer keys
-    the other side holds (module docstring), in its place.
-
-    **Returns:** `(actual, expected, rows_of)`: the two sides, and per-layer key -> the
-    stacked key (of either side) it is a row of. Without rules, the sides as they are.
-    """
-    if not rules:
-        return dict(actual), dict(expected), {}
-    new_a, rows_a = split_stacked(actual, expected, rules)
-    new_e, rows_e = split_stacked(expected, actual, rules)
-    return new_a, new_e, rows_a | rows_e
+    the other side holds (module docstring), in its place; without rules, as they are."""
+    return split_stacked(actual, expected, rules), split_stacked(expected, actual, rules)
 
 
 def stacking_offer(

@@ -261,13 +261,13 @@ _lock = threading.Lock()
 _open: list[_Open] = []
 
 
-def _listening(hooks: _Hooks) -> _Open | None:
-    """The open interception, where this call is one it should see (top level, not quiet,
-    no trace open, not failed)."""
+def _listening(hooks: _Hooks | None = None) -> _Open | None:
+    """The open interception, where this call is one it should see (not quiet, not failed;
+    with `hooks`, a jitted call, also at the top level: no trace open)."""
     if not _open or _depth():
         return None
     current = _open[-1]
-    if current.status.failure or not hooks.core.trace_state_clean():
+    if current.status.failure or (hooks is not None and not hooks.core.trace_state_clean()):
         return None
     return current
 
@@ -350,7 +350,7 @@ def _eager_hook(hooks: _Hooks, original: Callable[..., Any]) -> Callable[..., An
     """The wrapper put in place of `EvalTrace.process_primitive`."""
 
     def eager(self: Any, primitive: Any, args: Any, params: Any, /) -> Any:
-        current = _listening_eager()
+        current = _listening()  # an eager operation runs with no trace open
         if current is None:
             return original(self, primitive, args, params)
         with quiet():
@@ -363,14 +363,6 @@ def _eager_hook(hooks: _Hooks, original: Callable[..., Any]) -> Callable[..., An
         return outs
 
     return eager
-
-
-def _listening_eager() -> _Open | None:
-    """As `_listening`, for an eager operation (which runs with no trace open)."""
-    if not _open or _depth():
-        return None
-    current = _open[-1]
-    return None if current.status.failure else current
 
 
 def _fastpath_hook(original: Callable[..., Any]) -> Callable[..., Any]:
@@ -400,18 +392,14 @@ def _install(hooks: _Hooks) -> None:
     """Put the three hooks into jax, each original kept in `_saved` as it is replaced (one
     that fails half way is taken out again by `_uninstall`)."""
     pjit, eval_trace = hooks.pjit, hooks.core.EvalTrace
-    originals = {
-        (pjit, hooks.call_name): getattr(pjit, hooks.call_name),
-        (pjit, "_get_fastpath_data"): pjit._get_fastpath_data,
-        (eval_trace, "process_primitive"): eval_trace.__dict__["process_primitive"],
-    }
-    wrap = {
-        hooks.call_name: lambda f: _jit_hook(hooks, f),
-        "_get_fastpath_data": _fastpath_hook,
-        "process_primitive": lambda f: _eager_hook(hooks, f),
-    }
-    for (owner, name), original in originals.items():
-        hook = wrap[name](original)
+    wraps: list[tuple[Any, str, Callable[[Any], Any]]] = [
+        (pjit, hooks.call_name, lambda f: _jit_hook(hooks, f)),
+        (pjit, "_get_fastpath_data", _fastpath_hook),
+        (eval_trace, "process_primitive", lambda f: _eager_hook(hooks, f)),
+    ]
+    for owner, name, wrap in wraps:
+        original = owner.__dict__[name] if isinstance(owner, type) else getattr(owner, name)
+        hook = wrap(original)
         _saved[owner, name] = original
         setattr(owner, name, hook)
 

@@ -3,7 +3,7 @@ touching the user's repository state.
 
 `bisect(good, bad, config=...)` pins goldens at GOOD into a temporary folder (the user's
 goldens are never written), each given the calibration GOOD's own golden file records (else
-the project's: `carry_calibration`, so a `calibrated` class judges), confirms that GOOD
+the project's: `good_calibration`, so a `calibrated` class judges), confirms that GOOD
 passes against them and that BAD fails, then binary-searches the first-parent commits
 between them. Each commit is checked out as a temporary detached worktree
 (`parity.machinery.worktree.temporary_worktree`), the current tree's producers run against
@@ -221,7 +221,7 @@ def _evaluate(
     )
 
 
-def carry_calibration(root: Path, good: str, goldens: Path, pinned: Path) -> list[str]:
+def good_calibration(root: Path, good: str, goldens: Path, pinned: Path) -> list[str]:
     """Give each golden file pinned at GOOD into `pinned` the calibration GOOD's own golden
     file of that group records (as commit `good` holds it under `goldens`), else the one
     the project's goldens record now: a `calibrated` class reads its bounds from there, and
@@ -317,7 +317,7 @@ def bisect(
     - `good`, `bad`: revisions; `good` must be an ancestor of `bad`.
     - `config`: the project's `[tool.parity]` (producers, src roots, ISA cap, devices);
       the goldens are pinned at `good` into a temporary folder, with the calibration of
-      GOOD's own goldens (else of `config.goldens`; `carry_calibration`).
+      GOOD's own goldens (else of `config.goldens`; `good_calibration`).
     - `groups`: a subset of the producer groups (default all).
     - `overrides`: `(pattern, class)` rules before the pinned class map.
     - `progress`: receives one line per step.
@@ -358,7 +358,7 @@ def bisect(
             why = e.reason if isinstance(e, ProducerRunError) else " ".join(str(e).split())
             record(Step(good_sha, _subject(root, good_sha), "skip", f"cannot pin: {why}", "GOOD"))
             return result("cannot_run")
-        for line in carry_calibration(root, good_sha, config.goldens, Path(tmp)):
+        for line in good_calibration(root, good_sha, config.goldens, Path(tmp)):
             progress(line)
         with GoldenDir(tmp) as goldens:
 
