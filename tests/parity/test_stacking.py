@@ -22,6 +22,7 @@ import numpy as np
 import pytest
 
 import parity
+from parity.judge.compare import compare_trees
 from parity.judge.stacking import StackRule, parse_stack, stacking_offer, unstack
 
 MODEL = """\
@@ -261,13 +262,15 @@ def project(
     git: Any,
 ) -> tuple[Path, dict[str, str]]:
     """A project pinned per layer, then stacked (with `STACK`), then the bug: `(repo,
-    {"stacked": sha, "bug": sha, "key": a key of layer 1 the bug moves})`."""
+    {"stacked": sha, "bug": sha, "key": a key of layer 1 the bug moves, "line": the bug's
+    line in src/model.py})`."""
     model, stacked, buggy, producers_text, key = PROJECTS[request.param]
     repo = git_project(
         tmp_path_factory.mktemp(f"stacked-{request.param}"), producers_text,
         'producers = "producers.py"\nsrc = ["src"]\n', files={"src/model.py": model},
     )  # fmt: skip
-    shas = {"key": key, "producers": producers_text}
+    edited = next(i for i, ln in enumerate(buggy.splitlines(), 1) if "multiply(1.001)" in ln)
+    shas = {"key": key, "producers": producers_text, "line": str(edited)}
     producers = repo / "producers.py"
     for name, text in (("stacked", stacked), ("bug", buggy)):
         (repo / "src" / "model.py").write_text(text)
@@ -292,6 +295,10 @@ def test_the_stacking_refactor_passes_its_per_layer_goldens_and_a_layer_bug_is_n
     failures = bug.stdout[bug.stdout.index("failures (") :]
     assert f"train/{shas['key']} [fp32_reassoc, fail]" in failures, failures
     assert "missing" not in failures and "unexpected" not in failures
+    # The origin of a per-layer key is found through the stacked output that holds it: at
+    # the line that moved layer 1.
+    origin = next(ln for ln in bug.stdout.splitlines() if ln.strip().startswith("origin:"))
+    assert f"at src/model.py:{shas['line']} in " in origin, origin
     # Without the rule, the failure says which rule compares them.
     producers = repo / "producers.py"
     try:
@@ -368,3 +375,86 @@ def test_parity_diff_compares_a_stacked_file_with_per_layer_goldens(tmp_path: Pa
     undeclared = run_diff(actual, golden)
     assert undeclared.exit_code == 1
     assert "stack = ['blocks.{i}']" in undeclared.comparison.findings[0].reason
+
+
+def _unstacked() -> tuple[Any, Any, Callable[..., Any], Callable[..., Any]]:
+    """The reverse refactor: `(ws, x, scanned, looped)`, the old function scanning stacked
+    layers into one key, the new one looping, a key per layer."""
+    jax = pytest.importorskip("jax")
+    jnp = jax.numpy
+    ws = jnp.stack([jnp.linspace(-1.0, 1.0, 9).reshape(3, 3) * (i + 1) for i in range(2)])
+    x = jnp.arange(3.0)
+
+    def scanned(ws: Any, x: Any) -> Any:
+        return {"blocks": {"y": jax.lax.scan(lambda c, w: (c, jnp.tanh(x @ w)), 0.0, ws)[1]}}
+
+    def looped(ws: Any, x: Any) -> Any:
+        return {"blocks": [{"y": jnp.tanh(x @ ws[i])} for i in range(len(ws))]}
+
+    return ws, x, scanned, looped
+
+
+def test_a_stacked_key_is_proved_from_its_rows_per_layer_and_its_origin_named() -> None:
+    """The reverse: the old program outputs the stack, the new one per layer again."""
+    from parity.origin import prove_and_locate, record
+    from parity.origin.proof import prove
+
+    ws, x, scanned, looped = _unstacked()
+
+    def bug(ws: Any, x: Any) -> Any:
+        out = looped(ws, x)
+        out["blocks"][1]["y"] = out["blocks"][1]["y"] + 1e-3  # the edited line
+        return out
+
+    rules, base = parse_stack("blocks.{i}"), record(scanned, ws, x)
+    assert prove(record(looped, ws, x), base, ["blocks.y"], stack=rules)["blocks.y"].proved
+    assert not prove(record(looped, ws, x), base, ["blocks.y"])["blocks.y"].proved
+    failing = compare_trees(  # the golden check's side: the rows joined
+        {"blocks.y": np.stack([np.asarray(v["y"]) for v in bug(ws, x)["blocks"]])},
+        {"blocks.y": np.asarray(scanned(ws, x)["blocks"]["y"])},
+        "op_by_op",
+    )
+    assert failing.first_failure is not None
+    done = prove_and_locate(failing, record(bug, ws, x), base, stack=rules)
+    assert not done.proofs["blocks.y"].proved
+    assert done.origin is not None and done.origin.status == "named", done.origin
+    edited = bug.__code__.co_firstlineno + 2
+    assert done.origin.origin.function.endswith(".bug") and done.origin.origin.line == edited
+
+
+def test_parity_diff_joins_per_layer_rows_into_a_stacked_golden(tmp_path: Path) -> None:
+    from parity.commands.diff import run_diff
+    from parity.store import write_goldens
+
+    rows = np.linspace(0, 1, 12, dtype=np.float32).reshape(3, 4)
+    golden = write_goldens(tmp_path / "g.h5", {"blocks.w": rows, "head": rows[0]})
+    per_layer = {f"blocks.{i}.w": rows[i] for i in range(3)} | {"head": rows[0]}
+    actual = write_goldens(tmp_path / "a.h5", per_layer)
+    result = run_diff(actual, golden, stack=["blocks.{i}"])
+    assert result.exit_code == 0
+    assert sorted(f.key for f in result.comparison.findings) == ["blocks.w", "head"]
+    moved = write_goldens(tmp_path / "m.h5", per_layer | {"blocks.1.w": rows[1] + 1e-3})
+    failed = run_diff(moved, golden, stack=["blocks.{i}"])
+    first = failed.comparison.first_failure
+    assert failed.exit_code == 1 and first is not None and first.key == "blocks.w"
+    assert first.worst_index is not None and first.worst_index[0] == 1  # the layer leads
+    undeclared = run_diff(actual, golden)
+    assert undeclared.exit_code == 1
+    reasons = {f.key: f.reason for f in undeclared.comparison.findings}
+    assert "its rows are the new keys 'blocks.0.w' ... 'blocks.2.w'" in reasons["blocks.w"]
+    assert "stack = ['blocks.{i}']" in reasons["blocks.w"]
+
+
+def test_assert_equivalent_names_a_layer_bug_when_the_old_function_stacked_the_layers() -> None:
+    jnp = pytest.importorskip("jax").numpy
+    ws, x, scanned, looped = _unstacked()
+
+    def bug(ws: Any, x: Any) -> Any:
+        return {"blocks": [{"y": jnp.tanh(x @ ws[i]) * 1.001} for i in range(len(ws))]}
+
+    said = {"stack": "blocks.{i}", "old_fn": scanned, "args": (ws, x), "class_map": "op_by_op"}
+    parity.assert_equivalent(looped(ws, x), scanned(ws, x), new_fn=looped, **said)
+    with pytest.raises(AssertionError) as failed:
+        parity.assert_equivalent(bug(ws, x), scanned(ws, x), new_fn=bug, **said)
+    edited = bug.__code__.co_firstlineno + 1
+    assert f"test_stacking.py:{edited} in " in str(failed.value), str(failed.value)

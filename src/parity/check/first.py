@@ -20,7 +20,7 @@ from parity.judge.classes import ToleranceClass
 from parity.judge.compare import Comparison, Order, compare_trees
 from parity.judge.dataflow import DATAFLOW, HOST
 from parity.judge.renames import parse_renames, renamed, renaming_offer
-from parity.judge.stacking import parse_stack, split_stacked, stacking_offer
+from parity.judge.stacking import join_rows, parse_stack, split_stacked, stacking_offer
 from parity.judge.tolerance import KeyClass, UnknownClassError, UnmatchedKeyError
 from parity.judge.trees import flatten
 from parity.results import CheckError
@@ -87,7 +87,8 @@ def compare_flat(
 
 def _offer_as_one(comparison: Comparison) -> Comparison:
     """`comparison` with each missing key that is a row of a new key (stacked on a leading
-    axis, `parity.judge.stacking.stacking_offer`), or that a new key of its shape and dtype
+    axis, `parity.judge.stacking.stacking_offer`), or whose rows are new keys (the
+    reverse), or that a new key of its shape and dtype
     seems to replace under another prefix (`parity.judge.renames.renaming_offer`), saying
     so, and the rule that would compare them as one."""
     missing = {
@@ -103,10 +104,17 @@ def _offer_as_one(comparison: Comparison) -> Comparison:
     if not missing or not new:
         return comparison
     stacked = stacking_offer(list(missing), {k: shape for k, (shape, _) in new.items()})
-    moved = renaming_offer({k: v for k, v in missing.items() if k not in stacked}, new)
-    if not stacked and not moved:
+    # The reverse: missing stacked keys whose rows are new per-layer keys.
+    rows: dict[str, list[str]] = {}
+    unstacked = stacking_offer(list(new), {k: shape for k, (shape, _) in missing.items()})
+    for row_key, (_, key, _) in sorted(unstacked.items(), key=lambda kv: kv[1][2]):
+        rows.setdefault(key, []).append(row_key)
+    taken = stacked.keys() | rows.keys()
+    moved = renaming_offer({k: v for k, v in missing.items() if k not in taken}, new)
+    if not stacked and not rows and not moved:
         return comparison
-    templates = ", ".join(repr(t) for t in sorted({t for t, _, _ in stacked.values()}))
+    rules = {t for t, _, _ in stacked.values()} | {t for t, _, _ in unstacked.values()}
+    templates = ", ".join(repr(t) for t in sorted(rules))
     prefixes = ", ".join(
         repr(f"{o}={n}") for o, n in sorted({(o, n) for o, n, _ in moved.values()})
     )
@@ -119,6 +127,14 @@ def _offer_as_one(comparison: Comparison) -> Comparison:
                 reason=f"{f.reason}; it is row {row} of the new key {key!r} (the layers "
                 f"stacked): compare them as one with stack = [{templates}] (the producers' "
                 "STACK, or stack= of the check)",
+            )
+        elif f.key in rows:
+            held = rows[f.key]
+            f = dataclasses.replace(
+                f,
+                reason=f"{f.reason}; its rows are the new keys {held[0]!r} ... {held[-1]!r} "
+                f"(the layers per layer again): compare them as one with stack = "
+                f"[{templates}] (the producers' STACK, or stack= of the check)",
             )
         elif f.key in moved:
             f = dataclasses.replace(
@@ -235,8 +251,10 @@ def first_verdict(actual: Any, gf: GoldenFile, request: CheckRequest) -> FirstVe
     except ValueError as e:
         raise CheckError(f"check {name!r}: {e}") from None
     # A moved key of the tree is compared with the golden it replaces; a stacked one row by
-    # row with the per-layer goldens it replaces.
-    flat_a = split_stacked(renamed(flat_a, flat_e, renames), flat_e, rules)
+    # row with the per-layer goldens it replaces, and per-layer ones joined into the
+    # stacked golden they are the rows of.
+    flat_a = renamed(flat_a, flat_e, renames)
+    flat_a = join_rows(split_stacked(flat_a, flat_e, rules), flat_e, rules)
     try:
         comparison = compare_flat(
             flat_a,

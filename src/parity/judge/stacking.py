@@ -6,9 +6,12 @@ A stack rule is a key template whose last segment is `{i}`: `"blocks.{i}"` says 
 per-layer key `blocks.<i>.<rest>` is row `i` of the stacked key `blocks.<rest>` (the layers
 on its leading axis). `unstack` splits, on either side of a comparison, each stacked key
 whose rows the other side holds as per-layer keys, so both sides name the per-layer keys:
-each row is judged under its per-layer key's class, and a report says which layer. Where no
-rule is declared, `stacking_offer` recognises missing keys that are rows of new keys and
-says the rule that would compare them.
+each row is judged under its per-layer key's class, and a report says which layer. A golden
+check's keys are its goldens' (their classes, spreads and baselines are kept by key): where
+the goldens hold a stacked key and the tree its rows per layer, `join_rows` stacks the tree's
+rows into the golden's key, and a report's index leads with the layer. Where no rule is
+declared, `stacking_offer` recognises keys on one side that are the rows of keys on the
+other and says the rule that would compare them.
 
 numpy only.
 """
@@ -26,8 +29,10 @@ from parity.judge.chunks import Block, is_source
 
 __all__ = [
     "StackRule",
+    "join_rows",
     "parse_stack",
     "row_of",
+    "rows_held",
     "split_stacked",
     "stacking_offer",
     "unstack",
@@ -140,6 +145,50 @@ def _split(
             array = _rows(value)
             return {rule.per_layer(i, rest): array[i] for i in range(shape[0])}
     return {key: value}
+
+
+def rows_held(key: str, keys: Container[str], rules: Sequence[StackRule]) -> list[str]:
+    """The per-layer keys that hold the rows of the stacked `key` in `keys`: rows 0, 1, ...
+    up to the first row `keys` lacks, under the first rule that makes `key` a stacked key
+    and finds its row 0 there; empty where none does."""
+    for rule in rules:
+        rest = rule.rest(key)
+        if rest is None or rule.per_layer(0, rest) not in keys:
+            continue
+        held, i = [], 0
+        while (row := rule.per_layer(i, rest)) in keys:
+            held.append(row)
+            i += 1
+        return held
+    return []
+
+
+def join_rows(
+    side: Mapping[str, Any], other: Mapping[str, Any], rules: Sequence[StackRule]
+) -> dict[str, Any]:
+    """`side` with the per-layer keys that are every row of a stacked key of `other` joined
+    into that key (stacked on a leading axis, where the first of them stood): the goldens
+    pinned after the layers were stacked, compared with a tree that has them per layer
+    again, under the goldens' own keys and classes."""
+    if not rules:
+        return dict(side)
+    joined: dict[str, list[str]] = {}
+    for key, value in other.items():
+        if key in side:
+            continue
+        held = rows_held(key, side, rules)
+        shape = tuple(getattr(value, "shape", ()))
+        if held and shape and shape[0] == len(held):
+            joined[held[0]] = [key, *held]
+    gone = {row for rows in joined.values() for row in rows[1:]}
+    out: dict[str, Any] = {}
+    for key, value in side.items():
+        if key in joined:
+            stacked, *rows = joined[key]
+            out[stacked] = np.stack([_rows(side[r]) for r in rows])
+        elif key not in gone:
+            out[key] = value
+    return out
 
 
 def unstack(

@@ -47,6 +47,20 @@ def _jax_children(node: Any) -> list[tuple[str, Any]] | None:
     return [(jax.tree_util.keystr(path, simple=True, separator="."), leaf) for path, leaf in leaves]
 
 
+def _unwrapped(node: Any) -> Any:
+    """The array inside an array-like wrapper that jax flattens to that one array (a flax
+    nnx `Variable`): the array the program returned, so that it is known for the value a
+    program computed; other leaves as they are."""
+    if isinstance(node, np.ndarray | np.generic) or "jax" not in sys.modules:
+        return node
+    import jax
+
+    if isinstance(node, jax.Array):
+        return node
+    leaves = jax.tree_util.tree_leaves(node)
+    return leaves[0] if len(leaves) == 1 and isinstance(leaves[0], jax.Array) else node
+
+
 def flatten(
     tree: Any,
     *,
@@ -96,7 +110,7 @@ def flatten(
         if is_source(node):
             out[path] = node  # read block by block by the comparison, not loaded here
         elif _is_array_like(node):
-            out[path] = to_array(node)
+            out[path] = to_array(_unwrapped(node))
         elif non_arrays is not None:
             non_arrays[path] = node
         else:

@@ -26,7 +26,7 @@ from parity.judge.tolerance import (
 )
 from parity.origin.align import Alignment, align, matching_tolerance
 from parity.origin.localisation import Localisation
-from parity.origin.proof import Proof, provable, prove, settle, unproved, upstream
+from parity.origin.proof import Proof, answering, provable, prove, settle, unproved, upstream
 from parity.origin.record import LocaliseError, record
 from parity.origin.recording import Recording
 
@@ -212,14 +212,18 @@ def prove_and_locate(
     (`parity.origin.proof`), then, where `origin` and a key still fails, the origin of the
     first (`locate`, under the class the comparison judged it by, from `registry`). One
     alignment serves both. With `stack` (`parity.judge.stacking`), a per-layer key is
-    proved as its row of the stacked output of `new` that holds it; with `rename`
-    (`parity.judge.renames`), a key under the name `new` gave it.
+    proved, and its origin named, as its row of the stacked output that holds it, and a
+    stacked key as the rows a program holds per layer; with `rename`
+    (`parity.judge.renames`), as the key under the name `new` gave it
+    (`parity.origin.proof.answering`).
 
     **Returns:** the `Settlement`.
     """
+    keys = [f.key for f in comparison.findings]
+    new, old = answering(new, keys, stack=stack, rename=rename), answering(old, keys, stack=stack)
     exact = align(new, old, 0.0)
-    keys = [f.key for f in comparison.findings if provable(f)]
-    proofs = prove(new, old, keys, against=against, exact=exact, stack=stack, rename=rename)
+    provables = [f.key for f in comparison.findings if provable(f)]
+    proofs = prove(new, old, provables, against=against, exact=exact)
     comparison = settle(comparison, proofs)
     first, found = comparison.first_failure, None
     if origin and first is not None:  # under the class the comparison judged it by

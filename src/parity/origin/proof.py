@@ -22,7 +22,6 @@ from __future__ import annotations
 import dataclasses
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
-from typing import Any
 
 import numpy as np
 
@@ -31,11 +30,20 @@ from parity.judge.floats import count
 from parity.judge.reasons import UNPROVED
 from parity.judge.registry import RULES
 from parity.judge.renames import Rename
-from parity.judge.stacking import StackRule, row_of
+from parity.judge.stacking import StackRule, row_of, rows_held
 from parity.origin.align import Alignment, align
-from parity.origin.recording import Recording
+from parity.origin.recording import Recording, Value, fingerprint, row_fingerprints
 
-__all__ = ["Proof", "provable", "prove", "proved_note", "settle", "unproved", "upstream"]
+__all__ = [
+    "Proof",
+    "answering",
+    "provable",
+    "prove",
+    "proved_note",
+    "settle",
+    "unproved",
+    "upstream",
+]
 
 
 @dataclass(frozen=True)
@@ -76,10 +84,53 @@ def upstream(new: Recording, target: int) -> set[int]:
     return seen
 
 
-def _row(array: Any, row: int | None) -> np.ndarray:
-    """`array`, or its row `row` (a per-layer key's part of a stacked output)."""
-    whole = np.asarray(array)
-    return whole if row is None else whole[row]
+def answering(
+    new: Recording,
+    keys: Iterable[str],
+    *,
+    stack: Sequence[StackRule] = (),
+    rename: Sequence[Rename] = (),
+) -> Recording:
+    """`new` with each of `keys` it does not output under that name answered by what holds
+    it: the key's new name (`rename`); the stacked output whose row it is (`stack`: the
+    key's value is that row, its value id the stacked output's, so what it is computed from
+    is what the whole stack is computed from); or, for a stacked key whose rows `new`
+    outputs per layer, a value added to `new` that stacks them (a data movement, kind
+    `move`, primitive `stack`, with no source line). An alignment of `new` serves the
+    answer where no value was added."""
+    outputs, arrays = dict(new.outputs), dict(new.output_arrays)
+    added: list[tuple[Value, np.ndarray]] = []
+    for key in keys:
+        if key in outputs:
+            continue
+        names = (r.new_name(key) for r in rename)
+        name = next((n for n in names if n is not None and n in new.outputs), key)
+        found = (name, None) if name in new.outputs else row_of(name, new.outputs, stack)
+        if found is not None and found[0] in new.output_arrays:
+            held, row = found
+            outputs[key] = new.outputs[held]
+            whole = np.asarray(new.output_arrays[held])
+            arrays[key] = whole if row is None else whole[row]
+            continue
+        rows = rows_held(name, new.outputs, stack)
+        if rows and all(new.outputs[r] >= 0 and r in new.output_arrays for r in rows):
+            joined = np.stack([np.asarray(new.output_arrays[r]) for r in rows])
+            ids = tuple(new.outputs[r] for r in rows)
+            value = Value(len(new.values) + len(added), "stack", "move", joined.shape,
+                          str(joined.dtype), ids)  # fmt: skip
+            added.append((value, joined))
+            outputs[key], arrays[key] = value.id, joined
+    if len(outputs) == len(new.outputs):
+        return new
+    return dataclasses.replace(
+        new,
+        values=(*new.values, *(v for v, _ in added)),
+        fingerprints=(*new.fingerprints, *(fingerprint(a) for _, a in added)),
+        rows={**new.rows, **{v.id: tuple(row_fingerprints(a)) for v, a in added if a.ndim > 1}},
+        outputs=outputs,
+        output_arrays=arrays,
+        arrays=None if new.arrays is None else (*new.arrays, *(a for _, a in added)),
+    )
 
 
 def _same(a: np.ndarray, b: np.ndarray) -> bool:
@@ -106,26 +157,25 @@ def prove(
     - `keys`: output keys of `new`.
     - `against`: what `old` is, for the reasons (`"the base commit"`).
     - `exact`: `align(new, old, 0.0)` where the caller has it.
-    - `stack`: stack rules (`parity.judge.stacking`): a per-layer key `new` does not output
-      is proved as its row of the stacked output that holds it (`old` outputs it per
-      layer, as the goldens pinned before the layers were stacked).
+    - `stack`: stack rules (`parity.judge.stacking`): a per-layer key either program does
+      not output is its row of the stacked output that holds it, and a stacked key the
+      rows it holds per layer (`answering`).
     - `rename`: rename rules (`parity.judge.renames`): a key `new` outputs under its new
       name is proved under the name `old` gave it.
 
     **Returns:** key -> its `Proof`.
     """
+    keys = list(keys)
+    new = answering(new, keys, stack=stack, rename=rename)
+    old = answering(old, keys, stack=stack)
     exact = exact if exact is not None else align(new, old, 0.0)
     out: dict[str, Proof] = {}
     for key in keys:
-        names = (r.new_name(key) for r in rename)
-        name = next((n for n in names if n is not None and n in new.outputs), key)
-        found = (name, None) if name in new.outputs else row_of(name, new.outputs, stack)
-        if found is None or key not in old.output_arrays:
+        if key not in new.outputs or key not in old.output_arrays:
             why = f"the recorded programs do not both output {key!r}"
             out[key] = Proof(key, False, why)
             continue
-        new_key, row = found
-        target = new.outputs[new_key]
+        target = new.outputs[key]
         reads = upstream(new, target) if target >= 0 else set()
         unequal = sorted(i for i in reads if not exact.matched[i])
         if unequal:
@@ -141,7 +191,7 @@ def prove(
                 ),
                 len(reads) - len(unequal),
             )
-        elif not _same(_row(new.output_arrays[new_key], row), np.asarray(old.output_arrays[key])):
+        elif not _same(np.asarray(new.output_arrays[key]), np.asarray(old.output_arrays[key])):
             out[key] = Proof(
                 key,
                 False,
