@@ -12,6 +12,7 @@ __version__: str
 __all__: list[str]
 
 # the assertion, for any test framework
+from .assertions import NotEquivalent as NotEquivalent
 from .assertions import assert_equivalent as assert_equivalent
 
 # the checks the pytest plugin's fixtures run, for a harness of one's own

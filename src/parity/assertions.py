@@ -1,7 +1,8 @@
 """`assert_equivalent`: compare two pytrees under tolerance classes, chex-style.
 
-For any test framework or none: it raises `AssertionError` whose message is the failure
-table (per class, the first divergence, every failing key with its reason). The first
+For any test framework or none: it raises `NotEquivalent`, an `AssertionError` whose
+message is the failure table (per class, the first divergence, every failing key with its
+reason) and whose fields are the comparison and the origin it was made from. The first
 divergence is named "in forward order" where the order was given (`order=`) or derived
 (a `Dataflow` from `parity.in_dataflow_order`, or `new_fn`'s program traced), "in
 container order" otherwise: a `NamedTuple`'s fields, a dict's keys as jax sorts them, are
@@ -16,10 +17,11 @@ from __future__ import annotations
 import dataclasses
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
-from typing import Any, TypedDict, Unpack
+from typing import Any, ClassVar, TypedDict, Unpack
 
 from parity.check import Settler, check_live
 from parity.check.request import refuse_unknown_options
+from parity.errors import ParityError
 from parity.judge.classes import REGISTRY, ToleranceClass
 from parity.judge.compare import Comparison, Order
 from parity.judge.dataflow import Dataflow
@@ -32,7 +34,7 @@ from parity.origin.localisation import Localisation
 from parity.report import format_table
 from parity.results import CheckResult
 
-__all__ = ["AssertOptions", "assert_equivalent"]
+__all__ = ["AssertOptions", "NotEquivalent", "assert_equivalent"]
 
 
 class AssertOptions(TypedDict, total=False):
@@ -117,8 +119,9 @@ def assert_equivalent(actual: Any, expected: Any, **options: Unpack[AssertOption
         operation of `new_fn` that computes what `old_fn` never did, at its source line
         (`parity.localise`), or why there is none.
 
-    **Returns:** the `Comparison`, when it passes. Raises `AssertionError` with the failure
-    table otherwise (missing and unexpected leaves included), and `parity.CheckError` for
+    **Returns:** the `Comparison`, when it passes. Raises `NotEquivalent` (an
+    `AssertionError`) with the failure table otherwise (missing and unexpected leaves
+    included; its `comparison` and `origin` as fields), and `parity.CheckError` for
     input it cannot compare (a class name the registry lacks, an object array), as every
     check does.
 
@@ -181,7 +184,32 @@ def assert_equivalent(actual: Any, expected: Any, **options: Unpack[AssertOption
         return result.comparison
     # Without an order or a `Dataflow`, the walk is the containers' own: not the forward one.
     walk = "forward order" if order is not None or dataflow else "container order"
-    raise AssertionError(_message(result.comparison, walk, static_problems, result.origin))
+    raise NotEquivalent(
+        _message(result.comparison, walk, static_problems, result.origin),
+        comparison=result.comparison,
+        origin=result.origin,
+    )
+
+
+class NotEquivalent(AssertionError, ParityError):
+    """`assert_equivalent`'s failure: an `AssertionError` (pytest shows it as any failed
+    assert) whose message is the table, and whose fields are what it was made from.
+
+    **Fields:** `comparison` (the `Comparison`, every key's verdict and its basis, settled
+    op by op where the functions were given), `origin` (the `Localisation` of the first
+    key still failing, or None where the programs were not recorded).
+
+    **Class attributes:** `exit_code` 1: the trees were judged, and differ (not an error in
+    what parity was given).
+    """
+
+    exit_code: ClassVar[int] = 1
+
+    def __init__(
+        self, message: str, *, comparison: Comparison, origin: Localisation | None = None
+    ) -> None:
+        super().__init__(message)
+        self.comparison, self.origin = comparison, origin
 
 
 def _message(

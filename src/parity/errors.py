@@ -5,8 +5,10 @@ configuration, a commit, a producer that cannot run) is a `ParityError`, besides
 built-in class it has always been (a `KeyError` for an unknown class name, a `ValueError`
 for a program that cannot be recorded, ...), so a caller can catch either. Its message says
 what is wrong and what to do; the command line prints it as one line (`ParityError.line`)
-and exits with its `exit_code` (2: input parity cannot use). This module imports nothing
-of parity: every layer may raise one.
+and exits with its `exit_code` (2: input parity cannot use). One is no error in its input:
+`parity.NotEquivalent`, `assert_equivalent`'s failure, an `AssertionError` carrying its
+comparison (exit code 1, as a failing check). This module imports nothing of parity: every
+layer may raise one.
 """
 
 from __future__ import annotations

@@ -32,8 +32,8 @@ from __future__ import annotations
 import subprocess
 import tempfile
 import time
-from collections.abc import Callable, Sequence
-from dataclasses import asdict, dataclass
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any, Literal
 
@@ -76,7 +76,8 @@ class Step:
     `bad` or `skip`), `detail` (one line: what broke, or why it could not run), and for a
     bad commit the `group`, `key` and `class_name` of its first failure (first group in
     group order, first key in that group's forward order), `role` (`GOOD`, `BAD` or
-    `search`) and `seconds`.
+    `search`), `seconds`, and `verdicts`: for a commit checked, each `group/key`'s verdict
+    and its basis (`parity.judge.findings.Finding`), as `parity check` gives them.
     """
 
     sha: str
@@ -88,6 +89,7 @@ class Step:
     key: str | None = None
     class_name: str | None = None
     seconds: float = 0.0
+    verdicts: Mapping[str, tuple[str, str]] = field(default_factory=dict)
 
     def line(self, label: str = "") -> str:
         """The step as one line for a terminal, after `label` (`GOOD`, `BAD`, `step 2`)."""
@@ -210,15 +212,18 @@ def _evaluate(
                 return step("skip", f"cannot check: {' '.join(str(e).split())}")
     except GitError as e:
         return step("skip", f"cannot check out: {' '.join(str(e).split())}")
+    verdicts = {f"{r.name}/{f.key}": (f.verdict, f.basis) for r in results
+                for f in r.comparison.findings}  # fmt: skip
     for r in results:
         f = r.comparison.first_failure
         if f is not None:
             detail = f"{r.name}: {f.key!r} breaks {f.class_name} ({arrays_failing(r.comparison)})"
-            return step("bad", detail, group=r.name, key=f.key, class_name=f.class_name)
+            return step(
+                "bad", detail, group=r.name, key=f.key, class_name=f.class_name, verdicts=verdicts
+            )
     n = sum(len(r.comparison.findings) for r in results)
-    return step(
-        "good", f"all {count(n, 'array')} of {count(len(results), 'group')} hold their class"
-    )
+    said = f"all {count(n, 'array')} of {count(len(results), 'group')} hold their class"
+    return step("good", said, verdicts=verdicts)
 
 
 def good_calibration(root: Path, good: str, goldens: Path, pinned: Path) -> list[str]:

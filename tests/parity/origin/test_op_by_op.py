@@ -198,26 +198,42 @@ def test_parity_check_passes_the_refactor_proved_and_fails_the_bug_at_its_line(
     assert "origin:" not in quiet.stdout and "to prove its op_by_op keys" in quiet.stderr
 
 
-def test_the_pytest_plugin_proves_a_golden_check(
-    project: tuple[Path, dict[str, str]], git: Any, run_pytest: Callable[..., Any]
-) -> None:
-    repo, shas = project
-    git(repo, "checkout", "-q", shas["refactor"])
-    (repo / "test_forward.py").write_text(
-        "import producers\n\n\n"
-        "def test_forward(parity_check):\n"
-        "    comparison = parity_check(producers.forward(), 'forward')\n"
-        "    assert [f.key for f in comparison.proved] == ['logits']\n"
-    )
-    done = run_pytest(repo, "test_forward.py")
-    (repo / "test_forward.py").unlink()
-    assert done.returncode == 0, done.stdout + done.stderr
+#: The plugin's face: a test that writes each key's verdict and basis to verdicts.json.
+PLUGIN_TEST = """\
+import json
+
+import producers
 
 
-def test_bisect_judges_each_step_with_the_proof_and_names_the_bug_not_the_refactor(
-    project: tuple[Path, dict[str, str]], run_parity: Callable[..., Any], git: Any
+def test_forward(parity_check):
+    comparison = parity_check(producers.forward(), "forward", fail=False)
+    verdicts = {f"forward/{f.key}": [f.verdict, f.basis] for f in comparison.findings}
+    with open("verdicts.json", "w") as out:
+        json.dump(verdicts, out)
+"""
+
+
+def _live_verdicts(models: dict[str, ModuleType], inputs: tuple[Any, Any], name: str) -> Any:
+    """`assert_equivalent`'s face: each key's verdict and basis, passing or not."""
+    try:
+        comparison = _check(models, inputs, name, "op_by_op")
+    except parity.NotEquivalent as failed:
+        comparison = failed.comparison
+    return {f"forward/{f.key}": [f.verdict, f.basis] for f in comparison.findings}
+
+
+def test_every_face_gives_each_key_the_same_verdict(
+    project: tuple[Path, dict[str, str]],
+    models: dict[str, ModuleType],
+    inputs: tuple[Any, Any],
+    run_parity: Callable[..., Any],
+    run_pytest: Callable[..., Any],
+    git: Any,
 ) -> None:
-    # Issue 57: bisect judged without the proof and named the proved refactor.
+    """Issue 57: for the same tree, `parity check`, bisect's step at its commit, the pytest
+    plugin and `assert_equivalent` give each key the same verdict on the same basis; and
+    bisect, which judged without the proof, names the bug's commit, not the proved
+    refactor."""
     repo, shas = project
     git(repo, "checkout", "-q", shas["epsilon"])
     pin = git(repo, "rev-parse", f"{shas['refactor']}~1")
@@ -227,8 +243,32 @@ def test_bisect_judges_each_step_with_the_proof_and_names_the_bug_not_the_refact
     assert done.returncode == 0, done.stdout + done.stderr
     found = json.loads(report.read_text())
     assert found["first_bad_commit"] == shas["epsilon"], done.stdout
-    (step,) = [s for s in found["steps"] if s["sha"] == shas["refactor"]]
-    assert step["outcome"] == "good", step
+    steps = {s["sha"]: s for s in found["steps"]}
+    assert steps[shas["refactor"]]["outcome"] == "good", steps
+    (repo / "test_forward.py").write_text(PLUGIN_TEST)
+    faces: dict[str, dict[str, Any]] = {}
+    try:
+        for name in ("refactor", "epsilon"):
+            git(repo, "checkout", "-q", shas[name])
+            checked = repo.parent / f"check-{name}.json"
+            run_parity(repo, "check", "--origin", "off", "--json", str(checked))
+            plugged = repo / "verdicts.json"
+            ran = run_pytest(repo, "test_forward.py")
+            assert ran.returncode == 0, ran.stdout + ran.stderr
+            doc = json.loads(checked.read_text())
+            faces[name] = {
+                "check": {f["key"]: [f["verdict"], f["basis"]] for f in doc["findings"]},
+                "bisect": steps[shas[name]]["verdicts"],
+                "plugin": json.loads(plugged.read_text()),
+                "assert_equivalent": _live_verdicts(models, inputs, name),
+            }
+            plugged.unlink()
+    finally:
+        (repo / "test_forward.py").unlink()
+    assert faces["refactor"]["check"] == {"forward/logits": ["pass", "proved"]}, faces
+    assert faces["epsilon"]["check"] == {"forward/logits": ["fail", ""]}, faces
+    for name, said in faces.items():
+        assert all(v == said["check"] for v in said.values()), (name, said)
 
 
 def test_bisect_with_a_calibrated_class_reads_the_calibration_of_the_goldens(
