@@ -11,7 +11,8 @@ history; the user's checkout is never touched), the bug is applied, and
 
 runs three times with a private cache of baselines: `--origin off` (the verdict alone),
 then with the origin with an empty cache (the base re-produced and recorded), then again
-with the base's recording cached. Printed per bug: the exit code, the origin's
+with the base's recording cached. Printed per bug: how many producer runs each started
+(the tree, the base, the recordings), the exit code, the origin's
 `file:line in function` (and the library frame where the operation runs inside one) and
 whether that function is the one holding the changed line, the seconds of each run, and the
 largest resident memory of any process the runs started (`RUSAGE_CHILDREN`).
@@ -28,6 +29,7 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import re
 import resource
 import shutil
 import subprocess
@@ -92,7 +94,12 @@ def _copy_tree(tree: Path) -> None:
             shutil.copy2(ROOT / rel, tree / rel)
 
 
-def _check(tree: Path, bug: Bug, cache: Path, *args: str) -> tuple[int, float, dict]:
+def _runs(stderr: str) -> int:
+    """How many producer runs a command started: each says when it starts its first group."""
+    return len(re.findall(r"^\[producers\] \[1/\d+\] \S+: (?:running|recording)$", stderr, re.M))
+
+
+def _check(tree: Path, bug: Bug, cache: Path, *args: str) -> tuple[int, float, dict, int]:
     report = cache.parent / "report.json"
     report.unlink(missing_ok=True)
     env = {k: v for k, v in os.environ.items() if not k.startswith(("PARITY_", "PYTEST_"))}
@@ -105,7 +112,7 @@ def _check(tree: Path, bug: Bug, cache: Path, *args: str) -> tuple[int, float, d
     )  # fmt: skip
     seconds = time.perf_counter() - t0
     doc = json.loads(report.read_text()) if report.is_file() else {}
-    return proc.returncode, seconds, doc
+    return proc.returncode, seconds, doc, _runs(proc.stderr)
 
 
 def run(bug: Bug) -> None:
@@ -118,9 +125,10 @@ def run(bug: Bug) -> None:
             return
         path.write_text(text.replace(bug.old, bug.new))
         cache = Path(tmp) / "baselines"
-        code, verdict_s, _ = _check(tree, bug, cache, "--origin", "off")
-        _, cold_s, _ = _check(tree, bug, cache)
-        _, cached_s, doc = _check(tree, bug, cache)
+        code, verdict_s, _, verdict_n = _check(tree, bug, cache, "--origin", "off")
+        shutil.rmtree(cache, ignore_errors=True)  # the origin's cold run builds the base
+        _, cold_s, _, cold_n = _check(tree, bug, cache)
+        _, cached_s, doc, cached_n = _check(tree, bug, cache)
     checks = doc.get("checks") or [{}]
     origin, line = checks[0].get("origin"), checks[0].get("origin_line") or ""
     where = "not named"
@@ -138,6 +146,8 @@ def run(bug: Bug) -> None:
     print(f"{'':18s} verdict {verdict_s:6.1f} s; with origin, cold {cold_s:6.1f} s "
           f"(+{cold_s - verdict_s:.1f}), base cached {cached_s:6.1f} s "
           f"(+{cached_s - verdict_s:.1f}); peak RSS of a child so far {peak:.0f} MiB")  # fmt: skip
+    print(f"{'':18s} producer runs: verdict {verdict_n}, with origin cold {cold_n}, "
+          f"base cached {cached_n}")  # fmt: skip
     if not origin:
         print(f"{'':18s} {line}")
     elif origin.get("beyond"):

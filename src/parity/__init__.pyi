@@ -38,8 +38,6 @@ from .report import format_table as format_table
 from .judge.dataflow import (
     Dataflow as Dataflow,
     DataflowError as DataflowError,
-    dataflow_order as dataflow_order,
-    in_dataflow_order as in_dataflow_order,
 )
 
 # the first operation of a new program that computes what the old one never did
@@ -47,6 +45,8 @@ from .origin.api import localise as localise
 from .origin.localisation import Localisation as Localisation
 from .origin.align import Origin as Origin
 from .origin.record import LocaliseError as LocaliseError
+from .origin.record import dataflow_order as dataflow_order
+from .origin.record import in_dataflow_order as in_dataflow_order
 
 # tolerance classes and their rules
 from .judge.classes import REGISTRY as REGISTRY, ToleranceClass as ToleranceClass

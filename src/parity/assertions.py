@@ -137,8 +137,7 @@ def assert_equivalent(actual: Any, expected: Any, **options: Unpack[AssertOption
     """
     __tracebackhide__ = True  # a failure points at the caller's line, not at parity's
     refuse_unknown_options(options, AssertOptions, "assert_equivalent")
-    statics_a: dict[str, Any] = {}
-    statics_e: dict[str, Any] = {}
+    statics_a, statics_e = dict[str, Any](), dict[str, Any]()
     order, registry = options.get("order"), options.get("registry", REGISTRY)
     new_fn, old_fn = options.get("new_fn"), options.get("old_fn")
     args, kwargs = options.get("args", ()), options.get("kwargs") or {}
@@ -184,11 +183,7 @@ def assert_equivalent(actual: Any, expected: Any, **options: Unpack[AssertOption
         return result.comparison
     # Without an order or a `Dataflow`, the walk is the containers' own: not the forward one.
     walk = "forward order" if order is not None or dataflow else "container order"
-    raise NotEquivalent(
-        _message(result.comparison, walk, static_problems, result.origin),
-        comparison=result.comparison,
-        origin=result.origin,
-    )
+    raise NotEquivalent.of(result.comparison, walk, static_problems, result.origin)
 
 
 class NotEquivalent(AssertionError, ParityError):
@@ -211,6 +206,18 @@ class NotEquivalent(AssertionError, ParityError):
         super().__init__(message)
         self.comparison, self.origin = comparison, origin
 
+    @classmethod
+    def of(
+        cls,
+        comparison: Comparison,
+        walk: str,
+        static_problems: Sequence[str],
+        found: Localisation | None,
+    ) -> NotEquivalent:
+        """The failure of `comparison`, its message `_message`'s."""
+        return cls(_message(comparison, walk, static_problems, found), comparison=comparison,
+                   origin=found)  # fmt: skip
+
 
 def _message(
     comparison: Comparison, walk: str, static_problems: Sequence[str], found: Localisation | None
@@ -230,10 +237,10 @@ def _forward_order(
     fn: Callable[..., Any], args: tuple[Any, ...], kwargs: Mapping[str, Any]
 ) -> list[str] | None:
     """The keys of `fn(*args, **kwargs)` in the order its program computes them
-    (`parity.judge.dataflow.dataflow_order`), or None where it does not trace (its
+    (`parity.origin.record.dataflow_order`), or None where it does not trace (its
     `DataflowError`) or returns no container of keys to order (a bare array: the
     `TypeError` of `flatten`, which `DataflowError` is too)."""
-    from parity.judge.dataflow import dataflow_order
+    from parity.origin.record import dataflow_order
 
     try:
         return dataflow_order(fn, *args, **kwargs)

@@ -1,6 +1,6 @@
 """What a check hands back: `CheckResult` (one golden group or live differential, compared),
 or `CheckError` when its input cannot be used; `BaselineUnavailable`, why there is no
-baseline to compare with (raised by a `parity.check.against_baseline.BaselineSource`,
+baseline to compare with (raised by a `parity.check.request.BaselineSource`,
 named by the verdict); the header lines a report of several checks shows, and results as
 JSON between processes. `parity.check` makes them; the CLI, the pytest plugin and the
 report session read them. Writing arrays is the store's

@@ -141,6 +141,24 @@ def test_parity_modules_import_one_another_without_a_cycle() -> None:
     assert _cycles(graph) == []
 
 
+def test_the_check_s_stages_import_no_later_stage_even_for_their_types() -> None:
+    """Issue 57: `against_baseline -> first -> request -> against_baseline` was a circle
+    through an import under `TYPE_CHECKING` (the `BaselineSource` a request carries): the
+    contracts the stages share live in `request`, which imports no stage."""
+    paths = sorted((SRC / "check").glob("*.py"))
+    known = {_module_name(p) for p in paths if p.stem != "__init__"}
+    graph = {
+        _module_name(p): source_imports(
+            p, SRC.parent, known, anywhere=True, type_checking=True, packages=False
+        )
+        for p in paths
+        if p.stem != "__init__"
+    }
+    assert "parity.check.first" in graph["parity.check.against_baseline"]
+    assert _cycles(graph) == []
+    assert graph["parity.check.request"] == set()
+
+
 def _folder_of(module: str) -> str:
     """The node a reader sees `module` in: its subpackage folder of src/parity, or the
     top-level module itself (`parity.check`); `parity` for the package's `__init__`."""

@@ -19,6 +19,7 @@ producer run, a check that passes, a bug that fails at its line, an origin and a
 from __future__ import annotations
 
 import json
+import re
 import shutil
 from collections.abc import Callable
 from pathlib import Path
@@ -96,6 +97,12 @@ def _reference(stdout: str) -> str:
     return line
 
 
+def _runs(stderr: str) -> int:
+    """How many producer runs a command started (each says when it starts its group)."""
+    started = re.compile(r"\[producers\] \[1/1\] forward: (running|recording)$")
+    return sum(1 for ln in stderr.splitlines() if started.search(ln.strip()))
+
+
 def test_pinned_on_another_processor_and_jax_the_base_judges_without_calibration(
     project: tuple[Path, dict[str, str]],
     run_parity: Callable[..., Any],
@@ -103,6 +110,7 @@ def test_pinned_on_another_processor_and_jax_the_base_judges_without_calibration
     tmp_path: Path,
 ) -> None:
     repo, shas = project
+    shutil.rmtree(repo.parent / "baselines", ignore_errors=True)  # the runs counted from none
     elsewhere = tmp_path / "goldens"
     git(repo, "checkout", "-q", shas["refactor"])
     shutil.copytree(repo / "goldens", elsewhere)
@@ -116,10 +124,16 @@ def test_pinned_on_another_processor_and_jax_the_base_judges_without_calibration
     # same bits, and then no base is needed).
     (finding,) = doc["findings"]
     assert doc["proved"] == ["forward/logits"] or finding["bitwise_equal"], doc["findings"]
+    # Record once (issue 57): the tree, the base re-produced with its recording (the
+    # baseline and the proof's old side in one run), the tree recorded; was 4 (the base
+    # again to record it).
+    assert _runs(done.stderr) == (1 if finding["bitwise_equal"] else 3), done.stderr
     git(repo, "checkout", "-q", shas["epsilon"])
     bug = run_parity(repo, "check", "--goldens", str(elsewhere))
     assert bug.returncode == 1, bug.stdout + bug.stderr
     assert f"{MODEL_FILE}:{tf.bug_line('epsilon')} in layer_norm" in _origin(bug.stdout)
+    # With the base and its recording cached: the tree, then the tree recorded.
+    assert _runs(bug.stderr) == (2 if not finding["bitwise_equal"] else 3), bug.stderr
     reference = _reference(bug.stdout)
     assert "the baseline re-produced here at" in reference, reference
     assert "jax: '0.4.30' -> " in reference and "processor" in reference, reference

@@ -4,7 +4,8 @@ verdict (docs/design.md, "One pass"). Every face enters at one door, `flow`
 
 - `request`: what a check is asked (`CheckRequest`, built by keyword), the options each
   door takes (`CheckOptions`, `LiveOptions`, ...), the two class registries
-  (`Registries`), and what a face hands the check to settle its failures (`Settler`);
+  (`Registries`), and what a face hands the check to settle its failures (`Settler`) and
+  to re-produce its baselines (`BaselineSource`, returning a `Baseline`);
 - `goldens`: the golden folder (`GoldenDir`);
 - `first`: the first stage, the tree compared with its goldens once (`first_verdict`,
   making a `FirstVerdict`), and the one comparison every check makes (`compare_flat`);
@@ -28,9 +29,6 @@ from parity.check.against_baseline import (
     BASELINE as BASELINE,
     BASELINE_OFF as BASELINE_OFF,
     BaseJudgement as BaseJudgement,
-    Baseline as Baseline,
-    BaselineSource as BaselineSource,
-    BatchBaselineSource as BatchBaselineSource,
     against_baseline as against_baseline,
     against_baselines as against_baselines,
     prepare_baselines as prepare_baselines,
@@ -53,6 +51,9 @@ from parity.check.goldens import (
     GoldenDir as GoldenDir,
 )
 from parity.check.request import (
+    Baseline as Baseline,
+    BaselineSource as BaselineSource,
+    BatchBaselineSource as BatchBaselineSource,
     CheckOptions as CheckOptions,
     CheckRequest as CheckRequest,
     FileOptions as FileOptions,

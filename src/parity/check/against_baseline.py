@@ -45,8 +45,7 @@ import dataclasses
 import math
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
-from pathlib import Path
-from typing import TYPE_CHECKING, Any, Protocol, runtime_checkable
+from typing import TYPE_CHECKING, Any
 
 from parity.calibrated.bounds import (
     calibrated_comparison,
@@ -54,7 +53,13 @@ from parity.calibrated.bounds import (
     environment_remedy,
 )
 from parity.calibrated.spreads import Spreads
-from parity.check.first import BaselineRequest, FirstVerdict
+from parity.check.first import FirstVerdict
+from parity.check.request import (
+    Baseline,
+    BaselineRequest,
+    BaselineSource,
+    BatchBaselineSource,
+)
 from parity.judge.compare import Comparison, Finding, compare_trees
 from parity.judge.floats import count, sig
 from parity.judge.tolerance import to_class
@@ -68,9 +73,6 @@ __all__ = [
     "BASELINE",
     "BASELINE_OFF",
     "BaseJudgement",
-    "Baseline",
-    "BaselineSource",
-    "BatchBaselineSource",
     "against_baseline",
     "against_baselines",
     "prepare_baselines",
@@ -82,47 +84,6 @@ __all__ = [
 #: What the baseline is called in a finding's words ("actual ... vs baseline ..."), where
 #: the tree was compared with it.
 BASELINE = "baseline"
-
-
-@dataclass(frozen=True)
-class Baseline:
-    """A golden group re-produced at its base commit in this environment.
-
-    **Fields:** `path` (a golden-format file), `sha` (the base commit), `cached` (found in
-    the cache, as opposed to built by this call) and `seconds` (what building it took; 0
-    when cached).
-    """
-
-    path: Path
-    sha: str
-    cached: bool
-    seconds: float = 0.0
-
-
-class BaselineSource(Protocol):
-    """What re-produces a golden group at its base commit in a check's environment: its
-    baseline."""
-
-    def reproduce(
-        self, group: str, pinned: Mapping[str, Any], current: Mapping[str, Any]
-    ) -> Baseline:
-        """The group re-produced at `pinned["base_sha"]` in the environment `current`
-        describes (a provenance); raises `BaselineUnavailable` where it cannot be."""
-        ...
-
-
-@runtime_checkable
-class BatchBaselineSource(BaselineSource, Protocol):
-    """A `BaselineSource` that also re-produces several groups at once: the missing ones of
-    each base commit and environment in one producer run
-    (`parity.run.baseline.BaselineBuilder`). `prepare_baselines` uses it where the source
-    has it."""
-
-    def prepare(
-        self, wanted: Sequence[BaselineRequest]
-    ) -> Mapping[str, Baseline | BaselineUnavailable]:
-        """Each group of `wanted` re-produced, or the `BaselineUnavailable` saying why not."""
-        ...
 
 
 @dataclass(frozen=True, kw_only=True)

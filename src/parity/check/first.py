@@ -13,7 +13,7 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
 from parity.calibrated.bounds import KeyClasses, golden_classes
-from parity.check.request import CheckRequest, Registries
+from parity.check.request import BaselineRequest, CheckRequest, Registries
 from parity.environment import environment_difference
 from parity.judge.chunks import DEFAULT_BUDGET
 from parity.judge.classes import ToleranceClass
@@ -29,11 +29,7 @@ from parity.store import GoldenFile, GoldenStoreError
 if TYPE_CHECKING:
     from parity.environment import EnvironmentDifference
 
-__all__ = ["BaselineRequest", "FirstVerdict", "compare_flat", "first_verdict", "flatten_sides"]
-
-#: What a check's first verdict asks of a `parity.check.against_baseline.BaselineSource`:
-#: `(group, pinned provenance, current provenance)` (`FirstVerdict.baseline_request`).
-BaselineRequest = tuple[str, Mapping[str, Any], Mapping[str, Any]]
+__all__ = ["FirstVerdict", "compare_flat", "first_verdict", "flatten_sides"]
 
 
 def flatten_sides(

@@ -38,11 +38,12 @@ import time
 from collections.abc import Collection, Mapping, Sequence
 from typing import Any, Unpack
 
-from parity.check.against_baseline import BaselineSource, against_baselines
+from parity.check.against_baseline import against_baselines
 from parity.check.conclusion import conclude
 from parity.check.first import FirstVerdict, compare_flat, first_verdict, flatten_sides
 from parity.check.goldens import GoldenDir, as_dir
 from parity.check.request import (
+    BaselineSource,
     CheckOptions,
     CheckRequest,
     FileOptions,

@@ -1,7 +1,8 @@
 """What a check is asked: the request its first stage takes (`CheckRequest`, built by
 keyword), the options each door takes them as (`GroupOptions`, `FileOptions`,
 `CheckOptions`, `LiveOptions`), the two class registries it judges by (`Registries`), and
-what a face hands the check to settle its failures (`Settler`). Nothing here runs anything.
+what a face hands the check to settle its failures (`Settler`) and to re-produce its
+baselines (`BaselineSource`, the `Baseline` it returns). Nothing here runs anything.
 """
 
 from __future__ import annotations
@@ -9,20 +10,24 @@ from __future__ import annotations
 import os
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Any, Protocol, TypedDict
+from pathlib import Path
+from typing import TYPE_CHECKING, Any, Protocol, TypedDict, runtime_checkable
 
 from parity.judge.chunks import DEFAULT_BUDGET
 from parity.judge.classes import REGISTRY, ToleranceClass
 from parity.judge.compare import Order
 from parity.judge.fixed_rules import Ulp
 from parity.judge.tolerance import ClassMapLike, Overrides
-from parity.results import CheckResult
+from parity.results import BaselineUnavailable, CheckResult
 
 if TYPE_CHECKING:
-    from parity.check.against_baseline import BaselineSource
     from parity.environment import EnvironmentDifference, PolicyDecision, PolicyMode
 
 __all__ = [
+    "Baseline",
+    "BaselineRequest",
+    "BaselineSource",
+    "BatchBaselineSource",
     "CheckOptions",
     "CheckRequest",
     "FileOptions",
@@ -32,6 +37,52 @@ __all__ = [
     "Settler",
     "refuse_unknown_options",
 ]
+
+
+#: What a check's first verdict asks of a `BaselineSource`: `(group, pinned provenance,
+#: current provenance)` (`parity.check.first.FirstVerdict.baseline_request`).
+BaselineRequest = tuple[str, Mapping[str, Any], Mapping[str, Any]]
+
+
+@dataclass(frozen=True)
+class Baseline:
+    """A golden group re-produced at its base commit in this environment.
+
+    **Fields:** `path` (a golden-format file), `sha` (the base commit), `cached` (found in
+    the cache, as opposed to built by this call) and `seconds` (what building it took; 0
+    when cached).
+    """
+
+    path: Path
+    sha: str
+    cached: bool
+    seconds: float = 0.0
+
+
+class BaselineSource(Protocol):
+    """What re-produces a golden group at its base commit in a check's environment: its
+    baseline."""
+
+    def reproduce(
+        self, group: str, pinned: Mapping[str, Any], current: Mapping[str, Any]
+    ) -> Baseline:
+        """The group re-produced at `pinned["base_sha"]` in the environment `current`
+        describes (a provenance); raises `BaselineUnavailable` where it cannot be."""
+        ...
+
+
+@runtime_checkable
+class BatchBaselineSource(BaselineSource, Protocol):
+    """A `BaselineSource` that also re-produces several groups at once: the missing ones of
+    each base commit and environment in one producer run
+    (`parity.run.baseline.BaselineBuilder`). `prepare_baselines` uses it where the source
+    has it."""
+
+    def prepare(
+        self, wanted: Sequence[BaselineRequest]
+    ) -> Mapping[str, Baseline | BaselineUnavailable]:
+        """Each group of `wanted` re-produced, or the `BaselineUnavailable` saying why not."""
+        ...
 
 
 @dataclass(frozen=True, kw_only=True)

@@ -1,17 +1,15 @@
-"""The dataflow order of a function's outputs: the order in which its program computes
-them, read from its jaxpr, whatever container they come out in.
+"""What parity knows about the order of a producer's outputs, wherever it was read: how a
+golden's order was made (`DATAFLOW`, `DECLARED`, `HOST`, `UNREAD`), the hints a check
+gives where it was not read from the programs, and `Dataflow`, the flat dict a producer
+returns already in dataflow order.
 
+The order itself is read in one place, from the programs that computed the outputs, by
+one algorithm for a live function and for the programs a producer ran
+(`parity.origin.record`: `dataflow_order`, `in_dataflow_order`, `record_programs`): each
+output at the depth of the value it reads, the longest chain of operations from an input.
 jax sorts a dict's keys when it flattens a pytree, so the outputs of a jitted function
-(`{"conv0": ..., "ln0": ..., "gelu0": ...}`) come back in alphabetical order, whatever
-order the function built them in. A first divergence named in that order names the wrong
-place. `dataflow_order(fn, *args)` traces `fn` (`jax.make_jaxpr`, nothing is computed) and
-gives each output leaf a position: the index of the equation that produced it, and inside
-a call (`jit`, `custom_jvp_call`, `custom_vjp_call`, `checkpoint`, `while`, ...), a `cond`
-(the earliest branch) or a `scan` the position within its body, a `scan`'s outputs also by
-iteration: a slice of its stacked outputs at a static index (what `ys[i]` traces to) is
-placed at that iteration, and a row of a `jnp.stack` where that row was computed. Slices,
-squeezes, reshapes, broadcasts, casts and copies of an array are placed where the array
-was computed. An output that is an input or a constant comes first.
+come back in alphabetical order, whatever order the function built them in; a first
+divergence named in that order names the wrong place.
 
 A function that converts its outputs to numpy at the end (`jax.tree.map(np.asarray, out)`,
 `jax.device_get(out)`, `{k: np.asarray(v) ...}` on what a jitted `apply` returned) gives
@@ -19,10 +17,6 @@ numpy arrays; `numpy_conversions()` remembers, while open, the jax array each nu
 `np.asarray`, `np.array`, `np.asanyarray` or `jax.device_get` made was converted from, so
 that a caller that ran the function knows which value of its programs each output is
 (`parity.machinery._producer_runner`).
-
-`in_dataflow_order(fn)` wraps `fn` so that it returns `Dataflow`, a flat `{key: array}`
-dict (keys as `parity.judge.trees.flatten` names them) in that order; a producer returns
-it as it is, `parity.assert_equivalent` and `parity check` follow its order.
 
 jax is imported only inside these functions (the caller has it), never at import.
 """
@@ -38,7 +32,6 @@ import numpy as np
 
 from parity.errors import ParityError
 from parity.judge.floats import count
-from parity.judge.trees import flatten
 
 __all__ = [
     "ALPHABETICAL_HINT",
@@ -53,9 +46,7 @@ __all__ = [
     "Dataflow",
     "DataflowError",
     "alphabetical",
-    "dataflow_order",
     "describe_order",
-    "in_dataflow_order",
     "numpy_conversions",
     "order_change",
     "order_hint",
@@ -89,8 +80,6 @@ MOVES = frozenset(
     }
 )
 
-Position = tuple[int, ...]
-
 
 class DataflowError(ParityError, TypeError):
     """The dataflow order of a function cannot be derived (it does not trace: it turns a
@@ -120,142 +109,6 @@ class Conversions(list[Any]):
 class Dataflow(dict[str, Any]):
     """A flat `{key: array}` dict whose insertion order is its program's dataflow order
     (made by `in_dataflow_order`): flattening it keeps that order."""
-
-
-def _sub_jaxprs(params: dict[str, Any], n_out: int) -> list[Any]:
-    """The open jaxprs in an equation's parameters whose outputs are the equation's own,
-    one to one (a call's body, a while's body, each branch of a cond)."""
-    from jax.extend import core as jex
-
-    found: list[Any] = []
-    for value in params.values():
-        for item in value if isinstance(value, tuple | list) else (value,):
-            inner = getattr(item, "jaxpr", item)  # a ClosedJaxpr holds its Jaxpr
-            if isinstance(inner, jex.Jaxpr) and len(inner.outvars) == n_out:
-                found.append(inner)
-    return found
-
-
-def _static_start(eqn: Any) -> int | None:
-    """The leading index a `slice` or `dynamic_slice` with literal starts reads from."""
-    from jax.extend import core as jex
-
-    if eqn.primitive.name == "slice":
-        return int(eqn.params["start_indices"][0]) if eqn.params["start_indices"] else None
-    if eqn.primitive.name == "dynamic_slice" and len(eqn.invars) > 1:
-        first = eqn.invars[1]
-        if isinstance(first, jex.Literal):
-            return int(np.asarray(first.val))
-    return None
-
-
-def _position(
-    var: Any, jaxpr: Any, seen: dict[int, dict[Any, tuple[int, int]]], iteration: int | None = None
-) -> Position:
-    """Where in `jaxpr` the value `var` is computed (see the module docstring); `seen`
-    keeps each jaxpr's map from a value to the equation that made it."""
-    from jax.extend import core as jex
-
-    if isinstance(var, jex.Literal):
-        return (-1,)
-    if id(jaxpr) not in seen:
-        seen[id(jaxpr)] = {
-            v: (i, j) for i, eqn in enumerate(jaxpr.eqns) for j, v in enumerate(eqn.outvars)
-        }
-    producers = seen[id(jaxpr)]
-    if var not in producers:  # an input of this jaxpr
-        return (-1,)
-    i, j = producers[var]
-    eqn = jaxpr.eqns[i]
-    name = eqn.primitive.name
-    if name in MOVES and eqn.invars and not isinstance(eqn.invars[0], jex.Literal):
-        # Only a slice says which row of its operand it reads; through the other moves the
-        # leading axis is another one.
-        return _position(eqn.invars[0], jaxpr, seen, _static_start(eqn))
-    stacked = name == "stack" and eqn.params.get("axis") == 0
-    if iteration is not None and (
-        stacked or (name == "concatenate" and eqn.params["dimension"] == 0)
-    ):
-        # A row of a stack (`jnp.stack(acts)[i]`): where that row's operand was computed.
-        for operand in eqn.invars:
-            rows = 1 if stacked or not operand.aval.shape else int(operand.aval.shape[0])
-            if iteration < rows:
-                if isinstance(operand, jex.Literal):
-                    return (-1,)
-                return _position(operand, jaxpr, seen, None if stacked else iteration)
-            iteration -= rows
-        return (i,)
-    subs = _sub_jaxprs(eqn.params, len(eqn.outvars))
-    if not subs:
-        return (i,)
-    if name == "scan":
-        length = int(eqn.params["length"])
-        carry = j < int(eqn.params["num_carry"])
-        if carry or iteration is None:  # a final carry, or the whole stack: the last step
-            k = length - 1
-        else:  # row `iteration` of the stacked outputs; a reverse scan makes the last row first
-            k = min(max(iteration, 0), length - 1)
-            k = length - 1 - k if eqn.params.get("reverse") else k
-        return (i, k, *_position(subs[0].outvars[j], subs[0], seen))
-    return (i, *min(_position(sub.outvars[j], sub, seen, iteration) for sub in subs))
-
-
-def dataflow_order(fn: Callable[..., Any], *args: Any, **kwargs: Any) -> list[str]:
-    """The keys of `fn(*args, **kwargs)`'s outputs in the order its program computes them.
-
-    **Arguments:**
-
-    - `fn`: a function jax can trace (a `jax.jit`-ed one, or any function of jax arrays);
-      it is traced, not run.
-    - `args`, `kwargs`: what `fn` is called with.
-
-    **Returns:** every output key, as `parity.judge.trees.flatten` names them
-    (`taps.conv0`), earliest computed first; ties keep the outputs' own order. Raises
-    `DataflowError` when `fn` does not trace (the reason in one line: return its outputs
-    through `in_dataflow_order` from the traceable part, or declare the order yourself).
-
-    **Example:**
-
-    ```python
-    keys = parity.dataflow_order(forward, params, x)  # ["input", "hidden0", ..., "head"]
-    parity.assert_equivalent(forward(params, x), old_forward(params, x), order=keys)
-    ```
-    """
-    import jax
-
-    try:
-        closed, shapes = jax.make_jaxpr(fn, return_shape=True)(*args, **kwargs)
-    except Exception as e:
-        raise DataflowError(
-            f"{getattr(fn, '__name__', fn)!s} does not trace, so its dataflow order cannot be "
-            f"read from its program ({type(e).__name__}: {_words(str(e), 200)})"
-        ) from None
-    order = _ranked(closed, shapes)
-    return order
-
-
-def _words(text: str, limit: int) -> str:
-    """`text` on one line, at most `limit` characters, cut between words (never mid-word)."""
-    flat = " ".join(text.split())
-    if len(flat) <= limit:
-        return flat
-    return flat[:limit].rsplit(" ", 1)[0] + " ..."
-
-
-def _ranked(closed: Any, shapes: Any) -> list[str]:
-    """The output keys of a traced program, earliest computed first. Outputs computed at
-    one place (the outputs of one call, a dict's values fanned out of one stacked array)
-    keep the flattened outputs' own order (a dict's keys as jax sorts them)."""
-    import jax
-
-    leaves, treedef = jax.tree_util.tree_flatten(shapes)
-    markers = jax.tree_util.tree_unflatten(treedef, [np.int64(j) for j in range(len(leaves))])
-    keys = {int(v): k for k, v in flatten(markers).items()}
-    jaxpr = closed.jaxpr
-    seen: dict[int, dict[Any, tuple[int, int]]] = {}
-    places = [_position(v, jaxpr, seen) for v in jaxpr.outvars]
-    ranked = sorted(range(len(leaves)), key=lambda j: (places[j], j))
-    return [keys[j] for j in ranked if j in keys]
 
 
 @contextlib.contextmanager
@@ -301,38 +154,6 @@ def numpy_conversions() -> Iterator[Conversions]:
         for name, original in saved.items():
             setattr(np, name, original)
         jax.device_get = get
-
-
-def in_dataflow_order(fn: Callable[..., Any]) -> Callable[..., Dataflow]:
-    """Wrap `fn` so that its outputs come back flat, in dataflow order.
-
-    **Arguments:**
-
-    - `fn`: a function jax can trace, returning a pytree of arrays (a dict of taps from a
-      `jax.jit`-ed `apply`, say).
-
-    **Returns:** a function taking `fn`'s arguments that runs `fn` and returns a `Dataflow`:
-    `{key: array}` with the keys `parity.judge.trees.flatten` gives `fn`'s outputs, in the
-    order `dataflow_order` finds. Return it from a producer, or pass it to
-    `parity.assert_equivalent`: the first divergence is then the earliest computed key that
-    differs. Raises `DataflowError` when `fn` does not trace.
-
-    **Example:**
-
-    ```python
-    taps = parity.in_dataflow_order(jax.jit(forward))(params, x)
-    list(taps)  # the keys as the program computed them, not jax's alphabetical dict order
-    ```
-    """
-
-    @functools.wraps(fn)
-    def wrapped(*args: Any, **kwargs: Any) -> Dataflow:
-        out = fn(*args, **kwargs)
-        order = dataflow_order(fn, *args, **kwargs)
-        flat = flatten(out, to_array=lambda x: x)
-        return Dataflow((k, flat[k]) for k in order)
-
-    return wrapped
 
 
 def alphabetical(keys: Sequence[str]) -> bool:

@@ -17,7 +17,7 @@ from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
-from parity.judge.dataflow import dataflow_order
+from parity.judge.dataflow import Dataflow, DataflowError
 from parity.judge.trees import flatten
 from parity.origin.interpreter import (
     MOVES,
@@ -36,7 +36,15 @@ from parity.origin.recording import Recording
 if TYPE_CHECKING:
     from parity.origin.programs import Capture
 
-__all__ = ["BARE", "MOVES", "LocaliseError", "record", "record_programs"]
+__all__ = [
+    "BARE",
+    "MOVES",
+    "LocaliseError",
+    "dataflow_order",
+    "in_dataflow_order",
+    "record",
+    "record_programs",
+]
 
 #: The key a bare array output gets (as `assert_equivalent` names a bare array).
 BARE = "array"
@@ -76,16 +84,103 @@ def record(
     leaves = jax.tree_util.tree_leaves(args)
     ins = [interp.add(x, "input", "input", [], UNPLACED) for x in leaves]
     outs = interp.closed(closed, [(jax.numpy.asarray(x), i) for (x, i) in ins], UNPLACED)
-    leaves_out, treedef = jax.tree_util.tree_flatten(shapes)
-    markers = jax.tree_util.tree_unflatten(treedef, [np.int64(j) for j in range(len(leaves_out))])
-    keys = {int(v): k for k, v in flatten(markers, bare=BARE).items()}
-    order = list(keys)
-    if len(keys) > 1:  # the order the program computes its outputs in, the one parity uses
-        rank = {k: n for n, k in enumerate(dataflow_order(fn, *args, **kwargs))}
-        order.sort(key=lambda j: rank.get(keys[j], len(rank)))
+    keys = _output_keys(shapes, BARE)
+    # The order the program computes its outputs in: the one every check of parity uses.
+    order = _ordered(interp, list(keys.values()), {k: outs[j][1] for j, k in keys.items()})
+    ids = {k: j for j, k in keys.items()}
     return interp.recording(
-        {keys[j]: outs[j][1] for j in order}, {keys[j]: to_host(outs[j][0]) for j in order}
+        {k: outs[ids[k]][1] for k in order or keys.values()},
+        {k: to_host(outs[ids[k]][0]) for k in order or keys.values()},
     )
+
+
+def _output_keys(shapes: Any, bare: str | None = None) -> dict[int, str]:
+    """Output leaf index -> its key (`parity.judge.trees.flatten`'s), for a program's
+    output pytree `shapes`, in the leaves' order."""
+    import jax
+
+    leaves, treedef = jax.tree_util.tree_flatten(shapes)
+    markers = jax.tree_util.tree_unflatten(treedef, [np.int64(j) for j in range(len(leaves))])
+    return {int(v): k for k, v in flatten(markers, bare=bare).items()}
+
+
+def dataflow_order(fn: Callable[..., Any], *args: Any, **kwargs: Any) -> list[str]:
+    """The keys of `fn(*args, **kwargs)`'s outputs in the order its program computes them:
+    by the depth of the value each key reads (the longest chain of operations from an
+    input), the order `parity check` reads from the programs a producer ran; one
+    algorithm for both (`record_programs`).
+
+    **Arguments:**
+
+    - `fn`: a function jax can trace (a `jax.jit`-ed one, or any function of jax arrays);
+      it is traced and its program walked for shapes and dataflow, not run.
+    - `args`, `kwargs`: what `fn` is called with.
+
+    **Returns:** every output key, as `parity.judge.trees.flatten` names them
+    (`taps.conv0`), earliest computed first; ties keep the outputs' own order, and an
+    output no operation computed (an input, a constant) stays after the key before it.
+    Raises `DataflowError` when `fn` does not trace (the reason in one line: return its
+    outputs through `in_dataflow_order` from the traceable part, or declare the order).
+
+    **Example:**
+
+    ```python
+    keys = parity.dataflow_order(forward, params, x)  # ["input", "hidden0", ..., "head"]
+    parity.assert_equivalent(forward(params, x), old_forward(params, x), order=keys)
+    ```
+    """
+    import jax
+
+    try:
+        closed, shapes = jax.make_jaxpr(functools.partial(fn, **kwargs), return_shape=True)(*args)
+    except Exception as e:
+        said = " ".join(f"{type(e).__name__}: {e}".split())
+        said = said if len(said) <= 200 else said[:200].rsplit(" ", 1)[0] + " ..."
+        raise DataflowError(
+            f"{getattr(fn, '__name__', fn)!s} does not trace, so its dataflow order cannot be "
+            f"read from its program ({said})"
+        ) from None
+    interp = Interpreter(None, evaluate=False)
+    ins = [
+        interp.add(Aval(shape_of(x), dtype_of(x)), "input", "input", [], UNPLACED)
+        for x in jax.tree_util.tree_leaves(args)
+    ]
+    outs = interp.closed(closed, ins, UNPLACED)
+    keys = _output_keys(shapes)
+    declared = list(keys.values())
+    return _ordered(interp, declared, {k: outs[j][1] for j, k in keys.items()}) or declared
+
+
+def in_dataflow_order(fn: Callable[..., Any]) -> Callable[..., Dataflow]:
+    """Wrap `fn` so that its outputs come back flat, in dataflow order.
+
+    **Arguments:**
+
+    - `fn`: a function jax can trace, returning a pytree of arrays (a dict of taps from a
+      `jax.jit`-ed `apply`, say).
+
+    **Returns:** a function taking `fn`'s arguments that runs `fn` and returns a `Dataflow`:
+    `{key: array}` with the keys `parity.judge.trees.flatten` gives `fn`'s outputs, in the
+    order `dataflow_order` finds. Return it from a producer, or pass it to
+    `parity.assert_equivalent`: the first divergence is then the earliest computed key that
+    differs. Raises `DataflowError` when `fn` does not trace.
+
+    **Example:**
+
+    ```python
+    taps = parity.in_dataflow_order(jax.jit(forward))(params, x)
+    list(taps)  # the keys as the program computed them, not jax's alphabetical dict order
+    ```
+    """
+
+    @functools.wraps(fn)
+    def wrapped(*args: Any, **kwargs: Any) -> Dataflow:
+        out = fn(*args, **kwargs)
+        order = dataflow_order(fn, *args, **kwargs)
+        flat = flatten(out, to_array=lambda x: x)
+        return Dataflow((k, flat[k]) for k in order)
+
+    return wrapped
 
 
 def record_programs(

@@ -232,7 +232,7 @@ class BaselineCache:
 
 class BaselineBuilder:
     """Re-produces golden groups at their base commit here, through the cache: the
-    `parity.check.against_baseline.BaselineSource` of `parity check`, `parity bisect` and the pytest
+    `parity.check.request.BaselineSource` of `parity check`, `parity bisect` and the pytest
     plugin.
 
     **Arguments:**
@@ -242,6 +242,10 @@ class BaselineBuilder:
     - `cache`: the cache (default `cache_dir(config)`).
     - `progress`: receives one line per step (to stderr in the CLI).
     - `timeout`: seconds one build may take (default: as `parity check`).
+    - `record`: each entry it builds also has its groups' programs recorded op by op, in
+      the same run (`prepare`'s default; an entry already cached serves as it is): a check
+      that names origins builds its baseline so, and a failure against the baseline then
+      records nothing at the base again (its recording is cached with it).
     """
 
     def __init__(
@@ -251,11 +255,13 @@ class BaselineBuilder:
         cache: BaselineCache | None = None,
         progress: Callable[[str], None] = lambda _: None,
         timeout: float | None = None,
+        record: bool = False,
     ):
         self.config = config
         self.cache = cache or BaselineCache(cache_dir(config))
         self.progress = progress
         self.timeout = timeout
+        self.record = record
         self._failed: dict[tuple[str, str], BaselineUnavailable] = {}
         self._built: dict[Path, Baseline] = {}  # what this builder built, with its cost
 
@@ -287,7 +293,7 @@ class BaselineBuilder:
         self,
         wanted: Sequence[tuple[str, Mapping[str, Any], Mapping[str, Any]]],
         *,
-        record: bool = False,
+        record: bool | None = None,
     ) -> dict[str, Baseline | BaselineUnavailable]:
         """`reproduce` for several groups at once: the missing ones of each base commit
         and environment are built in one producer run.
@@ -296,11 +302,16 @@ class BaselineBuilder:
 
         - `wanted`: `(group, pinned provenance, current provenance)` triples.
         - `record`: the groups' programs recorded op by op too (`recorded`): an entry
-          without its recording is built again, arrays and recording in one run.
+          without its recording is built again, arrays and recording in one run. Default:
+          an entry serves as it is, and one built now is recorded where the builder's
+          `record` says.
 
         **Returns:** group -> its baseline, or the `BaselineUnavailable` saying why it
         cannot be re-produced (every group tried).
         """
+        # An entry must hold its recording only where asked; the builder's `record` records
+        # what it builds (an entry made without one, by `parity baseline build`, serves).
+        need, record = bool(record), self.record if record is None else record
         out: dict[str, Baseline] = {}
         batches: dict[tuple[str, str], list[str]] = {}
         envs: dict[tuple[str, str], Mapping[str, Any]] = {}
@@ -316,7 +327,7 @@ class BaselineBuilder:
                 continue
             fp = environment_fingerprint(current)
             path = self.cache.path_for(sha, fp, digest, group)
-            if self.cache.usable(path, record=record):
+            if self.cache.usable(path, record=need):
                 out[group] = self._built.get(path) or Baseline(path, sha, cached=True)
                 continue
             batches.setdefault((sha, fp), []).append(group)
@@ -332,7 +343,7 @@ class BaselineBuilder:
                 todo = [
                     g
                     for g, p in zip(groups, paths, strict=True)
-                    if not self.cache.usable(p, record=record)
+                    if not self.cache.usable(p, record=need)
                 ]
                 built: dict[str, Baseline] = {}
                 if todo:

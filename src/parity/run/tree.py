@@ -156,7 +156,12 @@ def check_tree(request: TreeCheck, *, progress: Callable[[str], None]) -> Checke
             return CheckedTree(request, produced)
         baseline = None
         if request.baseline != "off" and place is None:
-            baseline = BaselineBuilder(config, progress=progress, timeout=request.timeout)
+            # Where a failure would be recorded (one process), the base is recorded in the
+            # run that re-produces it: a failure against it then costs no run at the base.
+            record = request.origin and config.processes == 1
+            baseline = BaselineBuilder(
+                config, progress=progress, timeout=request.timeout, record=record
+            )
         settler = FailureSettler(
             produced,
             config,

@@ -26,10 +26,9 @@ from parity.judge.dataflow import (
     Dataflow,
     DataflowError,
     alphabetical,
-    dataflow_order,
-    in_dataflow_order,
     order_hint,
 )
+from parity.origin.record import dataflow_order, in_dataflow_order
 
 jax = pytest.importorskip("jax")
 jnp = jax.numpy
