@@ -35,7 +35,7 @@ import pytest
 from parity.calibrated.spreads import Spreads
 from parity.judge.tolerance import ClassMap
 from parity.machinery.config import load_config
-from parity.machinery.processes import worker_place
+from parity.machinery.worker import worker_place
 from parity.report import format_table
 from parity.run.produced import Produced, produce
 

@@ -23,7 +23,7 @@ LAYERS: tuple[tuple[str, ...], ...] = (
     ("parity.calibrated",),  # the core: the recorded spreads, the calibrated class in a check
     # the core: the check's stages, from its request to its verdict, and its door
     ("parity.check",),
-    ("parity.machinery",),  # the process machinery: config, devices, launcher, processes, git
+    ("parity.machinery",),  # processes: config, devices, launcher, processes, worker, git
     ("parity.run",),  # the workflows over it: produce, repin, baseline, origins, bisect
     ("parity.calibration",),  # measuring the noise (`parity calibrate`), over parity.run
     ("parity.assertions", "parity.commands", "parity.pytest_plugin"),  # the faces

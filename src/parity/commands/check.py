@@ -126,7 +126,7 @@ def _check_run_flags(args: argparse.Namespace, processes: int) -> None:
 def _request(args: argparse.Namespace) -> TreeCheck:
     """The check the flags ask for, each flag refused here (a `CLIError`) before anything
     runs."""
-    from parity.run.produced import ClusterPlace
+    from parity.machinery.worker import Place
     from parity.run.tree import TreeCheck
 
     config = config_of(args)
@@ -153,7 +153,11 @@ def _request(args: argparse.Namespace) -> TreeCheck:
         place=(
             None
             if args.coordinator is None
-            else ClusterPlace(coordinator=args.coordinator, process_id=args.process_id)
+            else Place(
+                process_id=args.process_id,
+                processes=config.processes,
+                coordinator=args.coordinator,
+            )
         ),
     )
 

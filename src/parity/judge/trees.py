@@ -84,7 +84,7 @@ def flatten(
     - `non_arrays`: if given, leaves that are not arrays (functions, strings, ...) are put
         here by key instead of raising.
     - `to_array`: turns an array leaf into a numpy array, in traversal order (default
-      `np.asarray`; a multi-process run passes `parity.machinery.processes.to_host`, a gather every
+      `np.asarray`; a multi-process run passes `parity.machinery.worker.to_host`, a gather every
       process joins in the same order).
     - `bare`: the key a bare array at the top gets (a one-leaf pytree, as in jax and
       chex), for callers comparing two user trees; None (the default) refuses it, where

@@ -99,22 +99,22 @@ def _die_with_parent(parent: int) -> None:
         sys.exit(EXIT_PRODUCER_FAILED)
 
 
-def _join_run() -> tuple[int, int] | None:
-    """Join the distributed run this process is a worker of, if any: `(process id,
-    processes)`, else None."""
-    from parity.machinery.processes import initialize, worker_place
+def _join_run() -> Any:
+    """Join the distributed run this process is a worker of, if any: its
+    `parity.machinery.worker.Place`, else None."""
+    from parity.machinery.worker import initialize, worker_place
 
     place = worker_place()
     if place is None:
         return None
-    process_id, processes, coordinator = place
+    process_id, processes, coordinator = place.process_id, place.processes, place.coordinator
     initialize(coordinator, processes, process_id)
     if os.environ.get("JAX_COMPILATION_CACHE_DIR"):  # the machine's cache: every process
         from parity.machinery.jax_cache import write_from_every_process  # writes its programs
 
         write_from_every_process()
     _log(f"process {process_id} of {processes} joined the run at {coordinator}")
-    return process_id, processes
+    return place
 
 
 def _disagreement(hosted: dict) -> str | None:
@@ -432,7 +432,7 @@ def main(argv: list[str] | None = None) -> int:
         try:
             # Producers may return any pytree: flattened to `{"a.b": array}` keys.
             from parity.judge.trees import flatten
-            from parity.machinery.processes import sharded_over_processes, to_host
+            from parity.machinery.worker import sharded_over_processes, to_host
 
             def host(value: object, split: list[bool] = split) -> np.ndarray:
                 split.append(sharded_over_processes(value))
@@ -455,18 +455,18 @@ def main(argv: list[str] | None = None) -> int:
             if disagree:
                 _log(f"group {name!r}: {disagree}")
                 return EXIT_PRODUCER_FAILED
-            if place[0] != 0:  # process 0 saves; the others only had to take part
+            if place.process_id != 0:  # process 0 saves; the others only had to take part
                 _log(f"[{i}/{len(wanted)}] {name}: {len(arrays)} arrays, same as process 0")
                 continue
         provenance = collect_provenance() if collect_provenance is not None else None
         _save_group(out, name, hosted, rules, (order_source, recorder), provenance)
         _log(f"[{i}/{len(wanted)}] {name}: {len(arrays)} arrays in {time.perf_counter() - t0:.1f}s")
-        if place is not None and place[1] > 1 and not any(split):
+        if place is not None and place.processes > 1 and not any(split):
             # The run passes, but it tested nothing a single process does not: the
             # producer never split its work (inputs not sharded over the global mesh).
             _log(
-                f"group {name!r}: no array was sharded across the {place[1]} processes; each "
-                "process computed everything (see docs/adopting.md section 7)"
+                f"group {name!r}: no array was sharded across the {place.processes} processes; "
+                "each process computed everything (see docs/adopting.md section 7)"
             )
     if place is not None:
         import jax
@@ -481,7 +481,7 @@ def _exit(code: int) -> None:
     `distributed.shutdown`, which waits for every other process at a shutdown barrier, so
     the failing worker would outlive the ones it left stuck in a collective, and the
     launcher would name one of them (a gloo timeout) instead of the worker that failed."""
-    from parity.machinery.processes import worker_place
+    from parity.machinery.worker import worker_place
 
     if code and worker_place() is not None:
         sys.stdout.flush()

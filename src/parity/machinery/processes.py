@@ -1,16 +1,13 @@
 """Runs over several processes on JAX's own multi-controller runtime (docs/design.md,
 "Multi-process runs").
 
-Two halves. The launcher (`run_workers`, `free_port`, over `supervise`, the one process
+The launcher's half (`run_workers`, `free_port`, over `supervise`, the one process
 supervisor, which a single producer process runs under too), imported by jax-free parents
 (the `parity check` command, the pytest plugin's launching session), starts N worker
 processes, watches them and owns them: a worker that exits badly, is killed or outlives the
 timeout ends the whole run (every other worker is stopped, its process group killed), with
 a `WorkerFailed` naming the worker and its last output lines; no process, port or
-temporary file outlives the call. The worker half (`initialize`, `to_host`, `agree`), used
-inside the workers, starts the distributed runtime before anything touches jax's backends,
-brings arrays sharded over every process to the host, and makes every process reach
-process 0's verdict.
+temporary file outlives the call. The worker's half is `parity.machinery.worker`.
 
 Nothing here imports jax at module level.
 """
@@ -22,36 +19,26 @@ import os
 import signal
 import socket
 import subprocess
-import sys
 import tempfile
-import threading
 import time
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
-from typing import IO, Any
+from typing import IO
 
 from parity.errors import ParityError
 from parity.machinery.signals import signals_reach_main_thread
+from parity.machinery.worker import ENV_COORDINATOR, ENV_LAUNCHER, ENV_PROCESS_ID, ENV_PROCESSES
 
 __all__ = [
     "DEFAULT_TIMEOUT_S",
-    "ENV_COORDINATOR",
-    "ENV_LAUNCHER",
-    "ENV_PROCESSES",
-    "ENV_PROCESS_ID",
     "KILL_GRACE_S",
     "Layout",
     "NoSockets",
     "Supervision",
     "WorkerFailed",
-    "agree",
     "free_port",
-    "initialize",
     "run_workers",
-    "sharded_over_processes",
     "supervise",
-    "to_host",
-    "worker_place",
 ]
 
 #: How long a multi-process run may take before its workers are stopped (seconds): room for
@@ -61,12 +48,6 @@ DEFAULT_TIMEOUT_S = 1800.0
 #: After the first failure (or the timeout), how long a worker has between SIGTERM and
 #: SIGKILL of its process group: the whole run ends within this bound (plus a poll).
 KILL_GRACE_S = 5.0
-#: Environment variables that tell a worker its place: process id, count, coordinator.
-ENV_PROCESS_ID = "PARITY_PROCESS_ID"
-ENV_PROCESSES = "PARITY_PROCESSES"
-ENV_COORDINATOR = "PARITY_COORDINATOR"
-#: The launcher's pid: a worker asks the kernel to kill it when the launcher dies.
-ENV_LAUNCHER = "PARITY_LAUNCHER_PID"
 
 _TAIL_LINES = 12
 _POLL_S = 0.05
@@ -361,139 +342,3 @@ def _watch(
                 everything(),
             )
         time.sleep(_POLL_S)
-
-
-# --------------------------------------------------------------------------- in a worker
-
-
-def worker_place(environ: Mapping[str, str] | None = None) -> tuple[int, int, str] | None:
-    """`(process_id, processes, coordinator)` when this process is a worker that
-    `run_workers` started, else None."""
-    env = os.environ if environ is None else environ
-    if ENV_PROCESS_ID not in env:
-        return None
-    return int(env[ENV_PROCESS_ID]), int(env[ENV_PROCESSES]), env[ENV_COORDINATOR]
-
-
-def _die_with_launcher() -> None:
-    """Ask Linux to SIGKILL this worker when the launcher that started it dies (a launcher
-    killed with SIGKILL runs no cleanup); exit at once if it died already."""
-    launcher = int(os.environ.get(ENV_LAUNCHER, "0") or 0)
-    if not launcher:
-        return
-    with contextlib.suppress(Exception):
-        import ctypes
-
-        pr_set_pdeathsig = 1
-        ctypes.CDLL(None, use_errno=True).prctl(pr_set_pdeathsig, signal.SIGKILL)
-    if os.getppid() != launcher:
-        os._exit(1)
-
-
-def initialize(coordinator: str, processes: int, process_id: int) -> None:
-    """Join the distributed run: CPU collectives through gloo, then
-    `jax.distributed.initialize`. Must run before jax starts its backends (the device
-    count of `XLA_FLAGS` is read then too); raises a `RuntimeError` saying so otherwise.
-    A worker that `run_workers` started dies with its launcher from here on. With more
-    than one process it also starts jax's backends and runs one sum over every device (see
-    `_open_communicator`), so configure jax (compilation cache and the like) before."""
-    from parity.xla_env import jax_backend_started
-
-    _die_with_launcher()
-    if jax_backend_started():
-        raise RuntimeError(
-            "jax started its backends before the distributed runtime was initialised; "
-            "nothing may create a jax array before parity.machinery.processes.initialize runs"
-        )
-    import jax
-
-    # Cross-process reductions on CPU need a collectives implementation; set before
-    # initialize, which builds the CPU client with it.
-    jax.config.update("jax_cpu_collectives_implementation", "gloo")
-    # jax's runtime takes SIGTERM for its preemption notice (a C handler that records the
-    # signal and lets the process run on): a worker the launcher stops would then live out
-    # the whole kill grace, blocked in a collective its failed peer never joins. The
-    # process's own disposition is put back, so SIGTERM stops a worker as it stops any
-    # process.
-    main = threading.current_thread() is threading.main_thread()
-    term = signal.getsignal(signal.SIGTERM) if main else None
-    jax.distributed.initialize(
-        coordinator_address=coordinator, num_processes=processes, process_id=process_id
-    )
-    if term is not None:  # None: off the main thread, or a handler from outside Python
-        signal.signal(signal.SIGTERM, term)
-    if processes > 1:
-        _open_communicator()
-
-
-def _open_communicator() -> None:
-    """Build gloo's communicators now: the one over every device of the run (one tiny sum)
-    and the one over the first device of each process (what `multihost_utils`' broadcasts
-    and barriers use, `agree`'s verdict among them).
-
-    gloo builds the communicator of a set of devices at the first collective over them and
-    waits a fixed 30 s there for every process. Started later, by the first program of a
-    producer, that wait fails whenever one process finishes compiling the program more than
-    30 s after another (a large program, processes sharing few cores). Here the processes
-    have just met at the runtime's start-up, so they arrive together. A communicator, once
-    built, serves every later program over the same devices however far apart the
-    processes reach it."""
-    import jax
-    import jax.numpy as jnp
-    import numpy as np
-    from jax.sharding import Mesh, NamedSharding, PartitionSpec
-
-    mesh = Mesh(np.array(jax.devices()), ("all",))
-    ones = jax.make_array_from_process_local_data(
-        NamedSharding(mesh, PartitionSpec("all")),
-        np.ones(jax.local_device_count(), np.int32),
-        (jax.device_count(),),
-    )
-    sum_all = jax.jit(jnp.sum, out_shardings=NamedSharding(mesh, PartitionSpec()))
-    total = int(np.asarray(sum_all(ones)))
-    if total != jax.device_count():
-        raise RuntimeError(
-            f"the run's first sum over its {jax.device_count()} devices gave {total}: the "
-            "processes do not see the same devices"
-        )
-    from jax.experimental import multihost_utils
-
-    multihost_utils.sync_global_devices("parity: the processes are together")
-
-
-def sharded_over_processes(value: Any) -> bool:
-    """Whether `value` is a jax array split over several processes, each holding only
-    part of it: the work that made it was divided between them. A numpy value or a fully
-    replicated array is one every process computed in full."""
-    jax = sys.modules.get("jax")
-    return (
-        jax is not None
-        and isinstance(value, jax.Array)
-        and not value.is_fully_addressable
-        and not value.is_fully_replicated
-    )
-
-
-def to_host(value: Any) -> Any:
-    """`value` as a host (numpy) array: a jax array sharded over several processes is
-    gathered (`multihost_utils.process_allgather`, a collective every process must call
-    in the same order); anything else goes through `np.asarray`."""
-    import numpy as np
-
-    if sharded_over_processes(value):
-        from jax.experimental import multihost_utils
-
-        return np.asarray(multihost_utils.process_allgather(value, tiled=True))
-    return np.asarray(value)
-
-
-def agree(flag: bool) -> bool:
-    """Process 0's `flag`, on every process (a collective every process must call)."""
-    import jax
-
-    if jax.process_count() == 1:
-        return flag
-    import numpy as np
-    from jax.experimental import multihost_utils
-
-    return bool(multihost_utils.broadcast_one_to_all(np.int32(flag)))

@@ -18,7 +18,7 @@ from parity.machinery.devices import (
     cap_isa,
     set_cpu_device_count,
 )
-from parity.machinery.processes import worker_place
+from parity.machinery.worker import Place, worker_place
 from parity.pytest_plugin.stash import (
     BASELINE,
     CONFIG,
@@ -194,9 +194,9 @@ def pytest_configure(config: pytest.Config) -> None:
     _enable_compile_cache(project)
     place = worker_place()
     if place is not None:
-        from parity.machinery.processes import initialize
+        from parity.machinery.worker import initialize
 
-        initialize(place[2], place[1], place[0])
+        initialize(place.coordinator, place.processes, place.process_id)
     config.stash[RESULTS] = []
     config.stash[ORIGINS] = {}
     config.stash[NARROWED] = any("::" in str(a) for a in config.args)
@@ -208,14 +208,14 @@ def pytest_configure(config: pytest.Config) -> None:
 
 
 def _refuse_unusable_classes(
-    config: pytest.Config, project: ParityConfig, place: tuple[int, int, str] | None
+    config: pytest.Config, project: ParityConfig, place: Place | None
 ) -> None:
     """A `CLASS_MAP` naming a class parity cannot use (a typo) is a usage error at session
     start, as `parity check` and `parity repin` refuse it (`parity.run.produced.
     refuse_unusable_classes`): asked once per session, by the process that starts it (not
     by xdist workers nor by the other processes of a distributed session), and only where
     golden checks can run (a producers file and a golden folder)."""
-    if hasattr(config, "workerinput") or (place is not None and place[0] != 0):
+    if hasattr(config, "workerinput") or (place is not None and place.process_id != 0):
         return
     if project.producers is None or not project.goldens.is_dir():
         return

@@ -11,7 +11,7 @@ from typing import TYPE_CHECKING, Any, TypedDict, Unpack
 
 import pytest
 
-from parity.machinery.processes import worker_place
+from parity.machinery.worker import worker_place
 from parity.origin.proof import Proof, provable, settle, unproved
 from parity.pytest_plugin.stash import BASELINE, CONFIG, GOLDENS, ORIGINS, OVERRIDES, RESULTS
 
@@ -36,7 +36,7 @@ def _on_every_host(
     non-array leaves go into `statics`."""
     from parity.check import BARE_KEY
     from parity.judge.trees import flatten
-    from parity.machinery.processes import to_host
+    from parity.machinery.worker import to_host
 
     bare = BARE_KEY if live else None
     actual = flatten(actual, to_array=to_host, bare=bare, non_arrays=statics[0] if live else None)
@@ -132,7 +132,7 @@ class _Check:
         statics: tuple[dict[str, Any], dict[str, Any]] = ({}, {})
         if place is not None:
             actual, golden = _on_every_host(actual, golden, live, statics)
-            save = save if place[0] == 0 else None  # process 0 alone saves what failed
+            save = save if place.process_id == 0 else None  # process 0 alone saves what failed
         problem = None
         try:
             if isinstance(golden, str):
@@ -173,10 +173,10 @@ class _Check:
             # handling of the above exception".
             result, problem = None, str(e)
         if place is not None:
-            result = self._agree(result, problem, place[0])
+            result = self._agree(result, problem, place.process_id)
         if problem is not None or result is None:
             pytest.fail(problem or "parity check produced no result", pytrace=False)
-        if place is None or place[0] == 0:  # one report: process 0's
+        if place is None or place.process_id == 0:  # one report: process 0's
             config.stash[RESULTS].append(result)
         differing = non_array_differences(*statics)
         if fail and (not result.passed or differing):
@@ -187,7 +187,7 @@ class _Check:
     def _agree(result: CheckResult | None, problem: str | None, process: int) -> CheckResult | None:
         """Every process takes process 0's verdict; a process whose own arrays judge
         otherwise fails, saying so (its values differ from process 0's)."""
-        from parity.machinery.processes import agree
+        from parity.machinery.worker import agree
 
         mine = result is not None and problem is None and result.passed
         verdict = agree(mine)
@@ -251,7 +251,7 @@ def _settled(
     why = None
     if place is not None:
         why = (
-            f"the session runs as {place[1]} processes and a recording is made in one: "
+            f"the session runs as {place.processes} processes and a recording is made in one: "
             f"`parity check --groups {group}` names it"
         )
     elif project.producers is None:

@@ -14,7 +14,7 @@ import pytest
 
 from parity.judge.floats import count
 from parity.machinery import compile_count
-from parity.machinery.processes import worker_place
+from parity.machinery.worker import worker_place
 from parity.pytest_plugin.stash import GOLDENS, NARROWED, RESULTS
 
 if TYPE_CHECKING:  # parity.check loads h5py: imported only when a check runs
@@ -48,7 +48,7 @@ def pytest_sessionfinish(session: pytest.Session, exitstatus: int) -> None:
         workeroutput["parity_narrowed"] = config.stash[NARROWED]
         return
     place = worker_place()
-    if place is not None and place[0] != 0:
+    if place is not None and place.process_id != 0:
         return  # process 0 reports for the run
     results = sorted(config.stash[RESULTS], key=lambda r: r.started)
     if not results:

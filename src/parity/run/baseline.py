@@ -242,10 +242,8 @@ class BaselineBuilder:
     - `cache`: the cache (default `cache_dir(config)`).
     - `progress`: receives one line per step (to stderr in the CLI).
     - `timeout`: seconds one build may take (default: as `parity check`).
-    - `record`: each entry it builds also has its groups' programs recorded op by op, in
-      the same run (`prepare`'s default; an entry already cached serves as it is): a check
-      that names origins builds its baseline so, and a failure against the baseline then
-      records nothing at the base again (its recording is cached with it).
+    - `record`: each entry it builds also has its programs recorded op by op in the same
+      run (`prepare`'s default): a failure against it then records nothing at the base.
     """
 
     def __init__(
@@ -302,15 +300,13 @@ class BaselineBuilder:
 
         - `wanted`: `(group, pinned provenance, current provenance)` triples.
         - `record`: the groups' programs recorded op by op too (`recorded`): an entry
-          without its recording is built again, arrays and recording in one run. Default:
-          an entry serves as it is, and one built now is recorded where the builder's
-          `record` says.
+          without its recording is built again. Default: a cached entry serves as it is,
+          one built now is recorded where the builder's `record` says.
 
         **Returns:** group -> its baseline, or the `BaselineUnavailable` saying why it
         cannot be re-produced (every group tried).
         """
-        # An entry must hold its recording only where asked; the builder's `record` records
-        # what it builds (an entry made without one, by `parity baseline build`, serves).
+        # An entry made without its recording (`parity baseline build`) serves unless asked.
         need, record = bool(record), self.record if record is None else record
         out: dict[str, Baseline] = {}
         batches: dict[tuple[str, str], list[str]] = {}

@@ -34,11 +34,11 @@ from parity.machinery.launcher import (
     run_producers,
 )
 from parity.machinery.processes import Layout
+from parity.machinery.worker import Place
 from parity.results import CheckResult
 
 __all__ = [
     "Checkout",
-    "ClusterPlace",
     "Produced",
     "check_produced",
     "produce",
@@ -102,17 +102,6 @@ class Checkout:
     name: str = "the code under test"
 
 
-@dataclass(frozen=True, kw_only=True)
-class ClusterPlace:
-    """This host's place in a run spread over a cluster's hosts, one process each:
-    `coordinator`, process 0's `HOST:PORT`, and `process_id`, this host's process. Only this
-    host's worker starts here, and only process 0's host gets the outputs (the others get
-    no groups)."""
-
-    coordinator: str
-    process_id: int
-
-
 def produce(
     config: ParityConfig,
     *,
@@ -120,7 +109,7 @@ def produce(
     groups: Sequence[str] = (),
     progress: Callable[[str], None] = lambda _: None,
     timeout: float | None = None,
-    place: ClusterPlace | None = None,
+    place: Place | None = None,
     command: ProducerCommand = "check",
     check_classes: bool = False,
     read_order: bool = True,
@@ -135,7 +124,9 @@ def produce(
     - `progress`: receives the producer's progress lines.
     - `timeout`: the seconds the run may take (with `config.processes` above 1 the default
       is `parity.machinery.processes.DEFAULT_TIMEOUT_S`; one process has no limit by default).
-    - `place`: on a cluster, this host's place in the run (`ClusterPlace`); None: every
+    - `place`: on a cluster, this host's place in the run
+      (`parity.machinery.worker.Place`: only its worker starts here, and only process
+      0's host gets the outputs, the others no groups); None: every
       process runs here.
     - `command`: the command that runs them, which a failure's message fits
       (`parity.machinery.launcher.ProducerRunError`).

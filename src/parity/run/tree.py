@@ -19,10 +19,11 @@ from pathlib import Path
 from parity.check import GoldenDir
 from parity.judge.dataflow import DATAFLOW
 from parity.machinery.config import ParityConfig
+from parity.machinery.worker import Place
 from parity.results import CheckResult, merged_header_lines
 from parity.run.baseline import BaselineBuilder
 from parity.run.origins import FailureSettler
-from parity.run.produced import ClusterPlace, Produced, check_produced, produce
+from parity.run.produced import Produced, check_produced, produce
 
 __all__ = ["CheckedTree", "TreeCheck", "check_tree", "order_pinned", "verify_goldens"]
 
@@ -55,7 +56,7 @@ class TreeCheck:
     origin: bool = True
     save_actual: Path | None = None
     timeout: float | None = None
-    place: ClusterPlace | None = None
+    place: Place | None = None
 
 
 @dataclass(frozen=True)

@@ -154,7 +154,7 @@ def collect_provenance(
     `processor`, `cpu` (vendor, family, model and vector ISA flags), `backend` (jax's
     platform: `cpu`, `gpu`, `tpu`; None where jax's backends are not started here) and
     `device_kind` (e.g. `TPU v5 lite`), `device_count` (jax's global count: every process's
-    devices), `processes` (of a multi-process run, from `parity.machinery.processes`' worker
+    devices), `processes` (of a multi-process run, from `parity.machinery.worker`'s
     environment; 1 otherwise), `xla_flags`, `isa_cap` (None if no cap), `x64`,
     `matmul_precision` (jax's default, None if unset), `base_sha`, `producer_digest`.
     """

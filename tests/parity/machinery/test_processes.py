@@ -190,7 +190,7 @@ def test_a_hanging_single_process_producer_is_stopped_at_the_timeout(tmp_path: P
 @pytest.mark.parametrize("signum", [signal.SIGKILL, signal.SIGTERM], ids=lambda s: s.name)
 def test_a_worker_killed_mid_run_ends_the_run_naming_it(project: Path, mode, signum) -> None:
     """SIGTERM as SIGKILL: jax's runtime takes SIGTERM for a preemption notice and would
-    let the worker sleep on; `parity.machinery.processes.initialize` gives it back."""
+    let the worker sleep on; `parity.machinery.worker.initialize` gives it back."""
     mode("kill")
     tmp = project.parent / "tmp"
     tmp.mkdir(exist_ok=True)
@@ -480,7 +480,7 @@ def _finished(run: subprocess.Popen[str]) -> tuple[int, str, str]:
 
 def test_a_process_reaching_the_first_collective_40_s_late_is_waited_for(waiting_runs) -> None:
     """gloo waits 30 s at a communicator's first collective; the workers build the one over
-    every device as they join (`parity.machinery.processes._open_communicator`), so a producer's
+    every device as they join (`parity.machinery.worker._open_communicator`), so a producer's
     first sum, reached 40 s apart (as when one process compiles a large program far
     behind the other), is waited for instead of ending the run."""
     copy, run = waiting_runs["late"]
