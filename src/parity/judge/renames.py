@@ -31,19 +31,18 @@ class Rename:
 
     def expected_name(self, key: str) -> str | None:
         """The expected side's name of the tree's `key` under this rule, else None."""
-        if key == self.new:
-            return self.old
-        if key.startswith(self.new + "."):
-            return self.old + key[len(self.new) :]
-        return None
+        return _moved(key, self.new, self.old)
 
     def new_name(self, key: str) -> str | None:
         """The tree's name of the expected side's `key` under this rule, else None."""
-        if key == self.old:
-            return self.new
-        if key.startswith(self.old + "."):
-            return self.new + key[len(self.old) :]
-        return None
+        return _moved(key, self.old, self.new)
+
+
+def _moved(key: str, prefix: str, to: str) -> str | None:
+    """`key` with its leading `prefix` (whole segments) replaced by `to`, else None."""
+    if key == prefix or key.startswith(prefix + "."):
+        return to + key[len(prefix) :]
+    return None
 
 
 def parse_renames(rules: Sequence[str | Sequence[str]] | str | None) -> tuple[Rename, ...]:

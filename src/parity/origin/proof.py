@@ -156,7 +156,8 @@ def prove(
       digest of its bytes).
     - `keys`: output keys of `new`.
     - `against`: what `old` is, for the reasons (`"the base commit"`).
-    - `exact`: `align(new, old, 0.0)` where the caller has it.
+    - `exact`: `align(new, old, 0.0)` where the caller has it (of the recordings as
+      `answering` gives them; another is not used).
     - `stack`: stack rules (`parity.judge.stacking`): a per-layer key either program does
       not output is its row of the stacked output that holds it, and a stacked key the
       rows it holds per layer (`answering`).
@@ -168,7 +169,8 @@ def prove(
     keys = list(keys)
     new = answering(new, keys, stack=stack, rename=rename)
     old = answering(old, keys, stack=stack)
-    exact = exact if exact is not None else align(new, old, 0.0)
+    if exact is None or exact.new is not new or exact.old is not old:
+        exact = align(new, old, 0.0)  # an alignment of the recordings as answered
     out: dict[str, Proof] = {}
     for key in keys:
         if key not in new.outputs or key not in old.output_arrays:

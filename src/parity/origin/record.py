@@ -86,11 +86,10 @@ def record(
     outs = interp.closed(closed, [(jax.numpy.asarray(x), i) for (x, i) in ins], UNPLACED)
     keys = _output_keys(shapes, BARE)
     # The order the program computes its outputs in: the one every check of parity uses.
-    order = _ordered(interp, list(keys.values()), {k: outs[j][1] for j, k in keys.items()})
-    ids = {k: j for j, k in keys.items()}
+    declared, ids = list(keys.values()), {k: j for j, k in keys.items()}
+    order = _ordered(interp, declared, {k: outs[j][1] for j, k in keys.items()}) or declared
     return interp.recording(
-        {k: outs[ids[k]][1] for k in order or keys.values()},
-        {k: to_host(outs[ids[k]][0]) for k in order or keys.values()},
+        {k: outs[ids[k]][1] for k in order}, {k: to_host(outs[ids[k]][0]) for k in order}
     )
 
 

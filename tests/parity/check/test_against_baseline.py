@@ -68,6 +68,18 @@ def _reference(stdout: str) -> str:
     return lines[0]
 
 
+def _passing_exactly(
+    repo: Path, run_parity, *args: str
+) -> tuple[subprocess.CompletedProcess[str], str, str]:
+    """`parity check ARGS`, which must pass with no key inexact: the process, the base
+    commit's short sha and the header's `reference` line on one line."""
+    proc = run_parity(repo, "check", *args)
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    verdict = proc.stdout.splitlines()[0]
+    assert verdict.startswith("parity: PASS") and "not exact" not in verdict, verdict
+    return proc, _head(repo)[:12], " ".join(_reference(proc.stdout).split())
+
+
 def _bug(repo: Path, value: float) -> None:
     (repo / "src" / "model.py").write_text(f"BUG = {value!r}\n")
 
@@ -126,12 +138,7 @@ def test_a_baseline_outside_the_recorded_noise_judges_and_says_how_far_the_golde
     project, run_parity
 ):
     _calibrate(project, run_parity, "repeat")  # no device column: 4 devices not calibrated
-    proc = run_parity(project, "check", "--devices", "4")
-    assert proc.returncode == 0, proc.stdout + proc.stderr
-    verdict = proc.stdout.splitlines()[0]
-    assert verdict.startswith("parity: PASS") and "not exact" not in verdict, verdict
-    sha = _head(project)[:12]
-    reference = " ".join(_reference(proc.stdout).split())
+    proc, sha, reference = _passing_exactly(project, run_parity, "--devices", "4")
     assert f"the baseline re-produced here at {sha} (built now" in reference
     assert (
         "in this environment (devices 1 -> 4), beyond the goldens' recorded noise; it judges "
@@ -206,12 +213,7 @@ def test_another_jax_or_processor_is_judged_by_the_baseline_and_adopted_by_a_rep
     project, run_parity, pinned, moved_here, bound
 ):
     _rewrite(project, shift=ELSEWHERE, calibration=NO_NOISE, **pinned)
-    proc = run_parity(project, "check")
-    assert proc.returncode == 0, proc.stdout + proc.stderr
-    verdict = proc.stdout.splitlines()[0]
-    assert verdict.startswith("parity: PASS") and "not exact" not in verdict, verdict
-    sha = _head(project)[:12]
-    reference = " ".join(_reference(proc.stdout).split())
+    proc, sha, reference = _passing_exactly(project, run_parity)
     assert f"the baseline re-produced here at {sha}" in reference
     assert f"in this environment ({moved_here}" in reference, reference
     assert f"2 keys beyond their {bound}, the farthest logits (bitwise: max abs" in reference
