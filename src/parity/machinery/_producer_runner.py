@@ -13,7 +13,9 @@ dispatches are kept while it runs (`parity.origin.programs`), and its keys put i
 those programs compute them (`parity.origin.record.record_programs`); with
 `--record-origin` they are also run op by op and the recording's summary saved as
 `OUT/<group>.origin.npz`, beside the arrays, or `OUT/<group>.origin.json`
-(`{"reason": ...}`) where the group cannot be recorded. Exit
+(`{"reason": ...}`) where the group cannot be recorded; with `--keep` the run stays alive
+once every group is saved and records the groups the launcher asks for on stdin
+(`parity.machinery._runner_groups`, which also runs each group). Exit
 codes: 0 ok, 1 a producer raised, 3 the base lacks a needed symbol, 4 a group asked for
 is not defined (`OUT/unknown_groups.json` says which, and which are), 5 (with
 `--check-classes`) a `CLASS_MAP` rule names a class parity cannot use
@@ -49,24 +51,22 @@ _HERE = os.path.dirname(os.path.realpath(__file__))
 if sys.path and os.path.realpath(sys.path[0] or ".") == _HERE:
     sys.path[0] = os.path.dirname(os.path.dirname(_HERE))
 
+from parity.machinery._runner_groups import (  # noqa: E402
+    Kept,
+    log as _log,
+    run_group,
+    serve,
+)
+
 EXIT_PRODUCER_FAILED = 1
 EXIT_MISSING_SYMBOL = 3
 EXIT_UNKNOWN_GROUP = 4
 EXIT_UNUSABLE_CLASS = 5
 #: What the runner writes into OUT when asked for groups the producers do not define.
 UNKNOWN_GROUPS = "unknown_groups.json"
-#: The suffixes of what `--record-origin` writes per group: the recording, or why there is none.
-ORIGIN_RECORDING = ".origin.npz"
-ORIGIN_REASON = ".origin.json"
-#: The most bytes a recording's values may take together (`parity.origin.record`).
-ORIGIN_MAX_BYTES = 2 << 30
 #: What the runner writes into OUT when `--check-classes` finds a `CLASS_MAP` rule naming a
 #: class that cannot be pinned: one sentence per such rule.
 UNUSABLE_CLASSES = "unusable_classes.json"
-
-
-def _log(msg: str) -> None:
-    print(f"[producers] {msg}", file=sys.stderr, flush=True)
 
 
 def _missing_symbol(exc: BaseException, src: str, code: str) -> str | None:
@@ -146,115 +146,6 @@ def _disagreement(hosted: dict) -> str | None:
     return None
 
 
-def _forward_order(
-    name: str,
-    result: Any,
-    arrays: dict[str, Any],
-    converted: Any,
-    programs: Any,
-    out: Path | None,
-) -> tuple[str, dict[str, Any]]:
-    """How the group's forward order is made, and its arrays in that order; with `out`
-    (`--record-origin`), the group's recording saved there too.
-
-    A `Dataflow` (the group returned `parity.in_dataflow_order`'s outputs) is in dataflow
-    order already. Otherwise the programs the group dispatched (`programs`: a
-    `parity.origin.programs.Capture`, None in a multi-process run) are walked, or with
-    `out` run op by op (`parity.origin.record.record_programs`), and each key placed where
-    the value it was converted from (`converted`: `numpy_conversions`' record) is computed.
-    A group whose keys no program computed (numpy computed by numpy), or a multi-process
-    run, keeps the order the group declared: its containers' order, which every check's
-    header then names."""
-    from parity.judge.dataflow import DATAFLOW, DECLARED, HOST, Dataflow
-
-    dataflow = isinstance(result, Dataflow)
-    if programs is None:
-        return (DATAFLOW if dataflow else DECLARED), arrays
-    from parity.judge.trees import flatten
-
-    # Keyed as `arrays`, but each leaf as the group returned it (a jax array, or a numpy
-    # array made of one while it ran), not the host copy made since.
-    returned = flatten(result, to_array=lambda x: x)
-    order, recorded = _recorded_order(name, returned, converted, programs, out)
-    if dataflow:
-        return DATAFLOW, arrays
-    if order is None:  # no program computed a key: an order of the host's, or not read
-        return (HOST if recorded else DECLARED), arrays
-    if sorted(order) != sorted(arrays):
-        return DECLARED, arrays
-    return DATAFLOW, {k: arrays[k] for k in order}
-
-
-def _recorded_order(
-    name: str, arrays: dict[str, Any], converted: Any, programs: Any, out: Path | None
-) -> tuple[list[str] | None, bool]:
-    """The keys' order read from the group's programs (None where no program computed a
-    key) and whether they could be walked; with `out`, the recording (its summary) saved
-    as `OUT/<name>.origin.npz`, or why not as `OUT/<name>.origin.json`."""
-    import numpy as np
-
-    from parity.origin import LocaliseError
-    from parity.origin.interpreter import FLUSH_EVERY
-    from parity.origin.record import record_programs
-
-    reason, recording, order = None, None, None
-    try:
-        recording, order = record_programs(
-            programs,
-            arrays,
-            sources=converted.source,
-            evaluate=out is not None,
-            max_bytes=ORIGIN_MAX_BYTES,
-            flush_every=FLUSH_EVERY,
-        )
-    except LocaliseError as e:
-        reason = e.reason
-    except Exception as e:  # an operation that cannot run on its own: say so, do not fail
-        reason = f"recording raised {type(e).__name__}: {' '.join(str(e).split())[:200]}"
-    if out is None:
-        if reason is not None:
-            _log(f"group {name!r}: the forward order stays the declared one: {reason}")
-        return order, reason is None
-    if reason is None and order is None:
-        reason = "the producer's outputs are not computed by the jax programs it ran"
-    if reason is not None or recording is None:
-        reason = reason or "nothing was recorded"
-        (out / f"{name}{ORIGIN_REASON}").write_text(json.dumps({"reason": reason}))
-        _log(f"group {name!r}: not recorded: {reason}")
-        return order, recording is not None or order is not None
-    np.savez(out / f"{name}{ORIGIN_RECORDING}", **recording.summary().to_arrays())  # pyright: ignore[reportArgumentType]
-    _log(f"group {name!r}: recorded {len(recording.values)} values")
-    return order, True
-
-
-def _run_group(
-    name: str,
-    group: Callable[[], Any],
-    flat: Callable[[Any], dict[str, Any]],
-    args: argparse.Namespace,
-    one_process: bool,
-) -> tuple[str, str, dict[str, Any]]:
-    """Run one group: how its forward order was made, why the recorder could not see its
-    programs ("" where it could) and its flat arrays (`flat` of what it returned), in that
-    order. The programs the group dispatches are kept (one process only: a recording is made
-    in one) where its order is wanted or, with --record-origin, its recording; otherwise no
-    hook goes into jax (`--no-order`)."""
-    from parity.judge.dataflow import UNREAD, numpy_conversions
-    from parity.origin.programs import capture
-
-    unread = args.no_order and not args.record_origin
-    keep = capture() if one_process and not unread else contextlib.nullcontext()
-    with numpy_conversions() as converted, keep as programs:
-        result = group()
-    arrays = flat(result)
-    recorder = "" if programs is None else programs.failure
-    if unread:
-        return UNREAD, recorder, arrays
-    recording_to = Path(args.out) if args.record_origin else None
-    order_source, arrays = _forward_order(name, result, arrays, converted, programs, recording_to)
-    return order_source, recorder, arrays
-
-
 def _arguments(argv: list[str] | None) -> argparse.Namespace:
     """The worker's command line (the launcher writes it)."""
     p = argparse.ArgumentParser()
@@ -286,6 +177,11 @@ def _arguments(argv: list[str] | None) -> argparse.Namespace:
         "--record-origin",
         action="store_true",
         help="also record the programs each group runs, op by op (OUT/<group>.origin.npz)",
+    )
+    p.add_argument(
+        "--keep",
+        action="store_true",
+        help="once every group is saved, record groups as stdin asks (one process only)",
     )
     p.add_argument(
         "--no-order",
@@ -425,6 +321,7 @@ def main(argv: list[str] | None = None) -> int:
     if args.class_map_only:
         (out / "class_map.json").write_text(json.dumps({"class_map": class_map, "groups": wanted}))
         return 0
+    kept: dict[str, Kept] = {}
     for i, name in enumerate(wanted, 1):
         t0 = time.perf_counter()
         _log(f"[{i}/{len(wanted)}] {name}: {'recording' if args.record_origin else 'running'}")
@@ -438,7 +335,7 @@ def main(argv: list[str] | None = None) -> int:
                 split.append(sharded_over_processes(value))
                 return to_host(value)
 
-            order_source, recorder, arrays = _run_group(
+            order_source, recorder, arrays, kept[name] = run_group(
                 name, groups[name], lambda r: flatten(r, to_array=host), args, place is None
             )
         except Exception as exc:
@@ -472,6 +369,8 @@ def main(argv: list[str] | None = None) -> int:
         import jax
 
         jax.distributed.shutdown()
+    elif args.keep:  # one process: record what the launcher asks for, until it is done
+        serve(kept, out)
     return 0
 
 

@@ -10,25 +10,26 @@ Nothing here imports jax.
 
 from __future__ import annotations
 
+import contextlib
+import dataclasses
 import json
 import os
 import re
 import sys
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Literal
-
-import numpy as np
 
 from parity.errors import ParityError
 from parity.machinery.devices import isolated_env
 from parity.machinery.processes import (
     DEFAULT_TIMEOUT_S,
+    Supervised,
     Supervision,
     WorkerFailed,
     run_workers,
-    supervise,
+    supervised,
 )
 from parity.xla_env import DEFAULT_ISA_CAP
 
@@ -39,14 +40,14 @@ __all__ = [
     "EXIT_MISSING_SYMBOL",
     "LEAVES",
     "TRACEBACK_LINES",
+    "KeptRun",
     "Mode",
     "ProducerCommand",
     "ProducerRun",
     "ProducerRunError",
-    "RunnerOutput",
     "UnknownGroupsError",
     "UnusableClassError",
-    "load_runner_output",
+    "kept_producers",
     "run_producers",
 ]
 
@@ -56,6 +57,8 @@ EXIT_UNKNOWN_GROUP = 4
 _UNKNOWN_GROUPS = "unknown_groups.json"  # `_producer_runner.UNKNOWN_GROUPS`
 EXIT_UNUSABLE_CLASS = 5
 _UNUSABLE_CLASSES = "unusable_classes.json"  # `_producer_runner.UNUSABLE_CLASSES`
+#: What a kept run writes into a request's folder once done (`_runner_groups.RECORDED`).
+_RECORDED = "recorded.json"
 
 
 #: The commands that run the producers (the CLI's subcommands are `parity.cli.Command`).
@@ -211,66 +214,6 @@ class UnusableClassError(ProducerRunError):
         return f"{self.failure}: {LEAVES[self.command]}"
 
 
-def _restore_dtype(raw: np.ndarray, name: str) -> np.ndarray:
-    if raw.dtype.name == name:
-        return raw
-    import ml_dtypes
-
-    return raw.view(getattr(ml_dtypes, name))
-
-
-@dataclass(frozen=True)
-class RunnerOutput:
-    """What the producer process saved for one group.
-
-    - `arrays`: `{key: array}` in producer order.
-    - `class_map`: the producers' `CLASS_MAP` rules.
-    - `provenance`: the producer process's environment (`collect_provenance` run there).
-    - `order`: how `arrays`' order was made: `"dataflow"` (read from the program,
-      `parity.judge.dataflow`), `"declared"` (the order of the group's containers),
-      `"host"` (no jax program computed them) or `"unread"` (not asked for).
-    - `recorder`: why the programs the group ran could not be seen, in one line (this jax
-      cannot be hooked, or a hook failed: `parity.origin.adapter`); "" where they were.
-    - `stack`: the producers' `STACK` (stack rules, `parity.judge.stacking`); `rename`,
-      their `RENAME` (rename rules, `parity.judge.renames`).
-    """
-
-    arrays: dict[str, np.ndarray]
-    class_map: list[list[str]]
-    provenance: dict[str, Any]
-    order: str = "declared"
-    recorder: str = ""
-    stack: tuple[str, ...] = ()
-    rename: tuple[Any, ...] = ()
-
-
-def load_runner_output(out: Path, group: str, *, command: ProducerCommand) -> RunnerOutput:
-    """What the runner saved for `group` in `out`, for `command`. Raises
-    `ProducerRunError` if it recorded no provenance (it could not import parity)."""
-    manifest = json.loads((out / f"{group}.json").read_text())
-    with np.load(out / f"{group}.npz") as npz:
-        arrays = {
-            key: _restore_dtype(npz[f"a{j}"], manifest["dtypes"][key])
-            for j, key in enumerate(manifest["keys"])
-        }
-    provenance = manifest.get("provenance")
-    if not isinstance(provenance, dict):
-        raise ProducerRunError(
-            command,
-            f"the producer process recorded no provenance for group {group!r} (it could not "
-            "import parity.store.provenance); check that parity is importable there",
-        )
-    return RunnerOutput(
-        arrays,
-        manifest["class_map"],
-        provenance,
-        str(manifest.get("order", "declared")),
-        str(manifest.get("recorder", "")),
-        tuple(str(t) for t in manifest.get("stack", ())),
-        tuple(r if isinstance(r, str) else tuple(r) for r in manifest.get("rename", ())),
-    )
-
-
 def _runner_argv(
     roots: Sequence[Path],
     producers: Path,
@@ -318,7 +261,9 @@ class ProducerRun:
       the run before any group runs (a repin, a check); `groups`: the groups to run (all
       where empty); `read_order`: read each group's forward order from the programs it
       runs (the recorder's hooks go into jax while it runs); False leaves it unread and
-      installs no hook (a check whose goldens pin an order read so already).
+      installs no hook (a check whose goldens pin an order read so already); `keep`:
+      a run of one process stays alive once its groups are saved, to record some of them
+      op by op on request (`kept_producers`).
     - `devices`, `processes`, `isa`: the layout (`processes` workers of one JAX distributed
       run, `devices` each, process 0 saving) and the ISA cap; `coordinator` (`HOST0:PORT`)
       and `process_id` start only this host's worker of a cluster's run.
@@ -334,6 +279,7 @@ class ProducerRun:
     check_classes: bool = False
     groups: Sequence[str] = ()
     read_order: bool = True
+    keep: bool = False
     src: Sequence[str] | None = None
     drop_paths: Sequence[Path] = ()
     code: str = "the code under test"
@@ -361,6 +307,25 @@ class ProducerRun:
         return cls(out=out, command=command, **(base | fields))
 
 
+def _command_line(run: ProducerRun) -> tuple[list[str], dict[str, str]]:
+    """The runner's command line for `run`, and its environment (the ISA cap and device
+    count set before jax starts)."""
+    env = isolated_env(run.devices, isa_cap=run.isa)
+    env["PYTHONHASHSEED"] = "0"
+    roots = [run.code_root / r for r in run.src] if run.src else [run.code_root / "src"]
+    cmd = _runner_argv(
+        roots, run.producers, run.out, code=run.code, drop_paths=run.drop_paths, groups=run.groups
+    )
+    switches = {
+        "--class-map-only": run.mode == "class_map",
+        "--check-classes": run.check_classes,
+        "--record-origin": run.mode == "record",
+        "--no-order": not run.read_order and run.mode == "produce",
+        "--keep": run.keep and run.processes == 1 and run.mode == "produce",
+    }
+    return cmd + [flag for flag, on in switches.items() if on], env
+
+
 def run_producers(run: ProducerRun, *, progress: Callable[[str], None] = print) -> str:
     """Run the producers as `run` describes, in a subprocess (a fresh interpreter, the ISA
     cap and device count set before jax starts), `progress` given its `[producers]` lines.
@@ -376,42 +341,72 @@ def run_producers(run: ProducerRun, *, progress: Callable[[str], None] = print) 
     the producers do not define, its `UnusableClassError` (with `check_classes`) for such a
     `CLASS_MAP`.
     """
-    code_root, producers, out, command = run.code_root, run.producers, run.out, run.command
-    processes, timeout, code = run.processes, run.timeout, run.code
-    env = isolated_env(run.devices, isa_cap=run.isa)
-    env["PYTHONHASHSEED"] = "0"
-    flags = env["XLA_FLAGS"]
-    roots = [code_root / r for r in run.src] if run.src else [code_root / "src"]
-    cmd = _runner_argv(
-        roots, producers, out, code=code, drop_paths=run.drop_paths, groups=run.groups
-    )
-    switches = {
-        "--class-map-only": run.mode == "class_map",
-        "--check-classes": run.check_classes,
-        "--record-origin": run.mode == "record",
-        "--no-order": not run.read_order and run.mode == "produce",
-    }
-    cmd += [flag for flag, on in switches.items() if on]
-    if processes > 1:
+    if run.processes == 1:
+        with kept_producers(dataclasses.replace(run, keep=False), progress=progress) as kept:
+            return kept.flags
+    cmd, env = _command_line(run)
 
-        def forward(line: str) -> None:
-            if line.startswith("[producers]"):
-                progress(line)
+    def forward(line: str) -> None:
+        if line.startswith("[producers]"):
+            progress(line)
 
+    timeout = DEFAULT_TIMEOUT_S if run.timeout is None else run.timeout
+    try:
+        run_workers(
+            cmd,
+            run.processes,
+            env=env,
+            how=Supervision(timeout=timeout, progress=forward),
+            coordinator=run.coordinator,
+            process_id=run.process_id,
+        )
+    except WorkerFailed as e:
+        raise ProducerRunError.of_workers(run.command, e) from None
+    return env["XLA_FLAGS"]
+
+
+class KeptRun:
+    """A producer run of one process, its groups saved (`kept_producers`): `flags`, the XLA
+    flags it ran under; `record(groups, out)` has it record groups op by op, in the same
+    process, where it is kept alive (`run.keep`)."""
+
+    def __init__(self, run: ProducerRun, flags: str, live: Supervised | None, tail: list[str]):
+        self.run, self.flags, self._live, self._tail = run, flags, live, tail
+
+    def record(self, groups: Sequence[str], out: Path) -> None:
+        """Record `groups` op by op into `out` (`<group>.origin.npz`, or `.origin.json`
+        saying why not), from the programs the run kept or by running each group again in
+        it (`parity.machinery._runner_groups`), within the run's timeout. Raises
+        `ProducerRunError` where the run is not kept, or ends or fails first."""
+        command = self.run.command
+        if self._live is None:
+            raise ProducerRunError(command, "the producer run was not kept alive", "")
+        out.mkdir(parents=True, exist_ok=True)
+        self._live.send(json.dumps({"record": list(groups), "out": str(out)}))
         try:
-            run_workers(
-                cmd,
-                processes,
-                env=env,
-                how=Supervision(
-                    timeout=DEFAULT_TIMEOUT_S if timeout is None else timeout, progress=forward
-                ),
-                coordinator=run.coordinator,
-                process_id=run.process_id,
-            )
+            codes = self._live.watch(until=(out / _RECORDED).is_file)
         except WorkerFailed as e:
+            self._live = None
             raise ProducerRunError.of_workers(command, e) from None
-        return flags
+        if codes is not None:
+            self._live = None
+            why = f"the kept producer run ended (exit {codes[0]}) before recording"
+            raise ProducerRunError(command, why, "\n".join(self._tail))
+
+
+@contextlib.contextmanager
+def kept_producers(
+    run: ProducerRun, *, progress: Callable[[str], None] = print
+) -> Iterator[KeptRun]:
+    """Run the producers of `run` (one process) as `run_producers` does, and, with
+    `run.keep`, keep the process alive while the block runs, its groups saved, so that a
+    failing check records them in it (`KeptRun.record`) without starting another run. The
+    process is stopped when the block ends. Raises as `run_producers` does.
+    """
+    if run.processes != 1:
+        raise ValueError(f"a kept run is one process; this one has {run.processes}")
+    cmd, env = _command_line(run)
+    out, command = run.out, run.command
     tail: list[str] = []
 
     def collect(line: str) -> None:
@@ -420,11 +415,26 @@ def run_producers(run: ProducerRun, *, progress: Callable[[str], None] = print) 
         if line.startswith("[producers]"):
             progress(line)
 
-    try:  # one process: a `WorkerFailed` is a timeout
-        how = Supervision(timeout=timeout, ok=lambda _: True, progress=collect)
-        (rc,) = supervise(cmd, [env], how)
-    except WorkerFailed as e:
-        raise ProducerRunError.of_workers(command, e) from None
+    ready = out / _RECORDED  # the runner's first answer: every group saved
+    how = Supervision(timeout=run.timeout, ok=lambda _: True, progress=collect)
+    with supervised(cmd, [env], how, talk=run.keep) as live:
+        try:  # one process: a `WorkerFailed` is a timeout
+            codes = live.watch(until=ready.is_file if run.keep else None)
+        except WorkerFailed as e:
+            raise ProducerRunError.of_workers(command, e) from None
+        if codes is not None:
+            _refuse_exit(run, codes[0], tail)
+            if run.keep:
+                raise ProducerRunError(command, "the producer run ended before it was done", "")
+        ready.unlink(missing_ok=True)
+        yield KeptRun(run, env["XLA_FLAGS"], live if run.keep else None, tail)
+        # The block is done with it: stdin closed, the run ends (the supervisor stops what
+        # is left when the block ends).
+
+
+def _refuse_exit(run: ProducerRun, rc: int, tail: list[str]) -> None:
+    """Raise what a single producer process's exit status `rc` says went wrong, if it did."""
+    out, command, producers = run.out, run.command, run.producers
     if rc == EXIT_UNKNOWN_GROUP and (out / _UNKNOWN_GROUPS).is_file():
         doc = json.loads((out / _UNKNOWN_GROUPS).read_text())
         unknown, defined, output = doc["unknown"], doc["defined"], "\n".join(tail)
@@ -433,9 +443,8 @@ def run_producers(run: ProducerRun, *, progress: Callable[[str], None] = print) 
         raise UnusableClassError(command, json.loads((out / _UNUSABLE_CLASSES).read_text()))
     if rc != 0:
         failure = (
-            f"{code} lacks a symbol the producers need"
+            f"{run.code} lacks a symbol the producers need"
             if rc == EXIT_MISSING_SYMBOL
             else f"the producers failed (exit {rc})"
         )
         raise ProducerRunError(command, failure, "\n".join(tail))
-    return flags

@@ -21,7 +21,7 @@ import socket
 import subprocess
 import tempfile
 import time
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from dataclasses import dataclass
 from typing import IO
 
@@ -34,11 +34,13 @@ __all__ = [
     "KILL_GRACE_S",
     "Layout",
     "NoSockets",
+    "Supervised",
     "Supervision",
     "WorkerFailed",
     "free_port",
     "run_workers",
     "supervise",
+    "supervised",
 ]
 
 #: How long a multi-process run may take before its workers are stopped (seconds): room for
@@ -218,13 +220,7 @@ def supervise(
 ) -> list[int]:
     """Run `argv` once per environment in `envs`, and own the processes: the one supervisor
     of a single producer process (`parity.machinery.launcher.run_producers`) and of the workers of a
-    multi-process run (`run_workers`).
-
-    Each process runs in a process group of its own, stdin closed, its stdout and stderr
-    going to an anonymous temporary file (no name on disk, so none is left even when this
-    process is killed). No process or process group outlives the call: on return, on a
-    failure, at the timeout and on Ctrl-C or SIGTERM alike, every process still running gets
-    SIGTERM and, `KILL_GRACE_S` later, SIGKILL.
+    multi-process run (`run_workers`); `supervised` watched until every process exited.
 
     **Arguments:**
 
@@ -239,12 +235,38 @@ def supervise(
     `how.ok` accepts. Raises `WorkerFailed` as soon as one process exits with another status
     or is killed, or at the timeout.
     """
+    with supervised(argv, envs, how, ids=ids, n=n) as run:
+        codes = run.watch()
+    assert codes is not None  # nothing to wait for but their exits
+    return codes
+
+
+@contextlib.contextmanager
+def supervised(
+    argv: Sequence[str],
+    envs: Sequence[Mapping[str, str]],
+    how: Supervision,
+    *,
+    ids: Sequence[int] | None = None,
+    n: int | None = None,
+    talk: bool = False,
+) -> Iterator[Supervised]:
+    """Start `argv` once per environment in `envs` and own the processes while the block
+    runs (`Supervised`: watch them, talk to the first one).
+
+    Each process runs in a process group of its own, stdin closed (`talk`: a pipe the
+    first process reads its requests from, `Supervised.send`), its stdout and stderr going
+    to an anonymous temporary file (no name on disk, so none is left even when this process
+    is killed). No process or process group outlives the block: on its end, on a failure,
+    at a timeout and on Ctrl-C or SIGTERM alike, every process still running gets SIGTERM
+    and, `KILL_GRACE_S` later, SIGKILL. Arguments as `supervise` takes them.
+    """
     ids = list(range(len(envs))) if ids is None else list(ids)
     n = len(envs) if n is None else n
     logs: list[IO[bytes]] = []
     procs: list[subprocess.Popen[bytes]] = []
     try:
-        for proc_env in envs:
+        for j, proc_env in enumerate(envs):
             log = tempfile.TemporaryFile(prefix="parity-workers-")  # noqa: SIM115 (closed below)
             logs.append(log)
             procs.append(
@@ -252,16 +274,20 @@ def supervise(
                     list(argv),
                     env=dict(proc_env),
                     cwd=how.cwd,
-                    stdin=subprocess.DEVNULL,
+                    stdin=subprocess.PIPE if talk and j == 0 else subprocess.DEVNULL,
                     stdout=log,
                     stderr=subprocess.STDOUT,
                     start_new_session=True,
                 )
             )
         with signals_reach_main_thread():
-            return _watch(procs, ids, n, logs, how)
+            yield Supervised(procs, ids, n, logs, how)
     finally:
         _stop(procs, KILL_GRACE_S)
+        for p in procs:
+            if p.stdin is not None:
+                with contextlib.suppress(OSError):
+                    p.stdin.close()
         for log in logs:
             log.close()
 
@@ -273,72 +299,106 @@ def _read(log: IO[bytes], start: int = 0) -> bytes:
     return os.pread(fd, max(os.fstat(fd).st_size - start, 0), start)
 
 
-def _watch(
-    procs: Sequence[subprocess.Popen[bytes]],
-    ids: Sequence[int],
-    n: int,
-    logs: Sequence[IO[bytes]],
-    how: Supervision,
-) -> list[int]:
-    def output(j: int) -> str:
-        return _read(logs[j]).decode("utf-8", "replace")
+class Supervised:
+    """The processes `supervised` started: `watch` them (until they exit, or until a
+    condition holds with them still running), `send` the first one a request, read its
+    `output`."""
 
-    def everything() -> str:
-        return "\n".join(f"--- process {i} ---\n{output(j)}" for j, i in enumerate(ids))
+    def __init__(
+        self,
+        procs: Sequence[subprocess.Popen[bytes]],
+        ids: Sequence[int],
+        n: int,
+        logs: Sequence[IO[bytes]],
+        how: Supervision,
+    ):
+        self._procs, self._ids, self._n, self._logs, self._how = procs, ids, n, logs, how
+        self._seen, self._pending = 0, ""  # what of the first process's output went on
 
-    seen = 0
-    pending = ""
+    def output(self, j: int = 0) -> str:
+        """What the `j`th process wrote so far."""
+        return _read(self._logs[j]).decode("utf-8", "replace")
 
-    def forward(last: bool = False) -> None:
-        nonlocal seen, pending
+    def send(self, line: str) -> None:
+        """Write one line to the first process's stdin (`supervised(talk=True)`). A process
+        that exited already is left to `watch` to report."""
+        pipe = self._procs[0].stdin
+        if pipe is None:
+            raise ValueError("the processes were started without a pipe to talk to")
+        with contextlib.suppress(BrokenPipeError):
+            pipe.write(line.rstrip("\n").encode() + b"\n")
+            pipe.flush()
+
+    def _everything(self) -> str:
+        return "\n".join(f"--- process {i} ---\n{self.output(j)}" for j, i in enumerate(self._ids))
+
+    def _forward(self, last: bool = False) -> None:
+        how = self._how
         if how.echo is None and how.progress is None:
             return
-        chunk = _read(logs[0], seen)
-        seen += len(chunk)
-        text = pending + chunk.decode("utf-8", "replace")
+        chunk = _read(self._logs[0], self._seen)
+        self._seen += len(chunk)
+        text = self._pending + chunk.decode("utf-8", "replace")
         if how.echo is not None:
-            how.echo.write(text[len(pending) :])
+            how.echo.write(text[len(self._pending) :])
             how.echo.flush()
         lines = text.split("\n")
-        pending = lines.pop()
-        if last and pending:
-            lines.append(pending)
-            pending = ""
+        self._pending = lines.pop()
+        if last and self._pending:
+            lines.append(self._pending)
+            self._pending = ""
         if how.progress is not None:
             for line in lines:
                 how.progress(line)
 
-    deadline = None if how.timeout is None else time.monotonic() + how.timeout
-    while True:
-        forward()
-        codes = [p.poll() for p in procs]
-        for j, code in enumerate(codes):
-            if code is not None and not how.ok(code):
+    def watch(self, until: Callable[[], bool] | None = None) -> list[int] | None:
+        """Forward the first process's output until every process exited, or `until()`
+        holds first (the processes still running), within the supervision's timeout from
+        this call.
+
+        **Returns:** the exit statuses, by process, once every process exited with a status
+        the supervision accepts; None where `until()` held first. Raises `WorkerFailed` as
+        soon as one process exits with another status or is killed, or at the timeout.
+        """
+        procs, ids, how = self._procs, self._ids, self._how
+        deadline = None if how.timeout is None else time.monotonic() + how.timeout
+        while True:
+            self._forward()
+            codes = [p.poll() for p in procs]
+            for j, code in enumerate(codes):
+                if code is not None and not how.ok(code):
+                    _stop(procs, KILL_GRACE_S)
+                    self._forward(last=True)
+                    tail = "\n".join(f"  {ln}" for ln in _tail(self.output(j)))
+                    others = (
+                        "the other processes were stopped"
+                        if len(procs) > 1
+                        else "it ran alone here"
+                    )
+                    raise WorkerFailed(
+                        ids[j],
+                        f"process {ids[j]} of {self._n} {_describe_exit(code)}; {others}",
+                        tail,
+                        self._everything(),
+                    )
+            if all(c is not None for c in codes):
+                self._forward(last=True)
+                return [c for c in codes if c is not None]
+            if until is not None and until():
+                self._forward()
+                return None
+            if deadline is not None and time.monotonic() > deadline:
+                running = [i for i, c in enumerate(codes) if c is None]
                 _stop(procs, KILL_GRACE_S)
-                forward(last=True)
-                tail = "\n".join(f"  {ln}" for ln in _tail(output(j)))
-                others = (
-                    "the other processes were stopped" if len(procs) > 1 else "it ran alone here"
+                tail = "\n".join(
+                    f"  process {i}: {ln}" for i in running for ln in _tail(self.output(i), 4)
                 )
                 raise WorkerFailed(
-                    ids[j],
-                    f"process {ids[j]} of {n} {_describe_exit(code)}; {others}",
+                    running[0] if len(running) == 1 else None,
+                    f"the run timed out after {how.timeout:g} s with process(es) "
+                    f"{', '.join(map(str, running))} of {len(procs)} still running (a hang, or "
+                    "a run longer than the timeout: raise the timeout); they were stopped",
                     tail,
-                    everything(),
+                    self._everything(),
                 )
-        if all(c is not None for c in codes):
-            forward(last=True)
-            return [c for c in codes if c is not None]
-        if deadline is not None and time.monotonic() > deadline:
-            running = [i for i, c in enumerate(codes) if c is None]
-            _stop(procs, KILL_GRACE_S)
-            tail = "\n".join(f"  process {i}: {ln}" for i in running for ln in _tail(output(i), 4))
-            raise WorkerFailed(
-                running[0] if len(running) == 1 else None,
-                f"the run timed out after {how.timeout:g} s with process(es) "
-                f"{', '.join(map(str, running))} of {len(procs)} still running (a hang, or "
-                "a run longer than the timeout: raise the timeout); they were stopped",
-                tail,
-                everything(),
-            )
-        time.sleep(_POLL_S)
+            time.sleep(_POLL_S)

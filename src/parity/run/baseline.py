@@ -52,9 +52,9 @@ from parity.machinery.config import ParityConfig, user_cache_folder
 from parity.machinery.launcher import (
     ProducerRun,
     ProducerRunError,
-    load_runner_output,
     run_producers,
 )
+from parity.machinery.runner_output import load_runner_output
 from parity.machinery.worktree import GitError, git, repo_root, resolve_sha, temporary_worktree
 from parity.results import BaselineUnavailable
 from parity.run.goldens import write_run

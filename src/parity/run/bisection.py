@@ -7,7 +7,7 @@ the project's: `good_calibration`, so a `calibrated` class judges), confirms tha
 passes against them and that BAD fails, then binary-searches the first-parent commits
 between them. Each commit is checked out as a temporary detached worktree
 (`parity.machinery.worktree.temporary_worktree`), the current tree's producers run against
-its code in a fresh process (`parity.run.produced.produce`), and
+its code in a fresh process (`parity.run.produced.producing`), and
 the arrays are checked against GOOD's goldens (`parity.check.check_group`). Three outcomes
 per commit, as `git bisect run` has (exit 125 there), each judged as `parity check` judges
 (a key of a class that proves, `op_by_op`, whose bits moved is proved op by op against GOOD's
@@ -29,6 +29,7 @@ The user's checkout, index, branches and `git bisect` state are never touched: o
 
 from __future__ import annotations
 
+import contextlib
 import subprocess
 import tempfile
 import time
@@ -54,7 +55,7 @@ from parity.origin.localisation import Localisation
 from parity.report.summary import arrays_failing
 from parity.results import CheckError
 from parity.run.origins import FailureSettler, locate_between
-from parity.run.produced import Checkout, check_produced, produce
+from parity.run.produced import Checkout, check_produced, producing
 from parity.run.repin import RepinError, RepinRun, repin
 from parity.store import GoldenStoreError, open_goldens, write_goldens
 
@@ -193,16 +194,24 @@ def _evaluate(
         return Step(sha, subject, outcome, detail, role=role, seconds=seconds, **kw)
 
     try:
-        with temporary_worktree(root, sha) as wt:
+        with temporary_worktree(root, sha) as wt, contextlib.ExitStack() as stack:
             at = Checkout(root=wt, drop_paths=config.src, name=f"commit {sha[:12]}")
+            # Kept while the step is judged: a proof records the step in the same run.
+            run = producing(config, at=at, groups=groups, command="bisect", keep=True)
             try:
-                produced = produce(config, at=at, groups=groups, command="bisect")
+                produced, kept = stack.enter_context(run)
             except ProducerRunError as e:
                 return step("skip", f"cannot run the producers: {e.reason}")
             # Judged as `parity check` judges: a key of a class that proves (`op_by_op`)
             # whose bits moved is proved op by op against GOOD, or fails for why not.
             settler = FailureSettler(
-                produced, config, goldens, origin=False, checkout=at, progress=lambda _: None
+                produced,
+                config,
+                goldens,
+                origin=False,
+                checkout=at,
+                progress=lambda _: None,
+                kept=kept,
             )
             try:
                 results = check_produced(

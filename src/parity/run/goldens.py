@@ -1,6 +1,6 @@
 """A producer run written as golden files, and what a new file changed against the old one.
 
-`write_run` writes one group of a `RunnerOutput` (`parity.machinery.launcher`) as a golden file
+`write_run` writes one group of a `RunnerOutput` (`parity.machinery.runner_output`) as a golden file
 with its provenance (the run's own, the base SHA, the producers' digest, how the forward
 order was made); `write_golden` writes arrays under a class map. Both repin
 (`parity.run.repin`) and the baselines re-produced off the pin's environment
@@ -21,7 +21,7 @@ import numpy as np
 from parity.judge.dataflow import order_change
 from parity.judge.floats import count, sig
 from parity.judge.tolerance import ClassMap
-from parity.machinery.launcher import RunnerOutput
+from parity.machinery.runner_output import RunnerOutput
 from parity.store import GoldenStoreError, open_goldens, write_goldens
 
 __all__ = [
@@ -213,7 +213,7 @@ def write_run(
 
     **Arguments:**
 
-    - `run`: what the producer process saved (`parity.machinery.launcher.load_runner_output`):
+    - `run`: what the producer process saved (`parity.machinery.runner_output.load_runner_output`):
       the arrays in their forward order, classed by its `CLASS_MAP`; its provenance,
       collected in that process, so it describes the process that made the arrays.
     - `sha`, `digest`: the base commit the arrays were made at, the producers' digest

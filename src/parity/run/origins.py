@@ -5,12 +5,13 @@ source line (issue 35; docs/design.md, "Where it diverged" and "The unit is the 
 producer runs"; the matching and the proof themselves are `parity.origin`'s).
 
 `parity check` asks for it after the verdict, for the failing groups only, so a passing
-check costs what it did before. A failing one costs at most one more producer run on each
-side: of those groups on the current tree with `--record-origin` (the programs each group
-runs recorded op by op, their summary saved), and at the golden's base commit in this
-environment the base re-produced with its recording (`parity.run.baseline.BaselineBuilder`,
-`prepare(..., record=True)`: one run makes the base's arrays and its recording, one cache
-entry keeps both), so a failing check run again pays only for the current tree's recording.
+check costs what it did before. A failing one costs at most one more producer run: the
+tree's groups are recorded op by op in the run that produced them, kept alive while the
+check judges (`record_kept`, `parity.machinery.launcher.KeptRun`; where no run is kept, a
+recording run of its own, `record_groups`), and the golden's base commit is re-produced in
+this environment with its recording (`parity.run.baseline.BaselineBuilder`, `prepare(...,
+record=True)`: one run makes the base's arrays and its recording, one cache entry keeps
+both), so a failing check run again starts no run but its own.
 `prove` and `locate`'s rule then run here, on the two summaries (`settle_failures`; one
 alignment serves both). `parity bisect` names the origin between the first bad commit and
 its parent the same way.
@@ -19,7 +20,7 @@ Where a group is not recorded, one line says why, and the verdict stands (an `op
 key stays unproved, for that reason): its outputs are
 not computed by the jax programs the producer runs (numpy made them), the run spans processes,
 the failing key's class gives no matching tolerance (`logit_kl`), the base cannot be
-re-produced, or the program is too large (`_producer_runner.ORIGIN_MAX_BYTES`).
+re-produced, or the program is too large (`_runner_groups.ORIGIN_MAX_BYTES`).
 
 Nothing here imports jax.
 """
@@ -42,7 +43,7 @@ from parity.judge.renames import parse_renames
 from parity.judge.stacking import parse_stack
 from parity.judge.tolerance import UnknownClassError
 from parity.machinery.config import ParityConfig
-from parity.machinery.launcher import ProducerRun, ProducerRunError, run_producers
+from parity.machinery.launcher import KeptRun, ProducerRun, ProducerRunError, run_producers
 from parity.machinery.worktree import GitError, repo_root, temporary_worktree
 from parity.origin import Localisation, LocaliseError, Recording, locate, prove_and_locate
 from parity.origin.proof import Proof, provable, settle, unproved
@@ -59,6 +60,7 @@ __all__ = [
     "locate_between",
     "locate_files",
     "record_groups",
+    "record_kept",
     "settle_failures",
 ]
 
@@ -100,6 +102,26 @@ def record_groups(
         run_producers(run, progress=progress)
     except ProducerRunError as e:
         return dict.fromkeys(groups, f"the producers cannot run at {code}: {e.reason}")
+    return _found(out, groups, code)
+
+
+def record_kept(
+    kept: KeptRun, groups: Sequence[str], out: Path, *, code: str
+) -> dict[str, Path | str]:
+    """Record `groups`' programs into `out` in the producer run that made their arrays,
+    kept alive (`parity.machinery.launcher.KeptRun.record`): no other run starts.
+
+    **Returns:** as `record_groups`.
+    """
+    try:
+        kept.record(groups, out)
+    except ProducerRunError as e:
+        return dict.fromkeys(groups, f"the producers cannot record at {code}: {e.reason}")
+    return _found(out, groups, code)
+
+
+def _found(out: Path, groups: Sequence[str], code: str) -> dict[str, Path | str]:
+    """Group -> its recording's file in `out`, or the line saying why it has none."""
     found: dict[str, Path | str] = {}
     for g in groups:
         path, why = out / f"{g}{RECORDING}", out / f"{g}{NOT_RECORDED}"
@@ -238,6 +260,7 @@ def settle_failures(
     progress: Progress = lambda _: None,
     timeout: float | None = None,
     checkout: Checkout | None = None,
+    kept: KeptRun | None = None,
 ) -> list[Settled]:
     """Each failing check of `results` settled op by op (module docstring): its programs
     recorded on the checked code (`checkout`; None: the current tree) and at its golden's
@@ -277,6 +300,7 @@ def settle_failures(
             progress=progress,
             timeout=timeout,
             checkout=checkout or Checkout(root=config.root, name="the current tree"),
+            kept=kept,
         )
     return [out.get(r.name) or Settled(r, {}) for r in results]
 
@@ -290,7 +314,9 @@ class FailureSettler:
     **Fields:** `produced` (what the check compared), `config`, `goldens`, `origin` (name
     the origin of what still fails, not only prove), `progress`, `timeout` (of each
     recording run), `checkout` (the code `produced` came from, recorded again: a bisect
-    step's worktree; None: the current tree).
+    step's worktree; None: the current tree), `kept` (the producer run that made
+    `produced`, kept alive: the tree is recorded in it, no other run starts; None: a
+    recording run of its own).
     """
 
     produced: Produced
@@ -300,6 +326,7 @@ class FailureSettler:
     progress: Progress = lambda _: None
     timeout: float | None = None
     checkout: Checkout | None = None
+    kept: KeptRun | None = None
 
     def settle(self, results: Sequence[CheckResult]) -> list[CheckResult]:
         settled = settle_failures(
@@ -311,6 +338,7 @@ class FailureSettler:
             progress=self.progress,
             timeout=self.timeout,
             checkout=self.checkout,
+            kept=self.kept,
         )
         return [s.result for s in settled]
 
@@ -325,6 +353,7 @@ def _record_and_settle(
     progress: Progress,
     timeout: float | None,
     checkout: Checkout,
+    kept: KeptRun | None,
 ) -> dict[str, Settled]:
     """`todo`'s groups recorded on `checkout` (one producer run) and at their bases
     (through `builder`), each check settled by its two recordings."""
@@ -342,14 +371,13 @@ def _record_and_settle(
     progress(f"recording {', '.join(r.name for r in todo)} op by op{one} {why}")
     out: dict[str, Settled] = {}
     with owned_tempdir(_PREFIX) as tmp:
-        new = record_groups(
-            checkout,
-            config,
-            [r.group or "" for r in todo],
-            Path(tmp),
-            progress=progress,
-            timeout=timeout,
-        )
+        groups = [r.group or "" for r in todo]
+        if kept is not None:  # in the run that made the arrays
+            new = record_kept(kept, groups, Path(tmp), code=checkout.name)
+        else:
+            new = record_groups(
+                checkout, config, groups, Path(tmp), progress=progress, timeout=timeout
+            )
         wanted = []
         for r in todo:
             current = _one_process(produced.provenance.get(r.name) or {})

@@ -13,9 +13,10 @@ drift policy. Nothing here imports jax.
 
 from __future__ import annotations
 
+import contextlib
 import tempfile
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Unpack
@@ -26,14 +27,16 @@ from parity.check import BaselineSource, GoldenDir, GroupOptions, Settler, check
 from parity.judge.dataflow import DATAFLOW, HOST
 from parity.machinery.config import ConfigError, ParityConfig
 from parity.machinery.launcher import (
+    KeptRun,
     ProducerCommand,
     ProducerRun,
     ProducerRunError,
     UnusableClassError,
-    load_runner_output,
+    kept_producers,
     run_producers,
 )
 from parity.machinery.processes import Layout
+from parity.machinery.runner_output import load_runner_output
 from parity.machinery.worker import Place
 from parity.results import CheckResult
 
@@ -42,6 +45,7 @@ __all__ = [
     "Produced",
     "check_produced",
     "produce",
+    "producing",
     "refuse_unusable_classes",
 ]
 
@@ -102,7 +106,8 @@ class Checkout:
     name: str = "the code under test"
 
 
-def produce(
+@contextlib.contextmanager
+def producing(
     config: ParityConfig,
     *,
     at: Checkout | None = None,
@@ -113,8 +118,10 @@ def produce(
     command: ProducerCommand = "check",
     check_classes: bool = False,
     read_order: bool = True,
-) -> Produced:
-    """Run the configured producers against a checkout in a fresh process.
+    keep: bool = False,
+) -> Iterator[tuple[Produced, KeptRun | None]]:
+    """Run the configured producers against a checkout in a fresh process, and keep it
+    while the block runs where asked (`keep`).
 
     **Arguments:**
 
@@ -134,11 +141,15 @@ def produce(
       group runs (`parity.machinery.launcher.UnusableClassError`), as a repin does.
     - `read_order`: read each group's forward order from the programs it runs (the
       recorder's hooks in jax while it runs); False: leave it unread, no hook installed.
+    - `keep`: in a run of one process, keep the process alive while the block runs, so
+      that a failing check records its groups op by op in the run that produced them
+      (`parity.machinery.launcher.KeptRun`), not in another one.
 
     With `config.processes` above 1 the producers run SPMD as the workers of one JAX
     distributed run, `config.devices` devices each, and process 0's outputs are loaded.
 
-    **Returns:** a `Produced`. Raises `parity.machinery.launcher.ProducerRunError` if the
+    **Yields:** a `Produced`, and the `KeptRun` that made it where it is kept (one
+    process and `keep`; None otherwise). Raises `parity.machinery.launcher.ProducerRunError` if the
     producers cannot run there (a crash, a worker of a multi-process run failed or was
     killed, the run timed out; its `UnknownGroupsError` for a group they do not define, its
     `UnusableClassError` with `check_classes`),
@@ -160,26 +171,68 @@ def produce(
             code=at.name,
             check_classes=check_classes,
             read_order=read_order,
+            keep=keep and config.processes == 1 and place is None,
         )
-        flags = run_producers(run, progress=progress)
-        out: dict[str, dict[str, np.ndarray]] = {}
-        provenance: dict[str, dict[str, Any]] = {}
-        orders: dict[str, str] = {}
-        recorders: dict[str, str] = {}
-        stack: tuple[str, ...] = ()
-        rename: tuple[Any, ...] = ()
-        for manifest in sorted(Path(tmp).glob("*.json")):
-            loaded = load_runner_output(Path(tmp), manifest.stem, command=command)
-            stack, rename = loaded.stack, loaded.rename
-            out[manifest.stem] = loaded.arrays
-            provenance[manifest.stem] = loaded.provenance
-            orders[manifest.stem] = loaded.order
-            if loaded.recorder:
-                recorders[manifest.stem] = loaded.recorder
+        with contextlib.ExitStack() as stack:
+            if run.keep:
+                kept: KeptRun | None = stack.enter_context(kept_producers(run, progress=progress))
+                flags = kept.flags
+            else:
+                kept, flags = None, run_producers(run, progress=progress)
+            yield _loaded(Path(tmp), config, command, time.perf_counter() - t0, flags), kept
+
+
+def _loaded(
+    tmp: Path, config: ParityConfig, command: ProducerCommand, seconds: float, flags: str
+) -> Produced:
+    """What the runner saved in `tmp`, every group, as a `Produced`."""
+    out: dict[str, dict[str, np.ndarray]] = {}
+    provenance: dict[str, dict[str, Any]] = {}
+    orders: dict[str, str] = {}
+    recorders: dict[str, str] = {}
+    stack: tuple[str, ...] = ()
+    rename: tuple[Any, ...] = ()
+    for manifest in sorted(tmp.glob("*.json")):
+        loaded = load_runner_output(tmp, manifest.stem, command=command)
+        stack, rename = loaded.stack, loaded.rename
+        out[manifest.stem] = loaded.arrays
+        provenance[manifest.stem] = loaded.provenance
+        orders[manifest.stem] = loaded.order
+        if loaded.recorder:
+            recorders[manifest.stem] = loaded.recorder
     layout = Layout(config.processes, config.devices)
-    return Produced(
-        out, time.perf_counter() - t0, flags, provenance, layout, orders, recorders, stack, rename
-    )
+    return Produced(out, seconds, flags, provenance, layout, orders, recorders, stack, rename)
+
+
+def produce(
+    config: ParityConfig,
+    *,
+    at: Checkout | None = None,
+    groups: Sequence[str] = (),
+    progress: Callable[[str], None] = lambda _: None,
+    timeout: float | None = None,
+    place: Place | None = None,
+    command: ProducerCommand = "check",
+    check_classes: bool = False,
+    read_order: bool = True,
+) -> Produced:
+    """Run the configured producers against a checkout in a fresh process, as `producing`
+    does (the same arguments), the process ended once its groups are saved.
+
+    **Returns:** a `Produced`. Raises as `producing` does.
+    """
+    with producing(
+        config,
+        at=at,
+        groups=groups,
+        progress=progress,
+        timeout=timeout,
+        place=place,
+        command=command,
+        check_classes=check_classes,
+        read_order=read_order,
+    ) as (produced, _):
+        return produced
 
 
 def refuse_unusable_classes(config: ParityConfig, *, command: ProducerCommand = "check") -> None:

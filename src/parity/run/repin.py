@@ -33,7 +33,8 @@ from parity.errors import ParityError
 from parity.judge.floats import count
 from parity.judge.tolerance import ClassMap
 from parity.machinery.config import ParityConfig
-from parity.machinery.launcher import ProducerRun, load_runner_output, run_producers
+from parity.machinery.launcher import ProducerRun, run_producers
+from parity.machinery.runner_output import load_runner_output
 from parity.machinery.signals import signals_reach_main_thread
 from parity.machinery.worktree import (
     remove_stale_worktrees,

@@ -3,7 +3,8 @@ read (`TreeCheck`, `check_tree`, `CheckedTree`).
 
 In order: the golden files the check will read are opened (a damaged one is refused before
 the producers' seconds or minutes), the producers run on the tree in a fresh process
-(`parity.run.produced.produce`), and every group is checked in one pass through the check's
+(`parity.run.produced.producing`, the process kept while the groups are checked where a
+failure would be recorded in it), and every group is checked in one pass through the check's
 door (`parity.run.produced.check_produced`), with what re-produces the baselines
 (`parity.run.baseline.BaselineBuilder`) and what settles the failures op by op
 (`parity.run.origins.FailureSettler`). The report is the face's: `CheckedTree.header` gives
@@ -12,6 +13,7 @@ its lines. Nothing here imports jax.
 
 from __future__ import annotations
 
+import contextlib
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -23,7 +25,7 @@ from parity.machinery.worker import Place
 from parity.results import CheckResult, merged_header_lines
 from parity.run.baseline import BaselineBuilder
 from parity.run.origins import FailureSettler
-from parity.run.produced import Produced, check_produced, produce
+from parity.run.produced import Produced, check_produced, producing
 
 __all__ = ["CheckedTree", "TreeCheck", "check_tree", "order_pinned", "verify_goldens"]
 
@@ -141,17 +143,23 @@ def check_tree(request: TreeCheck, *, progress: Callable[[str], None]) -> Checke
     """
     config, place = request.config, request.place
     checks = place is None or place.process_id == 0  # the only host that reads the goldens
-    with GoldenDir(config.goldens) as goldens:  # each golden file opened once
+    with contextlib.ExitStack() as stack:
+        goldens = stack.enter_context(GoldenDir(config.goldens))  # each file opened once
         if checks:
             verify_goldens(goldens, request.groups)
-        produced = produce(
-            config,
-            groups=request.groups,
-            progress=progress,
-            timeout=request.timeout,
-            place=place,
-            check_classes=True,  # a typo in CLASS_MAP is refused as a repin refuses it
-            read_order=not (checks and order_pinned(goldens, request.groups)),
+        # Where a failure would be recorded (one process), the run is kept while the
+        # groups are checked: a failure is recorded in it, not in a run of its own.
+        produced, kept = stack.enter_context(
+            producing(
+                config,
+                groups=request.groups,
+                progress=progress,
+                timeout=request.timeout,
+                place=place,
+                check_classes=True,  # a typo in CLASS_MAP is refused as a repin refuses it
+                read_order=not (checks and order_pinned(goldens, request.groups)),
+                keep=checks and request.origin,
+            )
         )
         if not checks:  # another host's part ends with its run
             return CheckedTree(request, produced)
@@ -170,6 +178,7 @@ def check_tree(request: TreeCheck, *, progress: Callable[[str], None]) -> Checke
             origin=request.origin,
             progress=progress,
             timeout=request.timeout,
+            kept=kept,
         )
         results = check_produced(
             produced,

@@ -336,7 +336,7 @@ def test_the_producer_runner_keeps_the_random_state_when_it_traces(tmp_path: Pat
     later group drawing from it would get other inputs than before."""
     import numpy as np
 
-    from parity.machinery.launcher import load_runner_output
+    from parity.machinery.runner_output import load_runner_output
 
     producers = tmp_path / "producers.py"
     producers.write_text(
