@@ -273,7 +273,9 @@ def _recorded(
     provenance: Mapping[str, Any] | None,
     origin: bool,
 ) -> Settled:
+    from parity.judge.dataflow import UNREAD
     from parity.machinery.processes import Layout
+    from parity.machinery.runner_output import RunnerOutput
     from parity.run.origins import settle_failures
     from parity.run.produced import Produced
     from parity.store.provenance import collect_provenance
@@ -282,13 +284,8 @@ def _recorded(
     current = dict(provenance) if provenance is not None else collect_provenance()
     # Nothing of the producers' run is known here but the environment: the recording
     # runs find out whether jax computes the group's outputs.
-    produced = Produced(
-        groups={},
-        seconds=0.0,
-        xla_flags="",
-        provenance={group: current},
-        layout=Layout(1, project.devices),
-    )
+    run = RunnerOutput(arrays={}, class_map=[], provenance=current, order=UNREAD)
+    produced = Produced({group: run}, seconds=0.0, xla_flags="", layout=Layout(1, project.devices))
     goldens = config.stash[GOLDENS]
     return settle_failures([result], produced, project, goldens, origin=origin)[0]
 

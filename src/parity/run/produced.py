@@ -36,7 +36,7 @@ from parity.machinery.launcher import (
     run_producers,
 )
 from parity.machinery.processes import Layout
-from parity.machinery.runner_output import load_runner_output
+from parity.machinery.runner_output import RunnerOutput, load_runner_output
 from parity.machinery.worker import Place
 from parity.results import CheckResult
 
@@ -52,34 +52,59 @@ __all__ = [
 
 @dataclass(frozen=True)
 class Produced:
-    """What one producer run returned.
+    """What one producer run returned: one record per group, as the runner saved it.
 
     **Fields:**
 
-    - `groups`: group -> `{key: array}`, keys in producer (forward) order.
+    - `runs`: group -> what the runner saved for it (`parity.machinery.runner_output.
+      RunnerOutput`: its arrays, keys in producer (forward) order; the provenance of the
+      process that made them, which the drift policy judges against the golden's; how its
+      order was made; why the recorder could not see its programs; the producers' rules).
     - `seconds`: wall time of the run, process start included.
     - `xla_flags`: the XLA flags the run used.
-    - `provenance`: group -> the producer process's provenance (collected where the arrays
-      were made), which the drift policy judges against the golden's.
     - `layout`: processes and devices per process of the run.
-    - `orders`: group -> how its forward order was made (`dataflow`: its outputs were read
-      from its traced program; `declared`: it does not trace, or was not traced; `host`: no
-      jax program computed them; `unread`: not asked for).
-    - `recorders`: group -> why the programs it ran could not be seen (this jax cannot be
-      hooked, or a hook failed: `parity.origin.adapter`), one line; absent where they were.
-    - `stack`, `rename`: the producers' `STACK` and `RENAME`, the stack and rename rules
-      every group is checked with (`parity.judge.stacking`, `parity.judge.renames`).
+
+    The views below read `runs`, one field of every group each.
     """
 
-    groups: dict[str, dict[str, np.ndarray]]
+    runs: dict[str, RunnerOutput]
     seconds: float
     xla_flags: str
-    provenance: dict[str, dict[str, Any]] = field(default_factory=dict)
     layout: Layout = field(default_factory=Layout)
-    orders: dict[str, str] = field(default_factory=dict)
-    recorders: dict[str, str] = field(default_factory=dict)
-    stack: tuple[str, ...] = ()
-    rename: tuple[Any, ...] = ()
+
+    @property
+    def groups(self) -> dict[str, dict[str, np.ndarray]]:
+        """Group -> `{key: array}`, keys in producer (forward) order."""
+        return {g: r.arrays for g, r in self.runs.items()}
+
+    @property
+    def provenance(self) -> dict[str, dict[str, Any]]:
+        """Group -> the producer process's provenance (collected where the arrays were
+        made)."""
+        return {g: r.provenance for g, r in self.runs.items()}
+
+    @property
+    def orders(self) -> dict[str, str]:
+        """Group -> how its forward order was made (`dataflow`: its outputs were read from
+        its traced program; `declared`: it does not trace, or was not traced; `host`: no jax
+        program computed them; `unread`: not asked for)."""
+        return {g: r.order for g, r in self.runs.items()}
+
+    @property
+    def recorders(self) -> dict[str, str]:
+        """Group -> why the programs it ran could not be seen (this jax cannot be hooked, or
+        a hook failed: `parity.origin.adapter`), one line; absent where they were."""
+        return {g: r.recorder for g, r in self.runs.items() if r.recorder}
+
+    @property
+    def stack(self) -> tuple[str, ...]:
+        """The producers' `STACK` (`parity.judge.stacking`), the same for every group."""
+        return next((r.stack for r in self.runs.values()), ())
+
+    @property
+    def rename(self) -> tuple[Any, ...]:
+        """The producers' `RENAME` (`parity.judge.renames`), the same for every group."""
+        return next((r.rename for r in self.runs.values()), ())
 
     def recorder_line(self) -> str:
         """The header's one line where the recorder could not see some group's programs
@@ -186,22 +211,11 @@ def _loaded(
     tmp: Path, config: ParityConfig, command: ProducerCommand, seconds: float, flags: str
 ) -> Produced:
     """What the runner saved in `tmp`, every group, as a `Produced`."""
-    out: dict[str, dict[str, np.ndarray]] = {}
-    provenance: dict[str, dict[str, Any]] = {}
-    orders: dict[str, str] = {}
-    recorders: dict[str, str] = {}
-    stack: tuple[str, ...] = ()
-    rename: tuple[Any, ...] = ()
-    for manifest in sorted(tmp.glob("*.json")):
-        loaded = load_runner_output(tmp, manifest.stem, command=command)
-        stack, rename = loaded.stack, loaded.rename
-        out[manifest.stem] = loaded.arrays
-        provenance[manifest.stem] = loaded.provenance
-        orders[manifest.stem] = loaded.order
-        if loaded.recorder:
-            recorders[manifest.stem] = loaded.recorder
-    layout = Layout(config.processes, config.devices)
-    return Produced(out, seconds, flags, provenance, layout, orders, recorders, stack, rename)
+    runs = {
+        manifest.stem: load_runner_output(tmp, manifest.stem, command=command)
+        for manifest in sorted(tmp.glob("*.json"))
+    }
+    return Produced(runs, seconds, flags, Layout(config.processes, config.devices))
 
 
 def produce(

@@ -375,6 +375,7 @@ def test_a_check_that_needs_its_baseline_compares_each_pair_of_arrays_once(
     import parity.calibrated.bounds
     import parity.judge.compare
     from parity.judge.compare import compare_trees
+    from parity.machinery.runner_output import RunnerOutput
     from parity.run.produced import Produced, check_produced
     from parity.store import open_goldens
     from parity.store.reader import GoldenFile
@@ -414,7 +415,7 @@ def test_a_check_that_needs_its_baseline_compares_each_pair_of_arrays_once(
     monkeypatch.setattr(GoldenFile, "source", tagged)
     monkeypatch.setattr(parity.judge.compare, "compare_arrays", counted)
     monkeypatch.setattr(parity.calibrated.bounds, "compare_arrays", counted)
-    produced = Produced({"g": mutated}, 0.0, "", provenance={"g": elsewhere})
+    produced = Produced({"g": RunnerOutput(mutated, [], elsewhere)}, 0.0, "")
     batch = Batch()
     [result] = check_produced(produced, goldens, baseline=batch)
     monkeypatch.undo()
