@@ -56,9 +56,23 @@ def test_the_checker_finds_a_dangling_module_attribute_and_path() -> None:
 
 
 def test_every_module_and_file_the_source_cites_exists() -> None:
+    cited = [*SRC.rglob("*.py"), *SRC.rglob("README.md")]
     dangling = [
         f"{path.relative_to(ROOT)}: {ref}"
-        for path in sorted(SRC.rglob("*.py"))
+        for path in sorted(cited)
         for ref in _dangling(path.read_text())
     ]
     assert dangling == []
+
+
+def test_every_subpackage_of_parity_says_what_it_owns_and_names_only_its_own_files() -> None:
+    """Each folder of `parity` has a README (what it owns, where to start reading); a file
+    it names in backquotes (`flow.py`) is one of that folder's."""
+    for folder in sorted(p.parent for p in (SRC / "parity").glob("*/__init__.py")):
+        readme = folder / "README.md"
+        assert readme.is_file(), f"{folder.relative_to(ROOT)} has no README.md"
+        text = readme.read_text()
+        assert "**Owns**" in text, readme
+        named = set(re.findall(r"`(\w+\.py)`", text))
+        missing = [n for n in sorted(named) if not (folder / n).is_file()]
+        assert not missing, f"{readme.relative_to(ROOT)} names files it does not hold: {missing}"
