@@ -39,6 +39,7 @@ from parity.judge.fixed_rules import Bitwise
 from parity.judge.floats import largest_finite_abs
 from parity.judge.rule_base import Scale
 from parity.judge.ulp import is_float_dtype, spacing_at, to_float64
+from parity.origin.change import CHANGES, Change, change_of, counterparts
 from parity.origin.record import LocaliseError
 from parity.origin.recording import STATS, Fingerprint, Recording, Value, ordinary
 
@@ -100,7 +101,10 @@ class Origin:
     matched), `position` (its place in dataflow order), `rho` (the matching tolerance) and
     `library` (where the operation runs inside an installed library such as optax, that
     library's frame, `file:line in function`; `file`, `line` and `function` are then the
-    user's own line that called into it).
+    user's own line that called into it), `change` (the kind of change it is against the
+    base's operation that plays its part: `parity.origin.change.CHANGES`; "" where not
+    asked) and `change_detail` (what changed, in one clause: both constants, both values'
+    places).
     """
 
     key: str
@@ -116,6 +120,8 @@ class Origin:
     position: int
     rho: float
     library: str = ""
+    change: str = ""
+    change_detail: str = ""
 
     def describe(self) -> str:
         """One line: the primitive, the source line, the shapes, the difference."""
@@ -135,9 +141,11 @@ class Origin:
         )
         if self.library:  # the operation runs inside an installed library, called from there
             where += f" (inside {self.library})"
+        kind = f"{CHANGES[self.change]}: {self.change_detail}; " if self.change else ""
         return (
-            f"{self.primitive} at {where}: {self.dtype}{list(self.shape)} from ({ins}), {diff}; "
-            f"{self.matched_fraction:.1%} of the new program's values matched (key {self.key})"
+            f"{self.primitive} at {where}: {kind}{self.dtype}{list(self.shape)} from ({ins}), "
+            f"{diff}; {self.matched_fraction:.1%} of the new program's values matched "
+            f"(key {self.key})"
         )
 
     def to_dict(self) -> dict[str, Any]:
@@ -249,6 +257,13 @@ class _Matcher:
             last = found
         return True
 
+    def is_value(self, v: Value, old_id: int) -> bool:
+        """Whether new value `v` matches old value `old_id` itself (whole)."""
+        array = None if self.new.arrays is None else self.new.arrays[v.id]
+        fp = self.new.fingerprints[v.id]
+        found = self.find((v.shape, v.dtype), fp, array, lambda ref: ref == (old_id, -1))
+        return found is not None
+
     def nearest(self, v: Value) -> float | None:
         bucket = self.index.get((v.shape, v.dtype))
         if bucket is None or not len(bucket.refs):
@@ -315,10 +330,27 @@ class Alignment:
         a row of one): `i` is then a changed value, not one of a new kind."""
         return self._matcher.nearest(self.new.values[i]) is not None
 
+    def change(self, i: int, *, root: str | Path | None = None) -> Change:
+        """The kind of change value `i` of the new program is, against the base's operation
+        that plays its part (`parity.origin.change`)."""
+
+        def same(a: int, b: int) -> bool:
+            return self._matcher.is_value(self.new.values[a], b)
+
+        def where(v: Value, old: bool) -> str:
+            file = _in_tree(v.file, root) if old else _relative(v.file, root)
+            return f"{file}:{v.line} in {v.function}" if file else "<no source>"
+
+        pair = self._counterparts.get(i)
+        matched = self.matched
+        return change_of(self.new, self.old, i, pair, same, where, lambda a: bool(matched[a]))
+
     def describe(self, i: int, key: str, *, root: str | Path | None = None) -> Origin:
-        """Value `i` of the new program as the `Origin` of output `key`."""
+        """Value `i` of the new program as the `Origin` of output `key`, with the kind of
+        change it is."""
         values = self.new.values
         v = values[i]
+        change = self.change(i, root=root)
         return Origin(
             key=key,
             primitive=v.primitive,
@@ -333,11 +365,31 @@ class Alignment:
             position=v.id,
             rho=self.rho,
             library=v.library,
+            change=change.kind,
+            change_detail=change.detail,
         )
 
     @functools.cached_property
     def _matcher(self) -> _Matcher:
         return _Matcher(self.new, self.old, self.rho)
+
+    @functools.cached_property
+    def _counterparts(self) -> dict[int, int]:
+        return counterparts(self.new, self.old)
+
+
+def _in_tree(file: str, root: str | Path | None) -> str:
+    """A file of the base's recording (in a worktree since removed) named as the file of
+    `root` it is a copy of: the longest tail of its path that `root` holds; else as
+    recorded."""
+    if not file or root is None:
+        return file
+    parts = Path(file).parts
+    for k in range(1, len(parts)):
+        tail = Path(*parts[k:])
+        if (Path(root) / tail).is_file():
+            return tail.as_posix()
+    return file
 
 
 def _relative(file: str, root: str | Path | None) -> str:

@@ -15,6 +15,7 @@ jax is imported inside these functions only (the caller has it).
 
 from __future__ import annotations
 
+import hashlib
 from pathlib import Path
 from typing import Any
 
@@ -143,6 +144,7 @@ class Interpreter:
         inputs: list[int],
         where: Where,
         source: int | None = None,
+        literals: tuple[tuple[int, str], ...] = (),
     ) -> Ref:
         i = len(self.values)
         ins = tuple(j for j in inputs if j >= 0)
@@ -172,7 +174,7 @@ class Interpreter:
             )
         (file, line, function), library = where
         self.values.append(
-            Value(i, primitive, kind, shape, dtype, ins, file, line, function, library)
+            Value(i, primitive, kind, shape, dtype, ins, file, line, function, library, literals)
         )
         if source is not None:
             self.source[i] = self.source.get(source, source)
@@ -244,7 +246,8 @@ class Interpreter:
             outs = [Aval(v.aval.shape, v.aval.dtype) for v in eqn.outvars]
         kind = "move" if name in MOVES else "op"
         source = self.row_read(eqn, ins) if kind == "move" else None
-        refs = [self.add(o, name, kind, [i for _, i in ins], where, source) for o in outs]
+        literals = tuple((k, _literal(x)) for k, (x, i) in enumerate(ins) if i < 0)
+        refs = [self.add(o, name, kind, [i for _, i in ins], where, source, literals) for o in outs]
         if name == "stack" and params.get("axis") == 0:
             self.stacked[refs[0][1]] = [self.stands_for(i) for _, i in ins]
         return refs
@@ -415,3 +418,13 @@ def _user_frame(eqn: Any) -> Where:
         return user_frame_of(eqn.source_info)
     except Exception:  # a jax without this private API: the values stay unplaced
         return UNPLACED
+
+
+def _literal(x: Any) -> str:
+    """A constant written into a program, in its dtype's own words (`1e-05`, `True`, `3`);
+    a literal of several elements by its shape and the bytes' digest."""
+    a = np.asarray(x)
+    if a.size == 1:
+        return str(a.reshape(())[()])
+    digest = hashlib.blake2b(a.tobytes(), digest_size=4).hexdigest()
+    return f"{a.dtype}{list(a.shape)} #{digest}"

@@ -25,6 +25,7 @@ from __future__ import annotations
 
 import functools
 import hashlib
+import json
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field, replace
 from typing import Any
@@ -54,8 +55,8 @@ BLOCKS = 8
 #: the first two where they average out, moves it).
 STATS = 3 * BLOCKS
 #: The recording format: a file of another one is read as none (`Recording.from_arrays`
-#: callers check `format_of`); 2 added the signed statistic.
-FORMAT = 2
+#: callers check `format_of`); 2 added the signed statistic, 3 each operation's literals.
+FORMAT = 3
 
 #: Value kinds: an equation's result, a data movement of other values (a reshape, a scan's
 #: iteration slice or stacked outputs, ...), a program input, a constant of the program.
@@ -72,7 +73,10 @@ class Value:
     `line`, `function` (the innermost frame of the user's own source: outside jax, parity
     and installed libraries; `""` and 0 where the program does not say), `library` (where
     the operation runs inside an installed library such as optax or equinox, that
-    library's innermost frame as `file:line in function`; else `""`).
+    library's innermost frame as `file:line in function`; else `""`), `literals` (the
+    operands written into the program as constants, `(position among the operands, value
+    in its dtype's own words)`: what `1e-05` an `add` adds, which a changed constant
+    changes).
     """
 
     id: int
@@ -85,6 +89,7 @@ class Value:
     line: int = 0
     function: str = ""
     library: str = ""
+    literals: tuple[tuple[int, str], ...] = ()
 
 
 @dataclass(frozen=True)
@@ -217,6 +222,7 @@ class Recording:
             "meta.file": np.array([x.file for x in v], dtype=str),
             "meta.function": np.array([x.function for x in v], dtype=str),
             "meta.library": np.array([x.library for x in v], dtype=str),
+            "meta.literals": np.array([json.dumps(x.literals) for x in v], dtype=str),
             "meta.line": np.array([x.line for x in v], dtype=np.int64),
             "meta.ndim": np.array([len(x.shape) for x in v], dtype=np.int64),
             "meta.shape": np.array([d for x in v for d in x.shape], dtype=np.int64),
@@ -249,9 +255,22 @@ class Recording:
         inputs = _split(data["meta.inputs"], data["meta.n_inputs"])
         n = len(data["meta.primitive"])
         library = data["meta.library"] if "meta.library" in data else [""] * n
+        literals = [
+            tuple((int(k), str(x)) for k, x in json.loads(str(t))) for t in data["meta.literals"]
+        ]
         values = tuple(
             Value(
-                i, str(p), str(k), shapes[i], str(d), inputs[i], str(f), int(ln), str(fn), str(lib)
+                i,
+                str(p),
+                str(k),
+                shapes[i],
+                str(d),
+                inputs[i],
+                str(f),
+                int(ln),
+                str(fn),
+                str(lib),
+                literals[i],
             )
             for i, (p, k, d, f, ln, fn, lib) in enumerate(
                 zip(

@@ -1,0 +1,193 @@
+"""What kind of change the origin is (issue 58): the operation of the new program that
+first computes what the base never did, held against *its counterpart*, the base's
+operation that plays its part.
+
+**Pairing.** Operations are paired by what a refactor or an edit rarely moves: the
+primitive, the file's name and the function they run in, and their rank among the
+operations of that primitive in that function (the third `mul` run in `rms_norm`, counted
+over every call). Line numbers are left out, so an edit that shifts the lines below it
+still pairs them; a rank that the base has not (a step added) pairs with nothing. Where a
+refactor moved or renamed the function, nothing pairs, and the origin says only where it
+is, as before.
+
+**Kinds,** asked in this order of the origin and its counterpart:
+
+- `constant`: an operand written into the program as a literal (`1e-05`) differs from the
+  counterpart's, or an array the program closed over differs from every array of the
+  base's: both values are said. A module-level constant reaches a program so.
+- `edge`: the operation reads a value that is not the one its counterpart read (a step
+  removed or added before it, a read rewired, two arguments swapped): both values' places
+  are said, the one read and the one the base read.
+- `input`: it reads an input of the recorded programs that differs from the base's (made
+  on the host, outside the programs: a key drawn in a Python loop, data loaded).
+- `operation`: its operands are the counterpart's, and it computes another result (or the
+  base has no such operation here): the operation itself changed.
+
+Nothing here imports jax.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass
+from pathlib import Path
+
+from parity.origin.recording import Recording, Value
+
+__all__ = ["CHANGES", "Change", "change_of", "counterparts"]
+
+#: The kinds of change an origin can be (the module docstring), and the words for each.
+CHANGES = {
+    "constant": "a changed constant",
+    "edge": "a changed edge",
+    "input": "a changed input",
+    "operation": "a changed operation",
+}
+
+
+@dataclass(frozen=True)
+class Change:
+    """The kind of change at an origin (`CHANGES`; "" where none can be said) and what it
+    is, in one clause."""
+
+    kind: str
+    detail: str
+
+    def describe(self) -> str:
+        return f"{CHANGES[self.kind]}: {self.detail}" if self.kind else ""
+
+
+def _place_key(v: Value) -> tuple[str, ...]:
+    return v.primitive, Path(v.file).name, v.function
+
+
+def counterparts(new: Recording, old: Recording) -> dict[int, int]:
+    """New value id -> the id of the base's operation that plays its part (module
+    docstring), for each operation of `new` that has one."""
+    ranks: dict[tuple[str, ...], list[int]] = {}
+    for v in old.values:
+        if v.kind in ("op", "move"):
+            ranks.setdefault(_place_key(v), []).append(v.id)
+    seen: dict[tuple[str, ...], int] = {}
+    out: dict[int, int] = {}
+    for v in new.values:
+        if v.kind not in ("op", "move"):
+            continue
+        k = _place_key(v)
+        rank = seen[k] = seen.get(k, -1) + 1
+        olds = ranks.get(k, [])
+        if rank < len(olds):
+            c = old.values[olds[rank]]
+            if c.shape == v.shape and c.dtype == v.dtype:
+                out[v.id] = c.id
+    return out
+
+
+def change_of(
+    new: Recording,
+    old: Recording,
+    i: int,
+    counterpart: int | None,
+    same: Callable[[int, int], bool],
+    where: Callable[[Value, bool], str],
+    matched: Callable[[int], bool],
+) -> Change:
+    """The kind of change value `i` of `new` is, against its `counterpart` in `old`.
+
+    **Arguments:** `same(new_id, old_id)`, whether a new value is the old one (within the
+    matching tolerance); `where(value, is_old)`, a value's place in words; `matched(new_id)`,
+    whether a new value matched any of the base's.
+    """
+    v = new.values[i]
+    for a in v.inputs:  # a constant or an input no value of the base's equals
+        read = new.values[a]
+        if read.kind in ("const", "input") and not matched(a):
+            return _unequalled(read)
+    if counterpart is None:
+        return _unpaired(new, old, v, same, where)
+    c = old.values[counterpart]
+    mine, theirs = dict(v.literals), dict(c.literals)
+    for k in sorted(set(mine) | set(theirs)):
+        if mine.get(k) != theirs.get(k):
+            return Change(
+                "constant",
+                f"its constant {mine.get(k, 'none')} where the base had {theirs.get(k, 'none')}",
+            )
+    if len(v.inputs) == len(c.inputs):
+        for a, b in zip(v.inputs, c.inputs, strict=True):
+            if same(a, b):
+                continue
+            read = new.values[a]
+            return Change(
+                "edge",
+                f"it reads {_made(new, read, where(read, False))}, where the base read "
+                f"{_made(old, old.values[b], where(old.values[b], True))}",
+            )
+    else:
+        return Change(
+            "edge",
+            f"it reads {len(v.inputs)} values where the base's {c.primitive} read {len(c.inputs)}",
+        )
+    return Change("operation", "its operands are the base's, its result is not")
+
+
+def _unequalled(read: Value) -> Change:
+    """The change of an operation that reads a constant or an input of the programs equal
+    to none of the base's."""
+    shape = f"{read.dtype}{list(read.shape)}"
+    if read.kind == "const":
+        held = f"it reads a constant {shape} the program holds, equal to none of the base's"
+        return Change("constant", held)
+    return Change(
+        "input",
+        f"it reads an input of the programs ({shape}) equal to none of the base's: made on the "
+        "host, outside the programs recorded",
+    )
+
+
+def _unpaired(
+    new: Recording,
+    old: Recording,
+    v: Value,
+    same: Callable[[int, int], bool],
+    where: Callable[[Value, bool], str],
+) -> Change:
+    """The kind of change of an operation the base has no counterpart of: another
+    operation in its place (one of the base's in the same function, of its shape, on the
+    same operands: `sin` where the base ran `tanh`), else a step the base does not take
+    where the base runs that function, else none said (the function is not the base's:
+    code moved or renamed, which the pairing cannot follow)."""
+    here = [
+        c
+        for c in old.values
+        if c.kind == "op" and (Path(c.file).name, c.function) == (Path(v.file).name, v.function)
+    ]
+    if not here:
+        return Change("", "")
+    paired = set(counterparts(new, old).values())
+    for c in here:
+        if c.id in paired or (c.shape, c.dtype) != (v.shape, v.dtype):
+            continue
+        if len(c.inputs) == len(v.inputs) and all(
+            same(a, b) for a, b in zip(v.inputs, c.inputs, strict=True)
+        ):
+            return Change(
+                "operation",
+                f"{v.primitive} where the base ran {c.primitive} (at {where(c, True)}) on the "
+                "same operands",
+            )
+    constants = f" (with the constant {', '.join(x for _, x in v.literals)})" if v.literals else ""
+    return Change(
+        "edge",
+        f"a step the base does not take: it runs no {v.primitive}{constants} here in {v.function}",
+    )
+
+
+def _made(recording: Recording, v: Value, place: str) -> str:
+    """A value read, in words: what made it and where (an input by its number, counted
+    from 1 in the order the programs take them)."""
+    shape = f"{v.dtype}{list(v.shape)}"
+    if v.kind in ("input", "const"):
+        n = 1 + sum(1 for u in recording.values[: v.id] if u.kind == v.kind)
+        return f"{'input' if v.kind == 'input' else 'constant'} {n} of the programs ({shape})"
+    return f"the {v.primitive} {shape} made at {place}"

@@ -1,0 +1,128 @@
+"""The kind of change at the origin (issue 58, `parity.origin.change`): a changed constant,
+a changed edge (a step removed or added, two arguments swapped, a read rewired) and a
+changed operation, each named with what changed, on two copies of one small model file
+(the base's and the edited one, the same file name and function names, as a golden check
+sees them), through `parity.localise`.
+"""
+
+from __future__ import annotations
+
+import importlib.util
+import itertools
+from pathlib import Path
+from types import ModuleType
+
+import jax
+import pytest
+
+import parity
+from parity.origin.change import CHANGES
+
+#: The base's model: a module-level constant, a norm, an MLP called with its two weights.
+MODEL = """\
+import jax.numpy as jnp
+
+EPS = 1e-5
+
+
+def norm(x):
+    return x / jnp.sqrt(jnp.mean(x * x, axis=-1, keepdims=True) + EPS)
+
+
+def mlp(h, up, down):
+    return jnp.tanh(h @ up) @ down
+
+
+def forward(x, up, down, table):
+    h = norm(x)
+    h = mlp(h, up, down)
+    return {"y": h + table[1]}
+"""
+
+#: One edit per kind: (old text, new text, the kind, words the detail must hold).
+EDITS = {
+    "constant": ("EPS = 1e-5", "EPS = 1e-6", "constant", ["1e-06", "1e-05"]),
+    "removed step": ("    h = norm(x)\n", "    h = x\n", "edge", ["input 1", "in norm"]),
+    "swapped": ("mlp(h, up, down)\n    return", "mlp(h, down, up)\n    return", "edge",
+                ["input 3", "input 2"]),
+    "rewired": ("table[1]", "table[0]", "edge", ["in forward", "base/model.py"]),
+    "added step": ("    h = mlp(h, up, down)\n", "    h = jnp.tanh(mlp(h, up, down))\n", "edge",
+                   ["a step the base does not take", "no tanh here in forward"]),
+    "operation": ("jnp.tanh(h @ up)", "jnp.sin(h @ up)", "operation",
+                  ["sin where the base ran tanh", "base/model.py"]),
+}  # fmt: skip
+
+_names = itertools.count()
+
+
+def _module(folder: Path, text: str) -> ModuleType:
+    """`text` as `folder/model.py`, imported under a name of its own."""
+    folder.mkdir()
+    path = folder / "model.py"
+    path.write_text(text)
+    spec = importlib.util.spec_from_file_location(f"_model_{next(_names)}", path)
+    assert spec is not None and spec.loader is not None
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+def _inputs() -> tuple[jax.Array, ...]:
+    keys = jax.random.split(jax.random.PRNGKey(0), 4)
+    return (
+        jax.random.normal(keys[0], (4, 8)),
+        jax.random.normal(keys[1], (8, 8)),
+        jax.random.normal(keys[2], (8, 8)),
+        jax.random.normal(keys[3], (3, 8)),
+    )
+
+
+@pytest.mark.parametrize("edit", list(EDITS))
+def test_each_kind_of_edit_is_named_with_what_changed(tmp_path: Path, edit: str) -> None:
+    before, after, kind, words = EDITS[edit]
+    assert MODEL.count(before) == 1
+    old = _module(tmp_path / "base", MODEL)
+    # Three lines more at the top: every line below moves, and the pairing holds.
+    new = _module(tmp_path / "tree", "# edited\n# copy\n# here\n" + MODEL.replace(before, after))
+    loc = parity.localise(new.forward, old.forward, *_inputs(), root=tmp_path)
+    assert loc.named, loc.line
+    origin = loc.origin
+    assert origin is not None
+    assert origin.change == kind, loc.line
+    assert all(w in origin.change_detail for w in words), origin.change_detail
+    assert f"{CHANGES[kind]}: {origin.change_detail}" in loc.line
+
+
+def test_a_changed_constant_is_named_at_the_line_that_uses_it(tmp_path: Path) -> None:
+    """A module-level constant is not in the program: its value is, at the line using it."""
+    old = _module(tmp_path / "base", MODEL)
+    new = _module(tmp_path / "tree", MODEL.replace("EPS = 1e-5", "EPS = 1e-6"))
+    origin = parity.localise(new.forward, old.forward, *_inputs(), root=tmp_path).origin
+    assert origin is not None
+    uses = next(n for n, t in enumerate(MODEL.splitlines(), 1) if "+ EPS)" in t)
+    assert (origin.file, origin.line, origin.function) == ("tree/model.py", uses, "norm")
+
+
+def test_an_edge_names_the_place_of_the_value_the_base_read(tmp_path: Path) -> None:
+    """A step removed: the MLP reads the input where the base read the norm's output, made
+    at the base's own line in `norm` (before the three lines the edit added above it)."""
+    old = _module(tmp_path / "base", MODEL)
+    new = _module(
+        tmp_path / "tree", "#\n#\n#\n" + MODEL.replace("    h = norm(x)\n", "    h = x\n")
+    )
+    origin = parity.localise(new.forward, old.forward, *_inputs(), root=tmp_path).origin
+    assert origin is not None and origin.change == "edge"
+    norm_line = next(n for n, t in enumerate(MODEL.splitlines(), 1) if "return x / jnp" in t)
+    assert f"made at base/model.py:{norm_line} in norm" in origin.change_detail
+
+
+def test_the_kind_travels_in_the_origins_json(tmp_path: Path) -> None:
+    old = _module(tmp_path / "base", MODEL)
+    new = _module(tmp_path / "tree", MODEL.replace("jnp.tanh(h", "jnp.sin(h"))
+    loc = parity.localise(new.forward, old.forward, *_inputs(), root=tmp_path)
+    back = parity.Localisation.from_dict(loc.to_dict())
+    assert back.origin is not None and loc.origin is not None
+    assert (back.origin.change, back.origin.change_detail) == (
+        loc.origin.change,
+        loc.origin.change_detail,
+    )
