@@ -13,8 +13,9 @@ runs three times with a private cache of baselines: `--origin off` (the verdict 
 then with the origin with an empty cache (the base re-produced and recorded), then again
 with the base's recording cached. Printed per bug: how many producer runs each started
 (the tree, the base, the recordings), the exit code, the origin's
-`file:line in function` (and the library frame where the operation runs inside one) and
-whether that function is the one holding the changed line, the seconds of each run, and the
+`file:line in function` (and the library frame where the operation runs inside one), the
+kind of change it is and the frames that called it (issue 58), and whether that function is
+the one holding the changed line, the seconds of each run, and the
 largest resident memory of any process the runs started (`RUSAGE_CHILDREN`).
 
     XLA_FLAGS=--xla_cpu_max_isa=AVX2 .venv/bin/python tools/bench_origin.py [--only NAME]
@@ -148,6 +149,10 @@ def run(bug: Bug) -> None:
           f"(+{cached_s - verdict_s:.1f}); peak RSS of a child so far {peak:.0f} MiB")  # fmt: skip
     print(f"{'':18s} producer runs: verdict {verdict_n}, with origin cold {cold_n}, "
           f"base cached {cached_n}")  # fmt: skip
+    if origin and origin.get("change"):  # the kind of change (issue 58) and the frames above
+        print(f"{'':18s} {origin['change']}: {origin['change_detail']}")
+    if origin and len(origin.get("chain") or ()) > 1:
+        print(f"{'':18s} called from {' < '.join(origin['chain'][1:4])}")
     if not origin:
         print(f"{'':18s} {line}")
     elif origin.get("beyond"):

@@ -103,6 +103,9 @@ def test_an_epsilon_change_on_the_real_goldens_is_named_in_rms_norm(tmp_path: Pa
     origin = check["origin"]
     assert origin is not None, check["origin_line"]
     assert (origin["file"], origin["function"], origin["line"]) == (NN, "rms_norm", line)
+    # The kind of change (issue 58): the epsilon reaches the program as the add's literal.
+    assert origin["change"] == "constant", origin
+    assert "where the base had" in origin["change_detail"], origin
     assert "declared" not in stdout, stdout
     logits = [f for f in doc["findings"] if f["key"].split("/")[-1].startswith("logits.")]
     assert logits and all(f["class"] == "op_by_op" for f in logits), logits
@@ -128,6 +131,9 @@ def test_a_mask_key_change_in_training_is_named_at_its_line_through_a_train_grou
         line = _line_of(tree, MASKS, MASK_AFTER)
     assert (origin["file"], origin["line"]) == (MASKS, line), origin
     assert origin["function"].split(".<locals>")[0] == "stochastic_masks_by_kind", origin
+    print(f"origin: {origin['change']}: {origin['change_detail']}; chain {origin['chain']}")
+    assert origin["change"], origin  # a kind of change is said (issue 58)
+    assert any("src/decomp/" in f for f in origin["chain"][1:]), origin  # and who called it
 
 
 def _recorded_order(edit: object) -> tuple[dict[str, np.ndarray], list[str]]:

@@ -331,7 +331,7 @@ def test_the_walk_tells_the_story_the_guide_tells(walked) -> None:
     assert f"origin: dot_general at {done.project}/src/tinymlp/__init__.py:{bug[0]} in " in (
         named.output
     )
-    assert "in forward.<locals>.dense: " in named.output
+    assert "in forward.<locals>.dense, called from " in named.output  # its callers follow
 
     status = done.step("done", "git status").output.splitlines()
     assert status and all(line.startswith("!! ") for line in status), status

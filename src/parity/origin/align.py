@@ -50,6 +50,9 @@ __all__ = ["ARRANGING", "Alignment", "Origin", "align", "matching_tolerance"]
 #: `[-x2, x1]`, a shifted gather) are another value, so these match by value only.
 ARRANGING = frozenset({"concatenate", "pad", "gather", "rev", "dynamic_update_slice"})
 
+#: How many of the frames that led to the origin its line shows (the JSON has them all).
+_CHAIN_SHOWN = 3
+
 Key = tuple[tuple[int, ...], str]
 Ref = tuple[int, int]  # (old value id, row; -1 for the whole value)
 
@@ -104,7 +107,9 @@ class Origin:
     user's own line that called into it), `change` (the kind of change it is against the
     base's operation that plays its part: `parity.origin.change.CHANGES`; "" where not
     asked) and `change_detail` (what changed, in one clause: both constants, both values'
-    places).
+    places), `chain` (the user's own frames that led to the operation, innermost first, each
+    `file:line in function`, paths relative to the root: the function a changed argument
+    was passed from reads there).
     """
 
     key: str
@@ -122,6 +127,7 @@ class Origin:
     library: str = ""
     change: str = ""
     change_detail: str = ""
+    chain: tuple[str, ...] = ()
 
     def describe(self) -> str:
         """One line: the primitive, the source line, the shapes, the difference."""
@@ -141,6 +147,10 @@ class Origin:
         )
         if self.library:  # the operation runs inside an installed library, called from there
             where += f" (inside {self.library})"
+        if len(self.chain) > 1:  # the frames that led there, the nearest first
+            outer = self.chain[1 : 1 + _CHAIN_SHOWN]
+            more = " < ..." if len(self.chain) > 1 + _CHAIN_SHOWN else ""
+            where += f", called from {' < '.join(outer)}{more}"
         kind = f"{CHANGES[self.change]}: {self.change_detail}; " if self.change else ""
         return (
             f"{self.primitive} at {where}: {kind}{self.dtype}{list(self.shape)} from ({ins}), "
@@ -367,6 +377,7 @@ class Alignment:
             library=v.library,
             change=change.kind,
             change_detail=change.detail,
+            chain=tuple(_relative_frame(f, root) for f in v.chain),
         )
 
     @functools.cached_property
@@ -376,6 +387,14 @@ class Alignment:
     @functools.cached_property
     def _counterparts(self) -> dict[int, int]:
         return counterparts(self.new, self.old)
+
+
+def _relative_frame(frame: str, root: str | Path | None) -> str:
+    """A frame `file:line in function` with its file relative to `root` where inside it."""
+    if root is None:
+        return frame
+    prefix = f"{Path(root).resolve().as_posix()}/"
+    return frame.removeprefix(prefix) if frame.startswith(prefix) else frame
 
 
 def _in_tree(file: str, root: str | Path | None) -> str:

@@ -136,7 +136,9 @@ def _unequalled(read: Value) -> Change:
     to none of the base's."""
     shape = f"{read.dtype}{list(read.shape)}"
     if read.kind == "const":
-        held = f"it reads a constant {shape} the program holds, equal to none of the base's"
+        numbers = dict(read.literals).get(-1)
+        shown = f" {numbers}" if numbers else ""
+        held = f"it reads a constant {shape}{shown} the program holds, equal to none of the base's"
         return Change("constant", held)
     return Change(
         "input",

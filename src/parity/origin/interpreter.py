@@ -89,8 +89,14 @@ class LocaliseError(ParityError, ValueError):
 Ref = tuple[Any, int]  # (array, value id; -1 for a literal)
 Frame = tuple[str, int, str]  # (file, line, function); ("", 0, "") where unknown
 _NOWHERE: Frame = ("", 0, "")
-Where = tuple[Frame, str]  # the user's own frame, and the library's frame as a line ("" if none)
-UNPLACED: Where = (_NOWHERE, "")
+#: The user's own frame, the library's frame as a line ("" if none), and the chain of the
+#: user's own frames, innermost first, each `file:line in function`, joined by "\n".
+Where = tuple[Frame, str, str]
+UNPLACED: Where = (_NOWHERE, "", "")
+#: The most of the user's own frames a value's chain keeps (innermost first).
+CHAIN_FRAMES = 8
+#: The most elements of a constant the program holds whose numbers are kept in words.
+SMALL_CONSTANT = 16
 
 #: Moves that pass one operand's numbers on whole (cast, reshape, ...; not a slice of it):
 #: the result *is* that operand as far as the dataflow order is concerned.
@@ -135,6 +141,7 @@ class Interpreter:
         self.stacked: dict[int, list[int]] = {}
         self.consts: dict[int, tuple[Any, Ref]] = {}
         self.frames: dict[int, Where] = {}
+        self.chains: dict[tuple[str, str], str] = {}
 
     def add(
         self,
@@ -172,9 +179,22 @@ class Interpreter:
                 tuple(x.shape),
                 str(np.dtype(x.dtype)) if _plain(x.dtype) else str(x.dtype),
             )
-        (file, line, function), library = where
+        (file, line, function), library, chain = where
         self.values.append(
-            Value(i, primitive, kind, shape, dtype, ins, file, line, function, library, literals)
+            Value(
+                i,
+                primitive,
+                kind,
+                shape,
+                dtype,
+                ins,
+                file,
+                line,
+                function,
+                library,
+                literals,
+                tuple(chain.split("\n")) if chain else (),
+            )
         )
         if source is not None:
             self.source[i] = self.source.get(source, source)
@@ -192,15 +212,31 @@ class Interpreter:
 
     def frame(self, eqn: Any, outer: Where) -> Where:
         """`eqn`'s own user frame; else (an equation of a body jax traced, such as
-        `jnp.where`'s, whose traceback stops at the call) the frame of the call."""
+        `jnp.where`'s, whose traceback stops at the call) the frame of the call. Its chain
+        goes on with the frames that led to the call (a jitted program's traceback stops at
+        its own function: the chain reaches the caller through the program's frame)."""
         if id(eqn) not in self.frames:
             self.frames[id(eqn)] = _user_frame(eqn)
-        return self.frames[id(eqn)] if self.frames[id(eqn)][0][0] else outer
+        own = self.frames[id(eqn)]
+        if not own[0][0]:
+            return outer
+        if not outer[2]:
+            return own
+        key = (own[2], outer[2])
+        if key not in self.chains:
+            mine = own[2].split("\n")
+            more = [f for f in outer[2].split("\n") if f not in mine]
+            self.chains[key] = "\n".join((mine + more)[:CHAIN_FRAMES])
+        return own[0], own[1], self.chains[key]
 
     def const(self, c: Any, where: Where) -> Ref:
         if id(c) not in self.consts:  # the object is kept alive by the entry
             value = c if self.evaluate else Aval(shape_of(c), dtype_of(c))
-            self.consts[id(c)] = (c, self.add(value, "const", "const", [], where))
+            # A small constant keeps its numbers in words (position -1: the value itself),
+            # so that a changed one can be said with both values.
+            small = self.evaluate and int(np.prod(shape_of(c))) <= SMALL_CONSTANT
+            words = ((-1, _literal(to_host(c))),) if small else ()
+            self.consts[id(c)] = (c, self.add(value, "const", "const", [], where, None, words))
         return self.consts[id(c)][1]
 
     def run(self, jaxpr: Any, consts: list[Ref], args: list[Ref], outer: Where) -> list[Ref]:
@@ -393,12 +429,15 @@ _LIBRARIES = ("site-packages", "dist-packages")
 
 def user_frame_of(source_info: Any) -> Where:
     """The user's own frame of a jax `SourceInfo` (the innermost outside jax, parity and
-    installed libraries) and, where the innermost frame outside jax and parity lies in an
-    installed library (optax, equinox), that frame as `file:line in function`."""
+    installed libraries); where the innermost frame outside jax and parity lies in an
+    installed library (optax, equinox), that frame as `file:line in function`; and the
+    chain of the user's own frames that led there, innermost first (`CHAIN_FRAMES` at
+    most)."""
     from parity.origin.adapter import user_frames
 
     own: Frame | None = None
     library = ""
+    chain: list[str] = []
     for frame in user_frames(source_info):
         file = str(Path(frame.file_name).resolve())
         if file.startswith(_PARITY):
@@ -407,9 +446,12 @@ def user_frame_of(source_info: Any) -> Where:
             if own is None and not library:
                 library = f"{frame.file_name}:{frame.start_line} in {frame.function_name}"
             continue
-        own = (frame.file_name, int(frame.start_line), frame.function_name)
-        break
-    return (own or _NOWHERE), library
+        if own is None:
+            own = (frame.file_name, int(frame.start_line), frame.function_name)
+        chain.append(f"{frame.file_name}:{frame.start_line} in {frame.function_name}")
+        if len(chain) == CHAIN_FRAMES:
+            break
+    return (own or _NOWHERE), library, "\n".join(chain)
 
 
 def _user_frame(eqn: Any) -> Where:
@@ -426,5 +468,7 @@ def _literal(x: Any) -> str:
     a = np.asarray(x)
     if a.size == 1:
         return str(a.reshape(())[()])
+    if a.size <= SMALL_CONSTANT:
+        return np.array2string(a.reshape(-1), separator=" ", max_line_width=10_000)
     digest = hashlib.blake2b(a.tobytes(), digest_size=4).hexdigest()
     return f"{a.dtype}{list(a.shape)} #{digest}"

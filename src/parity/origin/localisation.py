@@ -151,6 +151,7 @@ class Localisation:
                 o["shape"] = tuple(o["shape"])
                 o["input_shapes"] = tuple(tuple(s) for s in o["input_shapes"])
                 o["max_diff"] = None if o["max_diff"] is None else float(o["max_diff"])
+                o["chain"] = tuple(o.get("chain", ()))
                 kwargs[name] = Origin(**o)
         return cls(**kwargs)
 

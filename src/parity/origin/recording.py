@@ -55,7 +55,8 @@ BLOCKS = 8
 #: the first two where they average out, moves it).
 STATS = 3 * BLOCKS
 #: The recording format: a file of another one is read as none (`Recording.from_arrays`
-#: callers check `format_of`); 2 added the signed statistic, 3 each operation's literals.
+#: callers check `format_of`); 2 added the signed statistic, 3 each operation's literals and
+#: call chain.
 FORMAT = 3
 
 #: Value kinds: an equation's result, a data movement of other values (a reshape, a scan's
@@ -76,7 +77,8 @@ class Value:
     library's innermost frame as `file:line in function`; else `""`), `literals` (the
     operands written into the program as constants, `(position among the operands, value
     in its dtype's own words)`: what `1e-05` an `add` adds, which a changed constant
-    changes).
+    changes), `chain` (the user's own frames that led to it, innermost first, each
+    `file:line in function`: where an argument changed at a call site shows).
     """
 
     id: int
@@ -90,6 +92,7 @@ class Value:
     function: str = ""
     library: str = ""
     literals: tuple[tuple[int, str], ...] = ()
+    chain: tuple[str, ...] = ()
 
 
 @dataclass(frozen=True)
@@ -215,6 +218,10 @@ class Recording:
         """The recording as a flat `{name: numpy array}` dict (`np.savez(path, **it)`);
         `Recording.from_arrays` reads it back."""
         v = self.values
+        chain_ids: dict[tuple[str, ...], int] = {}
+        for x in v:
+            chain_ids.setdefault(x.chain, len(chain_ids))
+        chains = ["\n".join(c) for c in chain_ids]
         out: dict[str, np.ndarray] = {
             "meta.primitive": np.array([x.primitive for x in v], dtype=str),
             "meta.kind": np.array([x.kind for x in v], dtype=str),
@@ -223,6 +230,9 @@ class Recording:
             "meta.function": np.array([x.function for x in v], dtype=str),
             "meta.library": np.array([x.library for x in v], dtype=str),
             "meta.literals": np.array([json.dumps(x.literals) for x in v], dtype=str),
+            # Chains repeat (one per place and call path): a table, and an index per value.
+            "meta.chains": np.array(chains, dtype=str),
+            "meta.chain": np.array([chain_ids[x.chain] for x in v], dtype=np.int64),
             "meta.line": np.array([x.line for x in v], dtype=np.int64),
             "meta.ndim": np.array([len(x.shape) for x in v], dtype=np.int64),
             "meta.shape": np.array([d for x in v for d in x.shape], dtype=np.int64),
@@ -258,6 +268,7 @@ class Recording:
         literals = [
             tuple((int(k), str(x)) for k, x in json.loads(str(t))) for t in data["meta.literals"]
         ]
+        chains = [tuple(str(c).split("\n")) if str(c) else () for c in data["meta.chains"]]
         values = tuple(
             Value(
                 i,
@@ -271,6 +282,7 @@ class Recording:
                 str(fn),
                 str(lib),
                 literals[i],
+                chains[int(data["meta.chain"][i])],
             )
             for i, (p, k, d, f, ln, fn, lib) in enumerate(
                 zip(

@@ -33,9 +33,14 @@ def mlp(h, up, down):
     return jnp.tanh(h @ up) @ down
 
 
+def scaled(h, by):
+    return h * by
+
+
 def forward(x, up, down, table):
     h = norm(x)
     h = mlp(h, up, down)
+    h = scaled(h, 0.5)
     return {"y": h + table[1]}
 """
 
@@ -43,7 +48,7 @@ def forward(x, up, down, table):
 EDITS = {
     "constant": ("EPS = 1e-5", "EPS = 1e-6", "constant", ["1e-06", "1e-05"]),
     "removed step": ("    h = norm(x)\n", "    h = x\n", "edge", ["input 1", "in norm"]),
-    "swapped": ("mlp(h, up, down)\n    return", "mlp(h, down, up)\n    return", "edge",
+    "swapped": ("mlp(h, up, down)\n    h = scaled", "mlp(h, down, up)\n    h = scaled", "edge",
                 ["input 3", "input 2"]),
     "rewired": ("table[1]", "table[0]", "edge", ["in forward", "base/model.py"]),
     "added step": ("    h = mlp(h, up, down)\n", "    h = jnp.tanh(mlp(h, up, down))\n", "edge",
@@ -126,3 +131,21 @@ def test_the_kind_travels_in_the_origins_json(tmp_path: Path) -> None:
         loc.origin.change,
         loc.origin.change_detail,
     )
+
+
+def test_an_argument_changed_at_a_call_site_reads_in_the_call_chain(tmp_path: Path) -> None:
+    """`scaled(h, 0.5)` -> `scaled(h, 0.25)`: the changed constant is the multiplication's in
+    `scaled`, and the frame that called it is the edited line of `forward`."""
+    old = _module(tmp_path / "base", MODEL)
+    new = _module(tmp_path / "tree", MODEL.replace("scaled(h, 0.5)", "scaled(h, 0.25)"))
+    loc = parity.localise(new.forward, old.forward, *_inputs(), root=tmp_path)
+    origin = loc.origin
+    assert origin is not None and origin.change == "constant", loc.line
+    assert "0.25" in origin.change_detail and "0.5" in origin.change_detail
+    call = next(n for n, t in enumerate(MODEL.splitlines(), 1) if "scaled(h, 0.5)" in t)
+    own = next(n for n, t in enumerate(MODEL.splitlines(), 1) if "return h * by" in t)
+    assert origin.chain[:2] == (
+        f"tree/model.py:{own} in scaled",
+        f"tree/model.py:{call} in forward",
+    )
+    assert f"called from tree/model.py:{call} in forward" in loc.line
