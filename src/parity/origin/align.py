@@ -39,7 +39,7 @@ from parity.judge.fixed_rules import Bitwise
 from parity.judge.floats import largest_finite_abs
 from parity.judge.rule_base import Scale
 from parity.judge.ulp import is_float_dtype, spacing_at, to_float64
-from parity.origin.change import CHANGES, Change, change_of, counterparts
+from parity.origin.change import CHANGES, Change, change_of, counterparts, edited
 from parity.origin.record import LocaliseError
 from parity.origin.recording import STATS, Fingerprint, Recording, Value, ordinary
 
@@ -354,6 +354,17 @@ class Alignment:
         pair = self._counterparts.get(i)
         matched = self.matched
         return change_of(self.new, self.old, i, pair, same, where, lambda a: bool(matched[a]))
+
+    def edited(self, i: int) -> int:
+        """Where the edit is, from the first value `i` that equals none of the base's
+        (`parity.origin.change.edited`: back through values computed from other data than
+        their counterparts')."""
+        pairs = self._counterparts
+
+        def same(a: int, b: int) -> bool:
+            return self._matcher.is_value(self.new.values[a], b)
+
+        return edited(self.new, self.old, i, pairs, same)
 
     def describe(self, i: int, key: str, *, root: str | Path | None = None) -> Origin:
         """Value `i` of the new program as the `Origin` of output `key`, with the kind of

@@ -128,7 +128,9 @@ def locate(
         ]:
             changed = min(fed)
     first = changed if changed is not None else (moved or computed or sorted(reached))[0]
-    origin = exact.describe(first, key, root=root)
+    # Back from where values first equal nothing to where they were first computed from
+    # other data than the base's (issue 58: a changed key is named where it is made).
+    origin = exact.describe(exact.edited(first), key, root=root)
     beyond = origin if loose is None else loose.origin(key, root=root)
     counted = np.array([v.kind != "input" for v in new.values])
     matched = exact.matched[counted].astype(np.float64)

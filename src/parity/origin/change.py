@@ -34,7 +34,7 @@ from pathlib import Path
 
 from parity.origin.recording import Recording, Value
 
-__all__ = ["CHANGES", "Change", "change_of", "counterparts"]
+__all__ = ["CHANGES", "Change", "change_of", "counterparts", "edited"]
 
 #: The kinds of change an origin can be (the module docstring), and the words for each.
 CHANGES = {
@@ -83,6 +83,39 @@ def counterparts(new: Recording, old: Recording) -> dict[int, int]:
     return out
 
 
+def edited(
+    new: Recording,
+    old: Recording,
+    i: int,
+    pairs: dict[int, int],
+    same: Callable[[int, int], bool],
+) -> int:
+    """Where the edit is, from the first value `i` that equals none of the base's: back up
+    through each operand that is not its counterpart's operand while that operand is not
+    its own counterpart's value either, though it equals some other value of the base's (a
+    key folded with step 1 at step 0: every value made from it is the base's value of
+    step 1, and only where it meets a value of step 0 does one equal nothing). The walk
+    ends at the operation that reads what its counterpart did not: the edit."""
+    seen: set[int] = set()
+    while i not in seen:
+        seen.add(i)
+        c = pairs.get(i)
+        if c is None:
+            return i
+        v, cv = new.values[i], old.values[c]
+        if len(v.inputs) != len(cv.inputs) or dict(v.literals) != dict(cv.literals):
+            return i
+        moved = [a for a, b in zip(v.inputs, cv.inputs, strict=True) if not same(a, b)]
+        if not moved:
+            return i
+        a = moved[0]
+        pa = pairs.get(a)
+        if pa is None or new.values[a].kind not in ("op", "move") or same(a, pa):
+            return i
+        i = a
+    return i
+
+
 def change_of(
     new: Recording,
     old: Recording,
@@ -117,7 +150,15 @@ def change_of(
         for a, b in zip(v.inputs, c.inputs, strict=True):
             if same(a, b):
                 continue
-            read = new.values[a]
+            read, was = new.values[a], old.values[b]
+            if read.kind == was.kind == "input" and _number(new, read) == _number(old, was):
+                now, then = dict(read.literals).get(-1), dict(was.literals).get(-1)
+                held = f"{now} where the base's was {then}" if now and then else "other numbers"
+                return Change(
+                    "input",
+                    f"its input {_number(new, read)} of the programs ({read.dtype}"
+                    f"{list(read.shape)}, made on the host) holds {held}",
+                )
             return Change(
                 "edge",
                 f"it reads {_made(new, read, where(read, False))}, where the base read "
@@ -128,6 +169,12 @@ def change_of(
             "edge",
             f"it reads {len(v.inputs)} values where the base's {c.primitive} read {len(c.inputs)}",
         )
+    if v.kind == "move":  # a slice, gather or reshape of the same operands: another part
+        return Change(
+            "edge",
+            f"it reads another part of the same operand than the base's {c.primitive} read "
+            f"({where(c, True)})",
+        )
     return Change("operation", "its operands are the base's, its result is not")
 
 
@@ -135,15 +182,15 @@ def _unequalled(read: Value) -> Change:
     """The change of an operation that reads a constant or an input of the programs equal
     to none of the base's."""
     shape = f"{read.dtype}{list(read.shape)}"
+    numbers = dict(read.literals).get(-1)
+    shown = f" {numbers}" if numbers else ""
     if read.kind == "const":
-        numbers = dict(read.literals).get(-1)
-        shown = f" {numbers}" if numbers else ""
         held = f"it reads a constant {shape}{shown} the program holds, equal to none of the base's"
         return Change("constant", held)
     return Change(
         "input",
-        f"it reads an input of the programs ({shape}) equal to none of the base's: made on the "
-        "host, outside the programs recorded",
+        f"it reads an input of the programs ({shape}{shown}) equal to none of the base's: made "
+        "on the host, outside the programs recorded",
     )
 
 
@@ -190,6 +237,11 @@ def _made(recording: Recording, v: Value, place: str) -> str:
     from 1 in the order the programs take them)."""
     shape = f"{v.dtype}{list(v.shape)}"
     if v.kind in ("input", "const"):
-        n = 1 + sum(1 for u in recording.values[: v.id] if u.kind == v.kind)
-        return f"{'input' if v.kind == 'input' else 'constant'} {n} of the programs ({shape})"
+        what = "input" if v.kind == "input" else "constant"
+        return f"{what} {_number(recording, v)} of the programs ({shape})"
     return f"the {v.primitive} {shape} made at {place}"
+
+
+def _number(recording: Recording, v: Value) -> int:
+    """An input's (or a constant's) number among the programs' own, counted from 1."""
+    return 1 + sum(1 for u in recording.values[: v.id] if u.kind == v.kind)

@@ -95,7 +95,7 @@ Where = tuple[Frame, str, str]
 UNPLACED: Where = (_NOWHERE, "", "")
 #: The most of the user's own frames a value's chain keeps (innermost first).
 CHAIN_FRAMES = 8
-#: The most elements of a constant the program holds whose numbers are kept in words.
+#: The most elements of an input or a constant whose numbers are kept in words.
 SMALL_CONSTANT = 16
 
 #: Moves that pass one operand's numbers on whole (cast, reshape, ...; not a slice of it):
@@ -159,6 +159,10 @@ class Interpreter:
             _flush()
         if self.evaluate:
             host = to_host(x)
+            if kind in ("input", "const") and host.size <= SMALL_CONSTANT:
+                # A small input or constant keeps its numbers in words (position -1: the
+                # value itself), so that a changed one can be said with both values.
+                literals = ((-1, _literal(host)),)
             self.nbytes += host.nbytes
             if self.max_bytes is not None and self.nbytes > self.max_bytes:
                 raise LocaliseError(
@@ -232,11 +236,7 @@ class Interpreter:
     def const(self, c: Any, where: Where) -> Ref:
         if id(c) not in self.consts:  # the object is kept alive by the entry
             value = c if self.evaluate else Aval(shape_of(c), dtype_of(c))
-            # A small constant keeps its numbers in words (position -1: the value itself),
-            # so that a changed one can be said with both values.
-            small = self.evaluate and int(np.prod(shape_of(c))) <= SMALL_CONSTANT
-            words = ((-1, _literal(to_host(c))),) if small else ()
-            self.consts[id(c)] = (c, self.add(value, "const", "const", [], where, None, words))
+            self.consts[id(c)] = (c, self.add(value, "const", "const", [], where))
         return self.consts[id(c)][1]
 
     def run(self, jaxpr: Any, consts: list[Ref], args: list[Ref], outer: Where) -> list[Ref]:
