@@ -3,7 +3,7 @@ naming the origin costs (issue 47): the producers here do not trace as a whole, 
 origin rests on the programs they run being recorded (docs/design.md, "The unit is the
 programs a producer runs").
 
-For each bug (five in the forward, four in the training code), the working tree's tracked
+For each bug (nine in the forward, four in the training code), the working tree's tracked
 files are copied over a temporary worktree of HEAD (the goldens' base commit is in the
 history; the user's checkout is never touched), the bug is applied, and
 
@@ -70,6 +70,17 @@ BUGS = (
         "/ math.sqrt(head_dim + 1)", "attention"),
     Bug("rotate-half sign", "forward_llama", NN, "jnp.concatenate([-x2, x1], axis=-1)",
         "jnp.concatenate([x2, x1], axis=-1)", "_rotate_half"),
+    # Issue 58's kinds of edit: a step removed, a read rewired, two arguments swapped at a
+    # call site, an argument changed at a call site (named inside the callee, the call in
+    # the chain).
+    Bug("removed step", "forward_llama", GLU,
+        'mlp_in = nn.rms_norm(post, layer["ln2"], cfg.rms_norm_eps)', "mlp_in = post", "_block"),
+    Bug("rewired read", "forward_llama", GLU, 'k = site("k", h1)', 'k = site("k", x)', "_block"),
+    Bug("swapped arguments", "forward_llama", GLU, "nn.apply_rope(q, cos, sin)",
+        "nn.apply_rope(q, sin, cos)", "_block"),
+    Bug("call-site argument", "forward_llama", GLU,
+        'h1 = nn.rms_norm(x, layer["ln1"], cfg.rms_norm_eps)',
+        'h1 = nn.rms_norm(x, layer["ln1"], 2 * cfg.rms_norm_eps)', "_block"),
     Bug("mask key", "train_remat_nothing", "src/decomp/masks.py",
         "jax.random.fold_in(key, i))(jnp.asarray(positions))",
         "jax.random.fold_in(key, i + 1))(jnp.asarray(positions))", "stochastic_masks_by_kind"),
@@ -138,9 +149,13 @@ def run(bug: Bug) -> None:
         where += f" [{origin['primitive']}]" + (
             f" (in {origin['library']})" if origin.get("library") else ""
         )
-    # The function holding the changed line, or a lambda or comprehension inside it.
+    # The function holding the changed line, or a lambda or comprehension inside it; or,
+    # for an argument changed at a call site, a frame of the chain that called the origin.
     function = origin["function"].split(".<locals>")[0] if origin else ""
     hit = bool(origin) and function == bug.function and origin["file"] == bug.file
+    callers = origin.get("chain", [])[1:] if origin else []
+    hit = hit or any(f.startswith(f"{bug.file}:") and f.endswith(f" in {bug.function}")
+                     for f in callers)  # fmt: skip
     peak = resource.getrusage(resource.RUSAGE_CHILDREN).ru_maxrss / 1024
     print(f"{bug.name:18s} {bug.group:20s} exit {code}  {where}  "
           f"{'OK' if hit else 'MISS (expected ' + bug.function + ')'}")  # fmt: skip

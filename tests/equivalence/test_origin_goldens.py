@@ -50,19 +50,19 @@ OP_BY_OP = ("--override", "logits.*=op_by_op")
 
 
 def _check(
-    tree: Path, group: str, cache: Path, *args: str
+    tree: Path, group: str, cache: Path, *args: str, report: str = "report.json"
 ) -> tuple[subprocess.CompletedProcess[str], dict]:
     """`parity check --groups group *args` at `tree`, its baselines cached under `cache`:
-    the process and its JSON report."""
+    the process and its JSON report (`cache/report`)."""
     env = {k: v for k, v in os.environ.items() if not k.startswith(("PARITY_", "PYTEST_"))}
     env["PARITY_BASELINE_CACHE"] = str(cache / "baselines")
-    report = cache / "report.json"
+    report_path = cache / report
     proc = subprocess.run(
-        [sys.executable, "-m", "parity", "check", "--groups", group, "--json", str(report),
-         *args],
+        [sys.executable, "-m", "parity", "check", "--groups", group, "--json",
+         str(report_path), *args],
         cwd=tree, env=env, capture_output=True, text=True, timeout=900,
     )  # fmt: skip
-    return proc, json.loads(report.read_text()) if report.is_file() else {}
+    return proc, json.loads(report_path.read_text()) if report_path.is_file() else {}
 
 
 def _origin(tree: Path, group: str, cache: Path, *args: str) -> tuple[dict, str, dict]:
@@ -110,6 +110,43 @@ def test_an_epsilon_change_on_the_real_goldens_is_named_in_rms_norm(tmp_path: Pa
     logits = [f for f in doc["findings"] if f["key"].split("/")[-1].startswith("logits.")]
     assert logits and all(f["class"] == "op_by_op" for f in logits), logits
     assert all("not proved op by op: run op by op, " in f["reason"] for f in logits), logits
+
+
+#: Issue 58's kinds end to end on the real goldens: an argument swapped at a call site (an
+#: edge, named in the callee with the call in its chain) and an activation replaced (an
+#: operation, named with the base's).
+GLU = "src/decomp/targets/glu_transformer.py"
+KINDS = {
+    "edge": ("nn.apply_rope(q, cos, sin)", "nn.apply_rope(q, sin, cos)",
+             "it reads the sin", "where the base read the cos"),
+    "operation": ("inner = jax.nn.silu(site(", "inner = jax.nn.gelu(site(",
+                  "where the base ran logistic", "on the same operands"),
+}  # fmt: skip
+
+
+@pytest.fixture(scope="module")
+def shared_cache(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """One cache of baselines for the kinds: the base is re-produced and recorded once."""
+    return tmp_path_factory.mktemp("kinds")
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("kind", list(KINDS))
+def test_each_kind_of_edit_is_named_on_the_real_goldens(shared_cache: Path, kind: str) -> None:
+    before, after, *words = KINDS[kind]
+    with changed_tree(GLU, before, after) as tree:
+        proc, doc = _check(tree, "forward_llama", shared_cache, report=f"{kind}.json")
+        line = _line_of(tree, GLU, after)
+    assert proc.returncode == 1, proc.stdout + proc.stderr
+    origin = doc["checks"][0]["origin"]
+    assert origin is not None, doc["checks"][0]["origin_line"]
+    assert origin["change"] == kind, origin
+    assert all(w in origin["change_detail"] for w in words), origin
+    # Named at the edited line, or inside the function it calls with that line its caller.
+    assert f"{GLU}:{line} in _block" in [
+        f"{origin['file']}:{origin['line']} in {origin['function']}",
+        *origin["chain"][1:2],
+    ], origin
 
 
 @pytest.mark.slow

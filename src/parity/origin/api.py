@@ -169,11 +169,14 @@ def _matched(
         and target >= 0
         and bool(exact.matched[sorted(upstream(new, target))].all())
     )
-    if not wired:
+    # A step removed or a read rewired: the output is a value the base computed, read
+    # where its counterpart read another (issue 58), so the edit is named there.
+    rewired = not proof.proved and target >= 0 and exact.change(target, root=root).kind == "edge"
+    if not wired and not rewired:
         return Localisation("matched", key=key, against=against, proof=proof.reason)
     return Localisation(
         "named",
-        origin=exact.describe(target, key, root=root),
+        origin=exact.describe(exact.edited(target), key, root=root),
         key=key,
         against=against,
         proof=(
