@@ -297,3 +297,56 @@ def test_bisect_with_a_calibrated_class_reads_the_calibration_of_the_goldens(
     found = json.loads(report.read_text())
     assert found["first_bad_commit"] == shas["epsilon"], done.stdout
     assert found["class"] == "calibrated"
+
+
+PLUGIN_FAILS = """\
+import producers
+
+
+def test_forward(parity_check):
+    parity_check(producers.forward(), "forward")
+"""
+
+
+def test_every_face_names_the_same_origin_with_its_kind(
+    project: tuple[Path, dict[str, str]],
+    run_parity: Callable[..., Any],
+    run_pytest: Callable[..., Any],
+    git: Any,
+    tmp_path: Path,
+) -> None:
+    """Issue 58: the epsilon bug's origin is the same changed constant, at the same line,
+    through `parity check`, `parity bisect`, the pytest plugin and `parity.localise`."""
+    repo, shas = project
+    said = "a changed constant: its constant 1e-06 where the base had 1e-05"
+    line = f"{MODEL_FILE}:{tf.bug_line('epsilon')} in layer_norm"
+    git(repo, "checkout", "-q", shas["epsilon"])
+    checked = run_parity(repo, "check", "--json", str(tmp_path / "check.json"))
+    assert checked.returncode == 1, checked.stdout + checked.stderr
+    bisected = run_parity(repo, "bisect", shas["refactor"], shas["epsilon"], "--class",
+                          "op_by_op", "--json", str(tmp_path / "bisect.json"))  # fmt: skip
+    assert bisected.returncode == 0, bisected.stdout + bisected.stderr
+    (repo / "test_fails.py").write_text(PLUGIN_FAILS)
+    try:
+        plugged = run_pytest(repo, "test_fails.py")
+    finally:
+        (repo / "test_fails.py").unlink()
+    assert plugged.returncode == 1, plugged.stdout + plugged.stderr
+    lines = {
+        "check": json.loads((tmp_path / "check.json").read_text())["checks"][0]["origin_line"],
+        "bisect": json.loads((tmp_path / "bisect.json").read_text())["origin_line"],
+        "plugin": next(ln for ln in plugged.stdout.splitlines() if "origin: " in ln),
+    }
+    # The live face: the refactor and the bug as two copies of one file (`tinyformer`).
+    old = tf.load(tf.REFACTOR, _folder(tmp_path / "base") / "tinyformer.py")
+    new = tf.load(tf.buggy("epsilon"), _folder(tmp_path / "tree") / "tinyformer.py")
+    params, tokens = old.init(jax.random.key(0)), jnp.arange(old.T) % old.VOCAB
+    loc = parity.localise(_logits(new), _logits(old), params, tokens, root=tmp_path)
+    lines["localise"] = loc.line.replace("tree/tinyformer.py", MODEL_FILE)
+    for face, text in lines.items():
+        assert said in text and line in text, (face, text)
+
+
+def _folder(path: Path) -> Path:
+    path.mkdir()
+    return path
