@@ -33,7 +33,7 @@ from parity.judge.chunks import (
 )
 from parity.judge.classes import REGISTRY, ToleranceClass
 from parity.judge.findings import ArrayVerdict, Comparison, Finding, Verdict
-from parity.judge.reasons import absent_reason, array_reason
+from parity.judge.reasons import absent_reason, array_reason, proof_clause
 from parity.judge.tally import Tally, scan_scale
 from parity.judge.tolerance import ClassMap, KeyClass, to_class
 from parity.judge.trees import flatten
@@ -262,6 +262,7 @@ def _finding_of(v: ArrayVerdict, reason: str) -> Finding:
     share = None
     if v.n_differ is not None:
         share = v.n_differ / v.n_elements if v.n_differ else 0.0  # an empty array too
+    clause = proof_clause(v, reason)
     return Finding(
         key=v.key,
         class_name=v.tol.name,
@@ -273,7 +274,8 @@ def _finding_of(v: ArrayVerdict, reason: str) -> Finding:
         n_elements=v.n_elements,
         allowed=v.tol.describe_allowed(),
         bitwise_equal=v.mismatch is None and v.n_differ == 0,
-        reason=reason,
+        reason=reason + clause,
+        proof_clause=clause,
         n_differ=v.n_differ,
         share_differ=share,
         max_abs=v.max_abs,

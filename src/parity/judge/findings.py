@@ -124,6 +124,9 @@ class Finding:
         `"expected"` (a live tree: `assert_equivalent`, `check_live`).
     - `basis`: how the verdict was reached beyond the class's rule (`Basis`): what the
         verdict line, the reports and the JSON read; `note` says it in words.
+    - `proof_clause`: the clause `reason` ends with about a proof op by op (why the key is
+        not proved, under a class that proves; "" otherwise), kept apart so that a proof
+        replaces it whole (`parity.origin.proof.settle`) and no message is read back.
     """
 
     key: str
@@ -157,6 +160,7 @@ class Finding:
     reference: str = "golden"
     worst_is: str = ""
     basis: Basis = ""
+    proof_clause: str = ""
 
     @property
     def passed(self) -> bool:

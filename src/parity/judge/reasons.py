@@ -10,7 +10,7 @@ from typing import Any, cast
 from parity.judge.findings import ArrayVerdict, Verdict
 from parity.judge.floats import count, sig
 
-__all__ = ["UNPROVED", "absent_reason", "array_reason"]
+__all__ = ["UNPROVED", "absent_reason", "array_reason", "proof_clause"]
 
 #: How a failure under a class that proves op by op (`op_by_op`) ends before anyone proved it:
 #: the comparator has the arrays, not the programs (`parity.origin.proof` replaces it).
@@ -53,7 +53,8 @@ def array_reason(v: ArrayVerdict) -> str:
 
     **Arguments:** `v`, a comparator's result.
 
-    **Returns:** the text `Finding.reason` holds.
+    **Returns:** the text `Finding.reason` holds, before any clause about a proof op by op
+    (`proof_clause`: `UNPROVED` under a class that proves).
     """
     key, tol, reference = v.key, v.tol, v.reference
     dtype = v.dtype_expected.name
@@ -102,4 +103,11 @@ def array_reason(v: ArrayVerdict) -> str:
     reason += f"{v.worst_detail}; {', '.join(figures)}; shape {v.shape_expected}, {dtype}"
     if notes:
         reason += "; " + "; ".join(notes)
-    return reason + (UNPROVED if tol.rule.proves else "")
+    return reason
+
+
+def proof_clause(v: ArrayVerdict, reason: str) -> str:
+    """The clause a failure's reason ends with about a proof op by op: `UNPROVED` where its
+    class proves (`Rule.proves`) and nobody proved it yet; "" otherwise. Kept apart in the
+    finding (`Finding.proof_clause`), so that a proof replaces it whole, not by its words."""
+    return UNPROVED if reason and v.tol.rule.proves else ""

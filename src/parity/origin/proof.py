@@ -27,7 +27,6 @@ import numpy as np
 
 from parity.judge.findings import PROVED, Comparison, Finding, compiled_difference
 from parity.judge.floats import count
-from parity.judge.reasons import UNPROVED
 from parity.judge.registry import RULES
 from parity.judge.renames import Rename
 from parity.judge.stacking import StackRule, row_of, rows_held
@@ -228,10 +227,12 @@ def settle(comparison: Comparison, proofs: Mapping[str, Proof]) -> Comparison:
                     n_violating=0,
                     note=proved_note(f),
                     basis="proved",
+                    proof_clause="",
                 )
-            else:
-                reason = f.reason.removesuffix(UNPROVED)
-                f = dataclasses.replace(f, reason=f"{reason}; not proved op by op: {proof.reason}")
+            else:  # the clause about the proof replaced whole (it is kept apart)
+                reason = f.reason[: len(f.reason) - len(f.proof_clause)]
+                clause = f"; not proved op by op: {proof.reason}"
+                f = dataclasses.replace(f, reason=reason + clause, proof_clause=clause)
         findings.append(f)
     return dataclasses.replace(comparison, findings=tuple(findings))
 

@@ -76,3 +76,20 @@ def test_a_key_passed_by_calibration_is_told_by_its_basis_not_by_its_note() -> N
 def test_the_basis_survives_the_json_round_trip() -> None:
     for f in _comparison().findings:
         assert Finding.from_dict(json.loads(json.dumps(f.to_dict()))) == f
+
+
+def test_a_proof_replaces_its_clause_whole_however_the_reason_is_worded() -> None:
+    """The clause about the proof is kept apart (`Finding.proof_clause`): settling replaces
+    it, not words found in the reason, so a reworded reason and a second settling each
+    leave one clause, the last one."""
+    tol = REGISTRY["op_by_op"]
+    found = compare_arrays("moved", B, A, tol)
+    assert found.proof_clause and found.reason.endswith(found.proof_clause)
+    reworded = dataclasses.replace(
+        found, reason="reworded" + found.proof_clause, proof_clause=found.proof_clause
+    )
+    once = settle(Comparison((reworded,)), {"moved": Proof("moved", False, "first")})
+    twice = settle(once, {"moved": Proof("moved", False, "second")})
+    (f,) = twice.findings
+    assert f.reason == "reworded; not proved op by op: second", f.reason
+    assert f.reason.endswith(f.proof_clause)
