@@ -382,6 +382,7 @@ class KeptRun:
         if self._live is None:
             raise ProducerRunError(command, "the producer run was not kept alive", "")
         out.mkdir(parents=True, exist_ok=True)
+        (out / _RECORDED).unlink(missing_ok=True)  # an answer to an earlier request
         self._live.send(json.dumps({"record": list(groups), "out": str(out)}))
         try:
             codes = self._live.watch(until=(out / _RECORDED).is_file)
@@ -392,6 +393,17 @@ class KeptRun:
             self._live = None
             why = f"the kept producer run ended (exit {codes[0]}) before recording"
             raise ProducerRunError(command, why, "\n".join(self._tail))
+
+    def close(self) -> None:
+        """End the kept process now (its stdin closed, its exit waited for), so that what it
+        holds is free (an accelerator, which one process holds at a time); `record` then
+        raises. Nothing where it is not kept."""
+        live, self._live = self._live, None
+        if live is None:
+            return
+        live.close_input()
+        with contextlib.suppress(WorkerFailed):
+            live.watch()
 
 
 @contextlib.contextmanager

@@ -329,6 +329,14 @@ class Supervised:
             pipe.write(line.rstrip("\n").encode() + b"\n")
             pipe.flush()
 
+    def close_input(self) -> None:
+        """Close the first process's stdin (`supervised(talk=True)`): a process that reads
+        its requests there until it closes ends."""
+        pipe = self._procs[0].stdin
+        if pipe is not None:
+            with contextlib.suppress(OSError):
+                pipe.close()
+
     def _everything(self) -> str:
         return "\n".join(f"--- process {i} ---\n{self.output(j)}" for j, i in enumerate(self._ids))
 

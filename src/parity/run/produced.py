@@ -168,7 +168,9 @@ def producing(
       recorder's hooks in jax while it runs); False: leave it unread, no hook installed.
     - `keep`: in a run of one process, keep the process alive while the block runs, so
       that a failing check records its groups op by op in the run that produced them
-      (`parity.machinery.launcher.KeptRun`), not in another one.
+      (`parity.machinery.launcher.KeptRun`), not in another one. Not on a GPU or TPU,
+      which one process holds at a time: the run there ends once its groups are saved,
+      and the kept run yielded is None.
 
     With `config.processes` above 1 the producers run SPMD as the workers of one JAX
     distributed run, `config.devices` devices each, and process 0's outputs are loaded.
@@ -204,7 +206,18 @@ def producing(
                 flags = kept.flags
             else:
                 kept, flags = None, run_producers(run, progress=progress)
-            yield _loaded(Path(tmp), config, command, time.perf_counter() - t0, flags), kept
+            produced = _loaded(Path(tmp), config, command, time.perf_counter() - t0, flags)
+            if kept is not None and _on_an_accelerator(produced):
+                # One process holds an accelerator at a time: the base's run needs it free,
+                # so a failure there is recorded in a run of its own, as before.
+                kept.close()
+                kept = None
+            yield produced, kept
+
+
+def _on_an_accelerator(produced: Produced) -> bool:
+    """Whether some group ran on a GPU or TPU (its provenance's `backend`)."""
+    return any(str(p.get("backend") or "cpu") != "cpu" for p in produced.provenance.values())
 
 
 def _loaded(

@@ -78,3 +78,38 @@ def test_a_cluster_cannot_require_a_baseline_and_is_refused_before_any_producer_
     assert refused.returncode == 2, refused.stdout + refused.stderr
     assert "--baseline require cannot be met on a cluster" in refused.stderr
     assert not marker.exists()
+
+
+def test_a_run_on_an_accelerator_is_not_kept_for_its_recording(
+    project: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """One process holds a GPU or TPU at a time, and the base's run needs it: where a group
+    ran on one (its provenance's backend), the run ends once its groups are saved (it exits
+    0 on its closed stdin) and none is kept; on the CPU it is kept while the block runs."""
+    import dataclasses
+
+    from parity.machinery.launcher import KeptRun
+    from parity.run import produced as module
+
+    config = load_config(project)
+    with module.producing(config, keep=True) as (_, kept):
+        assert kept is not None  # the CPU
+    real_loaded, real_close = module._loaded, KeptRun.close
+    exits: list[int | None] = []
+
+    def on_a_tpu(*args, **kwargs):
+        made = real_loaded(*args, **kwargs)
+        runs = {g: dataclasses.replace(r, provenance={**r.provenance, "backend": "tpu"})
+                for g, r in made.runs.items()}  # fmt: skip
+        return dataclasses.replace(made, runs=runs)
+
+    def close(self: KeptRun) -> None:
+        live = self._live
+        real_close(self)
+        exits.append(None if live is None else live._procs[0].poll())
+
+    monkeypatch.setattr(module, "_loaded", on_a_tpu)
+    monkeypatch.setattr(KeptRun, "close", close)
+    with module.producing(config, keep=True) as (produced, kept):
+        assert kept is None and produced.groups["g"].keys() == {"w", "b"}
+        assert exits == [0]
