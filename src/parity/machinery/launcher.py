@@ -440,8 +440,7 @@ def kept_producers(
                 raise ProducerRunError(command, "the producer run ended before it was done", "")
         ready.unlink(missing_ok=True)
         yield KeptRun(run, env["XLA_FLAGS"], live if run.keep else None, tail)
-        # The block is done with it: stdin closed, the run ends (the supervisor stops what
-        # is left when the block ends).
+        # The block is done with it: the supervisor stops a kept process as the block ends.
 
 
 def _refuse_exit(run: ProducerRun, rc: int, tail: list[str]) -> None:

@@ -344,27 +344,24 @@ class Alignment:
         """The kind of change value `i` of the new program is, against the base's operation
         that plays its part (`parity.origin.change`)."""
 
-        def same(a: int, b: int) -> bool:
-            return self._matcher.is_value(self.new.values[a], b)
-
         def where(v: Value, old: bool) -> str:
             file = _in_tree(v.file, root) if old else _relative(v.file, root)
             return f"{file}:{v.line} in {v.function}" if file else "<no source>"
 
-        pair = self._counterparts.get(i)
         matched = self.matched
-        return change_of(self.new, self.old, i, pair, same, where, lambda a: bool(matched[a]))
+        return change_of(
+            self.new, self.old, i, self._counterparts, self._same, where, lambda a: bool(matched[a])
+        )
 
     def edited(self, i: int) -> int:
         """Where the edit is, from the first value `i` that equals none of the base's
         (`parity.origin.change.edited`: back through values computed from other data than
         their counterparts')."""
-        pairs = self._counterparts
+        return edited(self.new, self.old, i, self._counterparts, self._same)
 
-        def same(a: int, b: int) -> bool:
-            return self._matcher.is_value(self.new.values[a], b)
-
-        return edited(self.new, self.old, i, pairs, same)
+    def _same(self, a: int, b: int) -> bool:
+        """Whether new value `a` is old value `b` (within the matching tolerance)."""
+        return self._matcher.is_value(self.new.values[a], b)
 
     def describe(self, i: int, key: str, *, root: str | Path | None = None) -> Origin:
         """Value `i` of the new program as the `Origin` of output `key`, with the kind of

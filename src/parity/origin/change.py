@@ -28,7 +28,7 @@ Nothing here imports jax.
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -52,9 +52,6 @@ class Change:
 
     kind: str
     detail: str
-
-    def describe(self) -> str:
-        return f"{CHANGES[self.kind]}: {self.detail}" if self.kind else ""
 
 
 def _place_key(v: Value) -> tuple[str, ...]:
@@ -87,7 +84,7 @@ def edited(
     new: Recording,
     old: Recording,
     i: int,
-    pairs: dict[int, int],
+    pairs: Mapping[int, int],
     same: Callable[[int, int], bool],
 ) -> int:
     """Where the edit is, from the first value `i` that equals none of the base's: back up
@@ -120,24 +117,26 @@ def change_of(
     new: Recording,
     old: Recording,
     i: int,
-    counterpart: int | None,
+    pairs: Mapping[int, int],
     same: Callable[[int, int], bool],
     where: Callable[[Value, bool], str],
     matched: Callable[[int], bool],
 ) -> Change:
-    """The kind of change value `i` of `new` is, against its `counterpart` in `old`.
+    """The kind of change value `i` of `new` is, against its counterpart in `old`.
 
-    **Arguments:** `same(new_id, old_id)`, whether a new value is the old one (within the
-    matching tolerance); `where(value, is_old)`, a value's place in words; `matched(new_id)`,
-    whether a new value matched any of the base's.
+    **Arguments:** `pairs`, what `counterparts` returned for the two recordings;
+    `same(new_id, old_id)`, whether a new value is the old one (within the matching
+    tolerance); `where(value, is_old)`, a value's place in words; `matched(new_id)`, whether
+    a new value matched any of the base's.
     """
     v = new.values[i]
     for a in v.inputs:  # a constant or an input no value of the base's equals
         read = new.values[a]
         if read.kind in ("const", "input") and not matched(a):
             return _unequalled(read)
+    counterpart = pairs.get(i)
     if counterpart is None:
-        return _unpaired(new, old, v, same, where)
+        return _unpaired(old, v, set(pairs.values()), same, where)
     c = old.values[counterpart]
     mine, theirs = dict(v.literals), dict(c.literals)
     for k in sorted(set(mine) | set(theirs)):
@@ -195,9 +194,9 @@ def _unequalled(read: Value) -> Change:
 
 
 def _unpaired(
-    new: Recording,
     old: Recording,
     v: Value,
+    paired: set[int],
     same: Callable[[int, int], bool],
     where: Callable[[Value, bool], str],
 ) -> Change:
@@ -213,8 +212,7 @@ def _unpaired(
     ]
     if not here:
         return Change("", "")
-    paired = set(counterparts(new, old).values())
-    for c in here:
+    for c in here:  # `paired`: the base's operations some new one pairs with
         if c.id in paired or (c.shape, c.dtype) != (v.shape, v.dtype):
             continue
         if len(c.inputs) == len(v.inputs) and all(

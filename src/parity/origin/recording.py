@@ -77,8 +77,9 @@ class Value:
     library's innermost frame as `file:line in function`; else `""`), `literals` (the
     operands written into the program as constants, `(position among the operands, value
     in its dtype's own words)`: what `1e-05` an `add` adds, which a changed constant
-    changes), `chain` (the user's own frames that led to it, innermost first, each
-    `file:line in function`: where an argument changed at a call site shows).
+    changes; for an input or a constant of at most 16 elements, `(-1, its numbers)`),
+    `chain` (the user's own frames that led to it, innermost first, each `file:line in
+    function`: where an argument changed at a call site shows).
     """
 
     id: int
