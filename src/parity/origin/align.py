@@ -39,7 +39,7 @@ from parity.judge.fixed_rules import Bitwise
 from parity.judge.floats import largest_finite_abs
 from parity.judge.rule_base import Scale
 from parity.judge.ulp import is_float_dtype, spacing_at, to_float64
-from parity.origin.change import CHANGES, Change, change_of, counterparts, edited
+from parity.origin.change import CHANGES, Change, change_of, counterparts, edited, frame_parts
 from parity.origin.record import LocaliseError
 from parity.origin.recording import STATS, Fingerprint, Recording, Value, ordinary
 
@@ -109,7 +109,12 @@ class Origin:
     asked) and `change_detail` (what changed, in one clause: both constants, both values'
     places), `chain` (the user's own frames that led to the operation, innermost first, each
     `file:line in function`, paths relative to the root: the function a changed argument
-    was passed from reads there).
+    was passed from reads there), `read_by` (where the edit is not at the operation that
+    first computes what the base never did but in a callee that gives out another value
+    than the base's did, a step removed at its end (`parity.origin.change.Change.edit`):
+    that operation, `primitive at file:line in function`; the fields before `max_diff` and
+    `library` and `chain` are then the value given out, at its frame in the callee; else
+    "").
     """
 
     key: str
@@ -128,6 +133,7 @@ class Origin:
     change: str = ""
     change_detail: str = ""
     chain: tuple[str, ...] = ()
+    read_by: str = ""
 
     def describe(self) -> str:
         """One line: the primitive, the source line, the shapes, the difference."""
@@ -151,6 +157,8 @@ class Origin:
             outer = self.chain[1 : 1 + _CHAIN_SHOWN]
             more = " < ..." if len(self.chain) > 1 + _CHAIN_SHOWN else ""
             where += f", called from {' < '.join(outer)}{more}"
+        if self.read_by and self.max_diff is not None:  # measured on what reads it
+            diff = f"{self.max_diff:.3g} from the nearest old value of what reads it"
         kind = f"{CHANGES[self.change]}: {self.change_detail}; " if self.change else ""
         return (
             f"{self.primitive} at {where}: {kind}{self.dtype}{list(self.shape)} from ({ins}), "
@@ -344,9 +352,12 @@ class Alignment:
         """The kind of change value `i` of the new program is, against the base's operation
         that plays its part (`parity.origin.change`)."""
 
-        def where(v: Value, old: bool) -> str:
-            file = _in_tree(v.file, root) if old else _relative(v.file, root)
-            return f"{file}:{v.line} in {v.function}" if file else "<no source>"
+        def where(v: Value | str, old: bool) -> str:
+            file, line, function = (
+                frame_parts(v) if isinstance(v, str) else (v.file, v.line, v.function)
+            )
+            file = _in_tree(file, root) if old else _relative(file, root)
+            return f"{file}:{line} in {function}" if file else "<no source>"
 
         matched = self.matched
         return change_of(
@@ -369,23 +380,30 @@ class Alignment:
         values = self.new.values
         v = values[i]
         change = self.change(i, root=root)
+        shown, file, line, function, chain, read_by = v, v.file, v.line, v.function, v.chain, ""
+        if change.edit:  # chosen inside a callee: the value it gives out, at the edit
+            shown = values[change.read]
+            file, line, function = frame_parts(change.edit)
+            chain = shown.chain[shown.chain.index(change.edit) :]
+            read_by = f"{v.primitive} at {_relative(v.file, root)}:{v.line} in {v.function}"
         return Origin(
             key=key,
-            primitive=v.primitive,
-            file=_relative(v.file, root),
-            line=v.line,
-            function=v.function,
-            shape=v.shape,
-            dtype=v.dtype,
-            input_shapes=tuple(values[j].shape for j in v.inputs),
+            primitive=shown.primitive,
+            file=_relative(file, root),
+            line=line,
+            function=function,
+            shape=shown.shape,
+            dtype=shown.dtype,
+            input_shapes=tuple(values[j].shape for j in shown.inputs),
             max_diff=self._matcher.nearest(v),
             matched_fraction=self.matched_fraction,
             position=v.id,
             rho=self.rho,
-            library=v.library,
+            library=shown.library if shown is v else "",
             change=change.kind,
             change_detail=change.detail,
-            chain=tuple(_relative_frame(f, root) for f in v.chain),
+            chain=tuple(_relative_frame(f, root) for f in chain),
+            read_by=read_by,
         )
 
     @functools.cached_property

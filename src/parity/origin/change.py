@@ -17,7 +17,10 @@ is, as before.
   base's: both values are said. A module-level constant reaches a program so.
 - `edge`: the operation reads a value that is not the one its counterpart read (a step
   removed or added before it, a read rewired, two arguments swapped): both values' places
-  are said, the one read and the one the base read.
+  are said, the one read and the one the base read. Where both were made inside a call
+  the operation's own function made, and the callee gave one out where the base's gave
+  the other (its last step removed: `return x` for `return norm(x)`), the edit is in the
+  innermost function both were made under (`Change.edit`), not at the operation.
 - `input`: it reads an input of the recorded programs that differs from the base's (made
   on the host, outside the programs: a key drawn in a Python loop, data loaded).
 - `operation`: its operands are the counterpart's, and it computes another result (or the
@@ -34,7 +37,7 @@ from pathlib import Path
 
 from parity.origin.recording import Recording, Value
 
-__all__ = ["CHANGES", "Change", "change_of", "counterparts", "edited"]
+__all__ = ["CHANGES", "Change", "change_of", "counterparts", "edited", "frame_parts"]
 
 #: The kinds of change an origin can be (the module docstring), and the words for each.
 CHANGES = {
@@ -48,10 +51,40 @@ CHANGES = {
 @dataclass(frozen=True)
 class Change:
     """The kind of change at an origin (`CHANGES`; "" where none can be said) and what it
-    is, in one clause."""
+    is, in one clause; for an edge chosen inside a callee (the module docstring), `edit`,
+    the new program's frame (`file:line in function`) in the function that holds the edit,
+    and `read`, the id of the value it gives out; else "" and -1."""
 
     kind: str
     detail: str
+    edit: str = ""
+    read: int = -1
+
+
+def frame_parts(frame: str) -> tuple[str, int, str]:
+    """A chain's frame `file:line in function` as (file, line, function)."""
+    place, _, function = frame.partition(" in ")
+    file, _, line = place.rpartition(":")
+    return file, int(line) if line.isdigit() else 0, function
+
+
+def _function(frame: str) -> tuple[str, str]:
+    file, _, function = frame_parts(frame)
+    return Path(file).name, function
+
+
+def _parting(read: Value, was: Value, v: Value) -> int:
+    """The index in `read`'s chain of its frame in the innermost function that `was` was
+    made under too, where that frame is a callee's of `v`'s own function (`v`'s function
+    is further out in `read`'s chain): the callee chose which value to give out, and the
+    edit is there. -1 where the two values part in `v`'s own function or nowhere."""
+    theirs = {_function(f) for f in was.chain}
+    mine = [_function(f) for f in read.chain]
+    own = (Path(v.file).name, v.function)
+    for k, f in enumerate(mine):
+        if f in theirs:
+            return k if f != own and own in mine[k + 1 :] else -1
+    return -1
 
 
 def _place_key(v: Value) -> tuple[str, ...]:
@@ -119,15 +152,15 @@ def change_of(
     i: int,
     pairs: Mapping[int, int],
     same: Callable[[int, int], bool],
-    where: Callable[[Value, bool], str],
+    where: Callable[[Value | str, bool], str],
     matched: Callable[[int], bool],
 ) -> Change:
     """The kind of change value `i` of `new` is, against its counterpart in `old`.
 
     **Arguments:** `pairs`, what `counterparts` returned for the two recordings;
     `same(new_id, old_id)`, whether a new value is the old one (within the matching
-    tolerance); `where(value, is_old)`, a value's place in words; `matched(new_id)`, whether
-    a new value matched any of the base's.
+    tolerance); `where(value, is_old)`, a value's place (or a chain's frame) in words;
+    `matched(new_id)`, whether a new value matched any of the base's.
     """
     v = new.values[i]
     for a in v.inputs:  # a constant or an input no value of the base's equals
@@ -158,10 +191,13 @@ def change_of(
                     f"its input {_number(new, read)} of the programs ({read.dtype}"
                     f"{list(read.shape)}, made on the host) holds {held}",
                 )
+            k = _parting(read, was, v)
+            if k >= 0:
+                return _given_out(new, old, v, read, was, k, where)
             return Change(
                 "edge",
                 f"it reads {_made(new, read, where(read, False))}, where the base read "
-                f"{_made(old, old.values[b], where(old.values[b], True))}",
+                f"{_made(old, was, where(was, True))}",
             )
     else:
         return Change(
@@ -175,6 +211,32 @@ def change_of(
             f"({where(c, True)})",
         )
     return Change("operation", "its operands are the base's, its result is not")
+
+
+def _given_out(
+    new: Recording,
+    old: Recording,
+    v: Value,
+    read: Value,
+    was: Value,
+    k: int,
+    where: Callable[[Value | str, bool], str],
+) -> Change:
+    """An edge chosen inside a callee (`_parting`: the `k`th frame of `read`'s chain): the
+    callee gives out `read` where the base's gave `was`, both with their places, and the
+    base's call in that function where `was` was made further in; `v` reads it."""
+    fn = _function(read.chain[k])
+    calls = [f for f in was.chain if _function(f) == fn]
+    call = calls[0] if calls else ""
+    via = f", called from {where(call, True)}" if call and call != was.chain[0] else ""
+    return Change(
+        "edge",
+        f"{fn[1]} gives out {_made(new, read, where(read, False))}, where the base's gave "
+        f"{_made(old, was, where(was, True))}{via}; the {v.primitive} at {where(v, False)} "
+        "reads it",
+        edit=read.chain[k],
+        read=read.id,
+    )
 
 
 def _unequalled(read: Value) -> Change:
@@ -198,7 +260,7 @@ def _unpaired(
     v: Value,
     paired: set[int],
     same: Callable[[int, int], bool],
-    where: Callable[[Value, bool], str],
+    where: Callable[[Value | str, bool], str],
 ) -> Change:
     """The kind of change of an operation the base has no counterpart of: another
     operation in its place (one of the base's in the same function, of its shape, on the

@@ -122,6 +122,45 @@ def test_an_edge_names_the_place_of_the_value_the_base_read(tmp_path: Path) -> N
     assert f"made at base/model.py:{norm_line} in norm" in origin.change_detail
 
 
+#: A callee whose last step is removed (`return h` for `return norm(h)`): what it gives out
+#: is a value the base computed too, and the caller's operation that reads it is the first
+#: to compute what the base never did. The edit is in the callee.
+CALLEE = """\
+import jax.numpy as jnp
+
+
+def norm(x):
+    return x / jnp.sqrt(jnp.mean(x * x, axis=-1, keepdims=True) + 1e-5)
+
+
+def block(x, w):
+    h = x @ w
+    return norm(h)
+
+
+def forward(x, w):
+    return {"y": jnp.tanh(block(x, w)) * 2.0}
+"""
+
+
+def test_a_step_removed_at_a_callees_end_is_named_in_the_callee(tmp_path: Path) -> None:
+    old = _module(tmp_path / "base", CALLEE)
+    new = _module(tmp_path / "tree", CALLEE.replace("return norm(h)", "return h"))
+    x, w = _inputs()[:2]
+    loc = parity.localise(new.forward, old.forward, x, w, root=tmp_path)
+    origin = loc.origin
+    assert origin is not None and origin.change == "edge", loc.line
+    lines = CALLEE.splitlines()
+    made = next(n for n, t in enumerate(lines, 1) if "h = x @ w" in t)
+    call = next(n for n, t in enumerate(lines, 1) if "return norm(h)" in t)
+    uses = next(n for n, t in enumerate(lines, 1) if "jnp.tanh(block" in t)
+    assert (origin.file, origin.line, origin.function) == ("tree/model.py", made, "block")
+    assert origin.primitive == "dot_general" and origin.chain[0] == f"tree/model.py:{made} in block"
+    assert origin.read_by == f"tanh at tree/model.py:{uses} in forward"
+    assert f"called from base/model.py:{call} in block" in origin.change_detail, loc.line
+    assert "block gives out the dot_general" in origin.change_detail, loc.line
+
+
 def test_the_kind_travels_in_the_origins_json(tmp_path: Path) -> None:
     old = _module(tmp_path / "base", MODEL)
     new = _module(tmp_path / "tree", MODEL.replace("jnp.tanh(h", "jnp.sin(h"))
