@@ -3,9 +3,10 @@ first computes what the base never did, held against *its counterpart*, the base
 operation that plays its part.
 
 **Pairing.** Operations are paired by what a refactor or an edit rarely moves: the
-primitive, the file's name and the function they run in, and their rank among the
-operations of that primitive in that function (the third `mul` run in `rms_norm`, counted
-over every call). Line numbers are left out, so an edit that shifts the lines below it
+primitive, the file's name and the function they run in (and, for an operation inside an
+installed library, the library's file name and function as well), and their rank among
+the operations of that primitive there (the third `mul` run in `rms_norm`, counted over
+every call). Line numbers are left out, so an edit that shifts the lines below it
 still pairs them; a rank that the base has not (a step added) pairs with nothing. Where a
 refactor moved or renamed the function, nothing pairs, and the origin says only where it
 is, as before.
@@ -88,7 +89,12 @@ def _parting(read: Value, was: Value, v: Value) -> int:
 
 
 def _place_key(v: Value) -> tuple[str, ...]:
-    return v.primitive, Path(v.file).name, v.function
+    """What pairs an operation: its primitive, the user's file name and function, and,
+    inside an installed library, the library's file name and function (optax's adam
+    update: its own operations pair among themselves however many the user's function
+    runs around them)."""
+    library = _function(v.library) if v.library else ("", "")
+    return v.primitive, Path(v.file).name, v.function, *library
 
 
 def counterparts(new: Recording, old: Recording) -> dict[int, int]:
@@ -285,11 +291,31 @@ def _unpaired(
                 f"{v.primitive} where the base ran {c.primitive} (at {where(c, True)}) on the "
                 "same operands",
             )
+    constant = _place_constant(old, v)
+    if constant is not None:
+        return constant
     constants = f" (with the constant {', '.join(x for _, x in v.literals)})" if v.literals else ""
     return Change(
         "edge",
         f"a step the base does not take: it runs no {v.primitive}{constants} here in {v.function}",
     )
+
+
+def _place_constant(old: Recording, v: Value) -> Change | None:
+    """A changed constant of an operation that pairs with none by rank (a refactor changed
+    how often its place runs: optax's adam update over leaves stacked otherwise): the
+    base's operations of its primitive at its place (`_place_key`) hold other constants at
+    its operand's position, and none holds its own."""
+    here = [c for c in old.values if c.kind in ("op", "move") and _place_key(c) == _place_key(v)]
+    for position, mine in v.literals:
+        theirs = sorted({x for c in here for k, x in c.literals if k == position})
+        if theirs and mine not in theirs:
+            said = ", ".join(theirs[:3]) + (" ..." if len(theirs) > 3 else "")
+            return Change(
+                "constant",
+                f"its constant {mine} where the base's {v.primitive} here had {said}",
+            )
+    return None
 
 
 def _made(recording: Recording, v: Value, place: str) -> str:

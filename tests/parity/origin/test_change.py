@@ -122,6 +122,21 @@ def test_an_edge_names_the_place_of_the_value_the_base_read(tmp_path: Path) -> N
     assert f"made at base/model.py:{norm_line} in norm" in origin.change_detail
 
 
+def test_a_constant_changed_where_the_pairing_by_rank_fails_is_said(tmp_path: Path) -> None:
+    """A refactor that runs the norm on each half of the batch (two operations of other
+    shapes where the base ran one) with its epsilon changed: nothing pairs by rank, and the
+    base's constant at that place is said beside the new one."""
+    old = _module(tmp_path / "base", MODEL)
+    split = "    h = jnp.concatenate([norm(x[:2]), norm(x[2:])])\n"
+    new_text = MODEL.replace("EPS = 1e-5", "EPS = 1e-6").replace("    h = norm(x)\n", split)
+    new = _module(tmp_path / "tree", new_text)
+    loc = parity.localise(new.forward, old.forward, *_inputs(), root=tmp_path)
+    origin = loc.origin
+    assert origin is not None and origin.change == "constant", loc.line
+    assert origin.function == "norm", loc.line
+    assert "its constant 1e-06 where the base's add here had 1e-05" in origin.change_detail
+
+
 #: A callee whose last step is removed (`return h` for `return norm(h)`): what it gives out
 #: is a value the base computed too, and the caller's operation that reads it is the first
 #: to compute what the base never did. The edit is in the callee.
