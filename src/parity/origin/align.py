@@ -301,7 +301,9 @@ class Alignment:
     """The new program's values against the old program's.
 
     **Fields:** `matched` (`[n_values]` bool, by value id of the new recording),
-    `matched_fraction` (the share of values, inputs aside, that matched), `rho`.
+    `matched_fraction` (the share of values, inputs aside, that matched), `rho`, `same_as`
+    (whether a new value is an old one, where the caller knows better than by the new
+    value's own numbers: a shadow replay's, on the base's values; None: by its numbers).
     """
 
     new: Recording
@@ -309,6 +311,7 @@ class Alignment:
     matched: np.ndarray
     matched_fraction: float
     rho: float
+    same_as: Callable[[int, int], bool] | None = None
 
     def unmatched(self) -> list[Value]:
         """The new program's values that matched none of the old program's."""
@@ -372,6 +375,8 @@ class Alignment:
 
     def _same(self, a: int, b: int) -> bool:
         """Whether new value `a` is old value `b` (within the matching tolerance)."""
+        if self.same_as is not None:
+            return self.same_as(a, b)
         return self._matcher.is_value(self.new.values[a], b)
 
     def describe(self, i: int, key: str, *, root: str | Path | None = None) -> Origin:

@@ -126,8 +126,14 @@ class Interpreter:
         evaluate: bool = True,
         keep_arrays: bool = True,
         flush_every: int | None = None,
+        shadow: Any = None,
     ) -> None:
         self.max_bytes = max_bytes
+        #: A shadow replay (`parity.origin.shadow.Shadow`) told of every value as it is
+        #: made (`ground`, `op`, `row`, `stack`); None: none.
+        self.shadow = shadow
+        if shadow is not None:
+            shadow.interpreter = self
         self.flush_every = flush_every
         self.evaluate = evaluate
         self.keep_arrays = keep_arrays
@@ -200,6 +206,8 @@ class Interpreter:
                 tuple(chain.split("\n")) if chain else (),
             )
         )
+        if self.shadow is not None and self.evaluate and kind in ("input", "const"):
+            self.shadow.ground(i, x)
         if source is not None:
             self.source[i] = self.source.get(source, source)
             self.depth.append(self.depth[source])
@@ -284,6 +292,8 @@ class Interpreter:
         source = self.row_read(eqn, ins) if kind == "move" else None
         literals = tuple((k, _literal(x)) for k, (x, i) in enumerate(ins) if i < 0)
         refs = [self.add(o, name, kind, [i for _, i in ins], where, source, literals) for o in outs]
+        if self.shadow is not None and self.evaluate:
+            self.shadow.op(eqn, ins, refs)
         if name == "stack" and params.get("axis") == 0:
             self.stacked[refs[0][1]] = [self.stands_for(i) for _, i in ins]
         return refs
@@ -325,6 +335,9 @@ class Interpreter:
         ys: dict[int, list[Ref]] = {}
         for k in steps:
             rows = [self.add(x[k], "scan", "move", [i], where, self.row_of(i, k)) for x, i in xs]
+            if self.shadow is not None and self.evaluate:
+                for (_, i), (_, r) in zip(xs, rows, strict=True):
+                    self.shadow.row(r, i, k)
             outs = self.closed(p["jaxpr"], [*consts, *carry, *rows], where)
             carry = outs[:n_carry]
             ys[k] = outs[n_carry:]
@@ -340,6 +353,8 @@ class Interpreter:
             else:
                 array = Aval(var.aval.shape, var.aval.dtype)
             ref = self.add(array, "scan", "move", [i for _, i in parts], where)
+            if self.shadow is not None and self.evaluate:
+                self.shadow.stack(ref[1], parts)
             self.stacked[ref[1]] = [self.stands_for(i) for _, i in parts]
             stacked.append(ref)
         return [*carry, *stacked]

@@ -55,6 +55,7 @@ def record(
     *args: Any,
     keep_arrays: bool = True,
     max_bytes: int | None = None,
+    shadow: Any = None,
     **kwargs: Any,
 ) -> Recording:
     """Run `fn(*args, **kwargs)`'s program equation by equation and keep every value.
@@ -68,6 +69,8 @@ def record(
     - `max_bytes`: the most bytes the values may take together while recording (they are
       all held until the fingerprints are taken); past it, `LocaliseError` says the
       program is too large. None: no limit.
+    - `shadow`: a shadow replay on the base's values (`parity.origin.shadow.Shadow`), told
+      of each value as it is made; None: none.
 
     **Returns:** a `Recording`. Raises `LocaliseError` when `fn` does not trace.
     """
@@ -80,7 +83,7 @@ def record(
             f"{getattr(fn, '__name__', fn)!s} does not trace, so its values cannot be recorded "
             f"({type(e).__name__}: {' '.join(str(e).split())[:200]})"
         ) from None
-    interp = Interpreter(max_bytes, keep_arrays=keep_arrays)
+    interp = Interpreter(max_bytes, keep_arrays=keep_arrays, shadow=shadow)
     leaves = jax.tree_util.tree_leaves(args)
     ins = [interp.add(x, "input", "input", [], UNPLACED) for x in leaves]
     outs = interp.closed(closed, [(jax.numpy.asarray(x), i) for (x, i) in ins], UNPLACED)

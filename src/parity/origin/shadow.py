@@ -1,0 +1,470 @@
+"""Proved up to rounding (issue 59): the new program run op by op, and each operation whose
+result is not already one of the base's computed again on the *base's own values* (a
+shadow replay), so that what a refactor reorders is judged one operation at a time, with
+nothing carried over from the operations before it.
+
+Each value of the new program gets a `Shade`, what it is on the base's values:
+
+- `same`: its own numbers are a value of the base's, bit for bit (most of a refactor);
+- `exact`: computed on the base's values, it is a value of the base's, bit for bit (an
+  operation after one whose rounding moved: its own numbers moved with it, the
+  operation did not);
+- `rounded`: computed on the base's values, it differs from a value of the base's by no
+  more than that one operation's rounding allows (`parity.origin.rounding`: a reassociated
+  sum, a matmul against weights fused with others); from here on the replay carries the
+  base's value, so nothing propagates;
+- `part`: a row or a stack of the base's numbers that is no single value of the base's;
+- `fresh`: equal to none of the base's, even up to rounding: a new intermediate (the
+  concatenated weights of a fused projection, each group's partial sum), carried with its
+  rounding model (`Fresh`) where its operation has one, so that a later value computed
+  from it is judged against the base's within the rounding of everything on its way; or
+  where the new program computes what the base never did;
+- `differs`: an input of the programs that is the base's nowhere (made on the host).
+
+A key is *proved up to rounding* (`RoundingProof`) when its value on the base's values is
+the base's same key: bit for bit, or within the rounding of the operations on its way.
+Otherwise the first value on its way that equals none of the base's while it reads only
+the base's values (or new intermediates of kinds the base has none of) is where the
+refactor changed what is computed.
+
+This module imports numpy and the origin's own modules; jax inside functions only.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from collections.abc import Callable, Iterable, Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from parity.origin.align import Origin, align
+from parity.origin.interpreter import Interpreter, to_host
+from parity.origin.proof import upstream
+from parity.origin.recording import Recording, fingerprint
+from parity.origin.rounding import Fresh, allowed, grounded, model, within
+
+__all__ = ["RoundingProof", "Shade", "Shadow", "replay"]
+
+#: How many of the base's values of a shape a fresh value is held against, nearest first
+#: by their fingerprints' statistics.
+CANDIDATES = 8
+
+
+@dataclass
+class Shade:
+    """What one value of the new program is on the base's values (module docstring).
+
+    **Fields:** `status`; `base` (the base's value it is, for `same`, `exact` and
+    `rounded`; else -1); `array` (its numbers on the base's values, where they are not
+    `base`'s own; None for an opaque value, a PRNG key that is not the base's);
+    `model` (its rounding model where `fresh` and modelled); `why` (for `fresh`, why it has
+    no model); `margin` and `bound` (for `rounded`: the largest share of its allowed
+    difference it used, and the largest difference allowed).
+    """
+
+    status: str
+    base: int = -1
+    array: np.ndarray | None = field(default=None, repr=False)
+    model: Fresh | None = field(default=None, repr=False)
+    why: str = ""
+    margin: float = 0.0
+    bound: float = 0.0
+
+    @property
+    def grounded(self) -> bool:
+        """Whether its numbers are the base's own (a value of the base's, or a part)."""
+        return self.status in ("same", "exact", "rounded", "part")
+
+
+@dataclass(frozen=True)
+class RoundingProof:
+    """Whether one key was proved up to rounding.
+
+    **Fields:** `key`; `proved`; `reason` (why not, one line; "" when proved); `exact` (the
+    values on its way that are the base's bit for bit, run op by op or on the base's
+    values); `rounded` (those within one operation's rounding of the base's); `fresh` (new
+    intermediates on its way, each accounted for by what is computed from them);
+    `largest` (the rounded operation that used the largest share of its bound, in words;
+    "" where none); `origin` (the value where the key's way first computes what the base
+    never did; -1 when proved).
+    """
+
+    key: str
+    proved: bool
+    reason: str = ""
+    exact: int = 0
+    rounded: int = 0
+    fresh: int = 0
+    largest: str = ""
+    origin: int = -1
+
+    def describe(self) -> str:
+        """One clause: how the key was proved, or why not."""
+        if not self.proved:
+            return self.reason
+        how = f"proved up to rounding: {self.exact} values equal op by op"
+        if self.rounded:
+            how += f", {self.rounded} within the rounding of their operation"
+        if self.fresh:
+            how += f", {self.fresh} new intermediates"
+        return how + (f"; the closest: {self.largest}" if self.largest else "")
+
+
+class Shadow:
+    """The shadow replay, told of each value by the interpreter that records the new
+    program (`Interpreter(shadow=...)`), against `old`, the base's recording with its
+    arrays (`record(..., keep_arrays=True)`)."""
+
+    def __init__(self, old: Recording) -> None:
+        if old.arrays is None:
+            raise ValueError("a shadow replay needs the base's recording with its arrays")
+        self.old = old
+        self.arrays = old.arrays
+        self.shades: dict[int, Shade] = {}
+        self.interpreter: Interpreter | None = None
+        self._digests: dict[tuple[Any, ...], int] = {}
+        self._buckets: dict[tuple[Any, ...], list[int]] = {}
+        for v, fp in zip(old.values, old.fingerprints, strict=True):
+            self._digests.setdefault((v.shape, v.dtype, fp.digest), v.id)
+            self._buckets.setdefault((v.shape, v.dtype), []).append(v.id)
+        prints, buckets = old.fingerprints, self._buckets
+        self._stats = {k: np.array([prints[b].stats for b in ids]) for k, ids in buckets.items()}
+
+    # -- the interpreter's hooks ---------------------------------------------------------
+
+    def ground(self, i: int, x: Any) -> None:
+        """An input of the programs or a constant they hold, value `i`."""
+        b = self._own(i)
+        if b >= 0:
+            self.shades[i] = Shade("same", b)
+            return
+        host = to_host(x)
+        v = self._values()[i]
+        if v.kind == "input":
+            self.shades[i] = Shade("differs", array=host, why="an input no value of the base's is")
+            return
+        floating = np.issubdtype(host.dtype, np.floating)
+        self.shades[i] = Shade("fresh", array=host, model=grounded(host) if floating else None)
+
+    def op(self, eqn: Any, ins: Sequence[tuple[Any, int]], refs: Sequence[tuple[Any, int]]) -> None:
+        """Equation `eqn` ran on `ins` and made `refs`."""
+        own = [self._own(i) for _, i in refs]
+        if all(b >= 0 for b in own):
+            for (_, i), b in zip(refs, own, strict=True):
+                self.shades[i] = Shade("same", b)
+            return
+        shades = [self._shade(x, j) for x, j in ins]
+        if all(s.status == "same" for s in shades):  # the base's values already: its own
+            results: list[np.ndarray | None] = [to_host(x) for x, _ in refs]
+        else:
+            results = self._rerun(eqn, ins, shades)
+        for n, ((_, i), b, result) in enumerate(zip(refs, own, results, strict=True)):
+            if b >= 0:
+                self.shades[i] = Shade("same", b)
+            else:
+                self.shades[i] = self._judge(eqn, shades, result, n)
+
+    def row(self, r: int, i: int, k: int) -> None:
+        """Value `r` is row `k` of value `i` (a scan's `xs`)."""
+        b = self._own(r)
+        if b >= 0:
+            self.shades[r] = Shade("same", b)
+            return
+        parent = self.shades.get(i, Shade("fresh", why="not replayed"))
+        numbers = self._numbers(parent)
+        row = None if numbers is None else numbers[k]
+        fresh = parent.model
+        part = None if fresh is None else _part(fresh, lambda a: a[k])
+        self.shades[r] = self._placed(row, parent.grounded, part, parent.why)
+
+    def stack(self, r: int, parts: Sequence[tuple[Any, int]]) -> None:
+        """Value `r` stacks `parts` (a scan's `ys`)."""
+        b = self._own(r)
+        if b >= 0:
+            self.shades[r] = Shade("same", b)
+            return
+        shades = [self._shade(x, j) for x, j in parts]
+        arrays = [self._numbers(s) for s in shades]
+        stacked = None if any(a is None for a in arrays) else np.stack(arrays)  # type: ignore[arg-type]
+        models = [self._model(s) for s in shades]
+        joined = None
+        if all(m is not None for m in models):
+            joined = _joined([m for m in models if m is not None])
+        why = next((s.why for s in shades if s.why), "")
+        self.shades[r] = self._placed(stacked, all(s.grounded for s in shades), joined, why)
+
+    # -- judging ---------------------------------------------------------------------------
+
+    def _rerun(
+        self, eqn: Any, ins: Sequence[tuple[Any, int]], shades: Sequence[Shade]
+    ) -> list[np.ndarray | None]:
+        """`eqn` bound again on the base's values of its operands (None where one is
+        opaque)."""
+        import jax.numpy as jnp
+
+        operands = []
+        for (x, _), s in zip(ins, shades, strict=True):
+            if s.status == "same":
+                operands.append(x)
+                continue
+            numbers = self._numbers(s)
+            dtype = getattr(x, "dtype", None)
+            if numbers is None or dtype is None or not _plain(dtype):
+                return [None] * len(eqn.outvars)
+            operands.append(jnp.asarray(numbers, dtype=dtype))
+        outs = eqn.primitive.bind(*operands, **eqn.params)
+        outs = outs if eqn.primitive.multiple_results else [outs]
+        return [to_host(o) for o in outs]
+
+    def _judge(self, eqn: Any, shades: Sequence[Shade], result: np.ndarray | None, n: int) -> Shade:
+        """The shade of result `n` of `eqn` computed on the base's values."""
+        name = eqn.primitive.name
+        if result is None:
+            said = (s.why for s in shades if s.why)
+            why = next(said, f"{name} of a value that is not the base's")
+            return Shade("fresh", why=why)
+        fp = fingerprint(result)
+        b = self._digests.get((tuple(result.shape), str(result.dtype), fp.digest), -1)
+        if b >= 0:
+            return Shade("exact", b)
+        operands = [self._model(s) for s in shades]
+        if any(m is None for m in operands):
+            why = next((s.why for s in shades if s.model is None and s.why), "")
+            return Shade("fresh", array=result, why=why or f"{name} of an unmodelled value")
+        known = [m for m in operands if m is not None]
+        if name == "split":  # several results: result n is a slice of the operand
+            modelled = _split(eqn.params, known[0], n)
+        else:
+            modelled = model(name, eqn.params, known, result.dtype)
+        if modelled is None:
+            if all(s.grounded for s in shades):  # a new value of the base's values: its bits
+                return Shade("fresh", array=result, model=_as_given(result))
+            return Shade("fresh", array=result, why=f"no rounding model for {name}")
+        if np.issubdtype(result.dtype, np.floating):
+            for c in self._nearest(result, fp.stats):
+                ok, margin = within(self.arrays[c], modelled, result.dtype)
+                if ok:
+                    return Shade("rounded", c, margin=margin, bound=_largest(modelled, result))
+        return Shade("fresh", array=result, model=modelled)
+
+    def _placed(
+        self, numbers: np.ndarray | None, grounded_: bool, fresh: Fresh | None, why: str
+    ) -> Shade:
+        """The shade of a row or a stack: a value of the base's, a part of the base's
+        numbers, or fresh with its model."""
+        if numbers is None:
+            return Shade("fresh", model=fresh, why=why or "an opaque value")
+        fp = fingerprint(numbers)
+        b = self._digests.get((tuple(numbers.shape), str(numbers.dtype), fp.digest), -1)
+        if b >= 0:
+            return Shade("exact", b)
+        if grounded_:
+            return Shade("part", array=numbers)
+        if fresh is not None and np.issubdtype(numbers.dtype, np.floating):
+            for c in self._nearest(numbers, fp.stats):
+                ok, margin = within(self.arrays[c], fresh, numbers.dtype)
+                if ok:
+                    return Shade("rounded", c, margin=margin, bound=_largest(fresh, numbers))
+        return Shade("fresh", array=numbers, model=fresh, why=why)
+
+    def _nearest(self, numbers: np.ndarray, stats: np.ndarray) -> list[int]:
+        """The base's values of `numbers`' shape and dtype, nearest first by statistics."""
+        key = (tuple(numbers.shape), str(numbers.dtype))
+        ids = self._buckets.get(key, [])
+        if len(ids) <= CANDIDATES:
+            return list(ids)
+        far = np.abs(self._stats[key] - stats).sum(axis=1)
+        return [ids[j] for j in np.argsort(far, kind="stable")[:CANDIDATES]]
+
+    # -- reading shades --------------------------------------------------------------------
+
+    def _values(self) -> list[Any]:
+        assert self.interpreter is not None
+        return self.interpreter.values
+
+    def _own(self, i: int) -> int:
+        """The base's value new value `i` is bit for bit, by its own fingerprint; else -1."""
+        assert self.interpreter is not None
+        v, fp = self.interpreter.values[i], self.interpreter.prints[i]
+        return self._digests.get((v.shape, v.dtype, fp.digest), -1)
+
+    def _shade(self, x: Any, j: int) -> Shade:
+        if j < 0:  # a literal: the program's own constant, the same on both sides
+            return Shade("part", array=np.asarray(x))
+        return self.shades.get(j, Shade("fresh", why="a value the replay did not see"))
+
+    def _numbers(self, s: Shade) -> np.ndarray | None:
+        if s.array is not None:
+            return s.array
+        return self.arrays[s.base] if s.base >= 0 else None
+
+    def _model(self, s: Shade) -> Fresh | None:
+        if s.grounded:
+            numbers = self._numbers(s)
+            return None if numbers is None else grounded(numbers)
+        return s.model
+
+    def proofs(self, new: Recording, keys: Iterable[str] | None = None) -> dict[str, RoundingProof]:
+        """Each of `keys` (every output of `new` by default) proved up to rounding, or
+        told why not, once `new` is recorded."""
+        return {k: self._prove(new, k) for k in (new.outputs if keys is None else keys)}
+
+    def _prove(self, new: Recording, key: str) -> RoundingProof:
+        if key not in new.outputs or key not in self.old.output_arrays:
+            return RoundingProof(key, False, f"the two programs do not both output {key!r}")
+        target, theirs = new.outputs[key], self.old.output_arrays[key]
+        if target < 0:
+            return RoundingProof(key, False, f"{key!r} is a literal of the new program")
+        cone = sorted(upstream(new, target))
+        shades = [self.shades.get(i, Shade("fresh", why="not replayed")) for i in cone]
+        counts = {s: sum(1 for x in shades if x.status == s) for s in ("same", "exact", "fresh")}
+        pairs = zip(cone, shades, strict=True)
+        rounded = [(x.margin, i) for i, x in pairs if x.status == "rounded"]
+        largest = ""
+        if rounded:
+            margin, i = max(rounded)
+            largest = f"{_place(new, i)}, {margin:.2g} of its bound {self.shades[i].bound:.3g}"
+        mine = self.shades.get(target, Shade("fresh"))
+        if _answers(mine, self._numbers(mine), theirs):
+            equal = counts["same"] + counts["exact"]
+            return RoundingProof(key, True, "", equal, len(rounded), counts["fresh"], largest)
+        origin = self._origin(new, cone)
+        shade = self.shades.get(origin, Shade("fresh"))
+        what = "equals no value of the base's, nor any within its rounding"
+        if shade.status == "differs":
+            what = "is an input of the programs that no value of the base's is"
+        elif shade.why:
+            what += f" ({shade.why})"
+        reason = (
+            f"not proved up to rounding: {_place(new, origin)}, computed on the base's "
+            f"values, {what}"
+        )
+        return RoundingProof(key, False, reason, origin=origin)
+
+    def origin(
+        self, new: Recording, proof: RoundingProof, *, root: str | Path | None = None
+    ) -> Origin | None:
+        """The origin of a key not proved, with the kind of change it is
+        (`parity.origin.change`), a value being the base's where its shade says so; None
+        for a key proved."""
+        if proof.proved or proof.origin < 0:
+            return None
+        exact = dataclasses.replace(align(new, self.old, 0.0), same_as=self._is)
+        return exact.describe(exact.edited(proof.origin), proof.key, root=root)
+
+    def _is(self, a: int, b: int) -> bool:
+        """Whether new value `a`, on the base's values, is the base's value `b`."""
+        s = self.shades.get(a)
+        if s is None or not s.grounded:
+            return False
+        numbers = self._numbers(s)
+        return s.base == b or (numbers is not None and _equal(numbers, self.arrays[b]))
+
+    def _origin(self, new: Recording, cone: list[int]) -> int:
+        """Where the key's way first computes what the base never did: the first value
+        that equals none of the base's, of a shape the base has, while what it reads is the
+        base's (or new intermediates of shapes the base has none of)."""
+
+        def known(i: int) -> bool:
+            v = new.values[i]
+            return (v.shape, v.dtype) in self._buckets
+
+        loose = [i for i in cone if not self.shades.get(i, Shade("fresh")).grounded]
+        for i in loose:
+            if self.shades[i].status == "differs":
+                return i
+        for i in loose:
+            v = new.values[i]
+            if v.kind in ("op", "move") and known(i):
+                reads = [self.shades.get(j, Shade("fresh")) for j in v.inputs]
+                if all(s.grounded or not known(j) for s, j in zip(reads, v.inputs, strict=True)):
+                    return i
+        return loose[0] if loose else cone[-1]
+
+
+def replay(
+    new_fn: Callable[..., Any],
+    old_fn: Callable[..., Any],
+    *args: Any,
+    max_bytes: int | None = None,
+    **kwargs: Any,
+) -> tuple[Recording, Recording, Shadow]:
+    """Record `old_fn` with its arrays, then `new_fn` op by op with its shadow replay on
+    `old_fn`'s values, both on `args` and `kwargs`.
+
+    **Returns:** `(new, old, shadow)`; `shadow.proofs(new)` proves each key up to rounding.
+    """
+    from parity.origin.record import record
+
+    old = record(old_fn, *args, keep_arrays=True, max_bytes=max_bytes, **kwargs)
+    shadow = Shadow(old)
+    new = record(new_fn, *args, keep_arrays=False, max_bytes=max_bytes, shadow=shadow, **kwargs)
+    return new, old, shadow
+
+
+def _equal(a: np.ndarray, b: np.ndarray) -> bool:
+    """The same shape, dtype and bytes."""
+    return (
+        a.shape == b.shape
+        and a.dtype == b.dtype
+        and np.ascontiguousarray(a).tobytes() == np.ascontiguousarray(b).tobytes()
+    )
+
+
+def _answers(mine: Shade, numbers: np.ndarray | None, theirs: np.ndarray) -> bool:
+    """Whether a key's shade is the base's same key: its numbers bit for bit, or within
+    the rounding its model allows."""
+    if numbers is not None and _equal(numbers, theirs):
+        return True
+    if mine.status == "fresh" and mine.model is not None:
+        return within(theirs, mine.model, theirs.dtype)[0]
+    return False
+
+
+def _place(new: Recording, i: int) -> str:
+    v = new.values[i]
+    where = f"{v.file}:{v.line} in {v.function}" if v.file else "<no source>"
+    return f"{v.primitive} at {where}"
+
+
+def _largest(fresh: Fresh, result: np.ndarray) -> float:
+    bound = allowed(fresh, result.dtype)
+    return float(np.max(bound)) if bound.size else 0.0
+
+
+def _as_given(result: np.ndarray) -> Fresh | None:
+    return grounded(result) if np.issubdtype(result.dtype, np.floating) else None
+
+
+def _part(fresh: Fresh, take: Callable[[np.ndarray], np.ndarray]) -> Fresh:
+    slack = np.broadcast_to(fresh.slack, fresh.centre.shape)
+    return Fresh(take(fresh.centre), take(fresh.mag), fresh.depth, take(slack), fresh.dtype)
+
+
+def _split(params: Any, fresh: Fresh, n: int) -> Fresh:
+    """Result `n` of a `split` (`sizes` along `axis`) of a value modelled by `fresh`."""
+    axis, sizes = int(params["axis"]), [int(k) for k in params["sizes"]]
+    start = sum(sizes[:n])
+    index = (slice(None),) * axis + (slice(start, start + sizes[n]),)
+    return _part(fresh, lambda a: a[index])
+
+
+def _joined(models: Sequence[Fresh]) -> Fresh:
+    return Fresh(
+        np.stack([m.centre for m in models]),
+        np.stack([m.mag for m in models]),
+        max(m.depth for m in models),
+        np.stack([np.broadcast_to(m.slack, m.centre.shape) for m in models]),
+        models[0].dtype,
+    )
+
+
+def _plain(dtype: Any) -> bool:
+    try:
+        np.dtype(dtype)
+    except TypeError:
+        return False
+    return True
