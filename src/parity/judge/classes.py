@@ -22,7 +22,7 @@ from collections.abc import Mapping
 from dataclasses import KW_ONLY, dataclass
 from typing import Any
 
-from parity.judge.fixed_rules import Bitwise, Close, OpByOp, RelativeToMax
+from parity.judge.fixed_rules import Bitwise, Close, OpByOp, RelativeToMax, UpToRounding
 from parity.judge.measured_rules import Budget, Calibrated, LogitKL, Reduction
 from parity.judge.registry import rule_from_dict
 from parity.judge.rule_base import Rule
@@ -173,6 +173,20 @@ REGISTRY: Mapping[str, ToleranceClass] = _frozen_registry(
             "same inputs, compute this key from values equal bit for bit; no tolerance"
         ),
         measured="by proof: every operation recomputed on its own, on this machine",
+    ),
+    ToleranceClass(
+        "up_to_rounding",
+        UpToRounding(),
+        meaning=(
+            "what op_by_op admits, and a refactor that reorders arithmetic (a fused "
+            "projection, a sum in another order): each operation, computed again on the "
+            "base's own values, gives the base's value within that operation's own rounding; "
+            "no tolerance"
+        ),
+        measured=(
+            "by proof: each operation's IEEE rounding bound from its operands (Higham's "
+            "gamma_n), on the base's values, on this machine"
+        ),
     ),
     ToleranceClass(
         "fp32_reassoc",

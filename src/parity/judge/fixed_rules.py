@@ -64,6 +64,22 @@ class OpByOp(Bitwise):
 
 
 @dataclass(frozen=True)
+class UpToRounding(OpByOp):
+    """Bitwise, unless proved op by op, or else proved up to rounding: each operation of the
+    new program, computed again on the base's own values, gives the base's value bit for
+    bit or within that one operation's rounding (docs/design.md, "Proved up to rounding").
+    A separate rule so that `op_by_op` keeps meaning the same operations, bit for bit; this
+    one admits a refactor that reorders arithmetic on purpose (a fused projection, a loss
+    summed in another order), and says so in its note."""
+
+    kind: ClassVar[str] = "up_to_rounding"
+    rounds: ClassVar[bool] = True
+
+    def describe(self) -> str:
+        return "bitwise, or proved up to rounding"
+
+
+@dataclass(frozen=True)
 class Ulp(Rule):
     """Elementwise ulp distance at most `max_ulp` (an int >= 0)."""
 

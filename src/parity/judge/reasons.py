@@ -10,7 +10,7 @@ from typing import Any, cast
 from parity.judge.findings import ArrayVerdict, Verdict
 from parity.judge.floats import count, sig
 
-__all__ = ["UNPROVED", "absent_reason", "array_reason", "proof_clause"]
+__all__ = ["UNPROVED", "UNPROVED_ROUNDING", "absent_reason", "array_reason", "proof_clause"]
 
 #: How a failure under a class that proves op by op (`op_by_op`) ends before anyone proved it:
 #: the comparator has the arrays, not the programs (`parity.origin.proof` replaces it).
@@ -18,6 +18,13 @@ UNPROVED = (
     "; not proved op by op: only a check that records both programs can prove it "
     "(parity check, the pytest plugin against goldens, assert_equivalent with new_fn and "
     "old_fn)"
+)
+
+#: The same for a class that proves up to rounding (`up_to_rounding`): its replay on the
+#: base's values needs the base's arrays, which only `assert_equivalent` holds so far.
+UNPROVED_ROUNDING = (
+    "; not proved up to rounding: only a check that records both programs, the base's with "
+    "its values, can prove it (assert_equivalent with new_fn and old_fn)"
 )
 
 
@@ -110,4 +117,6 @@ def proof_clause(v: ArrayVerdict, reason: str) -> str:
     """The clause a failure's reason ends with about a proof op by op: `UNPROVED` where its
     class proves (`Rule.proves`) and nobody proved it yet; "" otherwise. Kept apart in the
     finding (`Finding.proof_clause`), so that a proof replaces it whole, not by its words."""
-    return UNPROVED if reason and v.tol.rule.proves else ""
+    if not reason or not v.tol.rule.proves:
+        return ""
+    return UNPROVED_ROUNDING if v.tol.rule.rounds else UNPROVED

@@ -13,7 +13,7 @@ import dataclasses
 from collections.abc import Mapping
 from typing import Any
 
-from parity.judge.fixed_rules import Bitwise, Close, OpByOp, RelativeToMax, Ulp
+from parity.judge.fixed_rules import Bitwise, Close, OpByOp, RelativeToMax, Ulp, UpToRounding
 from parity.judge.measured_rules import Budget, Calibrated, LogitKL, Reduction
 from parity.judge.rule_base import Rule
 
@@ -23,7 +23,18 @@ __all__ = ["RULES", "rule_from_dict"]
 #: Every rule by its `kind`.
 RULES: Mapping[str, type[Rule]] = {
     r.kind: r
-    for r in (Bitwise, OpByOp, Ulp, Close, RelativeToMax, Reduction, Calibrated, Budget, LogitKL)
+    for r in (
+        Bitwise,
+        OpByOp,
+        UpToRounding,
+        Ulp,
+        Close,
+        RelativeToMax,
+        Reduction,
+        Calibrated,
+        Budget,
+        LogitKL,
+    )
 }
 
 

@@ -172,6 +172,11 @@ class Rule:
     #: "Proved op by op"). The comparator judges such a rule's arrays as it judges any;
     #: whoever holds the programs (`parity.origin.proof`) settles its failures.
     proves: ClassVar[bool] = False
+    #: Whether a proof may go on, where op by op fails, to a proof up to rounding
+    #: (`UpToRounding`): each operation of the new program computed again on the base's
+    #: values, within that operation's own rounding (docs/design.md, "Proved up to
+    #: rounding"; `parity.origin.shadow`).
+    rounds: ClassVar[bool] = False
 
     def describe(self) -> str:
         raise NotImplementedError

@@ -16,6 +16,7 @@ import numpy as np
 
 from parity.judge.classes import REGISTRY, ToleranceClass
 from parity.judge.compare import Comparison, compare_trees
+from parity.judge.registry import RULES
 from parity.judge.renames import Rename
 from parity.judge.stacking import StackRule
 from parity.judge.tolerance import (
@@ -29,6 +30,7 @@ from parity.origin.localisation import Localisation
 from parity.origin.proof import Proof, answering, provable, prove, settle, unproved, upstream
 from parity.origin.record import LocaliseError, record
 from parity.origin.recording import Recording
+from parity.origin.shadow import RoundingProof, Shadow
 
 __all__ = [
     "PROFILE_BINS",
@@ -211,6 +213,7 @@ def prove_and_locate(
     origin: bool = True,
     stack: Sequence[StackRule] = (),
     rename: Sequence[Rename] = (),
+    shadow: Shadow | None = None,
 ) -> Settlement:
     """A failing comparison of two programs' compiled outputs, settled by their recordings:
     each failure under a class that proves (`op_by_op`) proved op by op or told why not
@@ -220,18 +223,26 @@ def prove_and_locate(
     proved, and its origin named, as its row of the stacked output that holds it, and a
     stacked key as the rows a program holds per layer; with `rename`
     (`parity.judge.renames`), as the key under the name `new` gave it
-    (`parity.origin.proof.answering`).
+    (`parity.origin.proof.answering`). With `shadow` (the replay of `new` on `old`'s values,
+    `parity.origin.shadow`), a key of a class that proves up to rounding and is not proved
+    op by op is proved up to rounding or told why not, and named at the shadow's origin.
 
     **Returns:** the `Settlement`.
     """
     keys = [f.key for f in comparison.findings]
+    replayed = new
     new, old = answering(new, keys, stack=stack, rename=rename), answering(old, keys, stack=stack)
     exact = align(new, old, 0.0)
     provables = [f.key for f in comparison.findings if provable(f)]
     proofs = prove(new, old, provables, against=against, exact=exact)
-    comparison = settle(comparison, proofs)
+    rounding = _up_to_rounding(comparison, proofs, shadow, replayed, root)
+    comparison = settle(comparison, proofs | {k: p for k, (p, _) in rounding.items()})
     first, found = comparison.first_failure, None
-    if origin and first is not None:  # under the class the comparison judged it by
+    if origin and first is not None and first.key in rounding and shadow is not None:
+        named = shadow.origin(replayed, rounding[first.key][1], root=root)
+        if named is not None:  # where the replay on the base's values found it
+            found = Localisation("named", origin=named, key=first.key, against=against)
+    if origin and first is not None and found is None:  # under the class it was judged by
         if first.key not in new.outputs or first.key not in old.output_arrays:
             why = f"the recorded programs do not both output {first.key!r}"
             found = Localisation("not_named", key=first.key, reason=why)
@@ -247,6 +258,38 @@ def prove_and_locate(
                 exact=exact,
             )
     return Settlement(comparison, found, proofs)
+
+
+def _up_to_rounding(
+    comparison: Comparison,
+    proofs: Mapping[str, Proof],
+    shadow: Shadow | None,
+    new: Recording,
+    root: str | Path | None,
+) -> dict[str, tuple[Proof, RoundingProof]]:
+    """Each failure of a class that proves up to rounding (`Rule.rounds`) not proved op by
+    op, proved by the shadow replay or told why not (with the replay's own proof); without a
+    replay, told that its proof needs one."""
+    out: dict[str, tuple[Proof, RoundingProof]] = {}
+    wanted = [
+        f.key
+        for f in comparison.findings
+        if provable(f)
+        and getattr(RULES.get(f.rule or ""), "rounds", False)
+        and not (f.key in proofs and proofs[f.key].proved)
+    ]
+    if not wanted:
+        return out
+    if shadow is None:
+        for k in wanted:
+            why = "the base's values were not recorded beside it, so nothing was replayed"
+            out[k] = (Proof(k, False, why, words="up to rounding"), RoundingProof(k, False, why))
+        return out
+    for k, rp in shadow.proofs(new, wanted, root=root).items():
+        words = "up to rounding"
+        how = rp.describe() if rp.proved else ""
+        out[k] = (Proof(k, rp.proved, rp.reason, rp.exact, words, how), rp)
+    return out
 
 
 def _tolerance(
@@ -323,16 +366,24 @@ def settle_live(
     (`prove_and_locate`): its provable failures proved or not, and the origin of the first
     key still failing, or why there is none. Never raises for a function it cannot record:
     the failures stay unproved and the `Localisation` says why (the line explains a
-    failure; it must not replace it)."""
+    failure; it must not replace it). Where a key of a class that proves up to rounding
+    fails, `new_fn` is recorded with its replay on `old_fn`'s values (`Shadow`)."""
+    rounds = any(
+        provable(f) and getattr(RULES.get(f.rule or ""), "rounds", False)
+        for f in comparison.findings
+    )
     try:
-        new = record(new_fn, *args, **kwargs)
         old = record(old_fn, *args, **kwargs)
+        shadow = Shadow(old) if rounds else None
+        new = record(new_fn, *args, shadow=shadow, **kwargs)
     except LocaliseError as e:
         reason = e.reason
     except Exception as e:
         reason = f"recording raised {type(e).__name__}: {e}"
     else:
-        done = prove_and_locate(comparison, new, old, registry=registry, stack=stack, rename=rename)
+        done = prove_and_locate(
+            comparison, new, old, registry=registry, stack=stack, rename=rename, shadow=shadow
+        )
         return done.comparison, done.origin or Localisation("no_failure")
     first = comparison.first_failure
     not_named = Localisation("not_named", key="" if first is None else first.key, reason=reason)

@@ -50,13 +50,18 @@ class Proof:
     """Whether one key was proved op by op.
 
     **Fields:** `key`; `proved`; `reason`, why not, in one line (`""` when proved);
-    `values`, how many values upstream of the key (its own included) were found equal.
+    `values`, how many values upstream of the key (its own included) were found equal;
+    `words`, how it was proved or not ("op by op", or "up to rounding" for a proof by the
+    shadow replay, `parity.origin.shadow`); `how`, for a proof up to rounding, what it
+    rests on (`RoundingProof.describe`).
     """
 
     key: str
     proved: bool
     reason: str = ""
     values: int = 0
+    words: str = "op by op"
+    how: str = ""
 
 
 def provable(finding: Finding) -> bool:
@@ -207,9 +212,10 @@ def prove(
     return out
 
 
-def proved_note(finding: Finding) -> str:
-    """The note a proved key carries: how far its compiled values moved."""
-    return f"{PROVED}; {compiled_difference(finding)}"
+def proved_note(finding: Finding, how: str = "") -> str:
+    """The note a proved key carries: how it was proved where not op by op (`how`), and
+    how far its compiled values moved."""
+    return f"{how or PROVED}; {compiled_difference(finding)}"
 
 
 def settle(comparison: Comparison, proofs: Mapping[str, Proof]) -> Comparison:
@@ -225,13 +231,13 @@ def settle(comparison: Comparison, proofs: Mapping[str, Proof]) -> Comparison:
                     verdict="pass",
                     reason="",
                     n_violating=0,
-                    note=proved_note(f),
+                    note=proved_note(f, proof.how),
                     basis="proved",
                     proof_clause="",
                 )
             else:  # the clause about the proof replaced whole (it is kept apart)
                 reason = f.reason[: len(f.reason) - len(f.proof_clause)]
-                clause = f"; not proved op by op: {proof.reason}"
+                clause = f"; not proved {proof.words}: {proof.reason}"
                 f = dataclasses.replace(f, reason=reason + clause, proof_clause=clause)
         findings.append(f)
     return dataclasses.replace(comparison, findings=tuple(findings))

@@ -32,6 +32,7 @@ This module imports numpy and the origin's own modules; jax inside functions onl
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass, field
@@ -104,7 +105,7 @@ class RoundingProof:
     def describe(self) -> str:
         """One clause: how the key was proved, or why not."""
         if not self.proved:
-            return self.reason
+            return f"not proved up to rounding: {self.reason}"
         how = f"proved up to rounding: {self.exact} values equal op by op"
         if self.rounded:
             how += f", {self.rounded} within the rounding of their operation"
@@ -307,12 +308,18 @@ class Shadow:
             return None if numbers is None else grounded(numbers)
         return s.model
 
-    def proofs(self, new: Recording, keys: Iterable[str] | None = None) -> dict[str, RoundingProof]:
+    def proofs(
+        self,
+        new: Recording,
+        keys: Iterable[str] | None = None,
+        *,
+        root: str | Path | None = None,
+    ) -> dict[str, RoundingProof]:
         """Each of `keys` (every output of `new` by default) proved up to rounding, or
-        told why not, once `new` is recorded."""
-        return {k: self._prove(new, k) for k in (new.outputs if keys is None else keys)}
+        told why not, once `new` is recorded; places relative to `root` where inside it."""
+        return {k: self._prove(new, k, root) for k in (new.outputs if keys is None else keys)}
 
-    def _prove(self, new: Recording, key: str) -> RoundingProof:
+    def _prove(self, new: Recording, key: str, root: str | Path | None) -> RoundingProof:
         if key not in new.outputs or key not in self.old.output_arrays:
             return RoundingProof(key, False, f"the two programs do not both output {key!r}")
         target, theirs = new.outputs[key], self.old.output_arrays[key]
@@ -326,7 +333,8 @@ class Shadow:
         largest = ""
         if rounded:
             margin, i = max(rounded)
-            largest = f"{_place(new, i)}, {margin:.2g} of its bound {self.shades[i].bound:.3g}"
+            bound = self.shades[i].bound
+            largest = f"{_place(new, i, root)}, {margin:.2g} of its bound {bound:.3g}"
         mine = self.shades.get(target, Shade("fresh"))
         if _answers(mine, self._numbers(mine), theirs):
             equal = counts["same"] + counts["exact"]
@@ -338,10 +346,7 @@ class Shadow:
             what = "is an input of the programs that no value of the base's is"
         elif shade.why:
             what += f" ({shade.why})"
-        reason = (
-            f"not proved up to rounding: {_place(new, origin)}, computed on the base's "
-            f"values, {what}"
-        )
+        reason = f"{_place(new, origin, root)}, computed on the base's values, {what}"
         return RoundingProof(key, False, reason, origin=origin)
 
     def origin(
@@ -424,9 +429,14 @@ def _answers(mine: Shade, numbers: np.ndarray | None, theirs: np.ndarray) -> boo
     return False
 
 
-def _place(new: Recording, i: int) -> str:
+def _place(new: Recording, i: int, root: str | Path | None) -> str:
+    """Value `i`'s operation and its place, its file relative to `root` where inside it."""
     v = new.values[i]
-    where = f"{v.file}:{v.line} in {v.function}" if v.file else "<no source>"
+    file = v.file
+    if file and root is not None:
+        with contextlib.suppress(ValueError):
+            file = Path(file).resolve().relative_to(Path(root).resolve()).as_posix()
+    where = f"{file}:{v.line} in {v.function}" if file else "<no source>"
     return f"{v.primitive} at {where}"
 
 

@@ -20,6 +20,7 @@ import jax
 import numpy as np
 import pytest
 
+import parity
 from parity.origin.record import record
 from parity.origin.recording import Recording
 from parity.origin.shadow import Shadow
@@ -29,6 +30,7 @@ pytestmark = pytest.mark.slow
 #: The base: layers in a Python loop, q, k and v each projected on their own.
 MODEL = """\
 import jax
+import parity
 import jax.numpy as jnp
 import optax
 
@@ -182,4 +184,38 @@ def test_a_bug_is_not_proved_and_is_named_at_its_operation(
     origin = shadow.origin(new, first, root=tmp_path)
     assert origin is not None
     assert (origin.primitive, origin.function) == (primitive, function), (first.reason, origin)
-    assert "not proved up to rounding" in first.reason
+    assert first.describe().startswith("not proved up to rounding: ")
+
+
+def test_assert_equivalent_proves_the_fused_projection_under_up_to_rounding(
+    base: Any, tmp_path: Path
+) -> None:
+    """Through `assert_equivalent(new_fn=, old_fn=, args=)`: the fused projection fails
+    `op_by_op` (its operations are not the base's) and passes `up_to_rounding`, with how; a
+    loss divided by N - 1 on top of it fails `up_to_rounding`, named at its line."""
+    module, args, _ = base
+    fused = _module(tmp_path / "fused", MODEL.replace(*FUSED))
+    new_out, old_out = fused.train(*args), module.train(*args)
+    with pytest.raises(parity.NotEquivalent) as strict:
+        parity.assert_equivalent(
+            new_out, old_out, class_map="op_by_op", new_fn=fused.train, old_fn=module.train,
+            args=args,
+        )  # fmt: skip
+    assert "not proved op by op" in str(strict.value)
+    result = parity.assert_equivalent(
+        new_out, old_out, class_map="up_to_rounding", new_fn=fused.train, old_fn=module.train,
+        args=args,
+    )  # fmt: skip
+    notes = [f.note for f in result.findings if f.basis == "proved"]
+    assert notes and all(n.startswith("proved up to rounding: ") for n in notes), notes
+    buggy = _module(tmp_path / "buggy", MODEL.replace(*FUSED).replace(*BUGS["loss / (N - 1)"][0]))
+    with pytest.raises(parity.NotEquivalent) as failed:
+        parity.assert_equivalent(
+            buggy.train(*args), old_out, class_map="up_to_rounding", new_fn=buggy.train,
+            old_fn=module.train, args=args,
+        )  # fmt: skip
+    message = str(failed.value)
+    assert "not proved up to rounding: " in message, message
+    origin = failed.value.origin
+    assert origin is not None and origin.origin is not None, message
+    assert (origin.origin.primitive, origin.origin.function) == ("div", "loss_fn"), message

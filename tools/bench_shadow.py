@@ -1,0 +1,154 @@
+"""Cost of a proof up to rounding (issue 59, `parity.origin.shadow`) on the subject's forward,
+and how it grows with the number of layers.
+
+For each depth (2, 4 and 8 layers of `tests/equivalence/producers.py`'s `glu_config("llama")`,
+seed 0, the group's tokens, every tap) and each refactor, a child process times:
+
+- `verdict`: both forwards jitted and run, their outputs compared (`parity.compare_trees`
+  under `bitwise`), as a check's verdict costs;
+- `base`: the base's recording with its values (`record(..., keep_arrays=True)`), what a
+  cache of the base would hold;
+- `replay`: the new forward recorded op by op with its shadow replay on the base's values,
+  and every key proved (`Shadow.proofs`): the cost over the verdict with the base cached;
+
+and prints the keys proved, how many values were equal op by op or within their
+operation's rounding, and the child's peak resident memory. The refactors, each against
+`decomp.legacy`'s unrolled forward:
+
+- `scan`: the scanned forward as it is (its operations are the legacy loop's: a proof op by
+  op, the replay does nothing beyond it);
+- `split dot`: every site's matmul split into two half contractions summed (`x[:, :h] @
+  W[:, :h].T + x[:, h:] @ W[:, h:].T`): a reassociation, proved only up to rounding.
+
+    XLA_FLAGS=--xla_cpu_max_isa=AVX2 .venv/bin/python tools/bench_shadow.py [--repeat 3]
+
+Issue 59 asks for a forward group within 60 s over its verdict with the base cached, and
+2 GiB.
+"""
+
+from __future__ import annotations
+
+import argparse
+import dataclasses
+import importlib.util
+import json
+import resource
+import statistics
+import subprocess
+import sys
+import time
+from pathlib import Path
+from types import ModuleType
+from typing import Any
+
+ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT / "src"))
+LAYERS = (2, 4, 8)
+REFACTORS = ("scan", "split dot")
+
+
+def _producers() -> ModuleType:
+    path = ROOT / "tests" / "equivalence" / "producers.py"
+    spec = importlib.util.spec_from_file_location("producers", path)
+    assert spec is not None and spec.loader is not None
+    module = importlib.util.module_from_spec(spec)
+    sys.modules["producers"] = module
+    spec.loader.exec_module(module)
+    return module
+
+
+def _split_site(kind: str, w: Any, site_x: Any, x: Any) -> Any:
+    """A site's `x @ w.T` as two half contractions summed: the same products, reassociated."""
+    del kind, site_x
+    h = x.shape[-1] // 2
+    return x[..., :h] @ w[:, :h].T + x[..., h:] @ w[:, h:].T
+
+
+def child(layers: int, refactor: str) -> dict[str, Any]:
+    """One measurement, in this process (`--child`)."""
+    import jax
+
+    from decomp import legacy
+    from parity.judge.compare import compare_trees
+    from parity.origin.record import record
+    from parity.origin.shadow import Shadow
+
+    producers = _producers()
+    cfg = dataclasses.replace(producers.glu_config("llama"), n_layer=layers)
+    model = producers._init_glu(cfg, 0)  # pyright: ignore[reportPrivateUsage]
+    x = producers.tokens(cfg.vocab_size)
+    wanted = tuple(producers.wanted_sets(layers)["full_depth"])
+    site = {"scan": None, "split dot": _split_site}[refactor]
+
+    def new(m: Any, tokens: Any) -> Any:
+        kw = {} if site is None else {"site_apply": site}
+        return m._clean_forward(tokens, wanted, True, **kw)  # pyright: ignore[reportPrivateUsage]
+
+    def old(m: Any, tokens: Any) -> Any:
+        return legacy.clean_output_and_activations(m, tokens, wanted)
+
+    t = time.perf_counter()
+    verdict = compare_trees(jax.jit(new)(model, x), jax.jit(old)(model, x), class_map="bitwise")
+    verdict_s = time.perf_counter() - t
+    t = time.perf_counter()
+    base = record(old, model, x, keep_arrays=True)
+    base_s = time.perf_counter() - t
+    t = time.perf_counter()
+    shadow = Shadow(base)
+    recording = record(new, model, x, keep_arrays=False, shadow=shadow)
+    proofs = shadow.proofs(recording)
+    replay_s = time.perf_counter() - t
+    statuses = [s.status for s in shadow.shades.values()]
+    return {
+        "verdict_s": verdict_s,
+        "base_s": base_s,
+        "replay_s": replay_s,
+        "failing": sum(1 for f in verdict.findings if f.verdict == "fail"),
+        "keys": len(proofs),
+        "proved": sum(1 for p in proofs.values() if p.proved),
+        "values": len(recording.values),
+        "same": statuses.count("same"),
+        "exact": statuses.count("exact"),
+        "rounded": statuses.count("rounded"),
+        "fresh": statuses.count("fresh"),
+        "base_mib": base.nbytes / 2**20,
+        "peak_mib": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024,
+        "unproved": next((p.describe() for p in proofs.values() if not p.proved), ""),
+    }
+
+
+def _measure(layers: int, refactor: str) -> dict[str, Any]:
+    done = subprocess.run(
+        [sys.executable, __file__, "--child", str(layers), refactor],
+        capture_output=True, text=True, check=True,
+    )  # fmt: skip
+    return json.loads(done.stdout.strip().splitlines()[-1])
+
+
+def main() -> None:
+    p = argparse.ArgumentParser(description=(__doc__ or "").split("\n\n")[0])
+    p.add_argument("--repeat", type=int, default=1, help="runs per figure (medians printed)")
+    p.add_argument("--child", nargs=2, metavar=("LAYERS", "REFACTOR"), help=argparse.SUPPRESS)
+    args = p.parse_args()
+    if args.child:
+        print(json.dumps(child(int(args.child[0]), args.child[1])))
+        return
+    print(f"medians of {args.repeat} run(s) per row; each row a fresh process")
+    print(f"{'refactor':10s} {'layers':>6s} {'verdict':>8s} {'base':>7s} {'replay':>7s} "
+          f"{'proved':>9s} {'values':>7s} {'same':>6s} {'exact':>6s} {'rounded':>7s} "
+          f"{'fresh':>6s} {'base MiB':>8s} {'peak MiB':>8s}")  # fmt: skip
+    for refactor in REFACTORS:
+        for layers in LAYERS:
+            runs = [_measure(layers, refactor) for _ in range(args.repeat)]
+            med = {k: statistics.median(r[k] for r in runs) for k in runs[0] if k != "unproved"}
+            print(f"{refactor:10s} {layers:6d} {med['verdict_s']:7.1f}s {med['base_s']:6.1f}s "
+                  f"{med['replay_s']:6.1f}s {int(med['proved']):4d}/{int(med['keys']):<4d} "
+                  f"{int(med['values']):7d} {int(med['same']):6d} {int(med['exact']):6d} "
+                  f"{int(med['rounded']):7d} {int(med['fresh']):6d} {med['base_mib']:8.1f} "
+                  f"{med['peak_mib']:8.0f}")  # fmt: skip
+            if runs[0]["unproved"]:
+                print(f"{'':17s} first key not proved: {runs[0]['unproved']}")
+
+
+if __name__ == "__main__":
+    main()
