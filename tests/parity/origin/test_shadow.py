@@ -2,10 +2,11 @@
 (plain JAX, a two-layer attention model, adamw through optax, dropout keyed by `fold_in` of
 the step, three steps) and its refactors, each replayed op by op on the base's own values.
 
-A layer loop turned into a `lax.scan` and a fused QKV projection (one matmul against the
-concatenated weights, then split) are proved on the logits and on every trajectory key,
-with no tolerance class; a changed epsilon, an adamw `b2`, a loss divided by N - 1 and a
-shifted dropout key are not, each at its own operation.
+A layer loop turned into a `lax.scan`, a fused QKV projection (one matmul against the
+concatenated weights, then split) and the loss's mean summed per column first are proved on
+the logits and on every trajectory key, with no tolerance class; a changed epsilon, an
+adamw `b2`, a loss divided by N - 1 and a shifted dropout key are not, each at its own
+operation.
 """
 
 from __future__ import annotations
@@ -103,8 +104,16 @@ FUSED = (
     "    return h @ wq, h @ wk, h @ wv\n",
     "    qkv = h @ jnp.concatenate([wq, wk, wv], axis=-1)\n    return jnp.split(qkv, 3, axis=-1)\n",
 )
+#: The loss's mean as a sum per column, then over the columns, then divided: its sums
+#: reordered.
+BY_COLUMNS = ("jnp.mean(err**2)", "jnp.sum(jnp.sum(err**2, axis=0)) / (N * T)")
 #: The refactors, each proved on every key.
-REFACTORS = {"scanned": [SCANNED], "fused qkv": [FUSED], "both": [SCANNED, FUSED]}
+REFACTORS = {
+    "scanned": [SCANNED],
+    "fused qkv": [FUSED],
+    "both": [SCANNED, FUSED],
+    "loss by columns": [BY_COLUMNS],
+}
 #: The bugs: (old, new), the primitive and the function of the origin.
 BUGS = {
     "epsilon": (("EPS = 1e-5", "EPS = 1.1e-5"), "add", "rms_norm"),
