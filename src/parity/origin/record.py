@@ -194,6 +194,7 @@ def record_programs(
     keep_arrays: bool = False,
     max_bytes: int | None = None,
     flush_every: int | None = None,
+    shadow: Any = None,
 ) -> tuple[Recording | None, list[str] | None]:
     """Run the programs a producer dispatched (`parity.origin.programs.capture`) op by op,
     in the order it ran them, in one value space: an argument one of them made is that
@@ -212,6 +213,7 @@ def record_programs(
     - `keep_arrays`, `max_bytes`: as `record`.
     - `flush_every`: clear jax's caches every so many values, to bound the memory of a
       process that records (`parity.origin.interpreter.FLUSH_EVERY`); None: never.
+    - `shadow`: as `record`.
 
     **Returns:** `(recording, order)`: the `Recording` (None where not `evaluate`), and the
     keys in dataflow order: by the depth of the value each key reads (the longest chain of
@@ -228,7 +230,11 @@ def record_programs(
     if capture.failure:
         raise LocaliseError(capture.failure)
     interp = Interpreter(
-        max_bytes, evaluate=evaluate, keep_arrays=keep_arrays, flush_every=flush_every
+        max_bytes,
+        evaluate=evaluate,
+        keep_arrays=keep_arrays,
+        flush_every=flush_every,
+        shadow=shadow,
     )
     results: list[list[Ref]] = []
     inputs: dict[int, Ref] = {}

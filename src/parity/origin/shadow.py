@@ -158,7 +158,8 @@ class Shadow:
                 self.shades[i] = Shade("same", b)
             return
         shades = [self._shade(x, j) for x, j in ins]
-        if all(s.status == "same" for s in shades):  # the base's values already: its own
+        if all(s.status == "same" or j < 0 for s, (_, j) in zip(shades, ins, strict=True)):
+            # its operands are the base's values already (a literal is its own): its result
             results: list[np.ndarray | None] = [to_host(x) for x, _ in refs]
         else:
             results = self._rerun(eqn, ins, shades)
