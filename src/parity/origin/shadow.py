@@ -42,7 +42,7 @@ from typing import Any
 import numpy as np
 
 from parity.origin.align import Origin, align
-from parity.origin.interpreter import Interpreter, to_host
+from parity.origin.interpreter import MOVES, Interpreter, to_host
 from parity.origin.proof import upstream
 from parity.origin.recording import Recording, fingerprint
 from parity.origin.rounding import Fresh, allowed, grounded, model, within
@@ -52,6 +52,21 @@ __all__ = ["RoundingProof", "Shade", "Shadow", "replay"]
 #: How many of the base's values of a shape a fresh value is held against, nearest first
 #: by their fingerprints' statistics.
 CANDIDATES = 8
+
+#: Operations whose result element is an operand element (or a literal, a padding value)
+#: moved, picked or negated: on the base's values, their result is the base's numbers, with
+#: no rounding (a `part`). A conversion is one where it converts back to its operand; an
+#: operation with an integer or boolean result computes it exactly.
+_PLACING = (MOVES - {"convert_element_type", "scan", "while", "cond"}) | {
+    "select_n",
+    "max",
+    "min",
+    "reduce_max",
+    "reduce_min",
+    "neg",
+    "abs",
+    "sort",
+}
 
 
 @dataclass
@@ -232,6 +247,8 @@ class Shadow:
         b = self._digests.get((tuple(result.shape), str(result.dtype), fp.digest), -1)
         if b >= 0:
             return Shade("exact", b)
+        if all(s.grounded for s in shades) and self._exactly(name, shades, result):
+            return Shade("part", array=result)
         operands = [self._model(s) for s in shades]
         if any(m is None for m in operands):
             why = next((s.why for s in shades if s.model is None and s.why), "")
@@ -251,6 +268,19 @@ class Shadow:
                 if ok:
                     return Shade("rounded", c, margin=margin, bound=_largest(modelled, result))
         return Shade("fresh", array=result, model=modelled)
+
+    def _exactly(self, name: str, shades: Sequence[Shade], result: np.ndarray) -> bool:
+        """Whether `name` computed `result` from its operands with no rounding
+        (`_PLACING`)."""
+        if name in _PLACING or not np.issubdtype(result.dtype, np.floating):
+            return True
+        if name == "convert_element_type" and len(shades) == 1:
+            operand = self._numbers(shades[0])
+            if operand is not None and operand.shape == result.shape:
+                with np.errstate(all="ignore"):
+                    back = result.astype(operand.dtype)
+                return bool(np.array_equal(back, operand, equal_nan=True))
+        return False
 
     def _placed(
         self, numbers: np.ndarray | None, grounded_: bool, fresh: Fresh | None, why: str
