@@ -25,7 +25,8 @@ from types import ModuleType
 ROOT = Path(__file__).resolve().parents[1]
 
 
-def _producers() -> ModuleType:
+def load_producers() -> ModuleType:
+    """`tests/equivalence/producers.py`, imported as `producers`."""
     path = ROOT / "tests" / "equivalence" / "producers.py"
     spec = importlib.util.spec_from_file_location("producers", path)
     assert spec is not None and spec.loader is not None
@@ -41,7 +42,7 @@ def _peak_mib() -> float:
 
 def main() -> None:
     started = time.perf_counter()
-    producers = _producers()
+    producers = load_producers()
     from decomp import legacy
     from parity.judge.classes import REGISTRY
     from parity.origin import align, locate, matching_tolerance, record

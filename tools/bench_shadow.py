@@ -30,7 +30,6 @@ from __future__ import annotations
 
 import argparse
 import dataclasses
-import importlib.util
 import json
 import resource
 import statistics
@@ -38,23 +37,13 @@ import subprocess
 import sys
 import time
 from pathlib import Path
-from types import ModuleType
 from typing import Any
 
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT / "src"))
+sys.path.insert(0, str(ROOT / "tools"))
 LAYERS = (2, 4, 8)
 REFACTORS = ("scan", "split dot")
-
-
-def _producers() -> ModuleType:
-    path = ROOT / "tests" / "equivalence" / "producers.py"
-    spec = importlib.util.spec_from_file_location("producers", path)
-    assert spec is not None and spec.loader is not None
-    module = importlib.util.module_from_spec(spec)
-    sys.modules["producers"] = module
-    spec.loader.exec_module(module)
-    return module
 
 
 def _split_site(kind: str, w: Any, site_x: Any, x: Any) -> Any:
@@ -68,12 +57,13 @@ def child(layers: int, refactor: str) -> dict[str, Any]:
     """One measurement, in this process (`--child`)."""
     import jax
 
+    from bench_localise import load_producers
     from decomp import legacy
     from parity.judge.compare import compare_trees
     from parity.origin.record import record
     from parity.origin.shadow import Shadow
 
-    producers = _producers()
+    producers = load_producers()
     cfg = dataclasses.replace(producers.glu_config("llama"), n_layer=layers)
     model = producers._init_glu(cfg, 0)  # pyright: ignore[reportPrivateUsage]
     x = producers.tokens(cfg.vocab_size)

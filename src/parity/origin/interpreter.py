@@ -25,7 +25,7 @@ from parity.errors import ParityError
 from parity.judge.dataflow import MOVES as PLACED_MOVES
 from parity.origin.recording import Fingerprint, Recording, Value, fingerprint, row_fingerprints
 
-__all__ = ["MOVES", "Interpreter", "LocaliseError", "user_frame_of"]
+__all__ = ["MOVES", "Interpreter", "LocaliseError", "plain_dtype", "user_frame_of"]
 
 #: Primitives whose body is a jaxpr taking the equation's operands and giving its results.
 _CALLS = frozenset(
@@ -187,7 +187,7 @@ class Interpreter:
         else:
             shape, dtype = (
                 tuple(x.shape),
-                str(np.dtype(x.dtype)) if _plain(x.dtype) else str(x.dtype),
+                str(np.dtype(x.dtype)) if plain_dtype(x.dtype) else str(x.dtype),
             )
         (file, line, function), library, chain = where
         self.values.append(
@@ -391,7 +391,8 @@ class Interpreter:
         )
 
 
-def _plain(dtype: Any) -> bool:
+def plain_dtype(dtype: Any) -> bool:
+    """Whether numpy knows `dtype` (not a PRNG key's extended dtype)."""
     try:
         np.dtype(dtype)
     except TypeError:

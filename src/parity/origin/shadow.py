@@ -42,7 +42,7 @@ from typing import Any
 import numpy as np
 
 from parity.origin.align import Origin, align
-from parity.origin.interpreter import MOVES, Interpreter, to_host
+from parity.origin.interpreter import MOVES, Interpreter, plain_dtype, to_host
 from parity.origin.proof import upstream
 from parity.origin.recording import Recording, fingerprint
 from parity.origin.rounding import Fresh, allowed, grounded, model, within
@@ -229,7 +229,7 @@ class Shadow:
                 continue
             numbers = self._numbers(s)
             dtype = getattr(x, "dtype", None)
-            if numbers is None or dtype is None or not _plain(dtype):
+            if numbers is None or dtype is None or not plain_dtype(dtype):
                 return [None] * len(eqn.outvars)
             operands.append(jnp.asarray(numbers, dtype=dtype))
         outs = eqn.primitive.bind(*operands, **eqn.params)
@@ -501,11 +501,3 @@ def _joined(models: Sequence[Fresh]) -> Fresh:
         np.stack([np.broadcast_to(m.slack, m.centre.shape) for m in models]),
         models[0].dtype,
     )
-
-
-def _plain(dtype: Any) -> bool:
-    try:
-        np.dtype(dtype)
-    except TypeError:
-        return False
-    return True
