@@ -162,8 +162,9 @@ class Shadow:
         if v.kind == "input":
             self.shades[i] = Shade("differs", array=host, why="an input no value of the base's is")
             return
-        floating = np.issubdtype(host.dtype, np.floating)
-        self.shades[i] = Shade("fresh", array=host, model=grounded(host) if floating else None)
+        # A constant the program holds is part of the program, as a literal is: exact
+        # numbers, not a value the base computed; what reads it is judged.
+        self.shades[i] = Shade("part", array=host)
 
     def op(self, eqn: Any, ins: Sequence[tuple[Any, int]], refs: Sequence[tuple[Any, int]]) -> None:
         """Equation `eqn` ran on `ins` and made `refs`."""
@@ -220,7 +221,6 @@ class Shadow:
     ) -> list[np.ndarray | None]:
         """`eqn` bound again on the base's values of its operands (None where one is
         opaque)."""
-        import jax.numpy as jnp
 
         operands = []
         for (x, _), s in zip(ins, shades, strict=True):
@@ -229,9 +229,9 @@ class Shadow:
                 continue
             numbers = self._numbers(s)
             dtype = getattr(x, "dtype", None)
-            if numbers is None or dtype is None or not plain_dtype(dtype):
+            if numbers is None or dtype is None:
                 return [None] * len(eqn.outvars)
-            operands.append(jnp.asarray(numbers, dtype=dtype))
+            operands.append(_as_operand(numbers, x))
         outs = eqn.primitive.bind(*operands, **eqn.params)
         outs = outs if eqn.primitive.multiple_results else [outs]
         return [to_host(o) for o in outs]
@@ -439,6 +439,17 @@ def replay(
     shadow = Shadow(old)
     new = record(new_fn, *args, keep_arrays=False, max_bytes=max_bytes, shadow=shadow, **kwargs)
     return new, old, shadow
+
+
+def _as_operand(numbers: np.ndarray, like: Any) -> Any:
+    """`numbers` as an operand of `like`'s dtype: a PRNG key array wrapped again from its
+    key data (`to_host` kept the data)."""
+    import jax
+    import jax.numpy as jnp
+
+    if plain_dtype(like.dtype):
+        return jnp.asarray(numbers, dtype=like.dtype)
+    return jax.random.wrap_key_data(jnp.asarray(numbers), impl=jax.random.key_impl(like))
 
 
 def _equal(a: np.ndarray, b: np.ndarray) -> bool:
