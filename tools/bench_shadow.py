@@ -100,6 +100,7 @@ def child(layers: int, refactor: str) -> dict[str, Any]:
         "same": statuses.count("same"),
         "exact": statuses.count("exact"),
         "rounded": statuses.count("rounded"),
+        "part": statuses.count("part"),
         "fresh": statuses.count("fresh"),
         "base_mib": base.nbytes / 2**20,
         "peak_mib": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024,
@@ -126,7 +127,7 @@ def main() -> None:
     print(f"medians of {args.repeat} run(s) per row; each row a fresh process")
     print(f"{'refactor':10s} {'layers':>6s} {'verdict':>8s} {'base':>7s} {'replay':>7s} "
           f"{'proved':>9s} {'values':>7s} {'same':>6s} {'exact':>6s} {'rounded':>7s} "
-          f"{'fresh':>6s} {'base MiB':>8s} {'peak MiB':>8s}")  # fmt: skip
+          f"{'part':>6s} {'fresh':>6s} {'base MiB':>8s} {'peak MiB':>8s}")  # fmt: skip
     for refactor in REFACTORS:
         for layers in LAYERS:
             runs = [_measure(layers, refactor) for _ in range(args.repeat)]
@@ -134,7 +135,8 @@ def main() -> None:
             print(f"{refactor:10s} {layers:6d} {med['verdict_s']:7.1f}s {med['base_s']:6.1f}s "
                   f"{med['replay_s']:6.1f}s {int(med['proved']):4d}/{int(med['keys']):<4d} "
                   f"{int(med['values']):7d} {int(med['same']):6d} {int(med['exact']):6d} "
-                  f"{int(med['rounded']):7d} {int(med['fresh']):6d} {med['base_mib']:8.1f} "
+                  f"{int(med['rounded']):7d} {int(med['part']):6d} {int(med['fresh']):6d} "
+                  f"{med['base_mib']:8.1f} "
                   f"{med['peak_mib']:8.0f}")  # fmt: skip
             if runs[0]["unproved"]:
                 print(f"{'':17s} first key not proved: {runs[0]['unproved']}")
