@@ -45,6 +45,7 @@ __all__ = [
     "fingerprint",
     "format_of",
     "ordinary",
+    "row_digests",
     "row_fingerprints",
 ]
 
@@ -144,12 +145,19 @@ def _signs(n: int) -> np.ndarray:
     return signs
 
 
+def row_digests(array: np.ndarray) -> list[int]:
+    """The digest of each row's bytes (leading index) of `array`, as its fingerprint's."""
+    rows = array.shape[0]
+    flat = np.ascontiguousarray(array).reshape(rows, -1)
+    return [_digest(flat[r].tobytes()) for r in range(rows)]
+
+
 def row_fingerprints(array: np.ndarray) -> list[Fingerprint]:
     """The fingerprint of each row (leading index) of `array`, or of `array` itself when it
     is given with a leading axis of one (`array[None]`)."""
     rows = array.shape[0]
     flat = np.ascontiguousarray(array).reshape(rows, -1)
-    digests = [_digest(flat[r].tobytes()) for r in range(rows)]
+    digests = row_digests(array)
     if not is_float_dtype(array.dtype):
         zeros = np.zeros(STATS)
         return [Fingerprint(d, 0, 0.0, zeros) for d in digests]

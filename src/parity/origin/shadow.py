@@ -44,7 +44,7 @@ import numpy as np
 from parity.origin.align import Origin, align
 from parity.origin.interpreter import MOVES, Interpreter, plain_dtype, to_host
 from parity.origin.proof import upstream
-from parity.origin.recording import Recording, fingerprint
+from parity.origin.recording import Recording, fingerprint, row_digests
 from parity.origin.rounding import Fresh, allowed, grounded, model, within
 
 __all__ = ["RoundingProof", "Shade", "Shadow", "replay"]
@@ -249,6 +249,8 @@ class Shadow:
             return Shade("exact", b)
         if all(s.grounded for s in shades) and self._exactly(name, shades, result):
             return Shade("part", array=result)
+        if self._stacked(result):  # a stack of the base's values (a layout stacked per kind)
+            return Shade("part", array=result)
         operands = [self._model(s) for s in shades]
         if any(m is None for m in operands):
             why = next((s.why for s in shades if s.model is None and s.why), "")
@@ -268,6 +270,16 @@ class Shadow:
                 if ok:
                     return Shade("rounded", c, margin=margin, bound=_largest(modelled, result))
         return Shade("fresh", array=result, model=modelled)
+
+    def _stacked(self, result: np.ndarray) -> bool:
+        """Whether every row of `result` (its leading index) is a value of the base's, bit
+        for bit: the base computed each row on its own (per site, per layer)."""
+        if result.ndim < 2 or result.shape[0] == 0:
+            return False
+        shape, dtype = tuple(result.shape[1:]), str(result.dtype)
+        if (shape, dtype) not in self._buckets:
+            return False
+        return all((shape, dtype, d) in self._digests for d in row_digests(result))
 
     def _exactly(self, name: str, shades: Sequence[Shade], result: np.ndarray) -> bool:
         """Whether `name` computed `result` from its operands with no rounding
