@@ -22,6 +22,12 @@ operation's rounding, and the child's peak resident memory. The refactors, each 
 
     XLA_FLAGS=--xla_cpu_max_isa=AVX2 .venv/bin/python tools/bench_shadow.py [--repeat 3]
 
+With `--train REMAT` (`none`, `nothing`, `dots`) it measures instead the train group's
+3-step trajectory (`tests/equivalence/producers.py`'s `train_group`) of the step stacked
+per kind (`decomp.train`) against the per-site reference step (`decomp.legacy.train`),
+each recorded from the programs it dispatched (`record_programs`): the base's recording
+with its values, then the replay, the keys proved and the first key not proved.
+
 Issue 59 asks for a forward group within 60 s over its verdict with the base cached, and
 2 GiB.
 """
@@ -103,9 +109,57 @@ def child(layers: int, refactor: str) -> dict[str, Any]:
         "part": statuses.count("part"),
         "fresh": statuses.count("fresh"),
         "base_mib": base.nbytes / 2**20,
-        "peak_mib": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024,
+        "peak_mib": _peak(),
         "unproved": next((p.describe() for p in proofs.values() if not p.proved), ""),
     }
+
+
+def train(remat: str) -> None:
+    """The train group's trajectory, per kind against per site (`--train`), printed."""
+    import collections
+
+    from bench_localise import load_producers
+    from parity.judge.dataflow import numpy_conversions
+    from parity.origin.interpreter import FLUSH_EVERY
+    from parity.origin.programs import capture
+    from parity.origin.record import record_programs
+    from parity.origin.shadow import Shadow
+
+    producers = load_producers()
+    mode = None if remat == "none" else remat
+
+    def recorded(legacy: bool, shadow: Shadow | None) -> tuple[Any, dict[str, Any]]:
+        with numpy_conversions() as converted, capture() as programs:
+            out = producers._train_group.__wrapped__(mode, legacy)  # pyright: ignore[reportPrivateUsage]
+        recording, _ = record_programs(
+            programs, out, sources=converted.source, keep_arrays=shadow is None,
+            flush_every=FLUSH_EVERY, shadow=shadow,
+        )  # fmt: skip
+        assert recording is not None
+        return recording, out
+
+    t = time.perf_counter()
+    base, old = recorded(True, None)
+    print(f"base (per site): {len(base.values)} values, {base.nbytes / 2**20:.1f} MiB held, "
+          f"{time.perf_counter() - t:.1f} s, peak {_peak():.0f} MiB", flush=True)  # fmt: skip
+    t = time.perf_counter()
+    shadow = Shadow(base)
+    recording, new = recorded(False, shadow)
+    keys = [k for k in recording.outputs if k in base.outputs]
+    proofs = shadow.proofs(recording, keys, root=ROOT)
+    print(f"replay (per kind): {len(recording.values)} values, {time.perf_counter() - t:.1f} s, "
+          f"peak {_peak():.0f} MiB", flush=True)  # fmt: skip
+    print(dict(collections.Counter(s.status for s in shadow.shades.values())))
+    bits = sum(1 for k in keys if new[k].tobytes() == old[k].tobytes())
+    proved = sum(1 for p in proofs.values() if p.proved)
+    print(f"keys {len(keys)}: equal bit for bit {bits}, proved up to rounding {proved}")
+    first = next((p for p in proofs.values() if not p.proved), None)
+    if first is not None:
+        print(f"first not proved: {first.key}: {first.describe()}")
+
+
+def _peak() -> float:
+    return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
 
 
 def _measure(layers: int, refactor: str) -> dict[str, Any]:
@@ -120,7 +174,11 @@ def main() -> None:
     p = argparse.ArgumentParser(description=(__doc__ or "").split("\n\n")[0])
     p.add_argument("--repeat", type=int, default=1, help="runs per figure (medians printed)")
     p.add_argument("--child", nargs=2, metavar=("LAYERS", "REFACTOR"), help=argparse.SUPPRESS)
+    p.add_argument("--train", metavar="REMAT", help="the train group instead (none, nothing, dots)")
     args = p.parse_args()
+    if args.train:
+        train(args.train)
+        return
     if args.child:
         print(json.dumps(child(int(args.child[0]), args.child[1])))
         return
