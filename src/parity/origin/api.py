@@ -236,7 +236,8 @@ def prove_and_locate(
     provables = [f.key for f in comparison.findings if provable(f)]
     proofs = prove(new, old, provables, against=against, exact=exact)
     rounding = _up_to_rounding(comparison, proofs, shadow, replayed, root)
-    comparison = settle(comparison, proofs | {k: p for k, (p, _) in rounding.items()})
+    proofs = proofs | {k: p for k, (p, _) in rounding.items()}
+    comparison = settle(comparison, proofs)
     first, found = comparison.first_failure, None
     if origin and first is not None and first.key in rounding and shadow is not None:
         named = shadow.origin(replayed, rounding[first.key][1], root=root)
@@ -282,7 +283,12 @@ def _up_to_rounding(
         return out
     if shadow is None:
         for k in wanted:
-            why = "the base's values were not recorded beside it, so nothing was replayed"
+            why = (
+                "the base's values were not recorded beside it, so nothing was replayed (only "
+                "assert_equivalent with new_fn and old_fn replays them so far)"
+            )
+            if k in proofs and proofs[k].reason:
+                why += f"; op by op: {proofs[k].reason}"
             out[k] = (Proof(k, False, why, words="up to rounding"), RoundingProof(k, False, why))
         return out
     for k, rp in shadow.proofs(new, wanted, root=root).items():

@@ -228,3 +228,32 @@ def test_assert_equivalent_proves_the_fused_projection_under_up_to_rounding(
     origin = failed.value.origin
     assert origin is not None and origin.origin is not None, message
     assert (origin.origin.primitive, origin.origin.function) == ("div", "loss_fn"), message
+
+
+def test_without_the_bases_values_a_key_is_not_proved_up_to_rounding_and_says_why() -> None:
+    """Where the base's values were not recorded beside it (as `parity check` records so
+    far), a key of `up_to_rounding` that is not proved op by op fails, saying so."""
+    from parity.judge.compare import compare_trees
+    from parity.origin.api import prove_and_locate
+
+    x = jax.random.normal(jax.random.PRNGKey(0), (64, 64))
+
+    def old(a: Any) -> Any:
+        return {"y": a @ a}
+
+    def new(a: Any) -> Any:  # the same products, summed in two halves
+        return {"y": a[:, :32] @ a[:32] + a[:, 32:] @ a[32:]}
+
+    comparison = compare_trees(new(x), old(x), class_map="up_to_rounding")
+    assert not comparison.passed, "the halves summed moved no bit: the test proves nothing"
+    done = prove_and_locate(comparison, record(new, x), record(old, x), origin=False)
+    (finding,) = comparison.findings
+    (settled,) = done.comparison.findings
+    assert settled.verdict == "fail" and finding.proof_clause != settled.proof_clause
+    assert "not proved up to rounding: the base's values were not recorded" in settled.reason
+    assert "; op by op: " in settled.reason
+    shadow = Shadow(record(old, x))
+    new_recording = record(new, x, shadow=shadow)
+    replayed = prove_and_locate(comparison, new_recording, shadow.old, shadow=shadow)
+    assert replayed.comparison.passed, replayed.comparison.findings[0].reason
+    assert replayed.proofs["y"].how.startswith("proved up to rounding: ")
