@@ -3,23 +3,7 @@ result is not already one of the base's computed again on the *base's own values
 shadow replay), so that what a refactor reorders is judged one operation at a time, with
 nothing carried over from the operations before it.
 
-Each value of the new program gets a `Shade`, what it is on the base's values:
-
-- `same`: its own numbers are a value of the base's, bit for bit (most of a refactor);
-- `exact`: computed on the base's values, it is a value of the base's, bit for bit (an
-  operation after one whose rounding moved: its own numbers moved with it, the
-  operation did not);
-- `rounded`: computed on the base's values, it differs from a value of the base's by no
-  more than that one operation's rounding allows (`parity.origin.rounding`: a reassociated
-  sum, a matmul against weights fused with others); from here on the replay carries the
-  base's value, so nothing propagates;
-- `part`: a row or a stack of the base's numbers that is no single value of the base's;
-- `fresh`: equal to none of the base's, even up to rounding: a new intermediate (the
-  concatenated weights of a fused projection, each group's partial sum), carried with its
-  rounding model (`Fresh`) where its operation has one, so that a later value computed
-  from it is judged against the base's within the rounding of everything on its way; or
-  where the new program computes what the base never did;
-- `differs`: an input of the programs that is the base's nowhere (made on the host).
+Each value of the new program gets a `Shade`: what it is on the base's values.
 
 A key is *proved up to rounding* (`RoundingProof`) when its value on the base's values is
 the base's same key: bit for bit, or within the rounding of the operations on its way.
@@ -47,7 +31,7 @@ from parity.origin.proof import upstream
 from parity.origin.recording import Recording, fingerprint, row_digests
 from parity.origin.rounding import Fresh, allowed, grounded, model, within
 
-__all__ = ["RoundingProof", "Shade", "Shadow", "replay"]
+__all__ = ["RoundingProof", "Shade", "Shadow"]
 
 #: How many of the base's values of a shape a fresh value is held against, nearest first
 #: by their fingerprints' statistics.
@@ -57,28 +41,29 @@ CANDIDATES = 8
 #: moved, picked or negated: on the base's values, their result is the base's numbers, with
 #: no rounding (a `part`). A conversion is one where it converts back to its operand; an
 #: operation with an integer or boolean result computes it exactly.
-_PLACING = (MOVES - {"convert_element_type", "scan", "while", "cond"}) | {
-    "select_n",
-    "max",
-    "min",
-    "reduce_max",
-    "reduce_min",
-    "neg",
-    "abs",
-    "sort",
-}
+_PLACING = (MOVES - {"convert_element_type", "scan", "while", "cond"}) | frozenset(
+    ["select_n", "max", "min", "reduce_max", "reduce_min", "neg", "abs", "sort"]
+)
 
 
 @dataclass
 class Shade:
-    """What one value of the new program is on the base's values (module docstring).
+    """What one value of the new program is on the base's values: `same` (its own numbers
+    are a value of the base's, bit for bit: most of a refactor); `exact` (computed on the
+    base's values, a value of the base's, bit for bit); `rounded` (computed on the base's
+    values, within that one operation's rounding of a value of the base's,
+    `parity.origin.rounding`: from here the replay carries the base's value, so nothing
+    propagates); `part` (the base's numbers moved, picked or stacked with no rounding);
+    `fresh` (equal to none of the base's: a new intermediate, carried with its rounding
+    model where its operation has one, or where the new program computes what the base
+    never did); `differs` (an input of the programs that is the base's nowhere).
 
     **Fields:** `status`; `base` (the base's value it is, for `same`, `exact` and
     `rounded`; else -1); `array` (its numbers on the base's values, where they are not
-    `base`'s own; None for an opaque value, a PRNG key that is not the base's);
-    `model` (its rounding model where `fresh` and modelled); `why` (for `fresh`, why it has
-    no model); `margin` and `bound` (for `rounded`: the largest share of its allowed
-    difference it used, and the largest difference allowed).
+    `base`'s own; None for an opaque value); `model` (its rounding model where `fresh`
+    and modelled); `why` (for `fresh`, why it has no model); `margin` and `bound` (for
+    `rounded`: the largest share of its allowed difference it used, and the largest
+    difference allowed).
     """
 
     status: str
@@ -149,8 +134,6 @@ class Shadow:
         prints, buckets = old.fingerprints, self._buckets
         self._stats = {k: np.array([prints[b].stats for b in ids]) for k, ids in buckets.items()}
 
-    # -- the interpreter's hooks ---------------------------------------------------------
-
     def ground(self, i: int, x: Any) -> None:
         """An input of the programs or a constant they hold, value `i`."""
         b = self._own(i)
@@ -213,8 +196,6 @@ class Shadow:
             joined = _joined([m for m in models if m is not None])
         why = next((s.why for s in shades if s.why), "")
         self.shades[r] = self._placed(stacked, all(s.grounded for s in shades), joined, why)
-
-    # -- judging ---------------------------------------------------------------------------
 
     def _rerun(
         self, eqn: Any, ins: Sequence[tuple[Any, int]], shades: Sequence[Shade]
@@ -323,8 +304,6 @@ class Shadow:
         far = np.abs(self._stats[key] - stats).sum(axis=1)
         return [ids[j] for j in np.argsort(far, kind="stable")[:CANDIDATES]]
 
-    # -- reading shades --------------------------------------------------------------------
-
     def _values(self) -> list[Any]:
         assert self.interpreter is not None
         return self.interpreter.values
@@ -431,26 +410,6 @@ class Shadow:
                 if all(s.grounded or not known(j) for s, j in zip(reads, v.inputs, strict=True)):
                     return i
         return loose[0] if loose else cone[-1]
-
-
-def replay(
-    new_fn: Callable[..., Any],
-    old_fn: Callable[..., Any],
-    *args: Any,
-    max_bytes: int | None = None,
-    **kwargs: Any,
-) -> tuple[Recording, Recording, Shadow]:
-    """Record `old_fn` with its arrays, then `new_fn` op by op with its shadow replay on
-    `old_fn`'s values, both on `args` and `kwargs`.
-
-    **Returns:** `(new, old, shadow)`; `shadow.proofs(new)` proves each key up to rounding.
-    """
-    from parity.origin.record import record
-
-    old = record(old_fn, *args, keep_arrays=True, max_bytes=max_bytes, **kwargs)
-    shadow = Shadow(old)
-    new = record(new_fn, *args, keep_arrays=False, max_bytes=max_bytes, shadow=shadow, **kwargs)
-    return new, old, shadow
 
 
 def _as_operand(numbers: np.ndarray, like: Any) -> Any:
