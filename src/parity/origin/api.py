@@ -16,7 +16,6 @@ import numpy as np
 
 from parity.judge.classes import REGISTRY, ToleranceClass
 from parity.judge.compare import Comparison, compare_trees
-from parity.judge.registry import RULES
 from parity.judge.renames import Rename
 from parity.judge.stacking import StackRule
 from parity.judge.tolerance import (
@@ -27,7 +26,16 @@ from parity.judge.tolerance import (
 )
 from parity.origin.align import Alignment, align, matching_tolerance
 from parity.origin.localisation import Localisation
-from parity.origin.proof import Proof, answering, provable, prove, settle, unproved, upstream
+from parity.origin.proof import (
+    Proof,
+    answering,
+    provable,
+    provable_up_to_rounding,
+    prove,
+    settle,
+    unproved,
+    upstream,
+)
 from parity.origin.record import LocaliseError, record
 from parity.origin.recording import Recording
 from parity.origin.shadow import RoundingProof, Shadow
@@ -275,9 +283,7 @@ def _up_to_rounding(
     wanted = [
         f.key
         for f in comparison.findings
-        if provable(f)
-        and getattr(RULES.get(f.rule or ""), "rounds", False)
-        and not (f.key in proofs and proofs[f.key].proved)
+        if provable_up_to_rounding(f) and not (f.key in proofs and proofs[f.key].proved)
     ]
     if not wanted:
         return out
@@ -374,10 +380,7 @@ def settle_live(
     the failures stay unproved and the `Localisation` says why (the line explains a
     failure; it must not replace it). Where a key of a class that proves up to rounding
     fails, `new_fn` is recorded with its replay on `old_fn`'s values (`Shadow`)."""
-    rounds = any(
-        provable(f) and getattr(RULES.get(f.rule or ""), "rounds", False)
-        for f in comparison.findings
-    )
+    rounds = any(provable_up_to_rounding(f) for f in comparison.findings)
     try:
         old = record(old_fn, *args, **kwargs)
         shadow = Shadow(old) if rounds else None

@@ -37,6 +37,7 @@ __all__ = [
     "Proof",
     "answering",
     "provable",
+    "provable_up_to_rounding",
     "prove",
     "proved_note",
     "settle",
@@ -75,6 +76,13 @@ def provable(finding: Finding) -> bool:
         and rule.proves
         and finding.n_differ is not None
     )
+
+
+def provable_up_to_rounding(finding: Finding) -> bool:
+    """Whether `finding` is `provable` under a rule that goes on, where op by op fails, to
+    a proof up to rounding (`Rule.rounds`: `up_to_rounding`)."""
+    rule = RULES.get(finding.rule or "")
+    return provable(finding) and rule is not None and rule.rounds
 
 
 def upstream(new: Recording, target: int) -> set[int]:

@@ -157,7 +157,7 @@ def row_fingerprints(array: np.ndarray) -> list[Fingerprint]:
     is given with a leading axis of one (`array[None]`)."""
     rows = array.shape[0]
     flat = np.ascontiguousarray(array).reshape(rows, -1)
-    digests = row_digests(array)
+    digests = row_digests(flat)
     if not is_float_dtype(array.dtype):
         zeros = np.zeros(STATS)
         return [Fingerprint(d, 0, 0.0, zeros) for d in digests]

@@ -224,8 +224,7 @@ class Shadow:
             said = (s.why for s in shades if s.why)
             why = next(said, f"{name} of a value that is not the base's")
             return Shade("fresh", why=why)
-        fp = fingerprint(result)
-        b = self._digests.get((tuple(result.shape), str(result.dtype), fp.digest), -1)
+        b = self._base_of(result)
         if b >= 0:
             return Shade("exact", b)
         if all(s.grounded for s in shades) and self._exactly(name, shades, result):
@@ -245,12 +244,7 @@ class Shadow:
             if all(s.grounded for s in shades):  # a new value of the base's values: its bits
                 return Shade("fresh", array=result, model=_as_given(result))
             return Shade("fresh", array=result, why=f"no rounding model for {name}")
-        if np.issubdtype(result.dtype, np.floating):
-            for c in self._nearest(result, fp.stats):
-                ok, margin = within(self.arrays[c], modelled, result.dtype)
-                if ok:
-                    return Shade("rounded", c, margin=margin, bound=_largest(modelled, result))
-        return Shade("fresh", array=result, model=modelled)
+        return self._rounded(result, modelled) or Shade("fresh", array=result, model=modelled)
 
     def _stacked(self, result: np.ndarray) -> bool:
         """Whether every row of `result` (its leading index) is a value of the base's, bit
@@ -282,27 +276,35 @@ class Shadow:
         numbers, or fresh with its model."""
         if numbers is None:
             return Shade("fresh", model=fresh, why=why or "an opaque value")
-        fp = fingerprint(numbers)
-        b = self._digests.get((tuple(numbers.shape), str(numbers.dtype), fp.digest), -1)
+        b = self._base_of(numbers)
         if b >= 0:
             return Shade("exact", b)
         if grounded_:
             return Shade("part", array=numbers)
-        if fresh is not None and np.issubdtype(numbers.dtype, np.floating):
-            for c in self._nearest(numbers, fp.stats):
-                ok, margin = within(self.arrays[c], fresh, numbers.dtype)
-                if ok:
-                    return Shade("rounded", c, margin=margin, bound=_largest(fresh, numbers))
-        return Shade("fresh", array=numbers, model=fresh, why=why)
+        rounded = None if fresh is None else self._rounded(numbers, fresh)
+        return rounded or Shade("fresh", array=numbers, model=fresh, why=why)
 
-    def _nearest(self, numbers: np.ndarray, stats: np.ndarray) -> list[int]:
-        """The base's values of `numbers`' shape and dtype, nearest first by statistics."""
+    def _base_of(self, numbers: np.ndarray) -> int:
+        """The base's value `numbers` are bit for bit (by the digest of their bytes); -1."""
+        (digest,) = row_digests(numbers[None])
+        return self._digests.get((tuple(numbers.shape), str(numbers.dtype), digest), -1)
+
+    def _rounded(self, numbers: np.ndarray, fresh: Fresh) -> Shade | None:
+        """`numbers`, modelled by `fresh`, as the first of the base's values of their shape
+        (nearest first by statistics, `CANDIDATES` at most) that they lie within the rounding
+        of; None where none (or not a float)."""
+        if not np.issubdtype(numbers.dtype, np.floating):
+            return None
         key = (tuple(numbers.shape), str(numbers.dtype))
         ids = self._buckets.get(key, [])
-        if len(ids) <= CANDIDATES:
-            return list(ids)
-        far = np.abs(self._stats[key] - stats).sum(axis=1)
-        return [ids[j] for j in np.argsort(far, kind="stable")[:CANDIDATES]]
+        if len(ids) > CANDIDATES:  # fingerprint statistics only where there is a choice
+            far = np.abs(self._stats[key] - fingerprint(numbers).stats).sum(axis=1)
+            ids = [ids[j] for j in np.argsort(far, kind="stable")[:CANDIDATES]]
+        for c in ids:
+            ok, margin = within(self.arrays[c], fresh, numbers.dtype)
+            if ok:
+                return Shade("rounded", c, margin=margin, bound=_largest(fresh, numbers))
+        return None
 
     def _values(self) -> list[Any]:
         assert self.interpreter is not None
