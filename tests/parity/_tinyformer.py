@@ -10,12 +10,16 @@ here so that a test can write it into a fresh git project, or import it in proce
 (`load`). As a project: the model at `MODEL_FILE`, `PRODUCERS` (one group, `forward`, its
 logits under `op_by_op`) and its `[tool.parity]` table `TABLE`; `with_provenance` rewrites a
 golden file's provenance (its arrays untouched), as if it were pinned elsewhere.
+`REORDER` is the refactor with a sum reordered (for a proof up to rounding), and
+`PLUGIN_VERDICTS` a test of the project that writes what the pytest plugin decided, which
+`every_face` runs beside `parity check`, `parity bisect` and a live face.
 """
 
 from __future__ import annotations
 
+import json
 import types
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -108,6 +112,16 @@ def forward(params, tokens):
     '    scores = jnp.einsum("hqd,hkd->hqk", q, k) / jnp.sqrt(D // HEADS)\n',
 )
 
+#: The refactor with its MLP's down projection summed in two halves of its contraction: a
+#: reordered sum, which no proof op by op covers and a proof up to rounding does.
+REORDER = REFACTOR.replace(
+    '    return jax.nn.gelu(x @ w["up"], approximate=False) @ w["down"]\n',
+    """    h = jax.nn.gelu(x @ w["up"], approximate=False)
+    half = h.shape[-1] // 2
+    return h[:, :half] @ w["down"][:half] + h[:, half:] @ w["down"][half:]
+""",
+)
+
 #: The bugs: name -> (the line as the refactor has it, the line as the bug has it).
 BUGS = {
     "epsilon": (
@@ -142,6 +156,70 @@ def forward():
 GROUPS = {"forward": forward}
 CLASS_MAP = [("logits", "op_by_op")]
 """
+
+
+#: The plugin's face: a test that writes each key's verdict and basis to verdicts.json.
+PLUGIN_VERDICTS = """\
+import json
+
+import producers
+
+
+def test_forward(parity_check):
+    comparison = parity_check(producers.forward(), "forward", fail=False)
+    verdicts = {f"forward/{f.key}": [f.verdict, f.basis] for f in comparison.findings}
+    with open("verdicts.json", "w") as out:
+        json.dump(verdicts, out)
+"""
+
+
+def every_face(
+    repo: Path,
+    shas: Mapping[str, str],
+    live: Callable[[str], Any],
+    *,
+    run_parity: Callable[..., Any],
+    run_pytest: Callable[..., Any],
+    git: Callable[..., str],
+    out: Path,
+    bisect: Sequence[str] = (),
+) -> tuple[dict[str, Any], dict[str, dict[str, Any]]]:
+    """What each face decided of the project's commits `shas` (name -> sha, oldest first):
+    `parity bisect` from the pin (the first commit's parent) to the last with `bisect`'s
+    flags, then at each commit `parity check`, the plugin (`PLUGIN_VERDICTS`) and `live`
+    (`assert_equivalent`'s face: name -> key -> [verdict, basis]).
+
+    **Returns:** `(bisect's JSON report, {name: {face: {key: [verdict, basis]}}})`.
+    """
+    names = list(shas)
+    git(repo, "checkout", "-q", shas[names[-1]])
+    pin = git(repo, "rev-parse", f"{shas[names[0]]}~1")
+    report = out / "bisect.json"
+    done = run_parity(repo, "bisect", pin, shas[names[-1]], *bisect, "--origin", "off",
+                      "--json", str(report))  # fmt: skip
+    assert done.returncode == 0, done.stdout + done.stderr
+    found = json.loads(report.read_text())
+    steps = {s["sha"]: s for s in found["steps"]}
+    (repo / "test_forward.py").write_text(PLUGIN_VERDICTS)
+    faces: dict[str, dict[str, Any]] = {}
+    try:
+        for name in names:
+            git(repo, "checkout", "-q", shas[name])
+            checked = out / f"check-{name}.json"
+            run_parity(repo, "check", "--origin", "off", "--json", str(checked))
+            ran = run_pytest(repo, "test_forward.py")
+            assert ran.returncode == 0, ran.stdout + ran.stderr
+            doc = json.loads(checked.read_text())
+            faces[name] = {
+                "check": {f["key"]: [f["verdict"], f["basis"]] for f in doc["findings"]},
+                "bisect": steps[shas[name]]["verdicts"],
+                "plugin": json.loads((repo / "verdicts.json").read_text()),
+                "assert_equivalent": live(name),
+            }
+            (repo / "verdicts.json").unlink()
+    finally:
+        (repo / "test_forward.py").unlink()
+    return found, faces
 
 
 def with_provenance(path: Path, changes: Mapping[str, Any]) -> None:

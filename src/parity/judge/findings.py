@@ -18,6 +18,7 @@ if TYPE_CHECKING:
 
 __all__ = [
     "PROVED",
+    "PROVED_ROUNDING",
     "ArrayVerdict",
     "Basis",
     "Comparison",
@@ -31,12 +32,15 @@ __all__ = [
 #: (never read back from its words): `""` the rule alone; `"calibration"` a key its pinned
 #: class fails passed by the calibrated bound of what the environment moved
 #: (`parity.calibrated.bounds`); `"proved"` a key whose bits differ passed, proved op by op
-#: (`parity.origin.proof`).
-Basis = Literal["", "calibration", "proved"]
+#: (`parity.origin.proof`); `"rounding"` one passed, proved up to rounding by the shadow
+#: replay on the base's values (`parity.origin.shadow`).
+Basis = Literal["", "calibration", "proved", "rounding"]
 
 #: How the note of a key proved op by op begins (`parity.origin.proof`): its bits differ
 #: from the other side's, and both programs run op by op compute it the same way.
 PROVED = "equivalent op by op"
+#: And of a key proved up to rounding (basis `"rounding"`).
+PROVED_ROUNDING = "equivalent up to rounding"
 
 
 def compiled_difference(finding: Finding) -> str:
@@ -271,7 +275,7 @@ class Comparison:
     @property
     def proved(self) -> tuple[Finding, ...]:
         """The keys that passed proved op by op, their bits not equal, in order."""
-        return tuple(f for f in self.findings if f.passed and f.basis == "proved")
+        return tuple(f for f in self.findings if f.passed and f.basis in ("proved", "rounding"))
 
     @property
     def by_calibration(self) -> tuple[Finding, ...]:

@@ -21,10 +21,11 @@ UNPROVED = (
 )
 
 #: The same for a class that proves up to rounding (`up_to_rounding`): its replay on the
-#: base's values needs the base's arrays, which only `assert_equivalent` holds so far.
+#: base's values needs both programs recorded, the base's with its values.
 UNPROVED_ROUNDING = (
     "; not proved up to rounding: only a check that records both programs, the base's with "
-    "its values, can prove it (assert_equivalent with new_fn and old_fn)"
+    "its values, can prove it (parity check, the pytest plugin against goldens, "
+    "assert_equivalent with new_fn and old_fn)"
 )
 
 

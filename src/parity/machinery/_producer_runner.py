@@ -179,6 +179,17 @@ def _arguments(argv: list[str] | None) -> argparse.Namespace:
         help="also record the programs each group runs, op by op (OUT/<group>.origin.npz)",
     )
     p.add_argument(
+        "--record-arrays",
+        action="store_true",
+        help="with --record-origin, keep every recorded value's numbers in the recording",
+    )
+    p.add_argument(
+        "--replay",
+        metavar="FILE",
+        help="with --record-origin, a JSON map group -> {base, keys, root}: record the group "
+        "with its replay on the base's values and save the answers (OUT/<group>.replay.json)",
+    )
+    p.add_argument(
         "--keep",
         action="store_true",
         help="once every group is saved, record groups as stdin asks (one process only)",

@@ -25,7 +25,7 @@ import contextlib
 import json
 import os
 import sys
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -63,9 +63,11 @@ def _forward_order(
     converted: Any,
     programs: Any,
     out: Path | None,
+    **recording: Any,
 ) -> tuple[str, dict[str, Any]]:
     """How the group's forward order is made, and its arrays in that order; with `out`
-    (`--record-origin`), the group's recording saved there too.
+    (`--record-origin`), the group's recording saved there too (`recording`: how, as
+    `_recorded_order` takes it).
 
     A `Dataflow` (the group returned `parity.in_dataflow_order`'s outputs) is in dataflow
     order already. Otherwise the programs the group dispatched (`programs`: a
@@ -85,7 +87,7 @@ def _forward_order(
     # Keyed as `arrays`, but each leaf as the group returned it (a jax array, or a numpy
     # array made of one while it ran), not the host copy made since.
     returned = flatten(result, to_array=lambda x: x)
-    order, recorded = _recorded_order(name, returned, converted, programs, out)
+    order, recorded = _recorded_order(name, returned, converted, programs, out, **recording)
     if dataflow:
         return DATAFLOW, arrays
     if order is None:  # no program computed a key: an order of the host's, or not read
@@ -96,11 +98,21 @@ def _forward_order(
 
 
 def _recorded_order(
-    name: str, arrays: dict[str, Any], converted: Any, programs: Any, out: Path | None
+    name: str,
+    arrays: dict[str, Any],
+    converted: Any,
+    programs: Any,
+    out: Path | None,
+    *,
+    with_arrays: bool = False,
+    replay: Mapping[str, Any] | None = None,
 ) -> tuple[list[str] | None, bool]:
     """The keys' order read from the group's programs (None where no program computed a
-    key) and whether they could be walked; with `out`, the recording (its summary) saved
-    as `OUT/<name>.origin.npz`, or why not as `OUT/<name>.origin.json`."""
+    key) and whether they could be walked; with `out`, the recording (its summary, or with
+    `with_arrays` every value's numbers too) saved as `OUT/<name>.origin.npz`, or why not as
+    `OUT/<name>.origin.json`; with `replay` (`{"base": recording file, "keys": [...],
+    "root": ...}`), recorded with its shadow replay on the base's values and the replay's
+    answers saved as `OUT/<name>.replay.json` (`parity.origin.replayed`)."""
     import numpy as np
 
     from parity.origin import LocaliseError
@@ -108,14 +120,17 @@ def _recorded_order(
     from parity.origin.record import record_programs
 
     reason, recording, order = None, None, None
+    shadow, unreplayed = _shadow(replay) if out is not None else (None, None)
     try:
         recording, order = record_programs(
             programs,
             arrays,
             sources=converted.source,
             evaluate=out is not None,
+            keep_arrays=with_arrays,
             max_bytes=ORIGIN_MAX_BYTES,
             flush_every=FLUSH_EVERY,
+            shadow=shadow,
         )
     except LocaliseError as e:
         reason = e.reason
@@ -132,9 +147,46 @@ def _recorded_order(
         (out / f"{name}{ORIGIN_REASON}").write_text(json.dumps({"reason": reason}))
         log(f"group {name!r}: not recorded: {reason}")
         return order, recording is not None or order is not None
-    np.savez(out / f"{name}{ORIGIN_RECORDING}", **recording.summary().to_arrays())  # pyright: ignore[reportArgumentType]
+    kept = recording if with_arrays else recording.summary()
+    np.savez(out / f"{name}{ORIGIN_RECORDING}", **kept.to_arrays())  # pyright: ignore[reportArgumentType]
     log(f"group {name!r}: recorded {len(recording.values)} values")
+    if replay is not None:
+        _answer_replay(name, out, replay, shadow, recording, unreplayed)
     return order, True
+
+
+def _shadow(replay: Mapping[str, Any] | None) -> tuple[Any, str | None]:
+    """The shadow replay over the base's recording `replay` names, or None and why not."""
+    if replay is None:
+        return None, None
+    import numpy as np
+
+    from parity.origin.recording import Recording
+    from parity.origin.shadow import Shadow
+
+    try:
+        with np.load(replay["base"]) as data:
+            return Shadow(Recording.from_arrays(dict(data))), None
+    except (OSError, ValueError, KeyError) as e:
+        return None, f"the base's recording cannot be replayed on: {e}"
+
+
+def _answer_replay(
+    name: str, out: Path, replay: Mapping[str, Any], shadow: Any, recording: Any, why: str | None
+) -> None:
+    """The replay's answers for the keys `replay` asks about, written to
+    `OUT/<name>.replay.json`."""
+    from parity.origin.replayed import REPLAYED, Replayed, answered, write_replayed
+    from parity.origin.shadow import RoundingProof
+
+    path = out / f"{name}{REPLAYED}"
+    keys = list(replay["keys"])
+    if shadow is None:
+        unproved = {k: RoundingProof(k, False, why or "nothing was replayed") for k in keys}
+        write_replayed(path, Replayed(unproved))
+        return
+    write_replayed(path, answered(shadow, recording, keys, root=replay.get("root")))
+    log(f"group {name!r}: replayed on the base's values for {len(keys)} keys")
 
 
 def run_group(
@@ -161,10 +213,19 @@ def run_group(
     if unread:
         return UNREAD, recorder, arrays, Kept(group)
     recording_to = Path(args.out) if args.record_origin else None
-    order_source, arrays = _forward_order(name, result, arrays, converted, programs, recording_to)
+    how = {"with_arrays": args.record_arrays, "replay": _replays(args.replay).get(name)}
+    order_source, arrays = _forward_order(
+        name, result, arrays, converted, programs, recording_to, **how
+    )
     if programs is None or not args.keep:
         return order_source, recorder, arrays, Kept(group)
     return order_source, recorder, arrays, Kept(group, programs, result, converted)
+
+
+def _replays(path: str | None) -> dict[str, Any]:
+    """Group -> what its replay on the base's values needs (`_recorded_order`'s `replay`),
+    from the file `--replay` names (none without it)."""
+    return {} if path is None else dict(json.loads(Path(path).read_text()))
 
 
 def serve(kept: dict[str, Kept], out: Path) -> None:
@@ -176,9 +237,10 @@ def serve(kept: dict[str, Kept], out: Path) -> None:
             continue
         request = json.loads(line)
         folder = Path(request["out"])
+        replays = request.get("replay", {})
         for name in request["record"]:
             log(f"recording {name} op by op, in the run that produced it")
-            _record_kept(name, kept.get(name), folder)
+            _record_kept(name, kept.get(name), folder, replays.get(name))
         _answer(folder, request["record"])
 
 
@@ -189,9 +251,12 @@ def _answer(folder: Path, groups: list[str]) -> None:
     os.replace(staged, folder / RECORDED)
 
 
-def _record_kept(name: str, kept: Kept | None, out: Path) -> None:
+def _record_kept(
+    name: str, kept: Kept | None, out: Path, replay: Mapping[str, Any] | None = None
+) -> None:
     """Record group `name` into `out` from what its run kept, or by running it again with
-    the recorder's hooks in; why not, in `out`, where it cannot be."""
+    the recorder's hooks in, with its `replay` on the base's values where asked; why not,
+    in `out`, where it cannot be."""
     if kept is None:
         why = {"reason": f"group {name!r} was not run in this producer run"}
         (out / f"{name}{ORIGIN_REASON}").write_text(json.dumps(why))
@@ -212,4 +277,5 @@ def _record_kept(name: str, kept: Kept | None, out: Path) -> None:
     if programs.failure:
         (out / f"{name}{ORIGIN_REASON}").write_text(json.dumps({"reason": programs.failure}))
         return
-    _recorded_order(name, flatten(result, to_array=lambda x: x), converted, programs, out)
+    returned = flatten(result, to_array=lambda x: x)
+    _recorded_order(name, returned, converted, programs, out, replay=replay)

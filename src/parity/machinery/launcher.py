@@ -16,7 +16,7 @@ import json
 import os
 import re
 import sys
-from collections.abc import Callable, Iterator, Sequence
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Literal
@@ -263,7 +263,10 @@ class ProducerRun:
       runs (the recorder's hooks go into jax while it runs); False leaves it unread and
       installs no hook (a check whose goldens pin an order read so already); `keep`:
       a run of one process stays alive once its groups are saved, to record some of them
-      op by op on request (`kept_producers`).
+      op by op on request (`kept_producers`); `record_arrays` (mode `record`): each
+      recording keeps every value's numbers (a base a shadow replay runs on); `replay`
+      (mode `record`): a JSON file, group -> `{"base", "keys", "root"}`, each group recorded
+      with its replay on that base's values (`parity.origin.replayed`).
     - `devices`, `processes`, `isa`: the layout (`processes` workers of one JAX distributed
       run, `devices` each, process 0 saving) and the ISA cap; `coordinator` (`HOST0:PORT`)
       and `process_id` start only this host's worker of a cluster's run.
@@ -280,6 +283,8 @@ class ProducerRun:
     groups: Sequence[str] = ()
     read_order: bool = True
     keep: bool = False
+    record_arrays: bool = False
+    replay: Path | None = None
     src: Sequence[str] | None = None
     drop_paths: Sequence[Path] = ()
     code: str = "the code under test"
@@ -322,8 +327,12 @@ def _command_line(run: ProducerRun) -> tuple[list[str], dict[str, str]]:
         "--record-origin": run.mode == "record",
         "--no-order": not run.read_order and run.mode == "produce",
         "--keep": run.keep and run.processes == 1 and run.mode == "produce",
+        "--record-arrays": run.record_arrays and run.mode == "record",
     }
-    return cmd + [flag for flag, on in switches.items() if on], env
+    cmd += [flag for flag, on in switches.items() if on]
+    if run.replay is not None and run.mode == "record":
+        cmd += ["--replay", str(run.replay)]
+    return cmd, env
 
 
 def run_producers(run: ProducerRun, *, progress: Callable[[str], None] = print) -> str:
@@ -373,17 +382,22 @@ class KeptRun:
     def __init__(self, run: ProducerRun, flags: str, live: Supervised | None, tail: list[str]):
         self.run, self.flags, self._live, self._tail = run, flags, live, tail
 
-    def record(self, groups: Sequence[str], out: Path) -> None:
+    def record(
+        self, groups: Sequence[str], out: Path, *, replay: Mapping[str, Any] | None = None
+    ) -> None:
         """Record `groups` op by op into `out` (`<group>.origin.npz`, or `.origin.json`
         saying why not), from the programs the run kept or by running each group again in
-        it (`parity.machinery._runner_groups`), within the run's timeout. Raises
+        it (`parity.machinery._runner_groups`), within the run's timeout; a group `replay`
+        names (`{"base", "keys", "root"}`) with its replay on that base's values, the
+        answers in `<group>.replay.json`. Raises
         `ProducerRunError` where the run is not kept, or ends or fails first."""
         command = self.run.command
         if self._live is None:
             raise ProducerRunError(command, "the producer run was not kept alive", "")
         out.mkdir(parents=True, exist_ok=True)
         (out / _RECORDED).unlink(missing_ok=True)  # an answer to an earlier request
-        self._live.send(json.dumps({"record": list(groups), "out": str(out)}))
+        request = {"record": list(groups), "out": str(out), "replay": dict(replay or {})}
+        self._live.send(json.dumps(request))
         try:
             codes = self._live.watch(until=(out / _RECORDED).is_file)
         except WorkerFailed as e:

@@ -38,6 +38,7 @@ from parity.origin.proof import (
 )
 from parity.origin.record import LocaliseError, record
 from parity.origin.recording import Recording
+from parity.origin.replayed import Replay
 from parity.origin.shadow import RoundingProof, Shadow
 
 __all__ = [
@@ -221,7 +222,7 @@ def prove_and_locate(
     origin: bool = True,
     stack: Sequence[StackRule] = (),
     rename: Sequence[Rename] = (),
-    shadow: Shadow | None = None,
+    shadow: Replay | None = None,
 ) -> Settlement:
     """A failing comparison of two programs' compiled outputs, settled by their recordings:
     each failure under a class that proves (`op_by_op`) proved op by op or told why not
@@ -232,8 +233,9 @@ def prove_and_locate(
     stacked key as the rows a program holds per layer; with `rename`
     (`parity.judge.renames`), as the key under the name `new` gave it
     (`parity.origin.proof.answering`). With `shadow` (the replay of `new` on `old`'s values,
-    `parity.origin.shadow`), a key of a class that proves up to rounding and is not proved
-    op by op is proved up to rounding or told why not, and named at the shadow's origin.
+    `parity.origin.shadow`, or its answers read back: `parity.origin.replayed`), a key of a
+    class that proves up to rounding and is not proved op by op is proved up to rounding or
+    told why not, and named at the shadow's origin.
 
     **Returns:** the `Settlement`.
     """
@@ -272,7 +274,7 @@ def prove_and_locate(
 def _up_to_rounding(
     comparison: Comparison,
     proofs: Mapping[str, Proof],
-    shadow: Shadow | None,
+    shadow: Replay | None,
     new: Recording,
     root: str | Path | None,
 ) -> dict[str, tuple[Proof, RoundingProof]]:
@@ -289,18 +291,14 @@ def _up_to_rounding(
         return out
     if shadow is None:
         for k in wanted:
-            why = (
-                "the base's values were not recorded beside it, so nothing was replayed (only "
-                "assert_equivalent with new_fn and old_fn replays them so far)"
-            )
+            why = "the new program was not replayed on the base's values"
             if k in proofs and proofs[k].reason:
                 why += f"; op by op: {proofs[k].reason}"
-            out[k] = (Proof(k, False, why, words="up to rounding"), RoundingProof(k, False, why))
+            out[k] = (Proof(k, False, why, rounding=True), RoundingProof(k, False, why))
         return out
     for k, rp in shadow.proofs(new, wanted, root=root).items():
-        words = "up to rounding"
         how = rp.describe() if rp.proved else ""
-        out[k] = (Proof(k, rp.proved, rp.reason, rp.exact, words, how), rp)
+        out[k] = (Proof(k, rp.proved, rp.reason, rp.exact, rounding=True, how=how), rp)
     return out
 
 

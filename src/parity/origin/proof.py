@@ -52,17 +52,22 @@ class Proof:
 
     **Fields:** `key`; `proved`; `reason`, why not, in one line (`""` when proved);
     `values`, how many values upstream of the key (its own included) were found equal;
-    `words`, how it was proved or not ("op by op", or "up to rounding" for a proof by the
-    shadow replay, `parity.origin.shadow`); `how`, for a proof up to rounding, what it
-    rests on (`RoundingProof.describe`).
+    `rounding`, whether it is a proof up to rounding (by the shadow replay,
+    `parity.origin.shadow`) rather than op by op; `how`, for a proof up to rounding, what
+    it rests on (`RoundingProof.describe`).
     """
 
     key: str
     proved: bool
     reason: str = ""
     values: int = 0
-    words: str = "op by op"
+    rounding: bool = False
     how: str = ""
+
+    @property
+    def words(self) -> str:
+        """How it was proved or not, for the lines: "op by op" or "up to rounding"."""
+        return "up to rounding" if self.rounding else "op by op"
 
 
 def provable(finding: Finding) -> bool:
@@ -240,7 +245,7 @@ def settle(comparison: Comparison, proofs: Mapping[str, Proof]) -> Comparison:
                     reason="",
                     n_violating=0,
                     note=proved_note(f, proof.how),
-                    basis="proved",
+                    basis="rounding" if proof.rounding else "proved",
                     proof_clause="",
                 )
             else:  # the clause about the proof replaced whole (it is kept apart)

@@ -9,7 +9,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from parity.judge.compare import Comparison, Finding
-from parity.judge.findings import PROVED, compiled_difference
+from parity.judge.findings import PROVED, PROVED_ROUNDING, compiled_difference
 from parity.judge.floats import count, json_float, sig
 
 __all__ = [
@@ -220,14 +220,16 @@ def check_lines(
 
 
 def proved_words(proved: Sequence[Finding]) -> str:
-    """The keys proved op by op, for a verdict line: "logits equivalent op by op (compiled
-    outputs differ by at most 9.83e-07, 380 of 512 elements)", or for several keys their
-    count and the largest difference."""
+    """The keys proved op by op or up to rounding, for a verdict line: "logits equivalent
+    op by op (compiled outputs differ by at most 9.83e-07, 380 of 512 elements)", or for
+    several keys their count and the largest difference."""
+    words = {f.basis: PROVED_ROUNDING if f.basis == "rounding" else PROVED for f in proved}
+    said = " or ".join(sorted(set(words.values())))
     if len(proved) == 1:
-        return f"{proved[0].key} {PROVED} ({compiled_difference(proved[0])})"
+        return f"{proved[0].key} {said} ({compiled_difference(proved[0])})"
     worst = max(f.max_abs or 0.0 for f in proved)
     keys = count(len(proved), "key")
-    return f"{PROVED}: {keys} (compiled outputs differ by at most {sig(worst)})"
+    return f"{said}: {keys} (compiled outputs differ by at most {sig(worst)})"
 
 
 def arrays_failing(comparison: Comparison) -> str:

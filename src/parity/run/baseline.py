@@ -58,7 +58,7 @@ from parity.machinery.runner_output import load_runner_output
 from parity.machinery.worktree import GitError, git, repo_root, resolve_sha, temporary_worktree
 from parity.results import BaselineUnavailable
 from parity.run.goldens import write_run
-from parity.run.recordings import keep_recording, recorded
+from parity.run.recordings import ARRAYS, Record, keep_recording, recorded
 from parity.store import GoldenStoreError, open_goldens
 from parity.store.provenance import digest_sources
 from parity.store.staging import owned_tempdir
@@ -141,10 +141,10 @@ class BaselineCache:
         return self.folder / sha / f"{fingerprint}-{digest[:12]}" / f"{group}.h5"
 
     @staticmethod
-    def usable(path: Path, *, record: bool = False) -> bool:
+    def usable(path: Path, *, record: Record = False) -> bool:
         """Whether `path` holds a readable golden-format file (a damaged one is rebuilt),
         and with `record`, its recording (or why it has none: `recorded`) beside it."""
-        if not path.is_file() or (record and recorded(path) is None):
+        if not path.is_file() or (record and recorded(path, arrays=record == ARRAYS) is None):
             return False
         try:
             with open_goldens(path):
@@ -243,7 +243,8 @@ class BaselineBuilder:
     - `progress`: receives one line per step (to stderr in the CLI).
     - `timeout`: seconds one build may take (default: as `parity check`).
     - `record`: each entry it builds also has its programs recorded op by op in the same
-      run (`prepare`'s default): a failure against it then records nothing at the base.
+      run (`prepare`'s default): a failure against it then records nothing at the base;
+      `ARRAYS`: with every value's numbers (what a shadow replay runs on).
     """
 
     def __init__(
@@ -253,13 +254,13 @@ class BaselineBuilder:
         cache: BaselineCache | None = None,
         progress: Callable[[str], None] = lambda _: None,
         timeout: float | None = None,
-        record: bool = False,
+        record: Record = False,
     ):
         self.config = config
         self.cache = cache or BaselineCache(cache_dir(config))
         self.progress = progress
         self.timeout = timeout
-        self.record = record
+        self.record: Record = record
         self._failed: dict[tuple[str, str], BaselineUnavailable] = {}
         self._built: dict[Path, Baseline] = {}  # what this builder built, with its cost
 
@@ -267,7 +268,7 @@ class BaselineBuilder:
         return digest_sources([self.config.need_producers()])
 
     def has_entry(
-        self, group: str, pinned: Mapping[str, Any], current: Mapping[str, Any], *, record: bool
+        self, group: str, pinned: Mapping[str, Any], current: Mapping[str, Any], *, record: Record
     ) -> bool:
         """Whether `prepare` of `(group, pinned, current)` would find the entry in the cache
         (with its recording, with `record`) and build nothing."""
@@ -291,7 +292,7 @@ class BaselineBuilder:
         self,
         wanted: Sequence[tuple[str, Mapping[str, Any], Mapping[str, Any]]],
         *,
-        record: bool | None = None,
+        record: Record | None = None,
     ) -> dict[str, Baseline | BaselineUnavailable]:
         """`reproduce` for several groups at once: the missing ones of each base commit
         and environment are built in one producer run.
@@ -307,7 +308,7 @@ class BaselineBuilder:
         cannot be re-produced (every group tried).
         """
         # An entry made without its recording (`parity baseline build`) serves unless asked.
-        need, record = bool(record), self.record if record is None else record
+        need, make = record or False, self.record if record is None else record
         out: dict[str, Baseline] = {}
         batches: dict[tuple[str, str], list[str]] = {}
         envs: dict[tuple[str, str], Mapping[str, Any]] = {}
@@ -344,7 +345,7 @@ class BaselineBuilder:
                 built: dict[str, Baseline] = {}
                 if todo:
                     try:
-                        built = self.build(todo, sha, envs[(sha, fp)], digest=digest, record=record)
+                        built = self.build(todo, sha, envs[(sha, fp)], digest=digest, record=make)
                     except BaselineUnavailable as e:
                         self._failed[(sha, fp)] = failed = e
             for g, p in zip(groups, paths, strict=True):
@@ -363,7 +364,7 @@ class BaselineBuilder:
         current: Mapping[str, Any] | None = None,
         *,
         digest: str | None = None,
-        record: bool = False,
+        record: Record = False,
     ) -> dict[str, Baseline]:
         """Produce `groups` at `sha` now and write them into the cache (no lock: `prepare`
         holds it; `parity baseline build` takes it too); with `record`, each group's
@@ -405,6 +406,7 @@ class BaselineBuilder:
                     out=tmp,
                     command="baseline",
                     mode="record" if record else "produce",
+                    record_arrays=record == ARRAYS,
                     devices=devices,
                     isa=isa,
                     processes=processes,
@@ -454,17 +456,16 @@ class BaselineBuilder:
         return out
 
 
-def _building(groups: Sequence[str], sha: str, where: str, record: bool) -> str:
+def _building(groups: Sequence[str], sha: str, where: str, record: Record) -> str:
     """The progress line of a build."""
-    cost = (
-        "with its programs recorded op by op, to name the origin (cached with it)"
-        if record
-        else "the first check here pays for it"
-    )
-    return (
-        f"re-producing {', '.join(groups)} at the base {sha[:12]} in this environment "
-        f"({where}); {cost}"
-    )
+    cost = {
+        False: "the first check here pays for it",
+        True: "with its programs recorded op by op, to name the origin (cached with it)",
+        ARRAYS: "with its programs recorded op by op, every value kept to replay the tree on "
+        "(cached with it)",
+    }[record]
+    what = f"re-producing {', '.join(groups)} at the base {sha[:12]}"
+    return f"{what} in this environment ({where}); {cost}"
 
 
 def base_commit(root: Path, sha: str) -> tuple[Path, str]:

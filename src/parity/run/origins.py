@@ -13,8 +13,13 @@ this environment with its recording (`parity.run.baseline.BaselineBuilder`, `pre
 record=True)`: one run makes the base's arrays and its recording, one cache entry keeps
 both), so a failing check run again starts no run but its own.
 `prove` and `locate`'s rule then run here, on the two summaries (`settle_failures`; one
-alignment serves both). `parity bisect` names the origin between the first bad commit and
-its parent the same way.
+alignment serves both). A key of a class that proves up to rounding (`up_to_rounding`) is
+settled by the shadow replay (docs/design.md, "Proved up to rounding"): the base is
+recorded first with every value's numbers (`prepare(..., record=ARRAYS)`, cached so), and
+the tree's recording replays each of its operations on them, in the same producer run
+(`parity.run.recordings.Replaying`); the run hands back its answers, the proof and the
+origin of each such key (`parity.origin.replayed`). `parity bisect` names the origin
+between the first bad commit and its parent the same way.
 
 Where a group is not recorded, one line says why, and the verdict stands (an `op_by_op`
 key stays unproved, for that reason): its outputs are
@@ -28,7 +33,6 @@ Nothing here imports jax.
 from __future__ import annotations
 
 import dataclasses
-import json
 from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
 from typing import Any
@@ -43,14 +47,14 @@ from parity.judge.renames import parse_renames
 from parity.judge.stacking import parse_stack
 from parity.judge.tolerance import UnknownClassError
 from parity.machinery.config import ParityConfig
-from parity.machinery.launcher import KeptRun, ProducerRun, ProducerRunError, run_producers
+from parity.machinery.launcher import KeptRun
 from parity.machinery.worktree import GitError, repo_root, temporary_worktree
 from parity.origin import Localisation, LocaliseError, Recording, locate, prove_and_locate
-from parity.origin.proof import Proof, provable, settle, unproved
+from parity.origin.proof import Proof, provable, provable_up_to_rounding, settle, unproved
 from parity.results import BaselineUnavailable, CheckError, CheckResult
 from parity.run.baseline import BaselineBuilder, base_commit
 from parity.run.produced import Checkout, Produced
-from parity.run.recordings import NOT_RECORDED, RECORDING, recorded
+from parity.run.recordings import ARRAYS, Made, Replaying, record_groups, record_kept, recorded
 from parity.store.staging import owned_tempdir
 
 __all__ = [
@@ -59,8 +63,6 @@ __all__ = [
     "base_recordings",
     "locate_between",
     "locate_files",
-    "record_groups",
-    "record_kept",
     "settle_failures",
 ]
 
@@ -71,74 +73,12 @@ _BASE = "the base commit"
 Progress = Callable[[str], None]
 
 
-def record_groups(
-    at: Checkout,
-    config: ParityConfig,
-    groups: Sequence[str],
-    out: Path,
-    *,
-    progress: Progress = lambda _: None,
-    timeout: float | None = None,
-) -> dict[str, Path | str]:
-    """Record `groups`' programs in the code `at` in one producer run (`--record-origin`),
-    into `out`, in one process with the device count and ISA cap of `config`.
-
-    **Returns:** group -> its recording's file, or one line saying why it has none.
-    """
-    code = at.name
-    try:
-        run = ProducerRun.of(
-            config,
-            out,
-            command="origin",
-            mode="record",
-            code_root=at.root,
-            processes=1,
-            groups=groups,
-            drop_paths=at.drop_paths,
-            timeout=timeout,
-            code=code,
-        )
-        run_producers(run, progress=progress)
-    except ProducerRunError as e:
-        return dict.fromkeys(groups, f"the producers cannot run at {code}: {e.reason}")
-    return _found(out, groups, code)
-
-
-def record_kept(
-    kept: KeptRun, groups: Sequence[str], out: Path, *, code: str
-) -> dict[str, Path | str]:
-    """Record `groups`' programs into `out` in the producer run that made their arrays,
-    kept alive (`parity.machinery.launcher.KeptRun.record`): no other run starts.
-
-    **Returns:** as `record_groups`.
-    """
-    try:
-        kept.record(groups, out)
-    except ProducerRunError as e:
-        return dict.fromkeys(groups, f"the producers cannot record at {code}: {e.reason}")
-    return _found(out, groups, code)
-
-
-def _found(out: Path, groups: Sequence[str], code: str) -> dict[str, Path | str]:
-    """Group -> its recording's file in `out`, or the line saying why it has none."""
-    found: dict[str, Path | str] = {}
-    for g in groups:
-        path, why = out / f"{g}{RECORDING}", out / f"{g}{NOT_RECORDED}"
-        if path.is_file():
-            found[g] = path
-        elif why.is_file():
-            found[g] = str(json.loads(why.read_text())["reason"])
-        else:
-            found[g] = f"the producers recorded nothing for it at {code}"
-    return found
-
-
 def base_recordings(
     config: ParityConfig,
     wanted: Sequence[tuple[str, Mapping[str, Any], Mapping[str, Any]]],
     *,
     builder: BaselineBuilder | None = None,
+    arrays: bool = False,
     progress: Progress = lambda _: None,
     timeout: float | None = None,
 ) -> dict[str, Path | str]:
@@ -148,13 +88,14 @@ def base_recordings(
     that makes both the arrays and the recording (one code path, one cache entry).
 
     **Arguments:** `wanted`, `(group, pinned provenance, current provenance)` triples;
-    `builder`, the check's (default one on `config`'s cache).
+    `builder`, the check's (default one on `config`'s cache); `arrays`, every value's
+    numbers kept too (a shadow replay runs on them).
 
     **Returns:** group -> the recording's file in the cache, or one line saying why not.
     """
     builder = builder or BaselineBuilder(config, progress=progress, timeout=timeout)
     out: dict[str, Path | str] = {}
-    for group, got in builder.prepare(wanted, record=True).items():
+    for group, got in builder.prepare(wanted, record=ARRAYS if arrays else True).items():
         if isinstance(got, BaselineUnavailable):
             out[group] = f"the base cannot be re-produced here: {got.reason}"
             continue
@@ -227,13 +168,15 @@ def _unsettled(r: CheckResult, why: str, origin: bool) -> Settled:
 
 
 def _recorded(
-    r: CheckResult, new: Path, old: Path, root: Path, origin: bool, produced: Produced
+    r: CheckResult, new: Made, old: Path, root: Path, origin: bool, produced: Produced
 ) -> Settled:
     """`r` settled by the recordings of its programs on both sides (`prove_and_locate`; a
     per-layer key as its row of a stacked output, a moved key under its new name, by the
-    producers' stack and rename rules)."""
+    producers' stack and rename rules; a key proved up to rounding by the replay's answers
+    where the tree was replayed on the base's values)."""
+    assert isinstance(new.recording, Path)
     try:
-        new_rec, old_rec = _load(new), _load(old)
+        new_rec, old_rec = _load(new.recording), _load(old)
     except (OSError, ValueError, KeyError) as e:
         return _unsettled(r, f"the recordings cannot be read: {e}", origin)
     done = prove_and_locate(
@@ -245,6 +188,7 @@ def _recorded(
         origin=origin,
         stack=parse_stack(produced.stack),
         rename=parse_renames(produced.rename),
+        shadow=new.replayed,
     )
     result = dataclasses.replace(r, comparison=done.comparison, origin=done.origin)
     return Settled(result, done.proofs)
@@ -356,44 +300,68 @@ def _record_and_settle(
     kept: KeptRun | None,
 ) -> dict[str, Settled]:
     """`todo`'s groups recorded on `checkout` (one producer run) and at their bases
-    (through `builder`), each check settled by its two recordings."""
+    (through `builder`), each check settled by its two recordings. A group with keys to
+    prove up to rounding has its base recorded first, with every value's numbers, and the
+    tree's recording replays its programs on them (`parity.run.recordings.Replaying`)."""
     config = builder.config
     try:
         root = repo_root(config.root)
     except GitError:
         root = config.root
     one = " (in one process)" if produced.layout.processes > 1 else ""
-    proving = any(provable(f) for r in todo for f in r.comparison.findings)
-    keys = "its op_by_op keys" if len(todo) == 1 else "their op_by_op keys"
-    why = "to name the origin"
-    if proving:
-        why = f"to prove {keys} and name the origin" if origin else f"to prove {keys}"
-    progress(f"recording {', '.join(r.name for r in todo)} op by op{one} {why}")
+    progress(
+        f"recording {', '.join(r.name for r in todo)} op by op{one} {_why_recorded(todo, origin)}"
+    )
     out: dict[str, Settled] = {}
+    wanted: dict[str, tuple[str, Mapping[str, Any], Mapping[str, Any]]] = {}
+    new: dict[str, Made] = {}
+    for r in todo:
+        current = _one_process(produced.provenance.get(r.name) or {})
+        try:
+            wanted[r.name] = (r.name, goldens.open(r.name).provenance, current)
+        except CheckError as e:
+            new[r.name] = Made(str(e))
+    rounds = {r.name: [f.key for f in r.comparison.findings if provable_up_to_rounding(f)]
+              for r in todo if r.name in wanted}  # fmt: skip
+    rounds = {g: keys for g, keys in rounds.items() if keys}
+    old = base_recordings(config, [wanted[g] for g in rounds], builder=builder, arrays=True)
+    replay = {g: Replaying(b, rounds[g], root) for g, b in old.items() if isinstance(b, Path)}
     with owned_tempdir(_PREFIX) as tmp:
-        groups = [r.group or "" for r in todo]
+        groups = [r.group or "" for r in todo if r.name not in new]
         if kept is not None:  # in the run that made the arrays
-            new = record_kept(kept, groups, Path(tmp), code=checkout.name)
+            new |= record_kept(kept, groups, Path(tmp), code=checkout.name, replay=replay)
         else:
-            new = record_groups(
-                checkout, config, groups, Path(tmp), progress=progress, timeout=timeout
+            new |= record_groups(
+                checkout,
+                builder.config,
+                groups,
+                Path(tmp),
+                replay=replay,
+                progress=progress,
+                timeout=timeout,
             )
-        wanted = []
+        ready = [
+            w for g, w in wanted.items() if isinstance(new[g].recording, Path) and g not in old
+        ]
+        old |= base_recordings(config, ready, builder=builder)
         for r in todo:
-            current = _one_process(produced.provenance.get(r.name) or {})
-            try:
-                wanted.append((r.name, goldens.open(r.name).provenance, current))
-            except CheckError as e:
-                new[r.name] = str(e)
-        ready = [w for w in wanted if isinstance(new[w[0]], Path)]
-        old = base_recordings(config, ready, builder=builder)
-        for r in todo:
-            mine, base = new.get(r.name), old.get(r.name)
-            if isinstance(mine, Path) and isinstance(base, Path):
+            mine, base = new.get(r.name) or Made("nothing was recorded"), old.get(r.name)
+            if isinstance(mine.recording, Path) and isinstance(base, Path):
                 out[r.name] = _recorded(r, mine, base, root, origin, produced)
             else:
-                out[r.name] = _unsettled(r, _unrecorded(mine, base), origin)
+                out[r.name] = _unsettled(r, _unrecorded(mine.recording, base), origin)
     return out
+
+
+def _why_recorded(todo: Sequence[CheckResult], origin: bool) -> str:
+    """What the recording is for, in the progress line."""
+    proving = any(
+        provable(f) or provable_up_to_rounding(f) for r in todo for f in r.comparison.findings
+    )
+    keys = "its keys" if len(todo) == 1 else "their keys"
+    if proving:
+        return f"to prove {keys} and name the origin" if origin else f"to prove {keys}"
+    return "to name the origin"
 
 
 def _unrecorded(*sides: Path | str | None) -> str:
@@ -488,7 +456,7 @@ def locate_between(
                         tmp / side,
                         progress=progress,
                         timeout=timeout,
-                    )[group]
+                    )[group].recording
                     files[f"{side}_root"] = wt.resolve()
                 if isinstance(files[side], str):
                     return _not_named(str(files[side]))

@@ -19,6 +19,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from parity.check import GoldenDir
+from parity.judge.classes import REGISTRY
 from parity.judge.dataflow import DATAFLOW
 from parity.machinery.config import ParityConfig
 from parity.machinery.worker import Place
@@ -26,6 +27,7 @@ from parity.results import CheckResult, merged_header_lines
 from parity.run.baseline import BaselineBuilder
 from parity.run.origins import FailureSettler
 from parity.run.produced import Produced, check_produced, producing
+from parity.run.recordings import ARRAYS, Record
 
 __all__ = ["CheckedTree", "TreeCheck", "check_tree", "order_pinned", "verify_goldens"]
 
@@ -124,6 +126,18 @@ def order_pinned(goldens: GoldenDir, groups: Sequence[str]) -> bool:
     return bool(wanted)
 
 
+def _rounds(goldens: GoldenDir, request: TreeCheck) -> bool:
+    """Whether a key the check reads may be proved up to rounding: a class of the request's
+    or pinned in a golden file it reads has a rule that rounds (`Rule.rounds`); its base is
+    then recorded with every value's numbers, in the one run that re-produces it."""
+    names = {request.class_name or "", *(c for _, c in request.overrides)}
+    for group in request.groups or goldens.groups():
+        if goldens.path_of(group).is_file():
+            gf = goldens.open(group)
+            names |= {gf.info(k).class_name for k in gf}
+    return any(REGISTRY[n].rule.rounds for n in names if n in REGISTRY)
+
+
 def check_tree(request: TreeCheck, *, progress: Callable[[str], None]) -> CheckedTree:
     """Check the current tree as `request` asks: its goldens verified, its producers run
     (the class map's names refused as a repin refuses them), every group checked in one
@@ -167,7 +181,9 @@ def check_tree(request: TreeCheck, *, progress: Callable[[str], None]) -> Checke
         if request.baseline != "off" and place is None:
             # Where a failure would be recorded (one process), the base is recorded in the
             # run that re-produces it: a failure against it then costs no run at the base.
-            record = request.origin and config.processes == 1
+            record: Record = request.origin and config.processes == 1
+            if record and _rounds(goldens, request):
+                record = ARRAYS
             baseline = BaselineBuilder(
                 config, progress=progress, timeout=request.timeout, record=record
             )

@@ -195,22 +195,7 @@ def test_parity_check_passes_the_refactor_proved_and_fails_the_bug_at_its_line(
     # Without the origin the proof is still tried: a key of op_by_op is never passed unproved
     quiet = run_parity(repo, "check", "--origin", "off")
     assert quiet.returncode == 1 and "not proved op by op: run op by op," in quiet.stdout
-    assert "origin:" not in quiet.stdout and "to prove its op_by_op keys" in quiet.stderr
-
-
-#: The plugin's face: a test that writes each key's verdict and basis to verdicts.json.
-PLUGIN_TEST = """\
-import json
-
-import producers
-
-
-def test_forward(parity_check):
-    comparison = parity_check(producers.forward(), "forward", fail=False)
-    verdicts = {f"forward/{f.key}": [f.verdict, f.basis] for f in comparison.findings}
-    with open("verdicts.json", "w") as out:
-        json.dump(verdicts, out)
-"""
+    assert "origin:" not in quiet.stdout and "op by op to prove its keys" in quiet.stderr
 
 
 def _live_verdicts(models: dict[str, ModuleType], inputs: tuple[Any, Any], name: str) -> Any:
@@ -235,36 +220,13 @@ def test_every_face_gives_each_key_the_same_verdict(
     bisect, which judged without the proof, names the bug's commit, not the proved
     refactor."""
     repo, shas = project
-    git(repo, "checkout", "-q", shas["epsilon"])
-    pin = git(repo, "rev-parse", f"{shas['refactor']}~1")
-    report = repo.parent / "bisect.json"
-    done = run_parity(repo, "bisect", pin, shas["epsilon"], "--class", "op_by_op",
-                      "--origin", "off", "--json", str(report))  # fmt: skip
-    assert done.returncode == 0, done.stdout + done.stderr
-    found = json.loads(report.read_text())
-    assert found["first_bad_commit"] == shas["epsilon"], done.stdout
+    found, faces = tf.every_face(
+        repo, shas, lambda name: _live_verdicts(models, inputs, name), run_parity=run_parity,
+        run_pytest=run_pytest, git=git, out=repo.parent, bisect=("--class", "op_by_op"),
+    )  # fmt: skip
+    assert found["first_bad_commit"] == shas["epsilon"], found
     steps = {s["sha"]: s for s in found["steps"]}
     assert steps[shas["refactor"]]["outcome"] == "good", steps
-    (repo / "test_forward.py").write_text(PLUGIN_TEST)
-    faces: dict[str, dict[str, Any]] = {}
-    try:
-        for name in ("refactor", "epsilon"):
-            git(repo, "checkout", "-q", shas[name])
-            checked = repo.parent / f"check-{name}.json"
-            run_parity(repo, "check", "--origin", "off", "--json", str(checked))
-            plugged = repo / "verdicts.json"
-            ran = run_pytest(repo, "test_forward.py")
-            assert ran.returncode == 0, ran.stdout + ran.stderr
-            doc = json.loads(checked.read_text())
-            faces[name] = {
-                "check": {f["key"]: [f["verdict"], f["basis"]] for f in doc["findings"]},
-                "bisect": steps[shas[name]]["verdicts"],
-                "plugin": json.loads(plugged.read_text()),
-                "assert_equivalent": _live_verdicts(models, inputs, name),
-            }
-            plugged.unlink()
-    finally:
-        (repo / "test_forward.py").unlink()
     assert faces["refactor"]["check"] == {"forward/logits": ["pass", "proved"]}, faces
     assert faces["epsilon"]["check"] == {"forward/logits": ["fail", ""]}, faces
     for name, said in faces.items():

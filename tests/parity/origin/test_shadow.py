@@ -215,7 +215,7 @@ def test_assert_equivalent_proves_the_fused_projection_under_up_to_rounding(
         new_out, old_out, class_map="up_to_rounding", new_fn=fused.train, old_fn=module.train,
         args=args,
     )  # fmt: skip
-    notes = [f.note for f in result.findings if f.basis == "proved"]
+    notes = [f.note for f in result.findings if f.basis == "rounding"]
     assert notes and all(n.startswith("proved up to rounding: ") for n in notes), notes
     buggy = _module(tmp_path / "buggy", MODEL.replace(*FUSED).replace(*BUGS["loss / (N - 1)"][0]))
     with pytest.raises(parity.NotEquivalent) as failed:
@@ -231,8 +231,8 @@ def test_assert_equivalent_proves_the_fused_projection_under_up_to_rounding(
 
 
 def test_without_the_bases_values_a_key_is_not_proved_up_to_rounding_and_says_why() -> None:
-    """Where the base's values were not recorded beside it (as `parity check` records so
-    far), a key of `up_to_rounding` that is not proved op by op fails, saying so."""
+    """Where the new program was not replayed on the base's values, a key of
+    `up_to_rounding` that is not proved op by op fails, saying so."""
     from parity.judge.compare import compare_trees
     from parity.origin.api import prove_and_locate
 
@@ -250,7 +250,7 @@ def test_without_the_bases_values_a_key_is_not_proved_up_to_rounding_and_says_wh
     (finding,) = comparison.findings
     (settled,) = done.comparison.findings
     assert settled.verdict == "fail" and finding.proof_clause != settled.proof_clause
-    assert "not proved up to rounding: the base's values were not recorded" in settled.reason
+    assert "not proved up to rounding: the new program was not replayed" in settled.reason
     assert "; op by op: " in settled.reason
     shadow = Shadow(record(old, x))
     new_recording = record(new, x, shadow=shadow)
