@@ -75,7 +75,7 @@ TRAIN = "train_remat_nothing"
 LOSS_SUMS = (FAITH_TREE, IMPORTANCE_PER_KIND)
 CASES = (
     Case("rms halves", "forward_llama", "*", (RMS_HALVES,), True),
-    Case("rms halves, epsilon", "forward_llama", "*", (RMS_HALVES, EPSILON), False),
+    Case("rms halves, epsilon", "forward_llama", "*", (EPSILON, RMS_HALVES), False),
     Case("clean", TRAIN, "traj.*", (), True),
     Case("loss sums", TRAIN, "traj.*", LOSS_SUMS, True),
     Case("loss sums, epsilon", TRAIN, "traj.*", (*LOSS_SUMS, EPSILON), False),

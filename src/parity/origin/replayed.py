@@ -46,8 +46,9 @@ class Replay(Protocol):
 @dataclass(frozen=True)
 class Replayed:
     """A replay's answers, by key: `answers` (each key asked, proved up to rounding or
-    told why not) and `origins` (each key not proved, where its way first computes what the
-    base never did, with the kind of change; absent where none was named)."""
+    told why not) and `origins` (for the first key not proved, where its way first
+    computes what the base never did, with the kind of change; absent where none was
+    named)."""
 
     answers: Mapping[str, RoundingProof]
     origins: Mapping[str, Origin] = field(default_factory=dict)
@@ -93,14 +94,12 @@ def answered(
     replay: Replay, new: Recording, keys: Iterable[str], *, root: str | Path | None = None
 ) -> Replayed:
     """Everything settling `keys` asks of `replay` (a live `Shadow` over `new`), answered
-    now: each key's proof, and the origin of each key not proved."""
+    now: each key's proof, and the origin of the first key not proved, in the order of
+    `keys` (the check's order: settling names the origin of its first failure only)."""
     answers = replay.proofs(new, keys, root=root)
-    origins: dict[str, Origin] = {}
-    for k, p in answers.items():
-        o = None if p.proved else replay.origin(new, p, root=root)
-        if o is not None:
-            origins[k] = o
-    return Replayed(answers, origins)
+    first = next((p for p in answers.values() if not p.proved), None)
+    named = None if first is None else replay.origin(new, first, root=root)
+    return Replayed(answers, {} if first is None or named is None else {first.key: named})
 
 
 def write_replayed(path: Path, replayed: Replayed) -> None:

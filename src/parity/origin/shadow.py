@@ -25,7 +25,7 @@ from typing import Any
 
 import numpy as np
 
-from parity.origin.align import Origin, align
+from parity.origin.align import Alignment, Origin, align
 from parity.origin.interpreter import MOVES, Interpreter, plain_dtype, to_host
 from parity.origin.proof import upstream
 from parity.origin.recording import Recording, fingerprint, row_digests
@@ -126,6 +126,7 @@ class Shadow:
         self.arrays = old.arrays
         self.shades: dict[int, Shade] = {}
         self.interpreter: Interpreter | None = None
+        self._exact: Alignment | None = None
         self._digests: dict[tuple[Any, ...], int] = {}
         self._buckets: dict[tuple[Any, ...], list[int]] = {}
         for v, fp in zip(old.values, old.fingerprints, strict=True):
@@ -381,7 +382,9 @@ class Shadow:
         for a key proved."""
         if proof.proved or proof.origin < 0:
             return None
-        exact = dataclasses.replace(align(new, self.old, 0.0), same_as=self._is)
+        if self._exact is None or self._exact.new is not new:  # one alignment per recording
+            self._exact = dataclasses.replace(align(new, self.old, 0.0), same_as=self._is)
+        exact = self._exact
         return exact.describe(exact.edited(proof.origin), proof.key, root=root)
 
     def _is(self, a: int, b: int) -> bool:
