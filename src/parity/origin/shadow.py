@@ -398,15 +398,22 @@ class Shadow:
     def _origin(self, new: Recording, cone: list[int]) -> int:
         """Where the key's way first computes what the base never did: the first value
         that equals none of the base's, of a shape the base has, while what it reads is the
-        base's (or new intermediates of shapes the base has none of)."""
+        base's (or new intermediates of shapes the base has none of). A new intermediate
+        that a later value on the way computes back into the base's (within rounding) is
+        accounted for, not an origin: the halves of a sum split in two."""
 
         def known(i: int) -> bool:
             v = new.values[i]
             return (v.shape, v.dtype) in self._buckets
 
-        loose = [i for i in cone if not self.shades.get(i, Shade("fresh")).grounded]
+        shade = {i: self.shades.get(i, Shade("fresh")) for i in cone}
+        back = {i for i in cone if shade[i].status in ("exact", "rounded")}
+        for i in reversed(cone):  # a reader comes after what it reads
+            if i in back:
+                back.update(j for j in new.values[i].inputs if j in shade)
+        loose = [i for i in cone if not shade[i].grounded and i not in back]
         for i in loose:
-            if self.shades[i].status == "differs":
+            if shade[i].status == "differs":
                 return i
         for i in loose:
             v = new.values[i]
