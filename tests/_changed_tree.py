@@ -9,7 +9,7 @@ import shutil
 from collections.abc import Iterator, Sequence
 from pathlib import Path
 
-from parity.machinery.worktree import git, temporary_worktree
+from parity.machinery._worktree import git, temporary_worktree
 
 ROOT = Path(__file__).resolve().parents[1]
 

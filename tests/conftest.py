@@ -88,8 +88,8 @@ def _parity_env(repo: Path) -> dict[str, str]:
     # cleanup of a shared /tmp can pull a worktree away mid-run.
     tmp = repo.parent / "tmp"
     tmp.mkdir(exist_ok=True)
-    # A private cache of baselines too (parity.run.baseline), and a private folder for the
-    # logs of failed producer runs (parity.commands.common.log_folder): never the user's.
+    # A private cache of baselines too (parity.run._baseline), and a private folder for the
+    # logs of failed producer runs (parity.commands._common.log_folder): never the user's.
     # The command line reads PARITY_DEVICES as the plugin does: an outer
     # `PARITY_DEVICES=4 pytest` must not move the layout these projects pin and check.
     return {

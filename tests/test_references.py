@@ -46,7 +46,7 @@ def _dangling(text: str) -> list[str]:
 
 
 def test_the_checker_finds_a_dangling_module_attribute_and_path() -> None:
-    assert _dangling("see `parity.store.staging` and `parity.check.check_group`") == []
+    assert _dangling("see `parity.store._staging` and `parity.check.check_group`") == []
     assert _dangling("see `decomp.spd` and `parity.check.no_such_name`") == [
         "decomp.spd",
         "parity.check.no_such_name",

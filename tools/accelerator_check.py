@@ -129,7 +129,7 @@ def main(argv: list[str] | None = None) -> int:
     if args.log is not None:
         args.log.mkdir(parents=True, exist_ok=True)
     sys.path.insert(0, str(ROOT / "src"))
-    from parity.calibration.perturbations import backend_here
+    from parity.calibration._perturbations import backend_here
 
     t0 = time.perf_counter()
     here = backend_here()

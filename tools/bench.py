@@ -22,7 +22,7 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
-from parity.machinery.devices import set_cpu_device_count
+from parity.machinery._devices import set_cpu_device_count
 
 #: A section: `(args, results) -> None`, adding median seconds (and table rows) to `results`.
 SectionFn = Callable[[argparse.Namespace, "Results"], None]
@@ -270,7 +270,7 @@ def bench_step_time(args: argparse.Namespace, results: Results) -> None:
 @section("cache_put")
 def bench_cache_put(args: argparse.Namespace, results: Results) -> None:
     """One write into the size-limited jax compilation cache that parity shares per machine
-    (`parity.machinery.jax_cache`), in a folder already holding `--entries` entries of 27 KB (a
+    (`parity.machinery._jax_cache`), in a folder already holding `--entries` entries of 27 KB (a
     cold test suite leaves ~1,900): jax's own write, which lists the folder and reads every
     entry's access time first, against the write with parity's size tally
     (`keep_a_size_tally`). Each in its own copy of the folder; `--steps` writes each.
@@ -280,7 +280,7 @@ def bench_cache_put(args: argparse.Namespace, results: Results) -> None:
 
     from jax._src.lru_cache import LRUCache
 
-    from parity.machinery import jax_cache
+    from parity.machinery import _jax_cache as jax_cache
 
     value = b"x" * 27_000
 

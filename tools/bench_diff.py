@@ -6,12 +6,12 @@ loop, parity files (checksums, classes, order, provenance) for parity. Then time
 median of `--repeats` runs:
 
 - `raw`: open both plain files, list their datasets, read each pair, `np.array_equal`.
-- `parity`: `parity.cli.run_diff` on the parity files plus `format_table`, the in-process
+- `parity`: `parity._cli.run_diff` on the parity files plus `format_table`, the in-process
   path of `python -m parity diff` (checksums verified, every array compared under its
   class).
 - `parity_plain`: the same on the plain files (no checksums or attributes to read).
 - `cli`: wall time of `python -m parity diff` as a subprocess (on the parity files, and on
-  the plain files the raw process reads), and of `python -c "import parity.cli"` for the
+  the plain files the raw process reads), and of `python -c "import parity._cli"` for the
   interpreter and import share of it.
 - `raw_process`: wall time of a plain Python process that imports h5py and numpy, reads
   both plain files and compares every pair with `np.array_equal` (the `raw` loop as a
@@ -77,11 +77,11 @@ from typing import Any
 import h5py
 import numpy as np
 
-from parity.cli import run_diff
-from parity.judge.tolerance import ClassMap
+from parity._cli import run_diff
+from parity.judge._tolerance import ClassMap
 from parity.report import format_table
 from parity.store import write_goldens
-from parity.store.provenance import collect_provenance
+from parity.store._provenance import collect_provenance
 
 # (shape, count) per kind: 600 arrays, about 3.3 MB of float32.
 _MIX = (("taps", (4, 12, 32), 200), ("mlp", (4, 12, 64), 150), ("weights", (32, 8), 150))
@@ -244,7 +244,7 @@ def main(argv: list[str] | None = None) -> int:
         )
         raw_proc = [sys.executable, "-c", bench_startup.RAW_PROCESS, str(qa), str(qg)]
         raw_wall_s = _median_s(lambda: _run(raw_proc), args.repeats)
-        imp = [sys.executable, "-c", "import parity.cli"]
+        imp = [sys.executable, "-c", "import parity._cli"]
         import_s = _median_s(lambda: _run(imp), args.repeats)
 
         if args.profile:
@@ -284,7 +284,7 @@ def main(argv: list[str] | None = None) -> int:
         f"{cli_plain_s / raw_wall_s:5.2f}x the raw process"
     )
     print(f"  raw h5py process (wall)            {raw_wall_s:8.4f} s")
-    print(f"  python -c 'import parity.cli'      {import_s:8.4f} s")
+    print(f"  python -c 'import parity._cli'      {import_s:8.4f} s")
     figures["startup"] = bench_startup.startup(args.rounds, args.bytecode)
     if args.json:
         Path(args.json).write_text(json.dumps(figures, indent=2) + "\n")

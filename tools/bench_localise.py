@@ -44,7 +44,7 @@ def main() -> None:
     started = time.perf_counter()
     producers = load_producers()
     from decomp import legacy
-    from parity.judge.classes import REGISTRY
+    from parity.judge._classes import REGISTRY
     from parity.origin import align, locate, matching_tolerance, record
 
     cfg = producers.glu_config("llama")

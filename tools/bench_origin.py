@@ -43,7 +43,7 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT / "src"))
 
-from parity.machinery.worktree import git, temporary_worktree  # noqa: E402
+from parity.machinery._worktree import git, temporary_worktree  # noqa: E402
 
 
 @dataclass(frozen=True)

@@ -36,7 +36,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from bench_origin import ROOT, Bug, _check, _copy_tree, _processor
-from parity.machinery.worktree import temporary_worktree
+from parity.machinery._worktree import temporary_worktree
 
 NN, LOSSES = "src/decomp/nn.py", "src/decomp/losses.py"
 Edit = tuple[str, str, str]  # (file, old, new)

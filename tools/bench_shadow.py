@@ -1,4 +1,4 @@
-"""Cost of a proof up to rounding (issue 59, `parity.origin.shadow`) on the subject's forward,
+"""Cost of a proof up to rounding (issue 59, `parity.origin._shadow`) on the subject's forward,
 and how it grows with the number of layers.
 
 For each depth (2, 4 and 8 layers of `tests/equivalence/producers.py`'s `glu_config("llama")`,
@@ -65,9 +65,9 @@ def child(layers: int, refactor: str) -> dict[str, Any]:
 
     from bench_localise import load_producers
     from decomp import legacy
-    from parity.judge.compare import compare_trees
-    from parity.origin.record import record
-    from parity.origin.shadow import Shadow
+    from parity.judge._compare import compare_trees
+    from parity.origin._record import record
+    from parity.origin._shadow import Shadow
 
     producers = load_producers()
     cfg = dataclasses.replace(producers.glu_config("llama"), n_layer=layers)
@@ -119,11 +119,11 @@ def train(remat: str) -> None:
     import collections
 
     from bench_localise import load_producers
-    from parity.judge.dataflow import numpy_conversions
-    from parity.origin.interpreter import FLUSH_EVERY
-    from parity.origin.programs import capture
-    from parity.origin.record import record_programs
-    from parity.origin.shadow import Shadow
+    from parity.judge._dataflow import numpy_conversions
+    from parity.origin._interpreter import FLUSH_EVERY
+    from parity.origin._programs import capture
+    from parity.origin._record import record_programs
+    from parity.origin._shadow import Shadow
 
     producers = load_producers()
     mode = None if remat == "none" else remat

@@ -48,9 +48,9 @@ from typing import Any
 import h5py
 import numpy as np
 
-from parity.judge.tolerance import ClassMap
+from parity.judge._tolerance import ClassMap
 from parity.store import write_goldens
-from parity.store.provenance import collect_provenance
+from parity.store._provenance import collect_provenance
 
 #: The plain process parity diff is measured against (tools/bench_diff.py uses it too).
 RAW_PROCESS = """

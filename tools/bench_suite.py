@@ -15,7 +15,7 @@ only), as CI does:
 a new folder, so the jax compilation cache and the bases start empty; pip keeps the user's
 download cache, `PIP_CACHE_DIR`). *Warm* runs again in the same clone with the same cache
 folder. Every process parity starts writes how many programs it compiled and how many it
-loaded from the cache (`PARITY_COMPILE_LOG`, `parity.machinery.compile_count`): the pytest
+loaded from the cache (`PARITY_COMPILE_LOG`, `parity.machinery._compile_count`): the pytest
 processes, xdist workers, the workers of a distributed session and the producer processes.
 Subprocesses of the tests that are not parity's (a test's own `python -c` script) are not
 counted. Prints, per run: seconds, CPU seconds (user + sys of every process it started:
@@ -43,7 +43,7 @@ import time
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
-from parity.machinery.compile_count import LOG_VAR, Compiled, read_compiles, read_log
+from parity.machinery._compile_count import LOG_VAR, Compiled, read_compiles, read_log
 
 ROOT = Path(__file__).resolve().parents[1]
 

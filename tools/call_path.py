@@ -5,7 +5,7 @@ function once), with the module and the floor it stands on.
 Two ways are walked. From `module:function`, every call the function makes; from
 `module:function@name`, only the calls that take the value `name` (a parameter or a local
 of that function) or a value computed from it, then in each function reached the parameters
-it was bound to: the way the data of a flow takes (`parity.commands.check:run@args`, the
+it was bound to: the way the data of a flow takes (`parity.commands._check:run@args`, the
 way of `parity check`'s arguments).
 
 A floor is a tier of the layers the import test holds (`tests/parity/_layers.py`), lowest
@@ -27,8 +27,8 @@ method (a `BaselineSource`, a `Settler`) goes to that method of the classes buil
 way so far, as a reader follows the value a face built and handed down. A call through a
 value the reader cannot name from the source (a callback) is not followed.
 
-    python tools/call_path.py parity.commands.check:run@args        # the figures
-    python tools/call_path.py parity.run.produced:check_produced@produced -v  # every stop
+    python tools/call_path.py parity.commands._check:run@args        # the figures
+    python tools/call_path.py parity.run._produced:check_produced@produced -v  # every stop
 """
 
 from __future__ import annotations
@@ -532,7 +532,7 @@ def figures(
 ) -> tuple[Figures, list[Stop]]:
     """The figures of the way from `entry` (`module:function` or `module:Class.method`),
     not following the calls of functions on the floors below `lowest`'s; with `@name`
-    (`parity.commands.check:run@args`), the way of that value (`walk_data`)."""
+    (`parity.commands._check:run@args`), the way of that value (`walk_data`)."""
     module, _, name = entry.partition(":")
     name, _, data = name.partition("@")
     index = Index(src)
@@ -550,9 +550,9 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument(
         "entry",
         nargs="+",
-        help="module:function, e.g. parity.commands.check:run; module:function@name follows "
+        help="module:function, e.g. parity.commands._check:run; module:function@name follows "
         "the value `name` of that function (a parameter or a local), e.g. "
-        "parity.commands.check:run@args",
+        "parity.commands._check:run@args",
     )
     parser.add_argument("--src", type=Path, default=ROOT / "src", help="the folder parity is in")
     parser.add_argument(

@@ -40,7 +40,7 @@ FIELDS = (
 def _measure_child(args: argparse.Namespace) -> int:
     """In a fresh process: build one entry against `--src` and print its statistics."""
     # parity comes from the current tree, imported before `--src` shadows the packages.
-    from parity.compile_stats import compile_stats
+    from parity._compile_stats import compile_stats
 
     drop = {os.path.realpath(ROOT / "src")}
     sys.path[:] = [p for p in sys.path if os.path.realpath(p or ".") not in drop]
@@ -61,7 +61,7 @@ def _measure_child(args: argparse.Namespace) -> int:
 
 
 def _run_one(name: str, src: Path, layers: int) -> dict[str, Any]:
-    from parity.machinery.devices import isolated_env
+    from parity.machinery._devices import isolated_env
 
     # No persistent cache in the child at all: a compile is timed, never a cache load.
     env = {k: v for k, v in isolated_env(1).items() if not k.startswith("JAX_COMPILATION_CACHE")}
@@ -227,7 +227,7 @@ def main(argv: list[str] | None = None) -> int:
     def progress(line: str) -> None:
         print(line, file=sys.stderr, flush=True)
 
-    from parity.machinery.worktree import GitError, resolve_sha, temporary_worktree
+    from parity.machinery._worktree import GitError, resolve_sha, temporary_worktree
 
     repo = args.repo.resolve()
     sha = ""

@@ -11,7 +11,7 @@ the code of a detached worktree at SHA in a temporary folder; your working tree,
 and branches are not touched. The new files replace the old ones only once every group
 has been produced; a repin killed at any moment (even SIGKILL) leaves the old goldens or
 the complete new ones, and the next repin, or `--recover`, finishes its replace (see
-src/parity/store/staging.py). Exit codes are `parity repin`'s: 0 pinned, 2 repinning
+src/parity/store/_staging.py). Exit codes are `parity repin`'s: 0 pinned, 2 repinning
 failed (old goldens untouched), 130 on Ctrl-C.
 """
 
@@ -25,7 +25,7 @@ ROOT = Path(__file__).resolve().parents[1]
 
 
 def main(argv: list[str] | None = None) -> int:
-    from parity.cli import main as parity_main
+    from parity._cli import main as parity_main
 
     args = sys.argv[1:] if argv is None else argv
     if args and args[0] in ("-h", "--help"):

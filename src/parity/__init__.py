@@ -4,7 +4,7 @@
 `parity.check_group` / `parity.check_live` are the core that the CLI and the pytest plugin
 share; `parity.localise(new_fn, old_fn, *args)` names the first operation of a new program
 that computes what the old one never did, at its source line. Tolerance classes as data
-(rules as objects, `parity.judge.fixed_rules` and `parity.judge.measured_rules`),
+(rules as objects, `parity.judge._fixed_rules` and `parity.judge._measured_rules`),
 comparison of arrays and pytrees with a finding per key and the first divergence named, an
 HDF5 golden store with provenance and checksums, repin at a git base commit, compile
 statistics, reports, a CLI (`python -m parity`) and a pytest plugin.

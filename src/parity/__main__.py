@@ -1,6 +1,6 @@
-"""`python -m parity`: see `parity.cli`."""
+"""`python -m parity`: see `parity._cli`."""
 
-from parity.cli import script
+from parity._cli import script
 
 if __name__ == "__main__":
     script()

@@ -17,8 +17,8 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from parity.machinery import jax_cache
-from parity.machinery.devices import xla_flags_for
+from parity.machinery import _jax_cache as jax_cache
+from parity.machinery._devices import xla_flags_for
 
 RTOL, ATOL = 1e-4, 1e-7
 PRODUCERS_DIR = Path(__file__).resolve().parents[1] / "equivalence"

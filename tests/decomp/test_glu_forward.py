@@ -18,8 +18,8 @@ from jax.sharding import Mesh, NamedSharding, PartitionSpec as P
 from decomp import legacy
 from decomp.targets import GLUConfig
 from parity import assert_equivalent
-from parity.judge.classes import REGISTRY, ToleranceClass
-from parity.judge.fixed_rules import RelativeToMax
+from parity.judge._classes import REGISTRY, ToleranceClass
+from parity.judge._fixed_rules import RelativeToMax
 
 N_LAYER = 4
 CONFIGS = {

@@ -20,7 +20,7 @@ import pytest
 
 from decomp import legacy, nn
 from decomp.targets import GLUConfig, glu_transformer as gt
-from parity.judge.classes import REGISTRY
+from parity.judge._classes import REGISTRY
 from parity.origin import align, locate, matching_tolerance, record
 
 CONFIG = GLUConfig(

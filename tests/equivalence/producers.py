@@ -505,7 +505,7 @@ BUDGETED = (
 def compile_budget_group(entries: tuple[str, ...] = BUDGETED) -> dict[str, np.ndarray]:
     """HLO text bytes and compiled instruction counts of the main entry points at 2 layers,
     as float64 scalars so that the `compile_budget` class (2% relative) applies."""
-    from parity.compile_stats import compile_stats
+    from parity._compile_stats import compile_stats
 
     ce = _compile_entries()
     structure = ce.Structure(n_layer=2)

@@ -1,4 +1,4 @@
-"""The subject across processes, through parity's launcher (`parity.run.produced.produce`, what
+"""The subject across processes, through parity's launcher (`parity.run._produced.produce`, what
 `parity check --processes 2 --devices 2` runs): the producers run as 2 processes x 2
 devices of one JAX distributed run, each process supplying its own rows of the batch, and
 as 1 process x 4 devices; the 2x2 outputs must pass their goldens under the pinned class
@@ -32,12 +32,12 @@ from typing import Any
 
 import pytest
 
-from parity.calibrated.spreads import Spreads
-from parity.judge.tolerance import ClassMap
-from parity.machinery.config import load_config
-from parity.machinery.worker import worker_place
+from parity.calibrated._spreads import Spreads
+from parity.judge._tolerance import ClassMap
+from parity.machinery._config import load_config
+from parity.machinery._worker import worker_place
 from parity.report import format_table
-from parity.run.produced import Produced, produce
+from parity.run._produced import Produced, produce
 
 ROOT = Path(__file__).resolve().parents[2]
 DEFAULT_GROUPS = ("eval",)

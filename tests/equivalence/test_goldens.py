@@ -118,7 +118,7 @@ def test_the_bf16_forward_is_within_bf16_classes_of_the_fp32_forward(parity_chec
             actual[key], expected[key] = np.asarray(bf16[key]).astype(np.float32), ref
         else:
             actual[key], expected[key] = np.asarray(bf16[key]), ref.astype(ml_dtypes.bfloat16)
-    from parity.judge.tolerance import ClassMap
+    from parity.judge._tolerance import ClassMap
 
     cmap = ClassMap(tuple(BF16_AGAINST_FP32))
     parity_check(actual, expected, name="forward_bf16.against_fp32", class_map=cmap,

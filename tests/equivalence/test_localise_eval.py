@@ -15,7 +15,7 @@ from decomp.eval import make_eval_step
 from decomp.legacy.eval import make_eval_step as legacy_eval_step
 from decomp.legacy.train import init_train_state as legacy_init
 from decomp.train import init_train_state
-from parity.judge.classes import REGISTRY
+from parity.judge._classes import REGISTRY
 from parity.origin import align, locate, matching_tolerance, record
 
 

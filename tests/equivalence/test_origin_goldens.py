@@ -29,10 +29,10 @@ import pytest
 from producers import forward_group
 
 from _changed_tree import changed_tree
-from parity.judge.dataflow import numpy_conversions
-from parity.judge.trees import flatten
-from parity.origin.programs import capture
-from parity.origin.record import record_programs
+from parity.judge._dataflow import numpy_conversions
+from parity.judge._trees import flatten
+from parity.origin._programs import capture
+from parity.origin._record import record_programs
 
 ROOT = Path(__file__).resolve().parents[2]
 NN = "src/decomp/nn.py"

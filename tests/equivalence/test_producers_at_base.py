@@ -31,11 +31,11 @@ import pytest
 from producers import per_site
 
 from parity.check import check_group
-from parity.machinery.config import load_config
-from parity.machinery.launcher import ProducerRunError
-from parity.machinery.worktree import GitError, resolve_sha, temporary_worktree
-from parity.run.goldens import golden_provenance
-from parity.run.produced import Checkout, produce
+from parity.machinery._config import load_config
+from parity.machinery._launcher import ProducerRunError
+from parity.machinery._worktree import GitError, resolve_sha, temporary_worktree
+from parity.run._goldens import golden_provenance
+from parity.run._produced import Checkout, produce
 from parity.store import open_goldens
 
 ROOT = Path(__file__).resolve().parents[2]

@@ -56,7 +56,7 @@ from decomp.config import CIConfig, SPDConfig
 from decomp.targets.glu_transformer import GLUConfig, GLUTransformer
 from decomp.train import frozen_forward, init_train_state, make_train_step, spd_losses
 from parity.check import check_group
-from parity.judge.compare import compare_trees
+from parity.judge._compare import compare_trees
 
 pytestmark = pytest.mark.skipif(
     jax.device_count() != 1, reason="the sweep runs on 1 device, where the goldens were pinned"

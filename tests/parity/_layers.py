@@ -14,20 +14,20 @@ from __future__ import annotations
 #: rooms since (issue 38); each subpackage's docstring says it in prose.
 LAYERS: tuple[tuple[str, ...], ...] = (
     # leaves: the XLA flag names; compile statistics (jax only); the root of every error
-    ("parity.xla_env", "parity.compile_stats", "parity.errors"),
-    ("parity.environment",),  # whether two environments differ, and how: decided once
+    ("parity._xla_env", "parity._compile_stats", "parity._errors"),
+    ("parity._environment",),  # whether two environments differ, and how: decided once
     ("parity.judge",),  # numpy only
     # each over the judge (the store: h5py, xla_env too; localise: jax inside functions only)
     ("parity.store", "parity.report", "parity.origin"),
-    ("parity.results",),  # the core: what a check hands back (CheckResult, CheckError)
+    ("parity._results",),  # the core: what a check hands back (CheckResult, CheckError)
     ("parity.calibrated",),  # the core: the recorded spreads, the calibrated class in a check
     # the core: the check's stages, from its request to its verdict, and its door
     ("parity.check",),
     ("parity.machinery",),  # processes: config, devices, launcher, processes, worker, git
     ("parity.run",),  # the workflows over it: produce, repin, baseline, origins, bisect
     ("parity.calibration",),  # measuring the noise (`parity calibrate`), over parity.run
-    ("parity.assertions", "parity.commands", "parity.pytest_plugin"),  # the faces
-    ("parity.cli",),  # the one argparse tree over the commands
+    ("parity._assertions", "parity.commands", "parity.pytest_plugin"),  # the faces
+    ("parity._cli",),  # the one argparse tree over the commands
     ("parity.__main__",),
 )
 

@@ -19,11 +19,11 @@ from hypothesis.extra import numpy as hnp
 
 import parity
 from parity.check import check_live
-from parity.judge.classes import REGISTRY, ToleranceClass
-from parity.judge.compare import compare_arrays
-from parity.judge.fixed_rules import RelativeToMax
-from parity.judge.rule_base import Elements, Judgement, Rule, Scale
-from parity.judge.tolerance import ClassMap
+from parity.judge._classes import REGISTRY, ToleranceClass
+from parity.judge._compare import compare_arrays
+from parity.judge._fixed_rules import RelativeToMax
+from parity.judge._rule_base import Elements, Judgement, Rule, Scale
+from parity.judge._tolerance import ClassMap
 from parity.store import open_goldens, write_goldens
 
 
@@ -287,7 +287,7 @@ def test_with_the_functions_in_hand_the_first_divergence_is_named_in_forward_ord
         return _forward(x, 1.0)
 
     actual, expected = jax.jit(new)(x), jax.jit(old)(x)
-    assert list(parity.judge.trees.flatten(actual)) == ["logits", "taps.norm"]  # alphabetical
+    assert list(parity.judge._trees.flatten(actual)) == ["logits", "taps.norm"]  # alphabetical
     with pytest.raises(AssertionError) as plain:
         parity.assert_equivalent(actual, expected)
     assert "first breaking its class: logits" in str(plain.value)
@@ -316,7 +316,7 @@ def test_a_count_of_one_is_singular_in_the_verdict() -> None:
     in the plural otherwise, and the verb of "N of M arrays fail" agrees with N."""
     import re
 
-    from parity.judge.floats import count
+    from parity.judge._floats import count
 
     assert [count(n, "array") for n in (0, 1, 2)] == ["0 arrays", "1 array", "2 arrays"]
     assert count(1, "process", "processes") == "1 process"

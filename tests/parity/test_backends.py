@@ -22,14 +22,14 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from parity.calibration.perturbations import Here, Perturbation, available
-from parity.environment import (
+from parity._environment import (
     backend_note,
     describe_backend,
     environment_difference,
     environment_fingerprint,
 )
-from parity.machinery.processes import NoSockets, WorkerFailed, free_port
+from parity.calibration._perturbations import Here, Perturbation, available
+from parity.machinery._processes import NoSockets, WorkerFailed, free_port
 from parity.store import open_goldens, write_goldens
 
 PRODUCERS = """\
@@ -263,7 +263,7 @@ import json
 import jax
 import jax.numpy as jnp
 from jax import monitoring
-from parity.compile_stats import compile_stats
+from parity._compile_stats import compile_stats
 
 def f(x):
     return jnp.tanh(x @ x.T).sum()
@@ -299,7 +299,7 @@ def test_a_fresh_compile_is_timed_as_a_compile_never_a_cache_load(tmp_path) -> N
 
 
 def test_a_cached_baseline_of_a_tpu_is_listed_by_its_backend_not_an_isa_cap(tmp_path) -> None:
-    from parity.run.baseline import BaselineCache
+    from parity.run._baseline import BaselineCache
 
     cache = BaselineCache(tmp_path)
     for name, prov in (("cpu", AMD), ("tpu", TPU)):
@@ -316,7 +316,7 @@ def test_cached_baselines_are_listed_in_an_order_no_host_decides(tmp_path) -> No
     # The environment's fingerprint names each entry's folder; it is a hash of the host's
     # processor among others, so the folders' order differs from host to host. The listing
     # is by commit, group, layout, then ISA cap from the widest.
-    from parity.run.baseline import BaselineCache
+    from parity.run._baseline import BaselineCache
 
     cache = BaselineCache(tmp_path)
     caps = ["SSE4_2", "AVX", "AVX512", "AVX2"]

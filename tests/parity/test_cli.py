@@ -16,7 +16,7 @@ import numpy as np
 import pytest
 from _damage import flip_stored_byte
 
-from parity.judge.tolerance import ClassMap
+from parity.judge._tolerance import ClassMap
 from parity.store import write_goldens
 
 _CMAP = ClassMap((("taps.*", "fp32_reassoc"),), default="bitwise")
@@ -308,8 +308,8 @@ def test_help_explains_commands_and_exit_codes() -> None:
 
 
 def test_help_lists_every_subcommand_and_every_tool_parity_key() -> None:
-    from parity.cli import build_parser
-    from parity.machinery.config import KEYS
+    from parity._cli import build_parser
+    from parity.machinery._config import KEYS
 
     sub = next(a for a in build_parser()._actions if isinstance(a, argparse._SubParsersAction))
     text = _parity("--help").stdout
@@ -354,10 +354,10 @@ def test_the_cli_does_not_import_jax(tmp_path: Path, golden: Path) -> None:
     assert proc.stdout.strip().splitlines()[-1] == "[]"
 
 
-# What a fresh process running `parity.cli.main(argv)` imported: exit code, then the names.
+# What a fresh process running `parity._cli.main(argv)` imported: exit code, then the names.
 _IMPORTS_AFTER = (
     "import json, sys\n"
-    "from parity.cli import main\n"
+    "from parity._cli import main\n"
     "code = main(json.loads(sys.argv[1]))\n"
     "print(json.dumps([code, sorted(m for m in ('ml_dtypes', 'jax') if m in sys.modules)]))\n"
 )
@@ -379,7 +379,7 @@ def _in_fresh_process(script: str, argv: tuple[str | Path, ...]) -> tuple[int, l
 
 
 def _imports_after(*argv: str | Path) -> tuple[int, list[str], str]:
-    """Run `parity.cli.main(argv)` in a fresh process; **returns** its exit code, which of
+    """Run `parity._cli.main(argv)` in a fresh process; **returns** its exit code, which of
     ml_dtypes and jax it had imported by the end, and its output."""
     return _in_fresh_process(_IMPORTS_AFTER, argv)
 
@@ -400,10 +400,10 @@ def test_show_and_diff_of_float32_files_import_neither_ml_dtypes_nor_jax(
     assert _imports_after("diff", plain_a, plain_g)[:2] == (0, [])
 
 
-# What a fresh process running `parity.cli.main(argv)` had imported by the end, every name.
+# What a fresh process running `parity._cli.main(argv)` had imported by the end, every name.
 _LOADED_AFTER = (
     "import json, sys\n"
-    "from parity.cli import main\n"
+    "from parity._cli import main\n"
     "code = main(json.loads(sys.argv[1]))\n"
     "print(json.dumps([code, sorted(sys.modules)]))\n"
 )
@@ -413,10 +413,10 @@ _LOADED_AFTER = (
 #: distribution's metadata (`--version` reads it, when asked).
 _NOT_FOR_READING = (
     "jax",
-    "parity.run.baseline",
-    "parity.run.produced",
-    "parity.machinery.launcher",
-    "parity.calibration.calibrate",
+    "parity.run._baseline",
+    "parity.run._produced",
+    "parity.machinery._launcher",
+    "parity.calibration._calibrate",
     "importlib.metadata",
 )
 
@@ -430,13 +430,13 @@ def _loaded_after(*argv: str | Path) -> tuple[int, set[str]]:
 def test_a_command_imports_its_own_module_and_no_other_command_s(
     tmp_path: Path, golden: Path, command: str
 ) -> None:
-    from parity.cli import COMMANDS
+    from parity._cli import COMMANDS
 
     actual = _write(tmp_path / "actual.h5", _arrays())
     argv = ("diff", actual, golden) if command == "diff" else ("show", golden)
     code, loaded = _loaded_after(*argv)
     assert code == 0
-    assert f"parity.commands.{command}" in loaded and "parity.store.reader" in loaded
+    assert f"parity.commands._{command}" in loaded and "parity.store._reader" in loaded
     others = {c.module for c in COMMANDS if c.name != command}
     assert sorted(others & loaded) == []
     assert sorted(loaded.intersection(_NOT_FOR_READING)) == []
@@ -448,14 +448,14 @@ def test_a_command_imports_its_own_module_and_no_other_command_s(
 #: provenance it collects, the JSON and HTML writers (loaded for `--json` and `--report`:
 #: the report session it prints through imports them only to write) and `difflib` (the
 #: suggestion for a misspelt class), and `shutil` (argparse's own formatter imports it, and
-#: its compression modules, for the terminal's width: `parity.commands.formatter.Formatter`
+#: its compression modules, for the terminal's width: `parity.commands._formatter.Formatter`
 #: reads it without). A small diff's start-up is mostly imports (`tools/bench_startup.py`).
 _NOT_FOR_A_DIFF = (
     "parity.run",
-    "parity.store.writer",
-    "parity.store.provenance",
-    "parity.report.html",
-    "parity.report.jsondoc",
+    "parity.store._writer",
+    "parity.store._provenance",
+    "parity.report._html",
+    "parity.report._jsondoc",
     "difflib",
     "shutil",
 )
@@ -472,7 +472,7 @@ def test_the_help_is_as_wide_as_argparse_would_make_it(
 ) -> None:
     import shutil
 
-    from parity.commands.formatter import Formatter, columns as read_columns
+    from parity.commands._formatter import Formatter, columns as read_columns
 
     if columns is None:
         monkeypatch.delenv("COLUMNS", raising=False)
@@ -497,22 +497,22 @@ def test_a_diff_loads_neither_the_run_layer_nor_the_writers_nor_the_reports_it_s
     for argv, expected in (((actual, golden), 1), ((golden, golden), 0)):
         code, loaded = _loaded_after("diff", *argv)
         assert code == expected
-        assert "parity.check" in loaded and "parity.commands.diff" in loaded
+        assert "parity.check" in loaded and "parity.commands._diff" in loaded
         assert _of(loaded, (*_NOT_FOR_READING, *_NOT_FOR_A_DIFF)) == []
     # The reports load where they are asked for, and only the ones asked for.
     code, loaded = _loaded_after("diff", actual, golden, "--json", tmp_path / "r.json")
     assert (code, (tmp_path / "r.json").is_file()) == (1, True)
-    assert _of(loaded, _NOT_FOR_A_DIFF) == ["parity.report.jsondoc"]
+    assert _of(loaded, _NOT_FOR_A_DIFF) == ["parity.report._jsondoc"]
     code, loaded = _loaded_after("diff", actual, golden, "--report", tmp_path / "report")
     assert (code, (tmp_path / "report" / "index.html").is_file()) == (1, True)
-    assert {"parity.report.html", "parity.report.jsondoc"} <= loaded  # and what its plots need
+    assert {"parity.report._html", "parity.report._jsondoc"} <= loaded  # and what its plots need
 
 
 #: `python -m parity` in a fresh process, with what an `atexit` handler sees: whether the
 #: collector's objects were frozen when `main` returned in-process, and at the exit.
 _FROZEN_AT_EXIT = (
     "import atexit, gc, json, runpy, sys\n"
-    "from parity.cli import main\n"
+    "from parity._cli import main\n"
     "argv = json.loads(sys.argv[1])\n"
     "in_process = main(argv), gc.get_freeze_count()\n"
     "atexit.register(lambda: print(json.dumps(\n"
@@ -549,7 +549,7 @@ def test_the_entry_point_exits_with_main_s_code_and_the_collector_frozen(
 def test_the_overview_imports_no_command_and_lists_every_one(
     capsys: pytest.CaptureFixture[str],
 ) -> None:
-    from parity.cli import COMMANDS, build_parser, main
+    from parity._cli import COMMANDS, build_parser, main
 
     code, loaded = _loaded_after("--help")
     assert code == 0

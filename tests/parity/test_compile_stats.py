@@ -10,7 +10,7 @@ import jax.numpy as jnp
 import pytest
 from jax import lax
 
-from parity.compile_stats import (
+from parity._compile_stats import (
     CompileStats,
     compile_stats,
     count_instructions,

@@ -1,4 +1,4 @@
-"""Whether two environments differ, and how (`parity.environment`): each field's
+"""Whether two environments differ, and how (`parity._environment`): each field's
 severity, the calibrated dimensions, the changes in words, and what each bitwise policy
 does. One function decides it for every face of parity."""
 
@@ -8,8 +8,7 @@ from pathlib import Path
 
 import pytest
 
-from parity.calibration.perturbations import perturbations
-from parity.environment import (
+from parity._environment import (
     DEFAULT_RELAX_ULPS,
     PERTURBED_KINDS,
     Dimension,
@@ -19,8 +18,9 @@ from parity.environment import (
     environment_fingerprint,
     layout_of,
 )
-from parity.machinery.config import ParityConfig
-from parity.store.provenance import collect_provenance
+from parity.calibration._perturbations import perturbations
+from parity.machinery._config import ParityConfig
+from parity.store._provenance import collect_provenance
 
 
 def _drifts(pinned, current) -> list[Drift]:

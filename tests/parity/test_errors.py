@@ -1,4 +1,4 @@
-"""`parity.errors` (issue 50): every error parity defines is a `ParityError`, keeping the
+"""`parity._errors` (issue 50): every error parity defines is a `ParityError`, keeping the
 built-in class it had (a `KeyError` for an unknown class name), and the command line prints
 any of them as one line with its exit code."""
 
@@ -13,7 +13,7 @@ from contextlib import redirect_stderr
 import pytest
 
 import parity
-from parity.errors import ParityError
+from parity._errors import ParityError
 
 
 def _exception_classes() -> dict[str, type[BaseException]]:
@@ -33,10 +33,10 @@ def _exception_classes() -> dict[str, type[BaseException]]:
 
 def test_every_error_parity_defines_is_a_parity_error() -> None:
     classes = _exception_classes()
-    assert "parity.store.errors.GoldenCorruptError" in classes  # the walk reaches the store
+    assert "parity.store._errors.GoldenCorruptError" in classes  # the walk reaches the store
     assert [name for name, cls in classes.items() if not issubclass(cls, ParityError)] == []
     # ... and keeps the built-in class it had, for callers that catch that
-    from parity.judge.tolerance import UnknownClassError
+    from parity.judge._tolerance import UnknownClassError
     from parity.origin import LocaliseError
 
     assert issubclass(UnknownClassError, KeyError) and issubclass(LocaliseError, ValueError)
@@ -48,8 +48,8 @@ def test_the_command_line_prints_any_parity_error_as_one_line_with_its_code(
 ) -> None:
     """An error no command converts (a `ParityError` raised deep in a run) reaches `main`'s
     one handler: one line on stderr, the error's exit code, no traceback."""
-    from parity import cli
-    from parity.commands import show
+    from parity import _cli as cli
+    from parity.commands import _show as show
 
     class Deep(ParityError):
         exit_code = 2

@@ -64,7 +64,7 @@ def _imports(path: Path, known: set[str], *, anywhere: bool = False) -> set[str]
     """The parity modules `path` imports at its top level (not inside a function, and not
     under `if TYPE_CHECKING:`), so importing it runs them first; with `anywhere`, inside
     functions and classes too (they run as soon as the function does), still never under
-    `if TYPE_CHECKING:` (which never runs). `from parity.store import writer` imports the
+    `if TYPE_CHECKING:` (which never runs). `from parity.store import _writer as writer` imports the
     package and the submodule."""
     return source_imports(path, SRC.parent, known, anywhere=anywhere)
 
@@ -75,8 +75,8 @@ def test_each_layer_imports_only_the_layers_below_it() -> None:
     assert sorted(m for m in known if m != "parity" and unit_of(m) is None) == []
     imports = {_module_name(p): _imports(p, known, anywhere=True) for p in paths}
     # The reader sees an import inside a function, and skips one under TYPE_CHECKING.
-    assert "parity.run.produced" in imports["parity.calibration.calibrate"]
-    assert "parity.results" not in imports["parity.report.session"]
+    assert "parity.run._produced" in imports["parity.calibration._calibrate"]
+    assert "parity._results" not in imports["parity.report._session"]
     upward = []
     for module, imported in sorted(imports.items()):
         unit = unit_of(module)
@@ -137,7 +137,7 @@ def test_the_cycle_finder_finds_a_cycle() -> None:
 
 def test_parity_modules_import_one_another_without_a_cycle() -> None:
     graph = _import_graph()
-    assert "parity.store.reader" in graph and "parity.judge.compare" in graph
+    assert "parity.store._reader" in graph and "parity.judge._compare" in graph
     assert _cycles(graph) == []
 
 
@@ -154,9 +154,9 @@ def test_the_check_s_stages_import_no_later_stage_even_for_their_types() -> None
         for p in paths
         if p.stem != "__init__"
     }
-    assert "parity.check.first" in graph["parity.check.against_baseline"]
+    assert "parity.check._first" in graph["parity.check._against_baseline"]
     assert _cycles(graph) == []
-    assert graph["parity.check.request"] == set()
+    assert graph["parity.check._request"] == set()
 
 
 def _folder_of(module: str) -> str:

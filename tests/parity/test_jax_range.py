@@ -37,7 +37,7 @@ PRODUCERS, MODEL_FILE = tf.PRODUCERS, tf.MODEL_FILE
 SEEN = """\
 from pathlib import Path as _Path
 
-import parity.origin.adapter as _adapter
+import parity.origin._adapter as _adapter
 
 def _seen(path):
     def wrap(fn):
@@ -52,7 +52,7 @@ def _seen(path):
 #: Prepended to the producers: the adapter's reading of a jitted call raises, as a private
 #: name that moved in a new jax would make it.
 RAISING = """\
-import parity.origin.adapter as _adapter
+import parity.origin._adapter as _adapter
 
 
 def _moved(*a, **k):

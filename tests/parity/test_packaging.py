@@ -48,10 +48,10 @@ def test_the_wheel_carries_parity_and_no_decomp(wheel: Path) -> None:
     assert not [n for n in names if "decomp/" in n]
     for module in (
         "__init__",
-        "cli",
+        "_cli",
         "pytest_plugin/__init__",
         "machinery/_producer_runner",
-        "compile_stats",
+        "_compile_stats",
     ):
         assert f"parity/{module}.py" in names, (module, names)
     # the public names, which `parity/__init__.py` reads at import (lazy_loader.attach_stub)
@@ -75,7 +75,7 @@ def test_the_wheel_requires_no_subject_dependency(wheel: Path) -> None:
     extras = {re.sub(r"""^.*extra == ["']([^"']+)["'].*$""", r"\1", r) for r in subject}
     assert subject and extras == {"test", "dev"}, subject
     assert "parity = parity.pytest_plugin" in entry_points
-    assert "parity = parity.cli:script" in entry_points
+    assert "parity = parity._cli:script" in entry_points
 
 
 def test_the_sdist_carries_parity_and_no_decomp(tmp_path: Path) -> None:

@@ -18,7 +18,7 @@ from pathlib import Path
 import pytest
 
 import parity
-from parity.errors import ParityError
+from parity._errors import ParityError
 
 STUB = Path(parity.__file__).with_suffix(".pyi")
 
@@ -37,7 +37,7 @@ def test_every_public_function_shows_a_short_example() -> None:
 
 
 def _stub_names() -> dict[str, str]:
-    """The stub's names, name -> the module it is imported from (`parity.judge.compare`)."""
+    """The stub's names, name -> the module it is imported from (`parity.judge._compare`)."""
     names: dict[str, str] = {}
     for node in ast.walk(ast.parse(STUB.read_text())):
         if isinstance(node, ast.ImportFrom):
@@ -69,7 +69,7 @@ def test_the_stub_lists_the_public_names_once_and_each_loads_on_first_use() -> N
     assert proc.returncode == 0, proc.stderr
     before, same = json.loads(proc.stdout)
     assert before == [] and same == sorted(names)
-    # importable from parity.judge.compare, not advertised here
+    # importable from parity.judge._compare, not advertised here
     with pytest.raises(AttributeError, match="compare_trees"):
         _ = parity.compare_trees  # pyright: ignore[reportAttributeAccessIssue]
 

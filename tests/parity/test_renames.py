@@ -11,7 +11,7 @@ import numpy as np
 import pytest
 
 import parity
-from parity.judge.renames import Rename, parse_renames, renamed, renaming_offer
+from parity.judge._renames import Rename, parse_renames, renamed, renaming_offer
 
 W = np.linspace(-1, 1, 6, dtype=np.float32).reshape(2, 3)
 B = np.zeros(3, np.float32)
@@ -72,7 +72,7 @@ def test_a_key_truly_gone_stays_a_failure_with_no_offer() -> None:
 
 
 def test_parity_diff_takes_rename_rules(tmp_path: Path) -> None:
-    from parity.commands.diff import run_diff
+    from parity.commands._diff import run_diff
     from parity.store import write_goldens
 
     golden = write_goldens(tmp_path / "g.h5", {"encoder.w": W, "head": B})

@@ -1,4 +1,4 @@
-"""`parity.results`: what a check hands back. The lines a report of several checks shows
+"""`parity._results`: what a check hands back. The lines a report of several checks shows
 beside its own header (`merged_header_lines`), and the `parity diff` command a failing
 check names (`diff_command`), read back by the command line's own parser."""
 
@@ -7,10 +7,10 @@ from __future__ import annotations
 import shlex
 from pathlib import Path
 
-from parity.cli import build_parser
-from parity.judge.findings import Comparison
-from parity.judge.tolerance import ClassMap
-from parity.results import CheckHeader, CheckResult, diff_command, merged_header_lines
+from parity._cli import build_parser
+from parity._results import CheckHeader, CheckResult, diff_command, merged_header_lines
+from parity.judge._findings import Comparison
+from parity.judge._tolerance import ClassMap
 
 
 def _result(name: str, header: CheckHeader) -> CheckResult:

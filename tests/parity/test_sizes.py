@@ -22,7 +22,7 @@ OPTION_TABLES: set[tuple[str, str]] = set()
 
 #: Calls that declare an option (argparse's, pytest's) or make the parser or group that
 #: takes them; a call of a name ending in `_flag` or `_flags` is one of the shared option
-#: declarations (`parity.commands.common.override_flag`).
+#: declarations (`parity.commands._common.override_flag`).
 _DECLARING = frozenset(
     {"add_argument", "addoption", "addini", "add_argument_group",
      "add_mutually_exclusive_group", "getgroup", "add_parser", "subparser"}

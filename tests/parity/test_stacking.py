@@ -22,8 +22,8 @@ import numpy as np
 import pytest
 
 import parity
-from parity.judge.compare import compare_trees
-from parity.judge.stacking import StackRule, parse_stack, stacking_offer, unstack
+from parity.judge._compare import compare_trees
+from parity.judge._stacking import StackRule, parse_stack, stacking_offer, unstack
 
 MODEL = """\
 import equinox as eqx
@@ -335,7 +335,7 @@ def test_a_per_layer_key_is_proved_as_its_row_of_the_stacked_output() -> None:
     jax = pytest.importorskip("jax")
     jnp = jax.numpy
     from parity.origin import record
-    from parity.origin.proof import prove
+    from parity.origin._proof import prove
 
     ws = [jnp.linspace(-1.0, 1.0, 9).reshape(3, 3) * (i + 1) for i in range(2)]
     x = jnp.arange(3.0)
@@ -360,7 +360,7 @@ def test_a_per_layer_key_is_proved_as_its_row_of_the_stacked_output() -> None:
 
 
 def test_parity_diff_compares_a_stacked_file_with_per_layer_goldens(tmp_path: Path) -> None:
-    from parity.commands.diff import run_diff
+    from parity.commands._diff import run_diff
     from parity.store import write_goldens
 
     rows = np.linspace(0, 1, 12, dtype=np.float32).reshape(3, 4)
@@ -397,7 +397,7 @@ def _unstacked() -> tuple[Any, Any, Callable[..., Any], Callable[..., Any]]:
 def test_a_stacked_key_is_proved_from_its_rows_per_layer_and_its_origin_named() -> None:
     """The reverse: the old program outputs the stack, the new one per layer again."""
     from parity.origin import prove_and_locate, record
-    from parity.origin.proof import prove
+    from parity.origin._proof import prove
 
     ws, x, scanned, looped = _unstacked()
 
@@ -423,7 +423,7 @@ def test_a_stacked_key_is_proved_from_its_rows_per_layer_and_its_origin_named() 
 
 
 def test_parity_diff_joins_per_layer_rows_into_a_stacked_golden(tmp_path: Path) -> None:
-    from parity.commands.diff import run_diff
+    from parity.commands._diff import run_diff
     from parity.store import write_goldens
 
     rows = np.linspace(0, 1, 12, dtype=np.float32).reshape(3, 4)

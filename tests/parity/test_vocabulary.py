@@ -1,6 +1,6 @@
 """One vocabulary (docs/design.md, "Vocabulary"): the same flag for the same idea on every
 subcommand, with the same help text; no old spelling kept beside it (none has shipped); the
-settings of the command line and the plugin read by one path (`parity.machinery.config`),
+settings of the command line and the plugin read by one path (`parity.machinery._config`),
 environment variables included."""
 
 from __future__ import annotations
@@ -16,9 +16,9 @@ import numpy as np
 import pytest
 
 import parity
-from parity.cli import build_parser, main
-from parity.commands.common import overrides_of
-from parity.machinery.config import ConfigError, load_config
+from parity._cli import build_parser, main
+from parity.commands._common import overrides_of
+from parity.machinery._config import ConfigError, load_config
 from parity.store import write_goldens
 
 # --------------------------------------------------------------------------- the words
@@ -245,9 +245,9 @@ REFERENCES = frozenset({"golden", "baseline", "expected"})
 
 #: Fields named `reference` that hold another idea than a finding's word, a sentence: a
 #: calibration's says what its runs were measured against ("the goldens"), a check header's
-#: is the report's `reference` line (`parity.check.against_baseline.reference_line`).
+#: is the report's `reference` line (`parity.check._against_baseline.reference_line`).
 OTHER_REFERENCES = frozenset(
-    {("calibration/calibrate.py", "Calibration"), ("results.py", "CheckHeader")}
+    {("calibration/_calibrate.py", "Calibration"), ("_results.py", "CheckHeader")}
 )
 
 
@@ -299,7 +299,7 @@ def _module_name(path: str) -> str:
 
 
 def _string_constants(modules: dict[str, ast.Module]) -> dict[str, dict[str, str]]:
-    """Per module (`parity.check.against_baseline`), its module-level `NAME = "text"`."""
+    """Per module (`parity.check._against_baseline`), its module-level `NAME = "text"`."""
     out: dict[str, dict[str, str]] = {}
     for path, tree in modules.items():
         names = out.setdefault(_module_name(path), {})

@@ -1,4 +1,4 @@
-"""`parity.xla_env`: whether jax has started its backends, asked without importing jax, so
+"""`parity._xla_env`: whether jax has started its backends, asked without importing jax, so
 the flags it names can still be set (or, once started, are refused as too late)."""
 
 from __future__ import annotations
@@ -11,7 +11,7 @@ import sys
 def test_the_backend_counts_as_started_only_once_jax_has_made_its_devices() -> None:
     script = (
         "import json, sys\n"
-        "from parity.xla_env import jax_backend_started\n"
+        "from parity._xla_env import jax_backend_started\n"
         "seen = [jax_backend_started(), 'jax' in sys.modules]\n"
         "import jax\n"
         "seen.append(jax_backend_started())\n"

@@ -135,13 +135,13 @@ def test_a_protocol_s_method_leads_to_the_class_built_on_the_way(tmp_path: Path)
 
 
 def test_the_check_s_way_goes_through_its_stages_in_order() -> None:
-    found, stops = cp.figures("parity.run.produced:check_produced@produced")
+    found, stops = cp.figures("parity.run._produced:check_produced@produced")
     names = [f"{s.module}:{s.name}" for s in stops]
     stages = [
-        "parity.check.flow:check_groups",
-        "parity.check.first:first_verdict",
-        "parity.check.against_baseline:against_baseline",
-        "parity.check.conclusion:conclude",
+        "parity.check._flow:check_groups",
+        "parity.check._first:first_verdict",
+        "parity.check._against_baseline:against_baseline",
+        "parity.check._conclusion:conclude",
     ]
     assert all(s in names for s in stages), names
     assert [names.index(s) for s in stages] == sorted(names.index(s) for s in stages)

@@ -5,7 +5,7 @@ Install is not run: a fresh virtual environment would download jax, jaxlib and t
 environment running the tool instead. The install block and the sentences about it are
 checked instead: the same pip commands as README's, the distribution's name, its
 requirements, the jax floor, the extras, and the `[tool.parity]` keys of the guide's
-pyproject against `parity.machinery.config.KEYS`.
+pyproject against `parity.machinery._config.KEYS`.
 """
 
 from __future__ import annotations
@@ -14,7 +14,7 @@ import re
 from collections.abc import Mapping
 
 from guide.parse import parse
-from parity.machinery.config import KEYS
+from parity.machinery._config import KEYS
 
 __all__ = ["install_problems"]
 

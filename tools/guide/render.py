@@ -92,7 +92,7 @@ _NUMBER = re.compile(r"(?<![\w.])[-+]?\d+(?:\.\d+)?(?:e[-+]?\d+)?(?![\w])")
 def this_host() -> str:
     """The processor of this machine as provenance records it (vendor, family, model and
     vector instruction sets): what XLA's kernels, and so the printed figures, depend on."""
-    from parity.store.provenance import collect_provenance
+    from parity.store._provenance import collect_provenance
 
     return str(collect_provenance()["cpu"])
 

@@ -9,11 +9,11 @@ measured noise"). Measuring and recording that noise (`parity calibrate`) is
   environment differs from the pin's, each failing key judged again under its calibrated
   bound there (`calibrated_comparison`).
 
-A floor of the core, over `parity.results`: it may import numpy, `parity.judge`,
-`parity.results` and the leaves below them; never `parity.check` (which reads it), nor
+A floor of the core, over `parity._results`: it may import numpy, `parity.judge`,
+`parity._results` and the leaves below them; never `parity.check` (which reads it), nor
 anything that runs producers (`parity.run`,
 `parity.calibration`) or a face above them. The `Calibrated` rule itself (a multiple of a
 measured spread) is a rule like the others and lives with them in
-`parity.judge.measured_rules`. This package's `__init__` imports nothing. Nothing here
+`parity.judge._measured_rules`. This package's `__init__` imports nothing. Nothing here
 imports jax or h5py; `tests/parity/test_import_boundaries.py` holds it to all of that.
 """

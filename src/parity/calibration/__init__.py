@@ -15,6 +15,6 @@ core below. This room sits above `parity.run`, whose producer runs it drives: it
 every layer below it (`parity.judge`, `parity.store`, `parity.report`, the core with
 `parity.calibrated` and `parity.check`, `parity.run`); never decomp, nor the faces above it
 (`parity.commands`, whose `calibrate` is its command line, `parity.pytest_plugin`,
-`parity.cli`, `parity.assertions`). This package's `__init__` imports nothing. Nothing here
+`parity._cli`, `parity._assertions`). This package's `__init__` imports nothing. Nothing here
 imports jax; `tests/parity/test_import_boundaries.py` holds each module to that.
 """

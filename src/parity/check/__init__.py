@@ -16,16 +16,16 @@ verdict (docs/design.md, "One pass"). Every face enters at one door, `flow`
   (`conclude`);
 - `flow`: the door, running the stages in order and, last, the face's `Settler`.
 
-A floor of the core, over `parity.calibrated` and `parity.results`: it may import numpy,
-the judge, the store, the origin's typed values, `parity.environment`, `parity.calibrated`,
-`parity.results` and the leaves; never anything that runs producers (`parity.machinery`,
+A floor of the core, over `parity.calibrated` and `parity._results`: it may import numpy,
+the judge, the store, the origin's typed values, `parity._environment`, `parity.calibrated`,
+`parity._results` and the leaves; never anything that runs producers (`parity.machinery`,
 `parity.run`, `parity.calibration`, which hand it a `BaselineSource` or a `Settler`
 instead) nor a face above them. Nothing here imports jax;
 `tests/parity/test_import_boundaries.py` holds it to all of that. The names below are the
 package's surface; each is defined in the module named beside it.
 """
 
-from parity.check.against_baseline import (
+from parity.check._against_baseline import (
     BASELINE as BASELINE,
     BASELINE_OFF as BASELINE_OFF,
     BaseJudgement as BaseJudgement,
@@ -33,24 +33,24 @@ from parity.check.against_baseline import (
     against_baselines as against_baselines,
     prepare_baselines as prepare_baselines,
 )
-from parity.check.conclusion import conclude as conclude
-from parity.check.first import (
+from parity.check._conclusion import conclude as conclude
+from parity.check._first import (
     FirstVerdict as FirstVerdict,
     compare_flat as compare_flat,
     first_verdict as first_verdict,
 )
-from parity.check.flow import (
+from parity.check._flow import (
     BARE_KEY as BARE_KEY,
     check_file as check_file,
     check_group as check_group,
     check_groups as check_groups,
     check_live as check_live,
 )
-from parity.check.goldens import (
+from parity.check._goldens import (
     REPIN_HINT as REPIN_HINT,
     GoldenDir as GoldenDir,
 )
-from parity.check.request import (
+from parity.check._request import (
     Baseline as Baseline,
     BaselineSource as BaselineSource,
     BatchBaselineSource as BatchBaselineSource,

@@ -11,7 +11,7 @@ comparison in bounded memory), `compare` (one array to a `Finding`, many to a `C
 with the first divergence; `findings` holds both, `tally` the per-chunk reductions),
 `floats` (an expected array's scale, non-finite floats in JSON, counts in messages) and
 `mldtypes` (ml_dtypes, imported only when an array of them is met). It is the lowest layer
-but the leaves: it may import numpy, `parity.errors` (its errors are `ParityError`s) and,
+but the leaves: it may import numpy, `parity._errors` (its errors are `ParityError`s) and,
 lazily, ml_dtypes; jax only inside `trees` and `dataflow`, and only once the caller has
 imported it; never h5py, decomp or another part of parity
 (`tests/parity/test_import_boundaries.py` holds it to that).

@@ -10,7 +10,8 @@ one `ProducerRun`; `compile_count` counts what XLA compiles. It may import numpy
 layers below it (the judge, the store, the reports, the origin, the core up to
 `parity.check`, the leaves); jax only lazily, inside a function that runs once jax is
 wanted; never decomp, nor the workflows or the faces above it (`parity.run`,
-`parity.calibration`, `parity.commands`, `parity.pytest_plugin`, `parity.cli`,
-`parity.assertions`): `tests/parity/test_import_boundaries.py` holds it to that. Nothing is
-re-exported: import each module by its name.
+`parity.calibration`, `parity.commands`, `parity.pytest_plugin`, `parity._cli`,
+`parity._assertions`): `tests/parity/test_import_boundaries.py` holds it to that. Nothing is
+re-exported: its modules are private (`_launcher`, ...), imported by name by the layers
+above it, never by a user.
 """

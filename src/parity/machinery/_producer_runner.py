@@ -1,6 +1,6 @@
 """Run a producers file against another checkout's code and save what it returns.
 
-Started by `parity.machinery.launcher` in a subprocess, by path. The harness (`parity`) is
+Started by `parity.machinery._launcher` in a subprocess, by path. The harness (`parity`) is
 the current tree's, imported first; the code under test comes from `--src` (the worktree of the
 commit tried, named by `--code` in messages, or the current tree); the producers file is
 the current tree's. Arrays go to `OUT/<group>.npz` with a
@@ -9,8 +9,8 @@ unsigned ints) and `provenance`: the environment of *this* process, collected ri
 group ran (x64 mode and device count as jax saw them, the XLA flags it ran under), so a
 `JAX_ENABLE_X64` or `XLA_FLAGS` in the user's shell, which this process never sees, cannot
 be recorded for arrays made without it. In one process, the programs each group
-dispatches are kept while it runs (`parity.origin.programs`), and its keys put in the order
-those programs compute them (`parity.origin.record.record_programs`); with
+dispatches are kept while it runs (`parity.origin._programs`), and its keys put in the order
+those programs compute them (`parity.origin._record.record_programs`); with
 `--record-origin` they are also run op by op and the recording's summary saved as
 `OUT/<group>.origin.npz`, beside the arrays, or `OUT/<group>.origin.json`
 (`{"reason": ...}`) where the group cannot be recorded; with `--keep` the run stays alive
@@ -21,7 +21,7 @@ is not defined (`OUT/unknown_groups.json` says which, and which are), 5 (with
 `--check-classes`) a `CLASS_MAP` rule names a class parity cannot use
 (`OUT/unusable_classes.json` says why), before any group runs.
 
-As one worker of a multi-process run (`parity.machinery.processes.run_workers` sets
+As one worker of a multi-process run (`parity.machinery._processes.run_workers` sets
 `PARITY_PROCESS_ID`, `PARITY_PROCESSES` and `PARITY_COORDINATOR`), it joins JAX's
 distributed runtime before anything touches jax, runs every group on every process (SPMD),
 brings arrays sharded over processes to the host (a gather every process joins), checks
@@ -101,8 +101,8 @@ def _die_with_parent(parent: int) -> None:
 
 def _join_run() -> Any:
     """Join the distributed run this process is a worker of, if any: its
-    `parity.machinery.worker.Place`, else None."""
-    from parity.machinery.worker import initialize, worker_place
+    `parity.machinery._worker.Place`, else None."""
+    from parity.machinery._worker import initialize, worker_place
 
     place = worker_place()
     if place is None:
@@ -110,7 +110,7 @@ def _join_run() -> Any:
     process_id, processes, coordinator = place.process_id, place.processes, place.coordinator
     initialize(coordinator, processes, process_id)
     if os.environ.get("JAX_COMPILATION_CACHE_DIR"):  # the machine's cache: every process
-        from parity.machinery.jax_cache import write_from_every_process  # writes its programs
+        from parity.machinery._jax_cache import write_from_every_process  # writes its programs
 
         write_from_every_process()
     _log(f"process {process_id} of {processes} joined the run at {coordinator}")
@@ -204,19 +204,19 @@ def _arguments(argv: list[str] | None) -> argparse.Namespace:
 
 def _import_harness() -> Callable[[], Any] | None:
     """Import the harness (and install the compile counter where asked, and the size tally
-    of the machine's compilation cache where it has one: `parity.machinery.jax_cache`); its
+    of the machine's compilation cache where it has one: `parity.machinery._jax_cache`); its
     `collect_provenance`, or None where parity cannot be imported."""
     collect_provenance = None
     try:
         import parity
-        import parity.compile_stats  # noqa: F401
-        from parity.machinery import compile_count
-        from parity.store.provenance import collect_provenance
+        import parity._compile_stats  # noqa: F401
+        from parity.machinery import _compile_count as compile_count
+        from parity.store._provenance import collect_provenance
 
         if os.environ.get(compile_count.LOG_VAR):
             compile_count.install()
         if os.environ.get("JAX_COMPILATION_CACHE_DIR"):  # the machine's cache
-            from parity.machinery.jax_cache import keep_a_size_tally
+            from parity.machinery._jax_cache import keep_a_size_tally
 
             keep_a_size_tally()
     except ImportError:
@@ -279,7 +279,7 @@ def _refusal(
         _log(f"unknown group(s) {unknown}; the producers define {groups}")
         return EXIT_UNKNOWN_GROUP
     if args.check_classes:
-        from parity.judge.tolerance import class_problem
+        from parity.judge._tolerance import class_problem
 
         where = f"the producers' CLASS_MAP ({args.producers})"
         problems = [
@@ -339,8 +339,8 @@ def main(argv: list[str] | None = None) -> int:
         split: list[bool] = []
         try:
             # Producers may return any pytree: flattened to `{"a.b": array}` keys.
-            from parity.judge.trees import flatten
-            from parity.machinery.worker import sharded_over_processes, to_host
+            from parity.judge._trees import flatten
+            from parity.machinery._worker import sharded_over_processes, to_host
 
             def host(value: object, split: list[bool] = split) -> np.ndarray:
                 split.append(sharded_over_processes(value))
@@ -391,7 +391,7 @@ def _exit(code: int) -> None:
     `distributed.shutdown`, which waits for every other process at a shutdown barrier, so
     the failing worker would outlive the ones it left stuck in a collective, and the
     launcher would name one of them (a gloo timeout) instead of the worker that failed."""
-    from parity.machinery.worker import worker_place
+    from parity.machinery._worker import worker_place
 
     if code and worker_place() is not None:
         sys.stdout.flush()

@@ -1,13 +1,13 @@
 """How the producer runner (`parity.machinery._producer_runner`) runs one group and reads
 its order, and how a kept run records its groups on request.
 
-A group runs with the programs it dispatches kept (`parity.origin.programs.capture`, one
+A group runs with the programs it dispatches kept (`parity.origin._programs.capture`, one
 process only) where its order is wanted or its recording; its keys are then put in the
-order those programs compute them (`parity.origin.record.record_programs`), and, recorded,
+order those programs compute them (`parity.origin._record.record_programs`), and, recorded,
 the recording's summary is saved as `OUT/<group>.origin.npz`, or why not as
 `OUT/<group>.origin.json` (`{"reason": ...}`).
 
-A kept run (`--keep`: `parity.machinery.launcher.kept_producers`) stays alive once every
+A kept run (`--keep`: `parity.machinery._launcher.kept_producers`) stays alive once every
 group is saved, and answers the launcher's requests on stdin, one JSON line each
 (`{"record": [group, ...], "out": folder}`): each group recorded op by op into `out` from
 the programs its run kept, or, where the run kept none (`--no-order`: no hook went into
@@ -33,7 +33,7 @@ from typing import Any
 #: The suffixes of what a recording writes per group: the recording, or why there is none.
 ORIGIN_RECORDING = ".origin.npz"
 ORIGIN_REASON = ".origin.json"
-#: The most bytes a recording's values may take together (`parity.origin.record`).
+#: The most bytes a recording's values may take together (`parity.origin._record`).
 ORIGIN_MAX_BYTES = 2 << 30
 #: What a kept run writes into a request's folder once it recorded what was asked.
 RECORDED = "recorded.json"
@@ -71,18 +71,18 @@ def _forward_order(
 
     A `Dataflow` (the group returned `parity.in_dataflow_order`'s outputs) is in dataflow
     order already. Otherwise the programs the group dispatched (`programs`: a
-    `parity.origin.programs.Capture`, None in a multi-process run) are walked, or with
-    `out` run op by op (`parity.origin.record.record_programs`), and each key placed where
+    `parity.origin._programs.Capture`, None in a multi-process run) are walked, or with
+    `out` run op by op (`parity.origin._record.record_programs`), and each key placed where
     the value it was converted from (`converted`: `numpy_conversions`' record) is computed.
     A group whose keys no program computed (numpy computed by numpy), or a multi-process
     run, keeps the order the group declared: its containers' order, which every check's
     header then names."""
-    from parity.judge.dataflow import DATAFLOW, DECLARED, HOST, Dataflow
+    from parity.judge._dataflow import DATAFLOW, DECLARED, HOST, Dataflow
 
     dataflow = isinstance(result, Dataflow)
     if programs is None:
         return (DATAFLOW if dataflow else DECLARED), arrays
-    from parity.judge.trees import flatten
+    from parity.judge._trees import flatten
 
     # Keyed as `arrays`, but each leaf as the group returned it (a jax array, or a numpy
     # array made of one while it ran), not the host copy made since.
@@ -112,12 +112,12 @@ def _recorded_order(
     `with_arrays` every value's numbers too) saved as `OUT/<name>.origin.npz`, or why not as
     `OUT/<name>.origin.json`; with `replay` (`{"base": recording file, "keys": [...],
     "root": ...}`), recorded with its shadow replay on the base's values and the replay's
-    answers saved as `OUT/<name>.replay.json` (`parity.origin.replayed`)."""
+    answers saved as `OUT/<name>.replay.json` (`parity.origin._replayed`)."""
     import numpy as np
 
     from parity.origin import LocaliseError
-    from parity.origin.interpreter import FLUSH_EVERY
-    from parity.origin.record import record_programs
+    from parity.origin._interpreter import FLUSH_EVERY
+    from parity.origin._record import record_programs
 
     reason, recording, order = None, None, None
     shadow, unreplayed = _shadow(replay) if out is not None else (None, None)
@@ -161,8 +161,8 @@ def _shadow(replay: Mapping[str, Any] | None) -> tuple[Any, str | None]:
         return None, None
     import numpy as np
 
-    from parity.origin.recording import Recording
-    from parity.origin.shadow import Shadow
+    from parity.origin._recording import Recording
+    from parity.origin._shadow import Shadow
 
     try:
         with np.load(replay["base"]) as data:
@@ -176,8 +176,8 @@ def _answer_replay(
 ) -> None:
     """The replay's answers for the keys `replay` asks about, written to
     `OUT/<name>.replay.json`."""
-    from parity.origin.replayed import REPLAYED, Replayed, answered, write_replayed
-    from parity.origin.shadow import RoundingProof
+    from parity.origin._replayed import REPLAYED, Replayed, answered, write_replayed
+    from parity.origin._shadow import RoundingProof
 
     path = out / f"{name}{REPLAYED}"
     keys = list(replay["keys"])
@@ -201,8 +201,8 @@ def run_group(
     order, and what a kept run keeps of it. The programs the group dispatches are kept (one
     process only: a recording is made in one) where its order is wanted or, with
     --record-origin, its recording; otherwise no hook goes into jax (`--no-order`)."""
-    from parity.judge.dataflow import UNREAD, numpy_conversions
-    from parity.origin.programs import capture
+    from parity.judge._dataflow import UNREAD, numpy_conversions
+    from parity.origin._programs import capture
 
     unread = args.no_order and not args.record_origin
     keep = capture() if one_process and not unread else contextlib.nullcontext()
@@ -261,9 +261,9 @@ def _record_kept(
         why = {"reason": f"group {name!r} was not run in this producer run"}
         (out / f"{name}{ORIGIN_REASON}").write_text(json.dumps(why))
         return
-    from parity.judge.dataflow import numpy_conversions
-    from parity.judge.trees import flatten
-    from parity.origin.programs import capture
+    from parity.judge._dataflow import numpy_conversions
+    from parity.judge._trees import flatten
+    from parity.origin._programs import capture
 
     programs, result, converted = kept.programs, kept.result, kept.converted
     if programs is None:

@@ -15,29 +15,29 @@ has imported it; never h5py, decomp or another part of parity
 (`tests/parity/test_import_boundaries.py`).
 """
 
-from parity.origin.align import (
+from parity.origin._align import (
     Alignment as Alignment,
     Origin as Origin,
     align as align,
     matching_tolerance as matching_tolerance,
 )
-from parity.origin.api import (
+from parity.origin._api import (
     localise as localise,
     locate as locate,
     prove_and_locate as prove_and_locate,
     settle_live as settle_live,
 )
-from parity.origin.localisation import Localisation as Localisation
-from parity.origin.proof import (
+from parity.origin._localisation import Localisation as Localisation
+from parity.origin._proof import (
     Proof as Proof,
     prove as prove,
     settle as settle,
 )
-from parity.origin.record import (
+from parity.origin._record import (
     LocaliseError as LocaliseError,
     record as record,
 )
-from parity.origin.recording import (
+from parity.origin._recording import (
     Recording as Recording,
     Value as Value,
 )

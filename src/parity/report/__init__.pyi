@@ -4,22 +4,22 @@
 `__init__.pyi`), so each name loads its module on first use."""
 
 # the table: per-class summaries and the text forms
-from .summary import ClassSummary as ClassSummary, summarize as summarize
-from .text import (
+from ._summary import ClassSummary as ClassSummary, summarize as summarize
+from ._text import (
     format_table as format_table,
     print_report as print_report,
     text_table as text_table,
 )
 
 # the writers, loaded only to write
-from .html import write_html as write_html
-from .jsondoc import (
+from ._html import write_html as write_html
+from ._jsondoc import (
     JSON_SCHEMA as JSON_SCHEMA,
     to_json as to_json,
     write_json as write_json,
 )
 
 # the checks of one session reported as one
-from .session import ReportSession as ReportSession, merged_findings as merged_findings
+from ._session import ReportSession as ReportSession, merged_findings as merged_findings
 
 __all__: list[str]

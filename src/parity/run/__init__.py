@@ -9,9 +9,9 @@ failing check op by op (proves and names its origin), `bisection` searches on to
 (measuring the environment's noise is `parity.calibration`'s, which sits above this
 layer). It may import numpy, the layers below it (`parity.machinery`, `parity.judge`,
 `parity.store`, `parity.report`, the core: `parity.check`, `parity.calibrated`,
-`parity.results`, and the leaves); jax only lazily, inside a function that runs once jax
+`parity._results`, and the leaves); jax only lazily, inside a function that runs once jax
 is wanted; never decomp, nor the faces above it (`parity.commands`,
-`parity.pytest_plugin`, `parity.cli`, `parity.assertions`):
-`tests/parity/test_import_boundaries.py` holds it to that. Nothing is re-exported: import
-each module by its name.
+`parity.pytest_plugin`, `parity._cli`, `parity._assertions`):
+`tests/parity/test_import_boundaries.py` holds it to that. Nothing is re-exported: its
+modules are private (`_tree`, ...), imported by name by the faces, never by a user.
 """

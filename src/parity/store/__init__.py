@@ -7,7 +7,7 @@ attributes and the index, read and checked), `reader` (`GoldenFile`: read-only, 
 open and on every load), `source` (an array read block by block), `staging` (replacing a
 folder's golden files all at once) and `provenance` (what produced a golden, and the drift
 policy). It may import numpy, h5py and the layers below it, `parity.judge` and
-`parity.xla_env` (the XLA flag names); never jax or decomp, nor its sibling `parity.report`
+`parity._xla_env` (the XLA flag names); never jax or decomp, nor its sibling `parity.report`
 or a layer above it (the core, `parity.run`, the faces):
 `tests/parity/test_import_boundaries.py` holds it to that. This package re-exports the
 store's public names, listed once in `__init__.pyi` beside this file (read by

@@ -4,13 +4,13 @@
 `__init__.pyi`), so each name loads its module on first use."""
 
 # reading and writing golden files
-from .reader import GoldenFile as GoldenFile, open_goldens as open_goldens
-from .writer import write_goldens as write_goldens
-from .header import ArrayInfo as ArrayInfo
-from .keys import decode_path as decode_path, encode_key as encode_key
+from ._reader import GoldenFile as GoldenFile, open_goldens as open_goldens
+from ._writer import write_goldens as write_goldens
+from ._header import ArrayInfo as ArrayInfo
+from ._keys import decode_path as decode_path, encode_key as encode_key
 
 # the file's layout
-from .format import (
+from ._format import (
     INDEX_ATTR as INDEX_ATTR,
     JOURNAL_NAME as JOURNAL_NAME,
     META_ATTR as META_ATTR,
@@ -19,7 +19,7 @@ from .format import (
 )
 
 # every refusal, one printable line each
-from .errors import (
+from ._errors import (
     GoldenBusyError as GoldenBusyError,
     GoldenCorruptError as GoldenCorruptError,
     GoldenFormatError as GoldenFormatError,

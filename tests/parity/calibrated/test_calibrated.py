@@ -15,18 +15,18 @@ import numpy as np
 import pytest
 from _device_noise import DEVICE_NOISE, moved
 
-from parity.calibrated.bounds import bind_calibrated, environment_remedy
-from parity.calibrated.spreads import Spreads
-from parity.calibration.write import merge_spreads
-from parity.commands.diff import run_diff
-from parity.commands.show import inventory
-from parity.environment import Dimension, environment_difference
-from parity.judge.classes import CALIBRATED_FLOOR_ULPS, CALIBRATED_K, REGISTRY, ToleranceClass
-from parity.judge.compare import compare_trees
-from parity.judge.measured_rules import Calibrated
-from parity.judge.rule_base import Scale
-from parity.judge.tolerance import ClassMap
-from parity.results import CheckError
+from parity._environment import Dimension, environment_difference
+from parity._results import CheckError
+from parity.calibrated._bounds import bind_calibrated, environment_remedy
+from parity.calibrated._spreads import Spreads
+from parity.calibration._write import merge_spreads
+from parity.commands._diff import run_diff
+from parity.commands._show import inventory
+from parity.judge._classes import CALIBRATED_FLOOR_ULPS, CALIBRATED_K, REGISTRY, ToleranceClass
+from parity.judge._compare import compare_trees
+from parity.judge._measured_rules import Calibrated
+from parity.judge._rule_base import Scale
+from parity.judge._tolerance import ClassMap
 from parity.store import open_goldens, write_goldens
 
 PRODUCERS = f"""\

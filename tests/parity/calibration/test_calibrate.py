@@ -12,14 +12,14 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from parity.calibration.measure import KeySpread, class_spreads
-from parity.calibration.perturbations import (
+from parity.calibration._measure import KeySpread, class_spreads
+from parity.calibration._perturbations import (
     CalibrationError,
     Perturbation,
     host_isa_caps,
     perturbations,
 )
-from parity.machinery.config import ParityConfig
+from parity.machinery._config import ParityConfig
 from parity.store import open_goldens
 
 #: Noise per environment; the producers below and the expectations share only these numbers.

@@ -1,5 +1,5 @@
 """The baseline: off the pin's environment, a golden group re-produced at its base commit
-here is the tree's reference, exactly (`parity.check.against_baseline`, `parity.run.baseline`).
+here is the tree's reference, exactly (`parity.check._against_baseline`, `parity.run._baseline`).
 
 The project's code under test (`src/model.py`) and producers are numpy only; the producers
 move every key by a known amount on more than one device (read from the XLA flags the

@@ -10,14 +10,14 @@ from typing import Any
 import numpy as np
 import pytest
 
+from parity._cli import main, run_diff
+from parity._results import CheckError, CheckResult
 from parity.check import GoldenDir, check_group, check_live
-from parity.cli import main, run_diff
-from parity.commands.common import CLIError
-from parity.judge.tolerance import ClassMap
+from parity.commands._common import CLIError
+from parity.judge._tolerance import ClassMap
 from parity.report import format_table
-from parity.results import CheckError, CheckResult
 from parity.store import write_goldens
-from parity.store.provenance import collect_provenance
+from parity.store._provenance import collect_provenance
 
 # Pinned map: layers.* -> fp32_reassoc; "rec" has no rule in it but records trajectory.
 _PINNED = ClassMap((("layers.*", "fp32_reassoc"),))
@@ -372,13 +372,13 @@ def test_a_check_that_needs_its_baseline_compares_each_pair_of_arrays_once(
     found. Every tree array is compared with its golden once, the baseline with the goldens
     once, and the tree with the baseline only where the first verdict did not already show
     it equal: the key that moved."""
-    import parity.calibrated.bounds
-    import parity.judge.compare
-    from parity.judge.compare import compare_trees
-    from parity.machinery.runner_output import RunnerOutput
-    from parity.run.produced import Produced, check_produced
+    import parity.calibrated._bounds
+    import parity.judge._compare
+    from parity.judge._compare import compare_trees
+    from parity.machinery._runner_output import RunnerOutput
+    from parity.run._produced import Produced, check_produced
     from parity.store import open_goldens
-    from parity.store.reader import GoldenFile
+    from parity.store._reader import GoldenFile
 
     here, goldens, baseline, mutated = _pinned_with_a_baseline_and_one_ulp_moved(tmp_path)
     elsewhere = here | {"device_count": 4}
@@ -406,15 +406,15 @@ def test_a_check_that_needs_its_baseline_compares_each_pair_of_arrays_once(
 
     tree = {id(a): "tree" for a in mutated.values()}
     pairs: list[tuple[str, str, str]] = []
-    compare = parity.judge.compare.compare_arrays
+    compare = parity.judge._compare.compare_arrays
 
     def counted(key, actual, golden, tol, **kw):
         pairs.append((key, tree.get(id(actual)) or files[id(actual)], files[id(golden)]))
         return compare(key, actual, golden, tol, **kw)
 
     monkeypatch.setattr(GoldenFile, "source", tagged)
-    monkeypatch.setattr(parity.judge.compare, "compare_arrays", counted)
-    monkeypatch.setattr(parity.calibrated.bounds, "compare_arrays", counted)
+    monkeypatch.setattr(parity.judge._compare, "compare_arrays", counted)
+    monkeypatch.setattr(parity.calibrated._bounds, "compare_arrays", counted)
     produced = Produced({"g": RunnerOutput(mutated, [], elsewhere)}, 0.0, "")
     batch = Batch()
     [result] = check_produced(produced, goldens, baseline=batch)

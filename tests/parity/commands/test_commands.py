@@ -12,7 +12,7 @@ from pathlib import Path
 
 import pytest
 
-from parity.machinery.config import find_pyproject
+from parity.machinery._config import find_pyproject
 
 PRODUCERS = """\
 import numpy as np
@@ -216,7 +216,7 @@ def test_a_producer_that_raises_shows_its_last_frames_and_where_its_log_is_kept(
 def test_the_log_folder_keeps_the_newest_logs(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    from parity.commands.common import KEPT_LOGS, keep_log
+    from parity.commands._common import KEPT_LOGS, keep_log
 
     monkeypatch.setenv("PARITY_LOGS", str(tmp_path / "logs"))
     made = []
@@ -295,10 +295,10 @@ def test_ctrl_c_or_sigterm_during_a_repin_is_one_line_and_the_goldens_untouched(
         )
     )
     # SIGINT raising KeyboardInterrupt, as in the user's terminal (a background CI shell
-    # hands its children SIGINT ignored: parity.machinery.signals).
+    # hands its children SIGINT ignored: parity.machinery._signals).
     code = (
         "import signal, sys\nsignal.signal(signal.SIGINT, signal.default_int_handler)\n"
-        "from parity.cli import main\nsys.exit(main(['repin', '--base', 'HEAD']))\n"
+        "from parity._cli import main\nsys.exit(main(['repin', '--base', 'HEAD']))\n"
     )
     proc = subprocess.Popen([sys.executable, "-c", code], cwd=project, text=True,
                             stdout=subprocess.PIPE, stderr=subprocess.PIPE)  # fmt: skip
@@ -441,7 +441,7 @@ def test_classes_only_with_order_rewrites_the_order_and_keeps_every_array(
     import numpy as np
 
     from parity.store import open_goldens
-    from parity.store.dtypes import digest, to_storage
+    from parity.store._dtypes import digest, to_storage
 
     pinned = {"b": np.ones(2), "a": np.zeros(3), "c": np.arange(4.0)}
     with open_goldens(repo / "goldens" / "g.h5") as gf:

@@ -9,13 +9,13 @@ import json
 
 import numpy as np
 
-from parity.check.conclusion import inexact
-from parity.judge.classes import REGISTRY
-from parity.judge.compare import compare_arrays
-from parity.judge.findings import Comparison, Finding
-from parity.origin.proof import Proof, settle
-from parity.report.jsondoc import to_json
-from parity.results import BaselineUnavailable
+from parity._results import BaselineUnavailable
+from parity.check._conclusion import inexact
+from parity.judge._classes import REGISTRY
+from parity.judge._compare import compare_arrays
+from parity.judge._findings import Comparison, Finding
+from parity.origin._proof import Proof, settle
+from parity.report._jsondoc import to_json
 
 A = np.linspace(-1, 1, 16, dtype=np.float32)
 B = np.nextafter(A, np.float32(2))  # every element one ulp away

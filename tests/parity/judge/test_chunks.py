@@ -23,12 +23,12 @@ from _damage import flip_stored_byte
 from hypothesis import HealthCheck, given, settings, strategies as st
 from hypothesis.extra import numpy as hnp
 
-from parity.cli import run_diff
-from parity.judge.chunks import ArraySource, Block, elements_per_chunk, plan
-from parity.judge.classes import REGISTRY, ToleranceClass
-from parity.judge.compare import compare_arrays
-from parity.judge.fixed_rules import Close, RelativeToMax, Ulp
-from parity.judge.ulp import to_float64, ulp_distance
+from parity._cli import run_diff
+from parity.judge._chunks import ArraySource, Block, elements_per_chunk, plan
+from parity.judge._classes import REGISTRY, ToleranceClass
+from parity.judge._compare import compare_arrays
+from parity.judge._fixed_rules import Close, RelativeToMax, Ulp
+from parity.judge._ulp import to_float64, ulp_distance
 from parity.report import format_table
 from parity.store import GoldenCorruptError, open_goldens, write_goldens
 

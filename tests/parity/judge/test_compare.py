@@ -9,8 +9,8 @@ import ml_dtypes
 import numpy as np
 import pytest
 
-from parity.judge.classes import REGISTRY, ToleranceClass
-from parity.judge.compare import (
+from parity.judge._classes import REGISTRY, ToleranceClass
+from parity.judge._compare import (
     ArrayVerdict,
     Comparison,
     Finding,
@@ -19,9 +19,9 @@ from parity.judge.compare import (
     flatten,
     measure_array,
 )
-from parity.judge.fixed_rules import Close, Ulp
-from parity.judge.reasons import array_reason
-from parity.judge.tolerance import ClassMap, UnmatchedKeyError
+from parity.judge._fixed_rules import Close, Ulp
+from parity.judge._reasons import array_reason
+from parity.judge._tolerance import ClassMap, UnmatchedKeyError
 
 BITWISE = REGISTRY["bitwise"]
 ULP0 = ToleranceClass("ulp0", Ulp(max_ulp=0), meaning="test")

@@ -19,7 +19,7 @@ from typing import Any
 
 import pytest
 
-from parity.judge.dataflow import (
+from parity.judge._dataflow import (
     ALPHABETICAL_HINT,
     DECLARED_HINT,
     HOST_HINT,
@@ -28,7 +28,7 @@ from parity.judge.dataflow import (
     alphabetical,
     order_hint,
 )
-from parity.origin.record import dataflow_order, in_dataflow_order
+from parity.origin._record import dataflow_order, in_dataflow_order
 
 jax = pytest.importorskip("jax")
 jnp = jax.numpy
@@ -132,7 +132,7 @@ def test_a_jitted_dict_comes_out_sorted_but_its_dataflow_order_is_the_program_s(
     model = _model(tmp_path, "convnet_unit")
     params, tokens = model.init(jax.random.key(0)), jnp.arange(12) % 16
     out = model.apply(params, tokens)
-    from parity.judge.trees import flatten
+    from parity.judge._trees import flatten
 
     assert list(flatten(out)) == sorted(FORWARD)  # what jax does to the dict's order
     assert dataflow_order(model.apply, params, tokens) == FORWARD
@@ -336,7 +336,7 @@ def test_the_producer_runner_keeps_the_random_state_when_it_traces(tmp_path: Pat
     later group drawing from it would get other inputs than before."""
     import numpy as np
 
-    from parity.machinery.runner_output import load_runner_output
+    from parity.machinery._runner_output import load_runner_output
 
     producers = tmp_path / "producers.py"
     producers.write_text(

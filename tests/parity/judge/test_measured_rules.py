@@ -10,11 +10,11 @@ import ml_dtypes
 import numpy as np
 import pytest
 
-from parity.judge.classes import REGISTRY, ToleranceClass
-from parity.judge.compare import compare_arrays, compare_trees
-from parity.judge.measured_rules import Budget, LogitKL, Reduction, unit_roundoff
-from parity.judge.rule_base import Scale
-from parity.judge.tolerance import ClassMap, UnknownClassError, get_class
+from parity.judge._classes import REGISTRY, ToleranceClass
+from parity.judge._compare import compare_arrays, compare_trees
+from parity.judge._measured_rules import Budget, LogitKL, Reduction, unit_roundoff
+from parity.judge._rule_base import Scale
+from parity.judge._tolerance import ClassMap, UnknownClassError, get_class
 from parity.report import format_table
 
 

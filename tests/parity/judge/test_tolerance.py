@@ -18,17 +18,17 @@ import pytest
 from hypothesis import given, settings, strategies as st
 from hypothesis.extra import numpy as hnp
 
-from parity.judge.classes import REGISTRY, ToleranceClass
-from parity.judge.compare import compare_arrays
-from parity.judge.fixed_rules import Close, Ulp
-from parity.judge.tolerance import (
+from parity.judge._classes import REGISTRY, ToleranceClass
+from parity.judge._compare import compare_arrays
+from parity.judge._fixed_rules import Close, Ulp
+from parity.judge._tolerance import (
     ClassMap,
     UnknownClassError,
     UnmatchedKeyError,
     effective_atol,
     get_class,
 )
-from parity.judge.ulp import ULP_NAN, ulp_distance
+from parity.judge._ulp import ULP_NAN, ulp_distance
 
 FLOAT_DTYPES = [
     np.dtype(np.float16),
@@ -349,7 +349,7 @@ def test_class_map_refuses_bad_json_and_unknown_classes() -> None:
 def test_tolerance_compare_and_report_do_not_import_jax_or_decomp() -> None:
     code = (
         "import sys; import parity; before = set(sys.modules);"
-        "import parity.judge.tolerance, parity.judge.compare, parity.report;"
+        "import parity.judge._tolerance, parity.judge._compare, parity.report;"
         "new = set(sys.modules) - before;"
         "bad = sorted(m for m in new if m.split('.')[0] in ('jax', 'jaxlib', 'decomp'));"
         "print(bad); sys.exit(1 if bad else 0)"
@@ -364,7 +364,7 @@ def test_half_floats_take_the_sign_magnitude_line_with_the_rank_tables_distances
 ) -> None:
     # Every pattern of the dtype against a fixed sample of others: the fast line (sign-
     # magnitude bits) and the general one (each value's rank by value) agree everywhere.
-    from parity.judge.ulp import _rank_table, _uint_view
+    from parity.judge._ulp import _rank_table, _uint_view
 
     patterns = np.arange(65536, dtype=np.uint16).view(dtype)
     table = _rank_table(np.dtype(dtype))[_uint_view(patterns)]

@@ -8,7 +8,7 @@ from pathlib import Path
 
 import pytest
 
-from parity.machinery.config import ConfigError, find_pyproject, load_config
+from parity.machinery._config import ConfigError, find_pyproject, load_config
 
 
 def _project(tmp_path: Path, table: str, *, src: bool = True) -> Path:
@@ -109,7 +109,7 @@ def test_this_repository_configures_itself_the_same_way():
 
 
 def test_the_baseline_and_its_cache_folder_are_settings(tmp_path, monkeypatch):
-    from parity.run.baseline import ENV_VAR, cache_dir
+    from parity.run._baseline import ENV_VAR, cache_dir
 
     monkeypatch.delenv(ENV_VAR, raising=False)
     monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path / "xdg"))

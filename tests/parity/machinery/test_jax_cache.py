@@ -1,4 +1,4 @@
-"""The machine's one compilation cache (`parity.machinery.jax_cache`): keys that do not depend on
+"""The machine's one compilation cache (`parity.machinery._jax_cache`): keys that do not depend on
 the folder, several processes on one empty cache at once, and the compile counter."""
 
 from __future__ import annotations
@@ -12,8 +12,8 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from parity.machinery import jax_cache
-from parity.machinery.devices import isolated_env
+from parity.machinery import _jax_cache as jax_cache
+from parity.machinery._devices import isolated_env
 
 # Each process compiles the same programs in its own order, so that while one writes an
 # entry another reads it; then prints its results and its compile figures. The programs
@@ -21,7 +21,7 @@ from parity.machinery.devices import isolated_env
 _SCRIPT = """
 import json, sys
 from pathlib import Path
-from parity.machinery import compile_count, jax_cache
+from parity.machinery import _compile_count as compile_count, _jax_cache as jax_cache
 jax_cache.enable(Path(sys.argv[1]))
 compile_count.install()
 import jax, jax.numpy as jnp
@@ -159,7 +159,7 @@ jax.config.update("jax_cpu_collectives_implementation", "gloo")
 jax.config.update("jax_num_cpu_devices", 2)
 pid = int(sys.argv[2])
 jax.distributed.initialize(sys.argv[3], 2, pid)
-from parity.machinery import compile_count, jax_cache
+from parity.machinery import _compile_count as compile_count, _jax_cache as jax_cache
 jax_cache.enable(Path(sys.argv[1]))
 compile_count.install()
 import numpy as np
@@ -211,7 +211,7 @@ def test_every_process_of_a_distributed_run_loads_its_programs_the_second_time(
 _TIMED = """
 import sys
 from pathlib import Path
-from parity.machinery import compile_count, jax_cache
+from parity.machinery import _compile_count as compile_count, _jax_cache as jax_cache
 jax_cache.enable(Path(sys.argv[1]))
 compile_count.install()
 import jax, jax.numpy as jnp
@@ -234,7 +234,7 @@ def test_the_compile_log_names_each_compiled_program_and_its_test_but_no_cache_l
     """`PARITY_COMPILE_LOG` keeps, per compiled program, its name and the test that ran it
     (`PYTEST_CURRENT_TEST`); a second process on the same cache loads both programs and adds
     no compile under its test."""
-    from parity.machinery.compile_count import LOG_VAR, read_compiles, read_log
+    from parity.machinery._compile_count import LOG_VAR, read_compiles, read_log
 
     log = tmp_path / "log"
     for test in ("a.py::first (call)", "a.py::second (call)"):

@@ -171,7 +171,7 @@ def test_a_hanging_single_process_producer_is_stopped_at_the_timeout(tmp_path: P
     """One producer process runs under the same supervisor as the workers of a
     multi-process run: given a timeout, a hang ends with the supervisor's verdict (as a
     `ProducerRunError`, the one error of a producer run) saying so, and no process is left."""
-    from parity.machinery.launcher import ProducerRun, ProducerRunError, run_producers
+    from parity.machinery._launcher import ProducerRun, ProducerRunError, run_producers
 
     (tmp_path / "src").mkdir()
     (tmp_path / "out").mkdir()
@@ -190,7 +190,7 @@ def test_a_hanging_single_process_producer_is_stopped_at_the_timeout(tmp_path: P
 @pytest.mark.parametrize("signum", [signal.SIGKILL, signal.SIGTERM], ids=lambda s: s.name)
 def test_a_worker_killed_mid_run_ends_the_run_naming_it(project: Path, mode, signum) -> None:
     """SIGTERM as SIGKILL: jax's runtime takes SIGTERM for a preemption notice and would
-    let the worker sleep on; `parity.machinery.worker.initialize` gives it back."""
+    let the worker sleep on; `parity.machinery._worker.initialize` gives it back."""
     mode("kill")
     tmp = project.parent / "tmp"
     tmp.mkdir(exist_ok=True)
@@ -258,7 +258,7 @@ def test_a_value_that_differs_between_processes_is_named(project: Path, run_pari
 def test_one_process_per_host_with_the_coordinator_of_host_0(project: Path) -> None:
     """The cluster form, both "hosts" on this machine: the same command on each, with the
     coordinator's address and the host's process id; process 0 checks and reports."""
-    from parity.machinery.processes import free_port
+    from parity.machinery._processes import free_port
 
     tmp = project.parent / "tmp"
     tmp.mkdir(exist_ok=True)
@@ -480,7 +480,7 @@ def _finished(run: subprocess.Popen[str]) -> tuple[int, str, str]:
 
 def test_a_process_reaching_the_first_collective_40_s_late_is_waited_for(waiting_runs) -> None:
     """gloo waits 30 s at a communicator's first collective; the workers build the one over
-    every device as they join (`parity.machinery.worker._open_communicator`), so a producer's
+    every device as they join (`parity.machinery._worker._open_communicator`), so a producer's
     first sum, reached 40 s apart (as when one process compiles a large program far
     behind the other), is waited for instead of ending the run."""
     copy, run = waiting_runs["late"]

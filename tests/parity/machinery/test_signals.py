@@ -11,7 +11,7 @@ import time
 
 import pytest
 
-from parity.machinery.signals import deferred_signals
+from parity.machinery._signals import deferred_signals
 
 pytestmark = pytest.mark.skipif(os.uname().machine != "x86_64", reason="tgkill is x86-64's 234")
 
@@ -38,7 +38,7 @@ def test_a_sigint_during_a_deferred_block_is_raised_after_it_once(sigint_as_in_a
 _WAITER = """
     import ctypes, os, select, signal, sys, threading, time
     signal.signal(signal.SIGINT, signal.default_int_handler)  # as in a terminal (see above)
-    from parity.machinery.signals import signals_reach_main_thread
+    from parity.machinery._signals import signals_reach_main_thread
     {launcher}
     tid = []
     threading.Thread(target=lambda: (tid.append(threading.get_native_id()), time.sleep(600)),
@@ -78,7 +78,7 @@ def test_a_sigint_delivered_to_another_thread_interrupts_the_main_thread_at_once
 _LAUNCHER = """
     import ctypes, os, pathlib, signal, sys, threading, time
     signal.signal(signal.SIGINT, signal.default_int_handler)  # as in a terminal (see above)
-    from parity.machinery.processes import Supervision, run_workers
+    from parity.machinery._processes import Supervision, run_workers
     import numpy
     PIDS = pathlib.Path({pids!r})
     WORKER = "import os, time; open({pids!r}, 'a').write(str(os.getpid()) + ' '); time.sleep(60)"

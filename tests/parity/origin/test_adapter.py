@@ -1,4 +1,4 @@
-"""The recorder behind one adapter (issue 56): `parity.origin.adapter` is the only module of
+"""The recorder behind one adapter (issue 56): `parity.origin._adapter` is the only module of
 the recording code that reads jax's internals; it says what this jax lets it do, puts its
 hooks into jax only while a capture is open, and a hook that fails never fails the code it
 wraps: the capture says why in one line and the recording refuses, naming it."""
@@ -16,9 +16,9 @@ import pytest
 jax = pytest.importorskip("jax")
 jnp = jax.numpy
 
-from parity.origin import LocaliseError, adapter  # noqa: E402
-from parity.origin.programs import capture  # noqa: E402
-from parity.origin.record import record_programs  # noqa: E402
+from parity.origin import LocaliseError, _adapter as adapter  # noqa: E402
+from parity.origin._programs import capture  # noqa: E402
+from parity.origin._record import record_programs  # noqa: E402
 
 SRC = Path(__file__).resolve().parents[3] / "src" / "parity"
 
@@ -29,7 +29,7 @@ def test_only_the_adapter_reads_jax_internals_in_the_recording_code() -> None:
         for p in (SRC / "origin").rglob("*.py")
         if re.search(r"\bjax\._src\b|from jax\._src\b", p.read_text())
     )
-    assert readers == ["origin/adapter.py"], readers
+    assert readers == ["origin/_adapter.py"], readers
 
 
 def test_this_jax_offers_programs_and_places_and_says_nothing_is_missing() -> None:

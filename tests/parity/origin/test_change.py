@@ -1,4 +1,4 @@
-"""The kind of change at the origin (issue 58, `parity.origin.change`): a changed constant,
+"""The kind of change at the origin (issue 58, `parity.origin._change`): a changed constant,
 a changed edge (a step removed or added, two arguments swapped, a read rewired) and a
 changed operation, each named with what changed, on two copies of one small model file
 (the base's and the edited one, the same file name and function names, as a golden check
@@ -16,7 +16,7 @@ import jax
 import pytest
 
 import parity
-from parity.origin.change import CHANGES
+from parity.origin._change import CHANGES
 
 #: The base's model: a module-level constant, a norm, an MLP called with its two weights.
 MODEL = """\

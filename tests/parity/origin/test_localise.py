@@ -14,7 +14,7 @@ import numpy as np
 import pytest
 
 import parity
-from parity.judge.classes import REGISTRY
+from parity.judge._classes import REGISTRY
 from parity.origin import (
     LocaliseError,
     Recording,

@@ -24,10 +24,10 @@ jax = pytest.importorskip("jax")
 jnp = jax.numpy
 
 import parity  # noqa: E402
-from parity.judge.compare import compare_trees  # noqa: E402
-from parity.judge.reasons import UNPROVED  # noqa: E402
+from parity.judge._compare import compare_trees  # noqa: E402
+from parity.judge._reasons import UNPROVED  # noqa: E402
 from parity.origin import locate, record  # noqa: E402
-from parity.origin.proof import prove, settle  # noqa: E402
+from parity.origin._proof import prove, settle  # noqa: E402
 
 
 @pytest.fixture(scope="module")

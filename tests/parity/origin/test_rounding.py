@@ -1,4 +1,4 @@
-"""Rounding models per operation (issue 59, `parity.origin.rounding`): each held against jax
+"""Rounding models per operation (issue 59, `parity.origin._rounding`): each held against jax
 itself. A rearrangement of the base's values gives jax's result bit for bit; arithmetic
 gives a bound that jax's float32 result lies within and that a candidate moved twice as
 far breaks; sums taken in other orders, or in groups, lie within the model of the sum.
@@ -18,7 +18,7 @@ import pytest
 from hypothesis import given, settings, strategies as st
 from jax import lax
 
-from parity.origin.rounding import Fresh, allowed, gamma, grounded, model, unit_roundoff, within
+from parity.origin._rounding import Fresh, allowed, gamma, grounded, model, unit_roundoff, within
 
 PROPERTY = settings(max_examples=20, deadline=None, derandomize=True)
 BF16 = np.dtype(ml_dtypes.bfloat16)

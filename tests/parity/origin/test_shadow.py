@@ -1,4 +1,4 @@
-"""Proved up to rounding (issue 59, `parity.origin.shadow`): a newcomer's training loop
+"""Proved up to rounding (issue 59, `parity.origin._shadow`): a newcomer's training loop
 (plain JAX, a two-layer attention model, adamw through optax, dropout keyed by `fold_in` of
 the step, three steps) and its refactors, each replayed op by op on the base's own values.
 
@@ -22,9 +22,9 @@ import numpy as np
 import pytest
 
 import parity
-from parity.origin.record import record
-from parity.origin.recording import Recording
-from parity.origin.shadow import Shadow
+from parity.origin._record import record
+from parity.origin._recording import Recording
+from parity.origin._shadow import Shadow
 
 pytestmark = pytest.mark.slow
 
@@ -233,8 +233,8 @@ def test_assert_equivalent_proves_the_fused_projection_under_up_to_rounding(
 def test_without_the_bases_values_a_key_is_not_proved_up_to_rounding_and_says_why() -> None:
     """Where the new program was not replayed on the base's values, a key of
     `up_to_rounding` that is not proved op by op fails, saying so."""
-    from parity.judge.compare import compare_trees
-    from parity.origin.api import prove_and_locate
+    from parity.judge._compare import compare_trees
+    from parity.origin._api import prove_and_locate
 
     x = jax.random.normal(jax.random.PRNGKey(0), (64, 64))
 

@@ -16,7 +16,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from parity.judge.tolerance import ClassMap
+from parity.judge._tolerance import ClassMap
 from parity.store import write_goldens
 
 pytest_plugins = ["pytester"]
@@ -504,4 +504,4 @@ def test_a_failing_assert_equivalent_points_at_the_test_not_at_parity(
     result.assert_outcomes(failed=1)
     out = result.stdout.str()
     assert "test_hidden.py:5: NotEquivalent" in out, out  # an AssertionError, by its name
-    assert "parity/assertions.py" not in out and "def assert_equivalent" not in out, out
+    assert "parity/_assertions.py" not in out and "def assert_equivalent" not in out, out

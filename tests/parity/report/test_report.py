@@ -11,8 +11,8 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from parity.judge.compare import Comparison, compare_trees
-from parity.judge.tolerance import ClassMap
+from parity.judge._compare import Comparison, compare_trees
+from parity.judge._tolerance import ClassMap
 from parity.report import format_table, print_report, summarize, to_json, write_html, write_json
 
 
@@ -164,7 +164,7 @@ def test_a_session_of_one_comparison_writes_what_the_writers_write_of_it(tmp_pat
 
 def test_a_missing_key_is_counted_as_missing_never_the_worst_of_a_figure_it_lacks() -> None:
     # Issue 60: the table named a missing key as `worst key` beside another key's max abs.
-    from parity.report.summary import class_row, summarize
+    from parity.report._summary import class_row, summarize
 
     expected = {
         "blocks.0.w": np.zeros(3, np.float32),

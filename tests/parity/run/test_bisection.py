@@ -8,9 +8,9 @@ from pathlib import Path
 
 import pytest
 
-import parity.run.bisection as bisection
-from parity.machinery.config import ParityConfig
-from parity.run.bisection import BisectError, Step, bisect
+import parity.run._bisection as bisection
+from parity.machinery._config import ParityConfig
+from parity.run._bisection import BisectError, Step, bisect
 
 
 @pytest.fixture

@@ -15,9 +15,9 @@ from typing import Any
 import numpy as np
 import pytest
 
-from parity.machinery.launcher import ProducerRunError
-from parity.machinery.worktree import GitError
-from parity.run.repin import RepinError, repin
+from parity.machinery._launcher import ProducerRunError
+from parity.machinery._worktree import GitError
+from parity.run._repin import RepinError, repin
 from parity.store import open_goldens
 
 ROOT = Path(__file__).resolve().parents[3]
@@ -219,7 +219,7 @@ def test_crashing_producer_shows_its_traceback_and_leaves_old_goldens(repo, tmp_
 _PAUSES = {
     "before-worktree": """
         import os, pathlib, time
-        import parity.machinery.worktree as worktree
+        import parity.machinery._worktree as worktree
         _real_git = worktree.git
         def _git(repo, *args):
             if args[:2] == ("worktree", "add"):
@@ -230,7 +230,7 @@ _PAUSES = {
     """,
     "staging": """
         import os, pathlib, time
-        import parity.store.staging as staging
+        import parity.store._staging as staging
         def _checkpoint(step):
             if step == "staged":
                 pathlib.Path(MARKER).write_text(str(os.getpid()))
@@ -297,7 +297,7 @@ def test_sigint_anywhere_leaves_old_goldens_no_worktree_and_no_process(
         f"""
         import faulthandler, signal, sys
         faulthandler.register(signal.SIGUSR1)  # a stack dump if the test finds it stuck
-        from parity.run.repin import repin
+        from parity.run._repin import repin
         try:
             repin({first!r}, producers={str(producers)!r}, out_dir={str(out)!r},
                   repo={str(repo_dir)!r})
@@ -397,7 +397,7 @@ def _repin_in_child(
     code = textwrap.dedent(prelude) + textwrap.dedent(
         f"""
         import sys
-        from parity.run.repin import RepinError, repin
+        from parity.run._repin import RepinError, repin
         try:
             repin({base!r}, producers={str(producers)!r}, out_dir={str(out)!r},
                   repo={str(repo_dir)!r}, progress=lambda line: print(line, flush=True))
@@ -418,7 +418,7 @@ def _repin_in_child(
 def _kill_at(step: str) -> str:
     return f"""
         import os, signal
-        import parity.store.staging as staging
+        import parity.store._staging as staging
 
         def _checkpoint(step):
             if step == {step!r}:
@@ -469,7 +469,7 @@ def pinned(repo, tmp_path) -> dict[str, Any]:
 def test_sigkill_at_any_step_leaves_old_or_complete_new_goldens(
     pinned, git, monkeypatch, step, committed
 ):
-    from parity.run.repin import recover_folder
+    from parity.run._repin import recover_folder
     from parity.store import GoldenBusyError
 
     p = pinned
@@ -524,7 +524,7 @@ def test_a_second_repin_refuses_while_the_first_holds_the_lock(pinned):
             sys.executable,
             "-c",
             "import sys, time\nfrom pathlib import Path\n"
-            "from parity.store.staging import folder_lock\n"
+            "from parity.store._staging import folder_lock\n"
             f"with folder_lock(Path({str(p['out'])!r})):\n"
             "    print('locked', flush=True)\n    time.sleep(60)\n",
         ],
@@ -558,7 +558,7 @@ def test_a_full_disk_is_a_clear_error_and_leaves_the_old_goldens(pinned):
     # (Python ignores SIGXFSZ, so the write returns EFBIG) as a full disk would.
     prelude = """
         import resource
-        import parity.run.goldens as r
+        import parity.run._goldens as r
 
         real = r.write_goldens
 

@@ -1,4 +1,4 @@
-"""`parity.run.tree`: the current tree checked from a typed request, the workflow `parity
+"""`parity.run._tree`: the current tree checked from a typed request, the workflow `parity
 check` hands its flags to. On a numpy-only project pinned by `parity repin`: what the
 workflow returns is what the command reports, a changed tree fails by the workflow as by the
 command, and a request the flags cannot make run is refused before any producer runs."""
@@ -10,8 +10,8 @@ from pathlib import Path
 
 import pytest
 
-from parity.machinery.config import load_config
-from parity.run.tree import CheckedTree, TreeCheck, check_tree
+from parity.machinery._config import load_config
+from parity.run._tree import CheckedTree, TreeCheck, check_tree
 
 PRODUCERS = """\
 import numpy as np
@@ -88,8 +88,8 @@ def test_a_run_on_an_accelerator_is_not_kept_for_its_recording(
     0 on its closed stdin) and none is kept; on the CPU it is kept while the block runs."""
     import dataclasses
 
-    from parity.machinery.launcher import KeptRun
-    from parity.run import produced as module
+    from parity.machinery._launcher import KeptRun
+    from parity.run import _produced as module
 
     config = load_config(project)
     with module.producing(config, keep=True) as (_, kept):

@@ -12,7 +12,7 @@ import textwrap
 
 import pytest
 
-from parity.store.provenance import collect_provenance, digest_sources
+from parity.store._provenance import collect_provenance, digest_sources
 
 _FIELDS = {
     "python",
@@ -54,9 +54,9 @@ def test_provenance_reads_flags_and_env_without_importing_jax(tmp_path):
         """
         import json, sys
         import parity, parity.store
-        from parity.store.provenance import collect_provenance
+        from parity.store._provenance import collect_provenance
         prov = collect_provenance()
-        leaked = sorted(m for m in ("jax", "parity.compile_stats") if m in sys.modules)
+        leaked = sorted(m for m in ("jax", "parity._compile_stats") if m in sys.modules)
         print(json.dumps({"prov": prov, "leaked": leaked}))
         """
     )

@@ -29,11 +29,11 @@ from parity.store import (
     GoldenStoreError,
     GoldenUnsafeError,
     UnsupportedDtypeError,
+    _writer as writer,
     open_goldens,
     write_goldens,
-    writer,
 )
-from parity.store.format import meta_digest
+from parity.store._format import meta_digest
 
 
 def _bits(a: np.ndarray) -> bytes:
@@ -621,7 +621,7 @@ def test_verify_catches_a_dataset_attribute_that_disagrees_with_the_index(tmp_pa
 
 
 def test_parity_show_verify_catches_a_dataset_attribute_that_disagrees(tmp_path, capsys):
-    from parity import cli
+    from parity import _cli as cli
 
     path = _indexed_file(tmp_path)
     assert cli.main(["show", str(path), "--verify"]) == cli.EXIT_OK

@@ -35,7 +35,7 @@ import numpy as np
 import pytest
 from hypothesis import HealthCheck, given, settings, strategies as st
 
-from parity import cli
+from parity import _cli as cli
 
 ROOT = Path(__file__).resolve().parents[3]
 GOLDENS = sorted((ROOT / "goldens").glob("*.h5"))
@@ -76,7 +76,7 @@ class _Run:
 
 
 def _run(argv: list[str]) -> _Run:
-    """`parity.cli.main(argv)` with stdout and stderr captured as strict UTF-8."""
+    """`parity._cli.main(argv)` with stdout and stderr captured as strict UTF-8."""
     out_b, err_b = io.BytesIO(), io.BytesIO()
     out = io.TextIOWrapper(out_b, encoding="utf-8", errors="strict", newline="\n")
     err = io.TextIOWrapper(err_b, encoding="utf-8", errors="strict", newline="\n")
@@ -98,7 +98,7 @@ def forked(fn: Callable[[], Any], timeout: float = 60.0) -> Any:
     hang could not be interrupted; in a child both become a reportable failure. (Found by
     this fuzzer: a zeroed range inside HDF5's global heap made a variable-length string
     read loop forever. parity no longer writes variable-length strings; see
-    `parity.store.writer.set_text`.)
+    `parity.store._writer.set_text`.)
     """
     r, w = os.pipe()
     with warnings.catch_warnings():

@@ -1,0 +1,78 @@
+"""What a producer run saved for one group, loaded (`load_runner_output`, `RunnerOutput`):
+its arrays (`OUT/<group>.npz`, ml_dtypes restored from their bits) and its manifest
+(`OUT/<group>.json`: keys, dtypes, class map, stack and rename rules, order, provenance),
+as `parity.machinery._producer_runner` writes them. Nothing here imports jax.
+"""
+
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from parity.machinery._launcher import ProducerCommand, ProducerRunError
+
+__all__ = ["RunnerOutput", "load_runner_output"]
+
+
+def _restore_dtype(raw: np.ndarray, name: str) -> np.ndarray:
+    if raw.dtype.name == name:
+        return raw
+    import ml_dtypes
+
+    return raw.view(getattr(ml_dtypes, name))
+
+
+@dataclass(frozen=True)
+class RunnerOutput:
+    """What the producer process saved for one group.
+
+    - `arrays`: `{key: array}` in producer order.
+    - `class_map`: the producers' `CLASS_MAP` rules.
+    - `provenance`: the producer process's environment (`collect_provenance` run there).
+    - `order`: how `arrays`' order was made: `"dataflow"` (read from the program,
+      `parity.judge._dataflow`), `"declared"` (the order of the group's containers),
+      `"host"` (no jax program computed them) or `"unread"` (not asked for).
+    - `recorder`: why the programs the group ran could not be seen, in one line (this jax
+      cannot be hooked, or a hook failed: `parity.origin._adapter`); "" where they were.
+    - `stack`: the producers' `STACK` (stack rules, `parity.judge._stacking`); `rename`,
+      their `RENAME` (rename rules, `parity.judge._renames`).
+    """
+
+    arrays: dict[str, np.ndarray]
+    class_map: list[list[str]]
+    provenance: dict[str, Any]
+    order: str = "declared"
+    recorder: str = ""
+    stack: tuple[str, ...] = ()
+    rename: tuple[Any, ...] = ()
+
+
+def load_runner_output(out: Path, group: str, *, command: ProducerCommand) -> RunnerOutput:
+    """What the runner saved for `group` in `out`, for `command`. Raises
+    `ProducerRunError` if it recorded no provenance (it could not import parity)."""
+    manifest = json.loads((out / f"{group}.json").read_text())
+    with np.load(out / f"{group}.npz") as npz:
+        arrays = {
+            key: _restore_dtype(npz[f"a{j}"], manifest["dtypes"][key])
+            for j, key in enumerate(manifest["keys"])
+        }
+    provenance = manifest.get("provenance")
+    if not isinstance(provenance, dict):
+        raise ProducerRunError(
+            command,
+            f"the producer process recorded no provenance for group {group!r} (it could not "
+            "import parity.store._provenance); check that parity is importable there",
+        )
+    return RunnerOutput(
+        arrays,
+        manifest["class_map"],
+        provenance,
+        str(manifest.get("order", "declared")),
+        str(manifest.get("recorder", "")),
+        tuple(str(t) for t in manifest.get("stack", ())),
+        tuple(r if isinstance(r, str) else tuple(r) for r in manifest.get("rename", ())),
+    )

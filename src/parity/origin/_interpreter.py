@@ -1,0 +1,490 @@
+"""The interpreter behind `parity.origin._record`: a jaxpr run equation by equation with
+each primitive's own `bind` (or walked for its shapes and dataflow only), every value kept
+with its fingerprints, its depth and the user's frame that made it.
+
+It descends into calls (`jit`, `closed_call`, `custom_jvp_call`, `custom_vjp_call`,
+`checkpoint`), unrolls `scan` (each iteration's values are values of their own, and a row of
+`xs` or the stacked `ys` is a data movement of them), runs `while` until its condition
+fails, and takes a `cond`'s taken branch. Other higher-order primitives are bound whole.
+Every value is tagged with the innermost frame of the user's own source (outside jax,
+parity and installed libraries) and, where the operation runs inside an installed library,
+that library's frame.
+
+jax is imported inside these functions only (the caller has it).
+"""
+
+from __future__ import annotations
+
+import hashlib
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from parity._errors import ParityError
+from parity.judge._dataflow import MOVES as PLACED_MOVES
+from parity.origin._recording import Fingerprint, Recording, Value, fingerprint, row_fingerprints
+
+__all__ = ["MOVES", "Interpreter", "LocaliseError", "plain_dtype", "user_frame_of"]
+
+#: Primitives whose body is a jaxpr taking the equation's operands and giving its results.
+_CALLS = frozenset(
+    {
+        "jit",
+        "pjit",
+        "closed_call",
+        "core_call",
+        "custom_jvp_call",
+        "custom_vjp_call",
+        "custom_vjp_call_jaxpr",
+        "checkpoint",
+        "remat",
+        "remat2",
+    }
+)
+
+#: Primitives that move, reshape or cast values without computing new numbers: those the
+#: dataflow order places where their operand was computed, and those that arrange or carry
+#: values (`parity.origin._align.ARRANGING` match by value all the same).
+MOVES = PLACED_MOVES | frozenset(
+    {
+        "dynamic_update_slice",
+        "concatenate",
+        "stack",
+        "split",
+        "pad",
+        "gather",
+        "rev",
+        "tile",
+        "unstack",
+        "optimization_barrier",
+        "scan",
+        "while",
+        "cond",
+    }
+)
+
+_MAX_WHILE = 100_000
+#: Every so many values, a recording process clears jax's caches (each operation run on its
+#: own compiles a program of its own, and XLA keeps them all: a train step's 41,000 values
+#: took the recording process from 1.1 to 3.0 GiB) and hands the freed memory back to the
+#: system: 2.0 GiB at the peak, for 40% more time (docs/design.md, "Cost"). Asked for by the
+#: producer runner (`Interpreter(flush_every=...)`), never in a user's own process, whose
+#: compiled functions it would drop.
+FLUSH_EVERY = 4000
+_PARITY = str(Path(__file__).resolve().parents[1])
+
+
+class LocaliseError(ParityError, ValueError):
+    """A program cannot be recorded or two recordings cannot be aligned.
+
+    **Fields:** `reason`, one line saying what was found and what to do.
+    """
+
+    def __init__(self, reason: str):
+        self.reason = reason
+        super().__init__(reason)
+
+
+Ref = tuple[Any, int]  # (array, value id; -1 for a literal)
+Frame = tuple[str, int, str]  # (file, line, function); ("", 0, "") where unknown
+_NOWHERE: Frame = ("", 0, "")
+#: The user's own frame, the library's frame as a line ("" if none), and the chain of the
+#: user's own frames, innermost first, each `file:line in function`, joined by "\n".
+Where = tuple[Frame, str, str]
+UNPLACED: Where = (_NOWHERE, "", "")
+#: The most of the user's own frames a value's chain keeps (innermost first).
+CHAIN_FRAMES = 8
+#: The most elements of an input or a constant whose numbers are kept in words.
+SMALL_CONSTANT = 16
+
+#: Moves that pass one operand's numbers on whole (cast, reshape, ...; not a slice of it):
+#: the result *is* that operand as far as the dataflow order is concerned.
+_SAME = (PLACED_MOVES - {"slice", "dynamic_slice"}) | {"optimization_barrier"}
+
+
+class Aval:
+    """A value's shape and dtype where the program is walked without computing it."""
+
+    def __init__(self, shape: tuple[int, ...], dtype: Any) -> None:
+        self.shape, self.dtype = tuple(shape), dtype
+
+    def __getitem__(self, k: int) -> Aval:
+        return Aval(self.shape[1:], self.dtype)
+
+
+class Interpreter:
+    """Runs jaxprs equation by equation (`evaluate`), or walks them for their shapes only,
+    keeping per value its metadata, its fingerprints, its depth (the longest chain of
+    operations from an input) and, for a value that is a row of a stacked one or passes
+    one operand on, the value it stands for (`source`)."""
+
+    def __init__(
+        self,
+        max_bytes: int | None = None,
+        *,
+        evaluate: bool = True,
+        keep_arrays: bool = True,
+        flush_every: int | None = None,
+        shadow: Any = None,
+    ) -> None:
+        self.max_bytes = max_bytes
+        #: A shadow replay (`parity.origin._shadow.Shadow`) told of every value as it is
+        #: made (`ground`, `op`, `row`, `stack`); None: none.
+        self.shadow = shadow
+        if shadow is not None:
+            shadow.interpreter = self
+        self.flush_every = flush_every
+        self.evaluate = evaluate
+        self.keep_arrays = keep_arrays
+        self.nbytes = 0
+        self.values: list[Value] = []
+        self.arrays: list[np.ndarray] = []
+        self.prints: list[Fingerprint] = []
+        self.rows: dict[int, tuple[Fingerprint, ...]] = {}
+        self.depth: list[int] = []
+        self.source: dict[int, int] = {}
+        self.stacked: dict[int, list[int]] = {}
+        self.consts: dict[int, tuple[Any, Ref]] = {}
+        self.frames: dict[int, Where] = {}
+        self.chains: dict[tuple[str, str], str] = {}
+
+    def add(
+        self,
+        x: Any,
+        primitive: str,
+        kind: str,
+        inputs: list[int],
+        where: Where,
+        source: int | None = None,
+        literals: tuple[tuple[int, str], ...] = (),
+    ) -> Ref:
+        i = len(self.values)
+        ins = tuple(j for j in inputs if j >= 0)
+        if self.evaluate and self.flush_every and i and i % self.flush_every == 0:
+            _flush()
+        if self.evaluate:
+            host = to_host(x)
+            if kind in ("input", "const") and host.size <= SMALL_CONSTANT:
+                # A small input or constant keeps its numbers in words (position -1: the
+                # value itself), so that a changed one can be said with both values.
+                literals = ((-1, _literal(host)),)
+            self.nbytes += host.nbytes
+            if self.max_bytes is not None and self.nbytes > self.max_bytes:
+                raise LocaliseError(
+                    f"the program is too large to record: its values pass "
+                    f"{self.max_bytes >> 20} MiB after {len(self.values)} of them; localise a "
+                    "smaller case (fewer layers, a shorter batch)"
+                )
+            shape, dtype = tuple(host.shape), str(host.dtype)
+            self.prints.append(fingerprint(host))
+            if host.ndim >= 2 and host.shape[0] > 0:
+                self.rows[i] = tuple(row_fingerprints(host))
+            if self.keep_arrays:
+                self.arrays.append(host)
+            else:
+                self.nbytes -= host.nbytes  # fingerprinted: its numbers need not be held
+        else:
+            shape, dtype = (
+                tuple(x.shape),
+                str(np.dtype(x.dtype)) if plain_dtype(x.dtype) else str(x.dtype),
+            )
+        (file, line, function), library, chain = where
+        self.values.append(
+            Value(
+                i,
+                primitive,
+                kind,
+                shape,
+                dtype,
+                ins,
+                file,
+                line,
+                function,
+                library,
+                literals,
+                tuple(chain.split("\n")) if chain else (),
+            )
+        )
+        if self.shadow is not None and self.evaluate and kind in ("input", "const"):
+            self.shadow.ground(i, x)
+        if source is not None:
+            self.source[i] = self.source.get(source, source)
+            self.depth.append(self.depth[source])
+        elif kind in ("input", "const"):
+            self.depth.append(0)
+        else:
+            deepest = max((self.depth[j] for j in ins), default=0)
+            self.depth.append(deepest + (kind == "op"))
+        return x, i
+
+    def stands_for(self, i: int) -> int:
+        """The value `i` stands for in the dataflow order (itself, or its `source`)."""
+        return self.source.get(i, i)
+
+    def frame(self, eqn: Any, outer: Where) -> Where:
+        """`eqn`'s own user frame; else (an equation of a body jax traced, such as
+        `jnp.where`'s, whose traceback stops at the call) the frame of the call. Its chain
+        goes on with the frames that led to the call (a jitted program's traceback stops at
+        its own function: the chain reaches the caller through the program's frame)."""
+        if id(eqn) not in self.frames:
+            self.frames[id(eqn)] = _user_frame(eqn)
+        own = self.frames[id(eqn)]
+        if not own[0][0]:
+            return outer
+        if not outer[2]:
+            return own
+        key = (own[2], outer[2])
+        if key not in self.chains:
+            mine = own[2].split("\n")
+            more = [f for f in outer[2].split("\n") if f not in mine]
+            self.chains[key] = "\n".join((mine + more)[:CHAIN_FRAMES])
+        return own[0], own[1], self.chains[key]
+
+    def const(self, c: Any, where: Where) -> Ref:
+        if id(c) not in self.consts:  # the object is kept alive by the entry
+            value = c if self.evaluate else Aval(shape_of(c), dtype_of(c))
+            self.consts[id(c)] = (c, self.add(value, "const", "const", [], where))
+        return self.consts[id(c)][1]
+
+    def run(self, jaxpr: Any, consts: list[Ref], args: list[Ref], outer: Where) -> list[Ref]:
+        from jax.extend import core as jex
+
+        env: dict[Any, Ref] = {}
+        env.update(zip(jaxpr.constvars, consts, strict=True))
+        env.update(zip(jaxpr.invars, args, strict=True))
+
+        def read(v: Any) -> Ref:
+            return (v.val, -1) if isinstance(v, jex.Literal) else env[v]
+
+        for eqn in jaxpr.eqns:
+            outs = self.eqn(eqn, [read(v) for v in eqn.invars], outer)
+            for var, out in zip(eqn.outvars, outs, strict=True):
+                env[var] = out
+        return [read(v) for v in jaxpr.outvars]
+
+    def closed(self, closed: Any, args: list[Ref], where: Where) -> list[Ref]:
+        inner = getattr(closed, "jaxpr", closed)
+        consts = [self.const(c, where) for c in getattr(closed, "consts", ())]
+        return self.run(inner, consts, args, where)
+
+    def eqn(self, eqn: Any, ins: list[Ref], outer: Where) -> list[Ref]:
+        where = self.frame(eqn, outer)
+        name = eqn.primitive.name
+        params = eqn.params
+        if name in _CALLS:
+            body = params.get("jaxpr", params.get("call_jaxpr"))
+            if body is not None:
+                return self.closed(body, ins, where)
+        if name == "scan":
+            return self.scan(eqn, ins, where)
+        if self.evaluate and name == "while":
+            return self.loop(eqn, ins, where)
+        if self.evaluate and name == "cond":
+            index = int(np.asarray(ins[0][0]))
+            return self.closed(params["branches"][index], ins[1:], where)
+        if self.evaluate:
+            outs = eqn.primitive.bind(*(x for x, _ in ins), **params)
+            outs = outs if eqn.primitive.multiple_results else [outs]
+        else:  # walked, not computed: a while or cond is one operation here
+            outs = [Aval(v.aval.shape, v.aval.dtype) for v in eqn.outvars]
+        kind = "move" if name in MOVES else "op"
+        source = self.row_read(eqn, ins) if kind == "move" else None
+        literals = tuple((k, _literal(x)) for k, (x, i) in enumerate(ins) if i < 0)
+        refs = [self.add(o, name, kind, [i for _, i in ins], where, source, literals) for o in outs]
+        if self.shadow is not None and self.evaluate:
+            self.shadow.op(eqn, ins, refs)
+        if name == "stack" and params.get("axis") == 0:
+            self.stacked[refs[0][1]] = [self.stands_for(i) for _, i in ins]
+        return refs
+
+    def row_read(self, eqn: Any, ins: list[Ref]) -> int | None:
+        """The value a move's result stands for: the operand a cast or reshape passes on,
+        or the row of a stacked value (a scan's ys, a `stack`) a slice of one row reads."""
+        name, params = eqn.primitive.name, eqn.params
+        operands = [i for _, i in ins if i >= 0]
+        if not operands:
+            return None
+        first = ins[0][1]
+        if name in _SAME and len(operands) == 1:
+            return operands[0]
+        if first < 0 or first not in self.stacked:
+            return None
+        start: int | None = None
+        if name == "slice" and params["start_indices"]:
+            start, stop = int(params["start_indices"][0]), int(params["limit_indices"][0])
+            start = start if stop - start == 1 else None
+        elif name == "dynamic_slice" and len(ins) > 1 and params["slice_sizes"][0] == 1:
+            value = ins[1][0]
+            if not isinstance(value, Aval):
+                start = int(np.asarray(value))
+        rows = self.stacked[first]
+        return rows[start] if start is not None and 0 <= start < len(rows) else None
+
+    def scan(self, eqn: Any, ins: list[Ref], where: Where) -> list[Ref]:
+        import jax.numpy as jnp
+
+        p = eqn.params
+        n_consts, n_carry, length = int(p["num_consts"]), int(p["num_carry"]), int(p["length"])
+        consts, carry, xs = (
+            ins[:n_consts],
+            ins[n_consts : n_consts + n_carry],
+            ins[n_consts + n_carry :],
+        )
+        steps = range(length - 1, -1, -1) if p["reverse"] else range(length)
+        ys: dict[int, list[Ref]] = {}
+        for k in steps:
+            rows = [self.add(x[k], "scan", "move", [i], where, self.row_of(i, k)) for x, i in xs]
+            if self.shadow is not None and self.evaluate:
+                for (_, i), (_, r) in zip(xs, rows, strict=True):
+                    self.shadow.row(r, i, k)
+            outs = self.closed(p["jaxpr"], [*consts, *carry, *rows], where)
+            carry = outs[:n_carry]
+            ys[k] = outs[n_carry:]
+        stacked = []
+        for j, var in enumerate(eqn.outvars[n_carry:]):
+            if length == 0:
+                empty = jnp.zeros(var.aval.shape, var.aval.dtype) if self.evaluate else None
+                stacked.append((empty, -1))
+                continue
+            parts = [ys[k][j] for k in range(length)]
+            if self.evaluate:
+                array: Any = jnp.stack([jnp.asarray(x) for x, _ in parts])
+            else:
+                array = Aval(var.aval.shape, var.aval.dtype)
+            ref = self.add(array, "scan", "move", [i for _, i in parts], where)
+            if self.shadow is not None and self.evaluate:
+                self.shadow.stack(ref[1], parts)
+            self.stacked[ref[1]] = [self.stands_for(i) for _, i in parts]
+            stacked.append(ref)
+        return [*carry, *stacked]
+
+    def row_of(self, i: int, k: int) -> int | None:
+        """Row `k` of value `i`, where `i` is a stacked value whose rows are known."""
+        rows = self.stacked.get(i)
+        return rows[k] if rows is not None and 0 <= k < len(rows) else None
+
+    def loop(self, eqn: Any, ins: list[Ref], where: Where) -> list[Ref]:
+        p = eqn.params
+        n_cond, n_body = int(p["cond_nconsts"]), int(p["body_nconsts"])
+        cond_consts, body_consts = ins[:n_cond], ins[n_cond : n_cond + n_body]
+        carry = ins[n_cond + n_body :]
+        for _ in range(_MAX_WHILE):
+            (go, _), *_ = self.closed(p["cond_jaxpr"], [*cond_consts, *carry], where)
+            if not bool(np.asarray(go)):
+                return carry
+            carry = self.closed(p["body_jaxpr"], [*body_consts, *carry], where)
+        raise LocaliseError(
+            f"a while loop ran {_MAX_WHILE} iterations without its condition failing; "
+            "localise a smaller case"
+        )
+
+    def recording(self, outputs: dict[str, int], output_arrays: dict[str, np.ndarray]) -> Recording:
+        """What was run, as a `Recording` (outputs in the order given)."""
+        return Recording(
+            values=tuple(self.values),
+            fingerprints=tuple(self.prints),
+            rows=dict(self.rows),
+            outputs=outputs,
+            output_arrays=output_arrays,
+            arrays=tuple(self.arrays) if self.keep_arrays else None,
+        )
+
+
+def plain_dtype(dtype: Any) -> bool:
+    """Whether numpy knows `dtype` (not a PRNG key's extended dtype)."""
+    try:
+        np.dtype(dtype)
+    except TypeError:
+        return False
+    return True
+
+
+def shape_of(x: Any) -> tuple[int, ...]:
+    shape = getattr(x, "shape", None)
+    return tuple(shape) if shape is not None else np.shape(x)
+
+
+def as_jax(x: Any) -> Any:
+    import jax
+
+    return x if isinstance(x, jax.Array) else jax.numpy.asarray(x)
+
+
+def dtype_of(x: Any) -> Any:
+    dtype = getattr(x, "dtype", None)
+    return dtype if dtype is not None else np.asarray(x).dtype
+
+
+def _flush() -> None:
+    """Drop jax's compiled programs and hand freed memory back (glibc's `malloc_trim`,
+    where the C library has it)."""
+    import contextlib
+    import ctypes
+
+    import jax
+
+    jax.clear_caches()
+    with contextlib.suppress(OSError, AttributeError):  # not glibc: the memory stays
+        ctypes.CDLL(None).malloc_trim(0)
+
+
+def to_host(x: Any) -> np.ndarray:
+    """`x` as a numpy array; a PRNG key array as its key data."""
+    import jax
+    import jax.numpy as jnp
+
+    dtype = getattr(x, "dtype", None)
+    if dtype is not None and jnp.issubdtype(dtype, jax.dtypes.extended):
+        return np.asarray(jax.random.key_data(x))
+    return np.asarray(x)
+
+
+_LIBRARIES = ("site-packages", "dist-packages")
+
+
+def user_frame_of(source_info: Any) -> Where:
+    """The user's own frame of a jax `SourceInfo` (the innermost outside jax, parity and
+    installed libraries); where the innermost frame outside jax and parity lies in an
+    installed library (optax, equinox), that frame as `file:line in function`; and the
+    chain of the user's own frames that led there, innermost first (`CHAIN_FRAMES` at
+    most)."""
+    from parity.origin._adapter import user_frames
+
+    own: Frame | None = None
+    library = ""
+    chain: list[str] = []
+    for frame in user_frames(source_info):
+        file = str(Path(frame.file_name).resolve())
+        if file.startswith(_PARITY):
+            continue
+        if any(part in _LIBRARIES for part in Path(file).parts):
+            if own is None and not library:
+                library = f"{frame.file_name}:{frame.start_line} in {frame.function_name}"
+            continue
+        if own is None:
+            own = (frame.file_name, int(frame.start_line), frame.function_name)
+        chain.append(f"{frame.file_name}:{frame.start_line} in {frame.function_name}")
+        if len(chain) == CHAIN_FRAMES:
+            break
+    return (own or _NOWHERE), library, "\n".join(chain)
+
+
+def _user_frame(eqn: Any) -> Where:
+    """`user_frame_of` of `eqn`'s source info, or unplaced."""
+    try:
+        return user_frame_of(eqn.source_info)
+    except Exception:  # a jax without this private API: the values stay unplaced
+        return UNPLACED
+
+
+def _literal(x: Any) -> str:
+    """A constant written into a program, in its dtype's own words (`1e-05`, `True`, `3`);
+    a literal of several elements by its shape and the bytes' digest."""
+    a = np.asarray(x)
+    if a.size == 1:
+        return str(a.reshape(())[()])
+    if a.size <= SMALL_CONSTANT:
+        return np.array2string(a.reshape(-1), separator=" ", max_line_width=10_000)
+    digest = hashlib.blake2b(a.tobytes(), digest_size=4).hexdigest()
+    return f"{a.dtype}{list(a.shape)} #{digest}"

@@ -1,0 +1,359 @@
+"""A recording of one program's values: what each value is, where the user's source made it,
+and a fingerprint of its numbers, as plain numpy data that crosses a process boundary.
+
+A `Value` describes one value (primitive, shape, dtype, the values it was computed from,
+source file, line and function). A `Recording` holds them in dataflow order (a value's
+`id` is its position: every value comes after the values it reads), the program's outputs by
+key, and per value a `Fingerprint`: a digest of its bytes and, for a float value, its
+largest finite magnitude and `STATS` block statistics (the mean, the mean magnitude and the
+mean under fixed pseudo-random signs of each of `BLOCKS` contiguous blocks of its flattened
+elements). Each statistic is an
+average, so two arrays within `tau` of each other elementwise have every statistic within
+`tau` too: the fingerprints rule out candidates before any array is read. A value with two
+or more axes also has a fingerprint per row (its leading index), so that a value of the
+other program can be matched against one row of a stacked value.
+
+`Recording.to_arrays()` / `Recording.from_arrays()` turn a recording into a flat dict of
+numpy arrays and back (an `np.savez` file); `Recording.summary()` drops the values' arrays
+and keeps their fingerprints and the outputs, so the old side of a comparison can be
+recorded in one process and matched in another.
+
+This module imports numpy only.
+"""
+
+from __future__ import annotations
+
+import functools
+import hashlib
+import json
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field, replace
+from typing import Any
+
+import numpy as np
+
+from parity.judge import _mldtypes as mldtypes
+from parity.judge._ulp import is_float_dtype, to_float64
+
+__all__ = [
+    "BLOCKS",
+    "FORMAT",
+    "STATS",
+    "Fingerprint",
+    "Recording",
+    "Value",
+    "fingerprint",
+    "format_of",
+    "ordinary",
+    "row_digests",
+    "row_fingerprints",
+]
+
+#: Contiguous blocks whose mean and mean magnitude a float value's fingerprint keeps.
+BLOCKS = 8
+#: Statistics per fingerprint: per block its mean, its mean magnitude, and its mean under
+#: fixed pseudo-random signs (a projection: a sign flipped on some elements, invisible to
+#: the first two where they average out, moves it).
+STATS = 3 * BLOCKS
+#: The recording format: a file of another one is read as none (`Recording.from_arrays`
+#: callers check `format_of`); 2 added the signed statistic, 3 each operation's literals and
+#: call chain.
+FORMAT = 3
+
+#: Value kinds: an equation's result, a data movement of other values (a reshape, a scan's
+#: iteration slice or stacked outputs, ...), a program input, a constant of the program.
+KINDS = ("op", "move", "input", "const")
+
+
+@dataclass(frozen=True)
+class Value:
+    """One value of a recorded program.
+
+    **Fields:** `id` (its position in dataflow order), `primitive` (the jax primitive that
+    computed it, `input` or `const`), `kind` (see `KINDS`), `shape`, `dtype` (its name),
+    `inputs` (the ids of the values it was computed from; literals have none), `file`,
+    `line`, `function` (the innermost frame of the user's own source: outside jax, parity
+    and installed libraries; `""` and 0 where the program does not say), `library` (where
+    the operation runs inside an installed library such as optax or equinox, that
+    library's innermost frame as `file:line in function`; else `""`), `literals` (the
+    operands written into the program as constants, `(position among the operands, value
+    in its dtype's own words)`: what `1e-05` an `add` adds, which a changed constant
+    changes; for an input or a constant of at most 16 elements, `(-1, its numbers)`),
+    `chain` (the user's own frames that led to it, innermost first, each `file:line in
+    function`: where an argument changed at a call site shows).
+    """
+
+    id: int
+    primitive: str
+    kind: str
+    shape: tuple[int, ...]
+    dtype: str
+    inputs: tuple[int, ...]
+    file: str = ""
+    line: int = 0
+    function: str = ""
+    library: str = ""
+    literals: tuple[tuple[int, str], ...] = ()
+    chain: tuple[str, ...] = ()
+
+
+@dataclass(frozen=True)
+class Fingerprint:
+    """What a value's numbers look like, compactly.
+
+    **Fields:** `digest` (of its raw bytes: equal bytes, equal digest), `special` (a digest
+    of where its NaN and infinities sit, 0 when every element is finite or it is not a
+    float; fill values near the dtype's largest count too: `ordinary`), `max_abs` (its largest
+    ordinary magnitude; 0 for non-floats) and `stats`
+    (`[STATS]` float64: block means, block mean magnitudes, block means under fixed signs;
+    zeros for non-floats).
+    """
+
+    digest: int
+    special: int
+    max_abs: float
+    stats: np.ndarray
+
+
+def _digest(data: bytes) -> int:
+    return int.from_bytes(hashlib.blake2b(data, digest_size=8).digest(), "little")
+
+
+def _block_stats(x64: np.ndarray) -> np.ndarray:
+    """`[rows, STATS]`: per row of `x64` (`[rows, n]`, finite), the mean, the mean magnitude
+    and the mean under fixed signs of each of `BLOCKS` contiguous blocks (fewer blocks than
+    `BLOCKS` when `n` is small: the rest stay 0 on both sides of a comparison, as both have
+    the same `n`)."""
+    rows, n = x64.shape
+    out = np.zeros((rows, STATS))
+    if n == 0:
+        return out
+    starts = np.unique(np.linspace(0, n, BLOCKS + 1).astype(np.int64)[:-1])
+    sizes = np.diff(np.append(starts, n))
+    k = len(starts)
+    out[:, :k] = np.add.reduceat(x64, starts, axis=1) / sizes
+    out[:, BLOCKS : BLOCKS + k] = np.add.reduceat(np.abs(x64), starts, axis=1) / sizes
+    out[:, 2 * BLOCKS : 2 * BLOCKS + k] = np.add.reduceat(x64 * _signs(n), starts, axis=1) / sizes
+    return out
+
+
+@functools.lru_cache(maxsize=256)
+def _signs(n: int) -> np.ndarray:
+    """`n` fixed pseudo-random signs (the same for every array of `n` elements)."""
+    signs = np.where(np.random.default_rng(n).integers(0, 2, n) == 1, 1.0, -1.0)
+    signs.flags.writeable = False
+    return signs
+
+
+def row_digests(array: np.ndarray) -> list[int]:
+    """The digest of each row's bytes (leading index) of `array`, as its fingerprint's."""
+    rows = array.shape[0]
+    flat = np.ascontiguousarray(array).reshape(rows, -1)
+    return [_digest(flat[r].tobytes()) for r in range(rows)]
+
+
+def row_fingerprints(array: np.ndarray) -> list[Fingerprint]:
+    """The fingerprint of each row (leading index) of `array`, or of `array` itself when it
+    is given with a leading axis of one (`array[None]`)."""
+    rows = array.shape[0]
+    flat = np.ascontiguousarray(array).reshape(rows, -1)
+    digests = row_digests(flat)
+    if not is_float_dtype(array.dtype):
+        zeros = np.zeros(STATS)
+        return [Fingerprint(d, 0, 0.0, zeros) for d in digests]
+    x64 = to_float64(flat)
+    plain = ordinary(x64, array.dtype)
+    clean = np.where(plain, x64, 0.0)
+    max_abs = np.abs(clean).max(axis=1) if clean.shape[1] else np.zeros(rows)
+    stats = _block_stats(clean)
+    out = []
+    for r in range(rows):
+        special = 0
+        if not plain[r].all():  # where the specials sit, and what they are
+            marks = np.where(plain[r], 0.0, x64[r])
+            special = _digest(np.isnan(marks).tobytes() + np.nan_to_num(marks).tobytes())
+        out.append(Fingerprint(digests[r], special, float(max_abs[r]), stats[r]))
+    return out
+
+
+def ordinary(x64: np.ndarray, dtype: np.dtype[Any]) -> np.ndarray:
+    """Which elements of `x64` (a float array of `dtype`, as float64) are ordinary numbers:
+    finite and below half the dtype's largest value. The others (NaN, infinities and fill
+    values such as `finfo.min`, a mask's "minus infinity") are matched exactly, and do not
+    set the scale a tolerance is taken from."""
+    info = np.finfo(dtype) if dtype.kind == "f" else mldtypes.finfo(dtype)
+    largest = float(info.max) if info is not None else np.inf
+    with np.errstate(invalid="ignore"):
+        return np.abs(x64) <= largest / 2
+
+
+def fingerprint(array: np.ndarray) -> Fingerprint:
+    """The fingerprint of a whole value."""
+    return row_fingerprints(np.asarray(array)[None])[0]
+
+
+@dataclass(frozen=True)
+class Recording:
+    """Every value of one program, in dataflow order.
+
+    **Fields:**
+
+    - `values`: one `Value` per value, `values[i].id == i`.
+    - `fingerprints`: one `Fingerprint` per value.
+    - `rows`: `{value id: a Fingerprint per row}` for values with two or more axes.
+    - `outputs`: `{key: value id}` in the dataflow order of the program's outputs (keys as
+      `parity.judge._trees.flatten` names them); -1 for an output that is a literal.
+    - `output_arrays`: `{key: array}`, the outputs' numbers (kept by `summary()`).
+    - `arrays`: each value's numbers (a numpy array), or `None` for a summary.
+    """
+
+    values: tuple[Value, ...]
+    fingerprints: tuple[Fingerprint, ...]
+    rows: Mapping[int, tuple[Fingerprint, ...]]
+    outputs: Mapping[str, int]
+    output_arrays: Mapping[str, np.ndarray]
+    arrays: tuple[np.ndarray, ...] | None = field(default=None, repr=False)
+
+    @property
+    def nbytes(self) -> int:
+        """Bytes held by the values' arrays (0 for a summary)."""
+        return sum(a.nbytes for a in self.arrays) if self.arrays is not None else 0
+
+    def summary(self) -> Recording:
+        """The same recording without the values' arrays: fingerprints, outputs, metadata."""
+        return replace(self, arrays=None)
+
+    def to_arrays(self) -> dict[str, np.ndarray]:
+        """The recording as a flat `{name: numpy array}` dict (`np.savez(path, **it)`);
+        `Recording.from_arrays` reads it back."""
+        v = self.values
+        chain_ids: dict[tuple[str, ...], int] = {}
+        for x in v:
+            chain_ids.setdefault(x.chain, len(chain_ids))
+        chains = ["\n".join(c) for c in chain_ids]
+        out: dict[str, np.ndarray] = {
+            "meta.primitive": np.array([x.primitive for x in v], dtype=str),
+            "meta.kind": np.array([x.kind for x in v], dtype=str),
+            "meta.dtype": np.array([x.dtype for x in v], dtype=str),
+            "meta.file": np.array([x.file for x in v], dtype=str),
+            "meta.function": np.array([x.function for x in v], dtype=str),
+            "meta.library": np.array([x.library for x in v], dtype=str),
+            "meta.literals": np.array([json.dumps(x.literals) for x in v], dtype=str),
+            # Chains repeat (one per place and call path): a table, and an index per value.
+            "meta.chains": np.array(chains, dtype=str),
+            "meta.chain": np.array([chain_ids[x.chain] for x in v], dtype=np.int64),
+            "meta.line": np.array([x.line for x in v], dtype=np.int64),
+            "meta.ndim": np.array([len(x.shape) for x in v], dtype=np.int64),
+            "meta.shape": np.array([d for x in v for d in x.shape], dtype=np.int64),
+            "meta.n_inputs": np.array([len(x.inputs) for x in v], dtype=np.int64),
+            "meta.inputs": np.array([i for x in v for i in x.inputs], dtype=np.int64),
+            "meta.output_keys": np.array(list(self.outputs), dtype=str),
+            "meta.output_ids": np.array(list(self.outputs.values()), dtype=np.int64),
+            "meta.row_of": np.array([i for i, fs in self.rows.items() for _ in fs], dtype=np.int64),
+            "meta.format": np.array(FORMAT, dtype=np.int64),
+        }
+        out |= _fingerprints_to_arrays("fp", self.fingerprints)
+        out |= _fingerprints_to_arrays("row", [f for fs in self.rows.values() for f in fs])
+        for j, key in enumerate(self.outputs):
+            out[f"output.{j}"] = np.asarray(self.output_arrays[key])
+        if self.arrays is not None:
+            out |= {f"array.{i}": a for i, a in enumerate(self.arrays)}
+        return out
+
+    @classmethod
+    def from_arrays(cls, data: Mapping[str, np.ndarray]) -> Recording:
+        """Read back what `to_arrays` wrote (an `np.load` of its file); values' arrays come
+        back when they were written. Raises `ValueError` for another format than `FORMAT`
+        (a file an older parity wrote: record it again)."""
+        if format_of(data) != FORMAT:
+            raise ValueError(
+                f"a recording of format {format_of(data)}, where this parity reads {FORMAT}: "
+                "record it again"
+            )
+        shapes = _split(data["meta.shape"], data["meta.ndim"])
+        inputs = _split(data["meta.inputs"], data["meta.n_inputs"])
+        n = len(data["meta.primitive"])
+        library = data["meta.library"] if "meta.library" in data else [""] * n
+        literals = [
+            tuple((int(k), str(x)) for k, x in json.loads(str(t))) for t in data["meta.literals"]
+        ]
+        chains = [tuple(str(c).split("\n")) if str(c) else () for c in data["meta.chains"]]
+        values = tuple(
+            Value(
+                i,
+                str(p),
+                str(k),
+                shapes[i],
+                str(d),
+                inputs[i],
+                str(f),
+                int(ln),
+                str(fn),
+                str(lib),
+                literals[i],
+                chains[int(data["meta.chain"][i])],
+            )
+            for i, (p, k, d, f, ln, fn, lib) in enumerate(
+                zip(
+                    data["meta.primitive"],
+                    data["meta.kind"],
+                    data["meta.dtype"],
+                    data["meta.file"],
+                    data["meta.line"],
+                    data["meta.function"],
+                    library,
+                    strict=True,
+                )
+            )
+        )
+        prints = _fingerprints_from_arrays("fp", data)
+        row_prints = _fingerprints_from_arrays("row", data)
+        rows: dict[int, list[Fingerprint]] = {}
+        for owner, fp in zip(data["meta.row_of"], row_prints, strict=True):
+            rows.setdefault(int(owner), []).append(fp)
+        keys = [str(k) for k in data["meta.output_keys"]]
+        arrays = None
+        if values and "array.0" in data:
+            arrays = tuple(np.asarray(data[f"array.{i}"]) for i in range(len(values)))
+        return cls(
+            values=values,
+            fingerprints=tuple(prints),
+            rows={k: tuple(fs) for k, fs in rows.items()},
+            outputs=dict(zip(keys, (int(i) for i in data["meta.output_ids"]), strict=True)),
+            output_arrays={k: np.asarray(data[f"output.{j}"]) for j, k in enumerate(keys)},
+            arrays=arrays,
+        )
+
+
+def _split(flat: np.ndarray, counts: np.ndarray) -> list[tuple[int, ...]]:
+    ends = np.cumsum(counts)
+    return [tuple(int(x) for x in flat[e - c : e]) for c, e in zip(counts, ends, strict=True)]
+
+
+def _fingerprints_to_arrays(prefix: str, prints: Sequence[Fingerprint]) -> dict[str, np.ndarray]:
+    return {
+        f"{prefix}.digest": np.array([f.digest for f in prints], dtype=np.uint64),
+        f"{prefix}.special": np.array([f.special for f in prints], dtype=np.uint64),
+        f"{prefix}.max_abs": np.array([f.max_abs for f in prints], dtype=np.float64),
+        f"{prefix}.stats": np.array([f.stats for f in prints], dtype=np.float64).reshape(
+            len(prints), STATS
+        ),
+    }
+
+
+def _fingerprints_from_arrays(prefix: str, data: Mapping[str, Any]) -> list[Fingerprint]:
+    return [
+        Fingerprint(int(d), int(s), float(m), np.asarray(st))
+        for d, s, m, st in zip(
+            data[f"{prefix}.digest"],
+            data[f"{prefix}.special"],
+            data[f"{prefix}.max_abs"],
+            data[f"{prefix}.stats"],
+            strict=True,
+        )
+    ]
+
+
+def format_of(data: Mapping[str, Any]) -> int:
+    """The format of a recording written by `Recording.to_arrays` (1 where it says none)."""
+    return int(data["meta.format"]) if "meta.format" in data else 1

@@ -1,0 +1,343 @@
+"""Produce in a fresh process, then check: what `parity check` and `parity bisect` do with
+a code root (`Produced`, `produce`, `check_produced`). The producers themselves run in
+`parity.machinery._producer_runner`, which `parity.machinery._launcher.run_producers`
+starts, for repin too.
+
+`produce` runs the producers file in a subprocess (`parity.machinery._producer_runner`) with the ISA
+cap and device count set before jax starts, importing the code under test from the
+configured src roots of some code root (the current tree, or a worktree at a commit), and
+loads what it saved. `check_produced` compares every group with the goldens in one pass
+through `parity.check.check_groups`, the one place that resolves classes and applies the
+drift policy. Nothing here imports jax.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import tempfile
+import time
+from collections.abc import Callable, Iterator, Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Unpack
+
+import numpy as np
+
+from parity._results import CheckResult
+from parity.check import BaselineSource, GoldenDir, GroupOptions, Settler, check_groups
+from parity.judge._dataflow import DATAFLOW, HOST
+from parity.machinery._config import ConfigError, ParityConfig
+from parity.machinery._launcher import (
+    KeptRun,
+    ProducerCommand,
+    ProducerRun,
+    ProducerRunError,
+    UnusableClassError,
+    kept_producers,
+    run_producers,
+)
+from parity.machinery._processes import Layout
+from parity.machinery._runner_output import RunnerOutput, load_runner_output
+from parity.machinery._worker import Place
+
+__all__ = [
+    "Checkout",
+    "Produced",
+    "check_produced",
+    "produce",
+    "producing",
+    "refuse_unusable_classes",
+]
+
+
+@dataclass(frozen=True)
+class Produced:
+    """What one producer run returned: one record per group, as the runner saved it.
+
+    **Fields:**
+
+    - `runs`: group -> what the runner saved for it (`parity.machinery._runner_output.
+      RunnerOutput`: its arrays, keys in producer (forward) order; the provenance of the
+      process that made them, which the drift policy judges against the golden's; how its
+      order was made; why the recorder could not see its programs; the producers' rules).
+    - `seconds`: wall time of the run, process start included.
+    - `xla_flags`: the XLA flags the run used.
+    - `layout`: processes and devices per process of the run.
+
+    The views below read `runs`, one field of every group each.
+    """
+
+    runs: dict[str, RunnerOutput]
+    seconds: float
+    xla_flags: str
+    layout: Layout = field(default_factory=Layout)
+
+    @property
+    def groups(self) -> dict[str, dict[str, np.ndarray]]:
+        """Group -> `{key: array}`, keys in producer (forward) order."""
+        return {g: r.arrays for g, r in self.runs.items()}
+
+    @property
+    def provenance(self) -> dict[str, dict[str, Any]]:
+        """Group -> the producer process's provenance (collected where the arrays were
+        made)."""
+        return {g: r.provenance for g, r in self.runs.items()}
+
+    @property
+    def orders(self) -> dict[str, str]:
+        """Group -> how its forward order was made (`dataflow`: its outputs were read from
+        its traced program; `declared`: it does not trace, or was not traced; `host`: no jax
+        program computed them; `unread`: not asked for)."""
+        return {g: r.order for g, r in self.runs.items()}
+
+    @property
+    def recorders(self) -> dict[str, str]:
+        """Group -> why the programs it ran could not be seen (this jax cannot be hooked, or
+        a hook failed: `parity.origin._adapter`), one line; absent where they were."""
+        return {g: r.recorder for g, r in self.runs.items() if r.recorder}
+
+    @property
+    def stack(self) -> tuple[str, ...]:
+        """The producers' `STACK` (`parity.judge._stacking`), the same for every group."""
+        return next((r.stack for r in self.runs.values()), ())
+
+    @property
+    def rename(self) -> tuple[Any, ...]:
+        """The producers' `RENAME` (`parity.judge._renames`), the same for every group."""
+        return next((r.rename for r in self.runs.values()), ())
+
+    def recorder_line(self) -> str:
+        """The header's one line where the recorder could not see some group's programs
+        ("" where it saw every group's): why, and which groups."""
+        lines: dict[str, list[str]] = {}
+        for group, why in self.recorders.items():
+            lines.setdefault(why, []).append(group)
+        return "; ".join(f"{why} (groups {', '.join(gs)})" for why, gs in lines.items())
+
+
+@dataclass(frozen=True, kw_only=True)
+class Checkout:
+    """The code a producer run imports.
+
+    **Fields:** `root` (the checkout: the project root, or a worktree at a commit;
+    `config.src` is taken relative to the project root and found at the same place here),
+    `drop_paths` (`sys.path` entries the run must not import from: the user's own src
+    roots, when `root` is another commit), `name` (what `root` holds, for messages:
+    `"commit 1a2b3c4d5e6f"`).
+    """
+
+    root: Path
+    drop_paths: Sequence[Path] = ()
+    name: str = "the code under test"
+
+
+@contextlib.contextmanager
+def producing(
+    config: ParityConfig,
+    *,
+    at: Checkout | None = None,
+    groups: Sequence[str] = (),
+    progress: Callable[[str], None] = lambda _: None,
+    timeout: float | None = None,
+    place: Place | None = None,
+    command: ProducerCommand = "check",
+    check_classes: bool = False,
+    read_order: bool = True,
+    keep: bool = False,
+) -> Iterator[tuple[Produced, KeptRun | None]]:
+    """Run the configured producers against a checkout in a fresh process, and keep it
+    while the block runs where asked (`keep`).
+
+    **Arguments:**
+
+    - `config`: producers file, src roots, ISA cap and device count.
+    - `at`: the code imported (`Checkout`); None: `config.root`'s, the current tree.
+    - `groups`: a subset of the producer groups (default all).
+    - `progress`: receives the producer's progress lines.
+    - `timeout`: the seconds the run may take (with `config.processes` above 1 the default
+      is `parity.machinery._processes.DEFAULT_TIMEOUT_S`; one process has no limit by default).
+    - `place`: on a cluster, this host's place in the run
+      (`parity.machinery._worker.Place`: only its worker starts here, and only process
+      0's host gets the outputs, the others no groups); None: every
+      process runs here.
+    - `command`: the command that runs them, which a failure's message fits
+      (`parity.machinery._launcher.ProducerRunError`).
+    - `check_classes`: refuse a `CLASS_MAP` naming a class parity cannot use, before any
+      group runs (`parity.machinery._launcher.UnusableClassError`), as a repin does.
+    - `read_order`: read each group's forward order from the programs it runs (the
+      recorder's hooks in jax while it runs); False: leave it unread, no hook installed.
+    - `keep`: in a run of one process, keep the process alive while the block runs, so
+      that a failing check records its groups op by op in the run that produced them
+      (`parity.machinery._launcher.KeptRun`), not in another one. Not on a GPU or TPU,
+      which one process holds at a time: the run there ends once its groups are saved,
+      and the kept run yielded is None.
+
+    With `config.processes` above 1 the producers run SPMD as the workers of one JAX
+    distributed run, `config.devices` devices each, and process 0's outputs are loaded.
+
+    **Yields:** a `Produced`, and the `KeptRun` that made it where it is kept (one
+    process and `keep`; None otherwise). Raises `parity.machinery._launcher.ProducerRunError` if the
+    producers cannot run there (a crash, a worker of a multi-process run failed or was
+    killed, the run timed out; its `UnknownGroupsError` for a group they do not define, its
+    `UnusableClassError` with `check_classes`),
+    and `parity.machinery._config.ConfigError` if nothing says which producers to run.
+    """
+    at = at or Checkout(root=config.root)
+    t0 = time.perf_counter()
+    with tempfile.TemporaryDirectory(prefix="parity-produce-") as tmp:
+        run = ProducerRun.of(
+            config,
+            Path(tmp),
+            command=command,
+            code_root=at.root,
+            groups=groups,
+            drop_paths=at.drop_paths,
+            timeout=timeout,
+            coordinator=None if place is None else place.coordinator,
+            process_id=None if place is None else place.process_id,
+            code=at.name,
+            check_classes=check_classes,
+            read_order=read_order,
+            keep=keep and config.processes == 1 and place is None,
+        )
+        with contextlib.ExitStack() as stack:
+            if run.keep:
+                kept: KeptRun | None = stack.enter_context(kept_producers(run, progress=progress))
+                flags = kept.flags
+            else:
+                kept, flags = None, run_producers(run, progress=progress)
+            produced = _loaded(Path(tmp), config, command, time.perf_counter() - t0, flags)
+            if kept is not None and _on_an_accelerator(produced):
+                # One process holds an accelerator at a time: the base's run needs it free,
+                # so a failure there is recorded in a run of its own, as before.
+                kept.close()
+                kept = None
+            yield produced, kept
+
+
+def _on_an_accelerator(produced: Produced) -> bool:
+    """Whether some group ran on a GPU or TPU (its provenance's `backend`)."""
+    return any(str(p.get("backend") or "cpu") != "cpu" for p in produced.provenance.values())
+
+
+def _loaded(
+    tmp: Path, config: ParityConfig, command: ProducerCommand, seconds: float, flags: str
+) -> Produced:
+    """What the runner saved in `tmp`, every group, as a `Produced`."""
+    runs = {
+        manifest.stem: load_runner_output(tmp, manifest.stem, command=command)
+        for manifest in sorted(tmp.glob("*.json"))
+    }
+    return Produced(runs, seconds, flags, Layout(config.processes, config.devices))
+
+
+def produce(
+    config: ParityConfig,
+    *,
+    at: Checkout | None = None,
+    groups: Sequence[str] = (),
+    progress: Callable[[str], None] = lambda _: None,
+    timeout: float | None = None,
+    place: Place | None = None,
+    command: ProducerCommand = "check",
+    check_classes: bool = False,
+    read_order: bool = True,
+) -> Produced:
+    """Run the configured producers against a checkout in a fresh process, as `producing`
+    does (the same arguments), the process ended once its groups are saved.
+
+    **Returns:** a `Produced`. Raises as `producing` does.
+    """
+    with producing(
+        config,
+        at=at,
+        groups=groups,
+        progress=progress,
+        timeout=timeout,
+        place=place,
+        command=command,
+        check_classes=check_classes,
+        read_order=read_order,
+    ) as (produced, _):
+        return produced
+
+
+def refuse_unusable_classes(config: ParityConfig, *, command: ProducerCommand = "check") -> None:
+    """Raise `UnusableClassError` where the configured producers' `CLASS_MAP` names a class
+    parity cannot use: the producers file is imported in a fresh process, as `repin
+    --classes-only` does (the runner's `--check-classes`, the one check), and no group
+    runs. For the pytest plugin, which runs no producers of its own: a `parity check`
+    asks in its producer run (`produce(check_classes=True)`). A producers file that is
+    missing or cannot be imported, or src roots that cannot be found, are left to the run
+    that needs them to report.
+    """
+    try:
+        producers, src = config.need_producers(), config.src_relative()
+    except ConfigError:
+        return
+    with tempfile.TemporaryDirectory(prefix="parity-classes-") as tmp:
+        try:
+            run = ProducerRun(
+                code_root=config.root,
+                producers=producers,
+                out=Path(tmp),
+                command=command,
+                src=src,
+                mode="class_map",
+                check_classes=True,
+            )
+            run_producers(run, progress=lambda _: None)
+        except UnusableClassError:
+            raise
+        except ProducerRunError:
+            return
+
+
+def check_produced(
+    produced: Produced,
+    goldens: GoldenDir | Path,
+    *,
+    baseline: BaselineSource | None = None,
+    settle: Settler | None = None,
+    **options: Unpack[GroupOptions],
+) -> list[CheckResult]:
+    """Check every produced group against its golden file, in one pass
+    (`parity.check.check_groups`).
+
+    **Arguments:**
+
+    - `produced`: what `produce` returned.
+    - `goldens`: the golden folder.
+    - `baseline`: what re-produces the baselines (`parity.run._baseline.BaselineBuilder`):
+      the groups whose first verdict wants their baseline (`parity.check._against_baseline`)
+      get it from one producer run per base commit, not one per group. None: the goldens are the
+      reference.
+    - `settle`: what settles the failures op by op (`parity.run._origins.FailureSettler`),
+      once, after every verdict; None: the verdicts stand.
+    - `options`: as `parity.check.check_group` takes them (`class_map`, `overrides`,
+      `drift_mode`, `node`, `save_actual`, `require_baseline`, ...); `produce_s` is each
+      group's share of the producers' run.
+
+    **Returns:** one `CheckResult` per group, in group order. Raises `CheckError` for a
+    group without a usable golden file, and (`require_baseline`) one whose baseline cannot
+    be re-produced.
+    """
+    # The drift policy judges the producer process's environment, not this jax-free one.
+    # A group produced in the order its programs compute it is compared in that order.
+    orders = produced.orders
+    dataflow = {g: list(a) for g, a in produced.groups.items() if orders.get(g) == DATAFLOW}
+    options.setdefault("produce_s", produced.seconds / max(1, len(produced.groups)))
+    if produced.stack:  # the producers' STACK: stacked keys compared with per-layer goldens
+        options.setdefault("stack", produced.stack)
+    if produced.rename:  # the producers' RENAME: moved keys compared with the goldens'
+        options.setdefault("rename", produced.rename)
+    return check_groups(
+        produced.groups,
+        dataflow_orders=dataflow,
+        host_computed={g for g in produced.groups if orders.get(g) == HOST},
+        goldens=goldens,
+        provenance=produced.provenance,
+        baseline=baseline,
+        settle=settle,
+        **options,
+    )
