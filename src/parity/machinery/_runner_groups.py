@@ -159,14 +159,11 @@ def _shadow(replay: Mapping[str, Any] | None) -> tuple[Any, str | None]:
     """The shadow replay over the base's recording `replay` names, or None and why not."""
     if replay is None:
         return None, None
-    import numpy as np
-
     from parity.origin._recording import Recording
     from parity.origin._shadow import Shadow
 
     try:
-        with np.load(replay["base"]) as data:
-            return Shadow(Recording.from_arrays(dict(data))), None
+        return Shadow(Recording.read(replay["base"])), None
     except (OSError, ValueError, KeyError) as e:
         return None, f"the base's recording cannot be replayed on: {e}"
 
@@ -176,16 +173,19 @@ def _answer_replay(
 ) -> None:
     """The replay's answers for the keys `replay` asks about, written to
     `OUT/<name>.replay.json`."""
-    from parity.origin._replayed import REPLAYED, Replayed, answered, write_replayed
+    from parity.origin._replayed import REPLAYED, Replayed, answered
     from parity.origin._shadow import RoundingProof
+    from parity.store._writer import write_atomic
 
     path = out / f"{name}{REPLAYED}"
     keys = list(replay["keys"])
     if shadow is None:
         unproved = {k: RoundingProof(k, False, why or "nothing was replayed") for k in keys}
-        write_replayed(path, Replayed(unproved))
+        write_atomic(path, Replayed(unproved).to_json().encode())
         return
-    write_replayed(path, answered(shadow, recording, keys, root=replay.get("root")))
+    write_atomic(
+        path, answered(shadow, recording, keys, root=replay.get("root")).to_json().encode()
+    )
     log(f"group {name!r}: replayed on the base's values for {len(keys)} keys")
 
 

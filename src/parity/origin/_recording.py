@@ -28,6 +28,7 @@ import hashlib
 import json
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field, replace
+from pathlib import Path
 from typing import Any
 
 import numpy as np
@@ -259,6 +260,12 @@ class Recording:
         if self.arrays is not None:
             out |= {f"array.{i}": a for i, a in enumerate(self.arrays)}
         return out
+
+    @classmethod
+    def read(cls, path: str | Path) -> Recording:
+        """The recording `np.savez(path, **recording.to_arrays())` wrote (`from_arrays`)."""
+        with np.load(path) as data:
+            return cls.from_arrays(dict(data))
 
     @classmethod
     def from_arrays(cls, data: Mapping[str, np.ndarray]) -> Recording:

@@ -3,7 +3,7 @@
 A producer run records the tree's programs; where a key of a class that proves up to
 rounding failed, it records them with the replay on the base's values (`Shadow`), then
 answers what the settling side asks of a replay (`Replay`: each key's `RoundingProof`, and
-the origin of each key not proved) and writes the answers as JSON (`Replayed`). The
+the origin of the first key not proved) as JSON (`Replayed`, written whole by the runner). The
 settling side (`parity.run._origins`) reads them back and settles by them as
 `assert_equivalent` settles by a live `Shadow`: one replay serves the proof and the origin.
 
@@ -24,7 +24,7 @@ from parity.origin._localisation import Localisation
 from parity.origin._recording import Recording
 from parity.origin._shadow import RoundingProof
 
-__all__ = ["REPLAYED", "Replay", "Replayed", "answered", "read_replayed", "write_replayed"]
+__all__ = ["REPLAYED", "Replay", "Replayed", "answered", "read_replayed"]
 
 #: Beside a recording `<group>.origin.npz`: its replay's answers.
 REPLAYED = ".replay.json"
@@ -100,13 +100,6 @@ def answered(
     first = next((p for p in answers.values() if not p.proved), None)
     named = None if first is None else replay.origin(new, first, root=root)
     return Replayed(answers, {} if first is None or named is None else {first.key: named})
-
-
-def write_replayed(path: Path, replayed: Replayed) -> None:
-    """`replayed` written to `path` whole or not at all."""
-    staged = path.with_name(path.name + ".part")
-    staged.write_text(replayed.to_json())
-    staged.replace(path)
 
 
 def read_replayed(path: Path) -> Replayed | None:

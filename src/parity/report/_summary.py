@@ -223,8 +223,9 @@ def proved_words(proved: Sequence[Finding]) -> str:
     """The keys proved op by op or up to rounding, for a verdict line: "logits equivalent
     op by op (compiled outputs differ by at most 9.83e-07, 380 of 512 elements)", or for
     several keys their count and the largest difference."""
-    words = {f.basis: PROVED_ROUNDING if f.basis == "rounding" else PROVED for f in proved}
-    said = " or ".join(sorted(set(words.values())))
+    said = " or ".join(
+        sorted({PROVED_ROUNDING if f.basis == "rounding" else PROVED for f in proved})
+    )
     if len(proved) == 1:
         return f"{proved[0].key} {said} ({compiled_difference(proved[0])})"
     worst = max(f.max_abs or 0.0 for f in proved)

@@ -37,8 +37,6 @@ from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
-import numpy as np
-
 from parity._environment import layout_of
 from parity._results import BaselineUnavailable, CheckError, CheckResult
 from parity.check import GoldenDir
@@ -105,11 +103,6 @@ def base_recordings(
     return out
 
 
-def _load(path: Path) -> Recording:
-    with np.load(path) as data:
-        return Recording.from_arrays(dict(data))
-
-
 def locate_files(
     new_file: Path,
     old_file: Path,
@@ -124,7 +117,7 @@ def locate_files(
     of the two files, the matching tolerance from `class_name`, paths relative to `root`.
     Raises `LocaliseError` where the key is absent or its class gives no matching
     tolerance."""
-    new, old = _load(new_file), _load(old_file)
+    new, old = Recording.read(new_file), Recording.read(old_file)
     if key not in old.output_arrays or key not in new.outputs:
         raise LocaliseError(f"the recorded programs do not both output {key!r}")
     return locate(
@@ -176,7 +169,7 @@ def _recorded(
     where the tree was replayed on the base's values)."""
     assert isinstance(new.recording, Path)
     try:
-        new_rec, old_rec = _load(new.recording), _load(old)
+        new_rec, old_rec = Recording.read(new.recording), Recording.read(old)
     except (OSError, ValueError, KeyError) as e:
         return _unsettled(r, f"the recordings cannot be read: {e}", origin)
     done = prove_and_locate(
