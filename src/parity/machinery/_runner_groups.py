@@ -47,18 +47,20 @@ def log(msg: str) -> None:
 @dataclass
 class Kept:
     """What a kept run holds of one group it ran: the group itself (run again where it
-    kept no programs), and the programs it dispatched, what it returned and the record of
-    its numpy conversions, where kept (None otherwise)."""
+    kept no programs), and the programs it dispatched, what it returned (flat, each leaf as
+    the group returned it) and the record of its numpy conversions, where kept (None
+    otherwise)."""
 
     group: Callable[[], Any]
     programs: Any = None
-    result: Any = None
+    returned: dict[str, Any] | None = None
     converted: Any = None
 
 
 def _forward_order(
     name: str,
     result: Any,
+    returned: dict[str, Any] | None,
     arrays: dict[str, Any],
     converted: Any,
     programs: Any,
@@ -80,13 +82,8 @@ def _forward_order(
     from parity.judge._dataflow import DATAFLOW, DECLARED, HOST, Dataflow
 
     dataflow = isinstance(result, Dataflow)
-    if programs is None:
+    if programs is None or returned is None:
         return (DATAFLOW if dataflow else DECLARED), arrays
-    from parity.judge._trees import flatten
-
-    # Keyed as `arrays`, but each leaf as the group returned it (a jax array, or a numpy
-    # array made of one while it ran), not the host copy made since.
-    returned = flatten(result, to_array=lambda x: x)
     order, recorded = _recorded_order(name, returned, converted, programs, out, **recording)
     if dataflow:
         return DATAFLOW, arrays
@@ -202,6 +199,7 @@ def run_group(
     process only: a recording is made in one) where its order is wanted or, with
     --record-origin, its recording; otherwise no hook goes into jax (`--no-order`)."""
     from parity.judge._dataflow import UNREAD, numpy_conversions
+    from parity.judge._trees import flatten
     from parity.origin._programs import capture
 
     unread = args.no_order and not args.record_origin
@@ -212,14 +210,18 @@ def run_group(
     recorder = "" if programs is None else programs.failure
     if unread:
         return UNREAD, recorder, arrays, Kept(group)
+    # Keyed as `arrays`, but each leaf as the group returned it (a jax array, or a numpy
+    # array made of one while it ran), not the host copy made since: flattened once, for
+    # the order and for the kept run's recording alike.
+    returned = None if programs is None else flatten(result, to_array=lambda x: x)
     recording_to = Path(args.out) if args.record_origin else None
     how = {"with_arrays": args.record_arrays, "replay": _replays(args.replay).get(name)}
     order_source, arrays = _forward_order(
-        name, result, arrays, converted, programs, recording_to, **how
+        name, result, returned, arrays, converted, programs, recording_to, **how
     )
     if programs is None or not args.keep:
         return order_source, recorder, arrays, Kept(group)
-    return order_source, recorder, arrays, Kept(group, programs, result, converted)
+    return order_source, recorder, arrays, Kept(group, programs, returned, converted)
 
 
 def _replays(path: str | None) -> dict[str, Any]:
@@ -265,11 +267,12 @@ def _record_kept(
     from parity.judge._trees import flatten
     from parity.origin._programs import capture
 
-    programs, result, converted = kept.programs, kept.result, kept.converted
-    if programs is None:
+    programs, returned, converted = kept.programs, kept.returned, kept.converted
+    if programs is None or returned is None:
         try:
             with numpy_conversions() as converted, capture() as programs:
                 result = kept.group()
+            returned = flatten(result, to_array=lambda x: x)
         except Exception as e:  # it ran once already: say why it cannot run again
             why = {"reason": f"running it again to record it raised {type(e).__name__}: {e}"}
             (out / f"{name}{ORIGIN_REASON}").write_text(json.dumps(why))
@@ -277,5 +280,4 @@ def _record_kept(
     if programs.failure:
         (out / f"{name}{ORIGIN_REASON}").write_text(json.dumps({"reason": programs.failure}))
         return
-    returned = flatten(result, to_array=lambda x: x)
     _recorded_order(name, returned, converted, programs, out, replay=replay)
