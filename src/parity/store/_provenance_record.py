@@ -107,8 +107,9 @@ class Provenance:
         return cls(**known, unknown=unknown, nulls=frozenset(nulls))
 
     def to_json_dict(self) -> dict[str, Any]:
-        """The JSON object this provenance is written as: each field that holds a value or
-        is recorded as null (`nulls`), then every `unknown` key as recorded.
+        """The JSON object this provenance is written as: every `unknown` key as recorded,
+        and each field that holds a value (over a raw value of its key) or is recorded as
+        null (`nulls`).
 
         **Returns:** a dict of JSON values (the golden file sorts its keys).
         """
