@@ -72,7 +72,8 @@ from .judge._measured_rules import (
     Reduction as Reduction,
 )
 
-# the golden store's reader, and the refusals `open_goldens` raises
+# the golden store's reader, what a golden records of its environment (`GoldenFile.provenance`,
+# a check's `current_provenance`), and the refusals `open_goldens` raises
 from .store import (
     GoldenFile as GoldenFile,
     GoldenFormatError as GoldenFormatError,
@@ -80,5 +81,6 @@ from .store import (
     GoldenSchemaError as GoldenSchemaError,
     GoldenStoreError as GoldenStoreError,
     GoldenUnsafeError as GoldenUnsafeError,
+    Provenance as Provenance,
     open_goldens as open_goldens,
 )

@@ -1,6 +1,6 @@
 """Does a check's environment differ from the pin's, and how: decided once, here.
 
-`environment_difference(pinned, current)` compares two provenances (what
+`environment_difference(pinned, current)` compares two provenances (`Provenance`, what
 `parity.store._provenance.collect_provenance` records) and returns one frozen
 `EnvironmentDifference`; every face of parity (a check of a golden group, `parity diff`,
 the baseline, the baseline cache) asks it, and none compares provenances on its own.
@@ -46,7 +46,10 @@ bits; without one every mode keeps bitwise classes bitwise and says nothing:
 - **"strict"**: a "bits" drift is itself an error: the check fails before comparing, naming
   the drifted fields. For CI that must run in the pinned environment.
 
-This module imports neither numpy, h5py nor jax.
+The field lists below name `Provenance`'s fields (`tests/parity/test_environment.py` holds
+them to that); the generic comparison walks a provenance by name (`Provenance.by_name`), so
+that a key another parity version records and this one does not know is compared too. This
+module imports neither numpy, h5py nor jax, nor, but to name its type, the store.
 """
 
 from __future__ import annotations
@@ -54,11 +57,13 @@ from __future__ import annotations
 import hashlib
 import json
 import re
-from collections.abc import Mapping
 from dataclasses import dataclass
-from typing import Any, Literal
+from typing import TYPE_CHECKING, Any, Literal
 
 from parity._xla_env import DEVICE_FLAG, ISA_FLAG
+
+if TYPE_CHECKING:  # a layer above this one: its type only
+    from parity.store._provenance_record import Provenance
 
 __all__ = [
     "BITS_FIELDS",
@@ -128,7 +133,7 @@ _CALIBRATED_FIELDS = frozenset(
 class Drift:
     """One provenance field that differs between the pin's environment and the current one.
 
-    **Fields:** `field` (the provenance key, e.g. `"jaxlib"`), `golden` and `current` (the
+    **Fields:** `field` (the provenance field, e.g. `"jaxlib"`), `golden` and `current` (the
     two values; None where a side does not record it), `severity` (`"bits"` if it can change
     XLA's last bits, else `"info"`).
     """
@@ -301,11 +306,11 @@ class EnvironmentDifference:
         return PolicyDecision(mode, max_ulp, refused, tuple(header))
 
 
-def layout_of(provenance: Mapping[str, Any]) -> tuple[int, int]:
+def layout_of(provenance: Provenance) -> tuple[int, int]:
     """`(processes, devices per process)` of the run a provenance describes (files written
     before provenance recorded `processes` were single-process runs)."""
-    processes = int(provenance.get("processes") or 1)
-    total = int(provenance.get("device_count") or 1)
+    processes = provenance.processes or 1
+    total = provenance.device_count or 1
     return processes, max(1, total // processes)
 
 
@@ -321,17 +326,17 @@ def _other_flags(value: Any) -> list[str]:
     return sorted(f for f in str(value or "").split() if not f.startswith(skip))
 
 
-def backend_of(provenance: Mapping[str, Any]) -> str:
+def backend_of(provenance: Provenance) -> str:
     """The backend a provenance records (`cpu`, `gpu`, `tpu`); `cpu` where it records
     none (files pinned before the field, or a process whose jax had not started)."""
-    return str(provenance.get("backend") or "cpu")
+    return provenance.backend or "cpu"
 
 
 def _count(n: int, word: str) -> str:
     return f"{n} {word}" + ("" if n == 1 else "s")
 
 
-def describe_backend(provenance: Mapping[str, Any] | None) -> str:
+def describe_backend(provenance: Provenance | None) -> str:
     """A side of a check in words, for every header: `cpu (AuthenticAMD family 25 model 1,
     isa AVX2, 1 device)`, `tpu (TPU v5 lite, 1 device)`; an ISA cap is named only on a CPU,
     the only backend that reads one."""
@@ -346,20 +351,20 @@ def describe_backend(provenance: Mapping[str, Any] | None) -> str:
     if backend == "cpu":
         # Vendor, family and model (`cpu_signature`): what decides XLA's CPU code; the model
         # name where the signature is unknown.
-        sig = str(provenance.get("cpu") or "").split(";")[0].strip()
-        name = sig or str(provenance.get("processor") or "").strip()
+        sig = (provenance.cpu or "").split(";")[0].strip()
+        name = sig or (provenance.processor or "").strip()
         if name:
             parts.append(name)
-        parts.append(f"isa {provenance.get('isa_cap') or 'uncapped'}")
-    elif provenance.get("device_kind"):
-        parts.append(str(provenance["device_kind"]))
+        parts.append(f"isa {provenance.isa_cap or 'uncapped'}")
+    elif provenance.device_kind:
+        parts.append(provenance.device_kind)
     parts.append(layout)
-    if provenance.get("matmul_precision"):
-        parts.append(f"matmul precision {provenance['matmul_precision']}")
+    if provenance.matmul_precision:
+        parts.append(f"matmul precision {provenance.matmul_precision}")
     return f"{backend} ({', '.join(parts)})"
 
 
-def backend_note(provenance: Mapping[str, Any]) -> str:
+def backend_note(provenance: Provenance) -> str:
     """What a check on an accelerator can see, for its header; "" on a CPU. At a TPU's
     default matmul precision a float32 product runs in bfloat16 passes, so a change below
     that rounding can leave the outputs bit-identical (docs/adopting.md, "On a GPU or
@@ -367,7 +372,7 @@ def backend_note(provenance: Mapping[str, Any]) -> str:
     backend = backend_of(provenance)
     if backend == "cpu":
         return ""
-    precision = provenance.get("matmul_precision")
+    precision = provenance.matmul_precision
     ran = f"at matmul precision {precision}" if precision else "at the backend's default matmul"
     if not precision:
         ran += " precision (bfloat16 passes on a TPU)"
@@ -392,13 +397,14 @@ def _same(field: str, a: Any, b: Any) -> bool:
     return a == b
 
 
-def _drifts(pinned: Mapping[str, Any], current: Mapping[str, Any]) -> list[Drift]:
+def _drifts(pinned: Provenance, current: Provenance) -> list[Drift]:
     out: list[Drift] = []
-    cap = pinned.get("isa_cap")
-    same_cap = cap is not None and cap == current.get("isa_cap")
+    same_cap = pinned.isa_cap is not None and pinned.isa_cap == current.isa_cap
     across = backend_of(pinned) != backend_of(current)
-    for field in sorted(set(pinned) | set(current)):
-        g, c = pinned.get(field), current.get(field)
+    # Field by field, by name: every field and every key only one parity version knows.
+    golden, here = pinned.by_name(), current.by_name()
+    for field in sorted(golden.keys() | here.keys()):
+        g, c = golden.get(field), here.get(field)
         if field in ("base_sha", "producer_digest") and (g is None or c is None):
             continue  # a check run usually has no base SHA of its own
         if field in NOT_ENVIRONMENT or _same(field, g, c):
@@ -410,7 +416,7 @@ def _drifts(pinned: Mapping[str, Any], current: Mapping[str, Any]) -> list[Drift
     return out
 
 
-def _dimensions(pinned: Mapping[str, Any], current: Mapping[str, Any]) -> list[Dimension]:
+def _dimensions(pinned: Provenance, current: Provenance) -> list[Dimension]:
     out: list[Dimension] = []
     (p0, d0), (p1, d1) = layout_of(pinned), layout_of(current)
     if p1 != p0:
@@ -420,21 +426,21 @@ def _dimensions(pinned: Mapping[str, Any], current: Mapping[str, Any]) -> list[D
     b0, b1 = backend_of(pinned), backend_of(current)
     if b0 != b1:
         w0, w1 = (
-            f"{b} ({p['device_kind']})" if b != "cpu" and p.get("device_kind") else b
+            f"{b} ({p.device_kind})" if b != "cpu" and p.device_kind else b
             for p, b in ((pinned, b0), (current, b1))
         )
         out.append(Dimension("backend", f"backend={b1}", f"backend {w0} -> {w1}"))
         return out  # an ISA cap or a host processor means nothing across backends
-    isa0, isa1 = pinned.get("isa_cap"), current.get("isa_cap")
+    isa0, isa1 = pinned.isa_cap, current.isa_cap
     if isa0 != isa1:
         out.append(Dimension("isa", f"isa={isa1}", f"isa cap {isa0} -> {isa1}"))
-    elif pinned.get("cpu") and current.get("cpu") and pinned.get("cpu") != current.get("cpu"):
+    elif pinned.cpu and current.cpu and pinned.cpu != current.cpu:
         out.append(Dimension("cpu", "isa", "processor (same isa cap)"))
     return out
 
 
 def environment_difference(
-    pinned: Mapping[str, Any] | None, current: Mapping[str, Any] | None
+    pinned: Provenance | None, current: Provenance | None
 ) -> EnvironmentDifference:
     """How `current` (a check's environment) differs from `pinned` (the golden's).
 
@@ -465,13 +471,14 @@ def environment_difference(
     )
 
 
-def environment_fingerprint(prov: Mapping[str, Any]) -> str:
+def environment_fingerprint(prov: Provenance) -> str:
     """A short digest of everything in a provenance that can move XLA's bits (the
     `BITS_FIELDS` and `processor`, compared as `environment_difference` compares them: XLA
     flags as a set, the device count by its own field): two runs with the same fingerprint
     produce the same bits from the same code. Names a baseline in its cache
     (`parity.run._baseline`)."""
-    fields = {f: prov.get(f) for f in (*BITS_FIELDS, "processor")}
+    recorded = prov.by_name()
+    fields = {f: recorded[f] for f in (*BITS_FIELDS, "processor")}
     # The fields recorded since backends were: left out at their CPU defaults, so that a
     # CPU baseline cached before them keeps its name.
     if backend_of(prov) == "cpu":
@@ -479,6 +486,6 @@ def environment_fingerprint(prov: Mapping[str, Any]) -> str:
     if fields["matmul_precision"] is None:
         del fields["matmul_precision"]
     fields["processes"] = int(fields["processes"] or 1)
-    fields["xla_flags"] = _flags(prov.get("xla_flags"))
+    fields["xla_flags"] = _flags(recorded["xla_flags"])
     text = json.dumps(fields, sort_keys=True, default=str)
     return hashlib.sha256(text.encode()).hexdigest()[:16]

@@ -79,7 +79,7 @@ GROUPS = {{
 
 
 def _base_of(group: str) -> str:
-    return str(golden_provenance(GOLDENS / f"{group}.h5")["base_sha"])
+    return str(golden_provenance(GOLDENS / f"{group}.h5").base_sha)
 
 
 def test_per_site_takes_the_views_or_the_per_site_fields():

@@ -223,16 +223,18 @@ def every_face(
 
 
 def with_provenance(path: Path, changes: Mapping[str, Any]) -> None:
-    """Rewrite the golden file at `path` with `changes` over its provenance; its arrays,
-    classes, class map and order stay."""
+    """Rewrite the golden file at `path` with `changes` (field -> value) over its
+    provenance; its arrays, classes, class map and order stay."""
+    import dataclasses
+
     from parity.store import open_goldens, write_goldens
 
     with open_goldens(path) as gf:
         arrays = {k: gf[k] for k in gf}
         classes = {k: gf.info(k).class_name for k in gf}
-        prov, cmap, order = dict(gf.provenance), gf.class_map_json, gf.ordered_keys()
+        prov, cmap, order = gf.provenance, gf.class_map_json, gf.ordered_keys()
     write_goldens(path, arrays, classes=classes, class_map_json=cmap,
-                  provenance={**prov, **changes}, order=order)  # fmt: skip
+                  provenance=dataclasses.replace(prov, **changes), order=order)  # fmt: skip
 
 
 def buggy(name: str) -> str:

@@ -17,6 +17,7 @@ import socket
 import subprocess
 import sys
 import textwrap
+from dataclasses import replace
 from pathlib import Path
 
 import numpy as np
@@ -30,7 +31,7 @@ from parity._environment import (
 )
 from parity.calibration._perturbations import Here, Perturbation, available
 from parity.machinery._processes import NoSockets, WorkerFailed, free_port
-from parity.store import open_goldens, write_goldens
+from parity.store import Provenance, open_goldens, write_goldens
 
 PRODUCERS = """\
 import numpy as np
@@ -56,20 +57,20 @@ TABLE = 'producers = "producers.py"\nsrc = "src"\n'
 #: every class, as a TPU's bfloat16 passes move a float32 result.
 TPU_BITS = 1e-3
 
-AMD = {
-    "processor": "AMD EPYC 7B13",
-    "cpu": "AuthenticAMD family 25 model 1; avx avx2 fma",
-    "isa_cap": "AVX2",
-    "device_count": 1,
-    "jax": "0.10.2",
-}
-TPU = {
-    **AMD,
-    "processor": "unknown",
-    "cpu": "AuthenticAMD family 175 model 1; avx avx2 fma",
-    "backend": "tpu",
-    "device_kind": "TPU v5 lite",
-}
+AMD = Provenance(
+    processor="AMD EPYC 7B13",
+    cpu="AuthenticAMD family 25 model 1; avx avx2 fma",
+    isa_cap="AVX2",
+    device_count=1,
+    jax="0.10.2",
+)
+TPU = replace(
+    AMD,
+    processor="unknown",
+    cpu="AuthenticAMD family 175 model 1; avx avx2 fma",
+    backend="tpu",
+    device_kind="TPU v5 lite",
+)
 
 
 @pytest.fixture
@@ -80,8 +81,8 @@ def project(tmp_path: Path, git_project) -> Path:
     with open_goldens(path) as gf:
         arrays = {k: np.asarray(gf[k]) + np.float32(TPU_BITS) for k in gf}
         classes = {k: gf.info(k).class_name for k in gf}
-        prov, cmap, order = dict(gf.provenance), gf.class_map_json, gf.ordered_keys()
-    prov |= {"backend": "tpu", "device_kind": "TPU v5 lite"}
+        prov, cmap, order = gf.provenance, gf.class_map_json, gf.ordered_keys()
+    prov = replace(prov, backend="tpu", device_kind="TPU v5 lite")
     write_goldens(path, arrays, classes=classes, class_map_json=cmap, provenance=prov,
                   order=order)  # fmt: skip
     return repo
@@ -94,10 +95,10 @@ def _line(stdout: str, name: str) -> str:
 
 
 def test_a_file_without_a_backend_reads_as_a_cpu_and_keeps_its_baseline_name() -> None:
-    here = {**AMD, "backend": "cpu", "device_kind": "cpu", "matmul_precision": None}
+    here = replace(AMD, backend="cpu", device_kind="cpu", matmul_precision=None)
     assert not environment_difference(AMD, here).drifts
     assert environment_fingerprint(AMD) == environment_fingerprint(here)
-    assert environment_fingerprint(TPU) != environment_fingerprint({**TPU, "backend": "gpu"})
+    assert environment_fingerprint(TPU) != environment_fingerprint(replace(TPU, backend="gpu"))
 
 
 def test_another_backend_is_a_dimension_and_the_host_processor_only_information() -> None:
@@ -110,15 +111,15 @@ def test_another_backend_is_a_dimension_and_the_host_processor_only_information(
     # The same host processor under another backend's pin: still across backends.
     assert environment_difference(TPU, AMD).changes == ("backend tpu (TPU v5 lite) -> cpu",)
     # Another precision moves bits on the same backend.
-    highest = environment_difference(TPU, {**TPU, "matmul_precision": "highest"})
+    highest = environment_difference(TPU, replace(TPU, matmul_precision="highest"))
     assert not highest.across_backends and [d.field for d in highest.bits] == ["matmul_precision"]
 
 
 def test_each_side_is_named_in_words_with_an_isa_cap_only_on_a_cpu() -> None:
     assert describe_backend(AMD) == "cpu (AuthenticAMD family 25 model 1, isa AVX2, 1 device)"
-    assert describe_backend({**AMD, "cpu": None}) == "cpu (AMD EPYC 7B13, isa AVX2, 1 device)"
+    assert describe_backend(replace(AMD, cpu=None)) == "cpu (AMD EPYC 7B13, isa AVX2, 1 device)"
     assert describe_backend(TPU) == "tpu (TPU v5 lite, 1 device)"
-    four = {**TPU, "device_count": 4, "processes": 2, "matmul_precision": "highest"}
+    four = replace(TPU, device_count=4, processes=2, matmul_precision="highest")
     assert describe_backend(four) == (
         "tpu (TPU v5 lite, 2 processes x 2 devices, matmul precision highest)"
     )
@@ -321,7 +322,7 @@ def test_cached_baselines_are_listed_in_an_order_no_host_decides(tmp_path) -> No
     cache = BaselineCache(tmp_path)
     caps = ["SSE4_2", "AVX", "AVX512", "AVX2"]
     for n, cap in enumerate(caps):
-        prov = {**AMD, "isa_cap": cap}
+        prov = replace(AMD, isa_cap=cap)
         # folder names in the opposite order of the widths
         path = cache.path_for("a" * 40, f"{9 - n}{cap.lower()}", "d" * 64, "forward")
         path.parent.mkdir(parents=True, exist_ok=True)

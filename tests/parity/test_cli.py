@@ -17,7 +17,7 @@ import pytest
 from _damage import flip_stored_byte
 
 from parity.judge._tolerance import ClassMap
-from parity.store import write_goldens
+from parity.store import Provenance, write_goldens
 
 _CMAP = ClassMap((("taps.*", "fp32_reassoc"),), default="bitwise")
 
@@ -41,7 +41,7 @@ def _write(path: Path, arrays: dict[str, np.ndarray], *, pinned: bool = True) ->
         arrays,
         classes={k: _CMAP.class_for(k) for k in arrays},
         class_map_json=_CMAP.to_json(),
-        provenance={"jax": "0.0.test", "base_sha": "f" * 40},
+        provenance=Provenance(jax="0.0.test", base_sha="f" * 40),
         # taps.layers.1 before taps.layers.0: the pinned order, not the name, decides.
         order=["taps.layers.1", "taps.layers.0"],
     )
@@ -115,7 +115,7 @@ def test_the_goldens_pinned_classes_and_order_are_used(tmp_path: Path, golden: P
     arrays["taps.layers.0"][0, 0, 0] += np.float32(1e-3)  # breaks fp32_reassoc (2e-5)
     arrays["taps.layers.1"][1, 2, 3] += np.float32(1e-3)
     arrays["weights.w"] = arrays["weights.w"] + np.float32(1e-6)  # would pass only if close
-    actual = write_goldens(tmp_path / "actual.h5", arrays, provenance={"jax": "0.0.other"})
+    actual = write_goldens(tmp_path / "actual.h5", arrays, provenance=Provenance(jax="0.0.other"))
     proc = _parity("diff", actual, golden)
     assert proc.returncode == 1
     assert "taps.layers.0 [fp32_reassoc, fail]" in proc.stdout

@@ -4,10 +4,12 @@ does. One function decides it for every face of parity."""
 
 from __future__ import annotations
 
+import dataclasses
 from pathlib import Path
 
 import pytest
 
+from parity import _environment
 from parity._environment import (
     DEFAULT_RELAX_ULPS,
     PERTURBED_KINDS,
@@ -20,7 +22,9 @@ from parity._environment import (
 )
 from parity.calibration._perturbations import perturbations
 from parity.machinery._config import ParityConfig
+from parity.store import Provenance
 from parity.store._provenance import collect_provenance
+from parity.store._provenance_record import FIELD_NAMES
 
 
 def _drifts(pinned, current) -> list[Drift]:
@@ -31,7 +35,7 @@ def _drifts(pinned, current) -> list[Drift]:
 # --------------------------------------------------------------------------- drift
 
 
-def _prov(**changes):
+def _prov(**changes) -> Provenance:
     base = {
         "python": "3.11.7",
         "jax": "0.10.2",
@@ -49,8 +53,7 @@ def _prov(**changes):
         "base_sha": "abc",
         "producer_digest": "p1",
     }
-    base.update(changes)
-    return base
+    return Provenance.from_json_dict(base | changes)
 
 
 def test_identical_environments_have_no_drift():
@@ -77,7 +80,7 @@ def test_identical_environments_have_no_drift():
 )
 def test_each_field_drifts_with_its_severity(field, value, severity):
     assert _drifts(_prov(), _prov(**{field: value})) == [
-        Drift(field, _prov()[field], value, severity)
+        Drift(field, getattr(_prov(), field), value, severity)
     ]
 
 
@@ -88,7 +91,7 @@ def test_processor_drift_can_change_bits_without_an_isa_cap():
 
 
 def test_reordered_xla_flags_are_not_drift_but_a_new_flag_is():
-    flags = _prov()["xla_flags"]
+    flags = str(_prov().xla_flags)
     reordered = " ".join(reversed(flags.split()))
     assert _drifts(_prov(), _prov(xla_flags=reordered)) == []
     found = _drifts(_prov(), _prov(xla_flags=flags + " --xla_cpu_enable_fast_math=true"))
@@ -147,16 +150,18 @@ def test_unknown_policy_and_bad_ulps_are_refused():
 
 
 def test_device_count_flag_is_not_counted_as_xla_flags_drift():
-    golden = {"xla_flags": "--xla_force_host_platform_device_count=1 --xla_cpu_max_isa=AVX2"}
-    assert [d.field for d in _drifts(golden, {"xla_flags": "--xla_cpu_max_isa=AVX2"})] == []
-    moved = _drifts(golden, {"xla_flags": "--xla_cpu_max_isa=SSE4_2"})
+    golden = Provenance(xla_flags="--xla_force_host_platform_device_count=1 --xla_cpu_max_isa=AVX2")
+    assert [d.field for d in _drifts(golden, Provenance(xla_flags="--xla_cpu_max_isa=AVX2"))] == []
+    moved = _drifts(golden, Provenance(xla_flags="--xla_cpu_max_isa=SSE4_2"))
     assert [d.field for d in moved] == ["xla_flags"]
 
 
 def test_a_different_cpu_under_the_same_isa_cap_is_a_bits_drift():
     # Measured: goldens pinned under --xla_cpu_max_isa=AVX2 on one "AMD EPYC" host differ in
     # their last bits on another whose model name reads the same (an AVX2-only family 25).
-    golden = collect_provenance() | {"cpu": "AuthenticAMD family 25 model 17; avx avx2 avx512f"}
+    golden = dataclasses.replace(
+        collect_provenance(), cpu="AuthenticAMD family 25 model 17; avx avx2 avx512f"
+    )
     current = collect_provenance()
     drifts = {d.field: d for d in _drifts(golden, current)}
     assert drifts["cpu"].severity == "bits"
@@ -164,19 +169,19 @@ def test_a_different_cpu_under_the_same_isa_cap_is_a_bits_drift():
 
 
 def test_the_dimensions_a_check_differs_in():
-    pin = {"device_count": 1, "isa_cap": "AVX2", "cpu": "a"}
+    pin = Provenance(device_count=1, isa_cap="AVX2", cpu="a")
 
-    def dims(current):
-        return environment_difference(pin, current).dimensions
+    def dims(**changes):
+        return environment_difference(pin, dataclasses.replace(pin, **changes)).dimensions
 
-    assert dims(dict(pin)) == ()
-    assert [d.label for d in dims({**pin, "device_count": 4})] == ["devices=4"]
-    two_by_two = {**pin, "device_count": 4, "processes": 2}
+    assert dims() == ()
+    assert [d.label for d in dims(device_count=4)] == ["devices=4"]
+    two_by_two = dataclasses.replace(pin, device_count=4, processes=2)
     assert layout_of(two_by_two) == (2, 2)
-    assert [d.label for d in dims(two_by_two)] == ["processes=2x2"]
-    assert [d.kind for d in dims({**pin, "isa_cap": "AVX"})] == ["isa"]
-    assert [d.kind for d in dims({**pin, "cpu": "b"})] == ["cpu"]
-    assert dims({**pin, "cpu": "b"})[0] == Dimension("cpu", "isa", "processor (same isa cap)")
+    assert [d.label for d in dims(device_count=4, processes=2)] == ["processes=2x2"]
+    assert [d.kind for d in dims(isa_cap="AVX")] == ["isa"]
+    assert [d.kind for d in dims(cpu="b")] == ["cpu"]
+    assert dims(cpu="b")[0] == Dimension("cpu", "isa", "processor (same isa cap)")
 
 
 def test_the_changes_in_words_say_each_dimension_once_and_every_other_bits_drift():
@@ -194,7 +199,7 @@ def test_what_no_calibration_records_is_every_change_but_a_layout_and_an_isa_cap
     pin = _prov(cpu="AuthenticAMD family 25 model 1; avx avx2")
 
     def unperturbed(**changes) -> tuple[str, ...]:
-        return environment_difference(pin, _prov(**{**pin, **changes})).unperturbed
+        return environment_difference(pin, dataclasses.replace(pin, **changes)).unperturbed
 
     avx = {"isa_cap": "AVX", "xla_flags": "--xla_cpu_max_isa=AVX"}
     assert unperturbed(device_count=4) == ()
@@ -227,12 +232,33 @@ def test_a_file_without_provenance_is_not_compared_and_moves_no_bits():
     assert not unknown.policy("strict").refused
     assert environment_difference(_prov(), None).unknown == "ACTUAL records no provenance"
     # An empty provenance is compared: every field it lacks drifted.
-    assert environment_difference({}, _prov()).moves_bits
+    assert environment_difference(Provenance(), _prov()).moves_bits
 
 
 def test_the_fingerprint_changes_with_what_moves_bits_and_only_with_that():
     fp = environment_fingerprint(_prov())
     assert environment_fingerprint(_prov(numpy="9", base_sha="x")) == fp
-    flags = " ".join(reversed(_prov()["xla_flags"].split()))
+    flags = " ".join(reversed(str(_prov().xla_flags).split()))
     assert environment_fingerprint(_prov(xla_flags=flags)) == fp
     assert environment_fingerprint(_prov(jaxlib="9")) != fp
+
+
+def test_every_field_the_policy_names_is_a_provenance_field():
+    named = {
+        *_environment.BITS_FIELDS,
+        *_environment.INFO_FIELDS,
+        *_environment.NOT_ENVIRONMENT,
+        *_environment.HOST_FIELDS,
+        *_environment._CALIBRATED_FIELDS,  # pyright: ignore[reportPrivateUsage]
+    }
+    assert sorted(named - set(FIELD_NAMES)) == []
+    # Every field is graded somewhere: "bits", "info", or not the environment.
+    graded = {*_environment.BITS_FIELDS, *_environment.INFO_FIELDS, "processor"}
+    assert sorted(set(FIELD_NAMES) - graded - _environment.NOT_ENVIRONMENT) == []
+
+
+def test_a_key_only_another_parity_version_knows_is_compared_as_information():
+    golden = Provenance.from_json_dict({"jax": "0.10.2", "future": 1})
+    drifts = _drifts(golden, Provenance.from_json_dict({"jax": "0.10.2", "future": 2}))
+    assert drifts == [Drift("future", 1, 2, "info")]
+    assert _drifts(golden, golden) == []

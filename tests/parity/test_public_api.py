@@ -129,3 +129,19 @@ def test_every_error_a_public_function_documents_is_public() -> None:
     assert {name: errors for name, errors in unknown.items() if errors} == {}
     ours = {e for errors in named.values() for e in errors if not hasattr(builtins, e)}
     assert sorted(e for e in ours if not issubclass(getattr(parity, e), ParityError)) == []
+
+
+def test_a_golden_s_provenance_and_a_check_s_environment_are_a_public_type(tmp_path) -> None:
+    """What `GoldenFile.provenance` holds and `check_group(current_provenance=...)` takes is
+    `parity.Provenance`, a typed value a caller can build and read by attribute."""
+    import numpy as np
+
+    from parity.store import write_goldens
+
+    hint = typing.get_type_hints(parity.check_group)["current_provenance"]
+    assert _parity_classes(hint) == {parity.Provenance} and _public(parity.Provenance)
+    path = write_goldens(
+        tmp_path / "g.h5", {"w": np.zeros(2)}, provenance=parity.Provenance(jax="0.4.30")
+    )
+    with parity.open_goldens(path) as gf:
+        assert type(gf.provenance) is parity.Provenance and gf.provenance.jax == "0.4.30"

@@ -19,7 +19,7 @@ import parity
 from parity._cli import build_parser, main
 from parity.commands._common import overrides_of
 from parity.machinery._config import ConfigError, load_config
-from parity.store import write_goldens
+from parity.store import Provenance, write_goldens
 
 # --------------------------------------------------------------------------- the words
 
@@ -108,7 +108,7 @@ def test_repin_goldens_names_the_golden_folder() -> None:
 @pytest.fixture
 def files(tmp_path: Path) -> tuple[Path, Path]:
     arrays = {"a": np.arange(6, dtype=np.float32).reshape(2, 3), "b": np.ones(3, np.int32)}
-    golden = write_goldens(tmp_path / "golden.h5", arrays, provenance={"base_sha": "f" * 40})
+    golden = write_goldens(tmp_path / "golden.h5", arrays, provenance=Provenance(base_sha="f" * 40))
     actual = write_goldens(tmp_path / "actual.h5", arrays)
     return actual, golden
 
@@ -137,8 +137,8 @@ def test_diff_drift_is_the_checks_policy_over_actuals_environment(
     move bits (here jaxlib) is named under `warn`, relaxes bitwise under `relax` and refuses
     the comparison under `strict`, as `parity check --drift` does."""
     arrays = {"a": np.arange(4, dtype=np.float32)}
-    golden = write_goldens(tmp_path / "g.h5", arrays, provenance={"jaxlib": "0.4.30"})
-    actual = write_goldens(tmp_path / "a.h5", arrays, provenance={"jaxlib": "0.4.31"})
+    golden = write_goldens(tmp_path / "g.h5", arrays, provenance=Provenance(jaxlib="0.4.30"))
+    actual = write_goldens(tmp_path / "a.h5", arrays, provenance=Provenance(jaxlib="0.4.31"))
     assert main(["diff", str(actual), str(golden), "--drift", mode]) == code
     captured = capsys.readouterr()
     said = captured.out if code == 0 else captured.err

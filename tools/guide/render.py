@@ -94,7 +94,7 @@ def this_host() -> str:
     vector instruction sets): what XLA's kernels, and so the printed figures, depend on."""
     from parity.store._provenance import collect_provenance
 
-    return str(collect_provenance()["cpu"])
+    return str(collect_provenance().cpu)
 
 
 def written_on(text: str) -> str | None:

@@ -53,6 +53,7 @@ from parity.judge._tolerance import (
 if TYPE_CHECKING:
     from parity._environment import EnvironmentDifference
     from parity.store import GoldenFile
+    from parity.store._provenance_record import Provenance
 
 __all__ = [
     "BY_CALIBRATION",
@@ -80,7 +81,7 @@ def calibrate_command(group: str) -> str:
 
 
 def environment_remedy(
-    group: str, base: str, difference: EnvironmentDifference, current: Mapping[str, Any]
+    group: str, base: str, difference: EnvironmentDifference, current: Provenance
 ) -> str:
     """What makes a group's goldens cover an environment their recorded noise does not, in
     words, as what moved allows:
@@ -119,7 +120,7 @@ def environment_remedy(
 
 
 def _repin_command(
-    group: str, base: str, difference: EnvironmentDifference, current: Mapping[str, Any]
+    group: str, base: str, difference: EnvironmentDifference, current: Provenance
 ) -> str | None:
     """The repin that pins `group` at `base` in the environment `current` describes, or
     None where a repin cannot run it (several processes)."""
@@ -132,7 +133,7 @@ def _repin_command(
         if kinds & {"devices", "processes"}:
             words.append(f"--devices {devices}")
         if "isa" in kinds:
-            words.append(f"--isa {current.get('isa_cap') or 'none'}")
+            words.append(f"--isa {current.isa_cap or 'none'}")
     return " ".join(words)
 
 
@@ -273,7 +274,7 @@ def calibrated_comparison(
     difference: EnvironmentDifference,
     registry: Mapping[str, ToleranceClass],
     *,
-    current: Mapping[str, Any],
+    current: Provenance,
     budget: int = DEFAULT_BUDGET,
 ) -> tuple[Comparison, str]:
     """`comparison` by calibration: where the check's environment differs from the pin's
@@ -297,7 +298,7 @@ def calibrated_comparison(
     if columns is None and comparison.passed:
         return comparison, ""  # every key holds its pinned class: nothing to calibrate
     if columns is None:
-        base = str(gf.provenance.get("base_sha") or "")
+        base = gf.provenance.base_sha or ""
         remedy = environment_remedy(gf.path.stem, base, difference, current)
         return comparison, (
             f"differs from the pin's ({change}); no calibration of it is recorded, so the "

@@ -27,6 +27,7 @@ from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:
     from parity._environment import Dimension
+    from parity.store._provenance_record import Provenance
 
 __all__ = ["Spreads"]
 
@@ -43,10 +44,10 @@ class Spreads:
     keys: Mapping[str, Sequence[float | None]] = field(default_factory=dict[str, Any])
 
     @classmethod
-    def of(cls, provenance: Mapping[str, Any]) -> Spreads:
+    def of(cls, provenance: Provenance) -> Spreads:
         """The spreads a golden's provenance records (none if it records none)."""
-        cal = provenance.get("calibration")
-        spread = cal.get("spread") if isinstance(cal, Mapping) else None
+        cal = provenance.calibration
+        spread = cal.get("spread") if cal is not None else None
         if not isinstance(spread, Mapping):
             return cls((), {})
         return cls(tuple(spread.get("labels", ())), dict(spread.get("keys", {})))

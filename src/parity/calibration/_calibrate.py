@@ -170,7 +170,7 @@ def calibrate(
                 g: stack.enter_context(open_goldens(_as_reference(folder, g, gf, ref)))
                 for g, gf in goldens.items()
             }
-            prov = next(iter(ref.provenance.values()), {})
+            prov = next(iter(ref.provenance.values()), None)
             reference = (
                 f"a run of the pinned environment here, on {describe_backend(prov)} (the "
                 "goldens were pinned on another backend: their bits are no reference here)"
@@ -208,7 +208,7 @@ def _as_reference(folder: Path, group: str, gf: GoldenFile, ref: Any) -> Path:
         ref.groups.get(group, {}),
         classes=names,
         order=gf.ordered_keys(),
-        provenance=ref.provenance.get(group),
+        provenance=run.provenance if (run := ref.runs.get(group)) is not None else None,
     )
 
 

@@ -7,12 +7,13 @@ Nothing here imports jax.
 
 from __future__ import annotations
 
+import dataclasses
 from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from parity.calibration._perturbations import CalibrationError
-from parity.store import GoldenFile, write_goldens
+from parity.store import GoldenFile, Provenance, write_goldens
 
 if TYPE_CHECKING:
     from parity.calibration._calibrate import Calibration
@@ -20,12 +21,12 @@ if TYPE_CHECKING:
 __all__ = ["merge_spreads", "recorded_spreads", "write_calibration"]
 
 
-def recorded_spreads(provenance: Mapping[str, Any]) -> dict[str, Any]:
+def recorded_spreads(provenance: Provenance) -> dict[str, Any]:
     """The per-key spreads a golden file's provenance records (`calibration.spread`):
     `{"labels": [perturbation labels], "keys": {key: [max |a-b| per label, or None]}}`,
     empty lists where none is recorded."""
-    cal = provenance.get("calibration")
-    spread = cal.get("spread") if isinstance(cal, Mapping) else None
+    cal = provenance.calibration
+    spread = cal.get("spread") if cal is not None else None
     if not isinstance(spread, Mapping):
         return {"labels": [], "keys": {}}
     return {"labels": list(spread.get("labels", [])), "keys": dict(spread.get("keys", {}))}
@@ -74,15 +75,15 @@ def write_calibration(
         raise CalibrationError(f"calibration has no measurement of group {group!r}")
     arrays = {k: golden[k] for k in golden}
     classes = {k: golden.info(k).class_name for k in golden}
-    provenance = dict(golden.provenance)
+    provenance = golden.provenance
     from parity.store._provenance import collect_provenance
 
     here = collect_provenance()
-    provenance["calibration"] = {
+    calibration = {
         "pinned": cal.pinned,
         # Where it was measured: every column holds the difference between that host and
         # the pin's, so a calibration on another processor than the pin's measures that too.
-        "host": {"cpu": here["cpu"], "processor": here["processor"], "isa_caps": list(cal.host)},
+        "host": {"cpu": here.cpu, "processor": here.processor, "isa_caps": list(cal.host)},
         "perturbations": [p.label for p in cal.perturbations],
         "summary": cal.summary(group),
         "classes": [c.to_dict() for c in cal.classes(group)],
@@ -90,6 +91,7 @@ def write_calibration(
             recorded_spreads(provenance), cal.spreads(group), [p.label for p in cal.perturbations]
         ),
     }
+    provenance = dataclasses.replace(provenance, calibration=calibration)
     dest = Path(path) if path is not None else golden.path
     class_map_json, order = golden.class_map_json, golden.ordered_keys()
     golden.close()  # everything is read; the file is replaced below

@@ -32,9 +32,8 @@ Nothing here runs producers or imports jax.
 from __future__ import annotations
 
 import dataclasses
-from collections.abc import Mapping, Sequence
+from collections.abc import Sequence
 from pathlib import Path
-from typing import Any
 
 from parity._environment import backend_note, describe_backend
 from parity._results import (
@@ -50,7 +49,7 @@ from parity.judge._compare import Comparison, Finding
 from parity.judge._dataflow import DATAFLOW, HOST, order_hint
 from parity.judge._floats import count
 from parity.judge._tolerance import UnknownClassError, parse_class_name
-from parity.store import GoldenFile
+from parity.store import GoldenFile, Provenance
 
 __all__ = ["conclude", "inexact"]
 
@@ -80,15 +79,15 @@ def conclude(first: FirstVerdict, judged: BaseJudgement) -> CheckResult:
     comparison = dataclasses.replace(comparison, inexact=loose)
     placed = gf.ordered_keys()
     made = first.order_source
-    order = order_hint(made if made in (DATAFLOW, HOST) else gf.provenance.get("order"), placed)
-    calibration = gf.provenance.get("calibration")
-    summary = calibration.get("summary") if isinstance(calibration, dict) else None
+    order = order_hint(made if made in (DATAFLOW, HOST) else gf.provenance.order, placed)
+    calibration = gf.provenance.calibration
+    summary = calibration.get("summary") if calibration is not None else None
     header = CheckHeader(
         golden=str(gf.path),
         pinned_on=describe_backend(gf.provenance),
         checked_on=describe_backend(first.current),
         sees=backend_note(first.current) or "",
-        base_sha=str(gf.provenance.get("base_sha") or ""),
+        base_sha=gf.provenance.base_sha or "",
         drift=tuple(difference.policy(opts.drift_mode).header),
         order=order or "",
         calibration=str(summary or ""),
@@ -125,7 +124,7 @@ def conclude(first: FirstVerdict, judged: BaseJudgement) -> CheckResult:
     )
 
 
-def _across_backends(gf: GoldenFile, current: Mapping[str, Any], why: BaselineUnavailable) -> str:
+def _across_backends(gf: GoldenFile, current: Provenance, why: BaselineUnavailable) -> str:
     """The verdict line's phrase for a check on another backend that has no baseline."""
     return (
         f"judged against goldens pinned on {describe_backend(gf.provenance)} from "

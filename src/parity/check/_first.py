@@ -24,7 +24,7 @@ from parity.judge._renames import parse_renames, renamed, renaming_offer
 from parity.judge._stacking import join_rows, parse_stack, split_stacked, stacking_offer
 from parity.judge._tolerance import KeyClass, UnknownClassError, UnmatchedKeyError
 from parity.judge._trees import flatten
-from parity.store import GoldenFile, GoldenStoreError
+from parity.store import GoldenFile, GoldenStoreError, Provenance
 
 if TYPE_CHECKING:
     from parity._environment import EnvironmentDifference
@@ -160,7 +160,7 @@ class FirstVerdict:
     """
 
     gf: GoldenFile
-    current: Mapping[str, Any]
+    current: Provenance
     difference: EnvironmentDifference
     classes: KeyClasses
     keys: tuple[str, ...]

@@ -57,7 +57,7 @@ from parity.judge._classes import REGISTRY
 from parity.judge._renames import parse_renames, renamed
 from parity.judge._stacking import parse_stack, unstack
 from parity.judge._tolerance import DEFAULT_CLASS, class_resolver
-from parity.store import GoldenFile
+from parity.store import GoldenFile, Provenance
 
 __all__ = ["BARE_KEY", "check_file", "check_group", "check_groups", "check_live"]
 
@@ -76,7 +76,7 @@ def check_file(
     actual: Any,
     gf: GoldenFile,
     *,
-    current: Mapping[str, Any],
+    current: Provenance,
     baseline: BaselineSource | None = None,
     **options: Unpack[FileOptions],
 ) -> CheckResult:
@@ -131,7 +131,7 @@ def check_group(
     group: str,
     *,
     goldens: GoldenDir | str | os.PathLike[str],
-    current_provenance: Mapping[str, Any] | None = None,
+    current_provenance: Provenance | None = None,
     **options: Unpack[CheckOptions],
 ) -> CheckResult:
     """Compare `actual` against the golden group `group` (`check_groups` of that one
@@ -167,7 +167,7 @@ def check_groups(
     produced: Mapping[str, Any],
     *,
     goldens: GoldenDir | str | os.PathLike[str],
-    provenance: Mapping[str, Mapping[str, Any] | None] | None = None,
+    provenance: Mapping[str, Provenance | None] | None = None,
     baseline: BaselineSource | None = None,
     dataflow_orders: Mapping[str, Sequence[str]] | None = None,
     host_computed: Collection[str] = (),

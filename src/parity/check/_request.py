@@ -19,6 +19,7 @@ from parity.judge._classes import REGISTRY, ToleranceClass
 from parity.judge._compare import Order
 from parity.judge._fixed_rules import Ulp
 from parity.judge._tolerance import ClassMapLike, Overrides
+from parity.store import Provenance
 
 if TYPE_CHECKING:
     from parity._environment import EnvironmentDifference, PolicyDecision, PolicyMode
@@ -41,7 +42,7 @@ __all__ = [
 
 #: What a check's first verdict asks of a `BaselineSource`: `(group, pinned provenance,
 #: current provenance)` (`parity.check._first.FirstVerdict.baseline_request`).
-BaselineRequest = tuple[str, Mapping[str, Any], Mapping[str, Any]]
+BaselineRequest = tuple[str, Provenance, Provenance]
 
 
 @dataclass(frozen=True)
@@ -63,10 +64,8 @@ class BaselineSource(Protocol):
     """What re-produces a golden group at its base commit in a check's environment: its
     baseline."""
 
-    def reproduce(
-        self, group: str, pinned: Mapping[str, Any], current: Mapping[str, Any]
-    ) -> Baseline:
-        """The group re-produced at `pinned["base_sha"]` in the environment `current`
+    def reproduce(self, group: str, pinned: Provenance, current: Provenance) -> Baseline:
+        """The group re-produced at `pinned.base_sha` in the environment `current`
         describes (a provenance); raises `BaselineUnavailable` where it cannot be."""
         ...
 
@@ -133,7 +132,7 @@ class CheckRequest:
     golden key it replaces, `parity.judge._renames`).
     """
 
-    current: Mapping[str, Any]
+    current: Provenance
     difference: EnvironmentDifference | None = None
     class_map: ClassMapLike = None
     overrides: Overrides = ()

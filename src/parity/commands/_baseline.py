@@ -88,7 +88,7 @@ def _build(args: argparse.Namespace, out: IO[str], builder: BaselineBuilder) -> 
     with GoldenDir(config.goldens) as goldens:
         names = wanted or goldens.groups()
         for group in names:
-            sha = str(goldens.open(group).provenance.get("base_sha") or "")
+            sha = goldens.open(group).provenance.base_sha or ""
             if not sha:
                 raise CLIError(f"golden group {group!r} records no base commit; repin it")
             by_sha.setdefault(sha, []).append(group)

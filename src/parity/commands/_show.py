@@ -73,13 +73,13 @@ def inventory(golden: str | Path, *, verify: bool = False) -> dict[str, Any]:
                 return "calibrated (no spread recorded)"
 
         verified = _verify(gf) if verify else None
-        source = gf.provenance.get("order")
+        source = gf.provenance.order
         ordered = sorted((i for i in infos if i.order >= 0), key=lambda i: i.order)
         return {
             "path": str(gf.path),
             "format": "parity" if gf.is_parity_file else "plain",
             "schema_version": gf.schema_version,
-            "provenance": gf.provenance,
+            "provenance": gf.provenance.to_json_dict(),  # the JSON edge: as the file has it
             "class_map": class_map,
             "arrays": [
                 {
@@ -124,8 +124,7 @@ def format_inventory(doc: dict[str, Any]) -> str:
     lines.append("provenance:" + ("" if prov else " none recorded"))
     if prov:
         width = max(len(k) for k in prov)
-        for k in sorted(prov):
-            value = prov[k]
+        for k, value in sorted(prov.items()):
             if isinstance(value, dict) and "summary" in value:  # a calibration: its one line
                 value = cast(dict[str, Any], value)["summary"]
             lines.append(f"  {k.ljust(width)}  {value}")

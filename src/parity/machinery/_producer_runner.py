@@ -202,10 +202,11 @@ def _arguments(argv: list[str] | None) -> argparse.Namespace:
     return p.parse_args(argv)
 
 
-def _import_harness() -> Callable[[], Any] | None:
+def _import_harness() -> Callable[[], dict[str, Any]] | None:
     """Import the harness (and install the compile counter where asked, and the size tally
     of the machine's compilation cache where it has one: `parity.machinery._jax_cache`); its
-    `collect_provenance`, or None where parity cannot be imported."""
+    `collect_provenance` as JSON (`Provenance.to_json_dict`: the manifest's, read back by
+    `parity.machinery._runner_output`), or None where parity cannot be imported."""
     collect_provenance = None
     try:
         import parity
@@ -221,7 +222,10 @@ def _import_harness() -> Callable[[], Any] | None:
             keep_a_size_tally()
     except ImportError:
         pass
-    return collect_provenance
+    if collect_provenance is None:
+        return None
+    collect = collect_provenance
+    return lambda: collect().to_json_dict()
 
 
 def _save_group(

@@ -14,6 +14,7 @@ from typing import Any
 import numpy as np
 
 from parity.machinery._launcher import ProducerCommand, ProducerRunError
+from parity.store import Provenance
 
 __all__ = ["RunnerOutput", "load_runner_output"]
 
@@ -32,7 +33,8 @@ class RunnerOutput:
 
     - `arrays`: `{key: array}` in producer order.
     - `class_map`: the producers' `CLASS_MAP` rules.
-    - `provenance`: the producer process's environment (`collect_provenance` run there).
+    - `provenance`: the producer process's environment (`collect_provenance` run there,
+      crossed as JSON: `Provenance.to_json_dict` there, `Provenance.from_json_dict` here).
     - `order`: how `arrays`' order was made: `"dataflow"` (read from the program,
       `parity.judge._dataflow`), `"declared"` (the order of the group's containers),
       `"host"` (no jax program computed them) or `"unread"` (not asked for).
@@ -44,7 +46,7 @@ class RunnerOutput:
 
     arrays: dict[str, np.ndarray]
     class_map: list[list[str]]
-    provenance: dict[str, Any]
+    provenance: Provenance
     order: str = "declared"
     recorder: str = ""
     stack: tuple[str, ...] = ()
@@ -70,7 +72,7 @@ def load_runner_output(out: Path, group: str, *, command: ProducerCommand) -> Ru
     return RunnerOutput(
         arrays,
         manifest["class_map"],
-        provenance,
+        Provenance.from_json_dict(provenance),  # the JSON edge
         str(manifest.get("order", "declared")),
         str(manifest.get("recorder", "")),
         tuple(str(t) for t in manifest.get("stack", ())),

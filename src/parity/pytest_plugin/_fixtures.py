@@ -20,6 +20,7 @@ if TYPE_CHECKING:  # parity.check loads h5py: imported only when a check runs
     from parity.check import GoldenDir
     from parity.origin import Localisation
     from parity.run._origins import Settled
+    from parity.store import Provenance
 
 
 @pytest.fixture(scope="session")
@@ -72,7 +73,7 @@ class FixtureOptions(TypedDict, total=False):
     order: Sequence[str] | Callable[[str], Any] | None
     produce_s: float | None
     fail: bool
-    provenance: Mapping[str, Any] | None
+    provenance: Provenance | None
     stack: Sequence[str] | str | None
     rename: Sequence[str | Sequence[str]] | str | None
 
@@ -105,8 +106,8 @@ class _Check:
           group, the origin) when the comparison fails, or a live reference's non-array
           leaf differs.
         - `provenance`: the environment `actual` was produced in, when that was another
-          process (`Produced.provenance[group]`; default this one's): a golden check judges
-          drift and calibrated layouts by it.
+          process (the group's in `Produced.provenance`; default this one's): a golden
+          check judges drift and calibrated layouts by it.
         - `stack`, `rename`: stack rules (`"blocks.{i}"`, `parity.judge._stacking`) and
           rename rules (`"encoder=backbone"`, `parity.judge._renames`), as
           `parity.assert_equivalent` takes them.
@@ -209,7 +210,7 @@ class _GroupSettler:
     check that fails its test, its origin named unless `--parity-origin off`."""
 
     config: pytest.Config
-    provenance: Mapping[str, Any] | None
+    provenance: Provenance | None
     fail: bool
 
     def settle(self, results: Sequence[CheckResult]) -> list[CheckResult]:
@@ -230,7 +231,7 @@ class _GroupSettler:
 def _settled(
     config: pytest.Config,
     result: CheckResult,
-    provenance: Mapping[str, Any] | None,
+    provenance: Provenance | None,
     origin: bool,
 ) -> tuple[Mapping[str, Proof], Localisation | None]:
     """The proofs of a failed golden check's keys and its origin: the group's programs
@@ -270,7 +271,7 @@ def _settled(
 def _recorded(
     config: pytest.Config,
     result: CheckResult,
-    provenance: Mapping[str, Any] | None,
+    provenance: Provenance | None,
     origin: bool,
 ) -> Settled:
     from parity.judge._dataflow import UNREAD
@@ -281,7 +282,7 @@ def _recorded(
     from parity.store._provenance import collect_provenance
 
     project, group = config.stash[CONFIG], result.group or ""
-    current = dict(provenance) if provenance is not None else collect_provenance()
+    current = provenance if provenance is not None else collect_provenance()
     # Nothing of the producers' run is known here but the environment: the recording
     # runs find out whether jax computes the group's outputs.
     run = RunnerOutput(arrays={}, class_map=[], provenance=current, order=UNREAD)

@@ -118,10 +118,10 @@ def _header(results: list[CheckResult]) -> dict[str, str]:
     prov = collect_provenance()
     header = {
         "checks": str(len(results)),
-        "devices": str(prov["device_count"]),
+        "devices": str(prov.device_count),
         "layout": _layout(),
-        "xla_flags": prov["xla_flags"],
-        "jax": str(prov["jax"]),
+        "xla_flags": prov.xla_flags or "",
+        "jax": str(prov.jax),
     }
     from parity._results import merged_header_lines
 

@@ -34,7 +34,7 @@ import fcntl
 import os
 import shutil
 import time
-from collections.abc import Callable, Iterator, Mapping, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -60,7 +60,7 @@ from parity.machinery._runner_output import load_runner_output
 from parity.machinery._worktree import GitError, git, repo_root, resolve_sha, temporary_worktree
 from parity.run._goldens import write_run
 from parity.run._recordings import ARRAYS, Record, keep_recording, recorded
-from parity.store import GoldenStoreError, open_goldens
+from parity.store import GoldenStoreError, Provenance, open_goldens
 from parity.store._provenance import digest_sources
 from parity.store._staging import owned_tempdir
 
@@ -191,7 +191,7 @@ class BaselineCache:
             fingerprint, _, digest = path.parent.name.partition("-")
             try:
                 with open_goldens(path) as gf:
-                    prov = dict(gf.provenance)
+                    prov = gf.provenance
             except GoldenStoreError:
                 continue
             processes, devices = layout_of(prov)
@@ -204,8 +204,8 @@ class BaselineCache:
                     fingerprint,
                     digest,
                     f"{processes}x{devices}",
-                    str(prov.get("isa_cap")) if on_cpu else "-",
-                    str(prov.get("cpu") or prov.get("processor") or "?").split(";")[0]
+                    str(prov.isa_cap) if on_cpu else "-",
+                    (prov.cpu or prov.processor or "?").split(";")[0]
                     if on_cpu
                     else describe_backend(prov),
                     path.stat().st_size,
@@ -268,20 +268,18 @@ class BaselineBuilder:
         return digest_sources([self.config.need_producers()])
 
     def has_entry(
-        self, group: str, pinned: Mapping[str, Any], current: Mapping[str, Any], *, record: Record
+        self, group: str, pinned: Provenance, current: Provenance, *, record: Record
     ) -> bool:
         """Whether `prepare` of `(group, pinned, current)` would find the entry in the cache
         (with its recording, with `record`) and build nothing."""
-        sha = str(pinned.get("base_sha") or "")
+        sha = pinned.base_sha or ""
         if not sha:
             return False
         path = self.cache.path_for(sha, environment_fingerprint(current), self._digest(), group)
         return self.cache.usable(path, record=record)
 
-    def reproduce(
-        self, group: str, pinned: Mapping[str, Any], current: Mapping[str, Any]
-    ) -> Baseline:
-        """The group re-produced at `pinned["base_sha"]` in the environment `current`
+    def reproduce(self, group: str, pinned: Provenance, current: Provenance) -> Baseline:
+        """The group re-produced at `pinned.base_sha` in the environment `current`
         describes, from the cache or built now; `BaselineUnavailable` where it cannot be."""
         got = self.prepare([(group, pinned, current)])[group]
         if isinstance(got, BaselineUnavailable):
@@ -290,7 +288,7 @@ class BaselineBuilder:
 
     def prepare(
         self,
-        wanted: Sequence[tuple[str, Mapping[str, Any], Mapping[str, Any]]],
+        wanted: Sequence[tuple[str, Provenance, Provenance]],
         *,
         record: Record | None = None,
     ) -> dict[str, Baseline | BaselineUnavailable]:
@@ -311,11 +309,11 @@ class BaselineBuilder:
         need, make = record or False, self.record if record is None else record
         out: dict[str, Baseline] = {}
         batches: dict[tuple[str, str], list[str]] = {}
-        envs: dict[tuple[str, str], Mapping[str, Any]] = {}
+        envs: dict[tuple[str, str], Provenance] = {}
         errors: dict[str, BaselineUnavailable] = {}
         digest = self._digest()
         for group, pinned, current in wanted:
-            sha = str(pinned.get("base_sha") or "")
+            sha = pinned.base_sha or ""
             if not sha:
                 errors[group] = BaselineUnavailable(
                     "the golden records no base commit",
@@ -361,7 +359,7 @@ class BaselineBuilder:
         self,
         groups: Sequence[str],
         sha: str,
-        current: Mapping[str, Any] | None = None,
+        current: Provenance | None = None,
         *,
         digest: str | None = None,
         record: Record = False,
@@ -386,7 +384,7 @@ class BaselineBuilder:
         config = self.config
         digest = digest or self._digest()
         if current is not None:
-            (processes, devices), isa = layout_of(current), current.get("isa_cap")
+            (processes, devices), isa = layout_of(current), current.isa_cap
         else:
             processes, devices, isa = config.processes, config.devices, config.isa
         root, full = base_commit(config.root, sha)

@@ -34,7 +34,7 @@ import subprocess
 import tempfile
 import time
 from collections.abc import Callable, Mapping, Sequence
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict, dataclass, field, replace
 from pathlib import Path
 from typing import Any, Literal
 
@@ -254,7 +254,7 @@ def good_calibration(root: Path, good: str, goldens: Path, pinned: Path) -> list
             continue
         try:
             with open_goldens(source) as gf:
-                calibration = gf.provenance.get("calibration")
+                calibration = gf.provenance.calibration
         except GoldenStoreError:
             continue
         finally:
@@ -265,9 +265,9 @@ def good_calibration(root: Path, good: str, goldens: Path, pinned: Path) -> list
         with open_goldens(path) as gf:
             arrays = {k: gf[k] for k in gf}
             classes = {k: gf.info(k).class_name for k in gf}
-            prov, cmap, order = dict(gf.provenance), gf.class_map_json, gf.ordered_keys()
+            prov, cmap, order = gf.provenance, gf.class_map_json, gf.ordered_keys()
         write_goldens(path, arrays, classes=classes, class_map_json=cmap,
-                      provenance={**prov, "calibration": calibration}, order=order)  # fmt: skip
+                      provenance=replace(prov, calibration=calibration), order=order)  # fmt: skip
         lines.append(f"{path.stem}: the calibration of {where}")
     return lines
 

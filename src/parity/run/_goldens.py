@@ -12,7 +12,7 @@ order was made); `write_golden` writes arrays under a class map. Both repin
 from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any
 
@@ -22,7 +22,7 @@ from parity.judge._dataflow import order_change
 from parity.judge._floats import count, sig
 from parity.judge._tolerance import ClassMap
 from parity.machinery._runner_output import RunnerOutput
-from parity.store import GoldenStoreError, open_goldens, write_goldens
+from parity.store import GoldenStoreError, Provenance, open_goldens, write_goldens
 
 __all__ = [
     "GroupChange",
@@ -117,7 +117,7 @@ def summarize_change(
             changed=tuple(changed),
             order=""
             if order is None
-            else order_change(old.provenance.get("order"), old.ordered_keys(), order, list(new)),
+            else order_change(old.provenance.order, old.ordered_keys(), order, list(new)),
         )
 
 
@@ -138,13 +138,13 @@ def carry_calibration(path: Path, change: GroupChange) -> tuple[dict[str, Any] |
         return None, ""
     try:
         with open_goldens(path) as old:
-            calibration = old.provenance.get("calibration")
+            calibration = old.provenance.calibration
     except GoldenStoreError:
         return None, ""
-    if not isinstance(calibration, dict):
+    if calibration is None:
         return None, ""
     spread = calibration.get("spread")
-    keys = spread.get("keys", {}) if isinstance(spread, dict) else {}
+    keys = spread.get("keys", {}) if isinstance(spread, Mapping) else {}
     moved = {k for k, _ in change.changed} | set(change.removed) | set(change.added)
     kept = {k: v for k, v in keys.items() if k not in moved}
     lost = sorted(set(keys) - set(kept))
@@ -178,7 +178,7 @@ def write_golden(
     arrays: Mapping[str, np.ndarray],
     class_map: ClassMap,
     *,
-    provenance: Mapping[str, Any],
+    provenance: Provenance,
     order: Sequence[str],
 ) -> dict[str, str]:
     """Write `arrays` as a golden file at `path` (`parity.store.write_goldens`: atomic,
@@ -221,14 +221,14 @@ def write_run(
     - `calibration`: what to record as the file's calibration (a repin's carried one,
       `carry_calibration`); None records none.
     """
-    provenance = {**run.provenance, "base_sha": sha, "producer_digest": digest, "order": run.order}
+    provenance = replace(run.provenance, base_sha=sha, producer_digest=digest, order=run.order)
     if calibration is not None:
-        provenance["calibration"] = calibration
+        provenance = replace(provenance, calibration=calibration)
     class_map = ClassMap(rules=tuple((p, c) for p, c in run.class_map))
     write_golden(path, run.arrays, class_map, provenance=provenance, order=list(run.arrays))
 
 
-def golden_provenance(path: Path) -> dict[str, Any]:
+def golden_provenance(path: Path) -> Provenance:
     """The provenance recorded in a golden file."""
     with open_goldens(path) as g:
-        return dict(g.provenance)
+        return g.provenance

@@ -35,7 +35,6 @@ from __future__ import annotations
 import dataclasses
 from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
-from typing import Any
 
 from parity._environment import layout_of
 from parity._results import BaselineUnavailable, CheckError, CheckResult
@@ -53,6 +52,7 @@ from parity.origin._proof import Proof, provable, provable_up_to_rounding, settl
 from parity.run._baseline import BaselineBuilder, base_commit
 from parity.run._produced import Checkout, Produced
 from parity.run._recordings import ARRAYS, Made, Replaying, record_groups, record_kept, recorded
+from parity.store import Provenance
 from parity.store._staging import owned_tempdir
 
 __all__ = [
@@ -73,7 +73,7 @@ Progress = Callable[[str], None]
 
 def base_recordings(
     config: ParityConfig,
-    wanted: Sequence[tuple[str, Mapping[str, Any], Mapping[str, Any]]],
+    wanted: Sequence[tuple[str, Provenance, Provenance]],
     *,
     builder: BaselineBuilder | None = None,
     arrays: bool = False,
@@ -306,10 +306,10 @@ def _record_and_settle(
         f"recording {', '.join(r.name for r in todo)} op by op{one} {_why_recorded(todo, origin)}"
     )
     out: dict[str, Settled] = {}
-    wanted: dict[str, tuple[str, Mapping[str, Any], Mapping[str, Any]]] = {}
+    wanted: dict[str, tuple[str, Provenance, Provenance]] = {}
     new: dict[str, Made] = {}
     for r in todo:
-        current = _one_process(produced.provenance.get(r.name) or {})
+        current = _one_process(_run_provenance(produced, r.name))
         try:
             wanted[r.name] = (r.name, goldens.open(r.name).provenance, current)
         except CheckError as e:
@@ -378,8 +378,8 @@ def _bases_out_of_reach(
             pinned = goldens.open(r.name).provenance
         except CheckError:
             continue
-        sha = str(pinned.get("base_sha") or "")
-        current = _one_process(produced.provenance.get(r.name) or {})
+        sha = pinned.base_sha or ""
+        current = _one_process(_run_provenance(produced, r.name))
         if not sha or builder.has_entry(r.name, pinned, current, record=True):
             continue
         try:
@@ -389,14 +389,21 @@ def _bases_out_of_reach(
     return out
 
 
-def _one_process(current: Mapping[str, Any]) -> Mapping[str, Any]:
+def _run_provenance(produced: Produced, group: str) -> Provenance:
+    """The provenance of the producer process that made `group` (an empty one where the
+    run made no such group)."""
+    run = produced.runs.get(group)
+    return run.provenance if run is not None else Provenance()
+
+
+def _one_process(current: Provenance) -> Provenance:
     """The environment both sides are recorded in: the check's, in one process with its
     devices per process (a recording is made in one process; the tree's is made with the
     configured devices per process too)."""
     processes, devices = layout_of(current)
     if processes == 1:
         return current
-    return {**current, "processes": 1, "device_count": devices}
+    return dataclasses.replace(current, processes=1, device_count=devices)
 
 
 def _not_named(reason: str) -> Localisation:

@@ -23,6 +23,7 @@ from typing import Any, Unpack
 
 import numpy as np
 
+from parity._environment import backend_of
 from parity._results import CheckResult
 from parity.check import BaselineSource, GoldenDir, GroupOptions, Settler, check_groups
 from parity.judge._dataflow import DATAFLOW, HOST
@@ -39,6 +40,7 @@ from parity.machinery._launcher import (
 from parity.machinery._processes import Layout
 from parity.machinery._runner_output import RunnerOutput, load_runner_output
 from parity.machinery._worker import Place
+from parity.store import Provenance
 
 __all__ = [
     "Checkout",
@@ -78,7 +80,7 @@ class Produced:
         return {g: r.arrays for g, r in self.runs.items()}
 
     @property
-    def provenance(self) -> dict[str, dict[str, Any]]:
+    def provenance(self) -> dict[str, Provenance]:
         """Group -> the producer process's provenance (collected where the arrays were
         made)."""
         return {g: r.provenance for g, r in self.runs.items()}
@@ -217,7 +219,7 @@ def producing(
 
 def _on_an_accelerator(produced: Produced) -> bool:
     """Whether some group ran on a GPU or TPU (its provenance's `backend`)."""
-    return any(str(p.get("backend") or "cpu") != "cpu" for p in produced.provenance.values())
+    return any(backend_of(p) != "cpu" for p in produced.provenance.values())
 
 
 def _loaded(

@@ -372,7 +372,7 @@ def _reclass_file(
             arrays = {k: gf[k] for k in gf}
             before = {k: gf.info(k).class_name for k in gf}
             sha = {k: gf.info(k).sha256 for k in gf}
-            provenance, order = dict(gf.provenance), gf.ordered_keys()
+            provenance, order = gf.provenance, gf.ordered_keys()
     except GoldenStoreError as e:
         raise RepinError(
             f"the golden file of group {name!r} cannot be read, so its classes "
@@ -390,7 +390,7 @@ def _reclass_file(
             )
         old_place = {k: i for i, k in enumerate(order)}
         reordered = sum(old_place.get(k) != i for i, k in enumerate(keys))
-        order, provenance = keys, {**provenance, "order": made}
+        order, provenance = keys, dataclasses.replace(provenance, order=made)
     classes = write_golden(new, arrays, class_map, provenance=provenance, order=order)
     with open_goldens(new) as check:
         moved = tuple(k for k in check if check.info(k).sha256 != sha.get(k))

@@ -121,7 +121,7 @@ def order_pinned(goldens: GoldenDir, groups: Sequence[str]) -> bool:
     for group in wanted:
         if not goldens.path_of(group).is_file():
             return False
-        if goldens.open(group).provenance.get("order") != DATAFLOW:
+        if goldens.open(group).provenance.order != DATAFLOW:
             return False
     return bool(wanted)
 

@@ -7,6 +7,7 @@
 from ._reader import GoldenFile as GoldenFile, open_goldens as open_goldens
 from ._writer import write_goldens as write_goldens
 from ._header import ArrayInfo as ArrayInfo
+from ._provenance_record import Provenance as Provenance
 from ._keys import decode_path as decode_path, encode_key as encode_key
 
 # the file's layout

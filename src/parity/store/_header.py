@@ -25,6 +25,7 @@ from parity.store._format import (
     SCHEMA_VERSION,
     meta_digest,
 )
+from parity.store._provenance_record import Provenance
 
 __all__ = ["ArrayInfo", "Header", "read_header", "read_index"]
 
@@ -78,14 +79,14 @@ class Header:
     - `is_parity_file`: whether the file has any of parity's root attributes.
     - `schema_version`: its schema version, None for a plain HDF5 file.
     - `class_map_json`: the pinned class map as JSON text, "" if none.
-    - `provenance`: the pinned provenance, {} if none.
+    - `provenance`: the pinned provenance, an empty one (`Provenance.is_empty`) if none.
     - `index_text`: the index of arrays as JSON text, None if the file has none.
     """
 
     is_parity_file: bool
     schema_version: int | None = None
     class_map_json: str = ""
-    provenance: dict[str, Any] = dataclasses.field(default_factory=dict)
+    provenance: Provenance = dataclasses.field(default_factory=Provenance)
     index_text: str | None = None
 
 
@@ -158,7 +159,7 @@ def read_header(f: h5py.File, file_path: Path) -> Header:
         is_parity_file=True,
         schema_version=version,
         class_map_json=class_map,
-        provenance=prov if isinstance(prov, dict) else {},
+        provenance=Provenance.from_json_dict(prov if isinstance(prov, dict) else {}),
         index_text=index_text,
     )
 

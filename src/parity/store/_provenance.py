@@ -13,6 +13,7 @@ classes, is decided once, in `parity._environment`.
 
 from __future__ import annotations
 
+import dataclasses
 import hashlib
 import os
 import platform
@@ -20,15 +21,18 @@ import re
 import sys
 from collections.abc import Iterable
 from pathlib import Path
-from typing import Any
 
 from parity._xla_env import DEVICE_FLAG, ISA_FLAG, jax_backend_started
+from parity.store._provenance_record import FIELD_NAMES, Provenance
 
 __all__ = ["collect_provenance", "digest_sources"]
 
 _DEVICE_FLAG_RE = re.compile(re.escape(DEVICE_FLAG) + r"=(\d+)")
 _ISA_FLAG_RE = re.compile(re.escape(ISA_FLAG) + r"=(\S+)")
 _SKIPPED_PARTS = frozenset({"__pycache__", ".git", ".pytest_cache", ".ruff_cache"})
+#: The fields `collect_provenance` records: every one but the harness's `order` and
+#: `calibration`.
+_COLLECTED = tuple(name for name in FIELD_NAMES if name not in ("order", "calibration"))
 
 
 # --------------------------------------------------------------------------- collecting
@@ -135,7 +139,7 @@ def collect_provenance(
     base_sha: str | None = None,
     producer_digest: str | None = None,
     device_count: int | None = None,
-) -> dict[str, Any]:
+) -> Provenance:
     """Record the environment of this run, for a golden file's root or a report's header.
 
     Never starts jax's backends: versions come from `importlib.metadata`, and jax is asked
@@ -149,40 +153,43 @@ def collect_provenance(
       backends are started), else `--xla_force_host_platform_device_count` in `XLA_FLAGS`,
       else 1.
 
-    **Returns:** a JSON-serialisable dict with keys `python`, `jax`, `jaxlib`, `numpy`,
-    `h5py`, `ml_dtypes` (versions, None if not installed), `platform`, `machine`,
-    `processor`, `cpu` (vendor, family, model and vector ISA flags), `backend` (jax's
-    platform: `cpu`, `gpu`, `tpu`; None where jax's backends are not started here) and
-    `device_kind` (e.g. `TPU v5 lite`), `device_count` (jax's global count: every process's
-    devices), `processes` (of a multi-process run, from `parity.machinery._worker`'s
-    environment; 1 otherwise), `xla_flags`, `isa_cap` (None if no cap), `x64`,
-    `matmul_precision` (jax's default, None if unset), `base_sha`, `producer_digest`.
+    **Returns:** the `Provenance`, every field it collects recorded (a None as null):
+    versions (None if not installed), the host (`platform`, `machine`, `processor`, `cpu`:
+    vendor, family, model and vector ISA flags), `backend` and `device_kind` (None where
+    jax's backends are not started here), `device_count` (jax's global count: every
+    process's devices), `processes` (of a multi-process run, from
+    `parity.machinery._worker`'s environment; 1 otherwise), `xla_flags`, `isa_cap` (None if
+    no cap), `x64`, `matmul_precision` (jax's default, None if unset), `base_sha` and
+    `producer_digest`. `order` and `calibration` are the harness's to add.
     """
     xla_flags = os.environ.get("XLA_FLAGS", "")
     isa = _ISA_FLAG_RE.findall(xla_flags)
     backend, device_kind = _backend()
-    return {
-        "python": platform.python_version(),
-        "jax": _version("jax"),
-        "jaxlib": _version("jaxlib"),
-        "numpy": _version("numpy"),
-        "h5py": _version("h5py"),
-        "ml_dtypes": _version("ml_dtypes"),
-        "platform": platform.platform(),
-        "machine": platform.machine(),
-        "processor": _processor(),
-        "cpu": cpu_signature(),
-        "backend": backend,
-        "device_kind": device_kind,
-        "device_count": int(device_count) if device_count is not None else _device_count(xla_flags),
-        "processes": int(os.environ.get("PARITY_PROCESSES") or 1),
-        "xla_flags": xla_flags,
-        "isa_cap": isa[-1] if isa else None,
-        "x64": _x64(),
-        "matmul_precision": _matmul_precision(),
-        "base_sha": base_sha,
-        "producer_digest": producer_digest,
-    }
+    collected = Provenance(
+        python=platform.python_version(),
+        jax=_version("jax"),
+        jaxlib=_version("jaxlib"),
+        numpy=_version("numpy"),
+        h5py=_version("h5py"),
+        ml_dtypes=_version("ml_dtypes"),
+        platform=platform.platform(),
+        machine=platform.machine(),
+        processor=_processor(),
+        cpu=cpu_signature(),
+        backend=backend,
+        device_kind=device_kind,
+        device_count=int(device_count) if device_count is not None else _device_count(xla_flags),
+        processes=int(os.environ.get("PARITY_PROCESSES") or 1),
+        xla_flags=xla_flags,
+        isa_cap=isa[-1] if isa else None,
+        x64=_x64(),
+        matmul_precision=_matmul_precision(),
+        base_sha=base_sha,
+        producer_digest=producer_digest,
+    )
+    # Every field collected is recorded, a None as null, as files have always had it.
+    unset = {name for name in _COLLECTED if getattr(collected, name) is None}
+    return dataclasses.replace(collected, nulls=frozenset(unset))
 
 
 def _expand(paths: Iterable[Path]) -> tuple[list[Path], list[Path]]:

@@ -43,6 +43,7 @@ from parity.store._errors import (
 )
 from parity.store._format import INDEX_ATTR, JOURNAL_NAME, REPIN_HINT, RESTORE_HINT
 from parity.store._header import ArrayInfo, read_header, read_index
+from parity.store._provenance_record import Provenance
 from parity.store._scan import attr_str, one_line, scan
 from parity.store._source import GoldenSource, PlainSource
 
@@ -83,7 +84,7 @@ class GoldenFile(_MappingABC[str, np.ndarray]):
             self.is_parity_file: bool = header.is_parity_file
             self.schema_version: int | None = header.schema_version
             self.class_map_json: str = header.class_map_json
-            self.provenance: dict[str, Any] = header.provenance
+            self.provenance: Provenance = header.provenance
             # key -> dataset path, as text (undecodable bytes escaped), and key -> the
             # dataset handle the scan opened, handed over to the first load of the key:
             # re-opening by path costs ~20 us a key (a lookup per path segment, then the

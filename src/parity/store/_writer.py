@@ -25,6 +25,7 @@ from parity.store._format import (
 )
 from parity.store._keys import encode_key
 from parity.store._provenance import collect_provenance
+from parity.store._provenance_record import Provenance
 
 __all__ = ["fsync_dir", "save_arrays", "set_text", "write_atomic", "write_goldens"]
 
@@ -35,7 +36,7 @@ def write_goldens(
     *,
     classes: Mapping[str, str] | None = None,
     class_map_json: str = "",
-    provenance: Mapping[str, Any] | None = None,
+    provenance: Provenance | None = None,
     order: Sequence[str] | None = None,
 ) -> Path:
     """Write `arrays` to a golden file at `path`, atomically and byte-reproducibly.
@@ -51,7 +52,8 @@ def write_goldens(
     - `classes`: key -> tolerance class name; keys not named get "". Every key named here
       must be in `arrays`.
     - `class_map_json`: the pattern -> class map as JSON text, stored at the root.
-    - `provenance`: JSON-serialisable mapping, stored at the root with sorted keys.
+    - `provenance`: the `Provenance`, stored at the root as JSON with sorted keys
+      (`Provenance.to_json_dict`); None stores an empty one.
     - `order`: the declared forward order (taps by layer, trajectory leaves by step); each
       key's index is stored as `order`, -1 for keys not in it. Every key must be in `arrays`.
 
@@ -73,7 +75,8 @@ def write_goldens(
         dup = sorted({k for k in order_list if order_list.count(k) > 1})
         raise GoldenKeyError(f"order lists keys more than once: {dup[:10]}")
     order_index = {k: i for i, k in enumerate(order_list)}
-    prov_json = json.dumps(dict(provenance or {}), sort_keys=True, allow_nan=False)
+    recorded = provenance.to_json_dict() if provenance is not None else {}
+    prov_json = json.dumps(recorded, sort_keys=True, allow_nan=False)
 
     # Built in memory (HDF5's core driver, same bytes as a file on disk) and written with
     # plain file I/O: a full disk or a file size limit then fails one `write` with a clean
@@ -210,7 +213,7 @@ def save_arrays(
     *,
     classes: Callable[[str], str],
     order: Sequence[str] = (),
-    provenance: Mapping[str, Any] | None = None,
+    provenance: Provenance | None = None,
 ) -> Path:
     """Write `arrays` in golden format to `directory/<name>.h5` (atomically), with the
     classes they were checked under, the forward order and the provenance of the process
@@ -237,6 +240,6 @@ def save_arrays(
         out / f"{name}.h5",
         arrays,
         classes={k: classes(k) for k in arrays},
-        provenance=dict(provenance) if provenance is not None else collect_provenance(),
+        provenance=provenance if provenance is not None else collect_provenance(),
         order=keys,
     )

@@ -7,6 +7,7 @@ another path than the harness's."""
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import textwrap
 from pathlib import Path
@@ -27,7 +28,7 @@ from parity.judge._compare import compare_trees
 from parity.judge._measured_rules import Calibrated
 from parity.judge._rule_base import Scale
 from parity.judge._tolerance import ClassMap
-from parity.store import open_goldens, write_goldens
+from parity.store import Provenance, open_goldens, write_goldens
 
 PRODUCERS = f"""\
 import os
@@ -187,7 +188,7 @@ def test_show_and_diff_name_a_calibrated_key_s_class_as_written(tmp_path: Path):
         tmp_path / "g.h5",
         {"w": np.zeros(3)},
         class_map_json=ClassMap(default="calibrated[k=8]").to_json(),
-        provenance={"calibration": {"spread": spread}},
+        provenance=Provenance(calibration={"spread": spread}),
     )
     assert [a["class"] for a in inventory(path)["arrays"]] == ["calibrated[k=8]"]
     (finding,) = run_diff(path, path).comparison.findings
@@ -230,7 +231,7 @@ def test_repin_classes_only_gives_the_goldens_the_new_map_and_moves_no_array(pro
     assert run_parity(project, "calibrate", "--perturb", "repeat", "--write").returncode == 0
     with open_goldens(path) as gf:
         sha = {k: gf.info(k).sha256 for k in gf}
-        calibration = gf.provenance["calibration"]
+        calibration = gf.provenance.calibration
     (project / "producers.py").write_text(
         PRODUCERS.replace('("exact.*", "bitwise")', '("exact.*", "calibrated")')
     )
@@ -242,7 +243,7 @@ def test_repin_classes_only_gives_the_goldens_the_new_map_and_moves_no_array(pro
         assert {k: gf.info(k).sha256 for k in gf} == sha
         assert gf.info("exact.v").class_name == "calibrated"
         assert '"calibrated"' in gf.class_map_json
-        assert gf.provenance["calibration"] == calibration
+        assert gf.provenance.calibration == calibration
     assert run_parity(project, "check").returncode == 0
     bad = run_parity(project, "repin", "--classes-only", "--base", "HEAD")
     assert bad.returncode == 2 and "drop --base" in bad.stderr
@@ -265,8 +266,8 @@ def test_calibrate_records_a_measurement_saved_as_json(project, run_parity, tmp_
     assert bad.returncode == 2 and "not a calibrate --json file" in bad.stderr
 
 
-CPU = {"device_count": 1, "isa_cap": "AVX2", "cpu": "AuthenticAMD family 25 model 1; avx avx2",
-       "jax": "0.10.2"}  # fmt: skip
+CPU = Provenance(device_count=1, isa_cap="AVX2", cpu="AuthenticAMD family 25 model 1; avx avx2",
+                 jax="0.10.2")  # fmt: skip
 
 
 @pytest.mark.parametrize(
@@ -285,7 +286,7 @@ CPU = {"device_count": 1, "isa_cap": "AVX2", "cpu": "AuthenticAMD family 25 mode
 def test_the_remedy_offered_matches_what_moved(current, calibrate, repin):
     """`parity calibrate` is offered only where it perturbs everything that moved; `parity
     repin` adopts this environment wherever a repin can run it (one process)."""
-    here = {**CPU, **current}
+    here = dataclasses.replace(CPU, **current)
     said = environment_remedy("g", "0123456789abcdef", environment_difference(CPU, here), here)
     assert ("parity calibrate --groups g" in said) == calibrate, said
     if repin is None:

@@ -202,7 +202,8 @@ def test_write_records_the_measurement_and_leaves_the_arrays(project: Path, run_
     with open_goldens(path) as gf:
         assert {k: gf.info(k).sha256 for k in gf} == before
         assert gf.ordered_keys() == order and gf.class_map_json == cmap
-        recorded = gf.provenance["calibration"]
+        recorded = gf.provenance.calibration
+    assert recorded is not None
     assert recorded["perturbations"] == ["devices=2"]
     assert "fp32_reassoc" in recorded["summary"]
     check = run_parity(project, "check")

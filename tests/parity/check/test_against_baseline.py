@@ -9,6 +9,7 @@ commit does not have it."""
 
 from __future__ import annotations
 
+import dataclasses
 import re
 import shutil
 import subprocess
@@ -179,9 +180,9 @@ def _rewrite(repo: Path, *, shift: float = 0.0, **provenance: object) -> None:
     with open_goldens(path) as gf:
         arrays = {k: np.asarray(gf[k]) + np.asarray(shift, gf[k].dtype) for k in gf}
         classes = {k: gf.info(k).class_name for k in gf}
-        prov, cmap, order = dict(gf.provenance), gf.class_map_json, gf.ordered_keys()
+        prov, cmap, order = gf.provenance, gf.class_map_json, gf.ordered_keys()
     write_goldens(path, arrays, classes=classes, class_map_json=cmap,
-                  provenance={**prov, **provenance}, order=order)  # fmt: skip
+                  provenance=dataclasses.replace(prov, **provenance), order=order)  # fmt: skip
 
 
 def _rewrite_base(repo: Path, sha: str) -> None:

@@ -4,6 +4,7 @@ ordinary exceptions; results that cross processes; actual arrays on failure."""
 from __future__ import annotations
 
 import json
+from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
@@ -16,7 +17,7 @@ from parity.check import GoldenDir, check_group, check_live
 from parity.commands._common import CLIError
 from parity.judge._tolerance import ClassMap
 from parity.report import format_table
-from parity.store import write_goldens
+from parity.store import Provenance, write_goldens
 from parity.store._provenance import collect_provenance
 
 # Pinned map: layers.* -> fp32_reassoc; "rec" has no rule in it but records trajectory.
@@ -28,7 +29,7 @@ def _arrays() -> dict[str, np.ndarray]:
     return {k: np.linspace(-1, 1, 6, dtype=np.float32) * (i + 1) for i, k in enumerate(_KEYS)}
 
 
-def _pin(root: Path, provenance: dict | None = None) -> Path:
+def _pin(root: Path, provenance: Provenance | None = None) -> Path:
     """Write the group `g` into `root`; **returns** `root`."""
     write_goldens(
         root / "g.h5",
@@ -83,10 +84,10 @@ def test_a_diff_is_the_check_of_its_two_files(
     """`parity diff ACTUAL GOLDEN` is `check_file` of GOLDEN with ACTUAL's environment: the
     same findings (classes, order, verdicts) and the same drift, order and reference lines."""
     here = collect_provenance()
-    _pin(tmp_path, here | {"base_sha": "f" * 40})
+    _pin(tmp_path, replace(here, base_sha="f" * 40))
     mutated = _arrays()
     mutated["layers.0.h1"][1] += 1e-3
-    elsewhere = here | {"jax": "0.0.elsewhere", "numpy": "0.0.elsewhere"}
+    elsewhere = replace(here, jax="0.0.elsewhere", numpy="0.0.elsewhere")
     actual = write_goldens(tmp_path / "actual.h5", mutated, provenance=elsewhere)
     cli = run_diff(actual, tmp_path / "g.h5", class_name=class_name, overrides=overrides)
     core = check_group(
@@ -223,12 +224,14 @@ def test_a_diff_judges_actual_s_environment_by_the_golden_s_calibration(tmp_path
     """ACTUAL produced on 4 devices, GOLDEN pinned on 1 with its spread there recorded: the
     diff judges as the check in ACTUAL's environment did (by calibration), and its drift
     policy is the check's."""
-    here = collect_provenance() | {"device_count": 1, "processes": 1}
+    here = replace(collect_provenance(), device_count=1, processes=1)
     spread = {"labels": ["devices=4"], "keys": {"w": [1e-3]}}
     golden = write_goldens(
-        tmp_path / "g.h5", {"w": np.zeros(4)}, provenance=here | {"calibration": {"spread": spread}}
+        tmp_path / "g.h5",
+        {"w": np.zeros(4)},
+        provenance=replace(here, calibration={"spread": spread}),
     )
-    on_four = here | {"device_count": 4}
+    on_four = replace(here, device_count=4)
     actual = write_goldens(
         tmp_path / "a.h5", {"w": np.array([0.0, 0.0, 0.0, 1e-3])}, provenance=on_four
     )
@@ -246,7 +249,7 @@ def _pinned_with_a_baseline_and_one_ulp_moved(tmp_path: Path) -> tuple[dict, Pat
     `(provenance, goldens, baseline source, arrays)`."""
     from parity.check import Baseline
 
-    here = collect_provenance() | {"device_count": 1, "processes": 1, "base_sha": "b" * 40}
+    here = replace(collect_provenance(), device_count=1, processes=1, base_sha="b" * 40)
     goldens = tmp_path / "goldens"
     goldens.mkdir()
     _pin(goldens, here)
@@ -254,7 +257,7 @@ def _pinned_with_a_baseline_and_one_ulp_moved(tmp_path: Path) -> tuple[dict, Pat
 
     class Source:
         def reproduce(self, group, pinned, current) -> Baseline:
-            return Baseline(baseline_file, str(pinned["base_sha"]), cached=True)
+            return Baseline(baseline_file, str(pinned.base_sha), cached=True)
 
     mutated = _arrays()
     mutated["plain"][0] = np.nextafter(mutated["plain"][0], np.float32(9))
@@ -265,13 +268,13 @@ def test_against_the_baseline_the_header_keeps_no_drift_that_moves_bits(tmp_path
     """The baseline shares this environment: its drift cannot explain a failure, so the
     header drops that line and keeps the informational one."""
     here, goldens, baseline, mutated = _pinned_with_a_baseline_and_one_ulp_moved(tmp_path)
-    elsewhere = here | {"device_count": 4, "numpy": "0.0.elsewhere"}
+    elsewhere = replace(here, device_count=4, numpy="0.0.elsewhere")
     result = check_group(mutated, "g", goldens=goldens, current_provenance=elsewhere,
                          baseline=baseline)  # fmt: skip
     assert not result.passed and result.comparison.finding("plain").verdict == "fail"
     assert result.header["reference"].startswith("the baseline re-produced here at bbbbbbbbbbbb")
     drift = [v for k, v in result.header.items() if k.startswith("drift")]
-    assert drift == ["environment drift (informational): numpy: '" + here["numpy"]
+    assert drift == ["environment drift (informational): numpy: '" + str(here.numpy)
                      + "' -> '0.0.elsewhere' (info)"]  # fmt: skip
     without = check_group(mutated, "g", goldens=goldens, current_provenance=elsewhere)
     assert "device_count: 1 -> 4 (bits)" in without.header["drift 0"]
@@ -284,7 +287,7 @@ def test_against_the_baseline_a_failure_is_vs_baseline_and_the_baseline_is_not_c
     reference line does not say "calibrated noise"; the failure is named against the
     baseline."""
     here, goldens, baseline, mutated = _pinned_with_a_baseline_and_one_ulp_moved(tmp_path)
-    elsewhere = here | {"device_count": 4}
+    elsewhere = replace(here, device_count=4)
     result = check_group(mutated, "g", goldens=goldens, current_provenance=elsewhere,
                          baseline=baseline)  # fmt: skip
     reference = result.header["reference"]
@@ -317,11 +320,11 @@ def test_at_index_names_the_same_element_on_pass_and_fail_lines(tmp_path: Path) 
 def test_a_group_that_holds_its_classes_off_the_pins_layout_asks_for_no_calibration(
     tmp_path: Path,
 ) -> None:
-    here = collect_provenance() | {"device_count": 1, "processes": 1}
+    here = replace(collect_provenance(), device_count=1, processes=1)
     goldens = tmp_path / "goldens"
     goldens.mkdir()
     _pin(goldens, here)
-    elsewhere = here | {"device_count": 4}
+    elsewhere = replace(here, device_count=4)
     result = check_group(_arrays(), "g", goldens=goldens, current_provenance=elsewhere)
     assert result.passed and result.comparison.inexact == ""
     text = format_table(result.comparison, header=result.header)
@@ -331,11 +334,11 @@ def test_a_group_that_holds_its_classes_off_the_pins_layout_asks_for_no_calibrat
 def test_a_calibrated_key_that_passes_off_its_bits_says_not_exact(tmp_path: Path) -> None:
     """A `calibrated` key judged where its bits could have been (the pin's environment):
     the verdict line says it passed by its bound, not bit for bit."""
-    here = collect_provenance() | {"device_count": 1, "processes": 1}
+    here = replace(collect_provenance(), device_count=1, processes=1)
     spread = {"labels": ["devices=4"], "keys": {"w": [1e-3]}}
     write_goldens(
         tmp_path / "g.h5", {"w": np.zeros(4, np.float32)}, classes={"w": "calibrated"},
-        provenance=here | {"calibration": {"spread": spread}},
+        provenance=replace(here, calibration={"spread": spread}),
     )  # fmt: skip
     moved = {"w": np.array([0, 0, 1e-4, 0], np.float32)}
     result = check_group(moved, "g", goldens=tmp_path, current_provenance=here)
@@ -350,11 +353,11 @@ def test_a_calibrated_key_that_passes_off_its_bits_says_not_exact(tmp_path: Path
 
 
 def test_a_required_baseline_that_nothing_re_produces_is_an_input_error(tmp_path: Path) -> None:
-    here = collect_provenance() | {"device_count": 1, "processes": 1, "base_sha": "b" * 40}
+    here = replace(collect_provenance(), device_count=1, processes=1, base_sha="b" * 40)
     _pin(tmp_path, here)
     mutated = _arrays()
     mutated["plain"][0] += np.float32(1e-6)
-    elsewhere = here | {"device_count": 4}
+    elsewhere = replace(here, device_count=4)
     with pytest.raises(CheckError, match="the baseline is required"):
         check_group(mutated, "g", goldens=tmp_path, current_provenance=elsewhere,
                     require_baseline=True)  # fmt: skip
@@ -381,7 +384,7 @@ def test_a_check_that_needs_its_baseline_compares_each_pair_of_arrays_once(
     from parity.store._reader import GoldenFile
 
     here, goldens, baseline, mutated = _pinned_with_a_baseline_and_one_ulp_moved(tmp_path)
-    elsewhere = here | {"device_count": 4}
+    elsewhere = replace(here, device_count=4)
 
     class Batch:
         def __init__(self) -> None:

@@ -86,8 +86,8 @@ def test_repin_pins_the_base_commit_values_not_the_head_or_dirty_tree(
         np.testing.assert_array_equal(g["x"], np.full(3, 1.0, np.float32))
         assert g["b"].dtype.name == "bfloat16"
         assert g["s"].shape == ()  # 0-d stays 0-d through the subprocess hand-off
-        assert g.provenance["base_sha"] == first
-        assert "--xla_cpu_max_isa=AVX2" in g.provenance["xla_flags"]
+        assert g.provenance.base_sha == first
+        assert "--xla_cpu_max_isa=AVX2" in str(g.provenance.xla_flags)
     assert checkout_snapshot(repo_dir) == before
 
 
@@ -125,11 +125,12 @@ def test_provenance_describes_the_producer_process_not_the_callers_shell(
         made = {"x64": bool(g["x64"]), "n": int(g["n"])}
         prov = g.provenance
     assert made == {"x64": False, "n": 1}
-    assert prov["x64"] is False and prov["device_count"] == 1
-    assert "bogus" not in prov["xla_flags"] and "device_count=1" in prov["xla_flags"]
-    assert prov["isa_cap"] == "AVX2" and prov["base_sha"] == first and prov["producer_digest"]
+    assert prov.x64 is False and prov.device_count == 1
+    flags = str(prov.xla_flags)
+    assert "bogus" not in flags and "device_count=1" in flags
+    assert prov.isa_cap == "AVX2" and prov.base_sha == first and prov.producer_digest
     with open_goldens(out / "b_x64.h5") as g:
-        assert bool(g["x64"]) is True and g.provenance["x64"] is True
+        assert bool(g["x64"]) is True and g.provenance.x64 is True
 
 
 def test_repin_twice_gives_byte_identical_files_and_reports_changes(repo, tmp_path):

@@ -99,8 +99,10 @@ def test_a_run_on_an_accelerator_is_not_kept_for_its_recording(
 
     def on_a_tpu(*args, **kwargs):
         made = real_loaded(*args, **kwargs)
-        runs = {g: dataclasses.replace(r, provenance={**r.provenance, "backend": "tpu"})
-                for g, r in made.runs.items()}  # fmt: skip
+        runs = {
+            g: dataclasses.replace(r, provenance=dataclasses.replace(r.provenance, backend="tpu"))
+            for g, r in made.runs.items()
+        }
         return dataclasses.replace(made, runs=runs)
 
     def close(self: KeptRun) -> None:

@@ -1,7 +1,9 @@
-"""Provenance: what is recorded (how drift is graded is `test_environment.py`'s)."""
+"""Provenance: what is recorded, and how it reads and writes as JSON (how drift is graded
+is `test_environment.py`'s)."""
 
 from __future__ import annotations
 
+import dataclasses
 import importlib.metadata
 import json
 import os
@@ -9,10 +11,18 @@ import shutil
 import subprocess
 import sys
 import textwrap
+from pathlib import Path
+from typing import Any
 
+import h5py
+import numpy as np
 import pytest
 
+from parity.store import Provenance, open_goldens, write_goldens
 from parity.store._provenance import collect_provenance, digest_sources
+from parity.store._provenance_record import FIELD_NAMES
+
+GOLDENS = Path(__file__).resolve().parents[3] / "goldens"
 
 _FIELDS = {
     "python",
@@ -40,12 +50,18 @@ _FIELDS = {
 
 def test_provenance_records_every_field_and_is_json():
     prov = collect_provenance(base_sha="abc123", producer_digest="d" * 64, device_count=4)
-    assert set(prov) == _FIELDS
-    assert prov["jax"] == importlib.metadata.version("jax")
-    assert prov["numpy"] == importlib.metadata.version("numpy")
-    assert prov["device_count"] == 4
-    assert prov["base_sha"] == "abc123" and prov["producer_digest"] == "d" * 64
-    assert json.loads(json.dumps(prov)) == prov
+    recorded = prov.to_json_dict()
+    assert set(recorded) == _FIELDS  # each one, a None as null
+    assert prov.jax == importlib.metadata.version("jax")
+    assert prov.numpy == importlib.metadata.version("numpy")
+    assert prov.device_count == 4
+    assert prov.base_sha == "abc123" and prov.producer_digest == "d" * 64
+    assert json.loads(json.dumps(recorded)) == recorded
+    assert Provenance.from_json_dict(recorded) == prov
+
+
+def test_the_fields_are_what_the_collector_records_and_the_harness_adds():
+    assert set(FIELD_NAMES) == _FIELDS | {"order", "calibration"}
 
 
 def test_provenance_reads_flags_and_env_without_importing_jax(tmp_path):
@@ -55,7 +71,7 @@ def test_provenance_reads_flags_and_env_without_importing_jax(tmp_path):
         import json, sys
         import parity, parity.store
         from parity.store._provenance import collect_provenance
-        prov = collect_provenance()
+        prov = collect_provenance().to_json_dict()
         leaked = sorted(m for m in ("jax", "parity._compile_stats") if m in sys.modules)
         print(json.dumps({"prov": prov, "leaked": leaked}))
         """
@@ -103,3 +119,79 @@ def test_source_digest_ignores_argument_order_and_refuses_missing_paths(tmp_path
     assert digest_sources(files) == digest_sources([tmp_path])
     with pytest.raises(FileNotFoundError, match="cannot digest"):
         digest_sources([tmp_path / "missing.py"])
+
+
+# --------------------------------------------------------------------------- as JSON
+
+#: What another parity version may write: a key this one does not know, a known key recorded
+#: as null, one of another type than this one reads, and a nested calibration.
+_FOREIGN: dict[str, Any] = {
+    "jax": "0.4.30",
+    "device_count": 4,
+    "x64": False,
+    "isa_cap": None,
+    "processes": "2",
+    "calibration": {"summary": "s", "spread": {"labels": ["repeat"], "keys": {"a": [0.5]}}},
+    "order": "dataflow",
+    "a_key_of_the_future": {"nested": [1, None, 2.5]},
+}
+
+
+def test_a_provenance_reads_what_it_knows_and_keeps_the_rest_as_recorded():
+    prov = Provenance.from_json_dict(_FOREIGN)
+    assert prov.jax == "0.4.30" and prov.device_count == 4 and prov.x64 is False
+    assert prov.order == "dataflow" and prov.calibration == _FOREIGN["calibration"]
+    assert prov.isa_cap is None and prov.base_sha is None
+    assert prov.processes is None  # "2" is no count: kept as recorded, not read
+    assert prov.unknown == {"processes": "2", "a_key_of_the_future": {"nested": [1, None, 2.5]}}
+    assert prov.to_json_dict() == _FOREIGN
+    # What a field-by-field comparison walks: every field, and the raw values kept.
+    walked = prov.by_name()
+    assert set(walked) == {*FIELD_NAMES, "a_key_of_the_future"} and walked["processes"] == "2"
+
+
+def test_an_edit_is_a_replace_and_a_field_set_wins_over_its_raw_value():
+    prov = Provenance.from_json_dict(_FOREIGN)
+    edited = dataclasses.replace(prov, base_sha="b" * 40, processes=2, isa_cap="AVX2")
+    assert edited.to_json_dict() == _FOREIGN | {
+        "base_sha": "b" * 40,
+        "processes": 2,
+        "isa_cap": "AVX2",
+    }
+    assert prov.to_json_dict() == _FOREIGN  # frozen: the original stays as read
+    assert Provenance().is_empty and Provenance().to_json_dict() == {}
+    assert not Provenance(isa_cap=None, nulls=frozenset({"isa_cap"})).is_empty
+
+
+def test_a_header_with_unknown_keys_writes_back_byte_for_byte(tmp_path: Path):
+    first = write_goldens(
+        tmp_path / "a.h5", {"w": np.zeros(3)}, provenance=Provenance.from_json_dict(_FOREIGN)
+    )
+    with open_goldens(first) as gf:
+        read = gf.provenance
+    assert read.to_json_dict() == _FOREIGN
+    again = write_goldens(tmp_path / "b.h5", {"w": np.zeros(3)}, provenance=read)
+    with h5py.File(first, "r") as f, h5py.File(again, "r") as g:
+        assert f.attrs["provenance"] == g.attrs["provenance"]
+        assert json.loads(f.attrs["provenance"]) == _FOREIGN  # pyright: ignore[reportArgumentType]
+
+
+def _committed_goldens() -> list[Path]:
+    return sorted(GOLDENS.glob("*.h5"))
+
+
+@pytest.mark.parametrize("path", _committed_goldens(), ids=lambda p: p.name)
+def test_every_committed_golden_reads_into_a_provenance_that_writes_its_json(path: Path):
+    # The other path: the root attribute read with h5py and json, not through the store.
+    with h5py.File(path, "r") as f:
+        raw = json.loads(f.attrs["provenance"])  # pyright: ignore[reportArgumentType]
+    with open_goldens(path) as gf:
+        prov = gf.provenance
+    assert prov.to_json_dict() == raw
+    assert json.dumps(prov.to_json_dict(), sort_keys=True) == json.dumps(raw, sort_keys=True)
+    assert prov.base_sha == raw["base_sha"] and prov.device_count == raw["device_count"]
+    assert prov.unknown == {}  # every key a committed golden records is a field
+
+
+def test_the_committed_goldens_are_there_to_read():
+    assert len(_committed_goldens()) >= 5

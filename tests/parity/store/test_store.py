@@ -28,6 +28,7 @@ from parity.store import (
     GoldenSchemaError,
     GoldenStoreError,
     GoldenUnsafeError,
+    Provenance,
     UnsupportedDtypeError,
     _writer as writer,
     open_goldens,
@@ -173,13 +174,13 @@ def test_keys_hdf5_cannot_hold_are_refused(tmp_path, key):
 
 def test_root_and_dataset_attributes_follow_the_schema(tmp_path):
     arrays = {"b": np.zeros(2, ml_dtypes.bfloat16), "a": np.ones(3), "c": np.int8(4)}
-    prov = {"z": 1, "a": [1, 2], "m": None}
+    prov = {"z": 1, "a": [1, 2], "m": None, "jax": "0.10.2", "isa_cap": None}
     path = write_goldens(
         tmp_path / "g.h5",
         arrays,
         classes={"a": "fp32_reassoc"},
         class_map_json='{"taps.*": "fp32_reassoc"}',
-        provenance=prov,
+        provenance=Provenance.from_json_dict(prov),
         order=["c", "a"],
     )
     with h5py.File(path, "r") as h5:
@@ -195,7 +196,8 @@ def test_root_and_dataset_attributes_follow_the_schema(tmp_path):
         assert f["a/%value"].chunks is None and f["a/%value"].compression is None
     with open_goldens(path) as g:
         assert g.schema_version == SCHEMA_VERSION
-        assert g.provenance == prov
+        assert g.provenance.to_json_dict() == prov
+        assert g.provenance.jax == "0.10.2" and g.provenance.isa_cap is None
         assert g.class_map_json == '{"taps.*": "fp32_reassoc"}'
         assert [g.info(k).order for k in ("a", "b", "c")] == [1, -1, 0]
         loaded = g.load_all()
@@ -225,6 +227,7 @@ def test_unknown_keys_in_classes_or_order_are_refused(tmp_path):
 _CONTENT = textwrap.dedent(
     """
     import numpy as np, ml_dtypes
+    from parity.store import Provenance
     arrays = {
         "taps.l.0": np.arange(12, dtype=np.float32).reshape(3, 4),
         "taps.l": np.linspace(-1, 1, 7).astype(ml_dtypes.bfloat16),
@@ -235,7 +238,7 @@ _CONTENT = textwrap.dedent(
     kwargs = dict(
         classes={"taps.l.0": "fp32_reassoc"},
         class_map_json='{"taps.*": "fp32_reassoc"}',
-        provenance={"jax": "0.10.2", "base_sha": "abc"},
+        provenance=Provenance(jax="0.10.2", base_sha="abc"),
         order=["taps.l", "taps.l.0"],
     )
     """
@@ -449,7 +452,8 @@ def test_plain_hdf5_files_are_readable_with_dotted_keys(tmp_path):
         f["scalar"] = np.int64(7)
     with open_goldens(path) as g:
         assert not g.is_parity_file
-        assert g.schema_version is None and g.provenance == {} and g.class_map_json == ""
+        assert g.schema_version is None and g.class_map_json == ""
+        assert g.provenance == Provenance() and g.provenance.is_empty
         assert g.keys() == ["logits", "scalar", "taps.layers.0"]
         assert g.info("taps.layers.0") == ArrayInfo(
             "taps.layers.0", (2, 2), np.dtype("float64"), "", None, -1
