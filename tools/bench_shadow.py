@@ -120,7 +120,7 @@ def train(remat: str) -> None:
 
     from bench_localise import load_producers
     from parity.judge._dataflow import numpy_conversions
-    from parity.origin._interpreter import FLUSH_EVERY
+    from parity.origin._flushing import FLUSH_ABOVE
     from parity.origin._programs import capture
     from parity.origin._record import record_programs
     from parity.origin._shadow import Shadow
@@ -133,7 +133,7 @@ def train(remat: str) -> None:
             out = producers._train_group.__wrapped__(mode, legacy)  # pyright: ignore[reportPrivateUsage]
         recording, _ = record_programs(
             programs, out, sources=converted.source, keep_arrays=shadow is None,
-            flush_every=FLUSH_EVERY, shadow=shadow,
+            flush_above=FLUSH_ABOVE, shadow=shadow,
         )  # fmt: skip
         assert recording is not None
         return recording, out

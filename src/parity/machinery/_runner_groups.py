@@ -113,7 +113,7 @@ def _recorded_order(
     import numpy as np
 
     from parity.origin import LocaliseError
-    from parity.origin._interpreter import FLUSH_EVERY
+    from parity.origin._flushing import FLUSH_ABOVE
     from parity.origin._record import record_programs
 
     reason, recording, order = None, None, None
@@ -126,7 +126,7 @@ def _recorded_order(
             evaluate=out is not None,
             keep_arrays=with_arrays,
             max_bytes=ORIGIN_MAX_BYTES,
-            flush_every=FLUSH_EVERY,
+            flush_above=FLUSH_ABOVE,
             shadow=shadow,
         )
     except LocaliseError as e:

@@ -23,6 +23,8 @@ import numpy as np
 
 from parity._errors import ParityError
 from parity.judge._dataflow import MOVES as PLACED_MOVES
+from parity.origin._executables import Executables
+from parity.origin._flushing import Flushing
 from parity.origin._recording import Fingerprint, Recording, Value, fingerprint, row_fingerprints
 
 __all__ = ["MOVES", "Interpreter", "LocaliseError", "plain_dtype", "user_frame_of"]
@@ -65,13 +67,6 @@ MOVES = PLACED_MOVES | frozenset(
 )
 
 _MAX_WHILE = 100_000
-#: Every so many values, a recording process clears jax's caches (each operation run on its
-#: own compiles a program of its own, and XLA keeps them all: a train step's 41,000 values
-#: took the recording process from 1.1 to 3.0 GiB) and hands the freed memory back to the
-#: system: 2.0 GiB at the peak, for 40% more time (docs/design.md, "Cost"). Asked for by the
-#: producer runner (`Interpreter(flush_every=...)`), never in a user's own process, whose
-#: compiled functions it would drop.
-FLUSH_EVERY = 4000
 _PARITY = str(Path(__file__).resolve().parents[1])
 
 
@@ -125,7 +120,7 @@ class Interpreter:
         *,
         evaluate: bool = True,
         keep_arrays: bool = True,
-        flush_every: int | None = None,
+        flush_above: int | None = None,
         shadow: Any = None,
     ) -> None:
         self.max_bytes = max_bytes
@@ -134,7 +129,15 @@ class Interpreter:
         self.shadow = shadow
         if shadow is not None:
             shadow.interpreter = self
-        self.flush_every = flush_every
+        #: The programs its operations ran, one per signature (`parity.origin._executables`).
+        self.executables = Executables()
+        #: Clears jax's caches and those programs as the recording grows
+        #: (`parity.origin._flushing`); None: never (a user's own process).
+        self.flushing = (
+            None
+            if flush_above is None or not evaluate
+            else Flushing(flush_above, also=self.executables.clear)
+        )
         self.evaluate = evaluate
         self.keep_arrays = keep_arrays
         self.nbytes = 0
@@ -161,8 +164,8 @@ class Interpreter:
     ) -> Ref:
         i = len(self.values)
         ins = tuple(j for j in inputs if j >= 0)
-        if self.evaluate and self.flush_every and i and i % self.flush_every == 0:
-            _flush()
+        if self.flushing is not None:
+            self.flushing.after(i)
         if self.evaluate:
             host = to_host(x)
             if kind in ("input", "const") and host.size <= SMALL_CONSTANT:
@@ -284,7 +287,7 @@ class Interpreter:
             index = int(np.asarray(ins[0][0]))
             return self.closed(params["branches"][index], ins[1:], where)
         if self.evaluate:
-            outs = eqn.primitive.bind(*(x for x, _ in ins), **params)
+            outs = self.executables.bind(eqn.primitive, [x for x, _ in ins], params)
             outs = outs if eqn.primitive.multiple_results else [outs]
         else:  # walked, not computed: a while or cond is one operation here
             outs = [Aval(v.aval.shape, v.aval.dtype) for v in eqn.outvars]
@@ -414,19 +417,6 @@ def as_jax(x: Any) -> Any:
 def dtype_of(x: Any) -> Any:
     dtype = getattr(x, "dtype", None)
     return dtype if dtype is not None else np.asarray(x).dtype
-
-
-def _flush() -> None:
-    """Drop jax's compiled programs and hand freed memory back (glibc's `malloc_trim`,
-    where the C library has it)."""
-    import contextlib
-    import ctypes
-
-    import jax
-
-    jax.clear_caches()
-    with contextlib.suppress(OSError, AttributeError):  # not glibc: the memory stays
-        ctypes.CDLL(None).malloc_trim(0)
 
 
 def to_host(x: Any) -> np.ndarray:

@@ -193,7 +193,7 @@ def record_programs(
     evaluate: bool = True,
     keep_arrays: bool = False,
     max_bytes: int | None = None,
-    flush_every: int | None = None,
+    flush_above: int | None = None,
     shadow: Any = None,
 ) -> tuple[Recording | None, list[str] | None]:
     """Run the programs a producer dispatched (`parity.origin._programs.capture`) op by op,
@@ -211,8 +211,9 @@ def record_programs(
     - `evaluate`: compute every value (a recording); False walks the programs for their
       shapes and dataflow only (the order, at the cost of a trace walk).
     - `keep_arrays`, `max_bytes`: as `record`.
-    - `flush_every`: clear jax's caches every so many values, to bound the memory of a
-      process that records (`parity.origin._interpreter.FLUSH_EVERY`); None: never.
+    - `flush_above`: clear jax's caches where the process's resident memory passes so many
+      bytes, to bound the memory of a process that records
+      (`parity.origin._flushing.FLUSH_ABOVE`); None: never.
     - `shadow`: as `record`.
 
     **Returns:** `(recording, order)`: the `Recording` (None where not `evaluate`), and the
@@ -233,7 +234,7 @@ def record_programs(
         max_bytes,
         evaluate=evaluate,
         keep_arrays=keep_arrays,
-        flush_every=flush_every,
+        flush_above=flush_above,
         shadow=shadow,
     )
     results: list[list[Ref]] = []

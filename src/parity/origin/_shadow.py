@@ -214,7 +214,8 @@ class Shadow:
             if numbers is None or dtype is None:
                 return [None] * len(eqn.outvars)
             operands.append(_as_operand(numbers, x))
-        outs = eqn.primitive.bind(*operands, **eqn.params)
+        assert self.interpreter is not None  # it told this shadow of the operation
+        outs = self.interpreter.executables.bind(eqn.primitive, operands, eqn.params)
         outs = outs if eqn.primitive.multiple_results else [outs]
         return [to_host(o) for o in outs]
 
