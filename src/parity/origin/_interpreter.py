@@ -15,7 +15,9 @@ jax is imported inside these functions only (the caller has it).
 
 from __future__ import annotations
 
+import functools
 import hashlib
+import os
 from pathlib import Path
 from typing import Any
 
@@ -433,6 +435,21 @@ def to_host(x: Any) -> np.ndarray:
 _LIBRARIES = ("site-packages", "dist-packages")
 
 
+def _file_kind(file_name: str) -> str:
+    """Whose a frame's file is: `parity`'s own, an installed `library`'s, or the `user`'s."""
+    return _kind_of_file(os.path.join(os.getcwd(), file_name))
+
+
+@functools.lru_cache(maxsize=4096)
+def _kind_of_file(path: str) -> str:
+    """`_file_kind` of an absolute `path`, resolved once per path: a recording asks for the
+    same few files at every operation."""
+    file = str(Path(path).resolve())
+    if file.startswith(_PARITY):
+        return "parity"
+    return "library" if any(part in _LIBRARIES for part in Path(file).parts) else "user"
+
+
 def user_frame_of(source_info: Any) -> Where:
     """The user's own frame of a jax `SourceInfo` (the innermost outside jax, parity and
     installed libraries); where the innermost frame outside jax and parity lies in an
@@ -445,10 +462,10 @@ def user_frame_of(source_info: Any) -> Where:
     library = ""
     chain: list[str] = []
     for frame in user_frames(source_info):
-        file = str(Path(frame.file_name).resolve())
-        if file.startswith(_PARITY):
+        kind = _file_kind(frame.file_name)
+        if kind == "parity":
             continue
-        if any(part in _LIBRARIES for part in Path(file).parts):
+        if kind == "library":
             if own is None and not library:
                 library = f"{frame.file_name}:{frame.start_line} in {frame.function_name}"
             continue

@@ -129,13 +129,22 @@ def _block_stats(x64: np.ndarray) -> np.ndarray:
     out = np.zeros((rows, STATS))
     if n == 0:
         return out
-    starts = np.unique(np.linspace(0, n, BLOCKS + 1).astype(np.int64)[:-1])
-    sizes = np.diff(np.append(starts, n))
+    starts, sizes = _blocks(n)
     k = len(starts)
     out[:, :k] = np.add.reduceat(x64, starts, axis=1) / sizes
     out[:, BLOCKS : BLOCKS + k] = np.add.reduceat(np.abs(x64), starts, axis=1) / sizes
     out[:, 2 * BLOCKS : 2 * BLOCKS + k] = np.add.reduceat(x64 * _signs(n), starts, axis=1) / sizes
     return out
+
+
+@functools.lru_cache(maxsize=256)
+def _blocks(n: int) -> tuple[np.ndarray, np.ndarray]:
+    """Where each of the (at most `BLOCKS`) contiguous blocks of `n` elements starts, and
+    its size: the same for every row of `n` elements, so made once per `n`."""
+    starts = np.unique(np.linspace(0, n, BLOCKS + 1).astype(np.int64)[:-1])
+    sizes = np.diff(np.append(starts, n))
+    starts.flags.writeable = sizes.flags.writeable = False
+    return starts, sizes
 
 
 @functools.lru_cache(maxsize=256)
