@@ -124,10 +124,21 @@ KINDS = {
 }  # fmt: skip
 
 
+def shared_folder(factory: pytest.TempPathFactory, name: str) -> Path:
+    """The folder `name` under this session's temporary root: the same folder for every
+    xdist worker (each worker's own root is a folder of the session's)."""
+    base = factory.getbasetemp()
+    folder = (base.parent if os.environ.get("PYTEST_XDIST_WORKER") else base) / name
+    folder.mkdir(exist_ok=True)
+    return folder
+
+
 @pytest.fixture(scope="module")
 def shared_cache(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    """One cache of baselines for the kinds: the base is re-produced and recorded once."""
-    return tmp_path_factory.mktemp("kinds")
+    """One cache of baselines for the kinds and the clean tree, whichever worker runs each:
+    the base is re-produced and recorded once (a second check waits on the entry's lock,
+    then reads it)."""
+    return shared_folder(tmp_path_factory, "forward_llama-origin")
 
 
 @pytest.mark.slow
@@ -150,8 +161,8 @@ def test_each_kind_of_edit_is_named_on_the_real_goldens(shared_cache: Path, kind
 
 
 @pytest.mark.slow
-def test_the_clean_tree_passes_with_the_logits_under_op_by_op(tmp_path: Path) -> None:
-    proc, doc = _check(ROOT, "forward_llama", tmp_path, *OP_BY_OP)
+def test_the_clean_tree_passes_with_the_logits_under_op_by_op(shared_cache: Path) -> None:
+    proc, doc = _check(ROOT, "forward_llama", shared_cache, *OP_BY_OP, report="clean.json")
     assert proc.returncode == 0, proc.stdout + proc.stderr
     logits = [f for f in doc["findings"] if f["key"].split("/")[-1].startswith("logits.")]
     assert logits and all(f["class"] == "op_by_op" and f["verdict"] == "pass" for f in logits)

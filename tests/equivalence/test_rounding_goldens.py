@@ -14,7 +14,7 @@ from __future__ import annotations
 from pathlib import Path
 
 import pytest
-from test_origin_goldens import NN, _check, _line_of
+from test_origin_goldens import NN, _check, _line_of, shared_folder
 
 from _changed_tree import changed_tree
 
@@ -31,8 +31,9 @@ HELD = ("--override", "*=up_to_rounding")
 
 @pytest.fixture(scope="module")
 def cache(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    """One cache of baselines: the base is re-produced with every value once."""
-    return tmp_path_factory.mktemp("rounding")
+    """One cache of baselines, whichever worker runs each test: the base is re-produced
+    with every value once."""
+    return shared_folder(tmp_path_factory, "forward_llama-rounding")
 
 
 @pytest.mark.slow
