@@ -8,7 +8,8 @@ recorded there, a few 1e-6), which let it pass before. "Another host" at 1 devic
 simulated with another ISA cap (`AVX` against the pinned `AVX2`): XLA picks other kernels
 there, as it does on another processor, and the goldens' bits do not reproduce (the
 calibration records `isa=AVX` moving every GLU logit). Both checks pass whatever this host
-is: the goldens were pinned at 1 device under AVX2, and neither check runs there.
+is: the goldens were pinned at 1 device under AVX2, and neither check runs there. Each
+also names the origin: the changed constant, at the line of the change.
 
 The tree under test is the working tree's tracked files, copied over a temporary worktree
 of HEAD (the base commit of the goldens is in the history, as in a full clone), with the
@@ -80,3 +81,12 @@ def test_a_logits_change_of_1e_6_fails_bitwise_against_the_baseline_off_the_pins
     assert taps and all(f["verdict"] == "pass" and f["class"] == "fp32_reassoc" for f in taps)
     (check,) = doc["checks"]
     assert check["first_failure"]["key"].rpartition("/")[2].startswith("logits."), check
+    # The origin at this layout too: the changed constant, in rms_norm, called from the line
+    # the change is on.
+    origin = check["origin"]
+    assert origin is not None, check["origin_line"]
+    assert (origin["function"], origin["change"]) == ("rms_norm", "constant"), origin
+    line = next(
+        n for n, t in enumerate((changed_tree / MODEL).read_text().splitlines(), 1) if AFTER in t
+    )
+    assert f"{MODEL}:{line} in GLUTransformer._logits" in origin["chain"], origin
