@@ -26,6 +26,7 @@ from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
+from test_origin_goldens import _line_of
 
 from _changed_tree import changed_tree as changed_tree_of
 
@@ -86,7 +87,5 @@ def test_a_logits_change_of_1e_6_fails_bitwise_against_the_baseline_off_the_pins
     origin = check["origin"]
     assert origin is not None, check["origin_line"]
     assert (origin["function"], origin["change"]) == ("rms_norm", "constant"), origin
-    line = next(
-        n for n, t in enumerate((changed_tree / MODEL).read_text().splitlines(), 1) if AFTER in t
-    )
+    line = _line_of(changed_tree, MODEL, AFTER)
     assert f"{MODEL}:{line} in GLUTransformer._logits" in origin["chain"], origin
