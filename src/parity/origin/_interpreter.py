@@ -339,7 +339,10 @@ class Interpreter:
         steps = range(length - 1, -1, -1) if p["reverse"] else range(length)
         ys: dict[int, list[Ref]] = {}
         for k in steps:
-            rows = [self.add(x[k], "scan", "move", [i], where, self.row_of(i, k)) for x, i in xs]
+            row = self.executables.row
+            rows = [
+                self.add(row(x, k), "scan", "move", [i], where, self.row_of(i, k)) for x, i in xs
+            ]
             if self.shadow is not None and self.evaluate:
                 for (_, i), (_, r) in zip(xs, rows, strict=True):
                     self.shadow.row(r, i, k)
@@ -354,7 +357,7 @@ class Interpreter:
                 continue
             parts = [ys[k][j] for k in range(length)]
             if self.evaluate:
-                array: Any = jnp.stack([jnp.asarray(x) for x, _ in parts])
+                array: Any = self.executables.stack([x for x, _ in parts])
             else:
                 array = Aval(var.aval.shape, var.aval.dtype)
             ref = self.add(array, "scan", "move", [i for _, i in parts], where)

@@ -6,6 +6,7 @@ from __future__ import annotations
 import jax
 import jax.numpy as jnp
 import numpy as np
+from hypothesis import given, settings, strategies as st
 from jax import lax
 from jax.extend import core as jex
 
@@ -77,3 +78,87 @@ def test_one_program_per_signature() -> None:
     assert len(run) == 4 and float(np.asarray(weak)[0, 0]) == 4.0
     run.clear()
     assert len(run) == 0
+
+
+#: Each move `HOST_MOVES` makes with numpy, as jax writes it (the parameters come from jax's
+#: own trace of these functions of a 2-d array).
+_MOVES = {
+    "slice": lambda x: lax.slice(x, (1, 0), x.shape, (2, 3)),
+    "broadcast_in_dim": lambda x: lax.broadcast_in_dim(x, (2, *x.shape, 3), (1, 2)),
+    "reshape": lambda x: x.reshape(x.shape[1], 1, x.shape[0]),
+    "squeeze": lambda x: lax.squeeze(x, (0,)),
+    "transpose": lambda x: x.T,
+    "concatenate": lambda x: lax.concatenate([x, lax.rev(x, (1,)), x], 1),
+    "rev": lambda x: lax.rev(x, (0, 1)),
+}
+
+
+def _bits(shape: tuple[int, ...], dtype: str, seed: int) -> np.ndarray:
+    """An array of `dtype` whose bits are drawn at random (NaNs with payloads, infinities,
+    negative zeros and subnormals included, for the float types)."""
+    import ml_dtypes
+
+    np_dtype = np.dtype(ml_dtypes.bfloat16 if dtype == "bfloat16" else dtype)
+    rng = np.random.default_rng(seed)
+    if np_dtype == np.bool_:
+        return rng.integers(0, 2, shape).astype(bool)
+    raw = rng.integers(0, 256, (*shape, np_dtype.itemsize), np.uint8)
+    return raw.view(np_dtype).reshape(shape)
+
+
+@settings(max_examples=30, deadline=None)
+@given(
+    move=st.sampled_from(sorted(_MOVES)),
+    rows=st.integers(1, 5),
+    cols=st.integers(4, 9),
+    dtype=st.sampled_from(["float32", "bfloat16", "int32", "uint32", "bool"]),
+    seed=st.integers(0, 2**16),
+)
+def test_a_move_on_the_host_is_jaxs_program_bit_for_bit(move, rows, cols, dtype, seed) -> None:
+    """Moves are made with numpy in a process with one device, and compile nothing: the
+    same bits, dtype, shape and weak type as the program jax compiles for each. Not those of
+    bfloat16, which XLA moves through float32 (a signalling NaN comes back quiet)."""
+    shape = (1, cols) if move == "squeeze" else (rows, cols)
+    x = jnp.asarray(_bits(shape, dtype, seed))
+    (eqn,) = [e for e in jax.make_jaxpr(_MOVES[move])(x).eqns if e.primitive.name == move]
+    ins = [jnp.asarray(_bits(v.aval.shape, dtype, seed + j)) for j, v in enumerate(eqn.invars)]
+    run = Executables()
+    mine = run.bind(eqn.primitive, ins, dict(eqn.params))
+    theirs = jax.jit(lambda *xs: eqn.primitive.bind(*xs, **eqn.params))(*ins)
+    assert isinstance(mine, jax.Array)
+    assert (mine.shape, mine.dtype, mine.weak_type) == (
+        theirs.shape,
+        theirs.dtype,
+        theirs.weak_type,
+    )
+    assert np.asarray(mine).tobytes() == np.asarray(theirs).tobytes()
+    assert len(run) == (0 if jax.device_count() == 1 and dtype != "bfloat16" else 1)
+
+
+def test_a_scans_rows_and_results_are_moved_on_the_host_bit_for_bit() -> None:
+    x = jnp.asarray(_bits((3, 4, 5), "float32", 7))
+    run = Executables()
+    parts = [run.row(x, k) for k in range(3)]
+    assert all(np.asarray(p).tobytes() == np.asarray(x[k]).tobytes() for k, p in enumerate(parts))
+    stacked = run.stack(parts)
+    assert isinstance(stacked, jax.Array) and stacked.dtype == x.dtype
+    assert np.asarray(stacked).tobytes() == np.asarray(x).tobytes()
+    # The rows of a vector are scalars, and stack back into it.
+    v = jnp.arange(4, dtype=jnp.int32)
+    scalars = [run.row(v, k) for k in range(4)]
+    assert all(s.shape == () for s in scalars)
+    assert np.asarray(run.stack(scalars)).tolist() == [0, 1, 2, 3]
+    squeezed = run.bind(lax.squeeze_p, [v[:1].reshape(1, 1)], {"dimensions": (0, 1)})
+    assert squeezed.shape == () and int(squeezed) == 0
+    # A PRNG key's rows are not plain numbers: indexed and stacked by jax.
+    keys = jax.random.split(jax.random.key(0), 3)
+    again = run.stack([run.row(keys, k) for k in range(3)])
+    assert np.array_equal(jax.random.key_data(again), jax.random.key_data(keys))
+
+
+def test_a_weakly_typed_move_runs_jaxs_program() -> None:
+    w = lax.broadcast_in_dim(jnp.asarray(3.0), (2, 3), ())
+    assert w.weak_type
+    run = Executables()
+    moved = run.bind(lax.transpose_p, [w], {"permutation": (1, 0)})
+    assert moved.weak_type and moved.shape == (3, 2) and len(run) == 1
