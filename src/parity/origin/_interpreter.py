@@ -27,7 +27,7 @@ from parity._errors import ParityError
 from parity.judge._dataflow import MOVES as PLACED_MOVES
 from parity.origin._executables import Executables
 from parity.origin._flushing import Flushing
-from parity.origin._recording import Fingerprint, Recording, Value, fingerprint, row_fingerprints
+from parity.origin._recording import Fingerprint, Recording, Value, value_fingerprints
 
 __all__ = ["MOVES", "Interpreter", "LocaliseError", "plain_dtype", "user_frame_of"]
 
@@ -182,9 +182,10 @@ class Interpreter:
                     "smaller case (fewer layers, a shorter batch)"
                 )
             shape, dtype = tuple(host.shape), str(host.dtype)
-            self.prints.append(fingerprint(host))
-            if host.ndim >= 2 and host.shape[0] > 0:
-                self.rows[i] = tuple(row_fingerprints(host))
+            whole, rows = value_fingerprints(host)
+            self.prints.append(whole)
+            if rows:
+                self.rows[i] = rows
             if self.keep_arrays:
                 self.arrays.append(host)
             else:
