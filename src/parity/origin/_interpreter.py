@@ -332,11 +332,8 @@ class Interpreter:
 
         p = eqn.params
         n_consts, n_carry, length = int(p["num_consts"]), int(p["num_carry"]), int(p["length"])
-        consts, carry, xs = (
-            ins[:n_consts],
-            ins[n_consts : n_consts + n_carry],
-            ins[n_consts + n_carry :],
-        )
+        split = n_consts + n_carry
+        consts, carry, xs = ins[:n_consts], ins[n_consts:split], ins[split:]
         steps = range(length - 1, -1, -1) if p["reverse"] else range(length)
         ys: dict[int, list[Ref]] = {}
         for k in steps:
