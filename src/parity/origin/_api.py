@@ -25,6 +25,7 @@ from parity.judge._tolerance import (
     to_class,
 )
 from parity.origin._align import Alignment, align, matching_tolerance
+from parity.origin._executables import Executables
 from parity.origin._localisation import Localisation
 from parity.origin._proof import (
     Proof,
@@ -356,8 +357,9 @@ def localise(
     assert found.status != "named", found.line
     ```
     """
-    new = record(new_fn, *args, **kwargs)
-    old = record(old_fn, *args, **kwargs)
+    shared = Executables()  # an operation both sides run is compiled once
+    new = record(new_fn, *args, executables=shared, **kwargs)
+    old = record(old_fn, *args, executables=shared, **kwargs)
     return locate(new, old, class_map=class_map, registry=registry, key=key, root=root)
 
 
@@ -380,9 +382,10 @@ def settle_live(
     fails, `new_fn` is recorded with its replay on `old_fn`'s values (`Shadow`)."""
     rounds = any(provable_up_to_rounding(f) for f in comparison.findings)
     try:
-        old = record(old_fn, *args, **kwargs)
+        shared = Executables()  # an operation both sides run is compiled once
+        old = record(old_fn, *args, executables=shared, **kwargs)
         shadow = Shadow(old) if rounds else None
-        new = record(new_fn, *args, shadow=shadow, **kwargs)
+        new = record(new_fn, *args, shadow=shadow, executables=shared, **kwargs)
     except LocaliseError as e:
         reason = e.reason
     except Exception as e:

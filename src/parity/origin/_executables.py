@@ -17,14 +17,14 @@ unhashable parameter, an operand of a kind not listed here) is bound as before.
 **Moves on the host.** An operation that only moves numbers (a slice, a transpose, a
 reshape, a broadcast, a concatenation; `HOST_MOVES`) computes nothing that rounding could
 change: the program jax compiles for it copies each element's bits to its place, for
-booleans, integers and float32 (not bfloat16: `_bit_moved`). In a process with one
-device, such an operation on those (not weakly typed) is done with numpy on the host copy
-of its operands, and the result placed back on the device (`jax.device_put`): the same
-bits, and no program to compile (about 40 ms each, cold, on a 2-core x86 host with jax
-0.10.2) or to load from the cache. The rows a scan reads and the stacking of its results
-are moves of the same kind (`Executables.row`, `Executables.stack`). A train group's
-recording (`train_remat_nothing`, with a changed mask key) compiled 1,330 programs before
-and 967 with the moves on the host; that check, cold, took 189 CPU-s before, 143 after.
+booleans, integers and float32 (not bfloat16: `_bit_moved`). In a process with one device,
+a CPU (an accelerator keeps jax's programs: nothing was measured on one), such an operation
+on those (not weakly typed) is done with numpy on the host copy of its operands, and the
+result placed back on the device (`jax.device_put`): the same bits, and no program to
+compile (about 40 ms each, cold, on a 2-core x86 host with jax 0.10.2) or to load from the
+cache. The rows a scan reads and the stacking of its results are moves of the same kind
+(`Executables.row`, `Executables.stack`). A train group's recording (`train_remat_nothing`,
+with a changed mask key) compiled 1,330 programs before and 967 with the moves on the host.
 """
 
 from __future__ import annotations
@@ -73,10 +73,12 @@ HOST_MOVES: dict[str, tuple[tuple[str, ...], Any]] = {
 }
 
 
-def _one_device() -> bool:
+def _one_cpu() -> bool:
+    """Whether this process runs on one device, a CPU: the moves measured bit for bit
+    (`_bit_moved`) are XLA's CPU backend's, so an accelerator keeps jax's programs."""
     import jax
 
-    return jax.device_count() == 1
+    return jax.device_count() == 1 and jax.devices()[0].platform == "cpu"
 
 
 def _bit_moved(dtype: Any) -> bool:
@@ -156,9 +158,9 @@ class Executables:
         return compiled(*operands)
 
     def host(self) -> bool:
-        """Whether moves are done on the host: in a process with one device."""
+        """Whether moves are done on the host: in a process with one device, a CPU."""
         if self._on_host is None:
-            self._on_host = _one_device()
+            self._on_host = _one_cpu()
         return self._on_host
 
     def _move(self, name: str, operands: Sequence[Any], params: dict[str, Any]) -> Any:

@@ -124,6 +124,7 @@ class Interpreter:
         keep_arrays: bool = True,
         flush_above: int | None = None,
         shadow: Any = None,
+        executables: Executables | None = None,
     ) -> None:
         self.max_bytes = max_bytes
         #: A shadow replay (`parity.origin._shadow.Shadow`) told of every value as it is
@@ -131,8 +132,9 @@ class Interpreter:
         self.shadow = shadow
         if shadow is not None:
             shadow.interpreter = self
-        #: The programs its operations ran, one per signature (`parity.origin._executables`).
-        self.executables = Executables()
+        #: The programs its operations ran, one per signature (`parity.origin._executables`;
+        #: those given, shared with the other side of a comparison, else its own).
+        self.executables = Executables() if executables is None else executables
         #: Clears jax's caches and those programs as the recording grows
         #: (`parity.origin._flushing`); None: never (a user's own process).
         self.flushing = (

@@ -19,6 +19,7 @@ import numpy as np
 
 from parity.judge._dataflow import Dataflow, DataflowError
 from parity.judge._trees import flatten
+from parity.origin._executables import Executables
 from parity.origin._interpreter import (
     MOVES,
     UNPLACED,
@@ -56,6 +57,7 @@ def record(
     keep_arrays: bool = True,
     max_bytes: int | None = None,
     shadow: Any = None,
+    executables: Executables | None = None,
     **kwargs: Any,
 ) -> Recording:
     """Run `fn(*args, **kwargs)`'s program equation by equation and keep every value.
@@ -71,6 +73,9 @@ def record(
       program is too large. None: no limit.
     - `shadow`: a shadow replay on the base's values (`parity.origin._shadow.Shadow`), told
       of each value as it is made; None: none.
+    - `executables`: the programs its operations run (`parity.origin._executables`), given
+      to share them with the other side of a comparison: an operation of a signature the
+      other side ran is not lowered, compiled or loaded again; None: its own.
 
     **Returns:** a `Recording`. Raises `LocaliseError` when `fn` does not trace.
     """
@@ -83,7 +88,7 @@ def record(
             f"{getattr(fn, '__name__', fn)!s} does not trace, so its values cannot be recorded "
             f"({type(e).__name__}: {' '.join(str(e).split())[:200]})"
         ) from None
-    interp = Interpreter(max_bytes, keep_arrays=keep_arrays, shadow=shadow)
+    interp = Interpreter(max_bytes, keep_arrays=keep_arrays, shadow=shadow, executables=executables)
     leaves = jax.tree_util.tree_leaves(args)
     ins = [interp.add(x, "input", "input", [], UNPLACED) for x in leaves]
     outs = interp.closed(closed, [(jax.numpy.asarray(x), i) for (x, i) in ins], UNPLACED)
