@@ -58,16 +58,18 @@ def _broadcast(x: np.ndarray, p: dict[str, Any]) -> np.ndarray:
     return np.broadcast_to(x.reshape(expanded), shape)
 
 
-#: Moves done with numpy (module docstring): primitive -> (the parameters that must be None
-#: for numpy's reading to be jax's, the numpy function of the operands and parameters).
+#: Moves done with numpy (module docstring): primitive -> (the parameters numpy's reading
+#: uses, the numpy function of the operands and parameters). Any other parameter must be
+#: None (a reshape's `dimensions`, a `sharding`, one a later jax adds), else jax's program
+#: runs.
 HOST_MOVES: dict[str, tuple[tuple[str, ...], Any]] = {
-    "slice": ((), lambda xs, p: _slice(xs[0], p)),
-    "broadcast_in_dim": (("sharding",), lambda xs, p: _broadcast(xs[0], p)),
-    "reshape": (("dimensions", "sharding"), lambda xs, p: xs[0].reshape(p["new_sizes"])),
-    "squeeze": ((), lambda xs, p: np.squeeze(xs[0], axis=tuple(p["dimensions"]))),
-    "transpose": ((), lambda xs, p: np.transpose(xs[0], p["permutation"])),
-    "concatenate": ((), lambda xs, p: np.concatenate(xs, axis=p["dimension"])),
-    "rev": ((), lambda xs, p: np.flip(xs[0], axis=tuple(p["dimensions"]))),
+    "slice": (("start_indices", "limit_indices", "strides"), lambda xs, p: _slice(xs[0], p)),
+    "broadcast_in_dim": (("shape", "broadcast_dimensions"), lambda xs, p: _broadcast(xs[0], p)),
+    "reshape": (("new_sizes",), lambda xs, p: xs[0].reshape(p["new_sizes"])),
+    "squeeze": (("dimensions",), lambda xs, p: np.squeeze(xs[0], axis=tuple(p["dimensions"]))),
+    "transpose": (("permutation",), lambda xs, p: np.transpose(xs[0], p["permutation"])),
+    "concatenate": (("dimension",), lambda xs, p: np.concatenate(xs, axis=p["dimension"])),
+    "rev": (("dimensions",), lambda xs, p: np.flip(xs[0], axis=tuple(p["dimensions"]))),
     "copy": ((), lambda xs, p: xs[0].copy()),
     "copy_p": ((), lambda xs, p: xs[0].copy()),
 }
@@ -166,7 +168,9 @@ class Executables:
     def _move(self, name: str, operands: Sequence[Any], params: dict[str, Any]) -> Any:
         """A move's result made with numpy (module docstring), or None where it is not."""
         move = HOST_MOVES.get(name)
-        if move is None or not self.host() or any(params.get(k) is not None for k in move[0]):
+        if move is None or not self.host():
+            return None
+        if any(v is not None for k, v in params.items() if k not in move[0]):
             return None
         xs = _host_operands(operands)
         if xs is None:

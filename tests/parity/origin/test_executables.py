@@ -157,12 +157,18 @@ def test_a_scans_rows_and_results_are_moved_on_the_host_bit_for_bit() -> None:
     assert np.array_equal(jax.random.key_data(again), jax.random.key_data(keys))
 
 
-def test_a_weakly_typed_move_runs_jaxs_program() -> None:
+def test_a_weakly_typed_move_or_one_with_a_parameter_numpy_does_not_read_runs_jaxs_program():
     w = lax.broadcast_in_dim(jnp.asarray(3.0), (2, 3), ())
     assert w.weak_type
     run = Executables()
     moved = run.bind(lax.transpose_p, [w], {"permutation": (1, 0)})
     assert moved.weak_type and moved.shape == (3, 2) and len(run) == 1
+    # A reshape that transposes first (`dimensions`): numpy's reshape would not.
+    x = jnp.arange(8, dtype=jnp.int32).reshape(2, 4)
+    (eqn,) = jax.make_jaxpr(lambda x: lax.reshape(x, (4, 2), dimensions=(1, 0)))(x).eqns
+    assert eqn.params["dimensions"] == (1, 0)
+    mine = run.bind(eqn.primitive, [x], dict(eqn.params))
+    assert np.array_equal(mine, np.asarray(x).T.reshape(4, 2)) and len(run) == 2
 
 
 _HANDED_TO_XLA: list[str] = []
