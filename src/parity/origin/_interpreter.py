@@ -338,8 +338,8 @@ class Interpreter:
         consts, carry, xs = ins[:n_consts], ins[n_consts:split], ins[split:]
         steps = range(length - 1, -1, -1) if p["reverse"] else range(length)
         ys: dict[int, list[Ref]] = {}
+        row = self.executables.row  # a row of a plain value made on the host, where moves are
         for k in steps:
-            row = self.executables.row
             rows = [
                 self.add(row(x, k), "scan", "move", [i], where, self.row_of(i, k)) for x, i in xs
             ]
