@@ -29,6 +29,7 @@ with a changed mask key) compiled 1,330 programs before and 967 with the moves o
 
 from __future__ import annotations
 
+import functools
 from collections.abc import Sequence
 from typing import Any
 
@@ -75,9 +76,11 @@ HOST_MOVES: dict[str, tuple[tuple[str, ...], Any]] = {
 }
 
 
+@functools.cache
 def _one_cpu() -> bool:
     """Whether this process runs on one device, a CPU: the moves measured bit for bit
-    (`_bit_moved`) are XLA's CPU backend's, so an accelerator keeps jax's programs."""
+    (`_bit_moved`) are XLA's CPU backend's, so an accelerator keeps jax's programs. Fixed
+    once jax has started its backends, so asked once a process."""
     import jax
 
     return jax.device_count() == 1 and jax.devices()[0].platform == "cpu"
@@ -106,6 +109,14 @@ def _host_operands(operands: Sequence[Any]) -> list[np.ndarray] | None:
     return out if out else None
 
 
+def _on_device(result: np.ndarray) -> Any:
+    """A move's numpy result, copied whole (C-ordered: not a view of an operand, nor a
+    broadcast's strides) and placed on the process's one device."""
+    import jax
+
+    return jax.device_put(np.array(result, order="C"))
+
+
 def _operand(x: Any) -> Any:
     """What a compiled program is specialised to of one operand; None where unknown."""
     import jax
@@ -125,7 +136,6 @@ class Executables:
 
     def __init__(self) -> None:
         self._compiled: dict[Any, Any] = {}
-        self._on_host: bool | None = None  # whether moves run on the host: one device
 
     def __len__(self) -> int:
         return len(self._compiled)
@@ -159,46 +169,31 @@ class Executables:
             return primitive.bind(*operands, **params)
         return compiled(*operands)
 
-    def host(self) -> bool:
-        """Whether moves are done on the host: in a process with one device, a CPU."""
-        if self._on_host is None:
-            self._on_host = _one_cpu()
-        return self._on_host
-
     def _move(self, name: str, operands: Sequence[Any], params: dict[str, Any]) -> Any:
         """A move's result made with numpy (module docstring), or None where it is not."""
         move = HOST_MOVES.get(name)
-        if move is None or not self.host():
+        if move is None or not _one_cpu():
             return None
         if any(v is not None for k, v in params.items() if k not in move[0]):
             return None
         xs = _host_operands(operands)
-        if xs is None:
-            return None
-        import jax
-
-        return jax.device_put(np.array(move[1](xs, params), order="C"))
+        return None if xs is None else _on_device(move[1](xs, params))
 
     def row(self, x: Any, k: int) -> Any:
         """Row `k` of `x` (a scan reads its rows so), on the host where moves are; of a
         value walked for its shape only, that of its row."""
-        xs = _host_operands([x]) if self.host() else None
-        if xs is None:
-            return x[k]
-        import jax
-
-        return jax.device_put(np.array(xs[0][k], order="C"))
+        xs = _host_operands([x]) if _one_cpu() else None
+        return x[k] if xs is None else _on_device(xs[0][k])
 
     def stack(self, parts: Sequence[Any]) -> Any:
         """`parts` stacked on a new leading axis (a scan's results), on the host where moves
         are."""
-        import jax
         import jax.numpy as jnp
 
-        xs = _host_operands(parts) if self.host() else None
+        xs = _host_operands(parts) if _one_cpu() else None
         if xs is None:
             return jnp.stack([jnp.asarray(x) for x in parts])
-        return jax.device_put(np.stack(xs))
+        return _on_device(np.stack(xs))
 
     @staticmethod
     def _key(primitive: Any, operands: Sequence[Any], params: dict[str, Any]) -> Any:

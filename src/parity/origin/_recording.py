@@ -37,7 +37,7 @@ from typing import Any, NamedTuple
 import numpy as np
 
 from parity.judge import _mldtypes as mldtypes
-from parity.judge._ulp import is_float_dtype
+from parity.judge._ulp import is_float_dtype, to_float64
 
 __all__ = [
     "BLOCKS",
@@ -206,10 +206,7 @@ def _floats(array: np.ndarray) -> _Floats:
     bound = _ordinary_bound(array.dtype)
     numbers = np.empty((3, array.size))
     x64, magnitude = numbers[0], numbers[1]
-    # Exact, as `to_float64`: a signalling NaN, or some of ml_dtypes' NaN patterns, warn
-    # that they were quietened; the NaN is kept, so the warning says nothing here.
-    with np.errstate(invalid="ignore", over="ignore"):
-        x64[...] = array.reshape(-1)
+    x64[...] = to_float64(array.reshape(-1))
     np.abs(x64, out=magnitude)
     # The largest magnitude is NaN where any is: at most `bound` means all are ordinary.
     largest = float(np.maximum.reduce(magnitude)) if array.size else 0.0

@@ -171,22 +171,18 @@ def test_a_weakly_typed_move_or_one_with_a_parameter_numpy_does_not_read_runs_ja
     assert np.array_equal(mine, np.asarray(x).T.reshape(4, 2)) and len(run) == 2
 
 
-_HANDED_TO_XLA: list[str] = []
-
-
-def _count_programs(event: str, duration: float, **_: object) -> None:
-    if event == "/jax/core/compile/backend_compile_duration":
-        _HANDED_TO_XLA.append(event)
-
-
-jax.monitoring.register_event_duration_secs_listener(_count_programs)
-
-
 def test_the_two_sides_of_a_comparison_share_their_operations_programs() -> None:
     """`localise` and `assert_equivalent` record both sides with one `Executables`: the
     second side's operations of a signature the first ran hand nothing to XLA (neither a
     compile nor a load from the persistent cache); on its own, a side hands each again."""
+    from parity.machinery import _compile_count
     from parity.origin._record import record
+
+    _compile_count.install()
+
+    def handed() -> int:  # programs handed to XLA: compiled, or loaded from the cache
+        counts = _compile_count.counts()
+        return counts.compiled + counts.loaded
 
     w = jnp.asarray(np.random.default_rng(3).standard_normal((7, 5)), jnp.float32)
 
@@ -198,11 +194,11 @@ def test_the_two_sides_of_a_comparison_share_their_operations_programs() -> None
 
     x = jnp.ones((3, 7), jnp.float32)
     shared = Executables()
-    before = len(_HANDED_TO_XLA)
+    before = handed()
     record(new, x, executables=shared)
-    first = len(_HANDED_TO_XLA) - before
+    first = handed() - before
     record(old, x, executables=shared)
-    second = len(_HANDED_TO_XLA) - before - first
+    second = handed() - before - first
     record(old, x)
-    alone = len(_HANDED_TO_XLA) - before - first - second
+    alone = handed() - before - first - second
     assert first > 0 and second == 0 and alone > 0, (first, second, alone)
