@@ -24,9 +24,11 @@ compiles and cache loads, and the 20 slowest tests (pytest's `--durations`), and
 compile seconds went: the 20 tests and the 20 program names with the most (each with how
 many programs were compiled and in how many processes: a name compiled in several processes
 is a program compiled again that a shared cache or a shared fixture could have served), and
-the 20 tests and 10 test files with the most CPU seconds (the pytest process's own and those
-of the processes it started and reaped during the test: producers, CLI runs, compiles;
-recorded by tests/conftest.py where `PARITY_COMPILE_LOG` is set).
+the 20 tests and 10 test files with the most CPU seconds, and every test folder's (the
+pytest process's own and those of the processes it started and reaped during the test:
+producers, CLI runs, compiles; recorded by tests/conftest.py where `PARITY_COMPILE_LOG` is
+set). The folders say whose cost it is: the subject's tests (tests/decomp,
+tests/equivalence), the harness's (tests/parity/...) or the tools' (tests/tools).
 """
 
 from __future__ import annotations
@@ -76,9 +78,11 @@ class Run:
     slowest: list[tuple[float, str]] = field(default_factory=list)
     by_test: list[Compiled] = field(default_factory=list)
     by_program: list[Compiled] = field(default_factory=list)
-    #: `(CPU seconds, wall seconds, test)` of the tests with the most CPU, then of the files.
+    #: `(CPU seconds, wall seconds, test)` of the tests with the most CPU, then of the files,
+    #: then of every test folder (whose test is it: the subject's, the harness's, the tools').
     cpu_by_test: list[tuple[float, float, str]] = field(default_factory=list)
     cpu_by_file: list[tuple[float, float, str]] = field(default_factory=list)
+    cpu_by_folder: list[tuple[float, float, str]] = field(default_factory=list)
 
 
 def _parse(output: str) -> tuple[list[tuple[str, float]], list[tuple[float, str]]]:
@@ -111,32 +115,32 @@ def run_once(target: str, kind: str, clone: Path, cache_home: Path, logs: Path) 
     counts = read_log(log)
     layouts, slowest = _parse(done.stdout)
     by_test, by_program = (read_compiles(log, by=by)[:TOP] for by in ("test", "program"))
-    cpu_by_test, cpu_by_file = _test_cpu(log)
+    cpu_by_test, cpu_by_file, cpu_by_folder = _test_cpu(log)
     return Run(target, kind, round(seconds, 1), done.returncode, counts.compiled,
                counts.loaded, counts.processes, round(cpu, 1), layouts, slowest, by_test,
-               by_program, cpu_by_test[:TOP], cpu_by_file[:10])  # fmt: skip
+               by_program, cpu_by_test[:TOP], cpu_by_file[:10], cpu_by_folder)  # fmt: skip
 
 
-def _test_cpu(
-    log: Path,
-) -> tuple[list[tuple[float, float, str]], list[tuple[float, float, str]]]:
-    """`(CPU seconds, wall seconds, name)` per test and per test file, most CPU first, from
-    the `tests-<pid>.jsonl` rows tests/conftest.py writes (a test run in several sessions, as
-    the main job's layouts, adds up)."""
+def _test_cpu(log: Path) -> tuple[list[tuple[float, float, str]], ...]:
+    """`(CPU seconds, wall seconds, name)` per test, per test file and per test folder, most
+    CPU first, from the `tests-<pid>.jsonl` rows tests/conftest.py writes (a test run in
+    several sessions, as the main job's layouts, adds up)."""
     tests: dict[str, list[float]] = {}
     files: dict[str, list[float]] = {}
+    folders: dict[str, list[float]] = {}
     for path in sorted(log.glob("tests-*.jsonl")):
         for line in path.read_text().splitlines():
             nodeid, wall, cpu = json.loads(line)
-            for table, key in ((tests, nodeid), (files, nodeid.split("::")[0])):
+            file = nodeid.split("::")[0]
+            for table, key in ((tests, nodeid), (files, file), (folders, file.rpartition("/")[0])):
                 sums = table.setdefault(key, [0.0, 0.0])
                 sums[0] += cpu
                 sums[1] += wall
     by_cpu = [
         sorted(((round(c, 1), round(w, 1), k) for k, (c, w) in table.items()), reverse=True)
-        for table in (tests, files)
+        for table in (tests, files, folders)
     ]
-    return by_cpu[0], by_cpu[1]
+    return by_cpu[0], by_cpu[1], by_cpu[2]
 
 
 def _children_cpu() -> float:
@@ -160,7 +164,12 @@ def _print(run: Run) -> None:
         print("   slowest tests:")
         for seconds, name in run.slowest:
             print(f"   {seconds:8.1f} s  {name}")
-    for title, cpu_rows in (("tests", run.cpu_by_test), ("test files", run.cpu_by_file)):
+    cpu_tables = (
+        ("tests", run.cpu_by_test),
+        ("test files", run.cpu_by_file),
+        ("test folders", run.cpu_by_folder),
+    )
+    for title, cpu_rows in cpu_tables:
         if cpu_rows:
             print(f"   CPU seconds by {title} (with the processes each started; wall beside):")
             for cpu, wall, name in cpu_rows:

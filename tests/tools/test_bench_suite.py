@@ -53,15 +53,18 @@ def test_the_conftest_records_each_tests_cpu_with_the_processes_it_started(tmp_p
     assert by_name["test_does_nothing"][1] < 0.2, by_name
 
 
-def test_rows_add_up_per_test_and_per_file_most_cpu_first(tmp_path):
+def test_rows_add_up_per_test_per_file_and_per_folder_most_cpu_first(tmp_path):
     rows = {
         "tests-1.jsonl": [["tests/a.py::t1", 2.0, 1.0], ["tests/b.py::t3", 1.0, 0.5]],
-        "tests-2.jsonl": [["tests/a.py::t2", 3.0, 2.5], ["tests/a.py::t1", 1.0, 1.0]],
-    }
+        "tests-2.jsonl": [["tests/a.py::t2", 3.0, 2.5], ["tests/a.py::t1", 1.0, 1.0],
+                          ["tests/sub/c.py::t4", 4.0, 3.5]],
+    }  # fmt: skip
     for name, lines in rows.items():
         (tmp_path / name).write_text("".join(json.dumps(r) + "\n" for r in lines))
     (tmp_path / "7.json").write_text("{}")  # a compile log beside them is not read here
-    by_test, by_file = bench_suite._test_cpu(tmp_path)
-    assert by_test == [(2.5, 3.0, "tests/a.py::t2"), (2.0, 3.0, "tests/a.py::t1"),
-                       (0.5, 1.0, "tests/b.py::t3")]  # fmt: skip
-    assert by_file == [(4.5, 6.0, "tests/a.py"), (0.5, 1.0, "tests/b.py")]
+    by_test, by_file, by_folder = bench_suite._test_cpu(tmp_path)
+    assert by_test == [(3.5, 4.0, "tests/sub/c.py::t4"), (2.5, 3.0, "tests/a.py::t2"),
+                       (2.0, 3.0, "tests/a.py::t1"), (0.5, 1.0, "tests/b.py::t3")]  # fmt: skip
+    assert by_file == [(4.5, 6.0, "tests/a.py"), (3.5, 4.0, "tests/sub/c.py"),
+                       (0.5, 1.0, "tests/b.py")]  # fmt: skip
+    assert by_folder == [(5.0, 7.0, "tests"), (3.5, 4.0, "tests/sub")]

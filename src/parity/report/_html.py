@@ -177,14 +177,17 @@ def _plot_origin(path: Path, name: str, found: Localisation, origin: Origin) -> 
     fig.savefig(str(path), format="png")
 
 
-def _origin_section(out_dir: Path, origins: Origins, w: Callable[[str], Any]) -> None:
-    """The page's "where it diverged" section: each origin line, and its plot."""
+def _origin_section(
+    out_dir: Path, origins: Origins, w: Callable[[str], Any], *, plots: bool
+) -> None:
+    """The page's "where it diverged" section: each origin line, and its plot where
+    `plots` (matplotlib is installed): the lines need no plotting library."""
     import html
 
     w("<h2>where it diverged</h2>\n")
     for i, (name, found) in enumerate(origins.items()):
         w(f"<p><b>{html.escape(name)}</b>: <code>{html.escape(found.line)}</code></p>\n")
-        if found.origin is None or not found.profile:
+        if not plots or found.origin is None or not found.profile:
             continue
         png = f"origin_{i:02d}_{_safe_name(name)}.png"
         _plot_origin(out_dir / png, name, found, found.origin)
@@ -266,24 +269,29 @@ def _divergence_section(
     w("</table>\n")
 
 
-def _plots_section(
-    out_dir: Path, comparison: Comparison, origins: Origins | None, w: Callable[[str], Any]
-) -> None:
-    """The plots (the origins', then one per class), or a note where matplotlib is missing."""
-    from html import escape as esc
-
-    w("<h2>plots</h2>\n")
+def _can_plot() -> bool:
+    """Whether matplotlib is installed (the `plots` extra)."""
     try:
         import matplotlib  # noqa: F401  (only to learn whether plots are possible)
     except ImportError:
+        return False
+    return True
+
+
+def _plots_section(
+    out_dir: Path, comparison: Comparison, w: Callable[[str], Any], *, plots: bool
+) -> None:
+    """One plot per class, or a note where matplotlib is missing."""
+    from html import escape as esc
+
+    w("<h2>plots</h2>\n")
+    if not plots:
         w(
             '<p class="note">matplotlib is not installed, so this report has no plots; '
             "install it (<code>pip install matplotlib</code>, the <code>plots</code> extra) "
             "and rerun.</p>\n"
         )
         return
-    if origins:
-        _origin_section(out_dir, origins, w)
     for i, (name, findings) in enumerate(comparison.by_class().items()):
         if all(f.passed and f.bitwise_equal for f in findings):
             # A flat line on the floor says nothing a sentence cannot, at a fraction
@@ -356,7 +364,8 @@ def write_html(
     """Write an HTML report, `index.html` with one PNG plot per class, into `directory`.
 
     The page needs nothing outside `directory`: the CSS is inline and the plots are files
-    beside it. Without matplotlib the page is written without plots and says so.
+    beside it. Without matplotlib the page is written without plots and says so; the
+    origins' lines are there either way.
 
     **Arguments:**
 
@@ -379,7 +388,10 @@ def write_html(
     w = body.write
     _summary_section(comparison, header, title, w)
     _divergence_section(comparison, checks, origins, w)
-    _plots_section(out_dir, comparison, origins, w)
+    plots = _can_plot()
+    if origins:
+        _origin_section(out_dir, origins, w, plots=plots)
+    _plots_section(out_dir, comparison, w, plots=plots)
     _findings_section(comparison, w)
 
     page = (

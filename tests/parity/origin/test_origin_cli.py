@@ -218,6 +218,7 @@ def test_the_html_report_plots_the_matched_share_of_a_check_with_an_origin(check
     _, _, folder = checked
     page = (folder / "index.html").read_text()
     assert "where it diverged" in page
+    pytest.importorskip("matplotlib")  # the `plots` extra: the lines above need none
     plots = sorted(p.name for p in folder.glob("origin_*.png"))
     # host has no origin to plot
     assert plots == ["origin_00_forward.png", "origin_02_kl.png", "origin_03_placed.png"], plots

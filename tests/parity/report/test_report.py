@@ -123,6 +123,26 @@ def test_html_report_without_matplotlib_says_so(
     assert not list(tmp_path.glob("*.png"))
 
 
+def test_html_report_without_matplotlib_still_says_where_each_check_diverged(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    from html import escape
+
+    from parity.origin._localisation import Localisation
+
+    monkeypatch.setitem(sys.modules, "matplotlib", None)
+    comparison, _, _ = _comparison()
+    origins = {
+        "forward": Localisation("matched", key="logits"),
+        "train": Localisation("not_named", key="loss", reason="the base did not run"),
+    }
+    page = write_html(tmp_path, comparison, origins=origins).read_text()
+    section = page.split("<h2>where it diverged</h2>")[1].split("<h2>")[0]
+    for name, found in origins.items():
+        assert f"<b>{name}</b>: <code>{escape(found.line)}</code>" in section
+    assert "matplotlib is not installed" in page and "<img" not in page
+
+
 def test_passing_comparison_reports_pass() -> None:
     golden = {"a": np.ones(3, np.float32)}
     comparison = compare_trees(golden, golden, "bitwise")
