@@ -21,6 +21,7 @@ import pytest
 from decomp import legacy, train
 from decomp.config import CIConfig, SPDConfig
 from decomp.legacy import train as legacy_train
+from decomp.mesh import make_dp_mesh
 from decomp.targets import GLUConfig, GLUTransformer
 
 BASE = GLUConfig(
@@ -75,7 +76,9 @@ TRAIN_DEPTHS = (2, 8)
 
 def train_step_hlo_bytes(impl: ModuleType, n_layer: int) -> int:
     """Size of the lowered train step of `impl` (`decomp.train` or `decomp.legacy.train`)
-    at `n_layer`; the state is abstract (`eval_shape`), so nothing is initialised."""
+    at `n_layer`; the state is abstract (`eval_shape`), so nothing is initialised. On a
+    mesh of one device, so that the program measured is the same whatever the process's
+    device count (`--parity-devices 4`: batch 2 would not split over 4)."""
     cfg = dataclasses.replace(BASE, n_layer=n_layer)
     spd = SPDConfig(
         n_components=4,
@@ -87,10 +90,12 @@ def train_step_hlo_bytes(impl: ModuleType, n_layer: int) -> int:
     # arrays, but lowering reads only their shapes (no init program compiled per depth).
     shapes = jax.eval_shape(lambda: GLUTransformer.init(cfg, key=jax.random.key(0)))
     model = jax.tree.map(lambda s: np.zeros(s.shape, s.dtype), shapes)
+    mesh = make_dp_mesh(jax.devices()[:1])
     state = jax.eval_shape(
-        lambda k: impl.init_train_state(model, spd, key=k, seq_len=8), jax.random.key(1)
+        lambda k: impl.init_train_state(model, spd, key=k, seq_len=8, mesh=mesh),
+        jax.random.key(1),
     )
-    step = impl.make_train_step(model, spd, donate=False)
+    step = impl.make_train_step(model, spd, mesh=mesh, donate=False)
     tokens = jax.ShapeDtypeStruct((2, 8), jax.numpy.int32)
     return len(step.lower(state, tokens, jax.random.key(2)).as_text().encode())
 
