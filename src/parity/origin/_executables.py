@@ -96,10 +96,13 @@ def _bit_moved(dtype: Any) -> bool:
 
 
 def _host_operands(operands: Sequence[Any]) -> list[np.ndarray] | None:
-    """The operands as numpy arrays, where each is an array on the process's one device or
-    on the host, of a dtype moved as bits (`_bit_moved`) and not weakly typed; else None."""
+    """The operands as numpy arrays, where moves run on the host (`_one_cpu`) and each is an
+    array on the process's one device or on the host, of a dtype moved as bits
+    (`_bit_moved`) and not weakly typed; else None."""
     import jax
 
+    if not _one_cpu():
+        return None
     out = []
     for x in operands:
         jax_array = isinstance(x, jax.Array) and not getattr(x, "weak_type", False)
@@ -172,7 +175,7 @@ class Executables:
     def _move(self, name: str, operands: Sequence[Any], params: dict[str, Any]) -> Any:
         """A move's result made with numpy (module docstring), or None where it is not."""
         move = HOST_MOVES.get(name)
-        if move is None or not _one_cpu():
+        if move is None:
             return None
         if any(v is not None for k, v in params.items() if k not in move[0]):
             return None
@@ -182,7 +185,7 @@ class Executables:
     def row(self, x: Any, k: int) -> Any:
         """Row `k` of `x` (a scan reads its rows so), on the host where moves are; of a
         value walked for its shape only, that of its row."""
-        xs = _host_operands([x]) if _one_cpu() else None
+        xs = _host_operands([x])
         return x[k] if xs is None else _on_device(xs[0][k])
 
     def stack(self, parts: Sequence[Any]) -> Any:
@@ -190,7 +193,7 @@ class Executables:
         are."""
         import jax.numpy as jnp
 
-        xs = _host_operands(parts) if _one_cpu() else None
+        xs = _host_operands(parts)
         if xs is None:
             return jnp.stack([jnp.asarray(x) for x in parts])
         return _on_device(np.stack(xs))

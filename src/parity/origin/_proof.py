@@ -31,7 +31,7 @@ from parity.judge._registry import RULES
 from parity.judge._renames import Rename
 from parity.judge._stacking import StackRule, row_of, rows_held
 from parity.origin._align import Alignment, align
-from parity.origin._recording import Recording, Value, fingerprint, row_fingerprints
+from parity.origin._recording import Recording, Value, value_fingerprints
 
 __all__ = [
     "Proof",
@@ -139,11 +139,15 @@ def answering(
             outputs[key], arrays[key] = value.id, joined
     if len(outputs) == len(new.outputs):
         return new
+    prints = [value_fingerprints(a) for _, a in added]  # a value's and its rows', in one pass
     return dataclasses.replace(
         new,
         values=(*new.values, *(v for v, _ in added)),
-        fingerprints=(*new.fingerprints, *(fingerprint(a) for _, a in added)),
-        rows={**new.rows, **{v.id: tuple(row_fingerprints(a)) for v, a in added if a.ndim > 1}},
+        fingerprints=(*new.fingerprints, *(whole for whole, _ in prints)),
+        rows={
+            **new.rows,
+            **{v.id: rows for (v, _), (_, rows) in zip(added, prints, strict=True) if rows},
+        },
         outputs=outputs,
         output_arrays=arrays,
         arrays=None if new.arrays is None else (*new.arrays, *(a for _, a in added)),
