@@ -8,6 +8,12 @@ module is in `sys.modules` and using it costs nothing. The one place that must i
 turning a stored dtype *name* into a dtype (`by_name`), which a file holding a bfloat16
 array needs anyway.
 
+**The codec.** Every file parity writes keeps an array's dtype by one rule (`to_raw`,
+`from_raw`): numpy's own dtypes as they are, ml_dtypes' as unsigned ints of their width
+(every bit kept, NaN payloads included) beside the dtype's name. The golden store, the
+producer runner's hand-over and a recording (`parity.origin._recording`) all write with
+it, so a bfloat16 value cannot come back as raw `|V2` bytes from one of them.
+
 This module imports numpy only.
 """
 
@@ -19,7 +25,16 @@ from typing import Any
 
 import numpy as np
 
-__all__ = ["by_name", "finfo", "is_bfloat16", "is_ml_dtype", "is_ml_int"]
+__all__ = [
+    "by_name",
+    "dtype_named",
+    "finfo",
+    "from_raw",
+    "is_bfloat16",
+    "is_ml_dtype",
+    "is_ml_int",
+    "to_raw",
+]
 
 # ml_dtypes' integer types (the rest of its types are floats).
 _INT_NAMES = frozenset({"int1", "int2", "int4", "uint1", "uint2", "uint4"})
@@ -85,3 +100,47 @@ def by_name(name: str) -> np.dtype[Any] | None:
     except TypeError:
         return None
     return dt if is_ml_dtype(dt) else None
+
+
+def dtype_named(name: str) -> np.dtype[Any] | None:
+    """The dtype a stored name stands for: numpy's own, else ml_dtypes' (`by_name`, which
+    imports it); None where neither knows it."""
+    try:
+        return np.dtype(name)
+    except TypeError:
+        return by_name(name)
+
+
+def to_raw(array: Any) -> tuple[np.ndarray, str]:
+    """`array` as a file keeps it: C-ordered, little-endian, an ml_dtypes array viewed as
+    the unsigned int of its width; and its dtype's name, which `from_raw` reads it back by.
+
+    **Arguments:**
+
+    - `array`: anything `np.asarray` reads.
+
+    **Returns:** `(raw, name)`; `raw` is a new array or `array` itself where it already is
+    one in that form.
+    """
+    a = np.asarray(array)
+    name = a.dtype.name
+    if is_ml_dtype(a.dtype):
+        a = a.view(f"<u{a.dtype.itemsize}")
+    elif a.dtype.byteorder == ">":
+        a = a.astype(a.dtype.newbyteorder("<"))
+    # Not np.ascontiguousarray: it turns 0-d arrays into shape (1,).
+    return np.require(a, requirements="C"), name
+
+
+def from_raw(raw: np.ndarray, name: str) -> np.ndarray:
+    """What `to_raw` turned into `raw` and `name`, with its dtype. Raises `ValueError`
+    where `name` is a dtype neither numpy nor the installed ml_dtypes knows."""
+    if raw.dtype.name == name:
+        return raw
+    dtype = dtype_named(name)
+    if dtype is None or dtype.itemsize != raw.dtype.itemsize:
+        raise ValueError(
+            f"an array stored as {raw.dtype.name} says it is {name!r}, which neither numpy nor "
+            "the installed ml_dtypes knows at that width; upgrade ml_dtypes (or parity)"
+        )
+    return raw.view(dtype)

@@ -236,22 +236,20 @@ def _save_group(
     order: tuple[str, str],
     provenance: Any,
 ) -> None:
-    """Write group `name`'s arrays to `OUT/<name>.npz` (ml_dtypes and void arrays as their
-    bits, under `a0`, `a1`, ...) and its manifest to `OUT/<name>.json`: the keys, their
+    """Write group `name`'s arrays to `OUT/<name>.npz` (ml_dtypes arrays as their bits,
+    under `a0`, `a1`, ...) and its manifest to `OUT/<name>.json`: the keys, their
     dtypes, the class map, the stack and rename rules (`rules`: the producers' `CLASS_MAP`,
     `STACK` and `RENAME`), where the order came from and why the recorder could not see the programs
     ("" where it could) (`order`), and the provenance."""
     import numpy as np
 
+    from parity.judge._mldtypes import to_raw
+
     raw: dict[str, np.ndarray] = {}
     dtypes: dict[str, str] = {}
     for j, (key, value) in enumerate(arrays.items()):
-        a = np.asarray(value)
-        dtypes[key] = a.dtype.name
-        if a.dtype.kind == "V" or type(a.dtype).__module__.startswith("ml_dtypes"):
-            a = a.view(f"u{a.dtype.itemsize}")
-        # Not np.ascontiguousarray: it turns 0-d arrays into shape (1,).
-        raw[f"a{j}"] = np.array(a, order="C", copy=True)
+        # The dtype kept by the one codec (the golden store's): bfloat16 as uint16 and its name.
+        raw[f"a{j}"], dtypes[key] = to_raw(value)
     np.savez(out / f"{name}.npz", **raw)  # pyright: ignore[reportArgumentType]
     manifest = {
         "keys": list(arrays),

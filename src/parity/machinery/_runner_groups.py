@@ -171,7 +171,7 @@ def _answer_replay(
     """The replay's answers for the keys `replay` asks about, written to
     `OUT/<name>.replay.json`."""
     from parity.origin._replayed import REPLAYED, Replayed, answered
-    from parity.origin._shadow import RoundingProof
+    from parity.origin._rounding_proof import RoundingProof
     from parity.store._writer import write_atomic
 
     path = out / f"{name}{REPLAYED}"

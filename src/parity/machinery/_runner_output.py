@@ -13,18 +13,11 @@ from typing import Any
 
 import numpy as np
 
+from parity.judge._mldtypes import from_raw
 from parity.machinery._launcher import ProducerCommand, ProducerRunError
 from parity.store import Provenance
 
 __all__ = ["RunnerOutput", "load_runner_output"]
-
-
-def _restore_dtype(raw: np.ndarray, name: str) -> np.ndarray:
-    if raw.dtype.name == name:
-        return raw
-    import ml_dtypes
-
-    return raw.view(getattr(ml_dtypes, name))
 
 
 @dataclass(frozen=True)
@@ -59,7 +52,7 @@ def load_runner_output(out: Path, group: str, *, command: ProducerCommand) -> Ru
     manifest = json.loads((out / f"{group}.json").read_text())
     with np.load(out / f"{group}.npz") as npz:
         arrays = {
-            key: _restore_dtype(npz[f"a{j}"], manifest["dtypes"][key])
+            key: from_raw(npz[f"a{j}"], manifest["dtypes"][key])
             for j, key in enumerate(manifest["keys"])
         }
     provenance = manifest.get("provenance")

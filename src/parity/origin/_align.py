@@ -8,7 +8,8 @@ A new value with two or more axes also matches when each of its rows matches som
 or row (a stacked computation against one computation per row). A data movement
 (`parity.origin._record.MOVES`: a reshape, slice, cast, a scan's rows) of matched values is
 matched whatever its own numbers, but for one that arranges its operands into something
-new (`ARRANGING`: a concatenation, pad, gather, reversal), which must match by value.
+new (the registry's `ARRANGING`, `_primitives.py`: a concatenation, pad, gather, reversal),
+which must match by value.
 `rho`, the *matching tolerance*, comes from the class of the output key being explained
 (`matching_tolerance`; docs/design.md, "Where it diverged").
 
@@ -40,15 +41,11 @@ from parity.judge._floats import largest_finite_abs
 from parity.judge._rule_base import Scale
 from parity.judge._ulp import is_float_dtype, spacing_at, to_float64
 from parity.origin._change import CHANGES, Change, change_of, counterparts, edited, frame_parts
+from parity.origin._primitives import ARRANGING
 from parity.origin._record import LocaliseError
 from parity.origin._recording import STATS, Fingerprint, Recording, Value, ordinary
 
-__all__ = ["ARRANGING", "Alignment", "Origin", "align", "matching_tolerance"]
-
-#: Moves that arrange their operands into something new (which operand goes where, in
-#: which order): matched values arranged otherwise (`concatenate([x2, x1])` for
-#: `[-x2, x1]`, a shifted gather) are another value, so these match by value only.
-ARRANGING = frozenset({"concatenate", "pad", "gather", "rev", "dynamic_update_slice"})
+__all__ = ["Alignment", "Origin", "align", "matching_tolerance"]
 
 #: How many of the frames that led to the origin its line shows (the JSON has them all).
 _CHAIN_SHOWN = 3

@@ -40,7 +40,8 @@ from parity.origin._proof import (
 from parity.origin._record import LocaliseError, record
 from parity.origin._recording import Recording
 from parity.origin._replayed import Replay
-from parity.origin._shadow import RoundingProof, Shadow
+from parity.origin._rounding_proof import RoundingProof
+from parity.origin._shadow import Shadow
 
 __all__ = [
     "PROFILE_BINS",

@@ -22,6 +22,11 @@ is, as before.
   the operation's own function made, and the callee gave one out where the base's gave
   the other (its last step removed: `return x` for `return norm(x)`), the edit is in the
   innermost function both were made under (`Change.edit`), not at the operation.
+- `dtype`: a cast added, dropped or made to another type: the operation computes in, or
+  reads, another dtype than its counterpart (operations pair across dtypes). Said with
+  both dtypes and the cast's place: the new program's cast (added or changed) is where
+  the edit is (`Change.edit`); a cast the base made and the tree does not is named at
+  the base's place.
 - `input`: it reads an input of the recorded programs that differs from the base's (made
   on the host, outside the programs: a key drawn in a Python loop, data loaded).
 - `operation`: its operands are the counterpart's, and it computes another result (or the
@@ -43,6 +48,7 @@ __all__ = ["CHANGES", "Change", "change_of", "counterparts", "edited", "frame_pa
 #: The kinds of change an origin can be (the module docstring), and the words for each.
 CHANGES = {
     "constant": "a changed constant",
+    "dtype": "a changed dtype",
     "edge": "a changed edge",
     "input": "a changed input",
     "operation": "a changed operation",
@@ -114,7 +120,7 @@ def counterparts(new: Recording, old: Recording) -> dict[int, int]:
         olds = ranks.get(k, [])
         if rank < len(olds):
             c = old.values[olds[rank]]
-            if c.shape == v.shape and c.dtype == v.dtype:
+            if c.shape == v.shape:  # another dtype is a change of its own (`_cast`)
                 out[v.id] = c.id
     return out
 
@@ -177,6 +183,9 @@ def change_of(
     if counterpart is None:
         return _unpaired(old, v, set(pairs.values()), same, where)
     c = old.values[counterpart]
+    cast = _cast(new, old, v, c, where)
+    if cast is not None:
+        return cast
     mine, theirs = dict(v.literals), dict(c.literals)
     for k in sorted(set(mine) | set(theirs)):
         if mine.get(k) != theirs.get(k):
@@ -273,6 +282,8 @@ def _unpaired(
     same operands: `sin` where the base ran `tanh`), else a step the base does not take
     where the base runs that function, else none said (the function is not the base's:
     code moved or renamed, which the pairing cannot follow)."""
+    if v.primitive == _CAST:
+        return _cast_added(v, where)
     here = [
         c
         for c in old.values
@@ -331,3 +342,56 @@ def _made(recording: Recording, v: Value, place: str) -> str:
 def _number(recording: Recording, v: Value) -> int:
     """An input's (or a constant's) number among the programs' own, counted from 1."""
     return 1 + sum(1 for u in recording.values[: v.id] if u.kind == v.kind)
+
+
+_CAST = "convert_element_type"
+
+
+def _cast(
+    new: Recording,
+    old: Recording,
+    v: Value,
+    c: Value,
+    where: Callable[[Value | str, bool], str],
+) -> Change | None:
+    """The `dtype` change of operation `v` against its counterpart `c`, where a dtype
+    differs: a cast to another type than the base's, or an operand of another dtype than
+    the base's (a cast added before it, or the base's cast not made); None where every
+    dtype is the base's."""
+    if v.dtype != c.dtype and v.primitive == c.primitive == _CAST:
+        return Change(
+            "dtype",
+            f"it casts to {v.dtype} where the base cast to {c.dtype} (at {where(c, True)})",
+        )
+    if len(v.inputs) == len(c.inputs):
+        for a, b in zip(v.inputs, c.inputs, strict=True):
+            read, was = new.values[a], old.values[b]
+            if read.dtype == was.dtype:
+                continue
+            if read.primitive == _CAST:
+                said = f"the base's operand was {was.dtype}"
+                if was.primitive == _CAST:
+                    said = f"the base cast to {was.dtype} at {where(was, True)}"
+                return Change(
+                    "dtype",
+                    f"a cast to {read.dtype} at {where(read, False)}, where {said}; the "
+                    f"{v.primitive} at {where(v, False)} computes on it",
+                    edit=read.chain[0] if read.chain else "",
+                    read=read.id if read.chain else -1,
+                )
+            if was.primitive == _CAST:
+                return Change(
+                    "dtype",
+                    f"the base's cast to {was.dtype} at {where(was, True)} is not made: it "
+                    f"reads the {read.primitive} {read.dtype}{list(read.shape)} as it is, in "
+                    f"{read.dtype} where the base computed in {was.dtype}",
+                )
+            return Change("dtype", f"it reads {read.dtype} where the base read {was.dtype}")
+    if v.dtype != c.dtype:
+        return Change("dtype", f"it computes in {v.dtype} where the base computed in {c.dtype}")
+    return None
+
+
+def _cast_added(v: Value, where: Callable[[Value | str, bool], str]) -> Change:
+    """A cast the base has no counterpart of at its place: added."""
+    return Change("dtype", f"a cast to {v.dtype} at {where(v, False)} that the base does not make")

@@ -15,16 +15,17 @@ and nothing else of it kept. An operation whose parameters or operands cannot be
 unhashable parameter, an operand of a kind not listed here) is bound as before.
 
 **Moves on the host.** An operation that only moves numbers (a slice, a transpose, a
-reshape, a broadcast, a concatenation; `HOST_MOVES`) computes nothing that rounding could
-change: the program jax compiles for it copies each element's bits to its place, for
-booleans, integers and float32 (not bfloat16: `_bit_moved`). In a process with one device,
-a CPU (an accelerator keeps jax's programs: nothing was measured on one), such an operation
-on those (not weakly typed) is done with numpy on the host copy of its operands, and the
-result placed back on the device (`jax.device_put`): the same bits, and no program to
-compile (about 40 ms each, cold, on a 2-core x86 host with jax 0.10.2) or to load from the
-cache. The rows a scan reads and the stacking of its results are moves of the same kind
-(`Executables.row`, `Executables.stack`). A train group's recording (`train_remat_nothing`,
-with a changed mask key) compiled 1,330 programs before and 967 with the moves on the host.
+reshape, a broadcast, a concatenation: the registry's `host` moves, `_primitives.py`)
+computes nothing that rounding could change: the program jax compiles for it copies each
+element's bits to its place, for booleans, integers and float32 (not bfloat16:
+`_bit_moved`). In a process with one device, a CPU (an accelerator keeps jax's programs:
+nothing was measured on one), such an operation on those (not weakly typed) is done with
+numpy on the host copy of its operands, and the result placed back on the device
+(`jax.device_put`): the same bits, and no program to compile (about 40 ms each, cold, on a
+2-core x86 host with jax 0.10.2) or to load from the cache. The rows a scan reads and the
+stacking of its results are moves of the same kind (`Executables.row`, `Executables.stack`).
+A train group's recording (`train_remat_nothing`, with a changed mask key) compiled 1,330
+programs before and 967 with the moves on the host.
 """
 
 from __future__ import annotations
@@ -35,45 +36,12 @@ from typing import Any
 
 import numpy as np
 
-__all__ = ["HOST_MOVES", "Executables"]
+from parity.origin._primitives import BOUND, HOST_MOVES
+
+__all__ = ["Executables"]
 
 _SCALARS = (bool, int, float, complex)
 _UNCOMPILED: Any = object()
-#: Primitives whose eager run is not one program of their own (jax runs their
-#: implementation op by op, or they move data between devices): bound as jax binds them.
-_BOUND = frozenset({"random_bits", "random_seed", "random_split", "random_fold_in",
-                    "random_wrap", "random_unwrap", "device_put", "pure_callback",
-                    "io_callback", "debug_callback"})  # fmt: skip
-
-
-def _slice(x: np.ndarray, p: dict[str, Any]) -> np.ndarray:
-    strides = p["strides"] or (1,) * x.ndim
-    return x[tuple(map(slice, p["start_indices"], p["limit_indices"], strides))]
-
-
-def _broadcast(x: np.ndarray, p: dict[str, Any]) -> np.ndarray:
-    shape, dims = tuple(p["shape"]), tuple(p["broadcast_dimensions"])
-    expanded = [1] * len(shape)
-    for axis, size in zip(dims, x.shape, strict=True):
-        expanded[axis] = size
-    return np.broadcast_to(x.reshape(expanded), shape)
-
-
-#: Moves done with numpy (module docstring): primitive -> (the parameters numpy's reading
-#: uses, the numpy function of the operands and parameters). Any other parameter must be
-#: None (a reshape's `dimensions`, a `sharding`, one a later jax adds), else jax's program
-#: runs.
-HOST_MOVES: dict[str, tuple[tuple[str, ...], Any]] = {
-    "slice": (("start_indices", "limit_indices", "strides"), lambda xs, p: _slice(xs[0], p)),
-    "broadcast_in_dim": (("shape", "broadcast_dimensions"), lambda xs, p: _broadcast(xs[0], p)),
-    "reshape": (("new_sizes",), lambda xs, p: xs[0].reshape(p["new_sizes"])),
-    "squeeze": (("dimensions",), lambda xs, p: np.squeeze(xs[0], axis=tuple(p["dimensions"]))),
-    "transpose": (("permutation",), lambda xs, p: np.transpose(xs[0], p["permutation"])),
-    "concatenate": (("dimension",), lambda xs, p: np.concatenate(xs, axis=p["dimension"])),
-    "rev": (("dimensions",), lambda xs, p: np.flip(xs[0], axis=tuple(p["dimensions"]))),
-    "copy": ((), lambda xs, p: xs[0].copy()),
-    "copy_p": ((), lambda xs, p: xs[0].copy()),
-}
 
 
 @functools.cache
@@ -200,7 +168,7 @@ class Executables:
 
     @staticmethod
     def _key(primitive: Any, operands: Sequence[Any], params: dict[str, Any]) -> Any:
-        if primitive.name in _BOUND:
+        if primitive.name in BOUND:
             return None
         shapes = tuple(_operand(x) for x in operands)
         if any(s is None for s in shapes):

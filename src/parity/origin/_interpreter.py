@@ -24,49 +24,12 @@ from typing import Any
 import numpy as np
 
 from parity._errors import ParityError
-from parity.judge._dataflow import MOVES as PLACED_MOVES
 from parity.origin._executables import Executables
 from parity.origin._flushing import Flushing
+from parity.origin._primitives import CALLS, MOVES, WHOLE
 from parity.origin._recording import Fingerprint, Recording, Value, value_fingerprints
 
 __all__ = ["MOVES", "Interpreter", "LocaliseError", "plain_dtype", "user_frame_of"]
-
-#: Primitives whose body is a jaxpr taking the equation's operands and giving its results.
-_CALLS = frozenset(
-    {
-        "jit",
-        "pjit",
-        "closed_call",
-        "core_call",
-        "custom_jvp_call",
-        "custom_vjp_call",
-        "custom_vjp_call_jaxpr",
-        "checkpoint",
-        "remat",
-        "remat2",
-    }
-)
-
-#: Primitives that move, reshape or cast values without computing new numbers: those the
-#: dataflow order places where their operand was computed, and those that arrange or carry
-#: values (`parity.origin._align.ARRANGING` match by value all the same).
-MOVES = PLACED_MOVES | frozenset(
-    {
-        "dynamic_update_slice",
-        "concatenate",
-        "stack",
-        "split",
-        "pad",
-        "gather",
-        "rev",
-        "tile",
-        "unstack",
-        "optimization_barrier",
-        "scan",
-        "while",
-        "cond",
-    }
-)
 
 _MAX_WHILE = 100_000
 _PARITY = str(Path(__file__).resolve().parents[1])
@@ -94,10 +57,6 @@ UNPLACED: Where = (_NOWHERE, "", "")
 CHAIN_FRAMES = 8
 #: The most elements of an input or a constant whose numbers are kept in words.
 SMALL_CONSTANT = 16
-
-#: Moves that pass one operand's numbers on whole (cast, reshape, ...; not a slice of it):
-#: the result *is* that operand as far as the dataflow order is concerned.
-_SAME = (PLACED_MOVES - {"slice", "dynamic_slice"}) | {"optimization_barrier"}
 
 
 class Aval:
@@ -280,7 +239,7 @@ class Interpreter:
         where = self.frame(eqn, outer)
         name = eqn.primitive.name
         params = eqn.params
-        if name in _CALLS:
+        if name in CALLS:
             body = params.get("jaxpr", params.get("call_jaxpr"))
             if body is not None:
                 return self.closed(body, ins, where)
@@ -314,7 +273,7 @@ class Interpreter:
         if not operands:
             return None
         first = ins[0][1]
-        if name in _SAME and len(operands) == 1:
+        if name in WHOLE and len(operands) == 1:
             return operands[0]
         if first < 0 or first not in self.stacked:
             return None

@@ -17,9 +17,10 @@ fingerprints tens of thousands of values, mostly small, where numpy's cost per c
 arithmetic, is what a fingerprint takes.
 
 `Recording.to_arrays()` / `Recording.from_arrays()` turn a recording into a flat dict of
-numpy arrays and back (an `np.savez` file); `Recording.summary()` drops the values' arrays
-and keeps their fingerprints and the outputs, so the old side of a comparison can be
-recorded in one process and matched in another.
+numpy arrays and back (an `np.savez` file), each array's dtype kept by the golden store's
+codec (bfloat16 and the other ml_dtypes as their bits and their dtype's name);
+`Recording.summary()` drops the values' arrays and keeps their fingerprints and the outputs,
+so the old side of a comparison can be recorded in one process and matched in another.
 
 This module imports numpy only.
 """
@@ -62,8 +63,8 @@ BLOCKS = 8
 STATS = 3 * BLOCKS
 #: The recording format: a file of another one is read as none (`Recording.from_arrays`
 #: callers check `format_of`); 2 added the signed statistic, 3 each operation's literals and
-#: call chain.
-FORMAT = 3
+#: call chain, 4 each array's dtype by the store's codec (`parity.judge._mldtypes.to_raw`).
+FORMAT = 4
 
 #: Value kinds: an equation's result, a data movement of other values (a reshape, a scan's
 #: iteration slice or stacked outputs, ...), a program input, a constant of the program.
@@ -356,10 +357,18 @@ class Recording:
         }
         out |= _fingerprints_to_arrays("fp", self.fingerprints)
         out |= _fingerprints_to_arrays("row", [f for fs in self.rows.values() for f in fs])
+        # Each array's dtype by the store's codec: a bfloat16 value as uint16 and its name.
+        names = []
         for j, key in enumerate(self.outputs):
-            out[f"output.{j}"] = np.asarray(self.output_arrays[key])
+            out[f"output.{j}"], name = mldtypes.to_raw(self.output_arrays[key])
+            names.append(name)
+        out["meta.output_dtypes"] = np.array(names, dtype=str)
         if self.arrays is not None:
-            out |= {f"array.{i}": a for i, a in enumerate(self.arrays)}
+            names = []
+            for i, a in enumerate(self.arrays):
+                out[f"array.{i}"], name = mldtypes.to_raw(a)
+                names.append(name)
+            out["meta.array_dtypes"] = np.array(names, dtype=str)
         return out
 
     @classmethod
@@ -422,13 +431,21 @@ class Recording:
         keys = [str(k) for k in data["meta.output_keys"]]
         arrays = None
         if values and "array.0" in data:
-            arrays = tuple(np.asarray(data[f"array.{i}"]) for i in range(len(values)))
+            kept = data["meta.array_dtypes"]
+            arrays = tuple(
+                mldtypes.from_raw(np.asarray(data[f"array.{i}"]), str(kept[i]))
+                for i in range(len(values))
+            )
+        output_dtypes = [str(d) for d in data["meta.output_dtypes"]]
         return cls(
             values=values,
             fingerprints=tuple(prints),
             rows={k: tuple(fs) for k, fs in rows.items()},
             outputs=dict(zip(keys, (int(i) for i in data["meta.output_ids"]), strict=True)),
-            output_arrays={k: np.asarray(data[f"output.{j}"]) for j, k in enumerate(keys)},
+            output_arrays={
+                k: mldtypes.from_raw(np.asarray(data[f"output.{j}"]), output_dtypes[j])
+                for j, k in enumerate(keys)
+            },
             arrays=arrays,
         )
 

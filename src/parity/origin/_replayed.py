@@ -22,7 +22,7 @@ from typing import Protocol
 from parity.origin._align import Origin
 from parity.origin._localisation import Localisation
 from parity.origin._recording import Recording
-from parity.origin._shadow import RoundingProof
+from parity.origin._rounding_proof import RoundingProof
 
 __all__ = ["REPLAYED", "Replay", "Replayed", "answered", "read_replayed"]
 

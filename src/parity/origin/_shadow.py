@@ -16,7 +16,6 @@ This module imports numpy and the origin's own modules; jax inside functions onl
 
 from __future__ import annotations
 
-import contextlib
 import dataclasses
 from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass, field
@@ -25,25 +24,20 @@ from typing import Any
 
 import numpy as np
 
+from parity.judge._ulp import is_float_dtype
 from parity.origin._align import Alignment, Origin, align
-from parity.origin._interpreter import MOVES, Interpreter, plain_dtype, to_host
+from parity.origin._interpreter import Interpreter, plain_dtype, to_host
+from parity.origin._primitives import PLACING, Machine, model
 from parity.origin._proof import upstream
 from parity.origin._recording import Recording, fingerprint, row_digests
-from parity.origin._rounding import Fresh, allowed, grounded, model, within
+from parity.origin._rounding import Fresh, allowed, grounded, within
+from parity.origin._rounding_proof import ROUNDS, RoundingProof, coarsest, equal, place, recast
 
-__all__ = ["RoundingProof", "Shade", "Shadow"]
+__all__ = ["Shade", "Shadow"]
 
 #: How many of the base's values of a shape a fresh value is held against, nearest first
 #: by their fingerprints' statistics.
 CANDIDATES = 8
-
-#: Operations whose result element is an operand element (or a literal, a padding value)
-#: moved, picked or negated: on the base's values, their result is the base's numbers, with
-#: no rounding (a `part`). A conversion is one where it converts back to its operand; an
-#: operation with an integer or boolean result computes it exactly.
-_PLACING = (MOVES - {"convert_element_type", "scan", "while", "cond"}) | frozenset(
-    ["select_n", "max", "min", "reduce_max", "reduce_min", "neg", "abs", "sort"]
-)
 
 
 @dataclass
@@ -80,49 +74,17 @@ class Shade:
         return self.status in ("same", "exact", "rounded", "part")
 
 
-@dataclass(frozen=True)
-class RoundingProof:
-    """Whether one key was proved up to rounding.
-
-    **Fields:** `key`; `proved`; `reason` (why not, one line; "" when proved); `exact` (the
-    values on its way that are the base's bit for bit, run op by op or on the base's
-    values); `rounded` (those within one operation's rounding of the base's); `fresh` (new
-    intermediates on its way, each accounted for by what is computed from them);
-    `largest` (the rounded operation that used the largest share of its bound, in words;
-    "" where none); `origin` (the value where the key's way first computes what the base
-    never did; -1 when proved).
-    """
-
-    key: str
-    proved: bool
-    reason: str = ""
-    exact: int = 0
-    rounded: int = 0
-    fresh: int = 0
-    largest: str = ""
-    origin: int = -1
-
-    def describe(self) -> str:
-        """One clause: how the key was proved, or why not."""
-        if not self.proved:
-            return f"not proved up to rounding: {self.reason}"
-        how = f"proved up to rounding: {self.exact} values equal op by op"
-        if self.rounded:
-            how += f", {self.rounded} within the rounding of their operation"
-        if self.fresh:
-            how += f", {self.fresh} new intermediates"
-        return how + (f"; the closest: {self.largest}" if self.largest else "")
-
-
 class Shadow:
     """The shadow replay, told of each value by the interpreter that records the new
     program (`Interpreter(shadow=...)`), against `old`, the base's recording with its
-    arrays (`record(..., keep_arrays=True)`)."""
+    arrays (`record(..., keep_arrays=True)`), each operation bounded as `machine` computes it
+    (default: this process's backend, where the replay runs: `Machine.here()`)."""
 
-    def __init__(self, old: Recording) -> None:
+    def __init__(self, old: Recording, *, machine: Machine | None = None) -> None:
         if old.arrays is None:
             raise ValueError("a shadow replay needs the base's recording with its arrays")
         self.old = old
+        self.machine = Machine.here() if machine is None else machine
         self.arrays = old.arrays
         self.shades: dict[int, Shade] = {}
         self.interpreter: Interpreter | None = None
@@ -241,7 +203,7 @@ class Shadow:
         if name == "split":  # several results: result n is a slice of the operand
             modelled = _split(eqn.params, known[0], n)
         else:
-            modelled = model(name, eqn.params, known, result.dtype)
+            modelled = model(name, eqn.params, known, result.dtype, machine=self.machine)
         if modelled is None:
             if all(s.grounded for s in shades):  # a new value of the base's values: its bits
                 return Shade("fresh", array=result, model=_as_given(result))
@@ -260,8 +222,8 @@ class Shadow:
 
     def _exactly(self, name: str, shades: Sequence[Shade], result: np.ndarray) -> bool:
         """Whether `name` computed `result` from its operands with no rounding
-        (`_PLACING`)."""
-        if name in _PLACING or not np.issubdtype(result.dtype, np.floating):
+        (the registry's `PLACING`)."""
+        if name in PLACING or not is_float_dtype(result.dtype):
             return True
         if name == "convert_element_type" and len(shades) == 1:
             operand = self._numbers(shades[0])
@@ -295,7 +257,7 @@ class Shadow:
         """`numbers`, modelled by `fresh`, as the first of the base's values of their shape
         (nearest first by statistics, `CANDIDATES` at most) that they lie within the rounding
         of; None where none (or not a float)."""
-        if not np.issubdtype(numbers.dtype, np.floating):
+        if not is_float_dtype(numbers.dtype):
             return None
         key = (tuple(numbers.shape), str(numbers.dtype))
         ids = self._buckets.get(key, [])
@@ -360,11 +322,28 @@ class Shadow:
         if rounded:
             margin, i = max(rounded)
             bound = self.shades[i].bound
-            largest = f"{_place(new, i, root)}, {margin:.2g} of its bound {bound:.3g}"
+            largest = f"{place(new, i, root)}, {margin:.2g} of its bound {bound:.3g}"
+        changed = recast(
+            new, self.old, [i for i, x in zip(cone, shades, strict=True) if x.status == "fresh"]
+        )
+        if changed is not None:
+            i, why = changed
+            reason = f"{place(new, i, root)}, computed on the base's values, {why}"
+            return RoundingProof(key, False, reason, origin=i)
         mine = self.shades.get(target, Shade("fresh"))
         if _answers(mine, self._numbers(mine), theirs):
             equal = counts["same"] + counts["exact"]
-            return RoundingProof(key, True, "", equal, len(rounded), counts["fresh"], largest)
+            rounds = [i for i, x in zip(cone, shades, strict=True) if x.status in ROUNDS]
+            return RoundingProof(
+                key,
+                True,
+                "",
+                equal,
+                len(rounded),
+                counts["fresh"],
+                largest,
+                precision=coarsest(new, [*rounds, target]),
+            )
         origin = self._origin(new, cone)
         shade = self.shades.get(origin, Shade("fresh"))
         what = "equals no value of the base's, nor any within its rounding"
@@ -372,7 +351,7 @@ class Shadow:
             what = "is an input of the programs that no value of the base's is"
         elif shade.why:
             what += f" ({shade.why})"
-        reason = f"{_place(new, origin, root)}, computed on the base's values, {what}"
+        reason = f"{place(new, origin, root)}, computed on the base's values, {what}"
         return RoundingProof(key, False, reason, origin=origin)
 
     def origin(
@@ -394,7 +373,7 @@ class Shadow:
         if s is None or not s.grounded:
             return False
         numbers = self._numbers(s)
-        return s.base == b or (numbers is not None and _equal(numbers, self.arrays[b]))
+        return s.base == b or (numbers is not None and equal(numbers, self.arrays[b]))
 
     def _origin(self, new: Recording, cone: list[int]) -> int:
         """Where the key's way first computes what the base never did: the first value
@@ -436,34 +415,14 @@ def _as_operand(numbers: np.ndarray, like: Any) -> Any:
     return jax.random.wrap_key_data(jnp.asarray(numbers), impl=jax.random.key_impl(like))
 
 
-def _equal(a: np.ndarray, b: np.ndarray) -> bool:
-    """The same shape, dtype and bytes."""
-    return (
-        a.shape == b.shape
-        and a.dtype == b.dtype
-        and np.ascontiguousarray(a).tobytes() == np.ascontiguousarray(b).tobytes()
-    )
-
-
 def _answers(mine: Shade, numbers: np.ndarray | None, theirs: np.ndarray) -> bool:
     """Whether a key's shade is the base's same key: its numbers bit for bit, or within
     the rounding its model allows."""
-    if numbers is not None and _equal(numbers, theirs):
+    if numbers is not None and equal(numbers, theirs):
         return True
     if mine.status == "fresh" and mine.model is not None:
         return within(theirs, mine.model, theirs.dtype)[0]
     return False
-
-
-def _place(new: Recording, i: int, root: str | Path | None) -> str:
-    """Value `i`'s operation and its place, its file relative to `root` where inside it."""
-    v = new.values[i]
-    file = v.file
-    if file and root is not None:
-        with contextlib.suppress(ValueError):
-            file = Path(file).resolve().relative_to(Path(root).resolve()).as_posix()
-    where = f"{file}:{v.line} in {v.function}" if file else "<no source>"
-    return f"{v.primitive} at {where}"
 
 
 def _largest(fresh: Fresh, result: np.ndarray) -> float:
@@ -472,7 +431,7 @@ def _largest(fresh: Fresh, result: np.ndarray) -> float:
 
 
 def _as_given(result: np.ndarray) -> Fresh | None:
-    return grounded(result) if np.issubdtype(result.dtype, np.floating) else None
+    return grounded(result) if is_float_dtype(result.dtype) else None
 
 
 def _part(fresh: Fresh, take: Callable[[np.ndarray], np.ndarray]) -> Fresh:

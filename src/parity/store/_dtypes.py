@@ -60,21 +60,18 @@ def uint_of_width(itemsize: int) -> np.dtype:
 
 
 def to_storage(key: str, value: Any) -> tuple[np.ndarray, str]:
-    """Convert an array-like to (C-order little-endian storage array, logical dtype name)."""
+    """Convert an array-like to (C-order little-endian storage array, logical dtype name),
+    by the codec every file of parity's keeps dtypes by (`parity.judge._mldtypes.to_raw`)."""
     arr = np.asarray(value)
     dt = arr.dtype
-    if mldtypes.is_ml_dtype(dt):
-        stored = c_order(arr).view(uint_of_width(dt.itemsize))
-        return stored, dt.name
-    if dt.name not in NATIVE_DTYPES or dt.fields is not None:
+    if not mldtypes.is_ml_dtype(dt) and (dt.name not in NATIVE_DTYPES or dt.fields is not None):
         raise UnsupportedDtypeError(
             f"golden {key!r}: dtype {dt} (kind {dt.kind!r}) cannot be stored exactly; expected "
             "bool, (u)int8..64, float16/32/64, complex64/128 or an ml_dtypes type such as "
             "bfloat16. Convert it to a numeric array before pinning."
         )
     # Little-endian on disk whatever the host, so the digest names the same bytes everywhere.
-    stored = c_order(arr.astype(dt.newbyteorder("<"), copy=False))
-    return stored, dt.name
+    return mldtypes.to_raw(arr)
 
 
 def c_order(arr: np.ndarray) -> np.ndarray:

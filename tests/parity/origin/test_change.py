@@ -7,13 +7,11 @@ sees them), through `parity.localise`.
 
 from __future__ import annotations
 
-import importlib.util
-import itertools
 from pathlib import Path
-from types import ModuleType
 
 import jax
 import pytest
+from _model_files import model_module
 
 import parity
 from parity.origin._change import CHANGES
@@ -58,20 +56,6 @@ EDITS = {
                   ["sin where the base ran tanh", "base/model.py"]),
 }  # fmt: skip
 
-_names = itertools.count()
-
-
-def _module(folder: Path, text: str) -> ModuleType:
-    """`text` as `folder/model.py`, imported under a name of its own."""
-    folder.mkdir()
-    path = folder / "model.py"
-    path.write_text(text)
-    spec = importlib.util.spec_from_file_location(f"_model_{next(_names)}", path)
-    assert spec is not None and spec.loader is not None
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
-
 
 def _inputs() -> tuple[jax.Array, ...]:
     keys = jax.random.split(jax.random.PRNGKey(0), 4)
@@ -87,9 +71,11 @@ def _inputs() -> tuple[jax.Array, ...]:
 def test_each_kind_of_edit_is_named_with_what_changed(tmp_path: Path, edit: str) -> None:
     before, after, kind, words = EDITS[edit]
     assert MODEL.count(before) == 1
-    old = _module(tmp_path / "base", MODEL)
+    old = model_module(tmp_path / "base", MODEL)
     # Three lines more at the top: every line below moves, and the pairing holds.
-    new = _module(tmp_path / "tree", "# edited\n# copy\n# here\n" + MODEL.replace(before, after))
+    new = model_module(
+        tmp_path / "tree", "# edited\n# copy\n# here\n" + MODEL.replace(before, after)
+    )
     loc = parity.localise(new.forward, old.forward, *_inputs(), root=tmp_path)
     assert loc.named, loc.line
     origin = loc.origin
@@ -101,8 +87,8 @@ def test_each_kind_of_edit_is_named_with_what_changed(tmp_path: Path, edit: str)
 
 def test_a_changed_constant_is_named_at_the_line_that_uses_it(tmp_path: Path) -> None:
     """A module-level constant is not in the program: its value is, at the line using it."""
-    old = _module(tmp_path / "base", MODEL)
-    new = _module(tmp_path / "tree", MODEL.replace("EPS = 1e-5", "EPS = 1e-6"))
+    old = model_module(tmp_path / "base", MODEL)
+    new = model_module(tmp_path / "tree", MODEL.replace("EPS = 1e-5", "EPS = 1e-6"))
     origin = parity.localise(new.forward, old.forward, *_inputs(), root=tmp_path).origin
     assert origin is not None
     uses = next(n for n, t in enumerate(MODEL.splitlines(), 1) if "+ EPS)" in t)
@@ -112,8 +98,8 @@ def test_a_changed_constant_is_named_at_the_line_that_uses_it(tmp_path: Path) ->
 def test_an_edge_names_the_place_of_the_value_the_base_read(tmp_path: Path) -> None:
     """A step removed: the MLP reads the input where the base read the norm's output, made
     at the base's own line in `norm` (before the three lines the edit added above it)."""
-    old = _module(tmp_path / "base", MODEL)
-    new = _module(
+    old = model_module(tmp_path / "base", MODEL)
+    new = model_module(
         tmp_path / "tree", "#\n#\n#\n" + MODEL.replace("    h = norm(x)\n", "    h = x\n")
     )
     origin = parity.localise(new.forward, old.forward, *_inputs(), root=tmp_path).origin
@@ -126,10 +112,10 @@ def test_a_constant_changed_where_the_pairing_by_rank_fails_is_said(tmp_path: Pa
     """A refactor that runs the norm on each half of the batch (two operations of other
     shapes where the base ran one) with its epsilon changed: nothing pairs by rank, and the
     base's constant at that place is said beside the new one."""
-    old = _module(tmp_path / "base", MODEL)
+    old = model_module(tmp_path / "base", MODEL)
     split = "    h = jnp.concatenate([norm(x[:2]), norm(x[2:])])\n"
     new_text = MODEL.replace("EPS = 1e-5", "EPS = 1e-6").replace("    h = norm(x)\n", split)
-    new = _module(tmp_path / "tree", new_text)
+    new = model_module(tmp_path / "tree", new_text)
     loc = parity.localise(new.forward, old.forward, *_inputs(), root=tmp_path)
     origin = loc.origin
     assert origin is not None and origin.change == "constant", loc.line
@@ -159,8 +145,8 @@ def forward(x, w):
 
 
 def test_a_step_removed_at_a_callees_end_is_named_in_the_callee(tmp_path: Path) -> None:
-    old = _module(tmp_path / "base", CALLEE)
-    new = _module(tmp_path / "tree", CALLEE.replace("return norm(h)", "return h"))
+    old = model_module(tmp_path / "base", CALLEE)
+    new = model_module(tmp_path / "tree", CALLEE.replace("return norm(h)", "return h"))
     x, w = _inputs()[:2]
     loc = parity.localise(new.forward, old.forward, x, w, root=tmp_path)
     origin = loc.origin
@@ -177,8 +163,8 @@ def test_a_step_removed_at_a_callees_end_is_named_in_the_callee(tmp_path: Path) 
 
 
 def test_the_kind_travels_in_the_origins_json(tmp_path: Path) -> None:
-    old = _module(tmp_path / "base", MODEL)
-    new = _module(tmp_path / "tree", MODEL.replace("jnp.tanh(h", "jnp.sin(h"))
+    old = model_module(tmp_path / "base", MODEL)
+    new = model_module(tmp_path / "tree", MODEL.replace("jnp.tanh(h", "jnp.sin(h"))
     loc = parity.localise(new.forward, old.forward, *_inputs(), root=tmp_path)
     back = parity.Localisation.from_dict(loc.to_dict())
     assert back.origin is not None and loc.origin is not None
@@ -191,8 +177,8 @@ def test_the_kind_travels_in_the_origins_json(tmp_path: Path) -> None:
 def test_an_argument_changed_at_a_call_site_reads_in_the_call_chain(tmp_path: Path) -> None:
     """`scaled(h, 0.5)` -> `scaled(h, 0.25)`: the changed constant is the multiplication's in
     `scaled`, and the frame that called it is the edited line of `forward`."""
-    old = _module(tmp_path / "base", MODEL)
-    new = _module(tmp_path / "tree", MODEL.replace("scaled(h, 0.5)", "scaled(h, 0.25)"))
+    old = model_module(tmp_path / "base", MODEL)
+    new = model_module(tmp_path / "tree", MODEL.replace("scaled(h, 0.5)", "scaled(h, 0.25)"))
     loc = parity.localise(new.forward, old.forward, *_inputs(), root=tmp_path)
     origin = loc.origin
     assert origin is not None and origin.change == "constant", loc.line

@@ -11,8 +11,6 @@ operation.
 
 from __future__ import annotations
 
-import importlib.util
-import itertools
 from pathlib import Path
 from types import ModuleType
 from typing import Any
@@ -20,6 +18,7 @@ from typing import Any
 import jax
 import numpy as np
 import pytest
+from _model_files import model_module
 
 import parity
 from parity.origin._record import record
@@ -122,23 +121,10 @@ BUGS = {
     "dropout key": (("fold_in(root, s)", "fold_in(root, s + 1)"), "random_fold_in", "train"),
 }
 
-_names = itertools.count()
-
-
-def _module(folder: Path, text: str) -> ModuleType:
-    folder.mkdir()
-    path = folder / "model.py"
-    path.write_text(text)
-    spec = importlib.util.spec_from_file_location(f"_shadow_model_{next(_names)}", path)
-    assert spec is not None and spec.loader is not None
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
-
 
 @pytest.fixture(scope="module")
 def base(tmp_path_factory: pytest.TempPathFactory) -> tuple[ModuleType, tuple[Any, ...], Recording]:
-    module = _module(tmp_path_factory.mktemp("shadow") / "base", MODEL)
+    module = model_module(tmp_path_factory.mktemp("shadow") / "base", MODEL)
     keys = jax.random.split(jax.random.PRNGKey(3), 2)
     x = jax.random.normal(keys[0], (module.N, module.T, module.D))
     y = jax.random.normal(keys[1], (module.N, module.T))
@@ -152,7 +138,7 @@ def _replay(base: Any, tmp: Path, edits: list[tuple[str, str]]) -> tuple[Recordi
     for before, after in edits:
         assert text.count(before) == 1
         text = text.replace(before, after)
-    new_module = _module(tmp / "tree", text)
+    new_module = model_module(tmp / "tree", text)
     shadow = Shadow(old)
     new = record(new_module.train, *args, keep_arrays=False, shadow=shadow)
     return new, shadow
@@ -203,7 +189,7 @@ def test_assert_equivalent_proves_the_fused_projection_under_up_to_rounding(
     `op_by_op` (its operations are not the base's) and passes `up_to_rounding`, with how; a
     loss divided by N - 1 on top of it fails `up_to_rounding`, named at its line."""
     module, args, _ = base
-    fused = _module(tmp_path / "fused", MODEL.replace(*FUSED))
+    fused = model_module(tmp_path / "fused", MODEL.replace(*FUSED))
     new_out, old_out = fused.train(*args), module.train(*args)
     with pytest.raises(parity.NotEquivalent) as strict:
         parity.assert_equivalent(
@@ -217,7 +203,9 @@ def test_assert_equivalent_proves_the_fused_projection_under_up_to_rounding(
     )  # fmt: skip
     notes = [f.note for f in result.findings if f.basis == "rounding"]
     assert notes and all(n.startswith("proved up to rounding: ") for n in notes), notes
-    buggy = _module(tmp_path / "buggy", MODEL.replace(*FUSED).replace(*BUGS["loss / (N - 1)"][0]))
+    buggy = model_module(
+        tmp_path / "buggy", MODEL.replace(*FUSED).replace(*BUGS["loss / (N - 1)"][0])
+    )
     with pytest.raises(parity.NotEquivalent) as failed:
         parity.assert_equivalent(
             buggy.train(*args), old_out, class_map="up_to_rounding", new_fn=buggy.train,

@@ -1,0 +1,110 @@
+"""The registry of primitives (`parity.origin._primitives`): how a backend computes an
+operation, held against jax on this CPU, and modelled for a TPU from the arithmetic a TPU
+is documented to do (its bfloat16 pass), computed here with numpy.
+
+- A bfloat16 `dot_general` on a CPU accumulates in float32 and rounds once: jax's result
+  is the float32 product rounded, its model is the tight one, and a candidate moved by a
+  few of bfloat16's roundings on a few elements breaks it, where the bound of a sum
+  rounded in bfloat16 at every step (K u) would pass it.
+- A bfloat16 `reduce_sum` on a CPU does not: jax's result is not the float32 sum rounded
+  once, and lies within the model of a sum rounded in bfloat16 at every step.
+- On a TPU at default precision, a float32 `dot_general`'s operands are rounded to
+  bfloat16 first: that product lies within the TPU's model and outside the CPU's; at
+  `highest`, the TPU's model is the CPU's.
+"""
+
+from __future__ import annotations
+
+import jax.numpy as jnp
+import ml_dtypes
+import numpy as np
+import pytest
+from jax import lax
+
+from parity.origin._primitives import REGISTRY, Machine, model
+from parity.origin._rounding import allowed, grounded, within
+
+BF16 = np.dtype(ml_dtypes.bfloat16)
+DIMS = (((1,), (0,)), ((), ()))
+
+
+def _pair(k: int, seed: int, dtype: np.dtype) -> tuple[np.ndarray, np.ndarray]:
+    rng = np.random.default_rng(seed)
+    return (
+        rng.standard_normal((16, k)).astype(dtype),
+        rng.standard_normal((k, 8)).astype(dtype),
+    )
+
+
+def _dot_model(a: np.ndarray, b: np.ndarray, out: np.dtype, machine: Machine, **params: object):
+    f = model(
+        "dot_general",
+        {"dimension_numbers": DIMS, "precision": None, **params},
+        [grounded(a), grounded(b)],
+        out,
+        machine=machine,
+    )
+    assert f is not None
+    return f
+
+
+@pytest.mark.parametrize("k", [16, 512, 4096])
+def test_a_bfloat16_dot_on_a_cpu_is_the_float32_product_rounded_once(k: int) -> None:
+    a, b = _pair(k, k, BF16)
+    got = np.asarray(lax.dot_general(jnp.asarray(a), jnp.asarray(b), DIMS))
+    once = (a.astype(np.float32) @ b.astype(np.float32)).astype(BF16)
+    assert got.dtype == BF16 and np.array_equal(got, once)
+    tight = _dot_model(a, b, BF16, Machine("cpu"))
+    assert tight.depth == 0  # spent in float32, then one rounding: slack
+    assert within(got, tight, BF16)[0]
+    # Each step rounded in bfloat16 (a backend not known to accumulate wider: a GPU here).
+    loose = _dot_model(a, b, BF16, Machine("gpu"))
+    assert within(got, loose, BF16)[0]
+    assert np.all(allowed(tight, BF16) < allowed(loose, BF16))
+    # Moved by twice the tight bound on one element: the tight model breaks, where the
+    # loose one (k u of the terms' magnitudes) passes it for a long enough sum.
+    moved = got.astype(np.float64)
+    moved[0, 0] += 2 * allowed(tight, BF16)[0, 0]
+    assert not within(moved.astype(BF16), tight, BF16)[0]
+    if k >= 512:
+        assert within(moved.astype(BF16), loose, BF16)[0]
+
+
+def test_a_bfloat16_reduce_sum_on_a_cpu_is_rounded_at_every_step_and_covered() -> None:
+    x = np.random.default_rng(3).standard_normal((8, 1024)).astype(BF16)
+    got = np.asarray(lax.reduce_sum(jnp.asarray(x), (1,)))
+    once = x.astype(np.float32).sum(1).astype(BF16)
+    assert not np.array_equal(got, once)  # the premise: not float32 accumulation
+    f = model("reduce_sum", {"axes": (1,)}, [grounded(x)], BF16, machine=Machine("cpu"))
+    assert f is not None and f.depth == 1023
+    assert within(got, f, BF16)[0]
+
+
+def test_a_float32_dot_on_a_tpu_at_default_precision_is_bounded_in_its_bfloat16_pass() -> None:
+    a, b = _pair(256, 7, np.dtype(np.float32))
+    # What a TPU's MXU does at default precision: operands rounded to bfloat16, their
+    # products exact in float32, summed in float32.
+    tpu = a.astype(BF16).astype(np.float32) @ b.astype(BF16).astype(np.float32)
+    default = _dot_model(a, b, np.dtype(np.float32), Machine("tpu"))
+    assert within(tpu, default, np.float32)[0]
+    cpu = _dot_model(a, b, np.dtype(np.float32), Machine("cpu"))
+    assert not within(tpu, cpu, np.float32)[0]
+    highest = _dot_model(a, b, np.dtype(np.float32), Machine("tpu", "highest"))
+    assert np.array_equal(allowed(highest, np.float32), allowed(cpu, np.float32))
+    # The operation's own precision wins over the machine's default.
+    own = _dot_model(
+        a, b, np.dtype(np.float32), Machine("tpu"), precision=(lax.Precision.HIGHEST,) * 2
+    )
+    assert np.array_equal(allowed(own, np.float32), allowed(cpu, np.float32))
+
+
+def test_each_primitive_is_one_entry_and_a_rule_stands_beside_its_other_facts() -> None:
+    # A move made on the host is a move of the recording, and exact on the base's values.
+    for name, entry in REGISTRY.items():
+        assert entry.name == name
+        if entry.host is not None:
+            assert entry.kind == "move" and entry.placing, name
+        if entry.call or entry.bound:
+            assert entry.rounding is None, name
+    assert REGISTRY["dot_general"].computes is not None
+    assert REGISTRY["reduce_sum"].computes is None
