@@ -8,12 +8,19 @@ with its output cast to float32 by a policy constant, as `jmp` and flax's `dtype
 - A norm epsilon 10% larger fails, named as a changed constant in `norm`.
 - The output cast dropped, made to float16, or a cast added are each named as a changed
   dtype, at the line of the cast, with both dtypes.
+
+And the same of a training loop as users write one (`TRAIN`): an equinox GPT computing in
+bfloat16 over float32 parameters, optax's adamw, a static loss scale unscaled before the
+update, three steps: the split down projection proved on every loss and parameter; an
+epsilon, adamw's weight decay, the unscale by the wrong factor and the attention scores
+softmaxed in bfloat16 each named at their line, with their kind.
 """
 
 from __future__ import annotations
 
 from pathlib import Path
 from types import ModuleType
+from typing import Any
 
 import jax
 import ml_dtypes
@@ -24,6 +31,7 @@ from _model_files import model_module
 import parity
 from parity.origin import record
 from parity.origin._recording import Recording
+from parity.origin._shadow import Shadow
 
 MODEL = """\
 import jax
@@ -145,3 +153,151 @@ def test_a_bug_beside_the_reorder_is_named_at_its_line_with_its_kind(
     z = next(n for n, t in enumerate(MODEL.splitlines(), 1) if "z = y.astype" in t)
     said = [w.format(z=z, line=line) for w in words]
     assert all(w in origin.change_detail for w in said), origin.change_detail
+
+
+TRAIN = """\
+import equinox as eqx
+import jax
+import jax.numpy as jnp
+import optax
+
+D, T, V = 32, 16, 64
+EPS = 1e-5
+DECAY = 0.01
+SCALE = 2.0**8
+
+
+class Block(eqx.Module):
+    ln1: jax.Array
+    qkv: jax.Array
+    proj: jax.Array
+    ln2: jax.Array
+    up: jax.Array
+    down: jax.Array
+
+
+class GPT(eqx.Module):
+    emb: jax.Array
+    blocks: list
+    lnf: jax.Array
+
+
+def init(key):
+    keys = iter(jax.random.split(key, 12))
+    normal = lambda *shape: jax.random.normal(next(keys), shape) * 0.05
+    blocks = [Block(jnp.ones(D), normal(D, 3 * D), normal(D, D), jnp.ones(D), normal(D, 4 * D),
+                    normal(4 * D, D)) for _ in range(2)]
+    return GPT(normal(V, D), blocks, jnp.ones(D))
+
+
+def norm(x, g):
+    x32 = x.astype(jnp.float32)
+    y = x32 * jax.lax.rsqrt(jnp.mean(x32 * x32, axis=-1, keepdims=True) + EPS)
+    return (y * g).astype(x.dtype)
+
+
+def mlp(h, b):
+    m = jax.nn.gelu(norm(h, b.ln2) @ b.up)
+    return m @ b.down
+
+
+def forward(model, tokens):
+    model = jax.tree.map(lambda w: w.astype(jnp.bfloat16), model)
+    h = model.emb[tokens]
+    for b in model.blocks:
+        q, k, v = jnp.split(norm(h, b.ln1) @ b.qkv, 3, axis=-1)
+        scores = (q @ k.T).astype(jnp.float32) / jnp.sqrt(D)
+        scores = jnp.where(jnp.tril(jnp.ones((T, T), bool)), scores, -1e9)
+        h = h + (jax.nn.softmax(scores, axis=-1).astype(h.dtype) @ v) @ b.proj
+        h = h + mlp(h, b)
+    return (norm(h, model.lnf) @ model.emb.T).astype(jnp.float32)
+
+
+def loss_fn(model, tokens, targets):
+    logp = jax.nn.log_softmax(forward(model, tokens))
+    return -jnp.mean(jnp.take_along_axis(logp, targets[:, None], axis=-1)) * SCALE
+
+
+def train(model, tokens, targets):
+    opt = optax.adamw(1e-3, weight_decay=DECAY)
+    state = opt.init(model)
+    out = {}
+    for s in range(3):
+        loss, grads = jax.value_and_grad(loss_fn)(model, tokens, targets)
+        grads = jax.tree.map(lambda g: g / SCALE, grads)
+        updates, state = opt.update(grads, state, model)
+        model = eqx.apply_updates(model, updates)
+        out[f"loss{s}"] = loss / SCALE
+    return {"model": model, **out}
+"""
+
+TRAIN_SPLIT = (
+    "    return m @ b.down\n",
+    "    n = m.shape[-1] // 2\n    return m[:, :n] @ b.down[:n] + m[:, n:] @ b.down[n:]\n",
+)
+#: (old text, new text, the kind, the text of the line named, its function).
+TRAIN_BUGS = {
+    "epsilon": ("EPS = 1e-5", "EPS = 1.1e-5", "constant", "keepdims=True) + EPS)", "norm"),
+    "weight decay": ("DECAY = 0.01", "DECAY = 0.02", "constant", "opt.update(", "train"),
+    "unscale": ("g / SCALE, grads", "g / (SCALE / 2), grads", "constant", "g / (SCALE / 2)",
+                "train.<locals>.<lambda>"),
+    "softmax in bfloat16": (".astype(jnp.float32) / jnp.sqrt(D)", " / jnp.sqrt(D)", "dtype",
+                            "/ jnp.sqrt(D)", "forward"),
+}  # fmt: skip
+
+
+@pytest.fixture(scope="module")
+def trained(tmp_path_factory: pytest.TempPathFactory) -> tuple[tuple[Any, ...], Recording]:
+    """The base's training loop recorded once, with its values."""
+    module = model_module(tmp_path_factory.mktemp("train") / "base", TRAIN)
+    tokens = jax.random.randint(jax.random.PRNGKey(1), (module.T,), 0, module.V)
+    args = (module.init(jax.random.PRNGKey(0)), tokens, jax.numpy.roll(tokens, -1))
+    return args, record(module.train, *args, keep_arrays=True)
+
+
+def _trained_again(trained: Any, tmp: Path, *edits: tuple[str, str]) -> tuple[Recording, Shadow]:
+    args, old = trained
+    text = TRAIN
+    for before, after in edits:
+        assert text.count(before) == 1, before
+        text = text.replace(before, after)
+    shadow = Shadow(old)
+    new = record(model_module(tmp / "tree", text).train, *args, keep_arrays=False, shadow=shadow)
+    return new, shadow
+
+
+@pytest.mark.slow
+def test_the_split_down_projection_is_proved_through_three_training_steps(
+    trained: Any, tmp_path: Path
+) -> None:
+    new, shadow = _trained_again(trained, tmp_path, TRAIN_SPLIT)
+    proofs = shadow.proofs(new)
+    assert len(proofs) == len(trained[1].outputs) > 10
+    assert all(p.proved for p in proofs.values()), [p.reason for p in proofs.values()][:3]
+    moved = [
+        k
+        for k, a in trained[1].output_arrays.items()
+        if not np.array_equal(a, new.output_arrays[k])
+    ]
+    assert moved, "the split moved no key's bits: the test proves nothing"
+    assert all(proofs[k].precision == "bfloat16" for k in moved), {
+        k: proofs[k].precision for k in moved
+    }
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("bug", list(TRAIN_BUGS))
+def test_a_training_bug_beside_the_split_is_named_at_its_line(
+    trained: Any, tmp_path: Path, bug: str
+) -> None:
+    before, after, kind, text, function = TRAIN_BUGS[bug]
+    new, shadow = _trained_again(trained, tmp_path, TRAIN_SPLIT, (before, after))
+    failed = [p for p in shadow.proofs(new).values() if not p.proved]
+    assert failed, "the bug was proved"
+    origin = shadow.origin(new, min(failed, key=lambda p: p.origin), root=tmp_path)
+    assert origin is not None
+    lines = (tmp_path / "tree" / "model.py").read_text().splitlines()
+    line = next(n for n, t in enumerate(lines, 1) if text in t)
+    assert (origin.change, origin.line, origin.function) == (kind, line, function), (
+        origin.describe()
+    )
