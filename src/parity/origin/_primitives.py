@@ -214,7 +214,8 @@ def _entries() -> dict[str, Primitive]:
     arranged = {"dynamic_update_slice", "concatenate", "stack", "split", "pad", "gather", "rev"}
     moves = PLACED_MOVES | arranged | {"tile", "unstack", "optimization_barrier"} | carried
     arranging = {"concatenate", "pad", "gather", "rev", "dynamic_update_slice"}
-    placing_ops = {"select_n", "max", "min", "reduce_max", "reduce_min", "neg", "abs", "sort"}
+    placing_ops = {"select_n", "max", "min", "reduce_max", "reduce_min", "neg", "abs", "sort",
+                   "cummax", "cummin"}  # fmt: skip
     ops: dict[str, Rule] = {
         "add": rules.summed(1.0),
         "add_any": rules.summed(1.0),
@@ -226,6 +227,9 @@ def _entries() -> dict[str, Primitive]:
         "div": rules.divided,
         "dot_general": rules.dot_general,
         "reduce_sum": rules.reduce_sum,
+        "cumsum": rules.cumulative_sum,
+        "cummax": rules.cumulative_extreme(np.maximum),
+        "cummin": rules.cumulative_extreme(np.minimum),
         "reduce_max": rules.extreme(np.max, -math.inf),
         "reduce_min": rules.extreme(np.min, math.inf),
         "max": rules.pointwise(np.maximum),

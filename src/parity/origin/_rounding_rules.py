@@ -5,12 +5,13 @@ the type the arithmetic is carried in) and that type's name, and gives the resul
 which rule, and in which type each backend carries its arithmetic, is the registry's
 (`parity.origin._primitives`).
 
-- Sums (`add`, `add_any`, `sub`, `reduce_sum`). Higham (chapters 3 and 4) bounds every
+- Sums (`add`, `add_any`, `sub`, `reduce_sum`, `cumsum`). Higham (chapters 3 and 4) bounds every
   summation order of n terms by |fl(sum) - sum| <= gamma_(n-1) sum |x_i|. Adding values of
   depths j and k gives depth j + k + 1, not max(j, k) + 1: for a sum of sums that is the
   number of leaves less one, so the bound covers every reassociation of the same leaves (a
-  reordered loss sum, per-group sums added up). A reduction of n elements adds n - 1.
-- Products (`mul`, `square`, `integer_pow` with y = 2). Factors off by gamma_j mag_a and
+  reordered loss sum, per-group sums added up). A reduction of n elements adds n - 1; a
+  running sum (`cumsum`, however a backend scans it) adds n - 1 at its last element.
+- Products (`mul`, `square`, `integer_pow` with y >= 0: y - 1 products). Factors off by gamma_j mag_a and
   gamma_k mag_b make a product off by gamma_(j+k+1) mag_a mag_b after its own rounding.
   The slack is (|a| + gamma_j mag_a + slack_a) slack_b + (|b| + gamma_k mag_b) slack_a.
 - Inner products (`dot_general`): K products summed in any order, Higham's inner-product
@@ -20,9 +21,9 @@ which rule, and in which type each backend carries its arithmetic, is the regist
   type (a bfloat16 `dot` on a CPU, in float32) is described by the registry, which
   narrows the operands or the result around this rule (`parity.origin._primitives`).
 - Division by an exact divisor (`div`): one rounding, every part divided by |b|.
-- No rounding, 1-Lipschitz (`max`, `min`, `abs`, `reduce_max`, `reduce_min`; `select_n`
-  with an exact predicate picks): |max(x) - max(y)| <= max |x - y|, so the largest `mag`
-  and `slack` of the inputs, at the largest depth, bound the result.
+- No rounding, 1-Lipschitz (`max`, `min`, `abs`, `reduce_max`, `reduce_min`, `cummax`,
+  `cummin`; `select_n` with an exact predicate picks): |max(x) - max(y)| <= max |x - y|, so
+  the largest `mag` and `slack` of the inputs, at the largest depth, bound the result.
 - Rearrangements (`reshape`, `transpose`, `squeeze`, `broadcast_in_dim`, `slice`,
   `concatenate`, `pad`, `rev`, `copy`, and `dynamic_slice`, `dynamic_update_slice` with
   exact start indices, clamped as XLA clamps them): exact; each part moved alike.
@@ -286,8 +287,49 @@ def times_of(p: Mapping[str, Any], ops: list[Fresh], out: str) -> Fresh:
 
 
 def integer_power(p: Mapping[str, Any], ops: list[Fresh], out: str) -> Fresh | None:
-    """`integer_pow` with y = 2, a square; any other power has no rule."""
-    return product(ops[0], ops[0], out) if p.get("y") == 2 else None
+    """`integer_pow` with y >= 0: y - 1 products of the operand, in whatever order the
+    backend multiplies (by squaring or not: the depths add alike), y = 0 exact ones; a
+    negative power divides by a rounded value, which has no rule."""
+    y, f = int(p.get("y", 0)), ops[0]
+    if y < 0:
+        return None
+    if y == 0:
+        return Fresh(np.ones_like(f.centre), np.ones_like(f.centre), 0, np.zeros(()), out)
+    power = Fresh(f.centre, f.mag, f.depth, f.slack, out)
+    for _ in range(y - 1):
+        power = product(power, f, out)
+    return power
+
+
+def cumulative_sum(p: Mapping[str, Any], ops: list[Fresh], out: str) -> Fresh:
+    """`cumsum` along `axis` (from the end with `reverse`): each element a sum of the terms
+    before it, in any order or tree (a scan's), so at most n - 1 additions deep."""
+    f, axis, reverse = ops[0], int(p["axis"]), bool(p.get("reverse", False))
+
+    def running(a: np.ndarray) -> np.ndarray:
+        a = np.flip(a, axis) if reverse else a
+        total = np.cumsum(a, axis=axis)
+        return np.flip(total, axis) if reverse else total
+
+    return _built(running, [f], f.depth + max(f.centre.shape[axis] - 1, 0), out)
+
+
+def cumulative_extreme(which: np.ufunc) -> Rule:
+    """`cummax` (`np.maximum`) or `cummin`: 1-Lipschitz running extremes, no rounding."""
+
+    def rule(p: Mapping[str, Any], ops: list[Fresh], out: str) -> Fresh:
+        f, axis, reverse = ops[0], int(p["axis"]), bool(p.get("reverse", False))
+
+        def running(op: np.ufunc, a: np.ndarray) -> np.ndarray:
+            a = np.flip(a, axis) if reverse else a
+            done = op.accumulate(a, axis=axis)
+            return np.flip(done, axis) if reverse else done
+
+        centre = running(which, f.centre)
+        mag, slack = running(np.maximum, f.mag), running(np.maximum, slack_of(f))
+        return Fresh(centre, mag, f.depth, slack, out)
+
+    return rule
 
 
 def divided(p: Mapping[str, Any], ops: list[Fresh], out: str) -> Fresh | None:

@@ -108,3 +108,41 @@ def test_each_primitive_is_one_entry_and_a_rule_stands_beside_its_other_facts() 
             assert entry.rounding is None, name
     assert REGISTRY["dot_general"].computes is not None
     assert REGISTRY["reduce_sum"].computes is None
+
+
+@pytest.mark.parametrize("reverse", [False, True])
+def test_a_running_sum_in_any_order_lies_within_its_model(reverse: bool) -> None:
+    x = np.random.default_rng(5).standard_normal((3, 700)).astype(np.float32)
+    got = np.asarray(lax.cumsum(jnp.asarray(x), axis=1, reverse=reverse))
+    f = model("cumsum", {"axis": 1, "reverse": reverse}, [grounded(x)], np.float32)
+    assert f is not None and f.depth == 699
+    assert within(got, f, np.float32)[0]
+    # Another order: each prefix summed from its far end, in float32, one term at a time.
+    ordered = x[:, ::-1] if reverse else x
+    other = np.zeros_like(ordered)
+    for i in range(ordered.shape[1]):
+        other[:, i] = np.add.reduce(ordered[:, : i + 1][:, ::-1], axis=1, dtype=np.float32)
+    assert within(other[:, ::-1] if reverse else other, f, np.float32)[0]
+    moved = got.astype(np.float64)
+    moved[1, 350] += 2 * allowed(f, np.float32)[1, 350]
+    assert not within(moved.astype(np.float32), f, np.float32)[0]
+
+
+@pytest.mark.parametrize("y", [0, 1, 3, 5])
+def test_an_integer_power_lies_within_its_model(y: int) -> None:
+    x = np.random.default_rng(y).standard_normal((64,)).astype(np.float32) * 3
+    got = np.asarray(lax.integer_pow(jnp.asarray(x), y))
+    f = model("integer_pow", {"y": y}, [grounded(x)], np.float32)
+    assert f is not None and f.depth == max(y - 1, 0)
+    assert within(got, f, np.float32)[0]
+    if y > 1:
+        moved = got.astype(np.float64) + 2 * allowed(f, np.float32)
+        assert not within(moved.astype(np.float32), f, np.float32)[0]
+
+
+def test_a_running_maximum_is_its_operands_elements() -> None:
+    x = np.random.default_rng(2).standard_normal((4, 9)).astype(np.float32)
+    got = np.asarray(lax.cummax(jnp.asarray(x), axis=1, reverse=True))
+    f = model("cummax", {"axis": 1, "reverse": True}, [grounded(x)], np.float32)
+    assert f is not None and np.array_equal(f.centre, got.astype(np.float64))
+    assert REGISTRY["cummax"].placing and REGISTRY["cumsum"].kind == "op"
