@@ -11,9 +11,10 @@ which rule, and in which type each backend carries its arithmetic, is the regist
   number of leaves less one, so the bound covers every reassociation of the same leaves (a
   reordered loss sum, per-group sums added up). A reduction of n elements adds n - 1; a
   running sum (`cumsum`, however a backend scans it) adds n - 1 at its last element.
-- Products (`mul`, `square`, `integer_pow` with y >= 0: y - 1 products). Factors off by gamma_j mag_a and
-  gamma_k mag_b make a product off by gamma_(j+k+1) mag_a mag_b after its own rounding.
-  The slack is (|a| + gamma_j mag_a + slack_a) slack_b + (|b| + gamma_k mag_b) slack_a.
+- Products (`mul`, `square`, `integer_pow` with y >= 0: y - 1 products). Factors off by
+  gamma_j mag_a and gamma_k mag_b make a product off by gamma_(j+k+1) mag_a mag_b after its
+  own rounding. The slack is (|a| + gamma_j mag_a + slack_a) slack_b + (|b| + gamma_k mag_b)
+  slack_a.
 - Inner products (`dot_general`): K products summed in any order, Higham's inner-product
   bound gamma_K |a|^T |b| on top of the operands' depths, and the slack as for a product.
   It assumes the arithmetic is done in the type it is given; a backend that first lowers
