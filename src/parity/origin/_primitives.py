@@ -228,6 +228,7 @@ def _entries() -> dict[str, Primitive]:
         "dot_general": rules.dot_general,
         "reduce_sum": rules.reduce_sum,
         "cumsum": rules.cumulative_sum,
+        "scatter-add": rules.scatter_sum,
         "cummax": rules.cumulative_extreme(np.maximum),
         "cummin": rules.cumulative_extreme(np.minimum),
         "reduce_max": rules.extreme(np.max, -math.inf),

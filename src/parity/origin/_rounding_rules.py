@@ -336,3 +336,75 @@ def cumulative_extreme(which: np.ufunc) -> Rule:
 def divided(p: Mapping[str, Any], ops: list[Fresh], out: str) -> Fresh | None:
     """`div` by an exact divisor."""
     return quotient(ops[0], ops[1], out)
+
+
+def scatter_sum(p: Mapping[str, Any], ops: list[Fresh], out: str) -> Fresh | None:
+    """`scatter-add`: each element of the operand plus the updates scattered onto it, the
+    duplicates summed in whatever order the backend takes them (an embedding's gradient): a
+    sum of 1 + h terms, h the most updates one element receives, so h additions deep on top
+    of the deepest term. Exact indices only; a layout with batching dimensions has no rule."""
+    operand, indices, updates = ops
+    if not exact(indices):
+        return None
+    targets = _scatter_targets(
+        p, indices.centre.astype(np.int64), operand.centre.shape, updates.centre.shape
+    )
+    if targets is None:
+        return None
+    keep, where = targets
+    shape = operand.centre.shape
+
+    def scattered(a: np.ndarray, u: np.ndarray) -> np.ndarray:
+        whole = np.array(np.broadcast_to(a, shape), dtype=np.float64)
+        np.add.at(whole, where, np.broadcast_to(u, updates.centre.shape).reshape(-1)[keep])
+        return whole
+
+    hits = scattered(np.zeros(shape), np.ones(updates.centre.shape))
+    depth = max(operand.depth, updates.depth) + int(hits.max(initial=0.0))
+    parts = [scattered(a, u) for a, u in zip(
+        (operand.centre, operand.mag, slack_of(operand)),
+        (updates.centre, updates.mag, slack_of(updates)),
+        strict=True,
+    )]  # fmt: skip
+    return Fresh(parts[0], parts[1], depth, parts[2], out)
+
+
+def _scatter_targets(
+    p: Mapping[str, Any], indices: np.ndarray, shape: tuple[int, ...], updates: tuple[int, ...]
+) -> tuple[np.ndarray, tuple[np.ndarray, ...]] | None:
+    """Where XLA's scatter puts each update element (its semantics: a scatter index per
+    update element, from `indices` with the index vector last, placed on the operand's
+    dimensions by `scatter_dims_to_operand_dims`, plus the element's place in its window):
+    which update elements land (an update whose window starts out of bounds is dropped;
+    with `clip` its start is clamped) and their operand indices. None for batching
+    dimensions."""
+    dn = p["dimension_numbers"]
+    window_dims = tuple(dn.update_window_dims)
+    inserted = tuple(dn.inserted_window_dims)
+    to_operand = tuple(dn.scatter_dims_to_operand_dims)
+    if tuple(getattr(dn, "operand_batching_dims", ())) or tuple(
+        getattr(dn, "scatter_indices_batching_dims", ())
+    ):
+        return None
+    rank = len(shape)
+    each = np.indices(updates).reshape(len(updates), -1)
+    scatter_dims = [d for d in range(len(updates)) if d not in window_dims]
+    n = each.shape[1]
+    if scatter_dims:
+        vectors = indices[tuple(each[scatter_dims])].reshape(n, -1)
+    else:  # one index vector for every update element
+        vectors = np.broadcast_to(indices.reshape(1, -1), (n, indices.size))
+    start = np.zeros((rank, n), dtype=np.int64)
+    for k, d in enumerate(to_operand):
+        start[d] = vectors[:, k]
+    size = np.ones(rank, dtype=np.int64)
+    offset = np.zeros_like(start)
+    for j, d in enumerate(d for d in range(rank) if d not in inserted):
+        size[d] = updates[window_dims[j]]
+        offset[d] = each[window_dims[j]]
+    top = (np.asarray(shape) - size)[:, None]
+    if "clip" in str(p.get("mode", "")).lower():
+        start = np.clip(start, 0, top)
+    keep = np.all((start >= 0) & (start <= top), axis=0)
+    full = start + offset
+    return keep, tuple(full[:, keep])

@@ -15,6 +15,9 @@ is documented to do (its bfloat16 pass), computed here with numpy.
 
 from __future__ import annotations
 
+from typing import Any
+
+import jax
 import jax.numpy as jnp
 import ml_dtypes
 import numpy as np
@@ -146,3 +149,53 @@ def test_a_running_maximum_is_its_operands_elements() -> None:
     f = model("cummax", {"axis": 1, "reverse": True}, [grounded(x)], np.float32)
     assert f is not None and np.array_equal(f.centre, got.astype(np.float64))
     assert REGISTRY["cummax"].placing and REGISTRY["cumsum"].kind == "op"
+
+
+def _scatter_eqn(fn: Any, *args: Any) -> Any:
+    closed = jax.make_jaxpr(fn)(*args)
+    return next(e for e in closed.jaxpr.eqns if e.primitive.name == "scatter-add")
+
+
+@pytest.mark.parametrize("mode", ["drop", "clip"])
+def test_a_scatter_add_of_duplicate_indices_in_any_order_lies_within_its_model(mode: str) -> None:
+    """An embedding's gradient: rows of updates summed onto the rows their tokens name,
+    repeated tokens in whatever order; an index out of bounds dropped or clamped."""
+    rng = np.random.default_rng(11)
+    table = rng.standard_normal((10, 6)).astype(np.float32)
+    tokens = rng.integers(0, 10, 300).astype(np.int32)
+    tokens[:3] = [12, -4, 9]  # out of bounds: dropped, or clamped to the edge rows
+    rows = rng.standard_normal((300, 6)).astype(np.float32)
+
+    def add(t: Any, i: Any, u: Any) -> Any:
+        return t.at[i].add(u, mode=mode)
+
+    eqn = _scatter_eqn(add, table, tokens, rows)
+    args = [jnp.asarray(table), jnp.asarray(tokens)[:, None], jnp.asarray(rows)]
+    got = np.asarray(eqn.primitive.bind(*args, **eqn.params))
+    f = model("scatter-add", eqn.params, [grounded(a) for a in args], np.float32)
+    assert f is not None and f.depth >= 30  # ~30 updates a row
+    assert within(got, f, np.float32)[0]
+    # The same rows summed in another order, one at a time in float32.
+    kept = np.clip(tokens, 0, 9) if mode == "clip" else tokens
+    order = rng.permutation(300)
+    other = table.copy()
+    for j in order:
+        if 0 <= kept[j] < 10:
+            other[kept[j]] += rows[j]
+    assert within(other, f, np.float32)[0]
+    exact = table.astype(np.float64)
+    np.add.at(exact, kept[(kept >= 0) & (kept < 10)], rows[(kept >= 0) & (kept < 10)])
+    assert np.allclose(f.centre, exact, rtol=0, atol=1e-12)
+    moved = got.astype(np.float64)
+    moved[4, 2] += 2 * allowed(f, np.float32)[4, 2]
+    assert not within(moved.astype(np.float32), f, np.float32)[0]
+
+
+def test_the_embedding_gradients_scatter_is_modelled() -> None:
+    table = jnp.ones((10, 4))
+    tokens = jnp.array([1, 2, 1, 3])
+    closed = jax.make_jaxpr(jax.grad(lambda e: jnp.sum(e[tokens] * 2)))(table)
+    eqn = next(e for e in closed.jaxpr.eqns if e.primitive.name == "scatter-add")
+    env = [np.zeros((10, 4), np.float32), np.array([[1], [2], [1], [3]]), np.full((4, 4), 2.0)]
+    f = model("scatter-add", eqn.params, [grounded(a) for a in env], np.float32)
+    assert f is not None and f.centre[1, 0] == 4.0 and f.depth == 2
