@@ -26,7 +26,9 @@ With `--train REMAT` (`none`, `nothing`, `dots`) it measures instead the train g
 3-step trajectory (`tests/equivalence/producers.py`'s `train_group`) of the step stacked
 per kind (`decomp.train`) against the per-site reference step (`decomp.legacy.train`),
 each recorded from the programs it dispatched (`record_programs`): the base's recording
-with its values, then the replay, the keys proved and the first key not proved.
+with its values, then the replay, the keys proved and the first key not proved, and per
+primitive of the step how many of its values were the base's bit for bit, within their
+operation's rounding, or new with no rounding model (issue 75).
 
 Issue 59 asks for a forward group within 60 s over its verdict with the base cached, and
 2 GiB.
@@ -150,12 +152,39 @@ def train(remat: str) -> None:
     print(f"replay (per kind): {len(recording.values)} values, {time.perf_counter() - t:.1f} s, "
           f"peak {_peak():.0f} MiB", flush=True)  # fmt: skip
     print(dict(collections.Counter(s.status for s in shadow.shades.values())))
+    _by_primitive(recording, shadow)
     bits = sum(1 for k in keys if new[k].tobytes() == old[k].tobytes())
     proved = sum(1 for p in proofs.values() if p.proved)
     print(f"keys {len(keys)}: equal bit for bit {bits}, proved up to rounding {proved}")
     first = next((p for p in proofs.values() if not p.proved), None)
     if first is not None:
         print(f"first not proved: {first.key}: {first.describe()}")
+
+
+def _by_primitive(recording: Any, shadow: Any) -> None:
+    """Per primitive of the new program: how many of its values were the base's bit for bit
+    (`same`, `exact`, a `part`), within their operation's rounding (`rounded`, or new and
+    modelled), or new with no model (the reason the first of them gave)."""
+    import collections
+
+    rows: dict[str, collections.Counter[str]] = collections.defaultdict(collections.Counter)
+    why: dict[str, str] = {}
+    for v in recording.values:
+        s = shadow.shades.get(v.id)
+        if s is None or v.kind in ("input", "const"):
+            continue
+        if s.status in ("same", "exact", "part"):
+            kind = "exact"
+        elif s.status == "rounded" or (s.status == "fresh" and s.model is not None):
+            kind = "rounding"
+        else:
+            kind = "unmodelled"
+            why.setdefault(v.primitive, s.why)
+        rows[v.primitive][kind] += 1
+    print(f"{'primitive':24s} {'exact':>7s} {'rounding':>8s} {'unmodelled':>10s}")
+    for name, c in sorted(rows.items(), key=lambda kv: -sum(kv[1].values())):
+        print(f"{name:24s} {c['exact']:7d} {c['rounding']:8d} {c['unmodelled']:10d}"
+              f"{'  ' + why[name] if why.get(name) else ''}")  # fmt: skip
 
 
 def _peak() -> float:

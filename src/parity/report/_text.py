@@ -2,11 +2,12 @@
 
 from __future__ import annotations
 
+import collections
 import sys
 from collections.abc import Mapping, Sequence
 from typing import IO
 
-from parity.judge._compare import Comparison
+from parity.judge._compare import Comparison, Finding
 from parity.report._summary import (
     CLASS_COLUMNS,
     CLASS_RIGHT,
@@ -115,8 +116,28 @@ def format_table(
         lines.append("")
     if failing and failures:
         lines.append(f"failures ({len(failing)}):")
-        lines += [f"  {f.key} [{f.class_name}, {f.verdict}]: {f.reason}" for f in failing]
+        lines += _failure_lines(failing)
     return "\n".join(lines) + "\n"
+
+
+def _failure_lines(failing: Sequence[Finding]) -> list[str]:
+    """One line per failing key; a proof's reason that several keys share (one operation
+    with no rounding model keeps many keys from a proof) is said in full at its first key,
+    with the count, and named by that key at the rest."""
+    shared = collections.Counter(f.proof_clause for f in failing if f.proof_clause)
+    first: dict[str, str] = {}
+    out = []
+    for f in failing:
+        reason, clause = f.reason, f.proof_clause
+        if clause and shared[clause] > 1:
+            if clause in first:
+                kept = reason[: len(reason) - len(clause)].rstrip("; ")
+                reason = f"{kept}; not proved, as {first[clause]}"
+            else:
+                first[clause] = f.key
+                reason += f" (the same for {shared[clause] - 1} more keys)"
+        out.append(f"  {f.key} [{f.class_name}, {f.verdict}]: {reason}")
+    return out
 
 
 def print_report(

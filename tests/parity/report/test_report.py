@@ -203,3 +203,30 @@ def test_a_missing_key_is_counted_as_missing_never_the_worst_of_a_figure_it_lack
     cells = dict(zip(("failed", "worst"), (class_row(row)[4], class_row(row)[-1]), strict=True))
     assert cells == {"failed": "2 (1 missing, 1 new)", "worst": "head"}
     assert json.loads(json.dumps(row.to_dict()))["missing"] == 1
+
+
+def test_a_proofs_reason_shared_by_many_keys_is_said_once_with_the_count() -> None:
+    """Issue 75: one operation with no rounding model keeps 22 keys from a proof; the table
+    says its reason in full at the first key, with how many more share it, and names that
+    key at the others, each still with its own figures."""
+    from parity.judge._classes import REGISTRY
+    from parity.judge._compare import compare_arrays
+    from parity.origin._proof import Proof, settle
+
+    a = np.arange(6, dtype=np.float32)
+    findings = tuple(
+        compare_arrays(f"k{i}", a + i + 1, a, REGISTRY["up_to_rounding"]) for i in range(4)
+    )
+    why = "mul at model.py:35 in layer_norm, computed on the base's values, equals no value"
+    proofs = {f"k{i}": Proof(f"k{i}", False, why, rounding=True) for i in range(3)}
+    proofs["k3"] = Proof("k3", False, "another reason", rounding=True)
+    settled = settle(Comparison(findings), proofs)
+    text = format_table(settled)
+    lines = [ln for ln in text.splitlines() if ln.startswith("  k")]
+    assert sum(why in ln for ln in lines) == 1, lines
+    first = next(ln for ln in lines if why in ln)
+    assert first.startswith("  k0 ") and first.endswith("(the same for 2 more keys)"), first
+    for i in (1, 2):
+        line = next(ln for ln in lines if ln.startswith(f"  k{i} "))
+        assert line.endswith("; not proved, as k0") and "max |a-b|" in line, line
+    assert any(ln.startswith("  k3 ") and "another reason" in ln for ln in lines)
