@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import functools
 import hashlib
+import math
 import os
 from pathlib import Path
 from typing import Any
@@ -220,14 +221,22 @@ class Interpreter:
         env: dict[Any, Ref] = {}
         env.update(zip(jaxpr.constvars, consts, strict=True))
         env.update(zip(jaxpr.invars, args, strict=True))
+        last = _last_uses(jaxpr, jex.Literal)
 
         def read(v: Any) -> Ref:
             return (v.val, -1) if isinstance(v, jex.Literal) else env[v]
 
-        for eqn in jaxpr.eqns:
+        for k, eqn in enumerate(jaxpr.eqns):
             outs = self.eqn(eqn, [read(v) for v in eqn.invars], outer)
             for var, out in zip(eqn.outvars, outs, strict=True):
-                env[var] = out
+                if var in last:  # a result nothing reads is not held
+                    env[var] = out
+            # What this equation read last is let go: a recording holds what the program
+            # holds, not every value it ever made (a value's numbers stay where the
+            # recording keeps them: its fingerprint, and its array where asked).
+            for var in eqn.invars:
+                if not isinstance(var, jex.Literal) and last.get(var) == k:
+                    del env[var]
         return [read(v) for v in jaxpr.outvars]
 
     def closed(self, closed: Any, args: list[Ref], where: Where) -> list[Ref]:
@@ -356,6 +365,20 @@ class Interpreter:
             output_arrays=output_arrays,
             arrays=tuple(self.arrays) if self.keep_arrays else None,
         )
+
+
+def _last_uses(jaxpr: Any, literal: type) -> dict[Any, float]:
+    """Each variable of `jaxpr` that something reads: the index of the last equation that
+    reads it, infinity for an output of the jaxpr (read by its caller)."""
+    last: dict[Any, float] = {}
+    for k, eqn in enumerate(jaxpr.eqns):
+        for var in eqn.invars:
+            if not isinstance(var, literal):
+                last[var] = k
+    for var in jaxpr.outvars:
+        if not isinstance(var, literal):
+            last[var] = math.inf
+    return last
 
 
 def plain_dtype(dtype: Any) -> bool:

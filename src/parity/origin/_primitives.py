@@ -194,6 +194,7 @@ def _entries() -> dict[str, Primitive]:
         "dynamic_update_slice": rules.dynamic_update_slice,
         "concatenate": rules.concatenate,
         "pad": rules.pad,
+        "gather": rules.gathered,
         "convert_element_type": rules.convert,
     }
     hosts: dict[str, tuple[tuple[str, ...], Any]] = {

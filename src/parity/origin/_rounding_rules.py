@@ -26,8 +26,11 @@ which rule, and in which type each backend carries its arithmetic, is the regist
   `cummin`; `select_n` with an exact predicate picks): |max(x) - max(y)| <= max |x - y|, so
   the largest `mag` and `slack` of the inputs, at the largest depth, bound the result.
 - Rearrangements (`reshape`, `transpose`, `squeeze`, `broadcast_in_dim`, `slice`,
-  `concatenate`, `pad`, `rev`, `copy`, and `dynamic_slice`, `dynamic_update_slice` with
-  exact start indices, clamped as XLA clamps them): exact; each part moved alike.
+  `concatenate`, `pad`, `rev`, `copy`, and `dynamic_slice`, `dynamic_update_slice`,
+  `gather` with exact indices, clamped as XLA clamps them or filled): exact; each part
+  moved alike.
+- Scattered sums (`scatter-add` with exact indices: an embedding's gradient): each element
+  of the operand plus the updates it receives, a sum of 1 + h terms in any order.
 - Conversions (`convert_element_type`). Into a narrower float, one rounding (`narrowed`: the
   bound so far spent in the wider type, then u |centre| and u times that bound, as slack;
   IEEE's round to nearest even is a correct rounding). Into a wider float, the bound so far
@@ -408,3 +411,71 @@ def _scatter_targets(
     keep = np.all((start >= 0) & (start <= top), axis=0)
     full = start + offset
     return keep, tuple(full[:, keep])
+
+
+def gathered(p: Mapping[str, Any], ops: list[Fresh], out: str) -> Fresh | None:
+    """`gather` with exact indices: each result element an operand element moved (where a
+    `fill` mode finds its window out of bounds, the fill value, exact): each part moved
+    alike, no rounding."""
+    operand, indices = ops
+    if not exact(indices):
+        return None
+    valid, flat, shape = _gather_sources(p, indices.centre.astype(np.int64), operand.centre.shape)
+    fill = p.get("fill_value")
+    fill = math.nan if fill is None else float(fill)
+
+    def take(a: np.ndarray, empty: float) -> np.ndarray:
+        moved = np.broadcast_to(a, operand.centre.shape).reshape(-1)[flat].reshape(shape)
+        return np.where(valid.reshape(shape), moved, empty)
+
+    centre = take(operand.centre, fill)
+    mag = take(operand.mag, abs(fill))
+    return Fresh(centre, mag, operand.depth, take(slack_of(operand), 0.0), out)
+
+
+def _gather_sources(
+    p: Mapping[str, Any], indices: np.ndarray, shape: tuple[int, ...]
+) -> tuple[np.ndarray, np.ndarray, tuple[int, ...]]:
+    """Where XLA's gather reads each result element (its semantics: a batch index per
+    result element picks an index vector, the last axis of `indices`, placed on the
+    operand's dimensions by `start_index_map`, a batching dimension's start its batch
+    coordinate; the start clamped so the window fits; plus the element's place in its
+    window): whether a `fill` mode keeps it (every start in bounds), its flat operand
+    index, and the result's shape."""
+    dn = p["dimension_numbers"]
+    offset_dims, collapsed = tuple(dn.offset_dims), tuple(dn.collapsed_slice_dims)
+    start_map = tuple(dn.start_index_map)
+    batching = tuple(getattr(dn, "operand_batching_dims", ()))
+    index_batching = tuple(getattr(dn, "start_indices_batching_dims", ()))
+    sizes = np.asarray(p["slice_sizes"], dtype=np.int64)
+    rank = len(shape)
+    window = [d for d in range(rank) if d not in collapsed and d not in batching]
+    batch_shape = indices.shape[:-1]
+    out_rank = len(batch_shape) + len(offset_dims)
+    out_shape, b, w = [], iter(batch_shape), iter(window)
+    for d in range(out_rank):
+        out_shape.append(int(sizes[next(w)]) if d in offset_dims else next(b))
+    each = np.indices(out_shape).reshape(out_rank, -1)
+    batch_dims = [d for d in range(out_rank) if d not in offset_dims]
+    coords = each[batch_dims]  # the batch index of each result element
+    rows = (
+        np.ravel_multi_index(tuple(coords), batch_shape)
+        if batch_shape
+        else np.zeros(each.shape[1], dtype=np.int64)
+    )
+    vectors = indices.reshape(-1, indices.shape[-1])[rows]
+    start = np.zeros((rank, each.shape[1]), dtype=np.int64)
+    for k, d in enumerate(start_map):
+        start[d] = vectors[:, k]
+    for d, i in zip(batching, index_batching, strict=True):
+        start[d] = coords[i]
+    top = (np.asarray(shape) - sizes)[:, None]
+    valid = np.all(
+        (start[list(start_map)] >= 0) & (start[list(start_map)] <= top[list(start_map)]), axis=0
+    )
+    if "fill" not in str(p.get("mode", "")).lower():
+        valid = np.ones_like(valid)
+    start = np.clip(start, 0, top)
+    for j, d in enumerate(window):
+        start[d] += each[offset_dims[j]]
+    return valid, np.ravel_multi_index(tuple(start), shape), tuple(out_shape)

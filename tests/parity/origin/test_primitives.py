@@ -199,3 +199,51 @@ def test_the_embedding_gradients_scatter_is_modelled() -> None:
     env = [np.zeros((10, 4), np.float32), np.array([[1], [2], [1], [3]]), np.full((4, 4), 2.0)]
     f = model("scatter-add", eqn.params, [grounded(a) for a in env], np.float32)
     assert f is not None and f.centre[1, 0] == 4.0 and f.depth == 2
+
+
+#: Gathers as jax writes them: rows by token (an embedding), one element per row along an
+#: axis (`take_along_axis`: batching dimensions), a window of rows, out of bounds filled
+#: or clamped.
+GATHERS = {
+    "rows": (lambda x, i: x[i], np.array([4, 0, 4, 2], np.int32)),
+    "along an axis": (
+        lambda x, i: lax.gather(
+            x, i[..., None], lax.GatherDimensionNumbers(
+                offset_dims=(), collapsed_slice_dims=(1,), start_index_map=(1,),
+                operand_batching_dims=(0,), start_indices_batching_dims=(0,),
+            ), slice_sizes=(1, 1), mode="fill", fill_value=np.nan,
+        ),
+        np.array([[0, 5], [3, 3], [1, 0], [5, 2], [4, 4], [2, 1]], np.int32),
+    ),
+    "windows": (lambda x, i: jax.vmap(lambda s: lax.dynamic_slice_in_dim(x, s, 2))(i),
+                np.array([0, 3, 4], np.int32)),
+    "filled": (lambda x, i: x.at[i].get(mode="fill", fill_value=-7.0),
+               np.array([1, 9, 0], np.int32)),
+    "clamped": (lambda x, i: x.at[i].get(mode="clip"), np.array([1, 9, 0], np.int32)),
+}  # fmt: skip
+
+
+@pytest.mark.parametrize("kind", list(GATHERS))
+def test_a_gather_moves_its_operands_elements_as_jax_does(kind: str) -> None:
+    fn, idx = GATHERS[kind]
+    x = np.random.default_rng(4).standard_normal((6, 6)).astype(np.float32)
+    closed = jax.make_jaxpr(fn)(x, idx)
+    eqn = next(e for e in closed.jaxpr.eqns if e.primitive.name == "gather")
+    env = dict(zip(closed.jaxpr.invars, [jnp.asarray(x), jnp.asarray(idx)], strict=True))
+    for e in closed.jaxpr.eqns:  # run to the gather, its operands as jax made them
+        values = [v.val if type(v).__name__ == "Literal" else env[v] for v in e.invars]
+        if e is eqn:
+            break
+        outs = e.primitive.bind(*values, **e.params)
+        env.update(zip(e.outvars, outs if e.primitive.multiple_results else [outs], strict=True))
+    got = np.asarray(eqn.primitive.bind(*values, **eqn.params))
+    f = model("gather", eqn.params, [grounded(v) for v in values], np.float32)
+    assert f is not None and f.centre.shape == got.shape
+    assert np.array_equal(f.centre, got.astype(np.float64), equal_nan=True)
+    # A new operand's bound moves with its elements.
+    fresh = model("add", {}, [grounded(values[0]), grounded(values[0])], np.float32)
+    assert fresh is not None
+    moved = model("gather", eqn.params, [fresh, grounded(values[1])], np.float32)
+    assert moved is not None and moved.depth == 1
+    filled = (f.centre == -7.0) | np.isnan(f.centre)
+    assert np.array_equal(moved.centre, np.where(filled, f.centre, 2 * f.centre), equal_nan=True)
