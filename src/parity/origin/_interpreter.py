@@ -234,9 +234,9 @@ class Interpreter:
             # What this equation read last is let go: a recording holds what the program
             # holds, not every value it ever made (a value's numbers stay where the
             # recording keeps them: its fingerprint, and its array where asked).
-            for var in eqn.invars:
+            for var in eqn.invars:  # `a @ a` reads one value twice
                 if not isinstance(var, jex.Literal) and last.get(var) == k:
-                    del env[var]
+                    env.pop(var, None)
         return [read(v) for v in jaxpr.outvars]
 
     def closed(self, closed: Any, args: list[Ref], where: Where) -> list[Ref]:
