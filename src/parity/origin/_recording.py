@@ -125,7 +125,7 @@ def _digest(data: bytes | memoryview) -> int:
     return int.from_bytes(hashlib.blake2b(data, digest_size=8).digest(), "little")
 
 
-def _digests(data: bytes, rows: int) -> list[int]:
+def _digests(data: bytes | memoryview, rows: int) -> list[int]:
     """The digest of each of `rows` equal slices of `data` (a C-ordered array's bytes: its
     rows'); slices of a memoryview, so no row is copied."""
     size = len(data) // rows if rows else 0
@@ -172,9 +172,23 @@ def _blocks(n: int) -> tuple[np.ndarray, np.ndarray]:
     return starts, sizes
 
 
-@functools.lru_cache(maxsize=256)
+#: The most elements whose signs are kept between values (`_signs`): a recording asks for
+#: the same few row lengths again and again; a large value's signs (an embedding table's
+#: 38.6 M: 309 MB) are made for it and let go, not held for the rest of the process.
+_KEPT_SIGNS = 1 << 20
+
+
 def _signs(n: int) -> np.ndarray:
     """`n` fixed pseudo-random signs (the same for every array of `n` elements)."""
+    return _kept_signs(n) if n <= _KEPT_SIGNS else _made_signs(n)
+
+
+@functools.lru_cache(maxsize=256)
+def _kept_signs(n: int) -> np.ndarray:
+    return _made_signs(n)
+
+
+def _made_signs(n: int) -> np.ndarray:
     signs = np.where(np.random.default_rng(n).integers(0, 2, n) == 1, 1.0, -1.0)
     signs.flags.writeable = False
     return signs
@@ -246,11 +260,12 @@ def _prints(digests: list[int], floats: _Floats | None) -> list[Fingerprint]:
     ]
 
 
-def _parts(array: np.ndarray) -> tuple[np.ndarray, bytes, _Floats | None]:
-    """`array` C-ordered, its bytes, and its `_Floats` when it is a float value."""
+def _parts(array: np.ndarray) -> tuple[np.ndarray, memoryview, _Floats | None]:
+    """`array` C-ordered, its bytes (a view: an embedding table's are not copied to be
+    hashed), and its `_Floats` when it is a float value."""
     array = np.ascontiguousarray(array)
     floats = _floats(array) if is_float_dtype(array.dtype) else None
-    return array, array.tobytes(), floats
+    return array, memoryview(array.reshape(-1).view(np.uint8)), floats
 
 
 def row_fingerprints(array: np.ndarray) -> list[Fingerprint]:
