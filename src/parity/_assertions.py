@@ -223,13 +223,16 @@ def _message(
     comparison: Comparison, walk: str, static_problems: Sequence[str], found: Localisation | None
 ) -> str:
     """The failure's text: the table (its first divergence named in `walk`), the non-array
-    leaves that differ, and the `origin:` line where the programs were recorded."""
+    leaves that differ, and the `origin:` line where the programs were recorded (or where
+    recording them raised, with its traceback)."""
     message = "trees are not equivalent\n" + format_table(comparison, order=walk)
     if static_problems:
         message += f"non-array leaves that differ ({len(static_problems)}):\n"
         message += "\n".join(static_problems) + "\n"
     if found is not None and not comparison.passed:
         message += found.line + "\n"
+        if found.traceback:  # recording raised here: where, in the user's own frames
+            message += "the recording's traceback:\n" + found.traceback
     return message
 
 

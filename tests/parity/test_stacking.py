@@ -1,7 +1,8 @@
 """A refactor that stacks layers keeps its goldens (issue 60): per-layer and stacked keys
 compared as one, with one line of configuration (`STACK` in the producers, `stack=` of a
 check), and where none is declared, a failure that says which missing keys are rows of
-which new keys and the rule to declare.
+which new keys and the rule to declare. The pytest plugin reads the producers' `STACK` as
+`parity check` does (issue 72): the project's own test passes no `stack=`.
 
 The project is an equinox model of two layers, its trajectory producer returning the
 model's state after two jitted SGD steps (`{"params": model}`): per-layer keys
@@ -282,7 +283,10 @@ def project(
 
 @pytest.mark.slow
 def test_the_stacking_refactor_passes_its_per_layer_goldens_and_a_layer_bug_is_named(
-    project: tuple[Path, dict[str, str]], run_parity: Callable[..., Any], git: Any
+    project: tuple[Path, dict[str, str]],
+    run_parity: Callable[..., Any],
+    run_pytest: Callable[..., Any],
+    git: Any,
 ) -> None:
     repo, shas = project
     git(repo, "checkout", "-q", shas["stacked"])
@@ -299,6 +303,19 @@ def test_the_stacking_refactor_passes_its_per_layer_goldens_and_a_layer_bug_is_n
     # the line that moved layer 1.
     origin = next(ln for ln in bug.stdout.splitlines() if ln.strip().startswith("origin:"))
     assert f"at src/model.py:{shas['line']} in " in origin, origin
+    # The pytest plugin reads the producers' STACK as the check does (issue 72): the test
+    # passes no `stack=`, the same key fails, and its origin is found through the stacked
+    # output (the base's recording is the one the check cached).
+    (repo / "test_train.py").write_text(PLUGIN_TEST)
+    try:
+        plugged = run_pytest(repo, "test_train.py")
+    finally:
+        (repo / "test_train.py").unlink()
+    assert plugged.returncode == 1, plugged.stdout + plugged.stderr
+    assert f"{shas['key']} [fp32_reassoc, fail]" in plugged.stdout, plugged.stdout
+    assert "missing" not in plugged.stdout and "unexpected" not in plugged.stdout
+    origin = next(ln for ln in plugged.stdout.splitlines() if "origin:" in ln)
+    assert f"at src/model.py:{shas['line']} in " in origin, origin
     # Without the rule, the failure says which rule compares them.
     producers = repo / "producers.py"
     try:
@@ -310,13 +327,29 @@ def test_the_stacking_refactor_passes_its_per_layer_goldens_and_a_layer_bug_is_n
     assert "stack = ['params.blocks.{i}']" in undeclared.stdout, undeclared.stdout
 
 
+#: The project's test through the pytest plugin: no `stack=`, the producers' `STACK` read
+#: as `parity check` reads it.
+PLUGIN_TEST = """\
+import producers
+
+
+def test_train(parity_check):
+    parity_check(producers.train(), "train")
+"""
+
+
 @pytest.mark.slow
 def test_the_stacking_refactor_passes_op_by_op_each_row_proved_or_equal(
-    project: tuple[Path, dict[str, str]], run_parity: Callable[..., Any], git: Any
+    project: tuple[Path, dict[str, str]],
+    run_parity: Callable[..., Any],
+    run_pytest: Callable[..., Any],
+    git: Any,
 ) -> None:
     # A per-layer golden key whose bits moved is proved as its row of the stacked output
     # (test_a_per_layer_key_is_proved_as_its_row_of_the_stacked_output); this XLA may also
-    # compile the scan to the loop's bits, and then there is nothing to prove.
+    # compile the scan to the loop's bits, and then there is nothing to prove. The plugin
+    # (issue 72) reads the producers' STACK as the check does: the same verdicts, the same
+    # keys proved, with no `stack=` in its test.
     repo, shas = project
     git(repo, "checkout", "-q", shas["stacked"])
     report = repo.parent / "stacked-op-by-op.json"
@@ -325,6 +358,18 @@ def test_the_stacking_refactor_passes_op_by_op_each_row_proved_or_equal(
     doc = json.loads(report.read_text())
     moved = [f["key"] for f in doc["findings"] if not f["bitwise_equal"]]
     assert sorted(doc["proved"]) == sorted(moved), doc["findings"]
+    (repo / "test_train.py").write_text(PLUGIN_TEST)
+    try:
+        plugged = run_pytest(repo, "test_train.py", "--parity-class", "op_by_op",
+                             "--parity-report", str(repo.parent / "plugin-report"))  # fmt: skip
+    finally:
+        (repo / "test_train.py").unlink()
+    assert plugged.returncode == 0, plugged.stdout + plugged.stderr
+    seen = json.loads((repo.parent / "plugin-report" / "report.json").read_text())
+    assert {f["key"]: f["verdict"] for f in seen["findings"]} == {
+        f["key"]: f["verdict"] for f in doc["findings"]
+    }, seen["findings"]
+    assert sorted(seen["proved"]) == sorted(doc["proved"]), seen["findings"]
     git(repo, "checkout", "-q", shas["bug"])
     bug = run_parity(repo, "check", "--class", "op_by_op", "--origin", "off")
     assert bug.returncode == 1, bug.stdout + bug.stderr

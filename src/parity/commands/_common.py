@@ -17,6 +17,7 @@ from parity._environment import DRIFT_MODES
 from parity._errors import ParityError
 from parity.commands._formatter import Formatter
 from parity.judge._tolerance import OVERRIDE_HELP, class_help, class_problem, flag_rules
+from parity.machinery._logs import KEPT_LOGS, keep_log, log_folder
 
 if TYPE_CHECKING:
     from parity.machinery._config import ParityConfig
@@ -249,45 +250,6 @@ def overrides_of(args: argparse.Namespace, *, with_class: bool = False) -> list[
 
 def report_progress(line: str) -> None:
     print(line, file=sys.stderr, flush=True)
-
-
-#: How many producer logs the log folder keeps (the newest); older ones are removed.
-KEPT_LOGS = 20
-
-
-def log_folder() -> Path:
-    """Where failed producer runs' logs go when no report folder is named:
-    `PARITY_LOGS`, else `$XDG_CACHE_HOME/parity/logs`, else `~/.cache/parity/logs` (beside
-    the baselines and jax's cache), pruned to the newest `KEPT_LOGS`."""
-    import os
-
-    if os.environ.get("PARITY_LOGS"):
-        return Path(os.environ["PARITY_LOGS"])
-    cache = os.environ.get("XDG_CACHE_HOME") or str(Path.home() / ".cache")
-    return Path(cache) / "parity" / "logs"
-
-
-def keep_log(output: str, report: Path | str | None = None) -> Path:
-    """Write a failed producer run's output where the user will find it: the report folder
-    `report` (`producers.log`) where one is given, else a new file in `log_folder()`,
-    which keeps the newest `KEPT_LOGS`. **Returns:** the file's path; raises `OSError`
-    where it cannot be written."""
-    import os
-    import time
-
-    if report is not None:
-        path = Path(report).resolve() / "producers.log"
-    else:
-        folder = log_folder()
-        stamp = time.strftime("%Y%m%d-%H%M%S")
-        path = folder / f"producers-{stamp}-{os.getpid()}.log"
-    path.parent.mkdir(parents=True, exist_ok=True)
-    path.write_text(output)
-    if report is None:
-        logs = sorted(path.parent.glob("producers-*.log"), key=lambda p: p.stat().st_mtime_ns)
-        for old in logs[:-KEPT_LOGS]:
-            old.unlink(missing_ok=True)
-    return path
 
 
 def producer_failure(e: ProducerRunError, what: str, report: Path | str | None = None) -> CLIError:

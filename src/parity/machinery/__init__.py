@@ -3,10 +3,12 @@
 
 `config` (`[tool.parity]`), `devices` (simulated device counts and the ISA cap, set in
 `XLA_FLAGS`), `jax_cache` (the machine's compilation cache), `signals` (SIGINT/SIGTERM
-that reach the main thread) and `worktree` (git, temporary worktrees) are the ground;
-`processes` holds the one process supervisor and a multi-process run's workers, `launcher`
-starts the producer process (`_producer_runner`, started by path) under it, described by
-one `ProducerRun`; `compile_count` counts what XLA compiles. It may import numpy and the
+that reach the main thread), `worktree` (git, temporary worktrees) and `logs` (where a
+run's output and a recording's traceback are kept) are the ground; `processes` holds the
+one process supervisor and a multi-process run's workers, `launcher` starts the producer
+process (`_producer_runner`, started by path) under it, described by one `ProducerRun`;
+`producers_table` is the producers file's `CLASS_MAP`, `STACK` and `RENAME`, read there
+once; `compile_count` counts what XLA compiles. It may import numpy and the
 layers below it (the judge, the store, the reports, the origin, the core up to
 `parity.check`, the leaves); jax only lazily, inside a function that runs once jax is
 wanted; never decomp, nor the workflows or the faces above it (`parity.run`,

@@ -52,8 +52,9 @@ def isolated_env(
 ) -> dict[str, str]:
     """Environment for a subprocess that must not share this one's jax settings.
 
-    Drops every `JAX_*` and `PARITY_*` variable but the backend chosen (`JAX_PLATFORMS`)
-    and the matmul precision (`JAX_DEFAULT_MATMUL_PRECISION`), and fixes the device count
+    Drops every `JAX_*` and `PARITY_*` variable but the backend chosen (`JAX_PLATFORMS`),
+    the matmul precision (`JAX_DEFAULT_MATMUL_PRECISION`) and the log folder
+    (`PARITY_LOGS`, `parity.machinery._logs`), and fixes the device count
     and ISA cap in `XLA_FLAGS`. The one jax setting it passes on is the machine's compilation cache
     (`parity.machinery._jax_cache`: the root this process resolved, off where it was turned off),
     so that a program the child compiles is compiled once per machine; what a child measures
@@ -61,6 +62,7 @@ def isolated_env(
     """
     from parity.machinery import _jax_cache as jax_cache
     from parity.machinery._compile_count import LOG_VAR
+    from parity.machinery._logs import LOGS_VAR
 
     src = dict(os.environ) if base is None else base
     env = {k: v for k, v in src.items() if not k.startswith(("JAX_", "PARITY_"))}
@@ -74,6 +76,8 @@ def isolated_env(
         env[jax_cache.RESOLVED_VAR] = str(root)
     if LOG_VAR in src:  # a benchmark counting every process's compiles
         env[LOG_VAR] = src[LOG_VAR]
+    if src.get(LOGS_VAR):  # a child's logs (a recording's traceback) go where this one's go
+        env[LOGS_VAR] = src[LOGS_VAR]
     return env
 
 

@@ -237,10 +237,11 @@ def _runner_argv(
     return cmd
 
 
-#: What a producer run makes: each group's arrays (`produce`), the producers' `CLASS_MAP`
-#: alone, no group run (`class_map`: `out/class_map.json`), or each group's programs
-#: recorded op by op instead of its arrays (`record`: `out/<group>.origin.npz`, or
-#: `.origin.json` saying why not; `parity.run._origins`).
+#: What a producer run makes: each group's arrays (`produce`), the producers' table alone
+#: (`CLASS_MAP`, `STACK`, `RENAME`), no group run (`class_map`: `out/table.json`,
+#: `parity.machinery._producers_table.ProducersTable`), or each group's programs recorded
+#: op by op instead of its arrays (`record`: `out/<group>.origin.npz`, or `.origin.json`
+#: saying why not; `parity.run._origins`).
 Mode = Literal["produce", "class_map", "record"]
 
 

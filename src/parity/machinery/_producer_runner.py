@@ -51,6 +51,7 @@ _HERE = os.path.dirname(os.path.realpath(__file__))
 if sys.path and os.path.realpath(sys.path[0] or ".") == _HERE:
     sys.path[0] = os.path.dirname(os.path.dirname(_HERE))
 
+from parity.machinery._producers_table import ProducersTable  # noqa: E402
 from parity.machinery._runner_groups import (  # noqa: E402
     Kept,
     log as _log,
@@ -171,7 +172,8 @@ def _arguments(argv: list[str] | None) -> argparse.Namespace:
     p.add_argument(
         "--class-map-only",
         action="store_true",
-        help="import the producers and save their CLASS_MAP and group names, run no group",
+        help="import the producers and save their table (CLASS_MAP, STACK, RENAME: "
+        "OUT/table.json), run no group",
     )
     p.add_argument(
         "--record-origin",
@@ -232,15 +234,15 @@ def _save_group(
     out: Path,
     name: str,
     arrays: dict[str, Any],
-    rules: tuple[list[list[str]], list[str], list[Any]],
+    table: ProducersTable,
     order: tuple[str, str],
     provenance: Any,
 ) -> None:
     """Write group `name`'s arrays to `OUT/<name>.npz` (ml_dtypes arrays as their bits,
     under `a0`, `a1`, ...) and its manifest to `OUT/<name>.json`: the keys, their
-    dtypes, the class map, the stack and rename rules (`rules`: the producers' `CLASS_MAP`,
-    `STACK` and `RENAME`), where the order came from and why the recorder could not see the programs
-    ("" where it could) (`order`), and the provenance."""
+    dtypes, the producers' table (`CLASS_MAP`, `STACK`, `RENAME`: `table`, as
+    `ProducersTable.to_json_dict` writes it), where the order came from and why the recorder
+    could not see the programs ("" where it could) (`order`), and the provenance."""
     import numpy as np
 
     from parity.judge._mldtypes import to_raw
@@ -254,9 +256,7 @@ def _save_group(
     manifest = {
         "keys": list(arrays),
         "dtypes": dtypes,
-        "class_map": rules[0],
-        "stack": rules[1],
-        "rename": rules[2],
+        **table.to_json_dict(),
         "order": order[0],
         "recorder": order[1],
         "provenance": provenance,
@@ -268,7 +268,7 @@ def _refusal(
     args: argparse.Namespace,
     groups: list[str],
     wanted: list[str],
-    class_map: list[list[str]],
+    class_map: tuple[tuple[str, str], ...],
     out: Path,
 ) -> int | None:
     """What stops the run before any group runs, as its exit code (the reason written to
@@ -324,15 +324,14 @@ def main(argv: list[str] | None = None) -> int:
             return EXIT_MISSING_SYMBOL
         return EXIT_PRODUCER_FAILED
     groups: dict = module.GROUPS
-    class_map = [list(rule) for rule in getattr(module, "CLASS_MAP", [])]
-    rules = (class_map, list(getattr(module, "STACK", [])), list(getattr(module, "RENAME", [])))
+    table = ProducersTable.of_module(module)  # the one reader of CLASS_MAP, STACK, RENAME
     wanted = [g for g in args.groups.split(",") if g] or list(groups)
     out = Path(args.out)
-    refused = _refusal(args, list(groups), wanted, class_map, out)
+    refused = _refusal(args, list(groups), wanted, table.class_map, out)
     if refused is not None:
         return refused
     if args.class_map_only:
-        (out / "class_map.json").write_text(json.dumps({"class_map": class_map, "groups": wanted}))
+        table.write(out)
         return 0
     kept: dict[str, Kept] = {}
     for i, name in enumerate(wanted, 1):
@@ -369,7 +368,7 @@ def main(argv: list[str] | None = None) -> int:
                 _log(f"[{i}/{len(wanted)}] {name}: {len(arrays)} arrays, same as process 0")
                 continue
         provenance = collect_provenance() if collect_provenance is not None else None
-        _save_group(out, name, hosted, rules, (order_source, recorder), provenance)
+        _save_group(out, name, hosted, table, (order_source, recorder), provenance)
         _log(f"[{i}/{len(wanted)}] {name}: {len(arrays)} arrays in {time.perf_counter() - t0:.1f}s")
         if place is not None and place.processes > 1 and not any(split):
             # The run passes, but it tested nothing a single process does not: the

@@ -28,7 +28,10 @@ import sys
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:
+    from parity.origin._record import RecordingError
 
 #: The suffixes of what a recording writes per group: the recording, or why there is none.
 ORIGIN_RECORDING = ".origin.npz"
@@ -114,7 +117,7 @@ def _recorded_order(
 
     from parity.origin import LocaliseError
     from parity.origin._flushing import FLUSH_ABOVE
-    from parity.origin._record import record_programs
+    from parity.origin._record import RecordingError, record_programs
 
     reason, recording, order = None, None, None
     shadow, unreplayed = _shadow(replay) if out is not None else (None, None)
@@ -129,10 +132,12 @@ def _recorded_order(
             flush_above=FLUSH_ABOVE,
             shadow=shadow,
         )
+    except RecordingError as e:  # an operation that cannot run on its own: say so, do not fail
+        reason = _kept(name, e)
     except LocaliseError as e:
         reason = e.reason
-    except Exception as e:  # an operation that cannot run on its own: say so, do not fail
-        reason = f"recording raised {type(e).__name__}: {' '.join(str(e).split())[:200]}"
+    except Exception as e:  # raised around the operations (linking the outputs, say)
+        reason = _kept(name, RecordingError.of(e))
     if out is None:
         if reason is not None:
             log(f"group {name!r}: the forward order stays the declared one: {reason}")
@@ -150,6 +155,21 @@ def _recorded_order(
     if replay is not None:
         _answer_replay(name, out, replay, shadow, recording, unreplayed)
     return order, True
+
+
+def _kept(name: str, failure: RecordingError) -> str:
+    """The one-line reason of a recording that raised (`parity.origin._record.
+    RecordingError`: the operation, its source line), naming the log its whole traceback
+    is kept in (`parity.machinery._logs.keep_log`, in the folder the command that started
+    this run uses); the traceback goes to this run's output too."""
+    from parity.machinery._logs import keep_log
+
+    print(failure.traceback, file=sys.stderr, flush=True)
+    try:
+        log = keep_log(f"group {name!r}: {failure.reason}\n\n{failure.traceback}", kind="recording")
+    except OSError as e:  # the line still says what raised, and where
+        return f"{failure.reason} (its traceback could not be kept: {e})"
+    return failure.reason_with(log)
 
 
 def _shadow(replay: Mapping[str, Any] | None) -> tuple[Any, str | None]:

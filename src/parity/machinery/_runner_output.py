@@ -1,20 +1,20 @@
 """What a producer run saved for one group, loaded (`load_runner_output`, `RunnerOutput`):
 its arrays (`OUT/<group>.npz`, ml_dtypes restored from their bits) and its manifest
-(`OUT/<group>.json`: keys, dtypes, class map, stack and rename rules, order, provenance),
+(`OUT/<group>.json`: keys, dtypes, the producers' table, order, provenance),
 as `parity.machinery._producer_runner` writes them. Nothing here imports jax.
 """
 
 from __future__ import annotations
 
 import json
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
 
 import numpy as np
 
 from parity.judge._mldtypes import from_raw
 from parity.machinery._launcher import ProducerCommand, ProducerRunError
+from parity.machinery._producers_table import ProducersTable
 from parity.store import Provenance
 
 __all__ = ["RunnerOutput", "load_runner_output"]
@@ -25,7 +25,6 @@ class RunnerOutput:
     """What the producer process saved for one group.
 
     - `arrays`: `{key: array}` in producer order.
-    - `class_map`: the producers' `CLASS_MAP` rules.
     - `provenance`: the producer process's environment (`collect_provenance` run there,
       crossed as JSON: `Provenance.to_json_dict` there, `Provenance.from_json_dict` here).
     - `order`: how `arrays`' order was made: `"dataflow"` (read from the program,
@@ -33,17 +32,16 @@ class RunnerOutput:
       `"host"` (no jax program computed them) or `"unread"` (not asked for).
     - `recorder`: why the programs the group ran could not be seen, in one line (this jax
       cannot be hooked, or a hook failed: `parity.origin._adapter`); "" where they were.
-    - `stack`: the producers' `STACK` (stack rules, `parity.judge._stacking`); `rename`,
-      their `RENAME` (rename rules, `parity.judge._renames`).
+    - `table`: the producers' `CLASS_MAP`, `STACK` and `RENAME`
+      (`parity.machinery._producers_table.ProducersTable`, read from the module where it
+      ran).
     """
 
     arrays: dict[str, np.ndarray]
-    class_map: list[list[str]]
     provenance: Provenance
     order: str = "declared"
     recorder: str = ""
-    stack: tuple[str, ...] = ()
-    rename: tuple[Any, ...] = ()
+    table: ProducersTable = field(default_factory=ProducersTable)
 
 
 def load_runner_output(out: Path, group: str, *, command: ProducerCommand) -> RunnerOutput:
@@ -64,10 +62,8 @@ def load_runner_output(out: Path, group: str, *, command: ProducerCommand) -> Ru
         )
     return RunnerOutput(
         arrays,
-        manifest["class_map"],
         Provenance.from_json_dict(provenance),  # the JSON edge
         str(manifest.get("order", "declared")),
         str(manifest.get("recorder", "")),
-        tuple(str(t) for t in manifest.get("stack", ())),
-        tuple(r if isinstance(r, str) else tuple(r) for r in manifest.get("rename", ())),
+        ProducersTable.from_json_dict(manifest),
     )

@@ -37,7 +37,7 @@ from parity.origin._proof import (
     unproved,
     upstream,
 )
-from parity.origin._record import LocaliseError, record
+from parity.origin._record import LocaliseError, RecordingError, record
 from parity.origin._recording import Recording
 from parity.origin._replayed import Replay
 from parity.origin._rounding_proof import RoundingProof
@@ -379,7 +379,8 @@ def settle_live(
     (`prove_and_locate`): its provable failures proved or not, and the origin of the first
     key still failing, or why there is none. Never raises for a function it cannot record:
     the failures stay unproved and the `Localisation` says why (the line explains a
-    failure; it must not replace it). Where a key of a class that proves up to rounding
+    failure; it must not replace it; where an operation raised, the reason names it and
+    the `Localisation` keeps its traceback). Where a key of a class that proves up to rounding
     fails, `new_fn` is recorded with its replay on `old_fn`'s values (`Shadow`)."""
     rounds = any(provable_up_to_rounding(f) for f in comparison.findings)
     try:
@@ -387,15 +388,19 @@ def settle_live(
         old = record(old_fn, *args, executables=shared, **kwargs)
         shadow = Shadow(old) if rounds else None
         new = record(new_fn, *args, shadow=shadow, executables=shared, **kwargs)
+    except RecordingError as e:  # which operation raised, where, and its traceback
+        reason, trace = e.reason, e.traceback
     except LocaliseError as e:
-        reason = e.reason
-    except Exception as e:
-        reason = f"recording raised {type(e).__name__}: {e}"
+        reason, trace = e.reason, ""
+    except Exception as e:  # raised around the operations: still its traceback
+        failure = RecordingError.of(e)
+        reason, trace = failure.reason, failure.traceback
     else:
         done = prove_and_locate(
             comparison, new, old, registry=registry, stack=stack, rename=rename, shadow=shadow
         )
         return done.comparison, done.origin or Localisation("no_failure")
     first = comparison.first_failure
-    not_named = Localisation("not_named", key="" if first is None else first.key, reason=reason)
+    key = "" if first is None else first.key
+    not_named = Localisation("not_named", key=key, reason=reason, traceback=trace)
     return settle(comparison, unproved(comparison, reason)), not_named

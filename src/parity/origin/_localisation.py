@@ -55,6 +55,9 @@ class Localisation:
       where it is proved: every value it is computed from and its own equal `against`'s
       bit for bit, so the class `op_by_op` passes it; for `named` at the key's own value,
       why (it equals a value of `against`'s, not `against`'s same key).
+    - `traceback`: for `not_named` because recording raised in this process
+      (`parity.origin.settle_live`), the original traceback as text
+      (`parity.origin._record.RecordingError`), "" otherwise; `reason` names the operation.
 
     **Example:**
 
@@ -78,6 +81,7 @@ class Localisation:
     beyond: Origin | None = None
     within: bool = False
     proof: str = ""
+    traceback: str = ""
 
     @property
     def named(self) -> bool:

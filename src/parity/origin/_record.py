@@ -11,8 +11,12 @@ jax is imported inside these functions only (the caller has it).
 
 from __future__ import annotations
 
+import contextlib
 import functools
-from collections.abc import Callable, Mapping
+import traceback as tb
+from collections.abc import Callable, Iterator, Mapping
+from pathlib import Path
+from types import TracebackType
 from typing import TYPE_CHECKING, Any
 
 import numpy as np
@@ -31,6 +35,7 @@ from parity.origin._interpreter import (
     dtype_of,
     shape_of,
     to_host,
+    user_frame_of,
 )
 from parity.origin._recording import Recording
 
@@ -41,6 +46,7 @@ __all__ = [
     "BARE",
     "MOVES",
     "LocaliseError",
+    "RecordingError",
     "dataflow_order",
     "in_dataflow_order",
     "record",
@@ -49,6 +55,85 @@ __all__ = [
 
 #: The key a bare array output gets (as `assert_equivalent` names a bare array).
 BARE = "array"
+
+
+class RecordingError(LocaliseError):
+    """An operation raised while its program was recorded op by op (an operation that
+    cannot run on its own: a callback that refuses to, a primitive this jax cannot bind
+    alone), raised from the original exception (`__cause__`).
+
+    **Fields:** `error` (the exception's type name) and `message` (its message, on one
+    line); `primitive` (the operation being recorded) and `place` (its source line,
+    `file:line in function`), each "" where unknown; `traceback` (the original traceback,
+    whole, as text); and `reason`, `reason_with()` without a log.
+    """
+
+    def __init__(
+        self, error: str, message: str, *, primitive: str = "", place: str = "", traceback: str = ""
+    ) -> None:
+        self.error, self.message = error, message
+        self.primitive, self.place, self.traceback = primitive, place, traceback
+        super().__init__(self.reason_with())
+
+    def reason_with(self, log: Path | str | None = None) -> str:
+        """The one-line reason: what raised, in which operation, where, and the log that
+        keeps the traceback (`log`, where one was written)."""
+        what = f"recording raised {self.error}"
+        if self.primitive:
+            what += f" in the operation {self.primitive}"
+        if self.place:
+            what += f" at {self.place}"
+        said = self.message if len(self.message) <= 200 else self.message[:200] + " ..."
+        kept = f" (traceback in {log})" if log else ""
+        return f"{what}: {said}{kept}"
+
+    @classmethod
+    def of(cls, e: BaseException) -> RecordingError:
+        """`e` as a `RecordingError`: the operation read from the interpreter's frame in
+        its traceback (the innermost equation it was running; its own code is left as it
+        is), the traceback kept as text."""
+        eqn = _failing_equation(e.__traceback__)
+        primitive, place = "", ""
+        if eqn is not None:
+            primitive = str(getattr(getattr(eqn, "primitive", None), "name", ""))
+            with contextlib.suppress(Exception):  # a jax without this private API: unplaced
+                (file, line, function), _, _ = user_frame_of(eqn.source_info)
+                place = f"{file}:{line} in {function}" if file else ""
+        said = str(e).strip()
+        if "Traceback (most recent call last)" in said:  # a callback's error, carried by XLA:
+            said = said.splitlines()[-1]  # its last line says what it was; the rest is kept
+        return cls(
+            type(e).__name__,
+            " ".join(said.split()),
+            primitive=primitive,
+            place=place,
+            traceback="".join(tb.format_exception(type(e), e, e.__traceback__)),
+        )
+
+
+def _failing_equation(trace: TracebackType | None) -> Any:
+    """The equation the interpreter was running where the traceback `trace` ends: the
+    innermost frame of `Interpreter.eqn` (a scan's or a call's body runs inside its own
+    equation's frame, so the innermost is the operation that raised), or None."""
+    found = None
+    while trace is not None:
+        frame = trace.tb_frame
+        if frame.f_code.co_name == "eqn" and frame.f_code.co_filename.endswith("_interpreter.py"):
+            found = frame.f_locals.get("eqn", found)
+        trace = trace.tb_next
+    return found
+
+
+@contextlib.contextmanager
+def _naming_the_operation() -> Iterator[None]:
+    """Raise what an operation raised while recorded as a `RecordingError` naming it; a
+    `LocaliseError` (the program is too large, ...) says what it is already."""
+    try:
+        yield
+    except LocaliseError:
+        raise
+    except Exception as e:
+        raise RecordingError.of(e) from e
 
 
 def record(
@@ -77,7 +162,9 @@ def record(
       to share them with the other side of a comparison: an operation of a signature the
       other side ran is not lowered, compiled or loaded again; None: its own.
 
-    **Returns:** a `Recording`. Raises `LocaliseError` when `fn` does not trace.
+    **Returns:** a `Recording`. Raises `LocaliseError` when `fn` does not trace, and its
+    `RecordingError` when an operation raises while recorded (which one, where, and the
+    traceback).
     """
     import jax
 
@@ -91,7 +178,8 @@ def record(
     interp = Interpreter(max_bytes, keep_arrays=keep_arrays, shadow=shadow, executables=executables)
     leaves = jax.tree_util.tree_leaves(args)
     ins = [interp.add(x, "input", "input", [], UNPLACED) for x in leaves]
-    outs = interp.closed(closed, [(jax.numpy.asarray(x), i) for (x, i) in ins], UNPLACED)
+    with _naming_the_operation():
+        outs = interp.closed(closed, [(jax.numpy.asarray(x), i) for (x, i) in ins], UNPLACED)
     keys = _output_keys(shapes, BARE)
     # The order the program computes its outputs in: the one every check of parity uses.
     declared, ids = list(keys.values()), {k: j for j, k in keys.items()}
@@ -227,7 +315,8 @@ def record_programs(
     program computed it), a key no program computed right after the key declared before it.
     The order is None where no key is computed by the programs. Raises `LocaliseError`
     where the values pass `max_bytes`, or where the programs were not all seen
-    (`Capture.failure`: this jax cannot be hooked, or a hook failed).
+    (`Capture.failure`: this jax cannot be hooked, or a hook failed); its `RecordingError`
+    where an operation raises while recorded.
     """
     import jax
 
@@ -244,7 +333,7 @@ def record_programs(
     )
     results: list[list[Ref]] = []
     inputs: dict[int, Ref] = {}
-    with quiet():
+    with quiet(), _naming_the_operation():
         for program in capture.programs:
             args: list[Ref] = []
             for a in program.args:

@@ -69,6 +69,7 @@ pytest.
 from parity.pytest_plugin._configure import (
     pytest_cmdline_main,
     pytest_configure,
+    pytest_configure_node,
     pytest_deselected,
     pytest_load_initial_conftests,
     pytest_unconfigure,
@@ -88,6 +89,7 @@ __all__ = [
     "pytest_addoption",
     "pytest_cmdline_main",
     "pytest_configure",
+    "pytest_configure_node",
     "pytest_deselected",
     "pytest_load_initial_conftests",
     "pytest_sessionfinish",

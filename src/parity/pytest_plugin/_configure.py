@@ -7,7 +7,7 @@ from __future__ import annotations
 import os
 from collections.abc import Sequence
 from pathlib import Path
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 import pytest
 
@@ -27,6 +27,7 @@ from parity.pytest_plugin._stash import (
     ORIGINS,
     OVERRIDES,
     RESULTS,
+    TABLE,
 )
 
 if TYPE_CHECKING:  # parity.check loads h5py: imported only when a check runs
@@ -204,28 +205,52 @@ def pytest_configure(config: pytest.Config) -> None:
 
     config.stash[GOLDENS] = GoldenDir(project.goldens)
     config.stash[BASELINE] = _baseline_builder(project)
-    _refuse_unusable_classes(config, project, place)
+    _read_the_table(config, project, place)
 
 
-def _refuse_unusable_classes(
-    config: pytest.Config, project: ParityConfig, place: Place | None
-) -> None:
-    """A `CLASS_MAP` naming a class parity cannot use (a typo) is a usage error at session
-    start, as `parity check` and `parity repin` refuse it (`parity.run._produced.
-    refuse_unusable_classes`): asked once per session, by the process that starts it (not
-    by xdist workers nor by the other processes of a distributed session), and only where
-    golden checks can run (a producers file and a golden folder)."""
-    if hasattr(config, "workerinput") or (place is not None and place.process_id != 0):
+#: The key of the producers' table in an xdist worker's `workerinput`.
+_TABLE_INPUT = "parity_producers_table"
+
+
+def _read_the_table(config: pytest.Config, project: ParityConfig, place: Place | None) -> None:
+    """The producers' table (`CLASS_MAP`, `STACK`, `RENAME`), read as `parity check` reads
+    it (`parity.run._produced.producers_table`: the producers file imported in a fresh
+    process, so the session's own process never imports it), into the stash. A `CLASS_MAP`
+    naming a class parity cannot use (a typo) is a usage error at session start, as
+    `parity check` and `parity repin` refuse it. Read once per session, by the process
+    that starts it, and only where golden checks can run (a producers file and a golden
+    folder); an xdist worker takes the controller's (`pytest_configure_node`), the other
+    processes of a distributed session read it when their first golden check needs it."""
+    if hasattr(config, "workerinput"):
+        handed = config.workerinput.get(_TABLE_INPUT)  # pyright: ignore[reportAttributeAccessIssue]
+        if handed is not None:
+            from parity.machinery._producers_table import ProducersTable
+
+            config.stash[TABLE] = ProducersTable.from_json_dict(handed)
+        return
+    if place is not None and place.process_id != 0:
         return
     if project.producers is None or not project.goldens.is_dir():
         return
     from parity.machinery._launcher import UnusableClassError
-    from parity.run._produced import refuse_unusable_classes
+    from parity.machinery._producers_table import ProducersTable
+    from parity.run._produced import producers_table
 
     try:
-        refuse_unusable_classes(project)
+        table = producers_table(project, check_classes=True)
     except UnusableClassError as e:
         raise pytest.UsageError(str(e)) from None
+    # A producers file that cannot be imported reads as no rules: its tests say why.
+    config.stash[TABLE] = table or ProducersTable()
+
+
+@pytest.hookimpl(optionalhook=True)
+def pytest_configure_node(node: Any) -> None:
+    """pytest-xdist's controller hands each worker the producers' table it read, so that no
+    worker imports the producers again."""
+    table = node.config.stash.get(TABLE, None)
+    if table is not None:
+        node.workerinput[_TABLE_INPUT] = table.to_json_dict()
 
 
 def _baseline_builder(project: ParityConfig) -> BaselineBuilder | None:

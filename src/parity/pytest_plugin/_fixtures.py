@@ -13,11 +13,20 @@ import pytest
 
 from parity.machinery._worker import worker_place
 from parity.origin._proof import Proof, provable, settle, unproved
-from parity.pytest_plugin._stash import BASELINE, CONFIG, GOLDENS, ORIGINS, OVERRIDES, RESULTS
+from parity.pytest_plugin._stash import (
+    BASELINE,
+    CONFIG,
+    GOLDENS,
+    ORIGINS,
+    OVERRIDES,
+    RESULTS,
+    TABLE,
+)
 
 if TYPE_CHECKING:  # parity.check loads h5py: imported only when a check runs
     from parity._results import CheckResult
     from parity.check import GoldenDir
+    from parity.machinery._producers_table import ProducersTable
     from parity.origin import Localisation
     from parity.run._origins import Settled
     from parity.store import Provenance
@@ -110,20 +119,20 @@ class _Check:
           check judges drift and calibrated layouts by it.
         - `stack`, `rename`: stack rules (`"blocks.{i}"`, `parity.judge._stacking`) and
           rename rules (`"encoder=backbone"`, `parity.judge._renames`), as
-          `parity.assert_equivalent` takes them.
+          `parity.assert_equivalent` takes them. A golden check takes the producers'
+          `STACK` and `RENAME` (`producers_table`, as `parity check` does) where these
+          are not given; given, they replace the producers' (as in `parity check`).
 
         **Returns:** the `parity.judge._compare.Comparison`.
         """
         from parity._results import CheckError
-        from parity.check import check_group, check_live
+        from parity.check import check_live
         from parity.check._request import refuse_unknown_options
         from parity.judge._trees import non_array_differences
 
         refuse_unknown_options(options, FixtureOptions, "parity_check")
         config = self.config
-        name, class_map = options.get("name"), options.get("class_map")
-        order, produce_s = options.get("order"), options.get("produce_s")
-        fail, provenance = options.get("fail", True), options.get("provenance")
+        class_map, fail = options.get("class_map"), options.get("fail", True)
         said = {k: v for k in ("stack", "rename") if (v := options.get(k)) is not None}
         rules = [*config.stash[OVERRIDES], *options.get("overrides", ())]
         save = config.getoption("--parity-save-actual")
@@ -137,34 +146,17 @@ class _Check:
         problem = None
         try:
             if isinstance(golden, str):
-                result = check_group(
-                    actual,
-                    golden,
-                    goldens=config.stash[GOLDENS],
-                    class_map=class_map,
-                    overrides=rules,
-                    order=order,
-                    drift_mode=config.stash[CONFIG].drift,
-                    name=name,
-                    node=self.node,
-                    produce_s=produce_s,
-                    save_actual=save,
-                    current_provenance=provenance,
-                    baseline=config.stash.get(BASELINE, None),
-                    require_baseline=config.stash[CONFIG].baseline == "require",
-                    settle=_GroupSettler(config, provenance, fail),
-                    **said,
-                )
+                result = self._against_goldens(actual, golden, options, rules, save)
             else:
                 result = check_live(
                     actual,
                     golden,
                     class_map="bitwise" if class_map is None else class_map,
                     overrides=rules,
-                    order=order,
-                    name=name or self.node,
+                    order=options.get("order"),
+                    name=options.get("name") or self.node,
                     node=self.node,
-                    produce_s=produce_s,
+                    produce_s=options.get("produce_s"),
                     save_actual=save,
                     non_arrays=statics,
                     **said,
@@ -183,6 +175,43 @@ class _Check:
         if fail and (not result.passed or differing):
             pytest.fail(_failure_text(result, differing), pytrace=False)
         return result.comparison
+
+    def _against_goldens(
+        self,
+        actual: Any,
+        group: str,
+        options: FixtureOptions,
+        rules: Sequence[tuple[str, str]],
+        save: Path | None,
+    ) -> CheckResult:
+        """`actual` checked against the golden group `group` (`parity.check.check_group`),
+        its failures settled op by op (`_GroupSettler`), by the producers' `STACK` and
+        `RENAME` as `parity check` applies them (a check's own `stack=` and `rename=` in
+        their place): the settler records by the same rules, so rows are proved as there."""
+        from parity.check import check_group
+
+        config, provenance = self.config, options.get("provenance")
+        said = {k: v for k in ("stack", "rename") if (v := options.get(k)) is not None}
+        table = producers_table(config).given(**said)
+        return check_group(
+            actual,
+            group,
+            goldens=config.stash[GOLDENS],
+            class_map=options.get("class_map"),
+            overrides=rules,
+            order=options.get("order"),
+            drift_mode=config.stash[CONFIG].drift,
+            name=options.get("name"),
+            node=self.node,
+            produce_s=options.get("produce_s"),
+            save_actual=save,
+            current_provenance=provenance,
+            baseline=config.stash.get(BASELINE, None),
+            require_baseline=config.stash[CONFIG].baseline == "require",
+            settle=_GroupSettler(config, provenance, options.get("fail", True), table),
+            stack=table.stack,
+            rename=table.rename,
+        )
 
     @staticmethod
     def _agree(result: CheckResult | None, problem: str | None, process: int) -> CheckResult | None:
@@ -212,6 +241,9 @@ class _GroupSettler:
     config: pytest.Config
     provenance: Provenance | None
     fail: bool
+    #: The rules the check compared by (the producers' table, a check's own `stack` and
+    #: `rename` given over it): the recordings are matched by the same.
+    table: ProducersTable
 
     def settle(self, results: Sequence[CheckResult]) -> list[CheckResult]:
         return [self._one(r) for r in results]
@@ -222,7 +254,7 @@ class _GroupSettler:
         origin = self.fail and self.config.getoption("--parity-origin") != "off"
         if not origin and not any(provable(f) for f in result.comparison.findings):
             return result
-        proofs, found = _settled(self.config, result, self.provenance, origin)
+        proofs, found = _settled(self.config, result, self.provenance, origin, self.table)
         comparison = settle(result.comparison, proofs)
         named = found if origin and not comparison.passed else None
         return dataclasses.replace(result, comparison=comparison, origin=named)
@@ -233,6 +265,7 @@ def _settled(
     result: CheckResult,
     provenance: Provenance | None,
     origin: bool,
+    table: ProducersTable,
 ) -> tuple[Mapping[str, Proof], Localisation | None]:
     """The proofs of a failed golden check's keys and its origin: the group's programs
     recorded op by op with the session's producers, here and at its golden's base commit in
@@ -263,7 +296,7 @@ def _settled(
     if why is not None:
         found[group] = (unproved(result.comparison, why), Localisation("not_named", reason=why))
     else:
-        settled = _recorded(config, result, provenance, origin)
+        settled = _recorded(config, result, provenance, origin, table)
         found[group] = (settled.proofs, settled.result.origin)
     return found[group]
 
@@ -273,6 +306,7 @@ def _recorded(
     result: CheckResult,
     provenance: Provenance | None,
     origin: bool,
+    table: ProducersTable,
 ) -> Settled:
     from parity.judge._dataflow import UNREAD
     from parity.machinery._processes import Layout
@@ -283,12 +317,27 @@ def _recorded(
 
     project, group = config.stash[CONFIG], result.group or ""
     current = provenance if provenance is not None else collect_provenance()
-    # Nothing of the producers' run is known here but the environment: the recording
-    # runs find out whether jax computes the group's outputs.
-    run = RunnerOutput(arrays={}, class_map=[], provenance=current, order=UNREAD)
+    # Nothing of the producers' run is known here but the environment and the table the
+    # check compared by: the recording runs find out whether jax computes the outputs.
+    run = RunnerOutput(arrays={}, provenance=current, order=UNREAD, table=table)
     produced = Produced({group: run}, seconds=0.0, xla_flags="", layout=Layout(1, project.devices))
     goldens = config.stash[GOLDENS]
     return settle_failures([result], produced, project, goldens, origin=origin)[0]
+
+
+def producers_table(config: pytest.Config) -> ProducersTable:
+    """The session's producers' table (`CLASS_MAP`, `STACK`, `RENAME`): the one read at
+    session start (`configure._read_the_table`), else read now, once per process
+    (`parity.run._produced.producers_table`, as `parity check` reads it); no rules where
+    no producers file is configured or it cannot be imported."""
+    if TABLE not in config.stash:
+        from parity.machinery._producers_table import ProducersTable
+        from parity.run._produced import producers_table as read
+
+        project = config.stash[CONFIG]
+        table = read(project) if project.producers is not None else None
+        config.stash[TABLE] = table or ProducersTable()
+    return config.stash[TABLE]
 
 
 @pytest.fixture

@@ -12,6 +12,7 @@ if TYPE_CHECKING:  # parity.check loads h5py: imported only when a check runs
     from parity._results import CheckResult
     from parity.check import GoldenDir
     from parity.machinery._config import ParityConfig
+    from parity.machinery._producers_table import ProducersTable
     from parity.origin import Localisation, Proof
     from parity.run._baseline import BaselineBuilder
 
@@ -36,3 +37,8 @@ OVERRIDES: pytest.StashKey[tuple[tuple[str, str], ...]] = pytest.StashKey()
 ORIGINS: pytest.StashKey[dict[str, tuple[Mapping[str, Proof], Localisation | None]]] = (
     pytest.StashKey()
 )
+#: The producers' table (`CLASS_MAP`, `STACK`, `RENAME`), read as `parity check` reads it
+#: (`parity.run._produced.producers_table`): once per session by the process that starts
+#: it, handed to xdist's workers; read on first use where it was not
+#: (`fixtures.producers_table`).
+TABLE: pytest.StashKey[ProducersTable] = pytest.StashKey()

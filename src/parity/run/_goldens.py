@@ -224,7 +224,7 @@ def write_run(
     provenance = replace(run.provenance, base_sha=sha, producer_digest=digest, order=run.order)
     if calibration is not None:
         provenance = replace(provenance, calibration=calibration)
-    class_map = ClassMap(rules=tuple((p, c) for p, c in run.class_map))
+    class_map = ClassMap(rules=run.table.class_map)
     write_golden(path, run.arrays, class_map, provenance=provenance, order=list(run.arrays))
 
 

@@ -179,8 +179,8 @@ def _recorded(
         root=root,
         against=_BASE,
         origin=origin,
-        stack=parse_stack(produced.stack),
-        rename=parse_renames(produced.rename),
+        stack=parse_stack(produced.table.stack),
+        rename=parse_renames(produced.table.rename),
         shadow=new.replayed,
     )
     result = dataclasses.replace(r, comparison=done.comparison, origin=done.origin)

@@ -19,7 +19,7 @@ import time
 from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Unpack
+from typing import Unpack
 
 import numpy as np
 
@@ -38,6 +38,7 @@ from parity.machinery._launcher import (
     run_producers,
 )
 from parity.machinery._processes import Layout
+from parity.machinery._producers_table import ProducersTable
 from parity.machinery._runner_output import RunnerOutput, load_runner_output
 from parity.machinery._worker import Place
 from parity.store import Provenance
@@ -47,8 +48,8 @@ __all__ = [
     "Produced",
     "check_produced",
     "produce",
+    "producers_table",
     "producing",
-    "refuse_unusable_classes",
 ]
 
 
@@ -61,7 +62,7 @@ class Produced:
     - `runs`: group -> what the runner saved for it (`parity.machinery._runner_output.
       RunnerOutput`: its arrays, keys in producer (forward) order; the provenance of the
       process that made them, which the drift policy judges against the golden's; how its
-      order was made; why the recorder could not see its programs; the producers' rules).
+      order was made; why the recorder could not see its programs; the producers' table).
     - `seconds`: wall time of the run, process start included.
     - `xla_flags`: the XLA flags the run used.
     - `layout`: processes and devices per process of the run.
@@ -99,14 +100,10 @@ class Produced:
         return {g: r.recorder for g, r in self.runs.items() if r.recorder}
 
     @property
-    def stack(self) -> tuple[str, ...]:
-        """The producers' `STACK` (`parity.judge._stacking`), the same for every group."""
-        return next((r.stack for r in self.runs.values()), ())
-
-    @property
-    def rename(self) -> tuple[Any, ...]:
-        """The producers' `RENAME` (`parity.judge._renames`), the same for every group."""
-        return next((r.rename for r in self.runs.values()), ())
+    def table(self) -> ProducersTable:
+        """The producers' `CLASS_MAP`, `STACK` and `RENAME`, the same for every group (none
+        where no group was produced)."""
+        return next((r.table for r in self.runs.values()), ProducersTable())
 
     def recorder_line(self) -> str:
         """The header's one line where the recorder could not see some group's programs
@@ -264,20 +261,28 @@ def produce(
         return produced
 
 
-def refuse_unusable_classes(config: ParityConfig, *, command: ProducerCommand = "check") -> None:
-    """Raise `UnusableClassError` where the configured producers' `CLASS_MAP` names a class
-    parity cannot use: the producers file is imported in a fresh process, as `repin
-    --classes-only` does (the runner's `--check-classes`, the one check), and no group
-    runs. For the pytest plugin, which runs no producers of its own: a `parity check`
-    asks in its producer run (`produce(check_classes=True)`). A producers file that is
-    missing or cannot be imported, or src roots that cannot be found, are left to the run
-    that needs them to report.
+def producers_table(
+    config: ParityConfig, *, command: ProducerCommand = "check", check_classes: bool = False
+) -> ProducersTable | None:
+    """The configured producers' table (`CLASS_MAP`, `STACK`, `RENAME`), as a producer run
+    reads it (`ProducersTable.of_module`): the producers file is imported in a fresh
+    process, as `repin --classes-only` does, and no group runs. For the pytest plugin, which
+    runs no producers of its own and must read the table as `parity check` does (a
+    `parity check` gets it with each group's arrays, `Produced.table`).
+
+    **Arguments:** `config`, the producers file and src roots; `command`, the command a
+    failure's message fits; `check_classes`, refuse a `CLASS_MAP` naming a class parity
+    cannot use (the runner's `--check-classes`, the one check).
+
+    **Returns:** the table; None where the producers file is missing or cannot be imported
+    or its src roots cannot be found, left to the run that needs them to report. Raises
+    `UnusableClassError` (with `check_classes`).
     """
     try:
         producers, src = config.need_producers(), config.src_relative()
     except ConfigError:
-        return
-    with tempfile.TemporaryDirectory(prefix="parity-classes-") as tmp:
+        return None
+    with tempfile.TemporaryDirectory(prefix="parity-table-") as tmp:
         try:
             run = ProducerRun(
                 code_root=config.root,
@@ -286,13 +291,14 @@ def refuse_unusable_classes(config: ParityConfig, *, command: ProducerCommand = 
                 command=command,
                 src=src,
                 mode="class_map",
-                check_classes=True,
+                check_classes=check_classes,
             )
             run_producers(run, progress=lambda _: None)
         except UnusableClassError:
             raise
         except ProducerRunError:
-            return
+            return None
+        return ProducersTable.read(Path(tmp))
 
 
 def check_produced(
@@ -329,10 +335,13 @@ def check_produced(
     orders = produced.orders
     dataflow = {g: list(a) for g, a in produced.groups.items() if orders.get(g) == DATAFLOW}
     options.setdefault("produce_s", produced.seconds / max(1, len(produced.groups)))
-    if produced.stack:  # the producers' STACK: stacked keys compared with per-layer goldens
-        options.setdefault("stack", produced.stack)
-    if produced.rename:  # the producers' RENAME: moved keys compared with the goldens'
-        options.setdefault("rename", produced.rename)
+    # The producers' STACK (stacked keys compared with per-layer goldens) and RENAME (moved
+    # keys compared with the goldens'), where the caller gave none of its own.
+    table = produced.table.given(stack=options.get("stack"), rename=options.get("rename"))
+    if table.stack:
+        options["stack"] = table.stack
+    if table.rename:
+        options["rename"] = table.rename
     return check_groups(
         produced.groups,
         dataflow_orders=dataflow,

@@ -24,7 +24,6 @@ from __future__ import annotations
 
 import contextlib
 import dataclasses
-import json
 from collections.abc import Callable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -35,6 +34,7 @@ from parity.judge._floats import count
 from parity.judge._tolerance import ClassMap
 from parity.machinery._config import ParityConfig
 from parity.machinery._launcher import ProducerRun, run_producers
+from parity.machinery._producers_table import ProducersTable
 from parity.machinery._runner_output import load_runner_output
 from parity.machinery._signals import signals_reach_main_thread
 from parity.machinery._worktree import (
@@ -317,8 +317,7 @@ def reclass(
             check_classes=True,
         )
         run_producers(classes, progress=progress)
-        doc = json.loads((Path(tmp) / "class_map.json").read_text())
-        class_map = ClassMap(rules=tuple((p, c) for p, c in doc["class_map"]))
+        class_map = ClassMap(rules=ProducersTable.read(Path(tmp)).class_map)
         names = list(groups) or sorted(p.stem for p in out.glob("*.h5"))
         missing = [g for g in names if not (out / f"{g}.h5").is_file()]
         if missing:

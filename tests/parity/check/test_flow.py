@@ -418,7 +418,7 @@ def test_a_check_that_needs_its_baseline_compares_each_pair_of_arrays_once(
     monkeypatch.setattr(GoldenFile, "source", tagged)
     monkeypatch.setattr(parity.judge._compare, "compare_arrays", counted)
     monkeypatch.setattr(parity.calibrated._bounds, "compare_arrays", counted)
-    produced = Produced({"g": RunnerOutput(mutated, [], elsewhere)}, 0.0, "")
+    produced = Produced({"g": RunnerOutput(mutated, elsewhere)}, 0.0, "")
     batch = Batch()
     [result] = check_produced(produced, goldens, baseline=batch)
     monkeypatch.undo()

@@ -267,6 +267,77 @@ def test_a_function_that_does_not_trace_is_named():
         record(to_numpy, X)
 
 
+#: Whether `_refusing` raises: a callback that ran once and cannot run again (issue 72's
+#: "setting an array element with a sequence", raised only while recording).
+REFUSE = {"now": False}
+
+
+def _refusing(x):
+    if REFUSE["now"]:
+        raise ValueError("setting an array element with a sequence.")
+    return x
+
+
+def new_with_a_callback(x, w):
+    h = jnp.tanh(x @ w[0].T)
+    h = jax.pure_callback(_refusing, jax.ShapeDtypeStruct(h.shape, h.dtype), h)  # the callback
+    return {"out": h @ w[2].T * 1.001}
+
+
+def test_a_recording_that_raises_names_the_operation_and_keeps_its_traceback(monkeypatch):
+    """Issue 72: a recording that raised said one line, with no traceback anywhere."""
+    new = new_with_a_callback(X, W)
+    monkeypatch.setitem(REFUSE, "now", True)
+    with pytest.raises(AssertionError) as info:
+        parity.assert_equivalent(new, old_mlp(X, W), new_fn=new_with_a_callback,
+                                 old_fn=old_mlp, args=(X, W))  # fmt: skip
+    (line,) = [ln for ln in str(info.value).splitlines() if ln.startswith("origin:")]
+    where = f"{__file__}:{_line_of(new_with_a_callback, '# the callback')} in new_with_a_callback"
+    said = "in the operation pure_callback at"
+    assert f"recording raised ValueError {said} {where}: " in line, line
+    assert "setting an array element with a sequence." in line
+    origin = info.value.origin  # type: ignore[attr-defined]
+    assert origin.status == "not_named" and origin.reason in line
+    # The whole traceback, down to the callback's own raise, on the error's message.
+    assert origin.traceback.startswith("Traceback (most recent call last)")
+    assert "in _refusing" in origin.traceback and origin.traceback in str(info.value)
+
+
+def test_a_producer_s_recording_that_raises_keeps_its_traceback_in_the_log_it_names(
+    monkeypatch, tmp_path
+):
+    """The producer process's side (`_runner_groups`): the group's `.origin.json` line names
+    the operation and the log holding the traceback (`PARITY_LOGS`, which a producer run
+    is handed)."""
+    from parity.judge._dataflow import numpy_conversions
+    from parity.judge._trees import flatten
+    from parity.machinery._runner_groups import ORIGIN_REASON, _recorded_order
+    from parity.origin._programs import capture
+
+    monkeypatch.setenv("PARITY_LOGS", str(tmp_path / "logs"))
+    step = jax.jit(new_with_a_callback)
+    with numpy_conversions() as converted, capture() as programs:
+        result = step(X, W)
+    monkeypatch.setitem(REFUSE, "now", True)
+    returned = flatten(result, to_array=lambda x: x)
+    _recorded_order("g", returned, converted, programs, tmp_path)
+    reason = json.loads((tmp_path / f"g{ORIGIN_REASON}").read_text())["reason"]
+    where = f":{_line_of(new_with_a_callback, '# the callback')} in new_with_a_callback"
+    # Compiled, the callback's error reaches the recorder as XLA's (JaxRuntimeError here),
+    # whose message ends with the callback's own.
+    said = "in the operation pure_callback at "
+    assert reason.startswith("recording raised ") and said in reason and where in reason
+    assert "ValueError: setting an array element with a sequence." in reason, reason
+    (log,) = (tmp_path / "logs").glob("recording-*.log")
+    assert reason.endswith(f"(traceback in {log})"), reason
+    assert "Traceback (most recent call last)" in log.read_text()
+    assert "in _refusing" in log.read_text()
+    # A producer run is handed the folder its command writes logs to.
+    from parity.machinery._devices import isolated_env
+
+    assert isolated_env(1)["PARITY_LOGS"] == str(tmp_path / "logs")
+
+
 def test_localise_is_public_and_assert_equivalent_names_the_origin():
     assert parity.localise is localise
     with pytest.raises(AssertionError) as info:
