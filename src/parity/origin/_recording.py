@@ -265,7 +265,7 @@ def _parts(array: np.ndarray) -> tuple[np.ndarray, memoryview, _Floats | None]:
     hashed), and its `_Floats` when it is a float value."""
     array = np.ascontiguousarray(array)
     floats = _floats(array) if is_float_dtype(array.dtype) else None
-    return array, memoryview(array.reshape(-1).view(np.uint8)), floats
+    return array, array.reshape(-1).view(np.uint8).data, floats
 
 
 def row_fingerprints(array: np.ndarray) -> list[Fingerprint]:

@@ -478,4 +478,5 @@ def _gather_sources(
     start = np.clip(start, 0, top)
     for j, d in enumerate(window):
         start[d] += each[offset_dims[j]]
-    return valid, np.ravel_multi_index(tuple(start), shape), tuple(out_shape)
+    flat = np.asarray(np.ravel_multi_index(tuple(start), shape))
+    return valid, flat, tuple(out_shape)
