@@ -155,6 +155,28 @@ def test_a_bug_beside_the_reorder_is_named_at_its_line_with_its_kind(
     assert all(w in origin.change_detail for w in said), origin.change_detail
 
 
+def test_the_policys_output_dtype_changed_is_named_as_a_changed_dtype(tmp_path: Path) -> None:
+    """The output cast is the policy's (no float32 loss after it): the key itself comes out
+    in bfloat16, fails on its dtype, and the origin found by alignment is the first
+    operation that computes in bfloat16 where the base cast to float32 first."""
+    plain = MODEL.replace(").astype(jnp.float32)\n", ")\n", 1)
+    assert plain != MODEL
+    base = model_module(tmp_path / "base", plain)
+    tree = model_module(
+        tmp_path / "tree", plain.replace("OUTPUT = jnp.float32", "OUTPUT = jnp.bfloat16")
+    )
+    failed = _held(tree, base)
+    assert isinstance(failed, parity.NotEquivalent)
+    assert failed.origin is not None and failed.origin.origin is not None, str(failed)
+    origin = failed.origin.origin
+    z = next(n for n, t in enumerate(plain.splitlines(), 1) if "z = y.astype" in t)
+    assert origin.change == "dtype", failed.origin.line
+    assert (
+        f"the base's cast to float32 at {tmp_path}/base/model.py:{z} in head"
+        in origin.change_detail
+    )
+
+
 TRAIN = """\
 import equinox as eqx
 import jax
