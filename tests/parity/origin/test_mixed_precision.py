@@ -288,7 +288,12 @@ def _trained_again(trained: Any, tmp: Path, *edits: tuple[str, str]) -> tuple[Re
     return new, shadow
 
 
+#: The training tests share one worker, so the base's loop is recorded once a session.
+TRAINING = pytest.mark.xdist_group("mixed_precision_training")
+
+
 @pytest.mark.slow
+@TRAINING
 def test_the_split_down_projection_is_proved_through_three_training_steps(
     trained: Any, tmp_path: Path
 ) -> None:
@@ -308,6 +313,7 @@ def test_the_split_down_projection_is_proved_through_three_training_steps(
 
 
 @pytest.mark.slow
+@TRAINING
 @pytest.mark.parametrize("bug", list(TRAIN_BUGS))
 def test_a_training_bug_beside_the_split_is_named_at_its_line(
     trained: Any, tmp_path: Path, bug: str
