@@ -41,9 +41,10 @@ from parity.judge._floats import largest_finite_abs
 from parity.judge._rule_base import Scale
 from parity.judge._ulp import is_float_dtype, spacing_at, to_float64
 from parity.origin._change import CHANGES, Change, change_of, counterparts, edited, frame_parts
+from parity.origin._fingerprints import STATS, Fingerprint, ordinary
 from parity.origin._primitives import ARRANGING
 from parity.origin._record import LocaliseError
-from parity.origin._recording import STATS, Fingerprint, Recording, Value, ordinary
+from parity.origin._recording import Recording, Value
 
 __all__ = ["Alignment", "Origin", "align", "matching_tolerance"]
 

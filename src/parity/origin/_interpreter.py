@@ -26,9 +26,10 @@ import numpy as np
 
 from parity._errors import ParityError
 from parity.origin._executables import Executables
+from parity.origin._fingerprints import Fingerprint, value_fingerprints
 from parity.origin._flushing import Flushing
 from parity.origin._primitives import CALLS, MOVES, WHOLE
-from parity.origin._recording import Fingerprint, Recording, Value, value_fingerprints
+from parity.origin._recording import Recording, Value
 
 __all__ = ["MOVES", "Interpreter", "LocaliseError", "plain_dtype", "user_frame_of"]
 

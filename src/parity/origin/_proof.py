@@ -31,7 +31,8 @@ from parity.judge._registry import RULES
 from parity.judge._renames import Rename
 from parity.judge._stacking import StackRule, row_of, rows_held
 from parity.origin._align import Alignment, align
-from parity.origin._recording import Recording, Value, value_fingerprints
+from parity.origin._fingerprints import value_fingerprints
+from parity.origin._recording import Recording, Value
 
 __all__ = [
     "Proof",

@@ -26,10 +26,11 @@ import numpy as np
 
 from parity.judge._ulp import is_float_dtype
 from parity.origin._align import Alignment, Origin, align
+from parity.origin._fingerprints import fingerprint, row_digests
 from parity.origin._interpreter import Interpreter, plain_dtype, to_host
 from parity.origin._primitives import PLACING, Machine, model
 from parity.origin._proof import upstream
-from parity.origin._recording import Recording, fingerprint, row_digests
+from parity.origin._recording import Recording
 from parity.origin._rounding import Fresh, allowed, grounded, within
 from parity.origin._rounding_proof import ROUNDS, RoundingProof, coarsest, equal, place, recast
 

@@ -19,7 +19,7 @@ from hypothesis import given, settings, strategies as st
 
 from parity.judge import _mldtypes as mldtypes
 from parity.judge._ulp import is_float_dtype, to_float64
-from parity.origin._recording import (
+from parity.origin._fingerprints import (
     BLOCKS,
     STATS,
     Fingerprint,
