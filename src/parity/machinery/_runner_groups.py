@@ -117,6 +117,7 @@ def _recorded_order(
 
     from parity.origin import LocaliseError
     from parity.origin._flushing import FLUSH_ABOVE
+    from parity.origin._progress import Progress
     from parity.origin._record import RecordingError, record_programs
 
     reason, recording, order = None, None, None
@@ -131,6 +132,7 @@ def _recorded_order(
             max_bytes=ORIGIN_MAX_BYTES,
             flush_above=FLUSH_ABOVE,
             shadow=shadow,
+            progress=None if out is None else Progress(lambda line: log(f"{name}: {line}")),
         )
     except RecordingError as e:  # an operation that cannot run on its own: say so, do not fail
         reason = _kept(name, e)

@@ -29,6 +29,7 @@ from parity.origin._executables import Executables
 from parity.origin._fingerprints import Fingerprint, value_fingerprints
 from parity.origin._flushing import Flushing
 from parity.origin._primitives import CALLS, MOVES, WHOLE
+from parity.origin._progress import Progress
 from parity.origin._recording import Recording, Value
 
 __all__ = ["MOVES", "Interpreter", "LocaliseError", "plain_dtype", "user_frame_of"]
@@ -86,8 +87,12 @@ class Interpreter:
         flush_above: int | None = None,
         shadow: Any = None,
         executables: Executables | None = None,
+        progress: Progress | None = None,
     ) -> None:
         self.max_bytes = max_bytes
+        #: Told of each value, program and scan step, to say how a long recording goes
+        #: (`parity.origin._progress`); None: nothing said.
+        self.progress = progress
         #: A shadow replay (`parity.origin._shadow.Shadow`) told of every value as it is
         #: made (`ground`, `op`, `row`, `stack`); None: none.
         self.shadow = shadow
@@ -177,6 +182,8 @@ class Interpreter:
         )
         if self.shadow is not None and self.evaluate and kind in ("input", "const"):
             self.shadow.ground(i, x)
+        if self.progress is not None:
+            self.progress.value(len(self.values), f"{file}:{line} in {function}" if file else "")
         if source is not None:
             self.source[i] = self.source.get(source, source)
             self.depth.append(self.depth[source])
@@ -308,7 +315,9 @@ class Interpreter:
         steps = range(length - 1, -1, -1) if p["reverse"] else range(length)
         ys: dict[int, list[Ref]] = {}
         row = self.executables.row  # a row of a plain value made on the host, where moves are
-        for k in steps:
+        for n, k in enumerate(steps):
+            if self.progress is not None:
+                self.progress.step(k, length, first=n == 0)
             rows = [
                 self.add(row(x, k), "scan", "move", [i], where, self.row_of(i, k)) for x, i in xs
             ]
@@ -318,6 +327,8 @@ class Interpreter:
             outs = self.closed(p["jaxpr"], [*consts, *carry, *rows], where)
             carry = outs[:n_carry]
             ys[k] = outs[n_carry:]
+        if self.progress is not None and length:
+            self.progress.left()
         stacked = []
         for j, var in enumerate(eqn.outvars[n_carry:]):
             if length == 0:

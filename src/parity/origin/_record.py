@@ -37,6 +37,7 @@ from parity.origin._interpreter import (
     to_host,
     user_frame_of,
 )
+from parity.origin._progress import Progress
 from parity.origin._recording import Recording
 
 if TYPE_CHECKING:
@@ -288,6 +289,7 @@ def record_programs(
     max_bytes: int | None = None,
     flush_above: int | None = None,
     shadow: Any = None,
+    progress: Progress | None = None,
 ) -> tuple[Recording | None, list[str] | None]:
     """Run the programs a producer dispatched (`parity.origin._programs.capture`) op by op,
     in the order it ran them, in one value space: an argument one of them made is that
@@ -308,6 +310,8 @@ def record_programs(
       bytes, to bound the memory of a process that records
       (`parity.origin._flushing.FLUSH_ABOVE`); None: never.
     - `shadow`: as `record`.
+    - `progress`: told of each value, program and scan step, to say how a long recording
+      goes (`parity.origin._progress`); None: nothing said.
 
     **Returns:** `(recording, order)`: the `Recording` (None where not `evaluate`), and the
     keys in dataflow order: by the depth of the value each key reads (the longest chain of
@@ -330,11 +334,14 @@ def record_programs(
         keep_arrays=keep_arrays,
         flush_above=flush_above,
         shadow=shadow,
+        progress=progress,
     )
     results: list[list[Ref]] = []
     inputs: dict[int, Ref] = {}
     with quiet(), _naming_the_operation():
-        for program in capture.programs:
+        for k, program in enumerate(capture.programs, 1):
+            if progress is not None:
+                progress.program(k, len(capture.programs))
             args: list[Ref] = []
             for a in program.args:
                 if isinstance(a, Link):
