@@ -1,19 +1,19 @@
 """Align a new program's values to an old program's by value, and name the origin.
 
-A new value *matches* when the old program computed a value of the same shape and dtype
-(or a row of a stacked one: `old[i]` along the leading axis) within `rho * max|old|`
+A new value *matches* when the old program computed a value of the same shape and dtype (or
+a row of a stacked one: `old[i]` along the leading axis) within `rho * max|old|`
 elementwise, with NaN, infinities and fill values (`finfo.min` as a mask's minus infinity:
-`parity.origin._recording.ordinary`) equal and in the same places; integers and bools must be equal.
-A new value with two or more axes also matches when each of its rows matches some old value
-or row (a stacked computation against one computation per row). A data movement
-(`parity.origin._record.MOVES`: a reshape, slice, cast, a scan's rows) of matched values is
-matched whatever its own numbers, but for one that arranges its operands into something
-new (the registry's `ARRANGING`, `_primitives.py`: a concatenation, pad, gather, reversal),
-which must match by value.
-`rho`, the *matching tolerance*, comes from the class of the output key being explained
-(`matching_tolerance`; docs/design.md, "Where it diverged").
+`parity.origin._fingerprints.ordinary`) equal and in the same places; integers and bools
+must be equal. A new value with two or more axes also matches when each of its rows matches
+some old value or row (a stacked computation against one computation per row). A data
+movement (`parity.origin._record.MOVES`: a reshape, slice, cast, a scan's rows) of matched
+values is matched whatever its own numbers, but for one that arranges its operands into
+something new (the registry's `ARRANGING`, `_primitives.py`: a concatenation, pad, gather,
+reversal), which must match by value. `rho`, the *matching tolerance*, comes from the class
+of the output key being explained (`matching_tolerance`; docs/design.md, "Where it
+diverged").
 
-Candidates are found by fingerprint (`parity.origin._recording`): the old values and rows
+Candidates are found by fingerprint (`parity.origin._fingerprints`): the old values and rows
 are indexed by shape and dtype; equal bytes are found by digest, and otherwise only old
 values whose largest magnitude and block statistics lie within the tolerance are compared
 element by element (where the old recording kept its arrays; a summary is matched on the

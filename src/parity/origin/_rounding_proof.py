@@ -12,14 +12,13 @@ from __future__ import annotations
 
 import contextlib
 import math
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
 import numpy as np
 
 from parity.judge._ulp import is_float_dtype
-from parity.origin._change import counterparts
 from parity.origin._recording import Recording
 from parity.origin._rounding import unit_roundoff
 
@@ -74,13 +73,12 @@ class RoundingProof:
         return how + (f"; the closest: {self.largest}" if self.largest else "")
 
 
-def recast(new: Recording, old: Recording, fresh: Sequence[int]) -> tuple[int, str] | None:
+def recast(
+    new: Recording, old: Recording, fresh: Sequence[int], pairs: Mapping[int, int]
+) -> tuple[int, str] | None:
     """The first of `fresh` (new values on a key's way that are none of the base's) whose
-    counterpart (`parity.origin._change.counterparts`) computed in another dtype, and what
-    changed, in words; None where there is none."""
-    if not fresh:
-        return None
-    pairs = counterparts(new, old)
+    counterpart (`pairs`, `parity.origin._change.counterparts` of the two recordings)
+    computed in another dtype, and what changed, in words; None where there is none."""
     for i in fresh:
         c = pairs.get(i)
         if c is not None and new.values[i].dtype != old.values[c].dtype:

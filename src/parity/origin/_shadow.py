@@ -26,6 +26,7 @@ import numpy as np
 
 from parity.judge._ulp import is_float_dtype
 from parity.origin._align import Alignment, Origin, align
+from parity.origin._change import counterparts
 from parity.origin._fingerprints import fingerprint, row_digests
 from parity.origin._interpreter import Interpreter, plain_dtype, to_host
 from parity.origin._primitives import PLACING, Machine, model
@@ -90,6 +91,9 @@ class Shadow:
         self.shades: dict[int, Shade] = {}
         self.interpreter: Interpreter | None = None
         self._exact: Alignment | None = None
+        #: The counterparts of the new recording's values (`_change.counterparts`), made once
+        #: for every key `proofs` proves of it.
+        self._pairs: tuple[Recording, dict[int, int]] | None = None
         self._digests: dict[tuple[Any, ...], int] = {}
         self._buckets: dict[tuple[Any, ...], list[int]] = {}
         for v, fp in zip(old.values, old.fingerprints, strict=True):
@@ -324,9 +328,10 @@ class Shadow:
             margin, i = max(rounded)
             bound = self.shades[i].bound
             largest = f"{place(new, i, root)}, {margin:.2g} of its bound {bound:.3g}"
-        changed = recast(
-            new, self.old, [i for i, x in zip(cone, shades, strict=True) if x.status == "fresh"]
-        )
+        fresh = [i for i, x in zip(cone, shades, strict=True) if x.status == "fresh"]
+        if fresh and (self._pairs is None or self._pairs[0] is not new):
+            self._pairs = (new, counterparts(new, self.old))
+        changed = recast(new, self.old, fresh, self._pairs[1]) if fresh and self._pairs else None
         if changed is not None:
             i, why = changed
             reason = f"{place(new, i, root)}, computed on the base's values, {why}"
