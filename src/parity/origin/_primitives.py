@@ -151,7 +151,7 @@ def _np_broadcast(x: np.ndarray, p: Mapping[str, Any]) -> np.ndarray:
     return np.broadcast_to(x.reshape(expanded), shape)
 
 
-_HIGHEST = frozenset({"highest", "float32", "precision.highest", "tensorfloat32"})
+_HIGHEST = frozenset({"highest", "float32", "precision.highest"})
 
 
 def _precision(params: Mapping[str, Any], machine: Machine) -> str | None:
