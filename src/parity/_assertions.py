@@ -30,8 +30,8 @@ from parity.judge._renames import parse_renames
 from parity.judge._stacking import parse_stack
 from parity.judge._tolerance import ClassMap
 from parity.judge._trees import non_array_differences
-from parity.origin._api import settle_live
 from parity.origin._localisation import Localisation
+from parity.origin._settling import LiveSides, Rules, settle_by
 from parity.report import format_table
 
 __all__ = ["AssertOptions", "NotEquivalent", "assert_equivalent"]
@@ -55,31 +55,20 @@ class AssertOptions(TypedDict, total=False):
 @dataclass(frozen=True)
 class _Programs:
     """The two functions whose outputs a failing `assert_equivalent` compared, and what they
-    were called with: the check's `Settler` (`parity.check.Settler`), recording both op by
-    op once (`parity.origin.settle_live`)."""
+    were called with: the check's `Settler` (`parity.check.Settler`), through the one door
+    every face settles by (`parity.origin.settle_by`), its sides the two live functions
+    recorded op by op once (`parity.origin.LiveSides`)."""
 
-    new_fn: Callable[..., Any]
-    old_fn: Callable[..., Any]
-    args: tuple[Any, ...]
-    kwargs: Mapping[str, Any]
-    registry: Mapping[str, ToleranceClass]
-    said: Mapping[str, Any]  # the stack and rename rules (`stack=`, `rename=`)
+    sides: LiveSides
+    rules: Rules
 
     def settle(self, results: Sequence[CheckResult]) -> list[CheckResult]:
+        failing = {str(i): r.comparison for i, r in enumerate(results) if not r.passed}
+        done = settle_by(failing, self.sides, rules=self.rules)
         out = []
-        for r in results:
-            if not r.passed:
-                comparison, found = settle_live(
-                    r.comparison,
-                    self.new_fn,
-                    self.old_fn,
-                    self.args,
-                    self.kwargs,
-                    registry=self.registry,
-                    stack=parse_stack(self.said.get("stack")),
-                    rename=parse_renames(self.said.get("rename")),
-                )
-                r = dataclasses.replace(r, comparison=comparison, origin=found)
+        for i, r in enumerate(results):
+            if (settled := done.get(str(i))) is not None:
+                r = dataclasses.replace(r, comparison=settled.comparison, origin=settled.origin)
             out.append(r)
         return out
 
@@ -172,7 +161,8 @@ def assert_equivalent(actual: Any, expected: Any, **options: Unpack[AssertOption
         # Both programs recorded op by op, once: a key of a class that proves (`op_by_op`)
         # is proved or told why not, and the first key still failing gets its origin. The
         # trees are compared again only where the order changed.
-        programs = _Programs(new_fn, old_fn, args, kwargs, registry, said)
+        rules = Rules(registry, parse_stack(said.get("stack")), parse_renames(said.get("rename")))
+        programs = _Programs(LiveSides(new_fn, old_fn, tuple(args), dict(kwargs)), rules)
         if order is options.get("order"):
             result = programs.settle([result])[0]
         else:

@@ -316,6 +316,18 @@ def test_the_stacking_refactor_passes_its_per_layer_goldens_and_a_layer_bug_is_n
     assert "missing" not in plugged.stdout and "unexpected" not in plugged.stdout
     origin = next(ln for ln in plugged.stdout.splitlines() if "origin:" in ln)
     assert f"at src/model.py:{shas['line']} in " in origin, origin
+    if shas["key"] == PROJECTS["equinox"][4]:  # one project: bisect's four producer runs
+        # Bisect's answer is settled through the door the check settles by (issue 72): its
+        # origin between the bug and its parent, both stacked, follows the producers' STACK
+        # to the row holding the per-layer key (it said the recorded programs "do not both
+        # output" the key, before).
+        pin = git(repo, "rev-parse", f"{shas['stacked']}~1")
+        report = repo.parent / "bisect-stacked.json"
+        found = run_parity(repo, "bisect", pin, shas["bug"], "--json", str(report))
+        assert found.returncode == 0, found.stdout + found.stderr
+        doc = json.loads(report.read_text())
+        assert doc["first_bad_commit"] == shas["bug"], doc["steps"]
+        assert f"at src/model.py:{shas['line']} in " in doc["origin_line"], doc["origin_line"]
     # Without the rule, the failure says which rule compares them.
     producers = repo / "producers.py"
     try:

@@ -34,14 +34,12 @@ from parity.origin._proof import (
     provable_up_to_rounding,
     prove,
     settle,
-    unproved,
     upstream,
 )
-from parity.origin._record import LocaliseError, RecordingError, record
+from parity.origin._record import LocaliseError, record
 from parity.origin._recording import Recording
 from parity.origin._replayed import Replay
 from parity.origin._rounding_proof import RoundingProof
-from parity.origin._shadow import Shadow
 
 __all__ = [
     "PROFILE_BINS",
@@ -49,7 +47,6 @@ __all__ = [
     "localise",
     "locate",
     "prove_and_locate",
-    "settle_live",
 ]
 
 
@@ -362,45 +359,3 @@ def localise(
     new = record(new_fn, *args, executables=shared, **kwargs)
     old = record(old_fn, *args, executables=shared, **kwargs)
     return locate(new, old, class_map=class_map, registry=registry, key=key, root=root)
-
-
-def settle_live(
-    comparison: Comparison,
-    new_fn: Callable[..., Any],
-    old_fn: Callable[..., Any],
-    args: tuple[Any, ...],
-    kwargs: Mapping[str, Any],
-    *,
-    registry: Mapping[str, ToleranceClass] = REGISTRY,
-    stack: Sequence[StackRule] = (),
-    rename: Sequence[Rename] = (),
-) -> tuple[Comparison, Localisation]:
-    """A failing comparison of `new_fn`'s outputs with `old_fn`'s, settled by recording both
-    (`prove_and_locate`): its provable failures proved or not, and the origin of the first
-    key still failing, or why there is none. Never raises for a function it cannot record:
-    the failures stay unproved and the `Localisation` says why (the line explains a
-    failure; it must not replace it; where an operation raised, the reason names it and
-    the `Localisation` keeps its traceback). Where a key of a class that proves up to rounding
-    fails, `new_fn` is recorded with its replay on `old_fn`'s values (`Shadow`)."""
-    rounds = any(provable_up_to_rounding(f) for f in comparison.findings)
-    try:
-        shared = Executables()  # an operation both sides run is compiled once
-        old = record(old_fn, *args, executables=shared, **kwargs)
-        shadow = Shadow(old) if rounds else None
-        new = record(new_fn, *args, shadow=shadow, executables=shared, **kwargs)
-    except RecordingError as e:  # which operation raised, where, and its traceback
-        reason, trace = e.reason, e.traceback
-    except LocaliseError as e:
-        reason, trace = e.reason, ""
-    except Exception as e:  # raised around the operations: still its traceback
-        failure = RecordingError.of(e)
-        reason, trace = failure.reason, failure.traceback
-    else:
-        done = prove_and_locate(
-            comparison, new, old, registry=registry, stack=stack, rename=rename, shadow=shadow
-        )
-        return done.comparison, done.origin or Localisation("no_failure")
-    first = comparison.first_failure
-    key = "" if first is None else first.key
-    not_named = Localisation("not_named", key=key, reason=reason, traceback=trace)
-    return settle(comparison, unproved(comparison, reason)), not_named

@@ -56,7 +56,7 @@ class Localisation:
       bit for bit, so the class `op_by_op` passes it; for `named` at the key's own value,
       why (it equals a value of `against`'s, not `against`'s same key).
     - `traceback`: for `not_named` because recording raised in this process
-      (`parity.origin.settle_live`), the original traceback as text
+      (`parity.origin.LiveSides`), the original traceback as text
       (`parity.origin._record.RecordingError`), "" otherwise; `reason` names the operation.
 
     **Example:**

@@ -4,6 +4,7 @@ multi-process session, the golden folder."""
 
 from __future__ import annotations
 
+import contextlib
 import os
 from collections.abc import Sequence
 from pathlib import Path
@@ -204,7 +205,7 @@ def pytest_configure(config: pytest.Config) -> None:
     from parity.check import GoldenDir
 
     config.stash[GOLDENS] = GoldenDir(project.goldens)
-    config.stash[BASELINE] = _baseline_builder(project)
+    config.stash[BASELINE] = _baseline_builder(config, project)
     _read_the_table(config, project, place)
 
 
@@ -253,11 +254,15 @@ def pytest_configure_node(node: Any) -> None:
         node.workerinput[_TABLE_INPUT] = table.to_json_dict()
 
 
-def _baseline_builder(project: ParityConfig) -> BaselineBuilder | None:
+def _baseline_builder(config: pytest.Config, project: ParityConfig) -> BaselineBuilder | None:
     """What re-produces the baselines of golden checks (`parity.run._baseline`), from the
     session's settings: off where `--parity-baseline off` (or `baseline = "off"`) says so,
     and where no producers file is configured (nothing could re-produce a group; a usage
-    error where `require` asks for the baseline)."""
+    error where `require` asks for the baseline). Where a failure would be settled by its
+    programs (the origin not off, one process), it records the base in the run that
+    re-produces it, with every value's numbers where a class the session reads proves up to
+    rounding, as `parity check` does: a failure against it then costs no second run at the
+    base."""
     if project.baseline == "require" and project.producers is None:
         raise pytest.UsageError(
             f'--parity-baseline require (or baseline = "require") needs the producers that '
@@ -267,13 +272,22 @@ def _baseline_builder(project: ParityConfig) -> BaselineBuilder | None:
     if project.baseline == "off" or project.producers is None:
         return None
     from parity.run._baseline import BaselineBuilder
+    from parity.run._recordings import ARRAYS, Record
+    from parity.run._tree import rounds
 
     def progress(line: str) -> None:
         import sys
 
         print(f"parity: {line}", file=sys.stderr, flush=True)
 
-    return BaselineBuilder(project, progress=progress)
+    from parity._results import CheckError
+
+    record: Record = config.getoption("--parity-origin") != "off" and project.processes == 1
+    asked = [c for _, c in config.stash[OVERRIDES]]
+    with contextlib.suppress(CheckError):  # an unusable golden file: its own check says so
+        if record and rounds(config.stash[GOLDENS], asked):
+            record = ARRAYS
+    return BaselineBuilder(project, progress=progress, record=record)
 
 
 def pytest_deselected(items: Sequence[pytest.Item]) -> None:

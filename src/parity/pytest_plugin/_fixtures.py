@@ -12,7 +12,7 @@ from typing import TYPE_CHECKING, Any, TypedDict, Unpack
 import pytest
 
 from parity.machinery._worker import worker_place
-from parity.origin._proof import Proof, provable, settle, unproved
+from parity.origin._proof import Proof, provable, settle
 from parity.pytest_plugin._stash import (
     BASELINE,
     CONFIG,
@@ -273,8 +273,6 @@ def _settled(
     per group per session (again only for a key no earlier check of it proved). A test
     hands over arrays, not the programs that made them, so the producers run again to
     record them."""
-    from parity.origin import Localisation
-
     group = result.group or ""
     found = config.stash[ORIGINS]
     keys = {f.key for f in result.comparison.findings if provable(f)}
@@ -293,11 +291,8 @@ def _settled(
             "no producers file is configured ([tool.parity] producers), so the programs that "
             "made the group cannot be recorded"
         )
-    if why is not None:
-        found[group] = (unproved(result.comparison, why), Localisation("not_named", reason=why))
-    else:
-        settled = _recorded(config, result, provenance, origin, table)
-        found[group] = (settled.proofs, settled.result.origin)
+    settled = _recorded(config, result, provenance, origin, table, why)
+    found[group] = (settled.proofs, settled.result.origin)
     return found[group]
 
 
@@ -307,7 +302,11 @@ def _recorded(
     provenance: Provenance | None,
     origin: bool,
     table: ProducersTable,
+    refused: str | None,
 ) -> Settled:
+    """`result` settled through the one door, as `parity check` settles it
+    (`parity.run._origins.settle_failures`), or, where the session cannot record it
+    (`refused`), told so by the same door."""
     from parity.judge._dataflow import UNREAD
     from parity.machinery._processes import Layout
     from parity.machinery._runner_output import RunnerOutput
@@ -322,7 +321,7 @@ def _recorded(
     run = RunnerOutput(arrays={}, provenance=current, order=UNREAD, table=table)
     produced = Produced({group: run}, seconds=0.0, xla_flags="", layout=Layout(1, project.devices))
     goldens = config.stash[GOLDENS]
-    return settle_failures([result], produced, project, goldens, origin=origin)[0]
+    return settle_failures([result], produced, project, goldens, origin=origin, refused=refused)[0]
 
 
 def producers_table(config: pytest.Config) -> ProducersTable:

@@ -19,9 +19,11 @@ programs, `parity.run._origins.FailureSettler`, and is bad only where it is not)
   commit is reported and never counted as bad; the search continues around it.
 
 Where one first bad commit is found, its failing group is recorded op by op there and at
-its parent (`parity.run._origins.locate_between`), and the answer names the origin: the
-first operation of the bad commit's program that computes what its parent's never did, at
-its source line.
+its parent and settled through the door every face settles by
+(`parity.run._between.locate_between`, by the producers' `STACK` and `RENAME`, a key of
+class `up_to_rounding` replayed on the parent's values), and the answer names the origin:
+the first operation of the bad commit's program that computes what its parent's never did,
+at its source line.
 
 The user's checkout, index, branches and `git bisect` state are never touched: only
 `git worktree add/remove/prune` and read-only git commands run. Nothing here imports jax.
@@ -34,13 +36,14 @@ import subprocess
 import tempfile
 import time
 from collections.abc import Callable, Mapping, Sequence
-from dataclasses import asdict, dataclass, field, replace
+from dataclasses import dataclass, field, fields, replace
 from pathlib import Path
 from typing import Any, Literal
 
 from parity._errors import ParityError
 from parity._results import CheckError
 from parity.check import GoldenDir
+from parity.judge._compare import Comparison
 from parity.judge._floats import count
 from parity.machinery._config import ParityConfig
 from parity.machinery._launcher import ProducerRunError, UnknownGroupsError
@@ -53,8 +56,10 @@ from parity.machinery._worktree import (
     temporary_worktree,
 )
 from parity.origin._localisation import Localisation
+from parity.origin._settling import Rules
 from parity.report._summary import arrays_failing
-from parity.run._origins import FailureSettler, locate_between
+from parity.run._between import locate_between
+from parity.run._origins import FailureSettler, rules_of
 from parity.run._produced import Checkout, check_produced, producing
 from parity.run._repin import RepinError, RepinRun, repin
 from parity.store import GoldenStoreError, open_goldens, write_goldens
@@ -91,6 +96,18 @@ class Step:
     class_name: str | None = None
     seconds: float = 0.0
     verdicts: Mapping[str, tuple[str, str]] = field(default_factory=dict)
+    #: For a bad commit, its failing group's comparison and the producers' rules it was
+    #: judged by: what the origin against its parent settles (not in the JSON).
+    failing: Comparison | None = field(default=None, repr=False, compare=False)
+    rules: Rules | None = field(default=None, repr=False, compare=False)
+
+    def to_dict(self) -> dict[str, Any]:
+        """JSON-safe: the step's fields but `failing` and `rules`."""
+        return {
+            f.name: getattr(self, f.name) if f.name != "verdicts" else dict(self.verdicts)
+            for f in fields(self)
+            if f.name not in ("failing", "rules")
+        }
 
     def line(self, label: str = "") -> str:
         """The step as one line for a terminal, after `label` (`GOOD`, `BAD`, `step 2`)."""
@@ -153,7 +170,7 @@ class BisectResult:
             "skipped": [s.sha for s in self.skipped],
             "origin": None if self.origin is None else self.origin.json_origin(),
             "origin_line": self.origin_line,
-            "steps": [asdict(s) for s in self.steps],
+            "steps": [s.to_dict() for s in self.steps],
         }
 
 
@@ -228,7 +245,14 @@ def _evaluate(
         if f is not None:
             detail = f"{r.name}: {f.key!r} breaks {f.class_name} ({arrays_failing(r.comparison)})"
             return step(
-                "bad", detail, group=r.name, key=f.key, class_name=f.class_name, verdicts=verdicts
+                "bad",
+                detail,
+                group=r.name,
+                key=f.key,
+                class_name=f.class_name,
+                verdicts=verdicts,
+                failing=r.comparison,
+                rules=rules_of(produced.table),
             )
     n = sum(len(r.comparison.findings) for r in results)
     said = f"all {count(n, 'array')} of {count(len(results), 'group')} hold their class"
@@ -396,10 +420,16 @@ def bisect(
     if between:
         return result("ambiguous", first_bad=known[hi], candidates=(*between, commits[hi]))
     fb = known[hi]
-    if not origin or fb.group is None or fb.key is None or fb.class_name is None:
+    if not origin or fb.group is None or fb.failing is None:
         return result("found", first_bad=fb)
     parent = commits[hi - 1] if hi > 0 else good_sha
     found = locate_between(
-        config, root, (fb.group, fb.key, fb.class_name), fb.sha, parent, progress=progress
+        config,
+        root,
+        (fb.group, fb.failing),
+        fb.sha,
+        parent,
+        rules=fb.rules or Rules(),
+        progress=progress,
     )
     return result("found", first_bad=fb, origin=found)

@@ -11,15 +11,16 @@ check judges (`record_kept`, `parity.machinery._launcher.KeptRun`; where no run 
 recording run of its own, `record_groups`), and the golden's base commit is re-produced in
 this environment with its recording (`parity.run._baseline.BaselineBuilder`, `prepare(...,
 record=True)`: one run makes the base's arrays and its recording, one cache entry keeps
-both), so a failing check run again starts no run but its own.
-`prove` and `locate`'s rule then run here, on the two summaries (`settle_failures`; one
-alignment serves both). A key of a class that proves up to rounding (`up_to_rounding`) is
-settled by the shadow replay (docs/design.md, "Proved up to rounding"): the base is
-recorded first with every value's numbers (`prepare(..., record=ARRAYS)`, cached so), and
-the tree's recording replays each of its operations on them, in the same producer run
+both), so a failing check run again starts no run but its own. The proofs and the origin are
+then made through the one door every face settles by (`parity.origin.settle_by`; one
+alignment serves both): this module gives it its sides, the tree and the base
+(`ProducerSides`). A key of a class that proves up to rounding (`up_to_rounding`) is settled
+by the shadow replay (docs/design.md, "Proved up to rounding"): the base is recorded first
+with every value's numbers (`prepare(..., record=ARRAYS)`, cached so), and the tree's
+recording replays each of its operations on them, in the same producer run
 (`parity.run._recordings.Replaying`); the run hands back its answers, the proof and the
 origin of each such key (`parity.origin._replayed`). `parity bisect` names the origin
-between the first bad commit and its parent the same way.
+between the first bad commit and its parent the same way (`parity.run._between`).
 
 Where a group is not recorded, one line says why, and the verdict stands (an `op_by_op`
 key stays unproved, for that reason): its outputs are
@@ -33,22 +34,23 @@ Nothing here imports jax.
 from __future__ import annotations
 
 import dataclasses
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from pathlib import Path
 
 from parity._environment import layout_of
 from parity._results import BaselineUnavailable, CheckError, CheckResult
 from parity.check import GoldenDir
-from parity.judge._classes import REGISTRY, ToleranceClass
 from parity.judge._dataflow import DATAFLOW, UNREAD
 from parity.judge._renames import parse_renames
 from parity.judge._stacking import parse_stack
-from parity.judge._tolerance import UnknownClassError
 from parity.machinery._config import ParityConfig
 from parity.machinery._launcher import KeptRun
-from parity.machinery._worktree import GitError, repo_root, temporary_worktree
-from parity.origin import Localisation, LocaliseError, Recording, locate, prove_and_locate
-from parity.origin._proof import Proof, provable, provable_up_to_rounding, settle, unproved
+from parity.machinery._producers_table import ProducersTable
+from parity.machinery._worktree import GitError, repo_root
+from parity.origin import Recording
+from parity.origin._api import Settlement
+from parity.origin._proof import Proof, provable, provable_up_to_rounding
+from parity.origin._settling import NotRecorded, Pair, Rules, settle_by
 from parity.run._baseline import BaselineBuilder, base_commit
 from parity.run._produced import Checkout, Produced
 from parity.run._recordings import ARRAYS, Made, Replaying, record_groups, record_kept, recorded
@@ -57,10 +59,11 @@ from parity.store._staging import owned_tempdir
 
 __all__ = [
     "FailureSettler",
+    "ProducerSides",
     "Settled",
     "base_recordings",
-    "locate_between",
-    "locate_files",
+    "read_pair",
+    "rules_of",
     "settle_failures",
 ]
 
@@ -71,6 +74,11 @@ _BASE = "the base commit"
 Progress = Callable[[str], None]
 
 
+def rules_of(table: ProducersTable) -> Rules:
+    """What a check of the producers' table settles by: its `STACK` and `RENAME` rules."""
+    return Rules(stack=parse_stack(table.stack), rename=parse_renames(table.rename))
+
+
 def base_recordings(
     config: ParityConfig,
     wanted: Sequence[tuple[str, Provenance, Provenance]],
@@ -79,7 +87,7 @@ def base_recordings(
     arrays: bool = False,
     progress: Progress = lambda _: None,
     timeout: float | None = None,
-) -> dict[str, Path | str]:
+) -> dict[str, Path | NotRecorded]:
     """Each group's programs recorded at its golden's base commit in the environment its
     check ran in: the base re-produced here (`parity.run._baseline.BaselineBuilder`) with its
     recording, from the cache, else in one producer run per base commit and environment
@@ -89,46 +97,143 @@ def base_recordings(
     `builder`, the check's (default one on `config`'s cache); `arrays`, every value's
     numbers kept too (a shadow replay runs on them).
 
-    **Returns:** group -> the recording's file in the cache, or one line saying why not.
+    **Returns:** group -> the recording's file in the cache, or why not.
     """
     builder = builder or BaselineBuilder(config, progress=progress, timeout=timeout)
-    out: dict[str, Path | str] = {}
+    out: dict[str, Path | NotRecorded] = {}
     for group, got in builder.prepare(wanted, record=ARRAYS if arrays else True).items():
         if isinstance(got, BaselineUnavailable):
-            out[group] = f"the base cannot be re-produced here: {got.reason}"
+            out[group] = NotRecorded(f"the base cannot be re-produced here: {got.reason}")
             continue
         made = recorded(got.path)
         sha = got.sha[:12]
-        out[group] = made if isinstance(made, Path) else f"at the base {sha}: {made}"
+        if isinstance(made, NotRecorded):
+            made = NotRecorded(f"at the base {sha}: {made.reason}", made.traceback)
+        out[group] = made if made is not None else NotRecorded(f"at the base {sha}: nothing")
     return out
 
 
-def locate_files(
-    new_file: Path,
-    old_file: Path,
-    key: str,
-    class_name: str,
-    *,
-    root: Path | None,
-    registry: Mapping[str, ToleranceClass] = REGISTRY,
-    old_name: str = "the base",
-) -> Localisation:
-    """The origin of `key` in the new recording against the old one: `parity.origin.locate`
-    of the two files, the matching tolerance from `class_name`, paths relative to `root`.
-    Raises `LocaliseError` where the key is absent or its class gives no matching
-    tolerance."""
-    new, old = Recording.read(new_file), Recording.read(old_file)
-    if key not in old.output_arrays or key not in new.outputs:
-        raise LocaliseError(f"the recorded programs do not both output {key!r}")
-    return locate(
-        new, old, class_map=class_name, key=key, root=root, registry=registry, against=old_name
-    )
+def read_pair(new: Made, old: Path | NotRecorded) -> Pair:
+    """A group's two recordings read from their files (why not, for a side that has none
+    or cannot be read), with the tree's replay answers."""
+    sides: list[Recording | NotRecorded] = []
+    for side in (new.recording, old):
+        if isinstance(side, Path):
+            try:
+                side = Recording.read(side)
+            except (OSError, ValueError, KeyError) as e:
+                side = NotRecorded(f"the recordings cannot be read: {e}")
+        sides.append(side)
+    return Pair(sides[0], sides[1], new.replayed)
+
+
+@dataclasses.dataclass
+class ProducerSides:
+    """The sides of a golden check (`parity check`, a `parity bisect` step, the pytest
+    plugin; `parity.origin.Sides`): each failing group's programs recorded on the checked
+    code (in `kept`, the producer run that made its arrays, kept alive; else a recording run
+    of its own on `checkout`) and at its golden's base commit, re-produced here
+    (`BaselineBuilder`, cached).
+
+    **Fields:** `results` (the failing checks, by name), `produced`, `goldens`, `builder`,
+    `checkout`, `kept`, `origin` (whether the origin is asked, for the progress line),
+    `progress`, `timeout` (of each recording run), `refused` (why no group can be recorded
+    where the caller knows it before asking: the pytest plugin in a session of several
+    processes, or with no producers file).
+    """
+
+    results: Mapping[str, CheckResult]
+    produced: Produced
+    goldens: GoldenDir
+    builder: BaselineBuilder
+    checkout: Checkout
+    kept: KeptRun | None = None
+    origin: bool = True
+    progress: Progress = lambda _: None
+    timeout: float | None = None
+    refused: str | None = None
+    against: str = _BASE
+
+    @property
+    def root(self) -> Path:
+        """The git repository holding the project (else the project's root)."""
+        try:
+            return repo_root(self.builder.config.root)
+        except GitError:
+            return self.builder.config.root
+
+    def refuse(self, names: Sequence[str]) -> dict[str, NotRecorded]:
+        """The groups whose programs cannot be recorded (`_why_not`) and those whose base
+        is out of reach (`_bases_out_of_reach`), asked before any run."""
+        if self.refused is not None:
+            return dict.fromkeys(names, NotRecorded(self.refused))
+        out: dict[str, NotRecorded] = {}
+        for name in names:
+            why = _why_not(self.results[name], self.produced)
+            if why is not None:
+                out[name] = NotRecorded(why)
+        rest = [self.results[n] for n in names if n not in out]
+        missing = _bases_out_of_reach(self.builder, self.goldens, rest, self.produced)
+        return out | {name: NotRecorded(why) for name, why in missing.items()}
+
+    def record(self, wanted: Mapping[str, Sequence[str]]) -> Iterator[tuple[str, Pair]]:
+        """The groups of `wanted` recorded on the tree (one producer run) and at their
+        bases (through `builder`). A group with keys to prove up to rounding has its base
+        recorded first, with every value's numbers, and the tree's recording replays its
+        programs on them (`parity.run._recordings.Replaying`)."""
+        todo = [self.results[name] for name in wanted]
+        config, produced = self.builder.config, self.produced
+        one = " (in one process)" if produced.layout.processes > 1 else ""
+        self.progress(
+            f"recording {', '.join(wanted)} op by op{one} {_why_recorded(todo, self.origin)}"
+        )
+        triples: dict[str, tuple[str, Provenance, Provenance]] = {}
+        new: dict[str, Made] = {}
+        for r in todo:
+            current = _one_process(_run_provenance(produced, r.name))
+            try:
+                triples[r.name] = (r.name, self.goldens.open(r.name).provenance, current)
+            except CheckError as e:
+                new[r.name] = Made(NotRecorded(str(e)))
+        rounds = {g: list(keys) for g, keys in wanted.items() if keys and g in triples}
+        old = base_recordings(
+            config, [triples[g] for g in rounds], builder=self.builder, arrays=True
+        )
+        root = self.root
+        replay = {g: Replaying(b, rounds[g], root) for g, b in old.items() if isinstance(b, Path)}
+        with owned_tempdir(_PREFIX) as tmp:
+            groups = [r.group or "" for r in todo if r.name not in new]
+            if self.kept is not None:  # in the run that made the arrays
+                new |= record_kept(
+                    self.kept, groups, Path(tmp), code=self.checkout.name, replay=replay
+                )
+            else:
+                new |= record_groups(
+                    self.checkout,
+                    config,
+                    groups,
+                    Path(tmp),
+                    replay=replay,
+                    progress=self.progress,
+                    timeout=self.timeout,
+                )
+            ready = [
+                w for g, w in triples.items() if isinstance(new[g].recording, Path) and g not in old
+            ]
+            old |= base_recordings(config, ready, builder=self.builder)
+            for name in wanted:
+                mine = new.get(name) or Made(NotRecorded("nothing was recorded"))
+                base = old.get(name) or NotRecorded("nothing was recorded at the base")
+                if isinstance(mine.recording, NotRecorded):  # the base is not read
+                    yield name, Pair(mine.recording, mine.recording)
+                else:
+                    yield name, read_pair(mine, base)
 
 
 def _why_not(r: CheckResult, produced: Produced) -> str | None:
     """Why the failing check `r` gets no recording, or None: asked before any run."""
-    group, first = r.group or "", r.comparison.first_failure
-    if first is None:
+    group = r.group or ""
+    if r.comparison.first_failure is None:
         return "no key breaks its class"
     if group in produced.recorders:  # its programs could not be seen: no recording either
         return produced.recorders[group]
@@ -151,42 +256,6 @@ class Settled:
     proofs: Mapping[str, Proof]
 
 
-def _unsettled(r: CheckResult, why: str, origin: bool) -> Settled:
-    """`r` where its programs cannot be recorded: its provable keys unproved for `why`, its
-    origin not named for it."""
-    proofs = unproved(r.comparison, why)
-    comparison = settle(r.comparison, proofs)
-    named = _not_named(why) if origin and not comparison.passed else None
-    return Settled(dataclasses.replace(r, comparison=comparison, origin=named), proofs)
-
-
-def _recorded(
-    r: CheckResult, new: Made, old: Path, root: Path, origin: bool, produced: Produced
-) -> Settled:
-    """`r` settled by the recordings of its programs on both sides (`prove_and_locate`; a
-    per-layer key as its row of a stacked output, a moved key under its new name, by the
-    producers' stack and rename rules; a key proved up to rounding by the replay's answers
-    where the tree was replayed on the base's values)."""
-    assert isinstance(new.recording, Path)
-    try:
-        new_rec, old_rec = Recording.read(new.recording), Recording.read(old)
-    except (OSError, ValueError, KeyError) as e:
-        return _unsettled(r, f"the recordings cannot be read: {e}", origin)
-    done = prove_and_locate(
-        r.comparison,
-        new_rec,
-        old_rec,
-        root=root,
-        against=_BASE,
-        origin=origin,
-        stack=parse_stack(produced.table.stack),
-        rename=parse_renames(produced.table.rename),
-        shadow=new.replayed,
-    )
-    result = dataclasses.replace(r, comparison=done.comparison, origin=done.origin)
-    return Settled(result, done.proofs)
-
-
 def settle_failures(
     results: Sequence[CheckResult],
     produced: Produced,
@@ -198,48 +267,45 @@ def settle_failures(
     timeout: float | None = None,
     checkout: Checkout | None = None,
     kept: KeptRun | None = None,
+    refused: str | None = None,
 ) -> list[Settled]:
-    """Each failing check of `results` settled op by op (module docstring): its programs
-    recorded on the checked code (`checkout`; None: the current tree) and at its golden's
-    base commit here, once, then each key
-    of a class that proves (`op_by_op`) whose bits differ proved or told why not
-    (`parity.origin._proof`), and, where `origin`, the origin of the first key still failing
-    looked for (`CheckResult.origin`). A check that passes, or that fails with nothing to
-    prove while `origin` is False, is left as it is. Paths in the origins are relative to the
-    git repository holding the project (else to the project's root).
+    """Each failing check of `results` settled through the one door
+    (`parity.origin.settle_by`), its sides the group's programs recorded on the checked code
+    (`checkout`; None: the current tree) and at its golden's base commit here, once
+    (`ProducerSides`), by the producers' `STACK` and `RENAME` (`Produced.table`): each key
+    of a class that proves whose bits differ proved or told why not, and, where `origin`,
+    the origin of the first key still failing looked for (`CheckResult.origin`). A check
+    that passes, or that fails with nothing to prove while `origin` is False, is left as it
+    is. Paths in the origins are relative to the git repository holding the project (else
+    to the project's root). With `refused`, nothing is recorded: each failure is settled as
+    one whose programs cannot be, for that reason.
 
     **Returns:** one `Settled` per result, in order.
     """
-    out: dict[str, Settled] = {}
-    todo: list[CheckResult] = []
-    for r in results:
-        if r.passed or r.group is None:
-            continue
-        if not origin and not any(provable(f) for f in r.comparison.findings):
-            continue
-        why = _why_not(r, produced)
-        if why is None:
-            todo.append(r)
-        else:
-            out[r.name] = _unsettled(r, why, origin)
-    builder = BaselineBuilder(config, progress=progress, timeout=timeout)
-    if todo:  # before any recording run: a base that is not here is said at once
-        missing = _bases_out_of_reach(builder, goldens, todo, produced)
-        out |= {r.name: _unsettled(r, missing[r.name], origin) for r in todo if r.name in missing}
-        todo = [r for r in todo if r.name not in missing]
-    if todo:
-        out |= _record_and_settle(
-            todo,
-            produced,
-            builder,
-            goldens,
-            origin=origin,
-            progress=progress,
-            timeout=timeout,
-            checkout=checkout or Checkout(root=config.root, name="the current tree"),
-            kept=kept,
-        )
-    return [out.get(r.name) or Settled(r, {}) for r in results]
+    failing = {r.name: r for r in results if not r.passed and r.group is not None}
+    sides = ProducerSides(
+        failing,
+        produced,
+        goldens,
+        BaselineBuilder(config, progress=progress, timeout=timeout),
+        checkout or Checkout(root=config.root, name="the current tree"),
+        kept=kept,
+        origin=origin,
+        progress=progress,
+        timeout=timeout,
+        refused=refused,
+    )
+    comparisons = {name: r.comparison for name, r in failing.items()}
+    done = settle_by(comparisons, sides, rules=rules_of(produced.table), origin=origin)
+    return [_result(r, done.get(r.name)) for r in results]
+
+
+def _result(r: CheckResult, done: Settlement | None) -> Settled:
+    """`r` with what settling it made, where it was settled."""
+    if done is None:
+        return Settled(r, {})
+    result = dataclasses.replace(r, comparison=done.comparison, origin=done.origin)
+    return Settled(result, done.proofs)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -280,72 +346,6 @@ class FailureSettler:
         return [s.result for s in settled]
 
 
-def _record_and_settle(
-    todo: Sequence[CheckResult],
-    produced: Produced,
-    builder: BaselineBuilder,
-    goldens: GoldenDir,
-    *,
-    origin: bool,
-    progress: Progress,
-    timeout: float | None,
-    checkout: Checkout,
-    kept: KeptRun | None,
-) -> dict[str, Settled]:
-    """`todo`'s groups recorded on `checkout` (one producer run) and at their bases
-    (through `builder`), each check settled by its two recordings. A group with keys to
-    prove up to rounding has its base recorded first, with every value's numbers, and the
-    tree's recording replays its programs on them (`parity.run._recordings.Replaying`)."""
-    config = builder.config
-    try:
-        root = repo_root(config.root)
-    except GitError:
-        root = config.root
-    one = " (in one process)" if produced.layout.processes > 1 else ""
-    progress(
-        f"recording {', '.join(r.name for r in todo)} op by op{one} {_why_recorded(todo, origin)}"
-    )
-    out: dict[str, Settled] = {}
-    wanted: dict[str, tuple[str, Provenance, Provenance]] = {}
-    new: dict[str, Made] = {}
-    for r in todo:
-        current = _one_process(_run_provenance(produced, r.name))
-        try:
-            wanted[r.name] = (r.name, goldens.open(r.name).provenance, current)
-        except CheckError as e:
-            new[r.name] = Made(str(e))
-    rounds = {r.name: [f.key for f in r.comparison.findings if provable_up_to_rounding(f)]
-              for r in todo if r.name in wanted}  # fmt: skip
-    rounds = {g: keys for g, keys in rounds.items() if keys}
-    old = base_recordings(config, [wanted[g] for g in rounds], builder=builder, arrays=True)
-    replay = {g: Replaying(b, rounds[g], root) for g, b in old.items() if isinstance(b, Path)}
-    with owned_tempdir(_PREFIX) as tmp:
-        groups = [r.group or "" for r in todo if r.name not in new]
-        if kept is not None:  # in the run that made the arrays
-            new |= record_kept(kept, groups, Path(tmp), code=checkout.name, replay=replay)
-        else:
-            new |= record_groups(
-                checkout,
-                builder.config,
-                groups,
-                Path(tmp),
-                replay=replay,
-                progress=progress,
-                timeout=timeout,
-            )
-        ready = [
-            w for g, w in wanted.items() if isinstance(new[g].recording, Path) and g not in old
-        ]
-        old |= base_recordings(config, ready, builder=builder)
-        for r in todo:
-            mine, base = new.get(r.name) or Made("nothing was recorded"), old.get(r.name)
-            if isinstance(mine.recording, Path) and isinstance(base, Path):
-                out[r.name] = _recorded(r, mine, base, root, origin, produced)
-            else:
-                out[r.name] = _unsettled(r, _unrecorded(mine.recording, base), origin)
-    return out
-
-
 def _why_recorded(todo: Sequence[CheckResult], origin: bool) -> str:
     """What the recording is for, in the progress line."""
     proving = any(
@@ -355,13 +355,6 @@ def _why_recorded(todo: Sequence[CheckResult], origin: bool) -> str:
     if proving:
         return f"to prove {keys} and name the origin" if origin else f"to prove {keys}"
     return "to name the origin"
-
-
-def _unrecorded(*sides: Path | str | None) -> str:
-    """Why one of two recordings is missing: the line of the first side that is not a file
-    (None where no run said why)."""
-    missing = next(s for s in sides if not isinstance(s, Path))
-    return missing or "nothing was recorded"
 
 
 def _bases_out_of_reach(
@@ -404,64 +397,3 @@ def _one_process(current: Provenance) -> Provenance:
     if processes == 1:
         return current
     return dataclasses.replace(current, processes=1, device_count=devices)
-
-
-def _not_named(reason: str) -> Localisation:
-    return Localisation("not_named", reason=reason)
-
-
-def _located(
-    step: tuple[str, str, str],
-    new: Path | str | None,
-    old: Path | str | None,
-    root: Path,
-    old_name: str,
-) -> Localisation:
-    """`locate_files` of `step`'s `(group, key, class)` between two recordings, or why not."""
-    _, key, class_name = step
-    if not isinstance(new, Path) or not isinstance(old, Path):
-        return _not_named(_unrecorded(new, old))
-    try:
-        return locate_files(new, old, key, class_name, root=root, old_name=old_name)
-    except (LocaliseError, UnknownClassError, ValueError) as e:
-        return _not_named(e.reason if isinstance(e, LocaliseError) else str(e))
-
-
-def locate_between(
-    config: ParityConfig,
-    repo: Path,
-    step: tuple[str, str, str],
-    new_sha: str,
-    old_sha: str,
-    *,
-    progress: Progress = lambda _: None,
-    timeout: float | None = None,
-) -> Localisation:
-    """The origin of a bisection's answer: `step`'s `(group, key, class)` recorded at the
-    first bad commit `new_sha` and at its parent `old_sha` (each in a temporary worktree of
-    `repo`, in this environment), as `locate_files` gives it; file paths relative to the
-    repository. Never raises for a program it cannot record: it says why."""
-    group = step[0]
-    files: dict[str, Path | str] = {}
-    with owned_tempdir(_PREFIX) as tmp:
-        try:
-            for side, sha in (("new", new_sha), ("old", old_sha)):
-                (tmp / side).mkdir()
-                progress(f"recording {group} at {sha[:12]} to name the origin")
-                with temporary_worktree(repo, sha) as wt:
-                    files[side] = record_groups(
-                        Checkout(root=wt, drop_paths=config.src, name=f"commit {sha[:12]}"),
-                        config,
-                        [group],
-                        tmp / side,
-                        progress=progress,
-                        timeout=timeout,
-                    )[group].recording
-                    files[f"{side}_root"] = wt.resolve()
-                if isinstance(files[side], str):
-                    return _not_named(str(files[side]))
-        except GitError as e:
-            return _not_named(f"cannot check out: {' '.join(str(e).split())}")
-        root = files["new_root"]
-        assert isinstance(root, Path)
-        return _located(step, files["new"], files["old"], root, f"the parent {old_sha[:12]}")

@@ -23,6 +23,7 @@ from parity.machinery._config import ParityConfig
 from parity.machinery._launcher import KeptRun, ProducerRun, ProducerRunError, run_producers
 from parity.origin._recording import FORMAT, format_of
 from parity.origin._replayed import REPLAYED, Replayed, read_replayed
+from parity.origin._settling import NotRecorded
 from parity.run._produced import Checkout
 
 __all__ = [
@@ -49,9 +50,9 @@ Record = bool | Literal["arrays"]
 RECORDING, NOT_RECORDED = ".origin.npz", ".origin.json"
 
 
-def recorded(path: Path, *, arrays: bool = False) -> Path | str | None:
-    """The recording beside the cached baseline at `path`: its file, the one line saying
-    why there is none, or None where it was not asked for (with `arrays`: also where it
+def recorded(path: Path, *, arrays: bool = False) -> Path | NotRecorded | None:
+    """The recording beside the cached baseline at `path`: its file, why there is none
+    (`parity.origin.NotRecorded`), or None where it was not asked for (with `arrays`: also where it
     keeps no value's numbers, which a shadow replay runs on)."""
     npz, why = path.with_suffix(RECORDING), path.with_suffix(NOT_RECORDED)
     if npz.is_file():
@@ -62,7 +63,7 @@ def recorded(path: Path, *, arrays: bool = False) -> Path | str | None:
         except (OSError, ValueError):  # unreadable: made again
             return None
     if why.is_file():
-        return str(json.loads(why.read_text())["reason"])
+        return NotRecorded(str(json.loads(why.read_text())["reason"]))
     return None
 
 
@@ -99,10 +100,10 @@ class Replaying:
 
 @dataclass(frozen=True)
 class Made:
-    """One group's recording on the tree: its file, or the line saying why there is none;
-    and its replay's answers where one was asked for and made."""
+    """One group's recording on the tree: its file, or why there is none; and its replay's
+    answers where one was asked for and made."""
 
-    recording: Path | str
+    recording: Path | NotRecorded
     replayed: Replayed | None = None
 
 
@@ -116,12 +117,14 @@ def record_groups(
     out: Path,
     *,
     replay: Mapping[str, Replaying] | None = None,
+    arrays: bool = False,
     progress: Progress = lambda _: None,
     timeout: float | None = None,
 ) -> dict[str, Made]:
     """Record `groups`' programs in the code `at` in one producer run (`--record-origin`),
     into `out`, in one process with the device count and ISA cap of `config`; a group
-    `replay` names with its shadow replay on that base's values.
+    `replay` names with its shadow replay on that base's values; with `arrays`, every
+    value's numbers kept too (what another recording's replay runs on).
 
     **Returns:** group -> what was made of it.
     """
@@ -143,10 +146,13 @@ def record_groups(
             timeout=timeout,
             code=code,
             replay=asked,
+            record_arrays=arrays,
         )
         run_producers(run, progress=progress)
     except ProducerRunError as e:
-        return dict.fromkeys(groups, Made(f"the producers cannot run at {code}: {e.reason}"))
+        return dict.fromkeys(
+            groups, Made(NotRecorded(f"the producers cannot run at {code}: {e.reason}"))
+        )
     return _found(out, groups, code)
 
 
@@ -166,7 +172,9 @@ def record_kept(
     try:
         kept.record(groups, out, replay={g: r.request() for g, r in (replay or {}).items()})
     except ProducerRunError as e:
-        return dict.fromkeys(groups, Made(f"the producers cannot record at {code}: {e.reason}"))
+        return dict.fromkeys(
+            groups, Made(NotRecorded(f"the producers cannot record at {code}: {e.reason}"))
+        )
     return _found(out, groups, code)
 
 
@@ -180,7 +188,7 @@ def _found(out: Path, groups: Sequence[str], code: str) -> dict[str, Made]:
         if path.is_file():
             found[g] = Made(path, replayed)
         elif why.is_file():
-            found[g] = Made(str(json.loads(why.read_text())["reason"]))
+            found[g] = Made(NotRecorded(str(json.loads(why.read_text())["reason"])))
         else:
-            found[g] = Made(f"the producers recorded nothing for it at {code}")
+            found[g] = Made(NotRecorded(f"the producers recorded nothing for it at {code}"))
     return found

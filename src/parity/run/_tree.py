@@ -14,7 +14,7 @@ its lines. Nothing here imports jax.
 from __future__ import annotations
 
 import contextlib
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -29,7 +29,14 @@ from parity.run._origins import FailureSettler
 from parity.run._produced import Produced, check_produced, producing
 from parity.run._recordings import ARRAYS, Record
 
-__all__ = ["CheckedTree", "TreeCheck", "check_tree", "order_pinned", "verify_goldens"]
+__all__ = [
+    "CheckedTree",
+    "TreeCheck",
+    "check_tree",
+    "order_pinned",
+    "rounds",
+    "verify_goldens",
+]
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -126,12 +133,14 @@ def order_pinned(goldens: GoldenDir, groups: Sequence[str]) -> bool:
     return bool(wanted)
 
 
-def _rounds(goldens: GoldenDir, request: TreeCheck) -> bool:
-    """Whether a key the check reads may be proved up to rounding: a class of the request's
-    or pinned in a golden file it reads has a rule that rounds (`Rule.rounds`); its base is
-    then recorded with every value's numbers, in the one run that re-produces it."""
-    names = {request.class_name or "", *(c for _, c in request.overrides)}
-    for group in request.groups or goldens.groups():
+def rounds(goldens: GoldenDir, classes: Iterable[str], groups: Sequence[str] = ()) -> bool:
+    """Whether a key a check reads may be proved up to rounding: one of the check's own
+    `classes` (its `--class`, its overrides') or one pinned in a golden file of `groups`
+    (default: every group) has a rule that rounds (`Rule.rounds`); its base is then recorded
+    with every value's numbers, in the one run that re-produces it (`parity check` and the
+    pytest plugin both ask)."""
+    names = set(classes)
+    for group in groups or goldens.groups():
         if goldens.path_of(group).is_file():
             gf = goldens.open(group)
             names |= {gf.info(k).class_name for k in gf}
@@ -182,7 +191,8 @@ def check_tree(request: TreeCheck, *, progress: Callable[[str], None]) -> Checke
             # Where a failure would be recorded (one process), the base is recorded in the
             # run that re-produces it: a failure against it then costs no run at the base.
             record: Record = request.origin and config.processes == 1
-            if record and _rounds(goldens, request):
+            asked = [request.class_name or "", *(c for _, c in request.overrides)]
+            if record and rounds(goldens, asked, request.groups):
                 record = ARRAYS
             baseline = BaselineBuilder(
                 config, progress=progress, timeout=request.timeout, record=record
