@@ -50,6 +50,7 @@ class AssertOptions(TypedDict, total=False):
     kwargs: Mapping[str, Any] | None
     stack: Sequence[str] | str | None
     rename: Sequence[str | Sequence[str]] | str | None
+    convert: Callable[[dict[str, Any]], Any] | None
 
 
 @dataclass(frozen=True)
@@ -100,6 +101,13 @@ def assert_equivalent(actual: Any, expected: Any, **options: Unpack[AssertOption
         (`blocks.1.w`, `parity.judge._stacking`); `"encoder=backbone"`, `actual`'s
         `backbone.<rest>` with `expected`'s `encoder.<rest>` (`parity.judge._renames`).
         Without them a failure says which missing keys new ones replace, and the rule.
+    - `convert`: any other layout, by your own converter of `expected`'s layout into
+        `actual`'s (the function that converts an old checkpoint: it takes `expected` as
+        nested dicts, its keys split at their dots, and returns the new layout): `actual`
+        is read in `expected`'s layout through it, so each key is judged as `expected`
+        names it, and a failure says where `actual` holds its element
+        (`parity.judge._converting`; a converter that computes rather than moves is a
+        `parity.CheckError`).
     - `new_fn`, `old_fn`, `args`, `kwargs`: the functions whose outputs `actual` and
         `expected` are, and what they were called with: on a failure both programs are
         recorded op by op, once; a key of class `op_by_op` whose bits differ then passes
@@ -130,7 +138,7 @@ def assert_equivalent(actual: Any, expected: Any, **options: Unpack[AssertOption
     order, registry = options.get("order"), options.get("registry", REGISTRY)
     new_fn, old_fn = options.get("new_fn"), options.get("old_fn")
     args, kwargs = options.get("args", ()), options.get("kwargs") or {}
-    said = {k: v for k in ("stack", "rename") if (v := options.get(k)) is not None}
+    said = {k: v for k in ("stack", "rename", "convert") if (v := options.get(k)) is not None}
 
     def check(order: Order | None, settle: Settler | None = None) -> CheckResult:
         statics_a.clear()

@@ -19,6 +19,7 @@ from parity.check._request import BaselineRequest, CheckRequest, Registries
 from parity.judge._chunks import DEFAULT_BUDGET
 from parity.judge._classes import ToleranceClass
 from parity.judge._compare import Comparison, Order, compare_trees
+from parity.judge._converting import annotated
 from parity.judge._dataflow import DATAFLOW, HOST
 from parity.judge._renames import parse_renames, renamed, renaming_offer
 from parity.judge._stacking import join_rows, parse_stack, split_stacked, stacking_offer
@@ -249,6 +250,10 @@ def first_verdict(actual: Any, gf: GoldenFile, request: CheckRequest) -> FirstVe
     # A moved key of the tree is compared with the golden it replaces; a stacked one row by
     # row with the per-layer goldens it replaces, and per-layer ones joined into the
     # stacked golden they are the rows of.
+    # Read through the producers' converter, the tree is in the goldens' layout: each golden
+    # key rebuilt from the elements the converter put its elements in.
+    if request.convert is not None:
+        flat_a = request.convert.to_goldens(flat_a)
     flat_a = renamed(flat_a, flat_e, renames)
     flat_a = join_rows(split_stacked(flat_a, flat_e, rules), flat_e, rules)
     try:
@@ -263,6 +268,8 @@ def first_verdict(actual: Any, gf: GoldenFile, request: CheckRequest) -> FirstVe
         )
     except GoldenStoreError as e:
         raise CheckError(f"golden group {group!r} is unusable: {e}") from None
+    if request.convert is not None:
+        comparison = annotated(comparison, request.convert)
     compare_s = time.perf_counter() - t0
     source = DATAFLOW if request.dataflow_order is not None else None
     return FirstVerdict(

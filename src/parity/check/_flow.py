@@ -35,8 +35,10 @@ from __future__ import annotations
 
 import os
 import time
-from collections.abc import Collection, Mapping, Sequence
+from collections.abc import Callable, Collection, Mapping, Sequence
 from typing import Any, Unpack
+
+import numpy as np
 
 from parity._results import CheckError, CheckResult, diff_command
 from parity.check._against_baseline import against_baselines
@@ -54,6 +56,7 @@ from parity.check._request import (
     refuse_unknown_options,
 )
 from parity.judge._classes import REGISTRY
+from parity.judge._converting import Conversion, ConvertError, annotated, probe
 from parity.judge._renames import parse_renames, renamed
 from parity.judge._stacking import parse_stack, unstack
 from parity.judge._tolerance import DEFAULT_CLASS, class_resolver
@@ -146,7 +149,8 @@ def check_group(
       process (`parity check`); default this process's.
     - `options`: as `check_file` takes them (`class_map`, `overrides`, `order`,
       `drift_mode`, `registry`, `name`, `node`, `produce_s`, `save_actual`, `keys`,
-      `baseline`, `require_baseline`).
+      `baseline`, `require_baseline`); `convert`, what the producers' converter does to
+      the group's goldens (`parity.judge._converting.Conversion`).
 
     **Returns:** a `CheckResult`; its header's `reference` line names the reference used.
     Raises `CheckError` for unusable input, and where the baseline is required but cannot
@@ -160,7 +164,15 @@ def check_group(
     ```
     """
     provenance = {group: current_provenance}
-    return check_groups({group: actual}, goldens=goldens, provenance=provenance, **options)[0]
+    convert = options.pop("convert", None)
+    conversions = None if convert is None else {group: convert}
+    return check_groups(
+        {group: actual},
+        goldens=goldens,
+        provenance=provenance,
+        conversions=conversions,
+        **options,
+    )[0]
 
 
 def check_groups(
@@ -172,6 +184,7 @@ def check_groups(
     dataflow_orders: Mapping[str, Sequence[str]] | None = None,
     host_computed: Collection[str] = (),
     settle: Settler | None = None,
+    conversions: Mapping[str, Conversion] | None = None,
     **options: Unpack[GroupOptions],
 ) -> list[CheckResult]:
     """Compare each group of `produced` against its golden group, in one pass: every
@@ -193,6 +206,9 @@ def check_groups(
       whose values no jax program computed (their header says so, not "declared").
     - `settle`: what settles the failures op by op (`Settler`), once, after every verdict;
       None: the verdicts stand as the comparisons made them.
+    - `conversions`: group -> what the producers' converter does to its goldens
+      (`parity.judge._converting.Conversion`): that group's tree is read in the goldens'
+      layout through it.
     - `options`: as `check_file` takes them (but `baseline`).
 
     **Returns:** one `CheckResult` per group, in `produced`'s order. Raises `CheckError`
@@ -210,12 +226,26 @@ def check_groups(
             current=current,
             dataflow_order=(dataflow_orders or {}).get(group),
             host_computed=group in host_computed,
+            convert=(conversions or {}).get(group),
             **options,
         )
         firsts.append(first_verdict(actual, gf, request))
     judged = against_baselines(firsts, baseline)
     results = [conclude(f, j) for f, j in zip(firsts, judged, strict=True)]
     return _settled(results, settle)
+
+
+def _converted(
+    convert: Callable[[dict[str, Any]], Any] | None, expected: Mapping[str, Any], name: str
+) -> Conversion | None:
+    """What `convert` does to `expected`'s layout (`parity.judge._converting.probe`), or
+    None without one; `CheckError` for a converter that computes, copies or raises."""
+    if convert is None:
+        return None
+    try:
+        return probe(convert, {k: tuple(np.shape(v)) for k, v in expected.items()})
+    except ConvertError as e:
+        raise CheckError(f"check {name!r}: the converter cannot be used: {e}") from None
 
 
 def check_live(actual: Any, expected: Any, **options: Unpack[LiveOptions]) -> CheckResult:
@@ -252,8 +282,12 @@ def check_live(actual: Any, expected: Any, **options: Unpack[LiveOptions]) -> Ch
         rules, renames = parse_stack(options.get("stack")), parse_renames(options.get("rename"))
     except ValueError as e:
         raise CheckError(f"check {name!r}: {e}") from None
-    # A moved key of the tree faces the key it replaces; a stacked key of either tree is
-    # compared row by row with the other's per-layer keys.
+    # Through the user's converter, the tree is read in the reference's layout; a moved key
+    # of the tree faces the key it replaces; a stacked key of either tree is compared row
+    # by row with the other's per-layer keys.
+    conversion = _converted(options.get("convert"), flat_e, name)
+    if conversion is not None:
+        flat_a = conversion.to_goldens(flat_a)
     flat_a, flat_e = unstack(renamed(flat_a, flat_e, renames), flat_e, rules)
     comparison = compare_flat(
         flat_a,
@@ -264,6 +298,8 @@ def check_live(actual: Any, expected: Any, **options: Unpack[LiveOptions]) -> Ch
         name=name,
         reference="expected",
     )
+    if conversion is not None:
+        comparison = annotated(comparison, conversion)
     compare_s = time.perf_counter() - t0
     saved = command = None
     save_actual = options.get("save_actual")

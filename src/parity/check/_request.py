@@ -17,6 +17,7 @@ from parity._results import BaselineUnavailable, CheckResult
 from parity.judge._chunks import DEFAULT_BUDGET
 from parity.judge._classes import REGISTRY, ToleranceClass
 from parity.judge._compare import Order
+from parity.judge._converting import Conversion
 from parity.judge._fixed_rules import Ulp
 from parity.judge._tolerance import ClassMapLike, Overrides
 from parity.store import Provenance
@@ -129,7 +130,9 @@ class CheckRequest:
     (stack rules, `"blocks.{i}"`: a stacked key of the tree is compared row by row with the
     per-layer golden keys it replaces, `parity.judge._stacking`), `rename` (rename rules,
     `"encoder=backbone"`: a key of the tree under a moved prefix is compared with the
-    golden key it replaces, `parity.judge._renames`).
+    golden key it replaces, `parity.judge._renames`), `convert` (what the producers'
+    converter does to the group's goldens, `parity.judge._converting.Conversion`: the tree
+    is read in the goldens' layout through it).
     """
 
     current: Provenance
@@ -151,6 +154,7 @@ class CheckRequest:
     host_computed: bool = False
     stack: Sequence[str] | str | None = None
     rename: Sequence[str | Sequence[str]] | str | None = None
+    convert: Conversion | None = None
 
 
 class GroupOptions(TypedDict, total=False):
@@ -199,13 +203,15 @@ class CheckOptions(GroupOptions, total=False):
 
     baseline: BaselineSource | None
     settle: Settler | None
+    convert: Conversion | None
 
 
 class LiveOptions(TypedDict, total=False):
     """The options of a live check (`parity.check._flow.check_live`); each as `CheckOptions`, but
     `class_map`, which defaults to `bitwise` there, `non_arrays` (see `check_live`), and
     `stack`, which splits a stacked key of either tree into the per-layer keys of the
-    other."""
+    other, and `convert`, the user's converter of `expected`'s layout into `actual`'s
+    (`parity.judge._converting`): `actual` is read in `expected`'s layout through it."""
 
     class_map: ClassMapLike
     overrides: Overrides
@@ -219,6 +225,7 @@ class LiveOptions(TypedDict, total=False):
     settle: Settler | None
     stack: Sequence[str] | str | None
     rename: Sequence[str | Sequence[str]] | str | None
+    convert: Callable[[dict[str, Any]], Any] | None
 
 
 def refuse_unknown_options(options: Mapping[str, Any], known: type, where: str) -> None:

@@ -267,7 +267,9 @@ class ProducerRun:
       op by op on request (`kept_producers`); `record_arrays` (mode `record`): each
       recording keeps every value's numbers (a base a shadow replay runs on); `replay`
       (mode `record`): a JSON file, group -> `{"base", "keys", "root"}`, each group recorded
-      with its replay on that base's values (`parity.origin._replayed`).
+      with its replay on that base's values (`parity.origin._replayed`); `goldens_layout`:
+      a JSON file, group -> its golden keys and shapes, on which the producers' `CONVERT`
+      is probed (`parity.machinery._converters`).
     - `devices`, `processes`, `isa`: the layout (`processes` workers of one JAX distributed
       run, `devices` each, process 0 saving) and the ISA cap; `coordinator` (`HOST0:PORT`)
       and `process_id` start only this host's worker of a cluster's run.
@@ -286,6 +288,7 @@ class ProducerRun:
     keep: bool = False
     record_arrays: bool = False
     replay: Path | None = None
+    goldens_layout: Path | None = None
     src: Sequence[str] | None = None
     drop_paths: Sequence[Path] = ()
     code: str = "the code under test"
@@ -333,6 +336,8 @@ def _command_line(run: ProducerRun) -> tuple[list[str], dict[str, str]]:
     cmd += [flag for flag, on in switches.items() if on]
     if run.replay is not None and run.mode == "record":
         cmd += ["--replay", str(run.replay)]
+    if run.goldens_layout is not None:
+        cmd += ["--goldens-layout", str(run.goldens_layout)]
     return cmd, env
 
 

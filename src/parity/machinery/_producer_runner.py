@@ -51,6 +51,8 @@ _HERE = os.path.dirname(os.path.realpath(__file__))
 if sys.path and os.path.realpath(sys.path[0] or ".") == _HERE:
     sys.path[0] = os.path.dirname(os.path.dirname(_HERE))
 
+from parity.judge._converting import ConvertError  # noqa: E402
+from parity.machinery._converters import write_conversions  # noqa: E402
 from parity.machinery._producers_table import ProducersTable  # noqa: E402
 from parity.machinery._runner_groups import (  # noqa: E402
     Kept,
@@ -174,6 +176,12 @@ def _arguments(argv: list[str] | None) -> argparse.Namespace:
         action="store_true",
         help="import the producers and save their table (CLASS_MAP, STACK, RENAME: "
         "OUT/table.json), run no group",
+    )
+    p.add_argument(
+        "--goldens-layout",
+        metavar="FILE",
+        help="a JSON map group -> [[golden key, shape], ...]: probe each group's CONVERT "
+        "function on it (OUT/convert/<group>.npz)",
     )
     p.add_argument(
         "--record-origin",
@@ -330,6 +338,12 @@ def main(argv: list[str] | None = None) -> int:
     refused = _refusal(args, list(groups), wanted, table.class_map, out)
     if refused is not None:
         return refused
+    try:  # the producers' CONVERT, probed on the goldens' layout (never their values)
+        layout = None if args.goldens_layout is None else Path(args.goldens_layout)
+        write_conversions(module, layout, out, wanted)
+    except ConvertError as e:
+        _log(f"the producers' CONVERT cannot be used: {e}")
+        return EXIT_PRODUCER_FAILED
     if args.class_map_only:
         table.write(out)
         return 0

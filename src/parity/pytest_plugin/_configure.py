@@ -4,8 +4,9 @@ multi-process session, the golden folder."""
 
 from __future__ import annotations
 
-import contextlib
 import os
+import shutil
+import tempfile
 from collections.abc import Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
@@ -23,6 +24,7 @@ from parity.machinery._worker import Place, worker_place
 from parity.pytest_plugin._stash import (
     BASELINE,
     CONFIG,
+    CONVERTED,
     GOLDENS,
     NARROWED,
     ORIGINS,
@@ -205,20 +207,23 @@ def pytest_configure(config: pytest.Config) -> None:
     from parity.check import GoldenDir
 
     config.stash[GOLDENS] = GoldenDir(project.goldens)
-    config.stash[BASELINE] = _baseline_builder(config, project)
+    config.stash[BASELINE] = _baseline_builder(project)
     _read_the_table(config, project, place)
 
 
-#: The key of the producers' table in an xdist worker's `workerinput`.
+#: The key of the producers' table in an xdist worker's `workerinput`, and of the folder
+#: that keeps what their `CONVERT` does.
 _TABLE_INPUT = "parity_producers_table"
+_CONVERTED_INPUT = "parity_converted"
 
 
 def _read_the_table(config: pytest.Config, project: ParityConfig, place: Place | None) -> None:
     """The producers' table (`CLASS_MAP`, `STACK`, `RENAME`), read as `parity check` reads
     it (`parity.run._produced.producers_table`: the producers file imported in a fresh
-    process, so the session's own process never imports it), into the stash. A `CLASS_MAP`
-    naming a class parity cannot use (a typo) is a usage error at session start, as
-    `parity check` and `parity repin` refuse it. Read once per session, by the process
+    process, so the session's own process never imports it), into the stash, with what their
+    `CONVERT` does to the goldens kept in a folder of the session's (`CONVERTED`). A
+    `CLASS_MAP` naming a class parity cannot use (a typo) is a usage error at session start,
+    as `parity check` and `parity repin` refuse it. Read once per session, by the process
     that starts it, and only where golden checks can run (a producers file and a golden
     folder); an xdist worker takes the controller's (`pytest_configure_node`), the other
     processes of a distributed session read it when their first golden check needs it."""
@@ -228,6 +233,9 @@ def _read_the_table(config: pytest.Config, project: ParityConfig, place: Place |
             from parity.machinery._producers_table import ProducersTable
 
             config.stash[TABLE] = ProducersTable.from_json_dict(handed)
+        folder = config.workerinput.get(_CONVERTED_INPUT)  # pyright: ignore[reportAttributeAccessIssue]
+        if folder is not None:
+            config.stash[CONVERTED] = Path(folder)
         return
     if place is not None and place.process_id != 0:
         return
@@ -237,8 +245,15 @@ def _read_the_table(config: pytest.Config, project: ParityConfig, place: Place |
     from parity.machinery._producers_table import ProducersTable
     from parity.run._produced import producers_table
 
+    # The producers' CONVERT probed on the goldens' layout in the same run: what it does is
+    # kept in a folder of the session's (removed at its end), handed to xdist's workers.
+    folder = Path(tempfile.mkdtemp(prefix="parity-convert-"))
+    config.stash[CONVERTED] = folder
+    config.add_cleanup(lambda: shutil.rmtree(folder, ignore_errors=True))
     try:
-        table = producers_table(project, check_classes=True)
+        table = producers_table(
+            project, check_classes=True, goldens=config.stash[GOLDENS], conversions_into=folder
+        )
     except UnusableClassError as e:
         raise pytest.UsageError(str(e)) from None
     # A producers file that cannot be imported reads as no rules: its tests say why.
@@ -252,17 +267,18 @@ def pytest_configure_node(node: Any) -> None:
     table = node.config.stash.get(TABLE, None)
     if table is not None:
         node.workerinput[_TABLE_INPUT] = table.to_json_dict()
+    folder = node.config.stash.get(CONVERTED, None)
+    if folder is not None:
+        node.workerinput[_CONVERTED_INPUT] = str(folder)
 
 
-def _baseline_builder(config: pytest.Config, project: ParityConfig) -> BaselineBuilder | None:
+def _baseline_builder(project: ParityConfig) -> BaselineBuilder | None:
     """What re-produces the baselines of golden checks (`parity.run._baseline`), from the
     session's settings: off where `--parity-baseline off` (or `baseline = "off"`) says so,
     and where no producers file is configured (nothing could re-produce a group; a usage
-    error where `require` asks for the baseline). Where a failure would be settled by its
-    programs (the origin not off, one process), it records the base in the run that
-    re-produces it, with every value's numbers where a class the session reads proves up to
-    rounding, as `parity check` does: a failure against it then costs no second run at the
-    base."""
+    error where `require` asks for the baseline). It builds them without their recording
+    (the main job builds baselines for many groups that then pass): a failure against one
+    has its base recorded when it is settled."""
     if project.baseline == "require" and project.producers is None:
         raise pytest.UsageError(
             f'--parity-baseline require (or baseline = "require") needs the producers that '
@@ -272,22 +288,13 @@ def _baseline_builder(config: pytest.Config, project: ParityConfig) -> BaselineB
     if project.baseline == "off" or project.producers is None:
         return None
     from parity.run._baseline import BaselineBuilder
-    from parity.run._recordings import ARRAYS, Record
-    from parity.run._tree import rounds
 
     def progress(line: str) -> None:
         import sys
 
         print(f"parity: {line}", file=sys.stderr, flush=True)
 
-    from parity._results import CheckError
-
-    record: Record = config.getoption("--parity-origin") != "off" and project.processes == 1
-    asked = [c for _, c in config.stash[OVERRIDES]]
-    with contextlib.suppress(CheckError):  # an unusable golden file: its own check says so
-        if record and rounds(config.stash[GOLDENS], asked):
-            record = ARRAYS
-    return BaselineBuilder(project, progress=progress, record=record)
+    return BaselineBuilder(project, progress=progress)
 
 
 def pytest_deselected(items: Sequence[pytest.Item]) -> None:

@@ -4,6 +4,8 @@ the session report and fails with the table."""
 from __future__ import annotations
 
 import dataclasses
+import shutil
+import tempfile
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
@@ -16,6 +18,8 @@ from parity.origin._proof import Proof, provable, settle
 from parity.pytest_plugin._stash import (
     BASELINE,
     CONFIG,
+    CONVERSIONS,
+    CONVERTED,
     GOLDENS,
     ORIGINS,
     OVERRIDES,
@@ -26,6 +30,7 @@ from parity.pytest_plugin._stash import (
 if TYPE_CHECKING:  # parity.check loads h5py: imported only when a check runs
     from parity._results import CheckResult
     from parity.check import GoldenDir
+    from parity.judge._converting import Conversion, ConvertError
     from parity.machinery._producers_table import ProducersTable
     from parity.origin import Localisation
     from parity.run._origins import Settled
@@ -188,11 +193,15 @@ class _Check:
         its failures settled op by op (`_GroupSettler`), by the producers' `STACK` and
         `RENAME` as `parity check` applies them (a check's own `stack=` and `rename=` in
         their place): the settler records by the same rules, so rows are proved as there."""
+        from parity._results import CheckError
         from parity.check import check_group
 
         config, provenance = self.config, options.get("provenance")
         said = {k: v for k in ("stack", "rename") if (v := options.get(k)) is not None}
         table = producers_table(config).given(**said)
+        convert = conversions(config).get(group)
+        if isinstance(convert, Exception):  # a converter that computes: the user's input
+            raise CheckError(f"the producers' CONVERT[{group!r}] cannot be used: {convert}")
         return check_group(
             actual,
             group,
@@ -211,6 +220,7 @@ class _Check:
             settle=_GroupSettler(config, provenance, options.get("fail", True), table),
             stack=table.stack,
             rename=table.rename,
+            convert=convert,
         )
 
     @staticmethod
@@ -334,9 +344,27 @@ def producers_table(config: pytest.Config) -> ProducersTable:
         from parity.run._produced import producers_table as read
 
         project = config.stash[CONFIG]
-        table = read(project) if project.producers is not None else None
+        folder = Path(tempfile.mkdtemp(prefix="parity-convert-"))
+        config.stash[CONVERTED] = folder
+        config.add_cleanup(lambda: shutil.rmtree(folder, ignore_errors=True))
+        table = None
+        if project.producers is not None:
+            table = read(project, goldens=config.stash[GOLDENS], conversions_into=folder)
         config.stash[TABLE] = table or ProducersTable()
     return config.stash[TABLE]
+
+
+def conversions(config: pytest.Config) -> dict[str, Conversion | ConvertError]:
+    """What the producers' `CONVERT` does to each group's goldens (group -> its
+    `Conversion`, or why its converter cannot be used), probed with the table
+    (`producers_table`) and read once per process from the folder that keeps it."""
+    if CONVERSIONS not in config.stash:
+        from parity.machinery._converters import read_conversions
+
+        producers_table(config)
+        folder = config.stash.get(CONVERTED, None)
+        config.stash[CONVERSIONS] = {} if folder is None else read_conversions(folder)
+    return config.stash[CONVERSIONS]
 
 
 @pytest.fixture

@@ -8,9 +8,11 @@ import pytest
 
 if TYPE_CHECKING:  # parity.check loads h5py: imported only when a check runs
     from collections.abc import Mapping
+    from pathlib import Path
 
     from parity._results import CheckResult
     from parity.check import GoldenDir
+    from parity.judge._converting import Conversion, ConvertError
     from parity.machinery._config import ParityConfig
     from parity.machinery._producers_table import ProducersTable
     from parity.origin import Localisation, Proof
@@ -42,3 +44,9 @@ ORIGINS: pytest.StashKey[dict[str, tuple[Mapping[str, Proof], Localisation | Non
 #: it, handed to xdist's workers; read on first use where it was not
 #: (`fixtures.producers_table`).
 TABLE: pytest.StashKey[ProducersTable] = pytest.StashKey()
+#: Where the producers' `CONVERT`, probed on the goldens' layout with the table, keeps
+#: what it does (`parity.machinery._converters.read_conversions`): the folder the process
+#: that read the table made, handed to xdist's workers; and, once read in a process, group
+#: -> its `Conversion`, or why its converter cannot be used.
+CONVERTED: pytest.StashKey[Path] = pytest.StashKey()
+CONVERSIONS: pytest.StashKey[dict[str, Conversion | ConvertError]] = pytest.StashKey()

@@ -214,7 +214,9 @@ def _evaluate(
         with temporary_worktree(root, sha) as wt, contextlib.ExitStack() as stack:
             at = Checkout(root=wt, drop_paths=config.src, name=f"commit {sha[:12]}")
             # Kept while the step is judged: a proof records the step in the same run.
-            run = producing(config, at=at, groups=groups, command="bisect", keep=True)
+            run = producing(
+                config, at=at, groups=groups, command="bisect", keep=True, goldens=goldens
+            )
             try:
                 produced, kept = stack.enter_context(run)
             except ProducerRunError as e:

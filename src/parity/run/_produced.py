@@ -14,20 +14,28 @@ drift policy. Nothing here imports jax.
 from __future__ import annotations
 
 import contextlib
+import shutil
 import tempfile
 import time
-from collections.abc import Callable, Iterator, Sequence
-from dataclasses import dataclass, field
+from collections.abc import Callable, Iterator, Mapping, Sequence
+from dataclasses import dataclass, field, replace
 from pathlib import Path
-from typing import Unpack
+from typing import Any, Unpack
 
 import numpy as np
 
 from parity._environment import backend_of
-from parity._results import CheckResult
+from parity._results import CheckError, CheckResult
 from parity.check import BaselineSource, GoldenDir, GroupOptions, Settler, check_groups
+from parity.judge._converting import Conversion, ConvertError
 from parity.judge._dataflow import DATAFLOW, HOST
 from parity.machinery._config import ConfigError, ParityConfig
+from parity.machinery._converters import (
+    CONVERT_DIR,
+    LAYOUT_FILE,
+    read_conversions,
+    write_layouts,
+)
 from parity.machinery._launcher import (
     KeptRun,
     ProducerCommand,
@@ -66,6 +74,9 @@ class Produced:
     - `seconds`: wall time of the run, process start included.
     - `xla_flags`: the XLA flags the run used.
     - `layout`: processes and devices per process of the run.
+    - `conversions`: group -> what the producers' `CONVERT` does to its goldens
+      (`parity.judge._converting.Conversion`), or why it cannot be used (`ConvertError`),
+      for the groups it names whose goldens' layout the run was given.
 
     The views below read `runs`, one field of every group each.
     """
@@ -74,6 +85,7 @@ class Produced:
     seconds: float
     xla_flags: str
     layout: Layout = field(default_factory=Layout)
+    conversions: Mapping[str, Conversion | ConvertError] = field(default_factory=dict)
 
     @property
     def groups(self) -> dict[str, dict[str, np.ndarray]]:
@@ -143,6 +155,7 @@ def producing(
     check_classes: bool = False,
     read_order: bool = True,
     keep: bool = False,
+    goldens: GoldenDir | None = None,
 ) -> Iterator[tuple[Produced, KeptRun | None]]:
     """Run the configured producers against a checkout in a fresh process, and keep it
     while the block runs where asked (`keep`).
@@ -170,6 +183,9 @@ def producing(
       (`parity.machinery._launcher.KeptRun`), not in another one. Not on a GPU or TPU,
       which one process holds at a time: the run there ends once its groups are saved,
       and the kept run yielded is None.
+    - `goldens`: the golden folder the groups are checked against: each group's layout
+      (its golden keys and shapes) goes to the run, which probes the producers' `CONVERT`
+      on it (`Produced.conversions`).
 
     With `config.processes` above 1 the producers run SPMD as the workers of one JAX
     distributed run, `config.devices` devices each, and process 0's outputs are loaded.
@@ -199,6 +215,9 @@ def producing(
             read_order=read_order,
             keep=keep and config.processes == 1 and place is None,
         )
+        if goldens is not None:
+            layouts = goldens_layouts(goldens, groups)
+            run = replace(run, goldens_layout=write_layouts(Path(tmp), layouts))
         with contextlib.ExitStack() as stack:
             if run.keep:
                 kept: KeptRun | None = stack.enter_context(kept_producers(run, progress=progress))
@@ -226,8 +245,22 @@ def _loaded(
     runs = {
         manifest.stem: load_runner_output(tmp, manifest.stem, command=command)
         for manifest in sorted(tmp.glob("*.json"))
+        if manifest.name != LAYOUT_FILE
     }
-    return Produced(runs, seconds, flags, Layout(config.processes, config.devices))
+    layout = Layout(config.processes, config.devices)
+    return Produced(runs, seconds, flags, layout, conversions=read_conversions(tmp))
+
+
+def goldens_layouts(goldens: GoldenDir, groups: Sequence[str] = ()) -> dict[str, dict[str, Any]]:
+    """Each group's golden keys and shapes, in the goldens' order (`groups`; default every
+    group with a golden file): what a run probes the producers' `CONVERT` on."""
+    out: dict[str, dict[str, Any]] = {}
+    for group in groups or goldens.groups():
+        if goldens.path_of(group).is_file():
+            with contextlib.suppress(CheckError):  # an unusable file: its check says so
+                gf = goldens.open(group)
+                out[group] = {k: gf.info(k).shape for k in gf.ordered_keys()}
+    return out
 
 
 def produce(
@@ -262,7 +295,12 @@ def produce(
 
 
 def producers_table(
-    config: ParityConfig, *, command: ProducerCommand = "check", check_classes: bool = False
+    config: ParityConfig,
+    *,
+    command: ProducerCommand = "check",
+    check_classes: bool = False,
+    goldens: GoldenDir | None = None,
+    conversions_into: Path | None = None,
 ) -> ProducersTable | None:
     """The configured producers' table (`CLASS_MAP`, `STACK`, `RENAME`), as a producer run
     reads it (`ProducersTable.of_module`): the producers file is imported in a fresh
@@ -272,7 +310,10 @@ def producers_table(
 
     **Arguments:** `config`, the producers file and src roots; `command`, the command a
     failure's message fits; `check_classes`, refuse a `CLASS_MAP` naming a class parity
-    cannot use (the runner's `--check-classes`, the one check).
+    cannot use (the runner's `--check-classes`, the one check); `goldens` and
+    `conversions_into`, the producers' `CONVERT` probed on those goldens' layout and what
+    it does kept in that folder, as a run keeps it in its own
+    (`parity.machinery._converters.read_conversions` reads it).
 
     **Returns:** the table; None where the producers file is missing or cannot be imported
     or its src roots cannot be found, left to the run that needs them to report. Raises
@@ -293,11 +334,18 @@ def producers_table(
                 mode="class_map",
                 check_classes=check_classes,
             )
+            if goldens is not None:
+                run = replace(
+                    run, goldens_layout=write_layouts(Path(tmp), goldens_layouts(goldens))
+                )
             run_producers(run, progress=lambda _: None)
         except UnusableClassError:
             raise
         except ProducerRunError:
             return None
+        made = Path(tmp) / CONVERT_DIR
+        if conversions_into is not None and made.is_dir():
+            shutil.copytree(made, conversions_into / CONVERT_DIR, dirs_exist_ok=True)
         return ProducersTable.read(Path(tmp))
 
 
@@ -342,6 +390,12 @@ def check_produced(
         options["stack"] = table.stack
     if table.rename:
         options["rename"] = table.rename
+    # The producers' CONVERT: each group's tree read in its goldens' layout through it.
+    conversions: dict[str, Conversion] = {}
+    for group, conversion in produced.conversions.items():
+        if isinstance(conversion, ConvertError):
+            raise CheckError(f"the producers' CONVERT[{group!r}] cannot be used: {conversion}")
+        conversions[group] = conversion
     return check_groups(
         produced.groups,
         dataflow_orders=dataflow,
@@ -350,5 +404,6 @@ def check_produced(
         provenance=produced.provenance,
         baseline=baseline,
         settle=settle,
+        conversions=conversions,
         **options,
     )

@@ -34,7 +34,6 @@ __all__ = [
     "TreeCheck",
     "check_tree",
     "order_pinned",
-    "rounds",
     "verify_goldens",
 ]
 
@@ -133,12 +132,11 @@ def order_pinned(goldens: GoldenDir, groups: Sequence[str]) -> bool:
     return bool(wanted)
 
 
-def rounds(goldens: GoldenDir, classes: Iterable[str], groups: Sequence[str] = ()) -> bool:
+def _rounds(goldens: GoldenDir, classes: Iterable[str], groups: Sequence[str] = ()) -> bool:
     """Whether a key a check reads may be proved up to rounding: one of the check's own
     `classes` (its `--class`, its overrides') or one pinned in a golden file of `groups`
     (default: every group) has a rule that rounds (`Rule.rounds`); its base is then recorded
-    with every value's numbers, in the one run that re-produces it (`parity check` and the
-    pytest plugin both ask)."""
+    with every value's numbers, in the one run that re-produces it."""
     names = set(classes)
     for group in groups or goldens.groups():
         if goldens.path_of(group).is_file():
@@ -182,6 +180,7 @@ def check_tree(request: TreeCheck, *, progress: Callable[[str], None]) -> Checke
                 check_classes=True,  # a typo in CLASS_MAP is refused as a repin refuses it
                 read_order=not (checks and order_pinned(goldens, request.groups)),
                 keep=checks and request.origin,
+                goldens=goldens if checks else None,
             )
         )
         if not checks:  # another host's part ends with its run
@@ -192,7 +191,7 @@ def check_tree(request: TreeCheck, *, progress: Callable[[str], None]) -> Checke
             # run that re-produces it: a failure against it then costs no run at the base.
             record: Record = request.origin and config.processes == 1
             asked = [request.class_name or "", *(c for _, c in request.overrides)]
-            if record and rounds(goldens, asked, request.groups):
+            if record and _rounds(goldens, asked, request.groups):
                 record = ARRAYS
             baseline = BaselineBuilder(
                 config, progress=progress, timeout=request.timeout, record=record

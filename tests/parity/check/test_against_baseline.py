@@ -366,16 +366,10 @@ def test_the_pytest_plugin_compares_golden_checks_with_the_baseline_off_the_pins
     clean = _inner_pytest(project, tmp_path, "--parity-devices", "4")
     assert clean.returncode == 0, clean.stdout + clean.stderr
     assert "the baseline re-produced here at" in clean.stdout
-    # The base is produced once for the session's group (issue 72): the run that
-    # re-produces it records its programs too, so the failure below settles against the
-    # cache and starts no second run at the base.
-    assert clean.stderr.count("parity: re-producing ") == 1, clean.stderr
     _bug(project, moved(DEVICE_NOISE) / 4)
     bug = _inner_pytest(project, tmp_path, "--parity-devices", "4")
     assert bug.returncode == 1, bug.stdout + bug.stderr
     assert "(cached at" in bug.stdout and "logits" in bug.stdout
-    assert "parity: re-producing " not in bug.stderr, bug.stderr
-    assert "origin: " in bug.stdout and "origin: not named" not in bug.stdout, bug.stdout
     off = _inner_pytest(project, tmp_path, "--parity-devices", "4", "--parity-baseline", "off")
     assert off.returncode == 0, off.stdout + off.stderr
     assert "the goldens, by calibration (the baseline is off)" in off.stdout
