@@ -268,14 +268,19 @@ def test_a_fused_qkv_refactor_passes_its_unfused_goldens_through_the_users_conve
     done = run_parity(repo, "check", "--origin", "off")
     assert done.returncode == 0, done.stdout + done.stderr
     assert "qkv" not in done.stdout and "missing" not in done.stdout, done.stdout
-    # The bug fails under the old key it moved, and says where the tree holds its element.
+    # The bug fails under the old key it moved, and says where the tree holds its element;
+    # its origin is followed through the converter (the golden key gathered from the fused
+    # output, a move) to the line that scaled the k rows.
     model.write_text(BUGGY)
-    bug = run_parity(repo, "check", "--origin", "off")
+    bug = run_parity(repo, "check")
     assert bug.returncode == 1, bug.stdout + bug.stderr
     failures = bug.stdout[bug.stdout.index("failures (") :]
     assert "train/params.blocks.1.attn.k.b [fp32_reassoc, fail]" in failures, failures
     assert "the tree's element: params.blocks.1.attn.qkv.b[" in failures, failures
     assert "attn.q.b" not in failures and "attn.v.b" not in failures, failures
+    line = next(n for n, t in enumerate(BUGGY.splitlines(), 1) if "multiply(1.01)" in t)
+    origin = next(ln for ln in bug.stdout.splitlines() if ln.strip().startswith("origin:"))
+    assert f"at src/model.py:{line} in init" in origin, origin
     # The pytest plugin reads CONVERT as the check does: the same key fails, said the same.
     (repo / "test_train.py").write_text(PLUGIN_TEST)
     try:

@@ -134,6 +134,16 @@ class Conversion:
                 result[k] = v
         return result
 
+    def feeding(self, key: str) -> list[str]:
+        """The new keys that hold the elements of golden key `key`, in the converter's
+        order (empty where it places none of them)."""
+        names = [k for k, _ in self.sources]
+        if key not in names:
+            return []
+        i = names.index(key)
+        lo, hi = self._starts[i], self._starts[i + 1]
+        return [k for k, m in self.maps.items() if ((m >= lo) & (m < hi)).any()]
+
     def read_as(self, key: str, index: Sequence[int] | None) -> str | None:
         """Where the tree holds element `index` of golden key `key`: `"qkv.weight[2, 5,
         71]"`; None where the converter does not place that key."""

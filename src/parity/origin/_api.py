@@ -16,6 +16,7 @@ import numpy as np
 
 from parity.judge._classes import REGISTRY, ToleranceClass
 from parity.judge._compare import Comparison, compare_trees
+from parity.judge._converting import Conversion
 from parity.judge._renames import Rename
 from parity.judge._stacking import StackRule
 from parity.judge._tolerance import (
@@ -222,6 +223,7 @@ def prove_and_locate(
     stack: Sequence[StackRule] = (),
     rename: Sequence[Rename] = (),
     shadow: Replay | None = None,
+    convert: Conversion | None = None,
 ) -> Settlement:
     """A failing comparison of two programs' compiled outputs, settled by their recordings:
     each failure under a class that proves (`op_by_op`) proved op by op or told why not
@@ -231,7 +233,9 @@ def prove_and_locate(
     proved, and its origin named, as its row of the stacked output that holds it, and a
     stacked key as the rows a program holds per layer; with `rename`
     (`parity.judge._renames`), as the key under the name `new` gave it
-    (`parity.origin._proof.answering`). With `shadow` (the replay of `new` on `old`'s values,
+    (`parity.origin._proof.answering`); with `convert` (the user's converter,
+    `parity.judge._converting`), a golden key as the elements of `new`'s outputs the
+    converter put it in. With `shadow` (the replay of `new` on `old`'s values,
     `parity.origin._shadow`, or its answers read back: `parity.origin._replayed`), a key of a
     class that proves up to rounding and is not proved op by op is proved up to rounding or
     told why not, and named at the shadow's origin.
@@ -240,7 +244,8 @@ def prove_and_locate(
     """
     keys = [f.key for f in comparison.findings]
     replayed = new
-    new, old = answering(new, keys, stack=stack, rename=rename), answering(old, keys, stack=stack)
+    new = answering(new, keys, stack=stack, rename=rename, convert=convert)
+    old = answering(old, keys, stack=stack)
     exact = align(new, old, 0.0)
     provables = [f.key for f in comparison.findings if provable(f)]
     proofs = prove(new, old, provables, against=against, exact=exact)

@@ -212,7 +212,10 @@ def _entries() -> dict[str, Primitive]:
         "copy_p": ((), lambda xs, p: xs[0].copy()),
     }
     carried = {"scan", "while", "cond"}
-    arranged = {"dynamic_update_slice", "concatenate", "stack", "split", "pad", "gather", "rev"}
+    # `stack` and `convert` are also the moves `parity.origin._proof.answering` adds: a
+    # stacked key's rows joined, a golden key gathered through the user's converter.
+    arranged = {"dynamic_update_slice", "concatenate", "stack", "split", "pad", "gather", "rev",
+                "convert"}  # fmt: skip
     moves = PLACED_MOVES | arranged | {"tile", "unstack", "optimization_barrier"} | carried
     arranging = {"concatenate", "pad", "gather", "rev", "dynamic_update_slice"}
     placing_ops = {"select_n", "max", "min", "reduce_max", "reduce_min", "neg", "abs", "sort",

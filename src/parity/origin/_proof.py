@@ -25,6 +25,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
+from parity.judge._converting import Conversion
 from parity.judge._findings import PROVED, Comparison, Finding, compiled_difference
 from parity.judge._floats import count
 from parity.judge._registry import RULES
@@ -108,14 +109,17 @@ def answering(
     *,
     stack: Sequence[StackRule] = (),
     rename: Sequence[Rename] = (),
+    convert: Conversion | None = None,
 ) -> Recording:
     """`new` with each of `keys` it does not output under that name answered by what holds
     it: the key's new name (`rename`); the stacked output whose row it is (`stack`: the
     key's value is that row, its value id the stacked output's, so what it is computed from
-    is what the whole stack is computed from); or, for a stacked key whose rows `new`
-    outputs per layer, a value added to `new` that stacks them (a data movement, kind
-    `move`, primitive `stack`, with no source line). An alignment of `new` serves the
-    answer where no value was added."""
+    is what the whole stack is computed from); for a stacked key whose rows `new` outputs
+    per layer, a value added to `new` that stacks them (a data movement, kind `move`,
+    primitive `stack`, with no source line); or, for a golden key the user's converter
+    places in `new`'s outputs (`convert`, `parity.judge._converting`), a value added that
+    gathers its elements from them (kind `move`, primitive `convert`). An alignment of
+    `new` serves the answer where no value was added."""
     outputs, arrays = dict(new.outputs), dict(new.output_arrays)
     added: list[tuple[Value, np.ndarray]] = []
     for key in keys:
@@ -131,6 +135,7 @@ def answering(
             arrays[key] = whole if row is None else whole[row]
             continue
         rows = rows_held(name, new.outputs, stack)
+        held = [] if convert is None else convert.feeding(key)
         if rows and all(new.outputs[r] >= 0 and r in new.output_arrays for r in rows):
             joined = np.stack([np.asarray(new.output_arrays[r]) for r in rows])
             ids = tuple(new.outputs[r] for r in rows)
@@ -138,6 +143,20 @@ def answering(
                           str(joined.dtype), ids)  # fmt: skip
             added.append((value, joined))
             outputs[key], arrays[key] = value.id, joined
+        elif (
+            convert is not None
+            and held
+            and all(new.outputs.get(k, -1) >= 0 and k in new.output_arrays for k in held)
+        ):
+            parts = {k: np.asarray(new.output_arrays[k]) for k in held}
+            gathered = convert.to_goldens(parts).get(key)
+            if gathered is None:  # the outputs are not of the converter's shapes
+                continue
+            ids = tuple(new.outputs[k] for k in held)
+            value = Value(len(new.values) + len(added), "convert", "move", gathered.shape,
+                          str(gathered.dtype), ids)  # fmt: skip
+            added.append((value, gathered))
+            outputs[key], arrays[key] = value.id, gathered
     if len(outputs) == len(new.outputs):
         return new
     prints = [value_fingerprints(a) for _, a in added]  # a value's and its rows', in one pass

@@ -18,6 +18,7 @@ from typing import Any, Protocol
 
 from parity.judge._classes import REGISTRY, ToleranceClass
 from parity.judge._compare import Comparison
+from parity.judge._converting import Conversion
 from parity.judge._renames import Rename
 from parity.judge._stacking import StackRule
 from parity.origin._api import Settlement, prove_and_locate
@@ -99,12 +100,15 @@ class Sides(Protocol):
 @dataclass(frozen=True)
 class Rules:
     """What every face settles by: the classes (`registry`) and the keys said as one, a
-    stacked output's rows (`stack`, `parity.judge._stacking`) and a renamed subtree
-    (`rename`, `parity.judge._renames`), as the comparison itself was made by."""
+    stacked output's rows (`stack`, `parity.judge._stacking`), a renamed subtree
+    (`rename`, `parity.judge._renames`) and, by the comparison's name, what the user's
+    converter does to its goldens (`convert`, `parity.judge._converting`), as the
+    comparison itself was made by."""
 
     registry: Mapping[str, ToleranceClass] = field(default_factory=lambda: REGISTRY)
     stack: Sequence[StackRule] = ()
     rename: Sequence[Rename] = ()
+    convert: Mapping[str, Conversion] = field(default_factory=dict)
 
 
 def worth_settling(comparison: Comparison, origin: bool) -> bool:
@@ -162,6 +166,7 @@ def settle_by(
             stack=rules.stack,
             rename=rules.rename,
             shadow=pair.shadow,
+            convert=rules.convert.get(name),
         )
     for name in wanted.keys() - out.keys():  # a side that made nothing of it
         out[name] = _unsettled(todo[name], NotRecorded("nothing was recorded"), origin)

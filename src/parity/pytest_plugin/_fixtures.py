@@ -329,7 +329,11 @@ def _recorded(
     # Nothing of the producers' run is known here but the environment and the table the
     # check compared by: the recording runs find out whether jax computes the outputs.
     run = RunnerOutput(arrays={}, provenance=current, order=UNREAD, table=table)
-    produced = Produced({group: run}, seconds=0.0, xla_flags="", layout=Layout(1, project.devices))
+    layout = Layout(1, project.devices)
+    converted = {g: c for g, c in conversions(config).items() if g == group}
+    produced = Produced(
+        {group: run}, seconds=0.0, xla_flags="", layout=layout, conversions=converted
+    )
     goldens = config.stash[GOLDENS]
     return settle_failures([result], produced, project, goldens, origin=origin, refused=refused)[0]
 

@@ -254,7 +254,7 @@ def _evaluate(
                 class_name=f.class_name,
                 verdicts=verdicts,
                 failing=r.comparison,
-                rules=rules_of(produced.table),
+                rules=rules_of(produced.table, produced.conversions, [r]),
             )
     n = sum(len(r.comparison.findings) for r in results)
     said = f"all {count(n, 'array')} of {count(len(results), 'group')} hold their class"

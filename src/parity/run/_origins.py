@@ -40,6 +40,7 @@ from pathlib import Path
 from parity._environment import layout_of
 from parity._results import BaselineUnavailable, CheckError, CheckResult
 from parity.check import GoldenDir
+from parity.judge._converting import Conversion, ConvertError
 from parity.judge._dataflow import DATAFLOW, UNREAD
 from parity.judge._renames import parse_renames
 from parity.judge._stacking import parse_stack
@@ -74,9 +75,22 @@ _BASE = "the base commit"
 Progress = Callable[[str], None]
 
 
-def rules_of(table: ProducersTable) -> Rules:
-    """What a check of the producers' table settles by: its `STACK` and `RENAME` rules."""
-    return Rules(stack=parse_stack(table.stack), rename=parse_renames(table.rename))
+def rules_of(
+    table: ProducersTable,
+    conversions: Mapping[str, Conversion | ConvertError] | None = None,
+    results: Sequence[CheckResult] = (),
+) -> Rules:
+    """What a check of the producers' table settles by: its `STACK` and `RENAME` rules,
+    and, for each of `results` (by its name) whose group the producers' `CONVERT` names,
+    what the converter does to its goldens (`conversions`, `Produced.conversions`)."""
+    convert = {
+        r.name: c
+        for r in results
+        if isinstance(c := (conversions or {}).get(r.group or ""), Conversion)
+    }
+    return Rules(
+        stack=parse_stack(table.stack), rename=parse_renames(table.rename), convert=convert
+    )
 
 
 def base_recordings(
@@ -296,7 +310,8 @@ def settle_failures(
         refused=refused,
     )
     comparisons = {name: r.comparison for name, r in failing.items()}
-    done = settle_by(comparisons, sides, rules=rules_of(produced.table), origin=origin)
+    rules = rules_of(produced.table, produced.conversions, list(failing.values()))
+    done = settle_by(comparisons, sides, rules=rules, origin=origin)
     return [_result(r, done.get(r.name)) for r in results]
 
 
