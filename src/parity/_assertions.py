@@ -19,12 +19,15 @@ from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any, ClassVar, TypedDict, Unpack
 
+import numpy as np
+
 from parity._errors import ParityError
 from parity._results import CheckResult
 from parity.check import Settler, check_live
 from parity.check._request import refuse_unknown_options
 from parity.judge._classes import REGISTRY, ToleranceClass
 from parity.judge._compare import Comparison, Order
+from parity.judge._converting import Conversion, probe
 from parity.judge._dataflow import Dataflow
 from parity.judge._renames import parse_renames
 from parity.judge._stacking import parse_stack
@@ -169,7 +172,10 @@ def assert_equivalent(actual: Any, expected: Any, **options: Unpack[AssertOption
         # Both programs recorded op by op, once: a key of a class that proves (`op_by_op`)
         # is proved or told why not, and the first key still failing gets its origin. The
         # trees are compared again only where the order changed.
-        rules = Rules(registry, parse_stack(said.get("stack")), parse_renames(said.get("rename")))
+        stack, rename = parse_stack(said.get("stack")), parse_renames(said.get("rename"))
+        convert = said.get("convert")
+        converted = {} if convert is None else {"0": _conversion(convert, expected)}
+        rules = Rules(registry, stack, rename, convert=converted)
         programs = _Programs(LiveSides(new_fn, old_fn, tuple(args), dict(kwargs)), rules)
         if order is options.get("order"):
             result = programs.settle([result])[0]
@@ -232,6 +238,16 @@ def _message(
         if found.traceback:  # recording raised here: where, in the user's own frames
             message += "the recording's traceback:\n" + found.traceback
     return message
+
+
+def _conversion(convert: Callable[[dict[str, Any]], Any], expected: Any) -> Conversion:
+    """What `convert` does to `expected`'s layout (the comparison refused a converter that
+    cannot be used already): what the settling reads a golden key of `old_fn`'s through."""
+    from parity.check import BARE_KEY
+    from parity.judge._trees import flatten
+
+    flat = flatten(expected, bare=BARE_KEY, non_arrays={})
+    return probe(convert, {k: tuple(np.shape(v)) for k, v in flat.items()})
 
 
 def _forward_order(

@@ -137,6 +137,32 @@ def test_assert_equivalent_reads_a_fused_tree_through_the_users_converter() -> N
         parity.assert_equivalent(fused, expected, convert=lambda g: {"x": g["params"] and 1.0})
 
 
+def test_assert_equivalent_follows_the_converter_to_the_origin_of_a_bug() -> None:
+    """With the functions given, a failing key of the reference's layout is settled through
+    the converter: its origin is the operation that made the fused output's k part."""
+    import jax.numpy as jnp
+
+    x = jnp.linspace(-1.0, 1.0, 6, dtype=jnp.float32)
+
+    def old_fn(a: Any) -> Any:
+        return {"q": jnp.tanh(a) * 2.0, "k": jnp.tanh(a) * 3.0}
+
+    def new_fn(a: Any) -> Any:
+        return {"qk": jnp.concatenate([jnp.tanh(a) * 2.0, jnp.tanh(a) * 3.01])}  # the bug
+
+    def convert(g: dict[str, Any]) -> dict[str, Any]:
+        return {"qk": jnp.concatenate([g["q"], g["k"]])}
+
+    with pytest.raises(parity.NotEquivalent) as failed:
+        parity.assert_equivalent(
+            new_fn(x), old_fn(x), convert=convert, new_fn=new_fn, old_fn=old_fn, args=(x,)
+        )
+    found = failed.value.origin
+    assert found is not None and found.origin is not None, str(failed.value)
+    line = new_fn.__code__.co_firstlineno + 1
+    assert (found.origin.primitive, found.origin.line, found.key) == ("mul", line, "k"), found.line
+
+
 MODEL = """\
 import jax
 import jax.numpy as jnp
