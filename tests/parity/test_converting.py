@@ -21,7 +21,13 @@ import numpy as np
 import pytest
 
 import parity
-from parity.judge._converting import Conversion, ConvertError, nested, probe
+from parity.judge._converting import (
+    Conversion,
+    ConvertError,
+    concatenation_offer,
+    nested,
+    probe,
+)
 from parity.judge._trees import flatten
 
 D, L = 4, 2
@@ -83,6 +89,25 @@ def test_a_fusing_converter_is_read_as_moves_and_the_tree_is_read_back_in_the_go
     partly = conversion.to_goldens(other)
     assert "params.blocks.0.attn.qkv.w" in partly and "params.blocks.0.attn.q.w" not in partly
     assert "params.blocks.0.attn.q.b" in partly  # the bias still reads through
+
+
+def test_missing_keys_a_new_key_holds_concatenated_are_offered_the_converter() -> None:
+    """q, k and v missing and `qkv` new, of the shapes they concatenate to on one axis:
+    each missing key is offered the converter; keys of other shapes or dtypes are not."""
+    f32 = "float32"
+    missing = {k: (tuple(s), f32) for k, s in LAYOUT.items() if ".0." in k}
+    missing["params.blocks.0.attn.o.w"] = ((D, D), "bfloat16")  # another dtype: not part
+    new = {
+        "params.blocks.0.attn.qkv.w": ((D, 3 * D), f32),
+        "params.blocks.0.attn.qkv.b": ((3 * D,), f32),
+        "params.blocks.0.mlp.w": ((D, 2 * D), f32),  # no siblings of its leaf: nothing
+    }
+    offered = concatenation_offer(missing, new)
+    assert offered == {
+        **{f"params.blocks.0.attn.{n}.w": ("params.blocks.0.attn.qkv.w", 1) for n in "qkv"},
+        **{f"params.blocks.0.attn.{n}.b": ("params.blocks.0.attn.qkv.b", 0) for n in "qkv"},
+    }
+    assert concatenation_offer(missing, {"params.blocks.0.attn.qkv.w": ((D, 2 * D), f32)}) == {}
 
 
 @pytest.mark.parametrize(
@@ -287,7 +312,8 @@ def test_a_fused_qkv_refactor_passes_its_unfused_goldens_through_the_users_conve
     # Without the converter, the fused keys are new and the unfused goldens missing.
     undeclared = run_parity(repo, "check", "--origin", "off")
     assert undeclared.returncode == 1, undeclared.stdout + undeclared.stderr
-    assert "params.blocks.0.attn.qkv.w" in undeclared.stdout, undeclared.stdout
+    said = "its elements are part of the new key 'params.blocks.0.attn.qkv.w' (by shapes"
+    assert said in undeclared.stdout, undeclared.stdout
     # Declared in one line, the tree is read in the goldens' layout: every unfused golden
     # key holds its class, none missing, none new.
     producers.write_text(PRODUCERS + CONVERT)

@@ -19,7 +19,7 @@ from parity.check._request import BaselineRequest, CheckRequest, Registries
 from parity.judge._chunks import DEFAULT_BUDGET
 from parity.judge._classes import ToleranceClass
 from parity.judge._compare import Comparison, Order, compare_trees
-from parity.judge._converting import annotated
+from parity.judge._converting import annotated, concatenation_offer
 from parity.judge._dataflow import DATAFLOW, HOST
 from parity.judge._renames import parse_renames, renamed, renaming_offer
 from parity.judge._stacking import join_rows, parse_stack, split_stacked, stacking_offer
@@ -85,7 +85,8 @@ def compare_flat(
 def _offer_as_one(comparison: Comparison) -> Comparison:
     """`comparison` with each missing key that is a row of a new key (stacked on a leading
     axis, `parity.judge._stacking.stacking_offer`), or whose rows are new keys (the
-    reverse), or that a new key of its shape and dtype
+    reverse), or that is part of a new key holding it and its siblings concatenated
+    (`parity.judge._converting.concatenation_offer`), or that a new key of its shape and dtype
     seems to replace under another prefix (`parity.judge._renames.renaming_offer`), saying
     so, and the rule that would compare them as one."""
     missing = {
@@ -107,8 +108,10 @@ def _offer_as_one(comparison: Comparison) -> Comparison:
     for row_key, (_, key, _) in sorted(unstacked.items(), key=lambda kv: kv[1][2]):
         rows.setdefault(key, []).append(row_key)
     taken = stacked.keys() | rows.keys()
+    fused = concatenation_offer({k: v for k, v in missing.items() if k not in taken}, new)
+    taken |= fused.keys()
     moved = renaming_offer({k: v for k, v in missing.items() if k not in taken}, new)
-    if not stacked and not rows and not moved:
+    if not stacked and not rows and not moved and not fused:
         return comparison
     rules = {t for t, _, _ in stacked.values()} | {t for t, _, _ in unstacked.values()}
     templates = ", ".join(repr(t) for t in sorted(rules))
@@ -132,6 +135,16 @@ def _offer_as_one(comparison: Comparison) -> Comparison:
                 reason=f"{f.reason}; its rows are the new keys {held[0]!r} ... {held[-1]!r} "
                 f"(the layers per layer again): compare them as one with stack = "
                 f"[{templates}] (the producers' STACK, or stack= of the check)",
+            )
+        elif f.key in fused:
+            key, axis = fused[f.key]
+            f = dataclasses.replace(
+                f,
+                reason=f"{f.reason}; its elements are part of the new key {key!r} (by "
+                f"shapes: the missing keys concatenated on axis {axis}): compare them as one "
+                "through the function that converts an old checkpoint into the new layout "
+                "(the producers' CONVERT = {group: function}, or convert= of "
+                "assert_equivalent)",
             )
         elif f.key in moved:
             f = dataclasses.replace(

@@ -36,7 +36,14 @@ from parity.judge._chunks import is_source
 from parity.judge._findings import Comparison
 from parity.judge._trees import flatten
 
-__all__ = ["Conversion", "ConvertError", "annotated", "nested", "probe"]
+__all__ = [
+    "Conversion",
+    "ConvertError",
+    "annotated",
+    "concatenation_offer",
+    "nested",
+    "probe",
+]
 
 #: Golden key -> its shape, in the goldens' order: what a converter is probed with.
 Layout = Mapping[str, Sequence[int]]
@@ -277,3 +284,39 @@ def annotated(comparison: Comparison, conversion: Conversion) -> Comparison:
             f = replace(f, reason=f"{f.reason}; the tree's element: {where}")
         findings.append(f)
     return replace(comparison, findings=tuple(findings))
+
+
+def concatenation_offer(
+    missing: Mapping[str, tuple[tuple[int, ...], str]],
+    new: Mapping[str, tuple[tuple[int, ...], str]],
+) -> dict[str, tuple[str, int]]:
+    """The missing keys whose elements a new key holds exactly, by shapes and dtypes: each
+    new key `P.<name>.<leaf>` whose shape is that of the missing keys `P.<other>.<leaf>`
+    (of its dtype, two or more, in their order) concatenated on one axis (q, k and v fused
+    into `qkv`). **Returns:** missing key -> `(new key, axis)`."""
+    out: dict[str, tuple[str, int]] = {}
+    for key, (shape, dtype) in new.items():
+        parent, _, rest = key.rpartition(".")
+        prefix, _, _ = parent.rpartition(".")
+        if not prefix:
+            continue
+        parts = [
+            k
+            for k, (s, d) in missing.items()
+            if k not in out
+            and d == dtype
+            and k.startswith(prefix + ".")
+            and k.endswith("." + rest)
+            and k.count(".") == key.count(".")
+            and len(s) == len(shape)
+        ]
+        if len(parts) < 2:
+            continue
+        shapes = [missing[k][0] for k in parts]
+        for axis in range(len(shape)):
+            others = {s[:axis] + s[axis + 1 :] for s in shapes}
+            joined = sum(s[axis] for s in shapes)
+            if others == {shape[:axis] + shape[axis + 1 :]} and joined == shape[axis]:
+                out |= dict.fromkeys(parts, (key, axis))
+                break
+    return out
