@@ -110,6 +110,25 @@ def test_missing_keys_a_new_key_holds_concatenated_are_offered_the_converter() -
     assert concatenation_offer(missing, {"params.blocks.0.attn.qkv.w": ((D, 2 * D), f32)}) == {}
 
 
+def test_a_converter_that_stacks_the_layers_and_fuses_q_k_v_in_one_is_read_back() -> None:
+    """Layers stacked and q, k, v fused in one commit, said by one converter and no
+    `STACK`: every per-layer, per-projection golden key is rebuilt from the stacked, fused
+    tree, and an element of layer 1's k is found in the stacked key's row 1."""
+
+    def convert(g: dict[str, Any]) -> dict[str, Any]:
+        fused = [_fuse(g["params"]["blocks"][str(i)]["attn"])["qkv"] for i in range(L)]
+        return {"params": {"attn": {p: np.stack([f[p] for f in fused]) for p in "wb"}}}
+
+    conversion = probe(convert, LAYOUT)
+    goldens = _goldens()
+    tree = flatten(convert(nested(goldens)))
+    assert sorted(tree) == ["params.attn.b", "params.attn.w"]
+    back = conversion.to_goldens(tree)
+    assert sorted(back) == sorted(goldens)
+    assert all(np.array_equal(back[k], goldens[k]) for k in goldens)
+    assert conversion.read_as("params.blocks.1.attn.k.w", (0, 2)) == "params.attn.w[1, 0, 6]"
+
+
 @pytest.mark.parametrize(
     ("convert", "said"),
     [
