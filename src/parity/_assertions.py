@@ -139,8 +139,6 @@ def assert_equivalent(actual: Any, expected: Any, **options: Unpack[AssertOption
     refuse_unknown_options(options, AssertOptions, "assert_equivalent")
     statics_a, statics_e = dict[str, Any](), dict[str, Any]()
     order, registry = options.get("order"), options.get("registry", REGISTRY)
-    new_fn, old_fn = options.get("new_fn"), options.get("old_fn")
-    args, kwargs = options.get("args", ()), options.get("kwargs") or {}
     said = {k: v for k in ("stack", "rename", "convert") if (v := options.get(k)) is not None}
 
     def check(order: Order | None, settle: Settler | None = None) -> CheckResult:
@@ -164,25 +162,8 @@ def assert_equivalent(actual: Any, expected: Any, **options: Unpack[AssertOption
     if result.passed and not static_problems:
         return result.comparison
     dataflow = isinstance(expected, Dataflow) or isinstance(actual, Dataflow)
-    if order is None and not dataflow and new_fn is not None and not result.passed:
-        # With the function in hand, the forward order is read from its program (traced
-        # only now, on a failure); where it does not trace, the containers' order stands.
-        order = _forward_order(new_fn, args, kwargs)
-    if new_fn is not None and old_fn is not None and not result.passed:
-        # Both programs recorded op by op, once: a key of a class that proves (`op_by_op`)
-        # is proved or told why not, and the first key still failing gets its origin. The
-        # trees are compared again only where the order changed.
-        stack, rename = parse_stack(said.get("stack")), parse_renames(said.get("rename"))
-        convert = said.get("convert")
-        converted = {} if convert is None else {"0": _conversion(convert, expected)}
-        rules = Rules(registry, stack, rename, convert=converted)
-        programs = _Programs(LiveSides(new_fn, old_fn, tuple(args), dict(kwargs)), rules)
-        if order is options.get("order"):
-            result = programs.settle([result])[0]
-        else:
-            result = check(order, programs)
-    elif order is not None and not result.passed and options.get("order") is None:
-        result = check(order)
+    if not result.passed:
+        result, order = _settled(result, check, options, expected, dataflow=dataflow)
     if result.passed and not static_problems:
         return result.comparison
     # Without an order or a `Dataflow`, the walk is the containers' own: not the forward one.
@@ -238,6 +219,47 @@ def _message(
         if found.traceback:  # recording raised here: where, in the user's own frames
             message += "the recording's traceback:\n" + found.traceback
     return message
+
+
+def _settled(
+    result: CheckResult,
+    check: Callable[[Order | None, Settler | None], CheckResult],
+    options: AssertOptions,
+    expected: Any,
+    *,
+    dataflow: bool,
+) -> tuple[CheckResult, Order | None]:
+    """A failing `result` with the functions in hand: the forward order read from
+    `new_fn`'s program (traced only now, on a failure; where it does not trace, the
+    containers' order stands), and both programs recorded op by op, once, so that a key of
+    a class that proves is proved or told why not and the first key still failing gets its
+    origin; the trees compared again (`check`) only where the order changed.
+
+    **Returns:** the result and the order it walked."""
+    given = order = options.get("order")
+    new_fn, old_fn = options.get("new_fn"), options.get("old_fn")
+    args, kwargs = options.get("args", ()), options.get("kwargs") or {}
+    if order is None and not dataflow and new_fn is not None:
+        order = _forward_order(new_fn, args, kwargs)
+    if new_fn is not None and old_fn is not None:
+        said = {k: v for k in ("stack", "rename", "convert") if (v := options.get(k)) is not None}
+        registry = options.get("registry", REGISTRY)
+        sides = LiveSides(new_fn, old_fn, tuple(args), dict(kwargs))
+        programs = _Programs(sides, _rules(said, registry, expected))
+        result = programs.settle([result])[0] if order is given else check(order, programs)
+    elif order is not None and given is None:
+        result = check(order, None)
+    return result, order
+
+
+def _rules(said: Mapping[str, Any], registry: Mapping[str, ToleranceClass], expected: Any) -> Rules:
+    """What the two functions' recordings are settled by: the classes, the stack and rename
+    rules said, and what the converter said does to `expected`'s layout (for the one
+    comparison `_Programs` settles, named `"0"`)."""
+    stack, rename = parse_stack(said.get("stack")), parse_renames(said.get("rename"))
+    convert = said.get("convert")
+    converted = {} if convert is None else {"0": _conversion(convert, expected)}
+    return Rules(registry, stack, rename, convert=converted)
 
 
 def _conversion(convert: Callable[[dict[str, Any]], Any], expected: Any) -> Conversion:

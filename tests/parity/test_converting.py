@@ -71,7 +71,7 @@ def test_a_fusing_converter_is_read_as_moves_and_the_tree_is_read_back_in_the_go
     }
     goldens = _goldens()
     tree = flatten({"params": _fuse_params(nested(goldens)["params"])})
-    back = conversion.to_goldens(tree)
+    back = conversion.to_expected_layout(tree)
     # Every golden key rebuilt, in its place, from the fused tree's elements, bit for bit.
     assert sorted(back) == sorted(goldens)
     assert all(np.array_equal(back[k], goldens[k]) for k in goldens)
@@ -86,7 +86,7 @@ def test_a_fusing_converter_is_read_as_moves_and_the_tree_is_read_back_in_the_go
     assert all(np.array_equal(again.maps[k], m) for k, m in conversion.maps.items())
     # A tree key of another shape than the converter's is left as it is: its goldens missing.
     other = dict(tree, **{"params.blocks.0.attn.qkv.w": np.zeros((3 * D, D), np.float32)})
-    partly = conversion.to_goldens(other)
+    partly = conversion.to_expected_layout(other)
     assert "params.blocks.0.attn.qkv.w" in partly and "params.blocks.0.attn.q.w" not in partly
     assert "params.blocks.0.attn.q.b" in partly  # the bias still reads through
 
@@ -123,7 +123,7 @@ def test_a_converter_that_stacks_the_layers_and_fuses_q_k_v_in_one_is_read_back(
     goldens = _goldens()
     tree = flatten(convert(nested(goldens)))
     assert sorted(tree) == ["params.attn.b", "params.attn.w"]
-    back = conversion.to_goldens(tree)
+    back = conversion.to_expected_layout(tree)
     assert sorted(back) == sorted(goldens)
     assert all(np.array_equal(back[k], goldens[k]) for k in goldens)
     assert conversion.read_as("params.blocks.1.attn.k.w", (0, 2)) == "params.attn.w[1, 0, 6]"

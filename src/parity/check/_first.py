@@ -266,7 +266,7 @@ def first_verdict(actual: Any, gf: GoldenFile, request: CheckRequest) -> FirstVe
     # Read through the producers' converter, the tree is in the goldens' layout: each golden
     # key rebuilt from the elements the converter put its elements in.
     if request.convert is not None:
-        flat_a = request.convert.to_goldens(flat_a)
+        flat_a = request.convert.to_expected_layout(flat_a)
     flat_a = renamed(flat_a, flat_e, renames)
     flat_a = join_rows(split_stacked(flat_a, flat_e, rules), flat_e, rules)
     try:

@@ -287,7 +287,7 @@ def check_live(actual: Any, expected: Any, **options: Unpack[LiveOptions]) -> Ch
     # by row with the other's per-layer keys.
     conversion = _converted(options.get("convert"), flat_e, name)
     if conversion is not None:
-        flat_a = conversion.to_goldens(flat_a)
+        flat_a = conversion.to_expected_layout(flat_a)
     flat_a, flat_e = unstack(renamed(flat_a, flat_e, renames), flat_e, rules)
     comparison = compare_flat(
         flat_a,

@@ -10,13 +10,13 @@ converter that computes (scales, adds, casts to a float) is refused there
 (`ConvertError`), naming the new key and the element that is no golden element moved: the
 second probe tells a move from arithmetic that happens to give a valid number.
 
-The check then reads the tree in the goldens' layout (`Conversion.to_goldens`): each golden
-key is rebuilt from the tree elements the converter put its elements in, so it is judged
-under its own class, spread and baseline, in its forward order, and a failure names it and
-its element, with where the tree holds that element (`Conversion.read_as`: "read as
-`blocks.attn.qkv.weight[2, 5, 71]`"). A tree key that is not exactly the converter's
-output (another shape, absent) is left as it is: its goldens are then missing, and the
-report says so.
+The check then reads the tree in the goldens' layout (`Conversion.to_expected_layout`): each
+golden key is rebuilt from the tree elements the converter put its elements in, so it is
+judged under its own class, spread and baseline, in its forward order, and a failure names
+it and its element, with where the tree holds that element (`Conversion.read_as`: "the
+tree's element: `blocks.attn.qkv.weight[2, 5, 71]`"). A tree key that is not exactly the
+converter's output (another shape, absent) is left as it is: its goldens are then missing,
+and the report says so.
 
 numpy only; the converter is the caller's own code (it may call jax).
 """
@@ -92,14 +92,7 @@ class Conversion:
         sizes = [math.prod(shape) for _, shape in self.sources]
         object.__setattr__(self, "_starts", tuple(np.cumsum([0, *sizes]).tolist()))
 
-    def _golden(self, number: int) -> tuple[int, tuple[int, ...]]:
-        """The golden key's position in `sources` and the element's index there."""
-        i = int(np.searchsorted(self._starts, number, side="right")) - 1
-        shape = self.sources[i][1]
-        index = np.unravel_index(number - self._starts[i], shape) if shape else ()
-        return i, tuple(int(x) for x in index)
-
-    def to_goldens(self, tree: Mapping[str, Any]) -> dict[str, Any]:
+    def to_expected_layout(self, tree: Mapping[str, Any]) -> dict[str, Any]:
         """`tree` (flat) in the goldens' layout: each golden key whose every element the
         converter put in a tree key that `tree` holds at the shape it returned, rebuilt
         from those elements, in the place of the first such tree key; the tree keys read so

@@ -149,7 +149,7 @@ def answering(
             and all(new.outputs.get(k, -1) >= 0 and k in new.output_arrays for k in held)
         ):
             parts = {k: np.asarray(new.output_arrays[k]) for k in held}
-            gathered = convert.to_goldens(parts).get(key)
+            gathered = convert.to_expected_layout(parts).get(key)
             if gathered is None:  # the outputs are not of the converter's shapes
                 continue
             ids = tuple(new.outputs[k] for k in held)
