@@ -4,7 +4,7 @@ kernel transposed, heads split out of a projection, layers stacked) says exactly
 element of the new layout comes from, and computes nothing.
 
 `probe(convert, layout)` runs the converter twice on stand-ins for the goldens (each golden
-element replaced by its number, then by a shuffled number), never on their values: what
+element replaced by its number, then by a random number), never on their values: what
 it returns is where each element of each new key was read from, a `Conversion`. A
 converter that computes (scales, adds, casts to a float) is refused there
 (`ConvertError`), naming the new key and the element that is no golden element moved: the
@@ -102,13 +102,20 @@ class Conversion:
         ]
         if not whole:
             return dict(tree)
-        total = self._starts[-1]
+        total, n_keys = self._starts[-1], len(self.sources)
         found = np.zeros(total, dtype=bool)
         feeds: dict[str, set[int]] = {}  # tree key -> the golden keys (by position) it holds
+        # Every tree key's elements put where the converter read them from, in one flat
+        # buffer per dtype (one pass over each tree key; a golden key is then a slice).
+        buffers: dict[np.dtype, np.ndarray] = {}
+        dtypes: dict[str, np.dtype] = {}
         for k in whole:
-            m = self.maps[k].ravel()
+            m, values = self.maps[k].ravel(), np.asarray(_read(tree[k])).ravel()
             found[m] = True
-            feeds[k] = set(np.unique(np.searchsorted(self._starts, m, side="right") - 1).tolist())
+            held = np.searchsorted(self._starts, m, side="right") - 1
+            feeds[k] = set(np.flatnonzero(np.bincount(held, minlength=n_keys)).tolist())
+            dtypes[k] = values.dtype
+            buffers.setdefault(values.dtype, np.empty(total, values.dtype))[m] = values
         built: dict[str, np.ndarray] = {}
         placed: dict[str, list[str]] = {}  # the first tree key of a golden key -> the built
         for i, (key, shape) in enumerate(self.sources):
@@ -116,13 +123,16 @@ class Conversion:
             if hi == lo or not found[lo:hi].all():
                 continue
             parts = [k for k in whole if i in feeds[k]]
-            dtype = np.result_type(*(np.asarray(_read(tree[k])).dtype for k in parts))
-            out = np.empty(hi - lo, dtype=dtype)
-            for k in parts:
-                m, values = self.maps[k].ravel(), np.asarray(_read(tree[k])).ravel()
-                mine = (m >= lo) & (m < hi)
-                out[m[mine] - lo] = values[mine]
-            built[key] = out.reshape(shape)
+            kinds = {dtypes[k] for k in parts}
+            if len(kinds) == 1:
+                built[key] = buffers[kinds.pop()][lo:hi].reshape(shape)
+            else:  # parts of several dtypes: each element from its own part's buffer
+                out = np.empty(hi - lo, dtype=np.result_type(*kinds))
+                for k in parts:
+                    m = self.maps[k].ravel()
+                    mine = m[(m >= lo) & (m < hi)]
+                    out[mine - lo] = buffers[dtypes[k]][mine]
+                built[key] = out.reshape(shape)
             placed.setdefault(parts[0], []).append(key)
         done = {i for i, (key, _) in enumerate(self.sources) if key in built}
         consumed = {k for k in whole if feeds[k] & done}
@@ -190,12 +200,11 @@ def _read(value: Any) -> Any:
 
 
 def _numbered(layout: Layout, order: np.ndarray) -> dict[str, np.ndarray]:
-    """Each golden key's stand-in: its elements' numbers taken from `order`."""
+    """Each golden key's stand-in: its elements' numbers taken from `order` (views)."""
     out, start = {}, 0
-    dtype = np.int32 if len(order) < 2**31 else np.int64  # exact under jax's default too
     for key, shape in layout.items():
         n = math.prod(shape)
-        out[key] = order[start : start + n].astype(dtype).reshape(tuple(shape))
+        out[key] = order[start : start + n].reshape(tuple(shape))
         start += n
     return out
 
@@ -218,20 +227,22 @@ def _run(convert: Callable[[dict[str, Any]], Any], stand_ins: dict[str, np.ndarr
 
 def probe(convert: Callable[[dict[str, Any]], Any], layout: Layout, *, seed: int = 0) -> Conversion:
     """What `convert` does to goldens of `layout` (golden key -> shape, in the goldens'
-    order), as a `Conversion`: run on each golden element's number, then on a shuffle of
-    the numbers; an element of the output is a move where the second run put at its place
-    the shuffled number of the element the first run named.
+    order), as a `Conversion`: run on each golden element's number, then on a random
+    number per element; an element of the output is a move where the second run put at its
+    place the random number of the element the first run named.
 
     Raises `ConvertError` for a converter that computes (its output is no golden element
     moved: a sum, a scale, a cast to a float), reads one golden element into two places,
     raises, or returns no tree of arrays.
     """
     total = sum(math.prod(s) for s in layout.values())
-    first = _run(convert, _numbered(layout, np.arange(total)))
-    shuffled = np.random.default_rng(seed).permutation(total)
-    second = _run(convert, _numbered(layout, shuffled))
+    kind = np.int32 if total < 2**31 else np.int64  # numbers exact under jax's default too
+    first = _run(convert, _numbered(layout, np.arange(total, dtype=kind)))
+    # The second stand-in: a random number per element (a move carries each one where it
+    # carries the element; arithmetic on them gives other numbers), cheaper than a shuffle.
+    drawn = np.random.default_rng(seed).integers(0, np.iinfo(kind).max, total, dtype=kind)
+    second = _run(convert, _numbered(layout, drawn))
     maps: dict[str, np.ndarray] = {}
-    seen = np.zeros(total, dtype=bool)
     for key, a in first.items():
         b = second.get(key)
         if not np.issubdtype(a.dtype, np.integer) or b is None or b.shape != a.shape:
@@ -240,10 +251,11 @@ def probe(convert: Callable[[dict[str, Any]], Any], layout: Layout, *, seed: int
                 "goldens keeps their elements (refactor the converter into moves: "
                 "concatenate, stack, reshape, transpose, index)"
             )
-        numbers = a.astype(np.int64)
-        inside = (numbers >= 0) & (numbers < total)
-        moved = inside.copy()
-        moved[inside] = shuffled[numbers[inside]] == b.astype(np.int64)[inside]
+        numbers = a if a.dtype == kind else a.astype(kind)
+        if numbers.size and (numbers.min() < 0 or numbers.max() >= total):
+            moved = (numbers >= 0) & (numbers < total)
+        else:
+            moved = drawn[numbers] == b
         if not moved.all():
             at = np.unravel_index(int(np.flatnonzero(~moved.ravel())[0]), a.shape)
             raise ConvertError(
@@ -252,24 +264,44 @@ def probe(convert: Callable[[dict[str, Any]], Any], layout: Layout, *, seed: int
                 "converter may only move elements: concatenate, stack, reshape, transpose, "
                 "index)"
             )
-        flat = numbers.ravel()
-        twice = seen[flat] | (np.bincount(flat, minlength=total)[flat] > 1)
+        maps[key] = numbers
+    _read_once(maps, total)
+    sources = tuple((k, tuple(int(d) for d in s)) for k, s in layout.items())
+    return Conversion(sources, maps)
+
+
+def _read_once(maps: Mapping[str, np.ndarray], total: int) -> None:
+    """`ConvertError` naming the first place (in the converter's order) that reads a golden
+    element a place before it read too: a pass of one flag per golden element, then, only
+    where some element was read twice, the place found."""
+    seen = np.zeros(total, dtype=bool)
+    read = 0
+    for m in maps.values():
+        seen[m.ravel()] = True
+        read += m.size
+    if int(np.count_nonzero(seen)) == read:  # as many distinct elements as places
+        return
+    seen[:] = False
+    for key, m in maps.items():
+        flat = m.ravel()
+        twice = seen[flat]
+        if not twice.any():  # within this key: an element's first place is not a copy
+            first = np.zeros(flat.size, dtype=bool)
+            first[np.unique(flat, return_index=True)[1]] = True
+            twice = ~first
         if twice.any():
-            at = np.unravel_index(int(np.flatnonzero(twice)[0]), a.shape)
+            at = np.unravel_index(int(np.flatnonzero(twice)[0]), m.shape)
             raise ConvertError(
                 f"the converter reads one golden element into two places (at {key!r}"
                 f"[{', '.join(str(int(x)) for x in at)}]): a copy cannot be judged as the "
                 "golden it copies"
             )
         seen[flat] = True
-        maps[key] = numbers
-    sources = tuple((k, tuple(int(d) for d in s)) for k, s in layout.items())
-    return Conversion(sources, maps)
 
 
 def annotated(comparison: Comparison, conversion: Conversion) -> Comparison:
     """`comparison` with each failure of a golden key the converter places saying where
-    the tree holds the element it names ("read as `qkv.weight[2, 5, 71]`")."""
+    the tree holds the element it names ("the tree's element: `qkv.weight[2, 5, 71]`")."""
     findings = []
     for f in comparison.findings:
         where = None if f.passed else conversion.read_as(f.key, f.worst_index)
