@@ -19,20 +19,19 @@ from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any, ClassVar, TypedDict, Unpack
 
-import numpy as np
-
 from parity._errors import ParityError
 from parity._results import CheckResult
-from parity.check import Settler, check_live
+from parity.check import BARE_KEY, Settler, check_live
+from parity.check._flow import probed
 from parity.check._request import refuse_unknown_options
 from parity.judge._classes import REGISTRY, ToleranceClass
 from parity.judge._compare import Comparison, Order
-from parity.judge._converting import Conversion, probe
+from parity.judge._converting import Conversion
 from parity.judge._dataflow import Dataflow
 from parity.judge._renames import parse_renames
 from parity.judge._stacking import parse_stack
 from parity.judge._tolerance import ClassMap
-from parity.judge._trees import non_array_differences
+from parity.judge._trees import flatten, non_array_differences
 from parity.origin._localisation import Localisation
 from parity.origin._settling import LiveSides, Rules, settle_by
 from parity.report import format_table
@@ -139,7 +138,10 @@ def assert_equivalent(actual: Any, expected: Any, **options: Unpack[AssertOption
     refuse_unknown_options(options, AssertOptions, "assert_equivalent")
     statics_a, statics_e = dict[str, Any](), dict[str, Any]()
     order, registry = options.get("order"), options.get("registry", REGISTRY)
-    said = {k: v for k in ("stack", "rename", "convert") if (v := options.get(k)) is not None}
+    said = {k: v for k in ("stack", "rename") if (v := options.get(k)) is not None}
+    # The converter probed once, on `expected`'s layout: every comparison and the settling
+    # read it so.
+    said["convert"] = _conversion(options.get("convert"), expected)
 
     def check(order: Order | None, settle: Settler | None = None) -> CheckResult:
         statics_a.clear()
@@ -163,7 +165,7 @@ def assert_equivalent(actual: Any, expected: Any, **options: Unpack[AssertOption
         return result.comparison
     dataflow = isinstance(expected, Dataflow) or isinstance(actual, Dataflow)
     if not result.passed:
-        result, order = _settled(result, check, options, expected, dataflow=dataflow)
+        result, order = _settled(result, check, options, said, dataflow=dataflow)
     if result.passed and not static_problems:
         return result.comparison
     # Without an order or a `Dataflow`, the walk is the containers' own: not the forward one.
@@ -225,7 +227,7 @@ def _settled(
     result: CheckResult,
     check: Callable[[Order | None, Settler | None], CheckResult],
     options: AssertOptions,
-    expected: Any,
+    said: Mapping[str, Any],
     *,
     dataflow: bool,
 ) -> tuple[CheckResult, Order | None]:
@@ -233,7 +235,8 @@ def _settled(
     `new_fn`'s program (traced only now, on a failure; where it does not trace, the
     containers' order stands), and both programs recorded op by op, once, so that a key of
     a class that proves is proved or told why not and the first key still failing gets its
-    origin; the trees compared again (`check`) only where the order changed.
+    origin; the trees compared again (`check`) only where the order changed. `said`: the
+    stack and rename rules and the converter's `Conversion`, as the comparison read them.
 
     **Returns:** the result and the order it walked."""
     given = order = options.get("order")
@@ -242,34 +245,38 @@ def _settled(
     if order is None and not dataflow and new_fn is not None:
         order = _forward_order(new_fn, args, kwargs)
     if new_fn is not None and old_fn is not None:
-        said = {k: v for k in ("stack", "rename", "convert") if (v := options.get(k)) is not None}
         registry = options.get("registry", REGISTRY)
         sides = LiveSides(new_fn, old_fn, tuple(args), dict(kwargs))
-        programs = _Programs(sides, _rules(said, registry, expected))
+        programs = _Programs(sides, _rules(said, registry))
         result = programs.settle([result])[0] if order is given else check(order, programs)
     elif order is not None and given is None:
         result = check(order, None)
     return result, order
 
 
-def _rules(said: Mapping[str, Any], registry: Mapping[str, ToleranceClass], expected: Any) -> Rules:
+def _rules(said: Mapping[str, Any], registry: Mapping[str, ToleranceClass]) -> Rules:
     """What the two functions' recordings are settled by: the classes, the stack and rename
-    rules said, and what the converter said does to `expected`'s layout (for the one
-    comparison `_Programs` settles, named `"0"`)."""
+    rules said, and the converter's `Conversion` (for the one comparison `_Programs`
+    settles, named `"0"`)."""
     stack, rename = parse_stack(said.get("stack")), parse_renames(said.get("rename"))
     convert = said.get("convert")
-    converted = {} if convert is None else {"0": _conversion(convert, expected)}
+    converted = {} if convert is None else {"0": convert}
     return Rules(registry, stack, rename, convert=converted)
 
 
-def _conversion(convert: Callable[[dict[str, Any]], Any], expected: Any) -> Conversion:
-    """What `convert` does to `expected`'s layout (the comparison refused a converter that
-    cannot be used already): what the settling reads a golden key of `old_fn`'s through."""
-    from parity.check import BARE_KEY
-    from parity.judge._trees import flatten
-
-    flat = flatten(expected, bare=BARE_KEY, non_arrays={})
-    return probe(convert, {k: tuple(np.shape(v)) for k, v in flat.items()})
+def _conversion(
+    convert: Callable[[dict[str, Any]], Any] | None, expected: Any
+) -> Conversion | Callable[[dict[str, Any]], Any] | None:
+    """What `convert` does to `expected`'s layout (`parity.check._flow.probed`: its keys
+    and shapes only, no leaf copied), probed once for every comparison and the settling;
+    `convert` as it is where `expected` does not flatten (the comparison says why)."""
+    if convert is None:
+        return None
+    try:
+        flat = flatten(expected, bare=BARE_KEY, non_arrays={}, to_array=lambda leaf: leaf)
+    except (TypeError, ValueError):
+        return convert
+    return probed(convert, flat, "assert_equivalent")
 
 
 def _forward_order(

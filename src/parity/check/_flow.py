@@ -235,13 +235,16 @@ def check_groups(
     return _settled(results, settle)
 
 
-def _converted(
-    convert: Callable[[dict[str, Any]], Any] | None, expected: Mapping[str, Any], name: str
+def probed(
+    convert: Callable[[dict[str, Any]], Any] | Conversion | None,
+    expected: Mapping[str, Any],
+    name: str,
 ) -> Conversion | None:
-    """What `convert` does to `expected`'s layout (`parity.judge._converting.probe`), or
-    None without one; `CheckError` for a converter that computes, copies or raises."""
-    if convert is None:
-        return None
+    """What `convert` does to the layout of `expected` (flat: only its keys and shapes are
+    read; `parity.judge._converting.probe`), or None without one, or `convert` itself where
+    it was probed already; `CheckError` for a converter that computes, copies or raises."""
+    if convert is None or isinstance(convert, Conversion):
+        return convert
     try:
         return probe(convert, {k: tuple(np.shape(v)) for k, v in expected.items()})
     except ConvertError as e:
@@ -285,7 +288,7 @@ def check_live(actual: Any, expected: Any, **options: Unpack[LiveOptions]) -> Ch
     # Through the user's converter, the tree is read in the reference's layout; a moved key
     # of the tree faces the key it replaces; a stacked key of either tree is compared row
     # by row with the other's per-layer keys.
-    conversion = _converted(options.get("convert"), flat_e, name)
+    conversion = probed(options.get("convert"), flat_e, name)
     if conversion is not None:
         flat_a = conversion.to_expected_layout(flat_a)
     flat_a, flat_e = unstack(renamed(flat_a, flat_e, renames), flat_e, rules)

@@ -211,7 +211,8 @@ class LiveOptions(TypedDict, total=False):
     `class_map`, which defaults to `bitwise` there, `non_arrays` (see `check_live`), and
     `stack`, which splits a stacked key of either tree into the per-layer keys of the
     other, and `convert`, the user's converter of `expected`'s layout into `actual`'s
-    (`parity.judge._converting`): `actual` is read in `expected`'s layout through it."""
+    (`parity.judge._converting`; or what it does, probed already): `actual` is read in
+    `expected`'s layout through it."""
 
     class_map: ClassMapLike
     overrides: Overrides
@@ -225,7 +226,7 @@ class LiveOptions(TypedDict, total=False):
     settle: Settler | None
     stack: Sequence[str] | str | None
     rename: Sequence[str | Sequence[str]] | str | None
-    convert: Callable[[dict[str, Any]], Any] | None
+    convert: Callable[[dict[str, Any]], Any] | Conversion | None
 
 
 def refuse_unknown_options(options: Mapping[str, Any], known: type, where: str) -> None:

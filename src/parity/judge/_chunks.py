@@ -157,6 +157,18 @@ def is_source(x: Any) -> bool:
     return all(hasattr(x, name) for name in ("read", "finish", "shape", "dtype"))
 
 
+def read_whole(value: Any) -> np.ndarray:
+    """`value` as a numpy array: a `Source` read in one block (its checksum verified by
+    `finish`), any other value as `np.asarray` gives it."""
+    if is_source(value):
+        shape = tuple(value.shape)
+        block = Block(0, math.prod(shape), tuple(slice(0, n) for n in shape))
+        array = value.read(block).reshape(shape) if math.prod(shape) else np.empty(shape)
+        value.finish()
+        return np.asarray(array, dtype=value.dtype)
+    return np.asarray(value)
+
+
 class ArraySource:
     """A `Source` over an in-memory array; blocks are views where the array allows."""
 

@@ -32,7 +32,7 @@ from typing import Any
 import numpy as np
 
 from parity._errors import ParityError
-from parity.judge._chunks import is_source
+from parity.judge._chunks import read_whole
 from parity.judge._findings import Comparison
 from parity.judge._trees import flatten
 
@@ -110,7 +110,7 @@ class Conversion:
         buffers: dict[np.dtype, np.ndarray] = {}
         dtypes: dict[str, np.dtype] = {}
         for k in whole:
-            m, values = self.maps[k].ravel(), np.asarray(_read(tree[k])).ravel()
+            m, values = self.maps[k].ravel(), read_whole(tree[k]).ravel()
             found[m] = True
             held = np.searchsorted(self._starts, m, side="right") - 1
             feeds[k] = set(np.flatnonzero(np.bincount(held, minlength=n_keys)).tolist())
@@ -144,25 +144,30 @@ class Conversion:
                 result[k] = v
         return result
 
+    def _span(self, key: str) -> tuple[int, int, tuple[int, ...]] | None:
+        """Golden key `key`'s numbers, `[lo, hi)`, and its shape; None where it is none."""
+        i = next((i for i, (k, _) in enumerate(self.sources) if k == key), None)
+        if i is None:
+            return None
+        return self._starts[i], self._starts[i + 1], self.sources[i][1]
+
     def feeding(self, key: str) -> list[str]:
         """The new keys that hold the elements of golden key `key`, in the converter's
         order (empty where it places none of them)."""
-        names = [k for k, _ in self.sources]
-        if key not in names:
+        span = self._span(key)
+        if span is None:
             return []
-        i = names.index(key)
-        lo, hi = self._starts[i], self._starts[i + 1]
+        lo, hi, _ = span
         return [k for k, m in self.maps.items() if ((m >= lo) & (m < hi)).any()]
 
     def read_as(self, key: str, index: Sequence[int] | None) -> str | None:
         """Where the tree holds element `index` of golden key `key`: `"qkv.weight[2, 5,
         71]"`; None where the converter does not place that key."""
-        names = [k for k, _ in self.sources]
-        if key not in names or index is None:
+        span = self._span(key)
+        if span is None or index is None:
             return None
-        i = names.index(key)
-        shape = self.sources[i][1]
-        number = self._starts[i] + (int(np.ravel_multi_index(tuple(index), shape)) if shape else 0)
+        lo, _, shape = span
+        number = lo + (int(np.ravel_multi_index(tuple(index), shape)) if shape else 0)
         for new, m in self.maps.items():
             hit = np.flatnonzero(m.ravel() == number)
             if hit.size:
@@ -188,15 +193,6 @@ class Conversion:
         sources = tuple(zip((str(k) for k in data["sources"]), shapes, strict=True))
         maps = {str(k): np.asarray(data[f"map.{i}"]) for i, k in enumerate(data["keys"])}
         return cls(sources, maps)
-
-
-def _read(value: Any) -> Any:
-    """A golden `Source` read whole; any other value as it is."""
-    if is_source(value):
-        from parity.judge._stacking import _rows  # pyright: ignore[reportPrivateUsage]
-
-        return _rows(value)
-    return value
 
 
 def _numbered(layout: Layout, order: np.ndarray) -> dict[str, np.ndarray]:

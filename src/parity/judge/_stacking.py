@@ -18,14 +18,13 @@ numpy only.
 
 from __future__ import annotations
 
-import math
 from collections.abc import Container, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
 import numpy as np
 
-from parity.judge._chunks import Block, is_source
+from parity.judge._chunks import read_whole
 
 __all__ = [
     "StackRule",
@@ -102,17 +101,6 @@ def parse_stack(templates: Sequence[str] | str | None) -> tuple[StackRule, ...]:
     return tuple(StackRule.parse(t) for t in templates)
 
 
-def _rows(value: Any) -> np.ndarray:
-    """`value` as a numpy array (a golden's `Source` read whole, its checksum verified)."""
-    if is_source(value):
-        shape = tuple(value.shape)
-        block = Block(0, math.prod(shape), tuple(slice(0, n) for n in shape))
-        array = value.read(block).reshape(shape) if math.prod(shape) else np.empty(shape)
-        value.finish()
-        return np.asarray(array, dtype=value.dtype)
-    return np.asarray(value)
-
-
 def split_stacked(
     side: Mapping[str, Any], other: Mapping[str, Any], rules: Sequence[StackRule]
 ) -> dict[str, Any]:
@@ -142,7 +130,7 @@ def _split(
     for rule, rows in zip(rules, last, strict=True):
         rest = rule.rest(key)
         if rest is not None and rest in rows and len(shape) >= 1 and shape[0] > rows[rest]:
-            array = _rows(value)
+            array = read_whole(value)
             return {rule.per_layer(i, rest): array[i] for i in range(shape[0])}
     return {key: value}
 
@@ -185,7 +173,7 @@ def join_rows(
     for key, value in side.items():
         if key in joined:
             stacked, *rows = joined[key]
-            out[stacked] = np.stack([_rows(side[r]) for r in rows])
+            out[stacked] = np.stack([read_whole(side[r]) for r in rows])
         elif key not in gone:
             out[key] = value
     return out

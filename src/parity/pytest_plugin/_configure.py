@@ -5,8 +5,6 @@ multi-process session, the golden folder."""
 from __future__ import annotations
 
 import os
-import shutil
-import tempfile
 from collections.abc import Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
@@ -242,22 +240,14 @@ def _read_the_table(config: pytest.Config, project: ParityConfig, place: Place |
     if project.producers is None or not project.goldens.is_dir():
         return
     from parity.machinery._launcher import UnusableClassError
-    from parity.machinery._producers_table import ProducersTable
-    from parity.run._produced import producers_table
+    from parity.pytest_plugin._fixtures import read_table
 
-    # The producers' CONVERT probed on the goldens' layout in the same run: what it does is
-    # kept in a folder of the session's (removed at its end), handed to xdist's workers.
-    folder = Path(tempfile.mkdtemp(prefix="parity-convert-"))
-    config.stash[CONVERTED] = folder
-    config.add_cleanup(lambda: shutil.rmtree(folder, ignore_errors=True))
+    # A producers file that cannot be imported reads as no rules: its tests say why. The
+    # folder that keeps what their CONVERT does is handed to xdist's workers.
     try:
-        table = producers_table(
-            project, check_classes=True, goldens=config.stash[GOLDENS], conversions_into=folder
-        )
+        read_table(config, check_classes=True)
     except UnusableClassError as e:
         raise pytest.UsageError(str(e)) from None
-    # A producers file that cannot be imported reads as no rules: its tests say why.
-    config.stash[TABLE] = table or ProducersTable()
 
 
 @pytest.hookimpl(optionalhook=True)

@@ -193,15 +193,13 @@ class _Check:
         its failures settled op by op (`_GroupSettler`), by the producers' `STACK` and
         `RENAME` as `parity check` applies them (a check's own `stack=` and `rename=` in
         their place): the settler records by the same rules, so rows are proved as there."""
-        from parity._results import CheckError
         from parity.check import check_group
+        from parity.run._produced import usable_conversion
 
         config, provenance = self.config, options.get("provenance")
         said = {k: v for k in ("stack", "rename") if (v := options.get(k)) is not None}
         table = producers_table(config).given(**said)
-        convert = conversions(config).get(group)
-        if isinstance(convert, Exception):  # a converter that computes: the user's input
-            raise CheckError(f"the producers' CONVERT[{group!r}] cannot be used: {convert}")
+        convert = usable_conversion(conversions(config), group)
         return check_group(
             actual,
             group,
@@ -344,18 +342,32 @@ def producers_table(config: pytest.Config) -> ProducersTable:
     (`parity.run._produced.producers_table`, as `parity check` reads it); no rules where
     no producers file is configured or it cannot be imported."""
     if TABLE not in config.stash:
-        from parity.machinery._producers_table import ProducersTable
-        from parity.run._produced import producers_table as read
-
-        project = config.stash[CONFIG]
-        folder = Path(tempfile.mkdtemp(prefix="parity-convert-"))
-        config.stash[CONVERTED] = folder
-        config.add_cleanup(lambda: shutil.rmtree(folder, ignore_errors=True))
-        table = None
-        if project.producers is not None:
-            table = read(project, goldens=config.stash[GOLDENS], conversions_into=folder)
-        config.stash[TABLE] = table or ProducersTable()
+        read_table(config)
     return config.stash[TABLE]
+
+
+def read_table(config: pytest.Config, *, check_classes: bool = False) -> None:
+    """The producers' table read into the stash (`parity.run._produced.producers_table`, in
+    a fresh process), no rules where no producers file is configured or it cannot be
+    imported; their `CONVERT` probed in the same run on the goldens' layout, what it does
+    kept in a folder of the session's (`CONVERTED`, removed at its end). Raises
+    `UnusableClassError` with `check_classes`."""
+    from parity.machinery._producers_table import ProducersTable
+    from parity.run._produced import producers_table as read
+
+    project = config.stash[CONFIG]
+    folder = Path(tempfile.mkdtemp(prefix="parity-convert-"))
+    config.stash[CONVERTED] = folder
+    config.add_cleanup(lambda: shutil.rmtree(folder, ignore_errors=True))
+    table = None
+    if project.producers is not None:
+        table = read(
+            project,
+            check_classes=check_classes,
+            goldens=config.stash[GOLDENS],
+            conversions_into=folder,
+        )
+    config.stash[TABLE] = table or ProducersTable()
 
 
 def conversions(config: pytest.Config) -> dict[str, Conversion | ConvertError]:

@@ -83,11 +83,10 @@ class CommitSides:
         self.progress(f"recording {group} at {sha[:12]} to name the origin")
         with temporary_worktree(self.repo, sha) as wt:
             replay = None
-            if old is not None and keys and isinstance(old.recording, Path):
+            if old is not None:  # the bad commit: the origins' paths are relative to it
                 self.root = wt.resolve()
-                replay = {group: Replaying(old.recording, keys, self.root)}
-            elif old is not None:
-                self.root = wt.resolve()
+                if keys and isinstance(old.recording, Path):
+                    replay = {group: Replaying(old.recording, keys, self.root)}
             return record_groups(
                 Checkout(root=wt, drop_paths=self.config.src, name=f"commit {sha[:12]}"),
                 self.config,

@@ -168,13 +168,18 @@ class ProducerSides:
     refused: str | None = None
     against: str = _BASE
 
+    _root: Path | None = dataclasses.field(default=None, init=False, repr=False)
+
     @property
     def root(self) -> Path:
-        """The git repository holding the project (else the project's root)."""
-        try:
-            return repo_root(self.builder.config.root)
-        except GitError:
-            return self.builder.config.root
+        """The git repository holding the project (else the project's root), asked of git
+        once."""
+        if self._root is None:
+            try:
+                self._root = repo_root(self.builder.config.root)
+            except GitError:
+                self._root = self.builder.config.root
+        return self._root
 
     def refuse(self, names: Sequence[str]) -> dict[str, NotRecorded]:
         """The groups whose programs cannot be recorded (`_why_not`) and those whose base

@@ -55,9 +55,11 @@ __all__ = [
     "Checkout",
     "Produced",
     "check_produced",
+    "goldens_layouts",
     "produce",
     "producers_table",
     "producing",
+    "usable_conversion",
 ]
 
 
@@ -391,11 +393,7 @@ def check_produced(
     if table.rename:
         options["rename"] = table.rename
     # The producers' CONVERT: each group's tree read in its goldens' layout through it.
-    conversions: dict[str, Conversion] = {}
-    for group, conversion in produced.conversions.items():
-        if isinstance(conversion, ConvertError):
-            raise CheckError(f"the producers' CONVERT[{group!r}] cannot be used: {conversion}")
-        conversions[group] = conversion
+    conversions = {g: usable_conversion(produced.conversions, g) for g in produced.groups}
     return check_groups(
         produced.groups,
         dataflow_orders=dataflow,
@@ -404,6 +402,18 @@ def check_produced(
         provenance=produced.provenance,
         baseline=baseline,
         settle=settle,
-        conversions=conversions,
+        conversions={g: c for g, c in conversions.items() if c is not None},
         **options,
     )
+
+
+def usable_conversion(
+    conversions: Mapping[str, Conversion | ConvertError], group: str
+) -> Conversion | None:
+    """What the producers' `CONVERT` does to `group`'s goldens (None where it names no
+    such group); `CheckError` where its converter cannot be used (it computes, copies,
+    raises: the user's input), for `parity check`, bisect and the pytest plugin alike."""
+    conversion = conversions.get(group)
+    if isinstance(conversion, ConvertError):
+        raise CheckError(f"the producers' CONVERT[{group!r}] cannot be used: {conversion}")
+    return conversion
