@@ -119,16 +119,19 @@ def _recorded_order(
     from parity.origin._flushing import FLUSH_ABOVE
     from parity.origin._progress import Progress
     from parity.origin._record import RecordingError, record_programs
+    from parity.origin._stored import ArraysWriter
 
     reason, recording, order = None, None, None
     shadow, unreplayed = _shadow(replay) if out is not None else (None, None)
+    # Every value's numbers go to the file as they are made, not held until the end.
+    writer = ArraysWriter(out / f"{name}{ORIGIN_RECORDING}") if with_arrays and out else None
     try:
         recording, order = record_programs(
             programs,
             arrays,
             sources=converted.source,
             evaluate=out is not None,
-            keep_arrays=with_arrays,
+            spill=None if writer is None else writer.value,
             max_bytes=ORIGIN_MAX_BYTES,
             flush_above=FLUSH_ABOVE,
             shadow=shadow,
@@ -146,13 +149,17 @@ def _recorded_order(
         return order, reason is None
     if reason is None and order is None:
         reason = "the producer's outputs are not computed by the jax programs it ran"
+    if (reason is not None or recording is None) and writer is not None:
+        writer.abandon()
     if reason is not None or recording is None:
         reason = reason or "nothing was recorded"
         (out / f"{name}{ORIGIN_REASON}").write_text(json.dumps({"reason": reason}))
         log(f"group {name!r}: not recorded: {reason}")
         return order, recording is not None or order is not None
-    kept = recording if with_arrays else recording.summary()
-    np.savez(out / f"{name}{ORIGIN_RECORDING}", **kept.to_arrays())  # pyright: ignore[reportArgumentType]
+    if writer is not None:
+        writer.commit(recording.to_arrays())
+    else:
+        np.savez(out / f"{name}{ORIGIN_RECORDING}", **recording.to_arrays())  # pyright: ignore[reportArgumentType]
     log(f"group {name!r}: recorded {len(recording.values)} values")
     if replay is not None:
         _answer_replay(name, out, replay, shadow, recording, unreplayed)

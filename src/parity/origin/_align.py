@@ -41,7 +41,7 @@ from parity.judge._floats import largest_finite_abs
 from parity.judge._rule_base import Scale
 from parity.judge._ulp import is_float_dtype, spacing_at, to_float64
 from parity.origin._change import CHANGES, Change, change_of, counterparts, edited, frame_parts
-from parity.origin._fingerprints import STATS, Fingerprint, ordinary
+from parity.origin._fingerprints import Fingerprint, Prints, ordinary
 from parity.origin._primitives import ARRANGING
 from parity.origin._record import LocaliseError
 from parity.origin._recording import Recording, Value
@@ -172,25 +172,43 @@ class Origin:
 class _Bucket:
     """Old values (and rows) of one shape and dtype, with their fingerprints as arrays."""
 
-    def __init__(self, refs: list[Ref], prints: list[Fingerprint]):
+    def __init__(self, refs: list[Ref], prints: Prints):
         self.refs = refs
-        self.digest = np.array([f.digest for f in prints], dtype=np.uint64)
-        self.special = np.array([f.special for f in prints], dtype=np.uint64)
-        self.max_abs = np.array([f.max_abs for f in prints])
-        self.stats = np.array([f.stats for f in prints]).reshape(len(prints), STATS)
+        self.digest = prints.digest
+        self.special = prints.special
+        self.max_abs = prints.max_abs
+        self.stats = prints.stats
 
 
 def _index(old: Recording) -> dict[Key, _Bucket]:
-    found: dict[Key, tuple[list[Ref], list[Fingerprint]]] = {}
+    found: dict[Key, tuple[list[Ref], list[Fingerprint | Prints]]] = {}
     for v, fp in zip(old.values, old.fingerprints, strict=True):
         refs, prints = found.setdefault((v.shape, v.dtype), ([], []))
         refs.append((v.id, -1))
         prints.append(fp)
-        for r, rfp in enumerate(old.rows.get(v.id, ())):
+        rows = old.rows.get(v.id)
+        if rows:  # a value's rows, as the arrays the recording holds them in
             refs, prints = found.setdefault((v.shape[1:], v.dtype), ([], []))
-            refs.append((v.id, r))
-            prints.append(rfp)
-    return {key: _Bucket(*entry) for key, entry in found.items()}
+            refs.extend((v.id, r) for r in range(len(rows)))
+            prints.append(rows)
+    return {key: _Bucket(refs, _joined(prints)) for key, (refs, prints) in found.items()}
+
+
+def _joined(items: list[Fingerprint | Prints]) -> Prints:
+    """Fingerprints and rows' `Prints`, in order, as one `Prints`."""
+    parts: list[Prints] = []
+    loose: list[Fingerprint] = []
+    for item in items:
+        if isinstance(item, Fingerprint):
+            loose.append(item)
+            continue
+        if loose:
+            parts.append(Prints.of(loose))
+            loose = []
+        parts.append(item)
+    if loose or not parts:
+        parts.append(Prints.of(loose))
+    return Prints.joined(parts)
 
 
 def _max_diff(a: np.ndarray, b: np.ndarray) -> float:

@@ -21,8 +21,9 @@ from __future__ import annotations
 
 import functools
 import hashlib
+from collections.abc import Iterable, Iterator, Sequence
 from dataclasses import dataclass
-from typing import Any, NamedTuple
+from typing import Any, NamedTuple, overload
 
 import numpy as np
 
@@ -33,6 +34,7 @@ __all__ = [
     "BLOCKS",
     "STATS",
     "Fingerprint",
+    "Prints",
     "fingerprint",
     "ordinary",
     "row_digests",
@@ -64,6 +66,68 @@ class Fingerprint:
     special: int
     max_abs: float
     stats: np.ndarray
+
+
+class Prints(Sequence[Fingerprint]):
+    """The fingerprints of a value's rows, one entry per row of four arrays, not an object
+    per row: a model's recording has over a million rows (an embedding table alone 32,000
+    in each of its copies), whose objects took more memory than the program. Indexing
+    gives a row's `Fingerprint` (its statistics a view); a slice, the `Prints` of those
+    rows.
+
+    **Fields:** `digest`, `special` (uint64 `[n]`), `max_abs` (float64 `[n]`), `stats`
+    (float64 `[n, STATS]`), as `Fingerprint`'s.
+    """
+
+    __slots__ = ("digest", "max_abs", "special", "stats")
+
+    def __init__(
+        self, digest: np.ndarray, special: np.ndarray, max_abs: np.ndarray, stats: np.ndarray
+    ) -> None:
+        self.digest = np.asarray(digest, dtype=np.uint64).reshape(-1)
+        self.special = np.asarray(special, dtype=np.uint64).reshape(-1)
+        self.max_abs = np.asarray(max_abs, dtype=np.float64).reshape(-1)
+        self.stats = np.asarray(stats, dtype=np.float64).reshape(len(self.digest), STATS)
+
+    @classmethod
+    def of(cls, prints: Iterable[Fingerprint]) -> Prints:
+        """The `Prints` of fingerprints made one by one."""
+        listed = list(prints)
+        return cls(
+            np.array([f.digest for f in listed], dtype=np.uint64),
+            np.array([f.special for f in listed], dtype=np.uint64),
+            np.array([f.max_abs for f in listed], dtype=np.float64),
+            np.array([f.stats for f in listed], dtype=np.float64).reshape(len(listed), STATS),
+        )
+
+    @classmethod
+    def joined(cls, parts: Sequence[Prints]) -> Prints:
+        """The rows of `parts`, in order."""
+        if len(parts) == 1:
+            return parts[0]
+        fields = ("digest", "special", "max_abs", "stats")
+        return cls(*(np.concatenate([getattr(p, f) for p in parts]) for f in fields))
+
+    def __len__(self) -> int:
+        return len(self.digest)
+
+    @overload
+    def __getitem__(self, r: int) -> Fingerprint: ...
+    @overload
+    def __getitem__(self, r: slice) -> Prints: ...
+    def __getitem__(self, r: int | slice) -> Fingerprint | Prints:
+        if isinstance(r, slice):
+            return Prints(self.digest[r], self.special[r], self.max_abs[r], self.stats[r])
+        return Fingerprint(
+            int(self.digest[r]), int(self.special[r]), float(self.max_abs[r]), self.stats[r]
+        )
+
+    def __iter__(self) -> Iterator[Fingerprint]:
+        return (self[r] for r in range(len(self)))
+
+
+#: A value with no rows' fingerprints (fewer than two axes, or no row).
+_NO_ROWS = Prints(np.zeros(0), np.zeros(0), np.zeros(0), np.zeros((0, STATS)))
 
 
 def _digest(data: bytes | memoryview) -> int:
@@ -117,23 +181,36 @@ def _blocks(n: int) -> tuple[np.ndarray, np.ndarray]:
     return starts, sizes
 
 
-#: The most elements whose signs are kept between values (`_signs`): a recording asks for
-#: the same few row lengths again and again; a large value's signs (an embedding table's
-#: 38.6 M: 309 MB) are made for it and let go, not held for the rest of the process.
+#: The most elements whose signs are made for their length and kept between values
+#: (`_signs`): a recording asks for the same few row lengths again and again. Longer runs
+#: of elements take these signs over and over, so that a large value's (an embedding
+#: table's 38.6 M: 309 MB) are neither kept nor drawn again for each value, and a part of
+#: them is made for a part of the value (`_signs_from`).
 _KEPT_SIGNS = 1 << 20
+#: A float value of more elements than this is fingerprinted a chunk of whole rows (about
+#: this many elements) at a time (`_chunked`): its float64 copies, three of them, are made
+#: for one chunk, not for the whole value (an embedding table's were 926 MB).
+CHUNK = _KEPT_SIGNS
 
 
 def _signs(n: int) -> np.ndarray:
     """`n` fixed pseudo-random signs (the same for every array of `n` elements)."""
-    return _kept_signs(n) if n <= _KEPT_SIGNS else _made_signs(n)
+    return _kept_signs(n) if n <= _KEPT_SIGNS else _signs_from(0, n)
+
+
+def _signs_from(start: int, n: int) -> np.ndarray:
+    """Elements `start` to `start + n` of the signs of a run longer than `_KEPT_SIGNS`:
+    `_KEPT_SIGNS`'s own, over and over."""
+    return np.resize(np.roll(_kept_signs(_KEPT_SIGNS), -(start % _KEPT_SIGNS)), n)
+
+
+def _signs_of(n: int, start: int, stop: int) -> np.ndarray:
+    """Elements `start` to `stop` of `_signs(n)`, made for that part alone where long."""
+    return _kept_signs(n)[start:stop] if n <= _KEPT_SIGNS else _signs_from(start, stop - start)
 
 
 @functools.lru_cache(maxsize=256)
 def _kept_signs(n: int) -> np.ndarray:
-    return _made_signs(n)
-
-
-def _made_signs(n: int) -> np.ndarray:
     signs = np.where(np.random.default_rng(n).integers(0, 2, n) == 1, 1.0, -1.0)
     signs.flags.writeable = False
     return signs
@@ -178,13 +255,13 @@ def _floats(array: np.ndarray) -> _Floats:
     return _Floats(numbers, float(np.maximum.reduce(magnitude)), plain, x64)
 
 
-def _prints(digests: list[int], floats: _Floats | None) -> list[Fingerprint]:
+def _prints(digests: list[int], floats: _Floats | None) -> Prints:
     """The fingerprint of each of `len(digests)` equal rows of a value, from the rows'
     digests and, for a float value, its `_Floats`."""
     rows = len(digests)
     if floats is None or rows == 0:
-        zeros = np.zeros(STATS)
-        return [Fingerprint(d, 0, 0.0, zeros) for d in digests]
+        return Prints(np.array(digests, np.uint64), np.zeros(rows), np.zeros(rows),
+                      np.zeros((rows, STATS)))  # fmt: skip
     numbers = floats.numbers.reshape(3, rows, -1)
     if rows == 1:  # the whole value, whose largest magnitude `_floats` found
         max_abs = [floats.max_abs]
@@ -199,10 +276,9 @@ def _prints(digests: list[int], floats: _Floats | None) -> list[Fingerprint]:
         for r in np.flatnonzero(~plain.all(axis=1)).tolist():
             marks = np.where(plain[r], 0.0, x64[r])
             specials[r] = _digest(np.isnan(marks).tobytes() + np.nan_to_num(marks).tobytes())
-    return [
-        Fingerprint(d, s, m, st)
-        for d, s, m, st in zip(digests, specials, max_abs, stats, strict=True)
-    ]
+    return Prints(
+        np.array(digests, np.uint64), np.array(specials, np.uint64), np.asarray(max_abs), stats
+    )
 
 
 def _parts(array: np.ndarray) -> tuple[np.ndarray, memoryview, _Floats | None]:
@@ -213,11 +289,65 @@ def _parts(array: np.ndarray) -> tuple[np.ndarray, memoryview, _Floats | None]:
     return array, array.reshape(-1).view(np.uint8).data, floats
 
 
-def row_fingerprints(array: np.ndarray) -> list[Fingerprint]:
+def row_fingerprints(array: np.ndarray) -> Prints:
     """The fingerprint of each row (leading index) of `array`, or of `array` itself when it
     is given with a leading axis of one (`array[None]`); none for no rows."""
+    if _large(array):
+        return _chunked(np.ascontiguousarray(array), whole=False, rows=True)[1]
     array, data, floats = _parts(array)
     return _prints(_digests(data, array.shape[0]), floats)
+
+
+def _large(array: np.ndarray) -> bool:
+    return array.size > CHUNK and array.ndim > 0 and is_float_dtype(array.dtype)
+
+
+def _chunked(array: np.ndarray, *, whole: bool, rows: bool) -> tuple[Fingerprint | None, Prints]:
+    """A large float value's fingerprint (with `whole`) and its rows' (with `rows`), made
+    a chunk of whole rows at a time (`CHUNK`). Each row's is the one made
+    of the whole value at once, bit for bit; the whole's block sums add the chunks' parts,
+    in float64, and its special digest reads the chunks in order."""
+    data = array.reshape(-1).view(np.uint8).data
+    count, width = array.shape[0], array.size // array.shape[0]
+    step = max(1, CHUNK // max(width, 1))
+    digests = _digests(data, count) if rows else []
+    starts, sizes = _blocks(array.size)
+    ends = starts + sizes
+    sums, largest, specials = np.zeros((3, len(starts))), 0.0, False
+    prints: list[Prints] = []
+    for first in range(0, count, step):
+        floats = _floats(array[first : first + step])
+        lo, hi = first * width, first * width + floats.numbers.shape[1]
+        largest, specials = max(largest, floats.max_abs), specials or floats.plain is not None
+        if whole:
+            signed = floats.numbers[0] * _signs_of(array.size, lo, hi)
+            for b, (s, e) in enumerate(zip(starts.tolist(), ends.tolist(), strict=True)):
+                a, z = max(s, lo) - lo, min(e, hi) - lo
+                if a < z:
+                    sums[:2, b] += floats.numbers[:2, a:z].sum(axis=1)
+                    sums[2, b] += signed[a:z].sum()
+        if rows:
+            prints.append(_prints(digests[first : first + step], floats))
+    rows_of = Prints.joined(prints) if prints else _NO_ROWS
+    if not whole:
+        return None, rows_of
+    stats = np.zeros((3, BLOCKS))
+    stats[:, : len(starts)] = sums / sizes
+    special = _chunked_special(array, step) if specials else 0
+    return Fingerprint(_digest(data), special, largest, stats.reshape(STATS)), rows_of
+
+
+def _chunked_special(array: np.ndarray, step: int) -> int:
+    """The special digest of a large value (`_prints`'s, of the whole), its marks hashed
+    a chunk at a time: first where they are NaN, then their numbers."""
+    hasher = hashlib.blake2b(digest_size=8)
+    for numbers in (False, True):
+        for first in range(0, array.shape[0], step):
+            floats = _floats(array[first : first + step])
+            plain = np.ones(floats.x64.shape, bool) if floats.plain is None else floats.plain
+            marks = np.where(plain, 0.0, floats.x64)
+            hasher.update(np.nan_to_num(marks).tobytes() if numbers else np.isnan(marks).tobytes())
+    return int.from_bytes(hasher.digest(), "little")
 
 
 @functools.lru_cache(maxsize=64)
@@ -240,16 +370,26 @@ def ordinary(x64: np.ndarray, dtype: np.dtype[Any]) -> np.ndarray:
 
 def fingerprint(array: np.ndarray) -> Fingerprint:
     """The fingerprint of a whole value."""
-    _, data, floats = _parts(np.asarray(array))
+    array = np.asarray(array)
+    if _large(array):
+        whole, _ = _chunked(np.ascontiguousarray(array), whole=True, rows=False)
+        assert whole is not None
+        return whole
+    _, data, floats = _parts(array)
     return _prints([_digest(data)], floats)[0]
 
 
-def value_fingerprints(array: np.ndarray) -> tuple[Fingerprint, tuple[Fingerprint, ...]]:
+def value_fingerprints(array: np.ndarray) -> tuple[Fingerprint, Prints]:
     """`fingerprint(array)` and, for a value of two or more axes and at least one row,
     `row_fingerprints(array)` (else `()`), as a recording keeps them for each value: its
-    bytes and float64 numbers are made once for both."""
+    bytes and float64 numbers are made once for both (a chunk of rows at a time for a
+    large one)."""
+    if _large(np.asarray(array)):
+        whole, rows = _chunked(np.ascontiguousarray(array), whole=True, rows=np.ndim(array) >= 2)
+        assert whole is not None
+        return whole, rows
     array, data, floats = _parts(np.asarray(array))
     whole = _prints([_digest(data)], floats)[0]
     if array.ndim < 2 or array.shape[0] == 0:
-        return whole, ()
-    return whole, tuple(_prints(_digests(data, array.shape[0]), floats))
+        return whole, _NO_ROWS
+    return whole, _prints(_digests(data, array.shape[0]), floats)

@@ -15,27 +15,26 @@ jax is imported inside these functions only (the caller has it).
 
 from __future__ import annotations
 
-import functools
+import collections
 import hashlib
 import math
-import os
-from pathlib import Path
+from collections.abc import Callable
 from typing import Any
 
 import numpy as np
 
 from parity._errors import ParityError
 from parity.origin._executables import Executables
-from parity.origin._fingerprints import Fingerprint, value_fingerprints
+from parity.origin._fingerprints import Fingerprint, Prints, value_fingerprints
 from parity.origin._flushing import Flushing
+from parity.origin._places import CHAIN_FRAMES, Where, frame_of
 from parity.origin._primitives import CALLS, MOVES, WHOLE
 from parity.origin._progress import Progress
 from parity.origin._recording import Recording, Value
 
-__all__ = ["MOVES", "Interpreter", "LocaliseError", "plain_dtype", "user_frame_of"]
+__all__ = ["MOVES", "Interpreter", "LocaliseError", "plain_dtype"]
 
 _MAX_WHILE = 100_000
-_PARITY = str(Path(__file__).resolve().parents[1])
 
 
 class LocaliseError(ParityError, ValueError):
@@ -50,14 +49,6 @@ class LocaliseError(ParityError, ValueError):
 
 
 Ref = tuple[Any, int]  # (array, value id; -1 for a literal)
-Frame = tuple[str, int, str]  # (file, line, function); ("", 0, "") where unknown
-_NOWHERE: Frame = ("", 0, "")
-#: The user's own frame, the library's frame as a line ("" if none), and the chain of the
-#: user's own frames, innermost first, each `file:line in function`, joined by "\n".
-Where = tuple[Frame, str, str]
-UNPLACED: Where = (_NOWHERE, "", "")
-#: The most of the user's own frames a value's chain keeps (innermost first).
-CHAIN_FRAMES = 8
 #: The most elements of an input or a constant whose numbers are kept in words.
 SMALL_CONSTANT = 16
 
@@ -88,8 +79,13 @@ class Interpreter:
         shadow: Any = None,
         executables: Executables | None = None,
         progress: Progress | None = None,
+        spill: Callable[[int, np.ndarray], None] | None = None,
     ) -> None:
         self.max_bytes = max_bytes
+        #: Told each value's numbers as they are made (`parity.origin._stored.ArraysWriter.
+        #: value`), where they go to disk instead of being held; None: held where
+        #: `keep_arrays`, else let go once fingerprinted.
+        self.spill = spill
         #: Told of each value, program and scan step, to say how a long recording goes
         #: (`parity.origin._progress`); None: nothing said.
         self.progress = progress
@@ -114,11 +110,12 @@ class Interpreter:
         self.values: list[Value] = []
         self.arrays: list[np.ndarray] = []
         self.prints: list[Fingerprint] = []
-        self.rows: dict[int, tuple[Fingerprint, ...]] = {}
+        self.rows: dict[int, Prints] = {}
         self.depth: list[int] = []
         self.source: dict[int, int] = {}
         self.stacked: dict[int, list[int]] = {}
         self.consts: dict[int, tuple[Any, Ref]] = {}
+        self.const_ids: set[int] = set()
         self.frames: dict[int, Where] = {}
         self.chains: dict[tuple[str, str], str] = {}
 
@@ -156,8 +153,10 @@ class Interpreter:
                 self.rows[i] = rows
             if self.keep_arrays:
                 self.arrays.append(host)
-            else:
-                self.nbytes -= host.nbytes  # fingerprinted: its numbers need not be held
+            else:  # fingerprinted (and written, where spilled): its numbers need not be held
+                if self.spill is not None:
+                    self.spill(i, host)
+                self.nbytes -= host.nbytes
         else:
             shape, dtype = (
                 tuple(x.shape),
@@ -204,7 +203,7 @@ class Interpreter:
         goes on with the frames that led to the call (a jitted program's traceback stops at
         its own function: the chain reaches the caller through the program's frame)."""
         if id(eqn) not in self.frames:
-            self.frames[id(eqn)] = _user_frame(eqn)
+            self.frames[id(eqn)] = frame_of(eqn)
         own = self.frames[id(eqn)]
         if not own[0][0]:
             return outer
@@ -221,6 +220,7 @@ class Interpreter:
         if id(c) not in self.consts:  # the object is kept alive by the entry
             value = c if self.evaluate else Aval(shape_of(c), dtype_of(c))
             self.consts[id(c)] = (c, self.add(value, "const", "const", [], where))
+            self.const_ids.add(self.consts[id(c)][1][1])
         return self.consts[id(c)][1]
 
     def run(self, jaxpr: Any, consts: list[Ref], args: list[Ref], outer: Where) -> list[Ref]:
@@ -230,6 +230,9 @@ class Interpreter:
         env.update(zip(jaxpr.constvars, consts, strict=True))
         env.update(zip(jaxpr.invars, args, strict=True))
         last = _last_uses(jaxpr, jex.Literal)
+        # The values this run makes, by how many of its variables hold each: one that
+        # none holds any longer is read by nothing after (its caller sees only outputs).
+        start, held = len(self.values), collections.Counter[int]()
 
         def read(v: Any) -> Ref:
             return (v.val, -1) if isinstance(v, jex.Literal) else env[v]
@@ -239,13 +242,25 @@ class Interpreter:
             for var, out in zip(eqn.outvars, outs, strict=True):
                 if var in last:  # a result nothing reads is not held
                     env[var] = out
+                    held[out[1]] += 1
+                elif out[1] >= start and held[out[1]] <= 0:
+                    self.release(out[1])
             # What this equation read last is let go: a recording holds what the program
             # holds, not every value it ever made (a value's numbers stay where the
             # recording keeps them: its fingerprint, and its array where asked).
             for var in eqn.invars:  # `a @ a` reads one value twice
-                if not isinstance(var, jex.Literal) and last.get(var) == k:
-                    env.pop(var, None)
+                if not isinstance(var, jex.Literal) and last.get(var) == k and var in env:
+                    i = env.pop(var)[1]
+                    held[i] -= 1
+                    if i >= start and held[i] <= 0:
+                        self.release(i)
         return [read(v) for v in jaxpr.outvars]
+
+    def release(self, i: int) -> None:
+        """Value `i` is read by nothing more: the shadow replay lets its numbers go. A
+        constant of a closed program is kept (the program may run again)."""
+        if self.shadow is not None and self.evaluate and i not in self.const_ids:
+            self.shadow.release(i)
 
     def closed(self, closed: Any, args: list[Ref], where: Where) -> list[Ref]:
         inner = getattr(closed, "jaxpr", closed)
@@ -315,6 +330,7 @@ class Interpreter:
         steps = range(length - 1, -1, -1) if p["reverse"] else range(length)
         ys: dict[int, list[Ref]] = {}
         row = self.executables.row  # a row of a plain value made on the host, where moves are
+        start = len(self.values)  # what the steps make: a row or a carry is let go once read
         for n, k in enumerate(steps):
             if self.progress is not None:
                 self.progress.step(k, length, first=n == 0)
@@ -325,6 +341,10 @@ class Interpreter:
                 for (_, i), (_, r) in zip(xs, rows, strict=True):
                     self.shadow.row(r, i, k)
             outs = self.closed(p["jaxpr"], [*consts, *carry, *rows], where)
+            kept = {i for _, i in outs} | {i for part in ys.values() for _, i in part}
+            for _, i in (*carry, *rows):
+                if i >= start and i not in kept:
+                    self.release(i)
             carry = outs[:n_carry]
             ys[k] = outs[n_carry:]
         if self.progress is not None and length:
@@ -345,6 +365,10 @@ class Interpreter:
                 self.shadow.stack(ref[1], parts)
             self.stacked[ref[1]] = [self.stands_for(i) for _, i in parts]
             stacked.append(ref)
+        final = {i for _, i in carry}
+        for i in {i for part in ys.values() for _, i in part}:  # now rows of the stacked ys
+            if i >= start and i not in final:
+                self.release(i)
         return [*carry, *stacked]
 
     def row_of(self, i: int, k: int) -> int | None:
@@ -427,59 +451,6 @@ def to_host(x: Any) -> np.ndarray:
     if dtype is not None and jnp.issubdtype(dtype, jax.dtypes.extended):
         return np.asarray(jax.random.key_data(x))
     return np.asarray(x)
-
-
-_LIBRARIES = ("site-packages", "dist-packages")
-
-
-def _file_kind(file_name: str) -> str:
-    """Whose a frame's file is: `parity`'s own, an installed `library`'s, or the `user`'s."""
-    return _kind_of_file(os.path.join(os.getcwd(), file_name))
-
-
-@functools.lru_cache(maxsize=4096)
-def _kind_of_file(path: str) -> str:
-    """`_file_kind` of an absolute `path`, resolved once per path: a recording asks for the
-    same few files at every operation."""
-    file = str(Path(path).resolve())
-    if file.startswith(_PARITY):
-        return "parity"
-    return "library" if any(part in _LIBRARIES for part in Path(file).parts) else "user"
-
-
-def user_frame_of(source_info: Any) -> Where:
-    """The user's own frame of a jax `SourceInfo` (the innermost outside jax, parity and
-    installed libraries); where the innermost frame outside jax and parity lies in an
-    installed library (optax, equinox), that frame as `file:line in function`; and the
-    chain of the user's own frames that led there, innermost first (`CHAIN_FRAMES` at
-    most)."""
-    from parity.origin._adapter import user_frames
-
-    own: Frame | None = None
-    library = ""
-    chain: list[str] = []
-    for frame in user_frames(source_info):
-        kind = _file_kind(frame.file_name)
-        if kind == "parity":
-            continue
-        if kind == "library":
-            if own is None and not library:
-                library = f"{frame.file_name}:{frame.start_line} in {frame.function_name}"
-            continue
-        if own is None:
-            own = (frame.file_name, int(frame.start_line), frame.function_name)
-        chain.append(f"{frame.file_name}:{frame.start_line} in {frame.function_name}")
-        if len(chain) == CHAIN_FRAMES:
-            break
-    return (own or _NOWHERE), library, "\n".join(chain)
-
-
-def _user_frame(eqn: Any) -> Where:
-    """`user_frame_of` of `eqn`'s source info, or unplaced."""
-    try:
-        return user_frame_of(eqn.source_info)
-    except Exception:  # a jax without this private API: the values stay unplaced
-        return UNPLACED
 
 
 def _literal(x: Any) -> str:

@@ -38,7 +38,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 import parity.origin._adapter as adapter
-from parity.origin._interpreter import UNPLACED, Where
+from parity.origin._places import UNPLACED, Where
 
 __all__ = ["Capture", "Link", "Program", "capture"]
 
@@ -59,7 +59,7 @@ class Program:
     **Fields:** `jaxpr` (a closed jaxpr; an operation run outside any jit is a program of
     one equation), `args` (per flat argument a `Link` or the concrete array), `frame` (the
     user's own frame that called it and the library's frame beside it:
-    `parity.origin._interpreter.user_frame_of`; an equation of the program that names no
+    `parity.origin._places.user_frame_of`; an equation of the program that names no
     frame of its own, as in a library's jitted function, is placed there).
     """
 
@@ -132,7 +132,7 @@ def quiet() -> contextlib.AbstractContextManager[None]:
 
 
 def _user_frame_now() -> Where:
-    from parity.origin._interpreter import user_frame_of
+    from parity.origin._places import user_frame_of
 
     try:
         return user_frame_of(adapter.current_source_info())

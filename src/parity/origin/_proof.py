@@ -34,6 +34,7 @@ from parity.judge._stacking import StackRule, row_of, rows_held
 from parity.origin._align import Alignment, align
 from parity.origin._fingerprints import value_fingerprints
 from parity.origin._recording import Recording, Value
+from parity.origin._stored import Appended
 
 __all__ = [
     "Proof",
@@ -175,7 +176,7 @@ def answering(
         },
         outputs=outputs,
         output_arrays=arrays,
-        arrays=None if new.arrays is None else (*new.arrays, *(a for _, a in added)),
+        arrays=None if new.arrays is None else Appended(new.arrays, [a for _, a in added]),
     )
 
 

@@ -11,10 +11,11 @@ jax is imported inside these functions only (the caller has it).
 
 from __future__ import annotations
 
+import collections
 import contextlib
 import functools
 import traceback as tb
-from collections.abc import Callable, Iterator, Mapping
+from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 from pathlib import Path
 from types import TracebackType
 from typing import TYPE_CHECKING, Any
@@ -26,7 +27,6 @@ from parity.judge._trees import flatten
 from parity.origin._executables import Executables
 from parity.origin._interpreter import (
     MOVES,
-    UNPLACED,
     Aval,
     Interpreter,
     LocaliseError,
@@ -35,8 +35,8 @@ from parity.origin._interpreter import (
     dtype_of,
     shape_of,
     to_host,
-    user_frame_of,
 )
+from parity.origin._places import UNPLACED, user_frame_of
 from parity.origin._progress import Progress
 from parity.origin._recording import Recording
 
@@ -290,6 +290,7 @@ def record_programs(
     flush_above: int | None = None,
     shadow: Any = None,
     progress: Progress | None = None,
+    spill: Callable[[int, np.ndarray], None] | None = None,
 ) -> tuple[Recording | None, list[str] | None]:
     """Run the programs a producer dispatched (`parity.origin._programs.capture`) op by op,
     in the order it ran them, in one value space: an argument one of them made is that
@@ -312,6 +313,9 @@ def record_programs(
     - `shadow`: as `record`.
     - `progress`: told of each value, program and scan step, to say how a long recording
       goes (`parity.origin._progress`); None: nothing said.
+    - `spill`: told each value's numbers as they are made, to write them to disk
+      (`parity.origin._stored.ArraysWriter.value`) where `keep_arrays` would hold them all;
+      the recording returned is then a summary.
 
     **Returns:** `(recording, order)`: the `Recording` (None where not `evaluate`), and the
     keys in dataflow order: by the depth of the value each key reads (the longest chain of
@@ -335,9 +339,17 @@ def record_programs(
         flush_above=flush_above,
         shadow=shadow,
         progress=progress,
+        spill=spill,
     )
+    links: dict[str, Link] = {}
+    for key, array in outputs.items():
+        origin = array if isinstance(array, jax.Array) else (sources or {}).get(id(array))
+        link = capture.link_of(origin) if origin is not None else None
+        if link is not None:
+            links[key] = link
     results: list[list[Ref]] = []
     inputs: dict[int, Ref] = {}
+    held = _Held(capture.programs, links.values(), interp)
     with quiet(), _naming_the_operation():
         for k, program in enumerate(capture.programs, 1):
             if progress is not None:
@@ -352,12 +364,8 @@ def record_programs(
                     inputs[id(a)] = interp.add(value, "input", "input", [], UNPLACED)
                 args.append(inputs[id(a)])
             results.append(interp.closed(program.jaxpr, args, program.frame))
-    linked: dict[str, Ref] = {}
-    for key, array in outputs.items():
-        origin = array if isinstance(array, jax.Array) else (sources or {}).get(id(array))
-        link = capture.link_of(origin) if origin is not None else None
-        if link is not None:
-            linked[key] = results[link.program][link.output]
+            held.ran(k - 1, results, {i for _, i in inputs.values()})
+    linked = {key: results[link.program][link.output] for key, link in links.items()}
     order = _ordered(interp, list(outputs), {k: i for k, (_, i) in linked.items()})
     if not evaluate:
         return None, order
@@ -367,6 +375,45 @@ def record_programs(
         {k: to_host(linked[k][0]) if k in linked else np.asarray(outputs[k]) for k in keys},
     )
     return recording, order
+
+
+class _Held:
+    """What of the programs' results a recording still holds: an output of one program is
+    let go once the last program that reads it has run (an operation run outside any jit
+    is a program of its own, so a producer's eager steps, a random initialisation's bits
+    among them, would otherwise all be held to the end), unless a key of the producer's
+    outputs is linked to it."""
+
+    def __init__(self, programs: Sequence[Any], keys: Iterable[Any], interp: Interpreter) -> None:
+        from parity.origin._programs import Link
+
+        self.interp = interp
+        self.last: dict[tuple[int, int], int] = {}
+        for k, program in enumerate(programs):
+            for a in program.args:
+                if isinstance(a, Link):
+                    self.last[(a.program, a.output)] = k
+        self.kept = {(link.program, link.output) for link in keys}
+        self.count: collections.Counter[int] = collections.Counter()
+        self.done: dict[int, list[tuple[int, int]]] = {}
+        for where, k in self.last.items():
+            self.done.setdefault(k, []).append(where)
+
+    def ran(self, k: int, results: list[list[Ref]], inputs: set[int]) -> None:
+        """Program `k` has run: what nothing reads any more is let go."""
+        for _, i in results[k]:
+            self.count[i] += 1
+        unread = [(k, o) for o in range(len(results[k])) if (k, o) not in self.last]
+        for p, o in [*self.done.pop(k, []), *unread]:
+            if (p, o) in self.kept:
+                continue
+            x, i = results[p][o]
+            if x is None:
+                continue
+            results[p][o] = (None, i)
+            self.count[i] -= 1
+            if self.count[i] <= 0 and i >= 0 and i not in inputs:
+                self.interp.release(i)
 
 
 def _ordered(interp: Interpreter, declared: list[str], ids: Mapping[str, int]) -> list[str] | None:

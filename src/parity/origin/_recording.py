@@ -5,7 +5,8 @@ crosses a process boundary.
 A `Value` describes one value (primitive, shape, dtype, the values it was computed from,
 source file, line and function). A `Recording` holds them in dataflow order (a value's
 `id` is its position: every value comes after the values it reads), the program's outputs by
-key, and per value its `Fingerprint` (and, for a value with two or more axes, one per row).
+key, and per value its `Fingerprint` (and, for a value with two or more axes, one per row, as
+the arrays of `Prints`).
 
 `Recording.to_arrays()` / `Recording.from_arrays()` turn a recording into a flat dict of
 numpy arrays and back (an `np.savez` file), each array's dtype kept by the golden store's
@@ -27,14 +28,17 @@ from typing import Any
 import numpy as np
 
 from parity.judge import _mldtypes as mldtypes
-from parity.origin._fingerprints import STATS, Fingerprint
+from parity.origin._fingerprints import STATS, Fingerprint, Prints
+from parity.origin._stored import StoredArrays
 
 __all__ = ["FORMAT", "KINDS", "Recording", "Value", "format_of"]
 
 #: The recording format: a file of another one is read as none (`Recording.from_arrays`
 #: callers check `format_of`); 2 added the signed statistic, 3 each operation's literals and
-#: call chain, 4 each array's dtype by the store's codec (`parity.judge._mldtypes.to_raw`).
-FORMAT = 4
+#: call chain, 4 each array's dtype by the store's codec (`parity.judge._mldtypes.to_raw`),
+#: 5 a large value's fingerprint made a chunk at a time (`_fingerprints.CHUNK`: its block
+#: sums added in another order, its signs `_KEPT_SIGNS`'s over and over).
+FORMAT = 5
 
 #: Value kinds: an equation's result, a data movement of other values (a reshape, a scan's
 #: iteration slice or stacked outputs, ...), a program input, a constant of the program.
@@ -81,23 +85,28 @@ class Recording:
 
     - `values`: one `Value` per value, `values[i].id == i`.
     - `fingerprints`: one `Fingerprint` per value.
-    - `rows`: `{value id: a Fingerprint per row}` for values with two or more axes.
+    - `rows`: `{value id: its rows' fingerprints}` (`Prints`: arrays, a `Fingerprint` per row
+      when indexed) for values with two or more axes.
     - `outputs`: `{key: value id}` in the dataflow order of the program's outputs (keys as
       `parity.judge._trees.flatten` names them); -1 for an output that is a literal.
     - `output_arrays`: `{key: array}`, the outputs' numbers (kept by `summary()`).
-    - `arrays`: each value's numbers (a numpy array), or `None` for a summary.
+    - `arrays`: each value's numbers (a numpy array), or `None` for a summary; read from
+      its file as they are asked for where the recording was read from one
+      (`parity.origin._stored.StoredArrays`).
     """
 
     values: tuple[Value, ...]
     fingerprints: tuple[Fingerprint, ...]
-    rows: Mapping[int, tuple[Fingerprint, ...]]
+    rows: Mapping[int, Prints]
     outputs: Mapping[str, int]
     output_arrays: Mapping[str, np.ndarray]
-    arrays: tuple[np.ndarray, ...] | None = field(default=None, repr=False)
+    arrays: Sequence[np.ndarray] | None = field(default=None, repr=False)
 
     @property
     def nbytes(self) -> int:
-        """Bytes held by the values' arrays (0 for a summary)."""
+        """Bytes of the values' arrays (0 for a summary), held or in its file."""
+        if isinstance(self.arrays, StoredArrays):
+            return self.arrays.nbytes
         return sum(a.nbytes for a in self.arrays) if self.arrays is not None else 0
 
     def summary(self) -> Recording:
@@ -130,11 +139,15 @@ class Recording:
             "meta.inputs": np.array([i for x in v for i in x.inputs], dtype=np.int64),
             "meta.output_keys": np.array(list(self.outputs), dtype=str),
             "meta.output_ids": np.array(list(self.outputs.values()), dtype=np.int64),
-            "meta.row_of": np.array([i for i, fs in self.rows.items() for _ in fs], dtype=np.int64),
+            "meta.row_of": np.repeat(
+                np.array(list(self.rows), dtype=np.int64), [len(fs) for fs in self.rows.values()]
+            ),
             "meta.format": np.array(FORMAT, dtype=np.int64),
         }
         out |= _fingerprints_to_arrays("fp", self.fingerprints)
-        out |= _fingerprints_to_arrays("row", [f for fs in self.rows.values() for f in fs])
+        out |= _prints_to_arrays(
+            "row", Prints.joined(list(self.rows.values())) if self.rows else None
+        )
         # Each array's dtype by the store's codec: a bfloat16 value as uint16 and its name.
         names = []
         for j, key in enumerate(self.outputs):
@@ -151,9 +164,20 @@ class Recording:
 
     @classmethod
     def read(cls, path: str | Path) -> Recording:
-        """The recording `np.savez(path, **recording.to_arrays())` wrote (`from_arrays`)."""
-        with np.load(path) as data:
-            return cls.from_arrays(dict(data))
+        """The recording `np.savez(path, **recording.to_arrays())` (or an
+        `parity.origin._stored.ArraysWriter`) wrote: its summary read now, each value's
+        numbers from the file when asked for (the file stays open while they are held)."""
+        npz = np.load(path)
+        try:
+            plain = {k: npz[k] for k in npz.files if not k.startswith("array.")}
+            summary = cls.from_arrays(plain)
+        except BaseException:
+            npz.close()
+            raise
+        if not summary.values or "meta.array_dtypes" not in plain:
+            npz.close()
+            return summary
+        return replace(summary, arrays=StoredArrays(npz, plain["meta.array_dtypes"]))
 
     @classmethod
     def from_arrays(cls, data: Mapping[str, np.ndarray]) -> Recording:
@@ -202,10 +226,13 @@ class Recording:
             )
         )
         prints = _fingerprints_from_arrays("fp", data)
-        row_prints = _fingerprints_from_arrays("row", data)
-        rows: dict[int, list[Fingerprint]] = {}
-        for owner, fp in zip(data["meta.row_of"], row_prints, strict=True):
-            rows.setdefault(int(owner), []).append(fp)
+        every_row = Prints(*(data[f"row.{f}"] for f in ("digest", "special", "max_abs", "stats")))
+        owners = np.asarray(data["meta.row_of"])
+        starts = np.flatnonzero(np.diff(owners, prepend=-2)).tolist()  # runs of one value
+        rows = {
+            int(owners[a]): every_row[a:b]
+            for a, b in zip(starts, [*starts[1:], len(owners)], strict=True)
+        }
         keys = [str(k) for k in data["meta.output_keys"]]
         arrays = None
         if values and "array.0" in data:
@@ -218,7 +245,7 @@ class Recording:
         return cls(
             values=values,
             fingerprints=tuple(prints),
-            rows={k: tuple(fs) for k, fs in rows.items()},
+            rows=rows,
             outputs=dict(zip(keys, (int(i) for i in data["meta.output_ids"]), strict=True)),
             output_arrays={
                 k: mldtypes.from_raw(np.asarray(data[f"output.{j}"]), output_dtypes[j])
@@ -242,6 +269,13 @@ def _fingerprints_to_arrays(prefix: str, prints: Sequence[Fingerprint]) -> dict[
             len(prints), STATS
         ),
     }
+
+
+def _prints_to_arrays(prefix: str, prints: Prints | None) -> dict[str, np.ndarray]:
+    if prints is None:
+        return _fingerprints_to_arrays(prefix, [])
+    fields = {"digest": prints.digest, "special": prints.special, "max_abs": prints.max_abs}
+    return {f"{prefix}.{k}": a for k, a in fields.items()} | {f"{prefix}.stats": prints.stats}
 
 
 def _fingerprints_from_arrays(prefix: str, data: Mapping[str, Any]) -> list[Fingerprint]:

@@ -39,6 +39,7 @@ here imports jax, or anything of parity; `ml_dtypes` only for a type numpy lacks
 from __future__ import annotations
 
 import math
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -56,7 +57,10 @@ __all__ = [
     "name_of",
     "narrowed",
     "np_dtype",
+    "part_of",
     "slack_of",
+    "split_part",
+    "stacked",
     "times",
     "unit_roundoff",
     "within",
@@ -154,7 +158,13 @@ def grounded(array: Any) -> Fresh:
     """
     a = np.asarray(array)
     centre = a.astype(np.float64)
-    return Fresh(centre, np.abs(centre), 0, np.zeros_like(centre), a.dtype.name)
+    return Fresh(centre, np.abs(centre), 0, _NO_SLACK, a.dtype.name)
+
+
+#: The slack of a value taken as given: none, one zero for every element (`Fresh.slack`
+#: broadcasts), where a whole array of zeros was as large as the value in float64.
+_NO_SLACK = np.zeros(())
+_NO_SLACK.flags.writeable = False
 
 
 def allowed(f: Fresh, dtype: Any) -> np.ndarray:
@@ -241,3 +251,30 @@ def narrowed(f: Fresh, to: str) -> Fresh:
     u = unit_roundoff(to)
     slack = spent + times(u, np.abs(f.centre) + spent)
     return Fresh(f.centre, f.mag, 0, slack, to)
+
+
+def part_of(fresh: Fresh, take: Callable[[np.ndarray], np.ndarray]) -> Fresh:
+    """The model of a part of a value modelled by `fresh`: `take` of each of its arrays
+    (a row of it, a slice of one axis)."""
+    slack = np.broadcast_to(fresh.slack, fresh.centre.shape)
+    return Fresh(take(fresh.centre), take(fresh.mag), fresh.depth, take(slack), fresh.dtype)
+
+
+def split_part(params: Any, fresh: Fresh, n: int) -> Fresh:
+    """Result `n` of a `split` (`sizes` along `axis`) of a value modelled by `fresh`."""
+    axis, sizes = int(params["axis"]), [int(k) for k in params["sizes"]]
+    start = sum(sizes[:n])
+    index = (slice(None),) * axis + (slice(start, start + sizes[n]),)
+    return part_of(fresh, lambda a: a[index])
+
+
+def stacked(models: Sequence[Fresh]) -> Fresh:
+    """The model of values modelled by `models` stacked on a new leading axis (a scan's
+    `ys`)."""
+    return Fresh(
+        np.stack([m.centre for m in models]),
+        np.stack([m.mag for m in models]),
+        max(m.depth for m in models),
+        np.stack([np.broadcast_to(m.slack, m.centre.shape) for m in models]),
+        models[0].dtype,
+    )

@@ -158,9 +158,20 @@ def dot_general(p: Mapping[str, Any], ops: list[Fresh], out: str) -> Fresh:
     k = math.prod(lhs.centre.shape[i] for i in lc)
     ga, gb = gamma(lhs.depth, out), gamma(rhs.depth, out)
     from_l = np.abs(lhs.centre) + times(ga, lhs.mag) + slack_of(lhs)
-    slack = dot(from_l, slack_of(rhs)) + dot(slack_of(lhs), np.abs(rhs.centre) + times(gb, rhs.mag))
+    # A side with no slack (a value taken as given) adds exact zeros: not multiplied out,
+    # where the other side is finite (an infinity times 0 is NaN, which a bound must keep).
+    slack: Any = 0.0
+    if np.any(rhs.slack) or not _finite(from_l):
+        slack = dot(from_l, slack_of(rhs))
+    if np.any(lhs.slack) or not (math.isfinite(gb) and _finite(rhs.centre, rhs.mag)):
+        slack = slack + dot(slack_of(lhs), np.abs(rhs.centre) + times(gb, rhs.mag))
+    slack = np.asarray(slack, np.float64)
     depth = lhs.depth + rhs.depth + max(k, 1)
     return Fresh(dot(lhs.centre, rhs.centre), dot(lhs.mag, rhs.mag), depth, slack, out)
+
+
+def _finite(*arrays: np.ndarray) -> bool:
+    return all(bool(np.isfinite(a).all()) for a in arrays)
 
 
 def _cast(values: np.ndarray, src: str | None, name: str) -> np.ndarray:

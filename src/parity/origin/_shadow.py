@@ -17,7 +17,7 @@ This module imports numpy and the origin's own modules; jax inside functions onl
 from __future__ import annotations
 
 import dataclasses
-from collections.abc import Callable, Iterable, Sequence
+from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -28,11 +28,12 @@ from parity.judge._ulp import is_float_dtype
 from parity.origin._align import Alignment, Origin, align
 from parity.origin._change import counterparts
 from parity.origin._fingerprints import fingerprint, row_digests
+from parity.origin._in_parts import LARGE, dot_in_parts
 from parity.origin._interpreter import Interpreter, plain_dtype, to_host
 from parity.origin._primitives import PLACING, Machine, model
 from parity.origin._proof import upstream
 from parity.origin._recording import Recording
-from parity.origin._rounding import Fresh, allowed, grounded, within
+from parity.origin._rounding import Fresh, allowed, grounded, part_of, split_part, stacked, within
 from parity.origin._rounding_proof import ROUNDS, RoundingProof, coarsest, equal, place, recast
 
 __all__ = ["Shade", "Shadow"]
@@ -69,6 +70,9 @@ class Shade:
     why: str = ""
     margin: float = 0.0
     bound: float = 0.0
+    #: The digest of its numbers (`_fingerprints.row_digests`), kept where they were let go
+    #: (`Shadow.release`), for a later question whether it is a value of the base's.
+    digest: int | None = None
 
     @property
     def grounded(self) -> bool:
@@ -146,7 +150,7 @@ class Shadow:
         numbers = self._numbers(parent)
         row = None if numbers is None else numbers[k]
         fresh = parent.model
-        part = None if fresh is None else _part(fresh, lambda a: a[k])
+        part = None if fresh is None else part_of(fresh, lambda a: a[k])
         self.shades[r] = self._placed(row, parent.grounded, part, parent.why)
 
     def stack(self, r: int, parts: Sequence[tuple[Any, int]]) -> None:
@@ -157,13 +161,13 @@ class Shadow:
             return
         shades = [self._shade(x, j) for x, j in parts]
         arrays = [self._numbers(s) for s in shades]
-        stacked = None if any(a is None for a in arrays) else np.stack(arrays)  # type: ignore[arg-type]
+        numbers = None if any(a is None for a in arrays) else np.stack(arrays)  # type: ignore[arg-type]
         models = [self._model(s) for s in shades]
         joined = None
         if all(m is not None for m in models):
-            joined = _joined([m for m in models if m is not None])
+            joined = stacked([m for m in models if m is not None])
         why = next((s.why for s in shades if s.why), "")
-        self.shades[r] = self._placed(stacked, all(s.grounded for s in shades), joined, why)
+        self.shades[r] = self._placed(numbers, all(s.grounded for s in shades), joined, why)
 
     def _rerun(
         self, eqn: Any, ins: Sequence[tuple[Any, int]], shades: Sequence[Shade]
@@ -200,13 +204,15 @@ class Shadow:
             return Shade("part", array=result)
         if self._stacked(result):  # a stack of the base's values (a layout stacked per kind)
             return Shade("part", array=result)
+        if name == "dot_general" and (modelled := self._in_parts(eqn, shades, result)):
+            return self._rounded(result, modelled) or Shade("fresh", array=result, model=modelled)
         operands = [self._model(s) for s in shades]
         if any(m is None for m in operands):
             why = next((s.why for s in shades if s.model is None and s.why), "")
             return Shade("fresh", array=result, why=why or f"{name} of an unmodelled value")
         known = [m for m in operands if m is not None]
         if name == "split":  # several results: result n is a slice of the operand
-            modelled = _split(eqn.params, known[0], n)
+            modelled = split_part(eqn.params, known[0], n)
         else:
             modelled = model(name, eqn.params, known, result.dtype, machine=self.machine)
         if modelled is None:
@@ -214,6 +220,29 @@ class Shadow:
                 return Shade("fresh", array=result, model=_as_given(result))
             return Shade("fresh", array=result, why=f"no rounding model for {name}")
         return self._rounded(result, modelled) or Shade("fresh", array=result, model=modelled)
+
+    def release(self, i: int) -> None:
+        """New value `i` is read by nothing more: its numbers and rounding model are let go
+        (its status, the base's value it is and its margin stay, what a proof reads), so
+        that the replay holds what the program holds, not every value it computed."""
+        s = self.shades.get(i)
+        if s is None or (s.array is None and s.model is None):
+            return
+        digest = None
+        if s.array is not None and s.grounded:
+            (digest,) = row_digests(s.array[None])
+        self.shades[i] = dataclasses.replace(s, array=None, model=None, digest=digest)
+
+    def _in_parts(self, eqn: Any, shades: Sequence[Shade], result: np.ndarray) -> Fresh | None:
+        """A contraction with a large value of the base's modelled a part of it at a time
+        (`parity.origin._in_parts`); None where neither operand is one."""
+        numbers = [self._numbers(s) if s.grounded else None for s in shades]
+        big = max((0, 1), key=lambda k: getattr(numbers[k], "size", 0))
+        large, other = numbers[big], self._model(shades[1 - big])
+        if large is None or large.size <= LARGE or other is None:
+            return None
+        operands = (large, other) if big == 0 else (other, large)
+        return dot_in_parts(eqn.params, operands, result.dtype, self.machine)
 
     def _stacked(self, result: np.ndarray) -> bool:
         """Whether every row of `result` (its leading index) is a value of the base's, bit
@@ -378,8 +407,14 @@ class Shadow:
         s = self.shades.get(a)
         if s is None or not s.grounded:
             return False
+        if s.base == b:
+            return True
+        if s.digest is not None:  # let go: the base's value by the digest of its numbers
+            mine, theirs = self._values()[a], self.old.values[b]
+            same_kind = (mine.shape, mine.dtype) == (theirs.shape, theirs.dtype)
+            return same_kind and self.old.fingerprints[b].digest == s.digest
         numbers = self._numbers(s)
-        return s.base == b or (numbers is not None and equal(numbers, self.arrays[b]))
+        return numbers is not None and equal(numbers, self.arrays[b])
 
     def _origin(self, new: Recording, cone: list[int]) -> int:
         """Where the key's way first computes what the base never did: the first value
@@ -438,26 +473,3 @@ def _largest(fresh: Fresh, result: np.ndarray) -> float:
 
 def _as_given(result: np.ndarray) -> Fresh | None:
     return grounded(result) if is_float_dtype(result.dtype) else None
-
-
-def _part(fresh: Fresh, take: Callable[[np.ndarray], np.ndarray]) -> Fresh:
-    slack = np.broadcast_to(fresh.slack, fresh.centre.shape)
-    return Fresh(take(fresh.centre), take(fresh.mag), fresh.depth, take(slack), fresh.dtype)
-
-
-def _split(params: Any, fresh: Fresh, n: int) -> Fresh:
-    """Result `n` of a `split` (`sizes` along `axis`) of a value modelled by `fresh`."""
-    axis, sizes = int(params["axis"]), [int(k) for k in params["sizes"]]
-    start = sum(sizes[:n])
-    index = (slice(None),) * axis + (slice(start, start + sizes[n]),)
-    return _part(fresh, lambda a: a[index])
-
-
-def _joined(models: Sequence[Fresh]) -> Fresh:
-    return Fresh(
-        np.stack([m.centre for m in models]),
-        np.stack([m.mag for m in models]),
-        max(m.depth for m in models),
-        np.stack([np.broadcast_to(m.slack, m.centre.shape) for m in models]),
-        models[0].dtype,
-    )

@@ -11,7 +11,9 @@ import hashlib
 import warnings
 from collections.abc import Callable
 from typing import Any
+from unittest import mock
 
+import hypothesis
 import ml_dtypes
 import numpy as np
 import pytest
@@ -19,6 +21,7 @@ from hypothesis import given, settings, strategies as st
 
 from parity.judge import _mldtypes as mldtypes
 from parity.judge._ulp import is_float_dtype, to_float64
+from parity.origin import _fingerprints as fingerprints
 from parity.origin._fingerprints import (
     BLOCKS,
     STATS,
@@ -173,7 +176,7 @@ def test_fingerprints_are_the_reference_bit_for_bit(array: np.ndarray) -> None:
         for g, w in zip(rows, reference, strict=True):
             _same(g, w)
     else:
-        assert rows == ()
+        assert len(rows) == 0
 
 
 @pytest.mark.parametrize("n", range(1, BLOCKS + 1))
@@ -188,7 +191,38 @@ def test_no_rows_no_row_fingerprints() -> None:
     """A value of no rows has no row fingerprints or digests (the reference could not
     reshape it), and its own fingerprint is that of no bytes."""
     empty = np.zeros((0, 3), np.float32)
-    assert row_fingerprints(empty) == [] and row_digests(empty) == []
+    assert len(row_fingerprints(empty)) == 0 and row_digests(empty) == []
     whole, rows = value_fingerprints(empty)
-    assert rows == ()
+    assert len(rows) == 0
     _same(whole, _reference(empty[None])[0])
+
+
+@PROPERTY
+@given(array=_arrays(), chunk=st.sampled_from([1, 5, 64]))
+def test_a_large_value_is_fingerprinted_a_chunk_of_rows_at_a_time(
+    array: np.ndarray, chunk: int
+) -> None:
+    """Past `CHUNK` elements a float value is fingerprinted a chunk of whole rows at a time
+    (`_chunked`, here with `CHUNK` made small so that the property's arrays take that way):
+    each row's fingerprint is the reference's bit for bit, the whole's digest, special and
+    largest magnitude too, and its statistics are the reference's up to float64's rounding
+    of the block sums, added a chunk at a time."""
+    x64 = to_float64(array) if is_float_dtype(array.dtype) else np.zeros(0)
+    with np.errstate(invalid="ignore"):
+        hypothesis.assume(not np.any(np.abs(x64[np.isfinite(x64)]) > 1e300))  # sums overflow
+    has_rows = array.ndim >= 1 and array.shape[0] > 0
+    (want,), _ = _warned(lambda: _reference(array[None]))
+    reference, _ = _warned(lambda: _reference(array)) if has_rows else ([], set())
+    with mock.patch.object(fingerprints, "CHUNK", chunk):
+        (whole, (also_whole, rows), each_row), _ = _warned(
+            lambda: (fingerprint(array), value_fingerprints(array),
+                     row_fingerprints(array) if has_rows else [])
+        )  # fmt: skip
+    for got in (whole, also_whole):
+        assert (got.digest, got.special, got.max_abs) == (want.digest, want.special, want.max_abs)
+        np.testing.assert_allclose(got.stats, want.stats, rtol=1e-9, atol=1e-300)
+    for g, w in zip(each_row, reference, strict=True):
+        _same(g, w)
+    for g, w in zip(rows, reference if array.ndim >= 2 else [], strict=True):
+        _same(g, w)
+    assert len(rows) == (len(reference) if array.ndim >= 2 else 0)

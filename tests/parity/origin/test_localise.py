@@ -24,6 +24,7 @@ from parity.origin import (
     matching_tolerance,
     record,
 )
+from parity.origin._stored import ArraysWriter, StoredArrays
 
 RNG = np.random.default_rng(0)
 X = RNG.standard_normal((3, 8)).astype(np.float32)
@@ -257,6 +258,26 @@ def test_a_summary_round_trips_through_numpy_arrays_and_names_the_same_origin(tm
     back = Recording.from_arrays(old.to_arrays())  # with the arrays
     assert back.arrays is not None
     assert all(np.array_equal(a, b) for a, b in zip(back.arrays, old.arrays or (), strict=True))
+    # Written a value at a time (as a producer's recording is, issue 76) and read back
+    # lazily: the same numbers, no file at the path until the last member is written.
+    spilled = tmp_path / "spilled.npz"
+    writer = ArraysWriter(spilled)
+    for i, a in enumerate(old.arrays or ()):
+        writer.value(i, a)
+    assert not spilled.exists()
+    writer.commit(old.summary().to_arrays())
+    lazy = Recording.read(spilled)
+    assert isinstance(lazy.arrays, StoredArrays) and lazy.nbytes >= old.nbytes
+    assert all(np.array_equal(lazy.arrays[i], a) for i, a in enumerate(old.arrays or ()))
+    assert [(f.digest, f.stats.tolist()) for fs in lazy.rows.values() for f in fs] == [
+        (f.digest, f.stats.tolist()) for fs in old.rows.values() for f in fs
+    ]
+    again = locate(new, lazy, class_map="fp32_reassoc").origin
+    assert again is not None and (again.line, again.max_diff) == (full.line, full.max_diff)
+    dropped = ArraysWriter(tmp_path / "dropped.npz")
+    dropped.value(0, np.zeros(3))
+    dropped.abandon()
+    assert list(tmp_path.glob("dropped*")) == []
 
 
 def test_a_function_that_does_not_trace_is_named():

@@ -24,6 +24,7 @@ import numpy as np
 import pytest
 from jax import lax
 
+from parity.origin import _in_parts as in_parts
 from parity.origin._primitives import REGISTRY, Machine, model
 from parity.origin._rounding import allowed, grounded, within
 
@@ -99,6 +100,34 @@ def test_a_float32_dot_on_a_tpu_at_default_precision_is_bounded_in_its_bfloat16_
         a, b, np.dtype(np.float32), Machine("tpu"), precision=(lax.Precision.HIGHEST,) * 2
     )
     assert np.array_equal(allowed(own, np.float32), allowed(cpu, np.float32))
+
+
+@pytest.mark.parametrize("side", [0, 1])
+@pytest.mark.parametrize("machine", [Machine("cpu"), Machine("tpu")])
+def test_a_contraction_with_a_large_value_is_modelled_a_part_at_a_time_as_whole(
+    side: int, machine: Machine, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Issue 76: a `dot_general` whose large operand is a value of the base's is modelled
+    over parts of that operand's free axis (`_in_parts.dot_in_parts`, here with `LARGE`
+    made small), each part grounded on its own: the whole model's arithmetic, magnitudes,
+    depth and bounds, with a batch axis, from either side, as jax computes it."""
+    monkeypatch.setattr(in_parts, "LARGE", 100)
+    rng = np.random.default_rng(side)
+    big = rng.standard_normal((3, 64, 40) if side == 0 else (3, 40, 56)).astype(np.float32)
+    small = rng.standard_normal((3, 40, 5) if side == 0 else (3, 7, 40)).astype(np.float32)
+    lhs, rhs = (big, small) if side == 0 else (small, big)
+    dims = (((2,), (1,)), ((0,), (0,)))  # contract 40, batch 3
+    params = {"dimension_numbers": dims, "precision": None, "preferred_element_type": None}
+    f32 = np.dtype(np.float32)
+    whole = model("dot_general", params, [grounded(lhs), grounded(rhs)], f32, machine=machine)
+    pair = (big, grounded(small)) if side == 0 else (grounded(small), big)
+    parts = in_parts.dot_in_parts(params, pair, f32, machine)
+    assert whole is not None and parts is not None and parts.depth == whole.depth
+    np.testing.assert_allclose(parts.centre, whole.centre, rtol=1e-12, atol=1e-300)
+    np.testing.assert_allclose(parts.mag, whole.mag, rtol=1e-12, atol=1e-300)
+    np.testing.assert_allclose(allowed(parts, f32), allowed(whole, f32), rtol=1e-9)
+    got = np.asarray(lax.dot_general(jnp.asarray(lhs), jnp.asarray(rhs), dims))
+    assert within(got, parts, f32)[0] == within(got, whole, f32)[0]
 
 
 def test_each_primitive_is_one_entry_and_a_rule_stands_beside_its_other_facts() -> None:
