@@ -15,7 +15,6 @@ This module imports numpy only.
 from __future__ import annotations
 
 import os
-import zipfile
 from collections import OrderedDict
 from collections.abc import Iterator, Mapping, Sequence
 from pathlib import Path
@@ -38,6 +37,8 @@ class ArraysWriter:
     last member (until then under `path` + `.partial`, removed by `abandon`)."""
 
     def __init__(self, path: str | Path) -> None:
+        import zipfile  # not at import: it loads shutil, which a `parity diff` never needs
+
         self.path = Path(path)
         self._partial = self.path.with_name(self.path.name + ".partial")
         self._zip = zipfile.ZipFile(self._partial, "w", zipfile.ZIP_STORED, allowZip64=True)
