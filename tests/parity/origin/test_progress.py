@@ -37,10 +37,22 @@ def test_a_line_is_said_at_most_every_so_many_seconds_with_where_it_is() -> None
         "256 values recorded, program 2 of 3, scan step 3 of 4 > scan step 1 of 8, "
         "at model.py:7 in block"
     )
-    progress.left()
+    progress.left()  # the inner scan, entered at 0 s and left at 102.4 s: how long it took
+    assert said[-1] == (
+        "a scan of 8 steps recorded in 102.4 s: 102.4 s a step (the median of 1), "
+        "the slowest 102.4 s"
+    )
     clock.now += 60
     progress.value(4096, "")
     assert said[-1] == "4,096 values recorded, program 2 of 3, scan step 3 of 4"
+    for step, at in [(3, 170.0), (4, 171.0)]:  # the outer scan's steps: 0, 170, 1 and 1.5 s
+        clock.now = at
+        progress.step(step, 4, first=False)
+    clock.now = 172.5
+    progress.left()
+    assert said[-1] == (
+        "a scan of 4 steps recorded in 172.5 s: 1.5 s a step (the median of 4), the slowest 170.0 s"
+    )
 
 
 def test_a_recording_of_a_scanned_model_says_its_layer() -> None:
@@ -55,7 +67,8 @@ def test_a_recording_of_a_scanned_model_says_its_layer() -> None:
     ws = jnp.ones((3, 4, 4)) * 0.1
     x = jnp.ones((2, 4))
     closed = jax.make_jaxpr(forward)(ws, x)
-    progress = Progress(said.append, every=0.0, look=1, clock=lambda: 0.0)
+    ticks = iter(range(1_000_000))  # a second each time it looks
+    progress = Progress(said.append, every=0.0, look=1, clock=lambda: float(next(ticks)))
     interp = Interpreter(progress=progress)
     ins = [interp.add(a, "input", "input", [], (("", 0, ""), "", "")) for a in (ws, x)]
     interp.closed(closed, ins, (("", 0, ""), "", ""))
@@ -63,3 +76,4 @@ def test_a_recording_of_a_scanned_model_says_its_layer() -> None:
     assert layers == {"1 of 3", "2 of 3", "3 of 3"}, said
     assert any("test_progress.py" in line for line in said), said  # where, in the user's code
     assert not progress.steps  # every scan it entered, it left
+    assert said[-1].startswith("a scan of 3 steps recorded in "), said  # and how long
