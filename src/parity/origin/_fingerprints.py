@@ -102,7 +102,9 @@ class Prints(Sequence[Fingerprint]):
 
     @classmethod
     def joined(cls, parts: Sequence[Prints]) -> Prints:
-        """The rows of `parts`, in order."""
+        """The rows of `parts`, in order (none for no parts)."""
+        if not parts:
+            return _NO_ROWS
         if len(parts) == 1:
             return parts[0]
         fields = ("digest", "special", "max_abs", "stats")
@@ -381,7 +383,7 @@ def fingerprint(array: np.ndarray) -> Fingerprint:
 
 def value_fingerprints(array: np.ndarray) -> tuple[Fingerprint, Prints]:
     """`fingerprint(array)` and, for a value of two or more axes and at least one row,
-    `row_fingerprints(array)` (else `()`), as a recording keeps them for each value: its
+    `row_fingerprints(array)` (else no rows), as a recording keeps them for each value: its
     bytes and float64 numbers are made once for both (a chunk of rows at a time for a
     large one)."""
     if _large(np.asarray(array)):

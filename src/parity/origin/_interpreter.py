@@ -115,7 +115,6 @@ class Interpreter:
         self.source: dict[int, int] = {}
         self.stacked: dict[int, list[int]] = {}
         self.consts: dict[int, tuple[Any, Ref]] = {}
-        self.const_ids: set[int] = set()
         self.frames: dict[int, Where] = {}
         self.chains: dict[tuple[str, str], str] = {}
 
@@ -220,7 +219,6 @@ class Interpreter:
         if id(c) not in self.consts:  # the object is kept alive by the entry
             value = c if self.evaluate else Aval(shape_of(c), dtype_of(c))
             self.consts[id(c)] = (c, self.add(value, "const", "const", [], where))
-            self.const_ids.add(self.consts[id(c)][1][1])
         return self.consts[id(c)][1]
 
     def run(self, jaxpr: Any, consts: list[Ref], args: list[Ref], outer: Where) -> list[Ref]:
@@ -257,9 +255,10 @@ class Interpreter:
         return [read(v) for v in jaxpr.outvars]
 
     def release(self, i: int) -> None:
-        """Value `i` is read by nothing more: the shadow replay lets its numbers go. A
-        constant of a closed program is kept (the program may run again)."""
-        if self.shadow is not None and self.evaluate and i not in self.const_ids:
+        """Value `i` is read by nothing more: the shadow replay lets its numbers go. An
+        input is kept (a later program may take the same array), and so is a constant of
+        a closed program (the program may run again)."""
+        if self.shadow is not None and self.evaluate and self.values[i].kind in ("op", "move"):
             self.shadow.release(i)
 
     def closed(self, closed: Any, args: list[Ref], where: Where) -> list[Ref]:

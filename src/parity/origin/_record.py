@@ -364,7 +364,7 @@ def record_programs(
                     inputs[id(a)] = interp.add(value, "input", "input", [], UNPLACED)
                 args.append(inputs[id(a)])
             results.append(interp.closed(program.jaxpr, args, program.frame))
-            held.ran(k - 1, results, {i for _, i in inputs.values()})
+            held.ran(k - 1, results)
     linked = {key: results[link.program][link.output] for key, link in links.items()}
     order = _ordered(interp, list(outputs), {k: i for k, (_, i) in linked.items()})
     if not evaluate:
@@ -399,7 +399,7 @@ class _Held:
         for where, k in self.last.items():
             self.done.setdefault(k, []).append(where)
 
-    def ran(self, k: int, results: list[list[Ref]], inputs: set[int]) -> None:
+    def ran(self, k: int, results: list[list[Ref]]) -> None:
         """Program `k` has run: what nothing reads any more is let go."""
         for _, i in results[k]:
             self.count[i] += 1
@@ -412,7 +412,7 @@ class _Held:
                 continue
             results[p][o] = (None, i)
             self.count[i] -= 1
-            if self.count[i] <= 0 and i >= 0 and i not in inputs:
+            if self.count[i] <= 0 and i >= 0:
                 self.interp.release(i)
 
 

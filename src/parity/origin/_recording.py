@@ -28,7 +28,7 @@ from typing import Any
 import numpy as np
 
 from parity.judge import _mldtypes as mldtypes
-from parity.origin._fingerprints import STATS, Fingerprint, Prints
+from parity.origin._fingerprints import Fingerprint, Prints
 from parity.origin._stored import StoredArrays
 
 __all__ = ["FORMAT", "KINDS", "Recording", "Value", "format_of"]
@@ -144,10 +144,8 @@ class Recording:
             ),
             "meta.format": np.array(FORMAT, dtype=np.int64),
         }
-        out |= _fingerprints_to_arrays("fp", self.fingerprints)
-        out |= _prints_to_arrays(
-            "row", Prints.joined(list(self.rows.values())) if self.rows else None
-        )
+        out |= _prints_to_arrays("fp", Prints.of(self.fingerprints))
+        out |= _prints_to_arrays("row", Prints.joined(list(self.rows.values())))
         # Each array's dtype by the store's codec: a bfloat16 value as uint16 and its name.
         names = []
         for j, key in enumerate(self.outputs):
@@ -225,8 +223,8 @@ class Recording:
                 )
             )
         )
-        prints = _fingerprints_from_arrays("fp", data)
-        every_row = Prints(*(data[f"row.{f}"] for f in ("digest", "special", "max_abs", "stats")))
+        prints = _prints_from_arrays("fp", data)
+        every_row = _prints_from_arrays("row", data)
         owners = np.asarray(data["meta.row_of"])
         starts = np.flatnonzero(np.diff(owners, prepend=-2)).tolist()  # runs of one value
         rows = {
@@ -260,35 +258,16 @@ def _split(flat: np.ndarray, counts: np.ndarray) -> list[tuple[int, ...]]:
     return [tuple(int(x) for x in flat[e - c : e]) for c, e in zip(counts, ends, strict=True)]
 
 
-def _fingerprints_to_arrays(prefix: str, prints: Sequence[Fingerprint]) -> dict[str, np.ndarray]:
-    return {
-        f"{prefix}.digest": np.array([f.digest for f in prints], dtype=np.uint64),
-        f"{prefix}.special": np.array([f.special for f in prints], dtype=np.uint64),
-        f"{prefix}.max_abs": np.array([f.max_abs for f in prints], dtype=np.float64),
-        f"{prefix}.stats": np.array([f.stats for f in prints], dtype=np.float64).reshape(
-            len(prints), STATS
-        ),
-    }
+#: A `Prints`' arrays, as a recording's file names them after their prefix.
+_FIELDS = ("digest", "special", "max_abs", "stats")
 
 
-def _prints_to_arrays(prefix: str, prints: Prints | None) -> dict[str, np.ndarray]:
-    if prints is None:
-        return _fingerprints_to_arrays(prefix, [])
-    fields = {"digest": prints.digest, "special": prints.special, "max_abs": prints.max_abs}
-    return {f"{prefix}.{k}": a for k, a in fields.items()} | {f"{prefix}.stats": prints.stats}
+def _prints_to_arrays(prefix: str, prints: Prints) -> dict[str, np.ndarray]:
+    return {f"{prefix}.{field}": getattr(prints, field) for field in _FIELDS}
 
 
-def _fingerprints_from_arrays(prefix: str, data: Mapping[str, Any]) -> list[Fingerprint]:
-    return [
-        Fingerprint(int(d), int(s), float(m), np.asarray(st))
-        for d, s, m, st in zip(
-            data[f"{prefix}.digest"],
-            data[f"{prefix}.special"],
-            data[f"{prefix}.max_abs"],
-            data[f"{prefix}.stats"],
-            strict=True,
-        )
-    ]
+def _prints_from_arrays(prefix: str, data: Mapping[str, Any]) -> Prints:
+    return Prints(*(data[f"{prefix}.{field}"] for field in _FIELDS))
 
 
 def format_of(data: Mapping[str, Any]) -> int:

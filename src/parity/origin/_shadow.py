@@ -238,8 +238,11 @@ class Shadow:
         (`parity.origin._in_parts`); None where neither operand is one."""
         numbers = [self._numbers(s) if s.grounded else None for s in shades]
         big = max((0, 1), key=lambda k: getattr(numbers[k], "size", 0))
-        large, other = numbers[big], self._model(shades[1 - big])
-        if large is None or large.size <= LARGE or other is None:
+        large = numbers[big]
+        if large is None or large.size <= LARGE:  # the whole model, as for any operation
+            return None
+        other = self._model(shades[1 - big])
+        if other is None:
             return None
         operands = (large, other) if big == 0 else (other, large)
         return dot_in_parts(eqn.params, operands, result.dtype, self.machine)
