@@ -15,10 +15,16 @@ with the base's recording cached. Printed per bug: how many producer runs each s
 (the tree, the base, the recordings), the exit code, the origin's
 `file:line in function` (and the library frame where the operation runs inside one), the
 kind of change it is and the frames that called it (issue 58), and whether that function is
-the one holding the changed line, the seconds of each run, and the
-largest resident memory of any process the runs started (`RUSAGE_CHILDREN`).
+the one holding the changed line, the edit of the diff from the goldens' base commit that
+the origin's line names and whether it is the changed line (issue 74), the seconds of each
+run, and the largest resident memory of any process the runs started (`RUSAGE_CHILDREN`).
+The last line is the share of bugs whose edit was named at the changed line.
 
     XLA_FLAGS=--xla_cpu_max_isa=AVX2 .venv/bin/python tools/bench_origin.py [--only NAME]
+        [--group GROUP] [--edit-only]
+
+`--edit-only` runs the check with its origin once per bug (no verdict-only or cold run: the
+timings are then not printed), for the edit's share alone.
 
 Issue 47 asks, on these 2-core machines, for a failing `forward_llama` check's origin in at
 most 60 s more than its verdict with the base's recording cached, a train group's in at most
@@ -127,20 +133,42 @@ def _check(tree: Path, bug: Bug, cache: Path, *args: str) -> tuple[int, float, d
     return proc.returncode, seconds, doc, _runs(proc.stderr)
 
 
-def run(bug: Bug) -> None:
+def _edit_named(origin: dict | None, bug: Bug, text: str) -> str:
+    """The edit the origin names, and whether one of its hunks holds the bug's line."""
+    edit = (origin or {}).get("edit")
+    if not edit:
+        return "MISS (no edit said)"
+    at = text[: text.index(bug.new)].count("\n") + 1
+    named = [(h["file"], h["start"], len(h["added"])) for h in edit["hunks"]]
+    hit = any(f == bug.file and s <= at < s + max(n, 1) for f, s, n in named)
+    shown = ", ".join(f"{f}:{s}" for f, s, _ in named[:3]) or "none"
+    alone = " alone" if len(named) == 1 else f" among {len(named)}"
+    verdict = f"OK{alone}" if hit else f"MISS (expected {bug.file}:{at})"
+    return f"{verdict}: {shown} by {edit['evidence']} of {edit['of']} hunks"
+
+
+def run(bug: Bug, edit_only: bool = False) -> bool:
+    """Checks `bug` and prints what was named; **returns** whether its edit was named at
+    the changed line."""
     with temporary_worktree(ROOT, "HEAD") as tree, tempfile.TemporaryDirectory() as tmp:
         _copy_tree(tree)
         path = tree / bug.file
         text = path.read_text()
         if text.count(bug.old) != 1:
             print(f"{bug.name}: {bug.file} no longer holds {bug.old!r} once; skipped")
-            return
-        path.write_text(text.replace(bug.old, bug.new))
+            return False
+        text = text.replace(bug.old, bug.new)
+        path.write_text(text)
         cache = Path(tmp) / "baselines"
-        code, verdict_s, _, verdict_n = _check(tree, bug, cache, "--origin", "off")
-        shutil.rmtree(cache, ignore_errors=True)  # the origin's cold run builds the base
-        _, cold_s, _, cold_n = _check(tree, bug, cache)
-        _, cached_s, doc, cached_n = _check(tree, bug, cache)
+        if edit_only:
+            code, cached_s, doc, cached_n = _check(tree, bug, cache)
+            verdict_s = cold_s = float("nan")
+            verdict_n = cold_n = 0
+        else:
+            code, verdict_s, _, verdict_n = _check(tree, bug, cache, "--origin", "off")
+            shutil.rmtree(cache, ignore_errors=True)  # the origin's cold run builds the base
+            _, cold_s, _, cold_n = _check(tree, bug, cache)
+            _, cached_s, doc, cached_n = _check(tree, bug, cache)
     checks = doc.get("checks") or [{}]
     origin, line = checks[0].get("origin"), checks[0].get("origin_line") or ""
     where = "not named"
@@ -159,6 +187,11 @@ def run(bug: Bug) -> None:
     peak = resource.getrusage(resource.RUSAGE_CHILDREN).ru_maxrss / 1024
     print(f"{bug.name:18s} {bug.group:20s} exit {code}  {where}  "
           f"{'OK' if hit else 'MISS (expected ' + bug.function + ')'}")  # fmt: skip
+    edit = _edit_named(origin, bug, text)
+    print(f"{'':18s} the edit: {edit}")
+    if edit_only:
+        print(f"{'':18s} {cached_s:.1f} s; peak RSS of a child so far {peak:.0f} MiB")
+        return edit.startswith("OK")
     print(f"{'':18s} verdict {verdict_s:6.1f} s; with origin, cold {cold_s:6.1f} s "
           f"(+{cold_s - verdict_s:.1f}), base cached {cached_s:6.1f} s "
           f"(+{cached_s - verdict_s:.1f}); peak RSS of a child so far {peak:.0f} MiB")  # fmt: skip
@@ -174,16 +207,21 @@ def run(bug: Bug) -> None:
         b = origin["beyond"]
         print(f"{'':18s} by the class's tolerance alone: {b['file']}:{b['line']} in "
               f"{b['function']} [{b['primitive']}]")  # fmt: skip
+    return edit.startswith("OK")
 
 
 def main() -> None:
     p = argparse.ArgumentParser(description=(__doc__ or "").split("\n\n")[0])
     p.add_argument("--only", default=None, help="run only the bug of this name")
+    p.add_argument("--group", default=None, help="run only the bugs of this group")
+    p.add_argument("--edit-only", action="store_true", help="one check each, for the edit")
     args = p.parse_args()
     print(f"processor: {_processor()}")
+    hits: list[bool] = []
     for bug in BUGS:
-        if args.only in (None, bug.name):
-            run(bug)
+        if args.only in (None, bug.name) and args.group in (None, bug.group):
+            hits.append(run(bug, args.edit_only))
+    print(f"the edit named at the changed line: {sum(hits)} of {len(hits)} bugs")
 
 
 def _processor() -> str:

@@ -18,7 +18,6 @@ imported it; never h5py, decomp or another part of parity
 
 from parity.origin._align import (
     Alignment as Alignment,
-    Origin as Origin,
     align as align,
     matching_tolerance as matching_tolerance,
 )
@@ -28,6 +27,7 @@ from parity.origin._api import (
     prove_and_locate as prove_and_locate,
 )
 from parity.origin._localisation import Localisation as Localisation
+from parity.origin._origin import Origin as Origin
 from parity.origin._proof import (
     Proof as Proof,
     prove as prove,

@@ -29,7 +29,7 @@ from __future__ import annotations
 
 import functools
 from collections.abc import Callable, Sequence
-from dataclasses import asdict, dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any
 
@@ -40,16 +40,14 @@ from parity.judge._fixed_rules import Bitwise
 from parity.judge._floats import largest_finite_abs
 from parity.judge._rule_base import Scale
 from parity.judge._ulp import is_float_dtype, spacing_at, to_float64
-from parity.origin._change import CHANGES, Change, change_of, counterparts, edited, frame_parts
+from parity.origin._change import Change, change_of, counterparts, edited, frame_parts
 from parity.origin._fingerprints import Fingerprint, Prints, ordinary
+from parity.origin._origin import Origin
 from parity.origin._primitives import ARRANGING
 from parity.origin._record import LocaliseError
 from parity.origin._recording import Recording, Value
 
 __all__ = ["Alignment", "Origin", "align", "matching_tolerance"]
-
-#: How many of the frames that led to the origin its line shows (the JSON has them all).
-_CHAIN_SHOWN = 3
 
 Key = tuple[tuple[int, ...], str]
 Ref = tuple[int, int]  # (old value id, row; -1 for the whole value)
@@ -88,85 +86,6 @@ def matching_tolerance(tol: ToleranceClass, old_output: Any) -> float:
             "relative_to_max or ulp class"
         )
     return float(allowed / scale) if scale > 0 else float(allowed)
-
-
-@dataclass(frozen=True)
-class Origin:
-    """Where the new program first computes what the old one never did.
-
-    **Fields:** `key` (the output it explains), `primitive`, `file` (relative to the root
-    given, else as recorded), `line`, `function`, `shape`, `dtype`, `input_shapes`,
-    `max_diff` (the largest `|new - old|` against the nearest old value of its shape and
-    dtype, None when the old program has none; a lower bound when the old side was a
-    summary), `matched_fraction` (the share of the new program's values, inputs aside, that
-    matched), `position` (its place in dataflow order), `rho` (the matching tolerance) and
-    `library` (where the operation runs inside an installed library such as optax, that
-    library's frame, `file:line in function`; `file`, `line` and `function` are then the
-    user's own line that called into it), `change` (the kind of change it is against the
-    base's operation that plays its part: `parity.origin._change.CHANGES`; "" where not
-    asked) and `change_detail` (what changed, in one clause: both constants, both values'
-    places), `chain` (the user's own frames that led to the operation, innermost first, each
-    `file:line in function`, paths relative to the root: the function a changed argument
-    was passed from reads there), `read_by` (where the edit is not at the operation that
-    first computes what the base never did but in a callee that gives out another value
-    than the base's did, a step removed at its end (`parity.origin._change.Change.edit`):
-    that operation, `primitive at file:line in function`; the fields before `max_diff` and
-    `library` and `chain` are then the value given out, at its frame in the callee; else
-    "").
-    """
-
-    key: str
-    primitive: str
-    file: str
-    line: int
-    function: str
-    shape: tuple[int, ...]
-    dtype: str
-    input_shapes: tuple[tuple[int, ...], ...]
-    max_diff: float | None
-    matched_fraction: float
-    position: int
-    rho: float
-    library: str = ""
-    change: str = ""
-    change_detail: str = ""
-    chain: tuple[str, ...] = ()
-    read_by: str = ""
-
-    def describe(self) -> str:
-        """One line: the primitive, the source line, the shapes, the difference."""
-        where = f"{self.file}:{self.line} in {self.function}" if self.file else "<no source>"
-        ins = ", ".join(str(list(s)) for s in self.input_shapes)
-        diff = (
-            "no old value of its shape"
-            if self.max_diff is None
-            else (
-                f"{self.max_diff:.3g} from the nearest old value of its shape"
-                if self.max_diff
-                else (
-                    "no measured difference from the nearest old value of its shape, yet "
-                    "not its bits"
-                )
-            )
-        )
-        if self.library:  # the operation runs inside an installed library, called from there
-            where += f" (inside {self.library})"
-        if len(self.chain) > 1:  # the frames that led there, the nearest first
-            outer = self.chain[1 : 1 + _CHAIN_SHOWN]
-            more = " < ..." if len(self.chain) > 1 + _CHAIN_SHOWN else ""
-            where += f", called from {' < '.join(outer)}{more}"
-        if self.read_by and self.max_diff is not None:  # measured on what reads it
-            diff = f"{self.max_diff:.3g} from the nearest old value of what reads it"
-        kind = f"{CHANGES[self.change]}: {self.change_detail}; " if self.change else ""
-        return (
-            f"{self.primitive} at {where}: {kind}{self.dtype}{list(self.shape)} from ({ins}), "
-            f"{diff}; {self.matched_fraction:.1%} of the new program's values matched "
-            f"(key {self.key})"
-        )
-
-    def to_dict(self) -> dict[str, Any]:
-        """The origin as a JSON-safe dict."""
-        return asdict(self)
 
 
 class _Bucket:
@@ -371,17 +290,23 @@ class Alignment:
         """The kind of change value `i` of the new program is, against the base's operation
         that plays its part (`parity.origin._change`)."""
 
+        named: dict[bool, list[str]] = {False: [], True: []}  # the frames worded, by side
+
         def where(v: Value | str, old: bool) -> str:
             file, line, function = (
                 frame_parts(v) if isinstance(v, str) else (v.file, v.line, v.function)
             )
             file = _in_tree(file, root) if old else _relative(file, root)
-            return f"{file}:{line} in {function}" if file else "<no source>"
+            if not file:
+                return "<no source>"
+            named[old].append(f"{file}:{line} in {function}")
+            return named[old][-1]
 
         matched = self.matched
-        return change_of(
+        change = change_of(
             self.new, self.old, i, self._counterparts, self._same, where, lambda a: bool(matched[a])
         )
+        return replace(change, places=tuple(named[False]), base_places=tuple(named[True]))
 
     def edited(self, i: int) -> int:
         """Where the edit is, from the first value `i` that equals none of the base's
@@ -425,6 +350,10 @@ class Alignment:
             change_detail=change.detail,
             chain=tuple(_relative_frame(f, root) for f in chain),
             read_by=read_by,
+            constants=change.constants,
+            dtypes=change.dtypes,
+            places=change.places,
+            base_places=change.base_places,
         )
 
     @functools.cached_property

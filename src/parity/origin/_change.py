@@ -60,12 +60,20 @@ class Change:
     """The kind of change at an origin (`CHANGES`; "" where none can be said) and what it
     is, in one clause; for an edge chosen inside a callee (the module docstring), `edit`,
     the new program's frame (`file:line in function`) in the function that holds the edit,
-    and `read`, the id of the value it gives out; else "" and -1."""
+    and `read`, the id of the value it gives out; else "" and -1. `constants`, for a
+    changed constant, the new program's as recorded first, then the base's ("none" where
+    one has none); `dtypes`, for a changed dtype, the new program's and the base's; `places`
+    and `base_places`, the frames the clause names in each program
+    (filled in by the caller that words them: `parity.origin._align.Alignment.change`)."""
 
     kind: str
     detail: str
     edit: str = ""
     read: int = -1
+    constants: tuple[str, ...] = ()
+    dtypes: tuple[str, ...] = ()
+    places: tuple[str, ...] = ()
+    base_places: tuple[str, ...] = ()
 
 
 def frame_parts(frame: str) -> tuple[str, int, str]:
@@ -189,9 +197,9 @@ def change_of(
     mine, theirs = dict(v.literals), dict(c.literals)
     for k in sorted(set(mine) | set(theirs)):
         if mine.get(k) != theirs.get(k):
+            now, then = mine.get(k, "none"), theirs.get(k, "none")
             return Change(
-                "constant",
-                f"its constant {mine.get(k, 'none')} where the base had {theirs.get(k, 'none')}",
+                "constant", f"its constant {now} where the base had {then}", constants=(now, then)
             )
     if len(v.inputs) == len(c.inputs):
         for a, b in zip(v.inputs, c.inputs, strict=True):
@@ -262,7 +270,7 @@ def _unequalled(read: Value) -> Change:
     shown = f" {numbers}" if numbers else ""
     if read.kind == "const":
         held = f"it reads a constant {shape}{shown} the program holds, equal to none of the base's"
-        return Change("constant", held)
+        return Change("constant", held, constants=(numbers,) if numbers else ())
     return Change(
         "input",
         f"it reads an input of the programs ({shape}{shown}) equal to none of the base's: made "
@@ -309,6 +317,7 @@ def _unpaired(
     return Change(
         "edge",
         f"a step the base does not take: it runs no {v.primitive}{constants} here in {v.function}",
+        constants=tuple(x for _, x in v.literals),
     )
 
 
@@ -325,6 +334,7 @@ def _place_constant(old: Recording, v: Value) -> Change | None:
             return Change(
                 "constant",
                 f"its constant {mine} where the base's {v.primitive} here had {said}",
+                constants=(mine, *theirs),
             )
     return None
 
@@ -362,6 +372,7 @@ def _cast(
         return Change(
             "dtype",
             f"it casts to {v.dtype} where the base cast to {c.dtype} (at {where(c, True)})",
+            dtypes=(v.dtype, c.dtype),
         )
     if len(v.inputs) == len(c.inputs):
         for a, b in zip(v.inputs, c.inputs, strict=True):
@@ -378,6 +389,7 @@ def _cast(
                     f"{v.primitive} at {where(v, False)} computes on it",
                     edit=read.chain[0] if read.chain else "",
                     read=read.id if read.chain else -1,
+                    dtypes=(read.dtype, was.dtype),
                 )
             if was.primitive == _CAST:
                 return Change(
@@ -385,13 +397,26 @@ def _cast(
                     f"the base's cast to {was.dtype} at {where(was, True)} is not made: it "
                     f"reads the {read.primitive} {read.dtype}{list(read.shape)} as it is, in "
                     f"{read.dtype} where the base computed in {was.dtype}",
+                    dtypes=(read.dtype, was.dtype),
                 )
-            return Change("dtype", f"it reads {read.dtype} where the base read {was.dtype}")
+            return Change(
+                "dtype",
+                f"it reads {read.dtype} where the base read {was.dtype}",
+                dtypes=(read.dtype, was.dtype),
+            )
     if v.dtype != c.dtype:
-        return Change("dtype", f"it computes in {v.dtype} where the base computed in {c.dtype}")
+        return Change(
+            "dtype",
+            f"it computes in {v.dtype} where the base computed in {c.dtype}",
+            dtypes=(v.dtype, c.dtype),
+        )
     return None
 
 
 def _cast_added(v: Value, where: Callable[[Value | str, bool], str]) -> Change:
     """A cast the base has no counterpart of at its place: added."""
-    return Change("dtype", f"a cast to {v.dtype} at {where(v, False)} that the base does not make")
+    return Change(
+        "dtype",
+        f"a cast to {v.dtype} at {where(v, False)} that the base does not make",
+        dtypes=(v.dtype,),
+    )

@@ -7,7 +7,8 @@ one of the old program's; *no output fails* its class when both programs run op 
 origin was *not named*, and why (the producer's outputs are not computed by jax, the class
 gives no matching tolerance, the base cannot be re-produced, ...).
 
-This module imports the standard library and `parity.origin._align` only.
+This module imports the standard library, `parity.origin._origin` and `parity.origin._hunks`
+only.
 """
 
 from __future__ import annotations
@@ -17,7 +18,8 @@ from collections.abc import Mapping
 from dataclasses import asdict, dataclass, fields
 from typing import Any, Literal
 
-from parity.origin._align import Origin
+from parity.origin._hunks import Edit
+from parity.origin._origin import Origin
 
 __all__ = ["Localisation", "Status"]
 
@@ -55,6 +57,9 @@ class Localisation:
       where it is proved: every value it is computed from and its own equal `against`'s
       bit for bit, so the class `op_by_op` passes it; for `named` at the key's own value,
       why (it equals a value of `against`'s, not `against`'s same key).
+    - `edit`: for `named`, where the face knows how the tree differs from the base (a
+      diff), the edit of it that made the origin, or that none did
+      (`parity.origin._hunks.Edit`); None where no diff was at hand.
     - `traceback`: for `not_named` because recording raised in this process
       (`parity.origin.LiveSides`), the original traceback as text
       (`parity.origin._record.RecordingError`), "" otherwise; `reason` names the operation.
@@ -82,6 +87,7 @@ class Localisation:
     within: bool = False
     proof: str = ""
     traceback: str = ""
+    edit: Edit | None = None
 
     @property
     def named(self) -> bool:
@@ -105,6 +111,8 @@ class Localisation:
                 line += f"; at equality only: {self.reason}"
             elif self.within:
                 line += f"; run op by op, {self.key} is within the class's tolerance"
+            if self.edit is not None:
+                line += f"; {self.edit.line}"
             return line
         if self.status == "matched":
             if self.rho == 0 and self.proof:
@@ -136,8 +144,9 @@ class Localisation:
         out |= {
             f.name: _jsonable(getattr(self, f.name))
             for f in fields(self)
-            if f.name not in ("origin", "beyond")
+            if f.name not in ("origin", "beyond", "edit")
         }
+        out["edit"] = None if self.edit is None else self.edit.to_dict()
         out["origin"] = None if self.origin is None else _jsonable(asdict(self.origin))
         out["beyond"] = None if self.beyond is None else _jsonable(asdict(self.beyond))
         return out
@@ -146,7 +155,11 @@ class Localisation:
     def from_dict(cls, data: Mapping[str, Any]) -> Localisation:
         """Read back what `to_dict` wrote (after a JSON round trip)."""
         known = {f.name for f in fields(cls)}
-        kwargs = {k: v for k, v in data.items() if k in known and k not in ("origin", "beyond")}
+        kwargs = {
+            k: v for k, v in data.items() if k in known and k not in ("origin", "beyond", "edit")
+        }
+        if data.get("edit") is not None:
+            kwargs["edit"] = Edit.from_dict(data["edit"])
         kwargs["profile"] = tuple(float(x) for x in data.get("profile", ()))
         for name in ("origin", "beyond"):
             raw = data.get(name)
@@ -155,7 +168,8 @@ class Localisation:
                 o["shape"] = tuple(o["shape"])
                 o["input_shapes"] = tuple(tuple(s) for s in o["input_shapes"])
                 o["max_diff"] = None if o["max_diff"] is None else float(o["max_diff"])
-                o["chain"] = tuple(o.get("chain", ()))
+                for tuples in ("chain", "constants", "dtypes", "places", "base_places"):
+                    o[tuples] = tuple(o.get(tuples, ()))
                 kwargs[name] = Origin(**o)
         return cls(**kwargs)
 
@@ -167,6 +181,7 @@ class Localisation:
         doc = _jsonable(asdict(self.origin))
         beyond = None if self.beyond is None else _jsonable(asdict(self.beyond))
         return doc | {
+            "edit": None if self.edit is None else self.edit.to_dict(),
             "values": self.values,
             "profile": list(self.profile),
             "origin_at": self.origin_at,

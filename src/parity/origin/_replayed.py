@@ -19,8 +19,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Protocol
 
-from parity.origin._align import Origin
 from parity.origin._localisation import Localisation
+from parity.origin._origin import Origin
 from parity.origin._recording import Recording
 from parity.origin._rounding_proof import RoundingProof
 

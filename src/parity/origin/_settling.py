@@ -11,8 +11,9 @@ Nothing here imports jax (a live side imports it where it records).
 
 from __future__ import annotations
 
+import functools
 from collections.abc import Callable, Iterable, Mapping, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any, Protocol
 
@@ -23,6 +24,7 @@ from parity.judge._renames import Rename
 from parity.judge._stacking import StackRule
 from parity.origin._api import Settlement, prove_and_locate
 from parity.origin._executables import Executables
+from parity.origin._hunks import Diff, edit_of, sources_diff
 from parity.origin._localisation import Localisation
 from parity.origin._proof import provable, provable_up_to_rounding, settle, unproved
 from parity.origin._record import LocaliseError, RecordingError, record
@@ -83,7 +85,10 @@ class Sides(Protocol):
     in this clone), so they cost no run; `record(wanted)`, each remaining name with the keys
     to prove up to rounding (its old side then recorded with every value's numbers first,
     and its new side replayed on them): each name with its `Pair`, one at a time (each is
-    settled and let go before the next is read: two recordings in memory at once).
+    settled and let go before the next is read: two recordings in memory at once);
+    `diff(name)`, asked where an origin was named, how the new side's source differs from
+    the old side's (`parity.origin._hunks.Diff`: the hunks the origin's edit is found
+    among), None where the face cannot say.
     """
 
     @property
@@ -95,6 +100,8 @@ class Sides(Protocol):
     def refuse(self, names: Sequence[str]) -> Mapping[str, NotRecorded]: ...
 
     def record(self, wanted: Mapping[str, Sequence[str]]) -> Iterable[tuple[str, Pair]]: ...
+
+    def diff(self, name: str) -> Diff | None: ...
 
 
 @dataclass(frozen=True)
@@ -168,9 +175,23 @@ def settle_by(
             shadow=pair.shadow,
             convert=rules.convert.get(name),
         )
+    for name, done in out.items():
+        out[name] = _with_edit(done, functools.partial(sides.diff, name))
     for name in wanted.keys() - out.keys():  # a side that made nothing of it
         out[name] = _unsettled(todo[name], NotRecorded("nothing was recorded"), origin)
     return out
+
+
+def _with_edit(done: Settlement, diff: Callable[[], Diff | None]) -> Settlement:
+    """`done` with the edit that made its named origin (`parity.origin._hunks.edit_of`),
+    where the face can say how the two sides' sources differ."""
+    found = done.origin
+    if found is None or found.origin is None:
+        return done
+    known = diff()
+    if known is None:
+        return done
+    return replace(done, origin=replace(found, edit=edit_of(found.origin, known)))
 
 
 def _unsettled(comparison: Comparison, why: NotRecorded, origin: bool) -> Settlement:
@@ -201,6 +222,10 @@ class LiveSides:
 
     def refuse(self, names: Sequence[str]) -> Mapping[str, NotRecorded]:
         return {}
+
+    def diff(self, name: str) -> Diff | None:
+        """The two functions' sources diffed (`parity.origin._hunks.sources_diff`)."""
+        return sources_diff(self.new_fn, self.old_fn, self.root)
 
     def record(self, wanted: Mapping[str, Sequence[str]]) -> Iterable[tuple[str, Pair]]:
         rounds = any(wanted.values())

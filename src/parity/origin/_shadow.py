@@ -25,11 +25,12 @@ from typing import Any
 import numpy as np
 
 from parity.judge._ulp import is_float_dtype
-from parity.origin._align import Alignment, Origin, align
+from parity.origin._align import Alignment, align
 from parity.origin._change import counterparts
 from parity.origin._fingerprints import fingerprint, row_digests
 from parity.origin._in_parts import LARGE, dot_in_parts
 from parity.origin._interpreter import Interpreter, plain_dtype, to_host
+from parity.origin._origin import Origin
 from parity.origin._primitives import PLACING, Machine, model
 from parity.origin._proof import upstream
 from parity.origin._recording import Recording

@@ -24,8 +24,8 @@ from parity.report._summary import (
 )
 
 if TYPE_CHECKING:  # the origin is the same height as the reports: read, never imported
-    from parity.origin._align import Origin
     from parity.origin._localisation import Localisation
+    from parity.origin._origin import Origin
 
 __all__ = ["write_html"]
 

@@ -15,7 +15,9 @@ from parity.judge._compare import Comparison
 from parity.machinery._config import ParityConfig
 from parity.machinery._worktree import GitError, temporary_worktree
 from parity.origin import Localisation
+from parity.origin._hunks import Diff
 from parity.origin._settling import NotRecorded, Pair, Rules, settle_by
+from parity.run._diff import source_diff
 from parity.run._origins import read_pair
 from parity.run._produced import Checkout
 from parity.run._recordings import Made, Replaying, record_groups
@@ -52,6 +54,11 @@ class CommitSides:
 
     def refuse(self, names: Sequence[str]) -> dict[str, NotRecorded]:
         return {}
+
+    def diff(self, name: str) -> Diff | None:
+        """The first bad commit's edits of its parent (`parity.run._diff.source_diff`)."""
+        between = f"the parent {self.old_sha[:12]} and the first bad commit {self.new_sha[:12]}"
+        return source_diff(self.repo, self.old_sha, to=self.new_sha, between=between)
 
     def record(self, wanted: Mapping[str, Sequence[str]]) -> Iterator[tuple[str, Pair]]:
         for group, keys in wanted.items():

@@ -50,9 +50,11 @@ from parity.machinery._producers_table import ProducersTable
 from parity.machinery._worktree import GitError, repo_root
 from parity.origin import Recording
 from parity.origin._api import Settlement
+from parity.origin._hunks import Diff
 from parity.origin._proof import Proof, provable, provable_up_to_rounding
 from parity.origin._settling import NotRecorded, Pair, Rules, settle_by
 from parity.run._baseline import BaselineBuilder, base_commit
+from parity.run._diff import source_diff
 from parity.run._produced import Checkout, Produced
 from parity.run._recordings import ARRAYS, Made, Replaying, record_groups, record_kept, recorded
 from parity.store import Provenance
@@ -169,6 +171,7 @@ class ProducerSides:
     against: str = _BASE
 
     _root: Path | None = dataclasses.field(default=None, init=False, repr=False)
+    _diffs: dict[str, Diff | None] = dataclasses.field(default_factory=dict, init=False)
 
     @property
     def root(self) -> Path:
@@ -194,6 +197,20 @@ class ProducerSides:
         rest = [self.results[n] for n in names if n not in out]
         missing = _bases_out_of_reach(self.builder, self.goldens, rest, self.produced)
         return out | {name: NotRecorded(why) for name, why in missing.items()}
+
+    def diff(self, name: str) -> Diff | None:
+        """How the checked code differs from the group's golden base commit
+        (`parity.run._diff.source_diff`), asked of git once per base."""
+        try:
+            base = self.goldens.open(self.results[name].name).provenance.base_sha
+        except (CheckError, KeyError):
+            return None
+        if not base:
+            return None
+        if base not in self._diffs:
+            between = f"the base {base[:12]} and {self.checkout.name}"
+            self._diffs[base] = source_diff(self.checkout.root, base, between=between)
+        return self._diffs[base]
 
     def record(self, wanted: Mapping[str, Sequence[str]]) -> Iterator[tuple[str, Pair]]:
         """The groups of `wanted` recorded on the tree (one producer run) and at their

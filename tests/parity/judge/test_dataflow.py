@@ -263,6 +263,11 @@ def test_a_bug_in_a_middle_layer_is_named_first_by_check_bisect_and_assert_equiv
     bad = _parity(run_parity, repo, "check", "--json", report, "--save-actual", "saved")
     assert bad.returncode == 1, bad.stdout + bad.stderr
     assert "first breaking its class: taps.ln0" in bad.stdout
+    # The edit (issue 74): the epsilon is set at the top of the model and used in its norm;
+    # the origin names the use, and the edit of the diff from the pin that set it.
+    eps_line = next(n for n, t in enumerate(MODEL.splitlines(), 1) if t == "EPS = {eps}")
+    edit = f"the edit: {MODEL_FILE}:{eps_line} `EPS = 1e-3`: it writes the constant 0.001, "
+    assert edit + "where the base's lines wrote 1e-05" in bad.stdout, bad.stdout
     check_doc = json.loads(report.read_text())
     assert check_doc["checks"][0]["first_failure"]["key"] == "taps.ln0"
     assert [f["key"] for f in check_doc["findings"]] == [f"forward/{k}" for k in FORWARD]
@@ -286,12 +291,14 @@ def test_a_bug_in_a_middle_layer_is_named_first_by_check_bisect_and_assert_equiv
     )  # fmt: skip
     assert plugin.returncode == 1, plugin.stdout + plugin.stderr
     assert "first breaking its class: taps.ln0" in plugin.stdout, plugin.stdout
+    assert edit in plugin.stdout, plugin.stdout
 
     bisect_json = tmp_path / "bisect.json"
     found = _parity(run_parity, repo, "bisect", good, "HEAD", "--json", bisect_json)
     assert found.returncode == 0, found.stdout + found.stderr
     answer = json.loads(bisect_json.read_text())
     assert answer["first_bad_commit"] == culprit and answer["key"] == "taps.ln0"
+    assert edit in found.stdout, found.stdout  # the culprit's diff from its parent
 
     # Live, as a test of the old model against the new one would compare them.
     import parity

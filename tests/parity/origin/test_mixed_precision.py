@@ -153,6 +153,13 @@ def test_a_bug_beside_the_reorder_is_named_at_its_line_with_its_kind(
     z = next(n for n, t in enumerate(MODEL.splitlines(), 1) if "z = y.astype" in t)
     said = [w.format(z=z, line=line) for w in words]
     assert all(w in origin.change_detail for w in said), origin.change_detail
+    # The edit (issue 74): of the two files' hunks (the split and the bug), the bug's, set
+    # far from where it is used (a module constant, the policy's dtype) but for the cast
+    # added at its use.
+    edit = failed.origin.edit
+    assert edit is not None and len(edit.hunks) == 1, failed.origin.line
+    assert any(after in t for t in edit.hunks[0].added), failed.origin.line
+    assert edit.evidence == {"constant": "constant", "dtype": "dtype"}[kind] or bug == "cast added"
 
 
 def test_the_policys_output_dtype_changed_is_named_as_a_changed_dtype(tmp_path: Path) -> None:

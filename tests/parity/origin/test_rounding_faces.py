@@ -93,6 +93,11 @@ def test_check_proves_a_reordered_sum_up_to_rounding_and_fails_a_bug_at_its_line
     line = next(n for n, t in enumerate(tf.MODEL.splitlines(), 1) if "1e-5" in t)
     assert f"{tf.MODEL_FILE}:{line} in layer_norm" in origin, origin
     assert "a changed constant: its constant 1e-06 where the base had 1e-05" in origin, origin
+    # Of the two hunks from the pin (the reorder and the bug), the bug's (issue 74).
+    assert origin.endswith(
+        f"the edit: {tf.MODEL_FILE}:{line} `return (x - mean) / jnp.sqrt(var + 1e-6)`: it "
+        "writes the constant 1e-06, where the base's lines wrote 1e-05"
+    ), origin
 
 
 def _halves_line() -> int:

@@ -15,6 +15,7 @@ import numpy as np
 
 from parity.judge._compare import Comparison, compare_trees
 from parity.origin import record
+from parity.origin._hunks import Diff, sources_diff
 from parity.origin._recording import Recording
 from parity.origin._settling import LiveSides, NotRecorded, Pair, Rules, settle_by
 
@@ -57,6 +58,10 @@ class _Sides:
             self.events.append(f"made {name}")
             yield name, self.pairs[name]
 
+    def diff(self, name: str) -> Diff | None:
+        self.events.append(f"diff {name}")
+        return sources_diff(bug, old)  # the two functions' own lines stand in for a commit's
+
 
 def test_a_face_that_can_record_gets_its_proofs_and_origin_and_a_refused_one_costs_no_run() -> None:
     new_rec, old_rec = record(bug, X), record(old, X)
@@ -66,12 +71,23 @@ def test_a_face_that_can_record_gets_its_proofs_and_origin_and_a_refused_one_cos
         refused={"c": NotRecorded("numpy computed it on the host")},
     )
     done = settle_by(failing, sides)
-    # Refused before any recording; the rest recorded once, each pair settled as it came.
-    assert sides.events == ["refuse ['a', 'b', 'c']", "record ['a', 'b']", "made a", "made b"]
+    # Refused before any recording; the rest recorded once, each pair settled as it came;
+    # the diff asked only of those whose origin was named.
+    assert sides.events == [
+        "refuse ['a', 'b', 'c']", "record ['a', 'b']", "made a", "made b", "diff a", "diff b",
+    ]  # fmt: skip
+    constant = next(n for n, t in enumerate(Path(__file__).read_text().splitlines(), 1)
+                    if t.startswith("    return") and "* 2.5" in t)  # fmt: skip
     for name in ("a", "b"):
         origin = done[name].origin
         assert origin is not None and origin.origin is not None, origin
         assert origin.origin.primitive == "mul" and origin.against == "the fake base"
+        # The edit: the two functions' differing lines, which the operation runs on (the
+        # functions' names differ, so no operation of the base's pairs with it by place).
+        edit = origin.edit
+        assert edit is not None and edit.evidence == "frame", origin.line
+        assert [h.holds(constant) for h in edit.hunks] == [True], edit
+        assert f"it holds {__file__}:{constant} in bug" in origin.line, origin.line
         assert {f.key: f.verdict for f in done[name].comparison.findings} == {
             "h": "fail",
             "y": "fail",
