@@ -7,7 +7,7 @@ one of the old program's; *no output fails* its class when both programs run op 
 origin was *not named*, and why (the producer's outputs are not computed by jax, the class
 gives no matching tolerance, the base cannot be re-produced, ...).
 
-This module imports the standard library, `parity.origin._origin` and `parity.origin._hunks`
+This module imports the standard library, `parity.origin._origin` and `parity.origin._edit`
 only.
 """
 
@@ -18,7 +18,7 @@ from collections.abc import Mapping
 from dataclasses import asdict, dataclass, fields
 from typing import Any, Literal
 
-from parity.origin._hunks import Edit
+from parity.origin._edit import Edit
 from parity.origin._origin import Origin
 
 __all__ = ["Localisation", "Status"]
@@ -59,7 +59,7 @@ class Localisation:
       why (it equals a value of `against`'s, not `against`'s same key).
     - `edit`: for `named`, where the face knows how the tree differs from the base (a
       diff), the edit of it that made the origin, or that none did
-      (`parity.origin._hunks.Edit`); None where no diff was at hand.
+      (`parity.origin._edit.Edit`); None where no diff was at hand.
     - `traceback`: for `not_named` because recording raised in this process
       (`parity.origin.LiveSides`), the original traceback as text
       (`parity.origin._record.RecordingError`), "" otherwise; `reason` names the operation.

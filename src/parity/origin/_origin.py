@@ -1,7 +1,7 @@
 """Where the new program first computes what the old one never did, as one typed value
 (`Origin`): the operation, its place and call chain, the kind of change it is against the
 base's, and what the change's evidence names (its constants, the places it reads), which the
-edit that made it is found by (`parity.origin._hunks`).
+edit that made it is found by (`parity.origin._edit`).
 
 This module imports the standard library and `parity.origin._change` only.
 """

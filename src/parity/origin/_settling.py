@@ -23,8 +23,9 @@ from parity.judge._converting import Conversion
 from parity.judge._renames import Rename
 from parity.judge._stacking import StackRule
 from parity.origin._api import Settlement, prove_and_locate
+from parity.origin._edit import edit_of
 from parity.origin._executables import Executables
-from parity.origin._hunks import Diff, edit_of, sources_diff
+from parity.origin._hunks import Diff, sources_diff
 from parity.origin._localisation import Localisation
 from parity.origin._proof import provable, provable_up_to_rounding, settle, unproved
 from parity.origin._record import LocaliseError, RecordingError, record
@@ -183,7 +184,7 @@ def settle_by(
 
 
 def _with_edit(done: Settlement, diff: Callable[[], Diff | None]) -> Settlement:
-    """`done` with the edit that made its named origin (`parity.origin._hunks.edit_of`),
+    """`done` with the edit that made its named origin (`parity.origin._edit.edit_of`),
     where the face can say how the two sides' sources differ."""
     found = done.origin
     if found is None or found.origin is None:

@@ -1,5 +1,5 @@
 """How the code under check differs from its base, as the hunks the origin's edit is found
-among (issue 74: `parity.origin._hunks`): `git diff -U0` of the Python sources the
+among (issue 74: `parity.origin._edit`): `git diff -U0` of the Python sources the
 repository tracks, from a base commit to the working tree or to another commit. Nothing
 here writes: git reads the commits and the files, never the user's index
 (`parity.machinery._worktree.git`).

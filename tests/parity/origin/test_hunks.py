@@ -1,7 +1,8 @@
-"""The edit of the diff that made an origin (issue 74, `parity.origin._hunks`): the diff read
-from git as a check reads it (`parity.run._diff.source_diff`), and each kind of evidence
-(the constant written, a frame of the chain, the function it runs in, the only edit) held
-against origins as the alignment words them. No jax: the origins are written here."""
+"""The edit of the diff that made an origin (issue 74, `parity.origin._edit` over the diff
+as data, `parity.origin._hunks`): the diff read from git as a check reads it
+(`parity.run._diff.source_diff`), and each kind of evidence (the constant written, a frame
+of the chain, the function it runs in, the only edit) held against origins as the
+alignment words them. No jax: the origins are written here."""
 
 from __future__ import annotations
 
@@ -11,7 +12,8 @@ from collections.abc import Callable
 from pathlib import Path
 
 from parity.origin import Localisation, Origin
-from parity.origin._hunks import Diff, Edit, edit_of, parse_diff
+from parity.origin._edit import Edit, edit_of
+from parity.origin._hunks import Diff, Hunk, parse_diff
 from parity.run._diff import source_diff
 
 MODEL = """\
@@ -127,7 +129,7 @@ def test_each_kind_of_evidence_names_its_hunk(tmp_path: Path, git: Callable[...,
     assert same.line.startswith("the edit: none: the source does not differ"), same.line
 
 
-def test_a_small_integer_alone_is_no_evidence_but_with_the_base_s_it_is(
+def test_an_integer_alone_is_no_evidence_but_with_the_base_s_it_is(
     tmp_path: Path, git: Callable[..., str]
 ) -> None:
     diff, _ = _diff(tmp_path, git)
@@ -138,6 +140,20 @@ def test_a_small_integer_alone_is_no_evidence_but_with_the_base_s_it_is(
     both = dataclasses.replace(hunk, removed=("    y = y * 3",))
     found = edit_of(dataclasses.replace(elsewhere, constants=("2", "3")), Diff((both,)))
     assert found.evidence == "constant"
+
+
+def test_a_hunk_where_the_origin_runs_ranks_before_one_elsewhere_writing_the_same(
+    tmp_path: Path, git: Callable[..., str]
+) -> None:
+    """A new test file that writes the same number is not the edit, where a hunk of the
+    origin's own files writes it; where none does, it is the one that can be named."""
+    diff, _ = _diff(tmp_path, git)
+    stray = Hunk("tests/test_new.py", 1, ("TOL = 1.1e-5",), "", 0, ())
+    origin = _origin(_line(EDITED, "x.var() + EPS"), "layer_norm", constants=("1.1e-05", "1e-05"))
+    edit = edit_of(origin, Diff((stray, *diff.hunks), diff.sources))
+    assert edit.hunks == (diff.hunks[0],) and edit.evidence == "constant", edit.line
+    away = edit_of(dataclasses.replace(origin, file="other.py", chain=()), Diff((stray,)))
+    assert away.hunks == (stray,) and away.evidence == "constant", away.line
 
 
 def test_the_edit_goes_through_the_origin_s_json_and_its_line(

@@ -18,6 +18,7 @@ softmaxed in bfloat16 each named at their line, with their kind.
 
 from __future__ import annotations
 
+import difflib
 from pathlib import Path
 from types import ModuleType
 from typing import Any
@@ -30,6 +31,8 @@ from _model_files import model_module
 
 import parity
 from parity.origin import record
+from parity.origin._edit import edit_of
+from parity.origin._hunks import Diff, parse_diff
 from parity.origin._recording import Recording
 from parity.origin._shadow import Shadow
 
@@ -335,4 +338,14 @@ def test_a_training_bug_beside_the_split_is_named_at_its_line(
     line = next(n for n, t in enumerate(lines, 1) if text in t)
     assert (origin.change, origin.line, origin.function) == (kind, line, function), (
         origin.describe()
+    )
+    # The edit (issue 74): of the split's hunk and the bug's, the bug's, though the epsilon
+    # and the weight decay are set at the top of the file, far from the line named.
+    tree = (tmp_path / "tree" / "model.py").read_text().splitlines()
+    diff = difflib.unified_diff(TRAIN.splitlines(), tree, "a", "tree/model.py", n=0, lineterm="")
+    text = "\n".join(diff)
+    edit = edit_of(origin, Diff(parse_diff(text), {"tree/model.py": "\n".join(tree)}))
+    assert len(edit.hunks) == 1 and after.strip() in edit.hunks[0].added[0], edit.line
+    assert edit.evidence == ("constant" if bug in ("epsilon", "weight decay") else "frame"), (
+        edit.line
     )
