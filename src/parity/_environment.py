@@ -9,8 +9,11 @@ Each field that differs is a `Drift` with a severity:
 
 - **"bits"**: the field can change the last bits of XLA's output: `jax`, `jaxlib`,
   `isa_cap`, `xla_flags`, `machine`, `cpu`, `x64`, `device_count`, `processes`, the
-  backend (`backend`: cpu, gpu, tpu; `device_kind`), `matmul_precision`, and `processor`
-  when no equal ISA cap is set on both sides. A file that records no backend is a CPU run
+  backend (`backend`: cpu, gpu, tpu; `device_kind`), `matmul_precision`, `packages` (a
+  distribution the producers imported, at another version on both sides: an optax or
+  flax release computes otherwise; compared only where both sides record them, and only
+  the distributions both record), and `processor` when no equal ISA cap is set on both
+  sides. A file that records no backend is a CPU run
   (`backend_of`). Across backends the host processor's fields (`cpu`, `processor`,
   `isa_cap`, `machine`) are "info": the accelerator computes, and never reads an ISA cap.
   `cpu` is the processor's vendor, family, model and vector instruction sets: an equal ISA
@@ -106,6 +109,7 @@ BITS_FIELDS = (
     "backend",
     "device_kind",
     "matmul_precision",
+    "packages",
 )
 #: Fields of the host processor: "info" across backends (an accelerator computes there).
 HOST_FIELDS = frozenset({"cpu", "processor", "isa_cap", "machine"})
@@ -144,6 +148,9 @@ class Drift:
     severity: Severity
 
     def __str__(self) -> str:
+        if self.field == "packages" and isinstance(self.golden, dict):
+            moved = ", ".join(f"{d} {v} -> {self.current.get(d)}" for d, v in self.golden.items())
+            return f"packages: {moved} ({self.severity})"
         return f"{self.field}: {self.golden!r} -> {self.current!r} ({self.severity})"
 
 
@@ -397,6 +404,15 @@ def _same(field: str, a: Any, b: Any) -> bool:
     return a == b
 
 
+def _moved(golden: Any, current: Any) -> tuple[dict[str, str], dict[str, str]]:
+    """The distributions both sides record at other versions, each side's versions."""
+    if not isinstance(golden, dict) or not isinstance(current, dict):
+        return {}, {}
+    both = sorted(golden.keys() & current.keys())
+    moved = [d for d in both if golden[d] != current[d]]
+    return {d: golden[d] for d in moved}, {d: current[d] for d in moved}
+
+
 def _drifts(pinned: Provenance, current: Provenance) -> list[Drift]:
     out: list[Drift] = []
     same_cap = pinned.isa_cap is not None and pinned.isa_cap == current.isa_cap
@@ -405,8 +421,10 @@ def _drifts(pinned: Provenance, current: Provenance) -> list[Drift]:
     golden, here = pinned.by_name(), current.by_name()
     for field in sorted(golden.keys() | here.keys()):
         g, c = golden.get(field), here.get(field)
-        if field in ("base_sha", "producer_digest") and (g is None or c is None):
+        if field in ("base_sha", "producer_digest", "packages") and (g is None or c is None):
             continue  # a check run usually has no base SHA of its own
+        if field == "packages":  # the distributions both record, at other versions
+            g, c = _moved(g, c)
         if field in NOT_ENVIRONMENT or _same(field, g, c):
             continue
         bits = field in BITS_FIELDS or (field == "processor" and not same_cap)
@@ -473,12 +491,14 @@ def environment_difference(
 
 def environment_fingerprint(prov: Provenance) -> str:
     """A short digest of everything in a provenance that can move XLA's bits (the
-    `BITS_FIELDS` and `processor`, compared as `environment_difference` compares them: XLA
-    flags as a set, the device count by its own field): two runs with the same fingerprint
-    produce the same bits from the same code. Names a baseline in its cache
+    `BITS_FIELDS` but `packages`, and `processor`, compared as `environment_difference`
+    compares them: XLA flags as a set, the device count by its own field): two runs with the
+    same fingerprint produce the same bits from the same code. Names a baseline in its cache
     (`parity.run._baseline`)."""
     recorded = prov.by_name()
-    fields = {f: recorded[f] for f in (*BITS_FIELDS, "processor")}
+    # Not the producers' packages: the base's producers may import others than the tree's
+    # (a refactor's new import), and a check's own process records none; both run here.
+    fields = {f: recorded[f] for f in (*BITS_FIELDS, "processor") if f != "packages"}
     # The fields recorded since backends were: left out at their CPU defaults, so that a
     # CPU baseline cached before them keeps its name.
     if backend_of(prov) == "cpu":

@@ -84,6 +84,25 @@ def test_each_field_drifts_with_its_severity(field, value, severity):
     ]
 
 
+def test_a_package_the_producers_imported_at_another_version_is_a_drift_that_moves_bits():
+    """Issue 74: the distributions both sides record are compared, each one that moved said
+    with both versions; one only a side imported, or a side that records none (goldens
+    pinned before `packages` was), is no drift. A baseline's name is not keyed by them:
+    the base's producers may import other packages than the tree's, in the same
+    environment."""
+    pinned = _prov(packages={"optax": "0.2.3", "chex": "0.1.86", "flax": "0.10.0"})
+    here = _prov(packages={"optax": "0.2.4", "chex": "0.1.86", "einops": "0.8.0"})
+    (drift,) = _drifts(pinned, here)
+    assert drift == Drift("packages", {"optax": "0.2.3"}, {"optax": "0.2.4"}, "bits")
+    assert str(drift) == "packages: optax 0.2.3 -> 0.2.4 (bits)"
+    difference = environment_difference(pinned, here)
+    assert difference.moves_bits and difference.changes == (str(drift),)
+    assert _drifts(_prov(), here) == [] and _drifts(here, _prov()) == []
+    assert _drifts(pinned, _prov(packages={"flax": "0.10.0", "einops": "1"})) == []
+    fp = environment_fingerprint(_prov())
+    assert environment_fingerprint(pinned) == fp == environment_fingerprint(here)
+
+
 def test_processor_drift_can_change_bits_without_an_isa_cap():
     uncapped = {"isa_cap": None, "xla_flags": ""}
     found = _drifts(_prov(**uncapped), _prov(**uncapped, processor="Intel Xeon"))

@@ -14,7 +14,9 @@ applied with `nnx.scan`, the producer returning `nnx.state(model)`).
 
 from __future__ import annotations
 
+import importlib
 import json
+import re
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
@@ -25,6 +27,7 @@ import pytest
 import parity
 from parity.judge._compare import compare_trees
 from parity.judge._stacking import StackRule, parse_stack, stacking_offer, unstack
+from parity.store import open_goldens
 
 MODEL = """\
 import equinox as eqx
@@ -303,6 +306,20 @@ def test_the_stacking_refactor_passes_its_per_layer_goldens_and_a_layer_bug_is_n
     # the line that moved layer 1.
     origin = next(ln for ln in bug.stdout.splitlines() if ln.strip().startswith("origin:"))
     assert f"at src/model.py:{shas['line']} in " in origin, origin
+    # Of the diff from the pin (the stacking refactor's hunks and the bug's), the edit named
+    # is the one hunk that holds the bug's line, which the call chain ran through (issue 74).
+    named = re.search(r"the edit: src/model\.py:(\d+)(?:-(\d+))? `", origin)
+    assert named is not None, origin
+    first, last = int(named.group(1)), int(named.group(2) or named.group(1))
+    assert first <= int(shas["line"]) <= last, origin
+    assert f"it holds src/model.py:{shas['line']} in " in origin, origin
+    # The goldens record the version of each distribution the producers imported (issue
+    # 74): the model's framework among them, as the framework says its own version.
+    name = "equinox" if shas["key"] == PROJECTS["equinox"][4] else "flax"
+    with open_goldens(repo / "goldens" / "train.h5") as gf:
+        packages = dict(gf.provenance.packages or {})
+    assert packages.get(name) == importlib.import_module(name).__version__, packages
+    assert "parity-harness" not in packages, packages
     # The pytest plugin reads the producers' STACK as the check does (issue 72): the test
     # passes no `stack=`, the same key fails, and its origin is found through the stacked
     # output (the base's recording is the one the check cached).

@@ -40,7 +40,7 @@ import signal
 import sys
 import time
 import traceback
-from collections.abc import Callable
+from collections.abc import Callable, Iterable
 from pathlib import Path
 from typing import Any
 
@@ -212,11 +212,13 @@ def _arguments(argv: list[str] | None) -> argparse.Namespace:
     return p.parse_args(argv)
 
 
-def _import_harness() -> Callable[[], dict[str, Any]] | None:
+def _import_harness() -> Callable[[Iterable[str]], dict[str, Any]] | None:
     """Import the harness (and install the compile counter where asked, and the size tally
     of the machine's compilation cache where it has one: `parity.machinery._jax_cache`); its
     `collect_provenance` as JSON (`Provenance.to_json_dict`: the manifest's, read back by
-    `parity.machinery._runner_output`), or None where parity cannot be imported."""
+    `parity.machinery._runner_output`), given the modules held before the producers were
+    imported (the distributions imported since are the producers' `packages`), or None
+    where parity cannot be imported."""
     collect_provenance = None
     try:
         import parity
@@ -234,8 +236,10 @@ def _import_harness() -> Callable[[], dict[str, Any]] | None:
         pass
     if collect_provenance is None:
         return None
+    from parity.store._provenance import imported_distributions as imported
+
     collect = collect_provenance
-    return lambda: collect().to_json_dict()
+    return lambda before: collect(packages=imported(before)).to_json_dict()
 
 
 def _save_group(
@@ -318,6 +322,7 @@ def main(argv: list[str] | None = None) -> int:
 
     import numpy as np
 
+    before = set(sys.modules)  # what the producers import since is theirs (`packages`)
     try:
         spec = importlib.util.spec_from_file_location("parity_producers", args.producers)
         assert spec is not None and spec.loader is not None
@@ -381,7 +386,7 @@ def main(argv: list[str] | None = None) -> int:
             if place.process_id != 0:  # process 0 saves; the others only had to take part
                 _log(f"[{i}/{len(wanted)}] {name}: {len(arrays)} arrays, same as process 0")
                 continue
-        provenance = collect_provenance() if collect_provenance is not None else None
+        provenance = collect_provenance(before) if collect_provenance is not None else None
         _save_group(out, name, hosted, table, (order_source, recorder), provenance)
         _log(f"[{i}/{len(wanted)}] {name}: {len(arrays)} arrays in {time.perf_counter() - t0:.1f}s")
         if place is not None and place.processes > 1 and not any(split):

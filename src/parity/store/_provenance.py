@@ -14,18 +14,19 @@ classes, is decided once, in `parity._environment`.
 from __future__ import annotations
 
 import dataclasses
+import functools
 import hashlib
 import os
 import platform
 import re
 import sys
-from collections.abc import Iterable
+from collections.abc import Iterable, Mapping
 from pathlib import Path
 
 from parity._xla_env import DEVICE_FLAG, ISA_FLAG, jax_backend_started
 from parity.store._provenance_record import FIELD_NAMES, Provenance
 
-__all__ = ["collect_provenance", "digest_sources"]
+__all__ = ["collect_provenance", "digest_sources", "imported_distributions"]
 
 _DEVICE_FLAG_RE = re.compile(re.escape(DEVICE_FLAG) + r"=(\d+)")
 _ISA_FLAG_RE = re.compile(re.escape(ISA_FLAG) + r"=(\S+)")
@@ -139,6 +140,7 @@ def collect_provenance(
     base_sha: str | None = None,
     producer_digest: str | None = None,
     device_count: int | None = None,
+    packages: Mapping[str, str] | None = None,
 ) -> Provenance:
     """Record the environment of this run, for a golden file's root or a report's header.
 
@@ -149,6 +151,8 @@ def collect_provenance(
 
     - `base_sha`: the git commit the goldens were produced from.
     - `producer_digest`: `digest_sources` of the producer code.
+    - `packages`: the distributions the producers imported, with their versions
+      (`imported_distributions`; the producer run passes them).
     - `device_count`: the device count, if the caller knows it. Otherwise jax's (if its
       backends are started), else `--xla_force_host_platform_device_count` in `XLA_FLAGS`,
       else 1.
@@ -186,10 +190,50 @@ def collect_provenance(
         matmul_precision=_matmul_precision(),
         base_sha=base_sha,
         producer_digest=producer_digest,
+        packages=dict(packages) if packages is not None else None,
     )
-    # Every field collected is recorded, a None as null, as files have always had it.
+    # Every field collected is recorded, a None as null, as files have always had it (but
+    # `packages`, which only a producer run knows).
     unset = {name for name in _COLLECTED if getattr(collected, name) is None}
+    unset.discard("packages")
     return dataclasses.replace(collected, nulls=frozenset(unset))
+
+
+#: Distributions a producer run imports for the harness, not for the producers: never said
+#: as the producers' packages (their versions cannot move a producer's numbers).
+_HARNESS = frozenset({"parity-harness"})
+
+
+def imported_distributions(before: Iterable[str]) -> dict[str, str]:
+    """The installed distributions whose top-level modules were imported since `before`
+    (the names `sys.modules` held then), each with its version: what the producers
+    imported. A module of no distribution (the standard library, the user's own source)
+    is left out. The first call scans the installed distributions (about 0.1 s), once a
+    process."""
+    import importlib.metadata as metadata
+
+    held = set(before)
+    new = {name for name in list(sys.modules) if "." not in name and name not in held}
+    if not new:
+        return {}
+    owners = _owners()
+    out: dict[str, str] = {}
+    for dist in sorted({d for name in new for d in owners.get(name, ())}):
+        if dist in _HARNESS:
+            continue
+        try:
+            out[dist] = metadata.version(dist)
+        except metadata.PackageNotFoundError:
+            continue
+    return out
+
+
+@functools.cache
+def _owners() -> Mapping[str, list[str]]:
+    """Top-level module -> the distributions that install it (`importlib.metadata`)."""
+    import importlib.metadata as metadata
+
+    return metadata.packages_distributions()
 
 
 def _expand(paths: Iterable[Path]) -> tuple[list[Path], list[Path]]:

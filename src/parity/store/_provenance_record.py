@@ -39,6 +39,9 @@ class Provenance:
     - `x64`: jax's x64 mode; `matmul_precision`: jax's default matmul precision.
     - `base_sha`: the git commit the goldens were produced from; `producer_digest`: the
       digest of the producer code (`digest_sources`).
+    - `packages`: the version of every distribution the producers imported (`optax`,
+      `equinox`, ...; not those the harness imported before them), by name; None where
+      not recorded (goldens pinned before it was, a check's own process).
     - `order`: how the file's forward order was made (`parity.judge._dataflow`).
     - `calibration`: what `parity calibrate --write` recorded (a JSON mapping,
       `parity.calibration._write`).
@@ -77,6 +80,7 @@ class Provenance:
     matmul_precision: str | None = None
     base_sha: str | None = None
     producer_digest: str | None = None
+    packages: Mapping[str, str] | None = None
     order: str | None = None
     calibration: Mapping[str, Any] | None = None
     unknown: Mapping[str, Any] = dataclasses.field(default_factory=dict[str, Any])

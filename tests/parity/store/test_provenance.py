@@ -19,7 +19,7 @@ import numpy as np
 import pytest
 
 from parity.store import Provenance, open_goldens, write_goldens
-from parity.store._provenance import collect_provenance, digest_sources
+from parity.store._provenance import collect_provenance, digest_sources, imported_distributions
 from parity.store._provenance_record import FIELD_NAMES
 
 GOLDENS = Path(__file__).resolve().parents[3] / "goldens"
@@ -61,7 +61,8 @@ def test_provenance_records_every_field_and_is_json():
 
 
 def test_the_fields_are_what_the_collector_records_and_the_harness_adds():
-    assert set(FIELD_NAMES) == _FIELDS | {"order", "calibration"}
+    # `packages`: what a producer run passes the collector (the distributions it imported)
+    assert set(FIELD_NAMES) == _FIELDS | {"order", "calibration", "packages"}
 
 
 def test_provenance_reads_flags_and_env_without_importing_jax(tmp_path):
@@ -197,3 +198,19 @@ def test_every_committed_golden_reads_into_a_provenance_that_writes_its_json(pat
 
 def test_the_committed_goldens_are_there_to_read():
     assert len(_committed_goldens()) >= 5
+
+
+def test_the_distributions_imported_since_are_the_producers_with_their_versions() -> None:
+    """Issue 74: what a producer run records as `packages`: each distribution whose module
+    was imported after the snapshot, with its version (as the package says it), never a
+    standard-library module nor the harness itself."""
+    import hypothesis
+
+    before = set(sys.modules) - {"hypothesis", "json", "parity"}
+    found = imported_distributions(before)
+    assert found.get("hypothesis") == hypothesis.__version__, found
+    assert "parity-harness" not in found and "json" not in found, found
+    assert imported_distributions(set(sys.modules)) == {}
+    recorded = collect_provenance(packages=found).to_json_dict()
+    assert recorded["packages"] == found
+    assert "packages" not in collect_provenance().to_json_dict()  # only a producer run knows
