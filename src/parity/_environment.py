@@ -57,8 +57,6 @@ module imports neither numpy, h5py nor jax, nor, but to name its type, the store
 
 from __future__ import annotations
 
-import hashlib
-import json
 import re
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, Literal
@@ -84,7 +82,7 @@ __all__ = [
     "backend_of",
     "describe_backend",
     "environment_difference",
-    "environment_fingerprint",
+    "flags_of",
     "layout_of",
 ]
 
@@ -321,7 +319,8 @@ def layout_of(provenance: Provenance) -> tuple[int, int]:
     return processes, max(1, total // processes)
 
 
-def _flags(value: Any) -> list[str]:
+def flags_of(value: Any) -> list[str]:
+    """XLA flags as compared: a sorted list, the device count left out."""
     # Flag order is not meaning, and the device count has its own field (a count of 1
     # written out or left implicit is the same run); compare the other flags as a set.
     return sorted(f for f in str(value or "").split() if not _DEVICE_FLAG_RE.match(f))
@@ -400,7 +399,7 @@ def _same(field: str, a: Any, b: Any) -> bool:
     if field == "processes":  # files pinned before the field was recorded: one process
         return int(a or 1) == int(b or 1)
     if field == "xla_flags":
-        return _flags(a) == _flags(b)
+        return flags_of(a) == flags_of(b)
     return a == b
 
 
@@ -487,25 +486,3 @@ def environment_difference(
         bits=tuple(d for d in drifts if d.severity == "bits"),
         info=tuple(d for d in drifts if d.severity == "info"),
     )
-
-
-def environment_fingerprint(prov: Provenance) -> str:
-    """A short digest of everything in a provenance that can move XLA's bits (the
-    `BITS_FIELDS` but `packages`, and `processor`, compared as `environment_difference`
-    compares them: XLA flags as a set, the device count by its own field): two runs with the
-    same fingerprint produce the same bits from the same code. Names a baseline in its cache
-    (`parity.run._baseline`)."""
-    recorded = prov.by_name()
-    # Not the producers' packages: the base's producers may import others than the tree's
-    # (a refactor's new import), and a check's own process records none; both run here.
-    fields = {f: recorded[f] for f in (*BITS_FIELDS, "processor") if f != "packages"}
-    # The fields recorded since backends were: left out at their CPU defaults, so that a
-    # CPU baseline cached before them keeps its name.
-    if backend_of(prov) == "cpu":
-        del fields["backend"], fields["device_kind"]
-    if fields["matmul_precision"] is None:
-        del fields["matmul_precision"]
-    fields["processes"] = int(fields["processes"] or 1)
-    fields["xla_flags"] = _flags(recorded["xla_flags"])
-    text = json.dumps(fields, sort_keys=True, default=str)
-    return hashlib.sha256(text.encode()).hexdigest()[:16]

@@ -16,6 +16,7 @@ LAYERS: tuple[tuple[str, ...], ...] = (
     # leaves: the XLA flag names; compile statistics (jax only); the root of every error
     ("parity._xla_env", "parity._compile_stats", "parity._errors"),
     ("parity._environment",),  # whether two environments differ, and how: decided once
+    ("parity._environment_fingerprint",),  # an environment's name in the baseline cache
     ("parity.judge",),  # numpy only
     # each over the judge (the store: h5py, xla_env too; localise: jax inside functions only)
     ("parity.store", "parity.report", "parity.origin"),

@@ -27,8 +27,8 @@ from parity._environment import (
     backend_note,
     describe_backend,
     environment_difference,
-    environment_fingerprint,
 )
+from parity._environment_fingerprint import environment_fingerprint
 from parity.calibration._perturbations import Here, Perturbation, available
 from parity.machinery._processes import NoSockets, WorkerFailed, free_port
 from parity.store import Provenance, open_goldens, write_goldens

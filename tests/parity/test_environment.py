@@ -17,9 +17,9 @@ from parity._environment import (
     Drift,
     EnvironmentDifference,
     environment_difference,
-    environment_fingerprint,
     layout_of,
 )
+from parity._environment_fingerprint import environment_fingerprint
 from parity.calibration._perturbations import perturbations
 from parity.machinery._config import ParityConfig
 from parity.store import Provenance

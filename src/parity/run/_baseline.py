@@ -11,7 +11,7 @@ untouched. The result is kept in a cache folder, one golden-format file per
 
     <cache>/<base sha>/<environment fingerprint>-<producers digest>/<group>.h5
 
-(`parity._environment.environment_fingerprint`, `digest_sources` of the producers
+(`parity._environment_fingerprint.environment_fingerprint`, `digest_sources` of the producers
 file), written atomically with a sha256 per array like a golden, so only the first check
 on a machine pays for it. A lock file per entry serialises builders (pytest-xdist workers,
 the processes of a multi-process run, several checks at once): the second finds the first
@@ -43,9 +43,9 @@ from parity._environment import (
     backend_of,
     describe_backend,
     environment_difference,
-    environment_fingerprint,
     layout_of,
 )
+from parity._environment_fingerprint import environment_fingerprint
 from parity._results import BaselineUnavailable
 from parity._xla_env import ISA_CAPS
 from parity.check import Baseline
