@@ -43,6 +43,7 @@ from parity.judge._ulp import is_float_dtype, spacing_at, to_float64
 from parity.origin._change import Change, change_of, counterparts, edited, frame_parts
 from parity.origin._fingerprints import Fingerprint, Prints, ordinary
 from parity.origin._origin import Origin
+from parity.origin._places import relative
 from parity.origin._primitives import ARRANGING
 from parity.origin._record import LocaliseError
 from parity.origin._recording import Recording, Value
@@ -296,7 +297,7 @@ class Alignment:
             file, line, function = (
                 frame_parts(v) if isinstance(v, str) else (v.file, v.line, v.function)
             )
-            file = _in_tree(file, root) if old else _relative(file, root)
+            file = _in_tree(file, root) if old else relative(file, root)
             if not file:
                 return "<no source>"
             named[old].append(f"{file}:{line} in {function}")
@@ -331,11 +332,11 @@ class Alignment:
             shown = values[change.read]
             file, line, function = frame_parts(change.edit)
             chain = shown.chain[shown.chain.index(change.edit) :]
-            read_by = f"{v.primitive} at {_relative(v.file, root)}:{v.line} in {v.function}"
+            read_by = f"{v.primitive} at {relative(v.file, root)}:{v.line} in {v.function}"
         return Origin(
             key=key,
             primitive=shown.primitive,
-            file=_relative(file, root),
+            file=relative(file, root),
             line=line,
             function=function,
             shape=shown.shape,
@@ -385,15 +386,6 @@ def _in_tree(file: str, root: str | Path | None) -> str:
         if (Path(root) / tail).is_file():
             return tail.as_posix()
     return file
-
-
-def _relative(file: str, root: str | Path | None) -> str:
-    if not file or root is None:
-        return file
-    try:
-        return Path(file).resolve().relative_to(Path(root).resolve()).as_posix()
-    except ValueError:
-        return file
 
 
 def align(new: Recording, old: Recording, rho: float) -> Alignment:

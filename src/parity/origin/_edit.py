@@ -58,8 +58,8 @@ _NUMBER = re.compile(
 class Edit:
     """The edit of a diff that made an origin: `hunks`, those that bear the strongest
     evidence any hunk bears (none where no hunk does), `evidence` (which kind:
-    `constant`, `dtype`, `frame`, `function`, `only` or `none`), `why` (what it is, in one clause),
-    `of` (how many hunks the diff holds), `between` (the diff's two sides)."""
+    `constant`, `dtype`, `frame`, `function`, `only` or `none`), `why` (what it is, in one
+    clause), `of` (how many hunks the diff holds), `between` (the diff's two sides)."""
 
     hunks: tuple[Hunk, ...]
     evidence: str
@@ -117,14 +117,16 @@ def edit_of(origin: Origin, diff: Diff) -> Edit:
     if not hunks:
         why = f"none: the source does not differ between {diff.between}"
         return Edit((), "none", f"{why} (the difference came from elsewhere)", 0, diff.between)
-    local = {frame_parts(f)[0] for f, _ in _frames(origin)}
-    scored = [(tier, k, h) for k, h in enumerate(hunks) if (tier := _tier(h, origin, diff, local))]
+    frames = _frames(origin)  # once: every hunk is held against the same frames
+    scored = [(tier, h) for h in hunks if (tier := _tier(h, origin, frames, diff.sources))]
     if scored:
-        best = min(t for t, _, _ in scored)  # the tier, and the rank within it
-        named = tuple(h for t, _, h in scored if t == best)
-        evidence = _TIERS[best[0]] if best[0] not in _WRITTEN else _written(named[0], origin)
+        best = min(t for t, _ in scored)  # the tier, and the rank within it
+        named = tuple(h for t, h in scored if t == best)
+        evidence = _TIERS[best[0]]
+        if evidence == "written":
+            evidence = _written(named[0], origin)
         why = (
-            _one(evidence, named[0], origin, diff.sources)
+            _one(evidence, named[0], origin, frames, diff.sources)
             if len(named) == 1
             else _several(evidence, origin)
         )
@@ -148,28 +150,33 @@ def edit_of(origin: Origin, diff: Diff) -> Edit:
 #: alone, in another file (5). A file the origin's frames run in is the likelier place of
 #: its edit: a new test file writing the same number is not.
 _TIERS = {0: "written", 1: "written", 2: "frame", 3: "written", 4: "function", 5: "written"}
-_WRITTEN = (0, 1, 3, 5)
+
+#: The frames an origin names (`_frames`): each `file:line in function`, and whether it is
+#: the base's.
+Frames = list[tuple[str, bool]]
 
 
-def _tier(hunk: Hunk, origin: Origin, diff: Diff, local: set[str]) -> tuple[int, float] | None:
+def _tier(
+    hunk: Hunk, origin: Origin, frames: Frames, sources: Mapping[str, str]
+) -> tuple[int, int] | None:
     """The best tier `hunk` reaches (`_TIERS`) and its rank within it, else None."""
     wrote = [
         x
         for x in (_writes(hunk, origin.constants), _names_dtype(hunk, origin.dtypes))
         if x is not None
     ]
-    near = hunk.file in local or hunk.base_file in local
+    near = any(frame_parts(f)[0] in (hunk.file, hunk.base_file) for f, _ in frames)
     if wrote and near:
-        return (int(min(wrote)), 0.0)
-    frame = _ran_through(hunk, origin)
+        return (min(wrote), 0)
+    frame = _ran_through(hunk, frames)
     if frame is not None:
-        return (2, frame)
+        return (2, frame[0])
     if wrote and min(wrote) == 0:
-        return (3, 0.0)
-    inside = _inside(hunk, origin, diff.sources)
+        return (3, 0)
+    inside = _inside(hunk, frames, sources)
     if inside is not None:
-        return (4, inside)
-    return (5, 0.0) if wrote else None
+        return (4, inside[0])
+    return (5, 0) if wrote else None
 
 
 def _written(hunk: Hunk, origin: Origin) -> str:
@@ -192,7 +199,9 @@ def _wrote(constants: Sequence[str]) -> str:
     return f"write the constant {constants[0]}" if constants else "write its constant"
 
 
-def _one(evidence: str, hunk: Hunk, origin: Origin, sources: Mapping[str, str]) -> str:
+def _one(
+    evidence: str, hunk: Hunk, origin: Origin, frames: Frames, sources: Mapping[str, str]
+) -> str:
     """Why the one hunk that bears `evidence` made the origin, in one clause."""
     if evidence == "constant":
         now, then = (*origin.constants, "none")[:2]
@@ -208,18 +217,12 @@ def _one(evidence: str, hunk: Hunk, origin: Origin, sources: Mapping[str, str]) 
             f", where the base's lines named {then}" if then and _names(hunk.removed, then) else ""
         )
         return f"it names the dtype {now}{base}"
-    if evidence == "frame":
-        for frame, base in _frames(origin):
-            file, line, function = frame_parts(frame)
-            ours = (file, hunk.base_holds(line)) if base else (file, hunk.holds(line))
-            if ours == ((hunk.base_file if base else hunk.file), True):
-                side = "the base's line " if base else ""
-                return f"it holds {side}{file}:{line} in {function}, which the call chain ran"
-    scope = _enclosing(hunk, origin, sources)
-    return f"inside {scope}, which the call chain ran through"
+    found = _ran_through(hunk, frames) if evidence == "frame" else _inside(hunk, frames, sources)
+    assert found is not None, evidence  # the tier it was named by found it so
+    return found[1]
 
 
-def _writes(hunk: Hunk, constants: Sequence[str]) -> float | None:
+def _writes(hunk: Hunk, constants: Sequence[str]) -> int | None:
     """0 where `hunk` writes the new constant and removes the base's, 1 where it writes
     the new one only (an integer alone is too common to be evidence), else None."""
     if not constants or not _writes_one(hunk.added, constants[0]):
@@ -251,7 +254,7 @@ def _names(lines: Sequence[str], dtype: str) -> bool:
     return any(pattern.search(text.split("#", 1)[0]) for text in lines)
 
 
-def _names_dtype(hunk: Hunk, dtypes: Sequence[str]) -> float | None:
+def _names_dtype(hunk: Hunk, dtypes: Sequence[str]) -> int | None:
     """0 where `hunk` names the new dtype and removes a line naming the base's, 1 where it
     names the new one only, else None."""
     if not dtypes or not _names(hunk.added, dtypes[0]):
@@ -287,7 +290,7 @@ def _same(a: float, b: float) -> bool:
     return a == b or abs(a - b) <= 2**-23 * max(abs(a), abs(b))
 
 
-def _frames(origin: Origin) -> list[tuple[str, bool]]:
+def _frames(origin: Origin) -> Frames:
     """The frames the origin names, the tree's then the base's, each with whether it is
     the base's: its own place, its chain (innermost first), what its change names."""
     own = f"{origin.file}:{origin.line} in {origin.function}" if origin.file else ""
@@ -297,37 +300,32 @@ def _frames(origin: Origin) -> list[tuple[str, bool]]:
     return [(f, False) for f in tree if f] + [(f, True) for f in origin.base_places]
 
 
-def _ran_through(hunk: Hunk, origin: Origin) -> float | None:
-    """The rank among the origin's frames of the first that lies in `hunk`, else None."""
-    for k, (frame, base) in enumerate(_frames(origin)):
-        file, line, _ = frame_parts(frame)
-        if base and file == hunk.base_file and hunk.base_holds(line):
-            return k
-        if not base and file == hunk.file and hunk.holds(line):
-            return k
+def _ran_through(hunk: Hunk, frames: Frames) -> tuple[int, str] | None:
+    """The first of `frames` that lies in `hunk` (on the tree's lines it added, or on the
+    base's it removed): its rank, and the clause that says so; else None."""
+    for k, (frame, base) in enumerate(frames):
+        file, line, function = frame_parts(frame)
+        if (file, hunk.base_holds(line) if base else hunk.holds(line)) == (
+            hunk.base_file if base else hunk.file,
+            True,
+        ):
+            side = "the base's line " if base else ""
+            return k, f"it holds {side}{file}:{line} in {function}, which the call chain ran"
     return None
 
 
-def _inside(hunk: Hunk, origin: Origin, sources: Mapping[str, str]) -> float | None:
-    """The rank among the origin's tree frames of the innermost whose function holds
-    `hunk`'s lines (read from the tree's `sources`), else None."""
-    for k, (frame, base) in enumerate(_frames(origin)):
-        file, line, _ = frame_parts(frame)
+def _inside(hunk: Hunk, frames: Frames, sources: Mapping[str, str]) -> tuple[int, str] | None:
+    """The first of the tree's `frames` whose function (read from the tree's `sources`)
+    holds `hunk`'s lines: its rank, and the clause that says so; else None."""
+    for k, (frame, base) in enumerate(frames):
+        file, line, function = frame_parts(frame)
         if base or file != hunk.file:
             continue
         span = _function_span(sources.get(file, ""), line)
         if span is not None and _overlaps(hunk, span):
-            return k
+            scope = f"{function} ({file}:{span[0]}-{span[1]})"
+            return k, f"inside {scope}, which the call chain ran through"
     return None
-
-
-def _enclosing(hunk: Hunk, origin: Origin, sources: Mapping[str, str]) -> str:
-    for frame, base in _frames(origin):
-        file, line, function = frame_parts(frame)
-        span = None if base or file != hunk.file else _function_span(sources.get(file, ""), line)
-        if span is not None and _overlaps(hunk, span):
-            return f"{function} ({file}:{span[0]}-{span[1]})"
-    return "a function"
 
 
 def _overlaps(hunk: Hunk, span: tuple[int, int]) -> bool:

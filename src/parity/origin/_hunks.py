@@ -3,7 +3,7 @@ a unified diff with no context lines (`git diff -U0`, `parity.run._diff`; `diffl
 two live functions, `sources_diff`), which the edit that made an origin is found among
 (`parity.origin._edit`).
 
-This module imports the standard library only.
+This module imports the standard library and `parity.origin._places` only.
 """
 
 from __future__ import annotations
@@ -15,6 +15,8 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
+
+from parity.origin._places import relative
 
 __all__ = ["Diff", "Hunk", "parse_diff", "sources_diff"]
 
@@ -148,7 +150,7 @@ def sources_diff(new_fn: Any, old_fn: Any, root: str | Path | None = None) -> Di
         return None
     import difflib  # here: `parity diff` never loads it (tests/parity/test_cli.py)
 
-    names = [_rooted(f, root) for f in (old_file, new_file)]
+    names = [relative(f, root) for f in (old_file, new_file)]
     text = "\n".join(difflib.unified_diff(old_lines, new_lines, *names, n=0, lineterm=""))
     hunks = tuple(
         dataclasses.replace(
@@ -159,13 +161,3 @@ def sources_diff(new_fn: Any, old_fn: Any, root: str | Path | None = None) -> Di
     if not hunks:
         return None
     return Diff(hunks, {names[1]: new_text}, "the old function and the new")
-
-
-def _rooted(file: str, root: str | Path | None) -> str:
-    """A source file named as an origin's frames name it: relative to `root` where inside."""
-    if root is None:
-        return file
-    try:
-        return Path(file).resolve().relative_to(Path(root).resolve()).as_posix()
-    except ValueError:
-        return file

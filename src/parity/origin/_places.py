@@ -14,7 +14,7 @@ import os
 from pathlib import Path
 from typing import Any
 
-__all__ = ["CHAIN_FRAMES", "UNPLACED", "Frame", "Where", "frame_of", "user_frame_of"]
+__all__ = ["CHAIN_FRAMES", "UNPLACED", "Frame", "Where", "frame_of", "relative", "user_frame_of"]
 
 _PARITY = str(Path(__file__).resolve().parents[1])
 
@@ -78,3 +78,14 @@ def frame_of(eqn: Any) -> Where:
         return user_frame_of(eqn.source_info)
     except Exception:  # a jax without this private API: the values stay unplaced
         return UNPLACED
+
+
+def relative(file: str, root: str | Path | None) -> str:
+    """A source file named relative to `root` where it lies inside it, else as recorded
+    (how an origin's frames, and the diff held against them, name a file)."""
+    if not file or root is None:
+        return file
+    try:
+        return Path(file).resolve().relative_to(Path(root).resolve()).as_posix()
+    except ValueError:
+        return file

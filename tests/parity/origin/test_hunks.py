@@ -60,16 +60,16 @@ def _diff(tmp_path: Path, git: Callable[..., str]) -> tuple[Diff, str]:
     repo.mkdir()
     git(repo, "init", "-q")
     (repo / "model.py").write_text(MODEL)
-    (repo / "NOTES.md").write_text("notes\n")
+    (repo / "notes.txt").write_text("notes\n")
     git(repo, "add", "-A")
     git(repo, "commit", "-qm", "the model")
     base = git(repo, "rev-parse", "HEAD")
     (repo / "model.py").write_text(EDITED)  # not committed: the working tree is the tree
-    (repo / "NOTES.md").write_text("other notes\n")  # not Python: not a source
+    (repo / "notes.txt").write_text("other notes\n")  # not Python: not a source
     diff = source_diff(repo, base)
     assert diff is not None
     # Read, never written: both edits are still the working tree's, neither staged.
-    assert git(repo, "status", "--porcelain").split() == ["M", "NOTES.md", "M", "model.py"]
+    assert git(repo, "status", "--porcelain").split() == ["M", "model.py", "M", "notes.txt"]
     return diff, base
 
 
